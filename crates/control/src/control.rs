@@ -1,0 +1,355 @@
+//! [`ControlPlane`]: the ledger, the scheduler and membership behind one sans-IO API.
+//!
+//! A driver (the HTTP shell, the simulator, a test) calls one method per message it
+//! receives, passing the time the message arrived, and reads the answer from the
+//! return value; it calls [`ControlPlane::tick`] at [`ControlPlane::next_deadline`]
+//! and drains [`ControlPlane::poll_event`] after each call. The whole state is plain
+//! data: serialize it with serde to persist it, deserialize it and call
+//! [`ControlPlane::resume`] to carry on after a restart.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::{Config, ConfigError};
+use crate::events::{Departure, Event, EventQueue};
+use crate::ledger::{
+    Accepted, Ledger, LeaseGrant, OpenStepError, PublishError, Rejection, RolloutReport,
+    StepProgress, StepReport,
+};
+use crate::membership::{
+    Joined, Member, MembershipError, Membership, Registration, UnknownActor, check_versions,
+};
+use crate::scheduler::{Eligibility, split_among_eligible};
+use crate::values::{ActorId, Millis, PromptId, Region, StepId, Version, WeightsHash};
+
+/// What an actor should do after registering or reporting its versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Readiness {
+    /// Eligible for a step on the latest version: claim work (a claim delivers the
+    /// Commit if one is needed first).
+    Ready,
+    /// Too far behind to get work: catch up from the store until active is `target`,
+    /// or `target - 1` with `target` staged, then report versions again.
+    CatchUp {
+        /// The latest published version.
+        target: Version,
+    },
+}
+
+/// The answer to a claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Assignment {
+    /// Work on the open step. If `commit` is set, the actor must first activate that
+    /// (staged) version: every lease is for it. An empty `leases` means nothing is
+    /// available now; claim again later.
+    Work {
+        /// Version to activate before generating.
+        commit: Option<Version>,
+        /// Jobs to generate.
+        leases: Vec<LeaseGrant>,
+    },
+    /// The actor is too far behind for the open step and gets nothing from it.
+    CatchUp {
+        /// The open step's version.
+        target: Version,
+    },
+    /// No step is open.
+    NoOpenStep,
+}
+
+/// Why a submission was refused as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum SubmitError {
+    /// More results than an actor may hold leases, so it cannot be honest.
+    #[error("{count} results in one submission, more than the limit of {max}")]
+    TooManyResults {
+        /// Results submitted.
+        count: usize,
+        /// `limits.max_leases_per_actor`.
+        max: u32,
+    },
+}
+
+/// Totals since the core was created.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Results accepted.
+    pub accepted: u64,
+    /// Leases that ran out.
+    pub expired: u64,
+    /// Results rejected, by reason.
+    pub rejected: BTreeMap<Rejection, u64>,
+    /// Events dropped because the driver did not drain the queue.
+    pub events_dropped: u64,
+}
+
+/// The control plane's pure core. See the crate documentation for the rules it
+/// enforces.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlPlane {
+    config: Config,
+    ledger: Ledger,
+    membership: Membership,
+    events: EventQueue,
+}
+
+impl ControlPlane {
+    /// An empty control plane: nothing published, no actors, no step.
+    pub fn new(config: Config) -> Result<ControlPlane, ConfigError> {
+        config.validate()?;
+        let events = EventQueue::new(config.limits.max_pending_events);
+        Ok(ControlPlane { config, ledger: Ledger::default(), membership: Membership::default(), events })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Publishes `version` with weights hash h(version). Versions are consecutive and
+    /// published between steps.
+    pub fn publish_version(
+        &mut self,
+        version: Version,
+        weights_hash: WeightsHash,
+    ) -> Result<(), PublishError> {
+        self.ledger.publish(version, weights_hash)
+    }
+
+    /// Opens a step: `prompts` become jobs for the latest version, and each eligible
+    /// actor gets a reservation in proportion to its estimate (Algorithm 1). Actors
+    /// too far behind get nothing and their estimates decay.
+    pub fn open_step(&mut self, prompts: &[PromptId], now: Millis) -> Result<StepId, OpenStepError> {
+        let (step, version) = self.ledger.open(prompts, now, &self.config)?;
+        self.membership.decay_behind(version, self.config.scheduler.behind_decay);
+        let standings = self.membership.standings(version);
+        let batch_size = u32::try_from(prompts.len()).unwrap_or(u32::MAX);
+        let shares = self.split(batch_size, &standings);
+        self.ledger.reserve(standings.iter().map(|&(actor, _, _)| actor).zip(shares));
+        Ok(step)
+    }
+
+    /// Registers an actor, or re-registers one: a re-registration is a new process, so
+    /// the leases of the old one are void and go back to the pool at once.
+    pub fn register(
+        &mut self,
+        actor: ActorId,
+        registration: Registration,
+        now: Millis,
+    ) -> Result<Readiness, MembershipError> {
+        check_versions(registration.active, registration.staged, self.ledger.latest_version())?;
+        let readiness = self.readiness(registration.active, registration.staged);
+        let joined = self.membership.register(
+            actor,
+            registration,
+            now,
+            self.config.limits.max_actors,
+            self.config.scheduler.new_actor_estimate,
+            &mut self.events,
+        )?;
+        if joined == Joined::Replaced {
+            self.ledger.release(actor);
+        }
+        Ok(readiness)
+    }
+
+    /// Records a heartbeat.
+    pub fn heartbeat(&mut self, actor: ActorId, now: Millis) -> Result<(), UnknownActor> {
+        self.membership.touch(actor, now).map(|_| ())
+    }
+
+    /// Records the versions an actor has active and staged (after staging a delta,
+    /// applying a Commit, or catching up).
+    pub fn report_versions(
+        &mut self,
+        actor: ActorId,
+        active: Version,
+        staged: Option<Version>,
+        now: Millis,
+    ) -> Result<Readiness, MembershipError> {
+        check_versions(active, staged, self.ledger.latest_version())?;
+        let member = self.membership.touch(actor, now)?;
+        member.active = active;
+        member.staged = staged;
+        Ok(self.readiness(active, staged))
+    }
+
+    /// A graceful leave: the actor's leases return to the pool at once.
+    pub fn leave(&mut self, actor: ActorId) -> Result<(), UnknownActor> {
+        self.remove(actor, Departure::Graceful)
+    }
+
+    /// A preemption notice: like a leave, the leases return at once.
+    pub fn preempt(&mut self, actor: ActorId) -> Result<(), UnknownActor> {
+        self.remove(actor, Departure::Preempted)
+    }
+
+    /// Hands `actor` work on the open step: its reservation, plus its fair share (by
+    /// the same split) of prompts nobody has reserved, such as those returned by
+    /// expired leases, up to its live-lease limit.
+    pub fn claim(&mut self, actor: ActorId, now: Millis) -> Result<Assignment, UnknownActor> {
+        let member = self.membership.touch(actor, now)?;
+        let (active, staged) = (member.active, member.staged);
+        // Lazily bring the pool up to date so that expired prompts can be handed out.
+        self.ledger.sweep(now, &self.config, &mut self.events);
+        let Some(version) = self.ledger.open_version() else {
+            return Ok(Assignment::NoOpenStep);
+        };
+        let eligibility = Eligibility::of(version, active, staged);
+        if !eligibility.is_eligible() {
+            return Ok(Assignment::CatchUp { target: version });
+        }
+        let unreserved = self.ledger.unreserved();
+        let standings = self.membership.standings(version);
+        let shares = self.split(unreserved, &standings);
+        let share = standings
+            .iter()
+            .zip(shares)
+            .find(|((candidate, _, _), _)| *candidate == actor)
+            .map_or(0, |(_, share)| share);
+        // A claimant whose share rounds to zero would otherwise sit idle beside
+        // unclaimed work while the actors owed it are dead but not yet detected.
+        let share = share.max(u32::from(unreserved > 0));
+        let leases = self.ledger.grant(actor, share, now, &self.config);
+        let commit = (eligibility == Eligibility::NeedsCommit).then_some(version);
+        Ok(Assignment::Work { commit, leases })
+    }
+
+    /// Settles results: each is accepted or rejected by the acceptance rule (see
+    /// [`crate::ledger`]), in order. Accepted tokens update the actor's estimate, and
+    /// the step completes if this filled it.
+    pub fn submit(
+        &mut self,
+        actor: ActorId,
+        reports: &[RolloutReport],
+        now: Millis,
+    ) -> Result<Vec<Result<Accepted, Rejection>>, SubmitError> {
+        let max = self.config.limits.max_leases_per_actor;
+        if reports.len() > usize::try_from(max).unwrap_or(usize::MAX) {
+            return Err(SubmitError::TooManyResults { count: reports.len(), max });
+        }
+        if self.membership.touch(actor, now).is_err() {
+            for _ in reports {
+                self.ledger.count_rejection(Rejection::UnknownActor);
+            }
+            return Ok(vec![Err(Rejection::UnknownActor); reports.len()]);
+        }
+        let mut accepted_tokens = 0u64;
+        let mut earliest_issue: Option<Millis> = None;
+        let outcomes = reports
+            .iter()
+            .map(|report| {
+                let settled = self.ledger.settle(actor, report, now, &self.config, &mut self.events)?;
+                accepted_tokens = accepted_tokens.saturating_add(report.tokens);
+                earliest_issue = Some(earliest_issue.map_or(settled.issued_at, |t| t.min(settled.issued_at)));
+                Ok(settled.accepted)
+            })
+            .collect();
+        if let Some(earliest_issue) = earliest_issue {
+            let weight = self.config.scheduler.estimate_weight;
+            self.membership.settle(actor, accepted_tokens, earliest_issue, now, weight);
+        }
+        self.ledger.complete_if_done(now, &self.config, &mut self.events);
+        Ok(outcomes)
+    }
+
+    /// Applies everything due by `now`: removes actors silent past the heartbeat
+    /// timeout (their leases return to the pool), expires leases, lapses reservations
+    /// and completes a step whose partial-batch deadline has come.
+    pub fn tick(&mut self, now: Millis) {
+        for actor in self.membership.silent(now, self.config.heartbeat_timeout_ms) {
+            // The actor was just listed as a member, so removal cannot fail.
+            let _ = self.remove(actor, Departure::HeartbeatTimeout);
+        }
+        self.ledger.sweep(now, &self.config, &mut self.events);
+    }
+
+    /// Call once after restoring a snapshot. The hub heard nothing while it was down,
+    /// so that silence says nothing about the actors: their heartbeat clocks restart at
+    /// `now`. Leases keep their deadlines; the acceptance rule is never relaxed.
+    pub fn resume(&mut self, now: Millis) {
+        self.membership.forgive_silence_until(now);
+        self.tick(now);
+    }
+
+    /// The earliest time at which [`ControlPlane::tick`] would change something.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let silence = self.membership.next_silence(self.config.heartbeat_timeout_ms);
+        let ledger = self.ledger.next_deadline(&self.config);
+        silence.into_iter().chain(ledger).min()
+    }
+
+    /// The oldest undelivered event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop()
+    }
+
+    /// Counts for the current or last step.
+    pub fn step_progress(&self) -> Option<StepProgress> {
+        self.ledger.progress()
+    }
+
+    /// Prompt-level outcome of the current or last step, for the trainer.
+    pub fn step_report(&self) -> Option<StepReport> {
+        self.ledger.report()
+    }
+
+    /// A registered actor.
+    pub fn member(&self, actor: ActorId) -> Option<&Member> {
+        self.membership.get(actor)
+    }
+
+    /// All registered actors, by id.
+    pub fn members(&self) -> &BTreeMap<ActorId, Member> {
+        self.membership.members()
+    }
+
+    /// The relay of each region that has one.
+    pub fn relays(&self) -> &BTreeMap<Region, ActorId> {
+        self.membership.relays()
+    }
+
+    /// The latest published version and h(version).
+    pub fn latest_version(&self) -> Option<(Version, WeightsHash)> {
+        self.ledger.latest()
+    }
+
+    /// The lifetime a lease issued now would get.
+    pub fn lease_ms(&self) -> u64 {
+        self.ledger.lease_ms(&self.config)
+    }
+
+    /// Totals since creation.
+    pub fn stats(&self) -> Stats {
+        let ledger = self.ledger.stats();
+        Stats {
+            accepted: ledger.accepted,
+            expired: ledger.expired,
+            rejected: ledger.rejected.clone(),
+            events_dropped: self.events.dropped(),
+        }
+    }
+
+    fn readiness(&self, active: Version, staged: Option<Version>) -> Readiness {
+        match self.ledger.latest_version() {
+            Some(latest) if Eligibility::of(latest, active, staged).is_eligible() => Readiness::Ready,
+            Some(latest) => Readiness::CatchUp { target: latest },
+            // Versions are checked against the latest before this is asked.
+            None => Readiness::CatchUp { target: active },
+        }
+    }
+
+    fn split(&self, total: u32, standings: &[(ActorId, Eligibility, crate::scheduler::Throughput)]) -> Vec<u32> {
+        let standings: Vec<_> = standings.iter().map(|&(_, eligibility, estimate)| (eligibility, estimate)).collect();
+        split_among_eligible(total, &standings, self.config.scheduler.split)
+    }
+
+    fn remove(&mut self, actor: ActorId, reason: Departure) -> Result<(), UnknownActor> {
+        self.membership.remove(actor, &mut self.events).ok_or(UnknownActor(actor))?;
+        let leases_returned = self.ledger.release(actor);
+        self.events.push(Event::ActorDeparted { actor, reason, leases_returned });
+        Ok(())
+    }
+}

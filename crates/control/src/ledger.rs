@@ -1,0 +1,668 @@
+//! The job ledger: the published version, one step's batch of jobs, their leases, and
+//! the acceptance rule.
+//!
+//! **Jobs.** Opening a step turns its `B` prompts into jobs for the step's version.
+//! A job is always in exactly one state: pooled (waiting for a holder), leased (one
+//! live lease), or accepted (final). A job never has two live leases, so it cannot be
+//! accepted twice; a prompt is never lost, because every way a lease ends (expiry,
+//! revocation, departure of its holder) puts the job back in the pool.
+//!
+//! **Acceptance rule.** A result is accepted iff, at the moment it is submitted, it
+//! names the live lease of an open step's job, comes from that lease's holder, arrives
+//! strictly before the lease expires, carries the step's version and that version's
+//! weights hash h(v), and claims a plausible token count. Everything else is rejected
+//! with a [`Rejection`] and counted per reason. A result that fails the version, hash
+//! or token checks also revokes its lease at once: that holder will not produce a good
+//! result for it, so waiting for the lease to run out would only delay the step.
+//!
+//! **Reservations.** Opening a step reserves each eligible actor its share of the
+//! batch (computed by [`crate::scheduler`]); a claim draws on the claimant's
+//! reservation first and then on its fair share of the unreserved jobs (returned
+//! prompts, lapsed reservations). Reservations lapse one lease lifetime after the step
+//! opened: an actor that has not started its share by then would not finish it in time
+//! either, and its share must not block the step.
+//!
+//! **Completion.** A step completes when all `B` jobs are accepted or, under a
+//! [`PartialBatchPolicy`], when its deadline has passed and enough are accepted. On
+//! completion every live lease is void and later results are rejected as
+//! [`Rejection::StepClosed`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::{Config, PartialBatchPolicy};
+use crate::events::{Event, EventQueue};
+use crate::lease::LeaseTimer;
+use crate::values::{ActorId, LeaseId, Millis, PromptId, StepId, Version, WeightsHash};
+
+/// A lease handed to an actor: generate a rollout for `prompt` on `version` and submit
+/// it before `expires_at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    /// The lease to name in the result.
+    pub lease: LeaseId,
+    /// The prompt to generate for.
+    pub prompt: PromptId,
+    /// The version to generate with.
+    pub version: Version,
+    /// Results arriving at or after this time are rejected.
+    pub expires_at: Millis,
+}
+
+/// What an actor reports for one finished lease. The rollout itself goes to the store
+/// through the shell; the core only needs what decides acceptance and throughput.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutReport {
+    /// The lease the result is for.
+    pub lease: LeaseId,
+    /// The version the actor generated with.
+    pub version: Version,
+    /// Hash of the weights the actor generated with.
+    pub weights_hash: WeightsHash,
+    /// Tokens generated.
+    pub tokens: u64,
+}
+
+/// A result the ledger accepted: the shell may now persist the rollout for the trainer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// The lease it settled.
+    pub lease: LeaseId,
+    /// Its prompt.
+    pub prompt: PromptId,
+}
+
+/// Why a result was not accepted.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Error,
+)]
+pub enum Rejection {
+    /// The submitting actor is not a member (never registered, left, or timed out).
+    #[error("the actor is not registered")]
+    UnknownActor,
+    /// No such lease was ever issued.
+    #[error("no such lease was issued")]
+    UnknownLease,
+    /// The lease is live but held by another actor.
+    #[error("the lease is held by another actor")]
+    NotLeaseHolder,
+    /// The lease belongs to a step that has completed.
+    #[error("the lease's step has completed")]
+    StepClosed,
+    /// The lease had ended (expired, or revoked when its holder left or re-registered)
+    /// before the result arrived.
+    #[error("the lease ended before the result arrived")]
+    Late,
+    /// The job was already accepted.
+    #[error("the job was already accepted")]
+    Duplicate,
+    /// The result was generated on a version other than the job's.
+    #[error("the result was generated on the wrong version")]
+    WrongVersion,
+    /// The result's weights hash is not h(version).
+    #[error("the result's weights hash does not match the version")]
+    WrongHash,
+    /// The token count is zero or above the configured maximum.
+    #[error("the token count is zero or above the limit")]
+    TokenCountOutOfRange,
+}
+
+/// Why a version could not be published.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum PublishError {
+    /// Versions are consecutive; the eligibility rule depends on it.
+    #[error("{offered} does not follow the latest published version {latest}")]
+    NotNext {
+        /// The latest published version.
+        latest: Version,
+        /// The version offered.
+        offered: Version,
+    },
+    /// A step is still open; publishing now would leave its actors one version behind
+    /// in the middle of their work.
+    #[error("{0} is still open")]
+    StepStillOpen(StepId),
+}
+
+/// Why a step could not be opened.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum OpenStepError {
+    /// No version has been published, so there is nothing to generate with.
+    #[error("no version has been published")]
+    NothingPublished,
+    /// The previous step has not completed.
+    #[error("{0} is still open")]
+    StepStillOpen(StepId),
+    /// A step needs at least one prompt.
+    #[error("the batch is empty")]
+    EmptyBatch,
+    /// The batch is larger than `limits.max_batch_size`.
+    #[error("batch of {size} prompts is more than the limit of {max}")]
+    BatchTooLarge {
+        /// Prompts offered.
+        size: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// A prompt appears twice, which would let one prompt be accepted twice.
+    #[error("{0} appears twice in the batch")]
+    DuplicatePrompt(PromptId),
+}
+
+/// How a step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Completion {
+    /// When it completed.
+    pub at: Millis,
+    /// Whether it completed under the partial-batch policy, short of its full batch.
+    pub partial: bool,
+}
+
+/// Counts describing the current (or last) step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepProgress {
+    /// The step.
+    pub step: StepId,
+    /// The version its jobs are for.
+    pub version: Version,
+    /// When it opened.
+    pub opened_at: Millis,
+    /// Prompts posted.
+    pub batch_size: u32,
+    /// Jobs accepted.
+    pub accepted: u32,
+    /// Jobs under a live lease.
+    pub leased: u32,
+    /// Jobs waiting for a holder.
+    pub pooled: u32,
+    /// Pooled jobs reserved for particular actors; never more than `pooled`.
+    pub reserved: u32,
+    /// Set once the step has completed.
+    pub completion: Option<Completion>,
+}
+
+/// The outcome of the current (or last) step, prompt by prompt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepReport {
+    /// The step.
+    pub step: StepId,
+    /// The version its jobs are for.
+    pub version: Version,
+    /// Accepted prompts and who generated them, in batch order.
+    pub accepted: Vec<(PromptId, ActorId)>,
+    /// Prompts not (yet) accepted, in batch order.
+    pub unfinished: Vec<PromptId>,
+    /// Set once the step has completed.
+    pub completion: Option<Completion>,
+}
+
+/// Totals since the core was created.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerStats {
+    /// Results accepted.
+    pub accepted: u64,
+    /// Leases that ran out.
+    pub expired: u64,
+    /// Results rejected, by reason.
+    pub rejected: BTreeMap<Rejection, u64>,
+}
+
+/// A job the ledger just accepted, with what the throughput estimate needs.
+pub(crate) struct SettledJob {
+    pub(crate) accepted: Accepted,
+    pub(crate) issued_at: Millis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct PublishedVersion {
+    version: Version,
+    weights_hash: WeightsHash,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct LiveLease {
+    attempt: u64,
+    holder: ActorId,
+    issued_at: Millis,
+    expires_at: Millis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum JobState {
+    Pooled,
+    Leased(LiveLease),
+    Accepted { by: ActorId },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Job {
+    prompt: PromptId,
+    /// Leases issued so far; the next lease's attempt number.
+    attempts: u64,
+    state: JobState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Step {
+    id: StepId,
+    version: Version,
+    weights_hash: WeightsHash,
+    opened_at: Millis,
+    jobs: Vec<Job>,
+    /// Jobs set aside for each eligible actor at opening and not yet claimed.
+    reservations: BTreeMap<ActorId, u32>,
+    reservations_lapse_at: Millis,
+    /// Whether the partial-batch deadline has been seen to pass; from then on the step
+    /// completes on the accept that reaches the minimum, and needs no timer.
+    partial_deadline_passed: bool,
+    completion: Option<Completion>,
+}
+
+/// The ledger's whole state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Ledger {
+    published: Option<PublishedVersion>,
+    step: Option<Step>,
+    next_step: StepId,
+    lease_timer: LeaseTimer,
+    stats: LedgerStats,
+}
+
+impl Ledger {
+    /// The latest published version.
+    pub(crate) fn latest_version(&self) -> Option<Version> {
+        self.published.map(|published| published.version)
+    }
+
+    /// The latest published version and its hash.
+    pub(crate) fn latest(&self) -> Option<(Version, WeightsHash)> {
+        self.published.map(|published| (published.version, published.weights_hash))
+    }
+
+    /// Records h(version) for a new version.
+    pub(crate) fn publish(
+        &mut self,
+        version: Version,
+        weights_hash: WeightsHash,
+    ) -> Result<(), PublishError> {
+        if let Some(step) = self.open_step() {
+            return Err(PublishError::StepStillOpen(step.id));
+        }
+        if let Some(latest) = self.published
+            && latest.version.next() != Some(version)
+        {
+            return Err(PublishError::NotNext { latest: latest.version, offered: version });
+        }
+        self.published = Some(PublishedVersion { version, weights_hash });
+        Ok(())
+    }
+
+    /// Opens a step on the latest version with no reservations yet; the caller reserves
+    /// shares with [`Ledger::reserve`] once it knows who is eligible.
+    pub(crate) fn open(
+        &mut self,
+        prompts: &[PromptId],
+        now: Millis,
+        config: &Config,
+    ) -> Result<(StepId, Version), OpenStepError> {
+        let published = self.published.ok_or(OpenStepError::NothingPublished)?;
+        if let Some(step) = self.open_step() {
+            return Err(OpenStepError::StepStillOpen(step.id));
+        }
+        if prompts.is_empty() {
+            return Err(OpenStepError::EmptyBatch);
+        }
+        let max = config.limits.max_batch_size;
+        if prompts.len() > usize::try_from(max).unwrap_or(usize::MAX) {
+            return Err(OpenStepError::BatchTooLarge { size: prompts.len(), max });
+        }
+        let mut seen = BTreeSet::new();
+        if let Some(&duplicate) = prompts.iter().find(|&&prompt| !seen.insert(prompt)) {
+            return Err(OpenStepError::DuplicatePrompt(duplicate));
+        }
+        let id = self.next_step;
+        self.next_step = StepId(id.0.saturating_add(1));
+        let jobs = prompts
+            .iter()
+            .map(|&prompt| Job { prompt, attempts: 0, state: JobState::Pooled })
+            .collect();
+        self.step = Some(Step {
+            id,
+            version: published.version,
+            weights_hash: published.weights_hash,
+            opened_at: now,
+            jobs,
+            reservations: BTreeMap::new(),
+            reservations_lapse_at: now.saturating_add(self.lease_timer.lease_ms(&config.lease)),
+            partial_deadline_passed: false,
+            completion: None,
+        });
+        Ok((id, published.version))
+    }
+
+    /// Sets aside jobs of the open step for particular actors. The shares come from a
+    /// split of the batch, so they never add up to more than the pool.
+    pub(crate) fn reserve(&mut self, shares: impl IntoIterator<Item = (ActorId, u32)>) {
+        let Some(step) = self.open_step_mut() else { return };
+        let mut unreserved = count_jobs(&step.jobs, |state| matches!(state, JobState::Pooled));
+        for (actor, share) in shares {
+            let share = share.min(unreserved);
+            if share > 0 {
+                unreserved -= share;
+                step.reservations.insert(actor, share);
+            }
+        }
+    }
+
+    /// The open step's version, if a step is open.
+    pub(crate) fn open_version(&self) -> Option<Version> {
+        self.open_step().map(|step| step.version)
+    }
+
+    /// Pooled jobs of the open step that nobody has a reservation on.
+    pub(crate) fn unreserved(&self) -> u32 {
+        self.open_step().map_or(0, |step| {
+            let pooled = count_jobs(&step.jobs, |state| matches!(state, JobState::Pooled));
+            pooled.saturating_sub(step.reservations.values().sum())
+        })
+    }
+
+    /// Leases pooled jobs to `actor`: its reservation plus `unreserved_share` more, up
+    /// to its live-lease limit.
+    pub(crate) fn grant(
+        &mut self,
+        actor: ActorId,
+        unreserved_share: u32,
+        now: Millis,
+        config: &Config,
+    ) -> Vec<LeaseGrant> {
+        let lease_ms = self.lease_timer.lease_ms(&config.lease);
+        let Some(step) = self.open_step_mut() else { return Vec::new() };
+        let held = count_jobs(&step.jobs, |state| holder(state) == Some(actor));
+        let capacity = config.limits.max_leases_per_actor.saturating_sub(held);
+        let reserved = step.reservations.get(&actor).copied().unwrap_or(0);
+        let wanted = reserved.saturating_add(unreserved_share).min(capacity);
+        let expires_at = now.saturating_add(lease_ms);
+        let mut grants = Vec::new();
+        for (index, job) in (0u32..).zip(step.jobs.iter_mut()) {
+            if grants.len() >= usize::try_from(wanted).unwrap_or(usize::MAX) {
+                break;
+            }
+            if job.state != JobState::Pooled {
+                continue;
+            }
+            let lease = LeaseId { step: step.id, job: index, attempt: job.attempts };
+            job.attempts += 1;
+            job.state = JobState::Leased(LiveLease {
+                attempt: lease.attempt,
+                holder: actor,
+                issued_at: now,
+                expires_at,
+            });
+            grants.push(LeaseGrant { lease, prompt: job.prompt, version: step.version, expires_at });
+        }
+        // The reservation is drawn on first: what it does not cover came from the
+        // unreserved pool.
+        let granted = u32::try_from(grants.len()).unwrap_or(u32::MAX);
+        let left = reserved.saturating_sub(granted);
+        if left == 0 {
+            step.reservations.remove(&actor);
+        } else {
+            step.reservations.insert(actor, left);
+        }
+        grants
+    }
+
+    /// Applies the acceptance rule to one result and counts a rejection.
+    pub(crate) fn settle(
+        &mut self,
+        actor: ActorId,
+        report: &RolloutReport,
+        now: Millis,
+        config: &Config,
+        events: &mut EventQueue,
+    ) -> Result<SettledJob, Rejection> {
+        let outcome = self.accept(actor, report, now, config, events);
+        if let Err(rejection) = outcome {
+            self.count_rejection(rejection);
+        }
+        outcome
+    }
+
+    /// Counts a rejection decided outside the ledger (an unknown actor).
+    pub(crate) fn count_rejection(&mut self, rejection: Rejection) {
+        *self.stats.rejected.entry(rejection).or_insert(0) += 1;
+    }
+
+    /// Returns every live lease of `actor` to the pool and drops its reservation;
+    /// returns how many leases it held.
+    pub(crate) fn release(&mut self, actor: ActorId) -> u32 {
+        let Some(step) = self.open_step_mut() else { return 0 };
+        step.reservations.remove(&actor);
+        let mut released = 0;
+        for job in &mut step.jobs {
+            if holder(&job.state) == Some(actor) {
+                job.state = JobState::Pooled;
+                released += 1;
+            }
+        }
+        released
+    }
+
+    /// Applies everything due by `now`: expired leases return to the pool, lapsed
+    /// reservations are dropped, and the step completes if its partial-batch deadline
+    /// has come with enough accepted.
+    pub(crate) fn sweep(&mut self, now: Millis, config: &Config, events: &mut EventQueue) {
+        let Some(step) = self.open_step_mut() else { return };
+        let mut expired = 0;
+        for (index, job) in (0u32..).zip(step.jobs.iter_mut()) {
+            if let JobState::Leased(live) = job.state
+                && now >= live.expires_at
+            {
+                expire(step.id, index, job, live, events);
+                expired += 1;
+            }
+        }
+        if now >= step.reservations_lapse_at {
+            step.reservations.clear();
+        }
+        if let Some(policy) = config.partial_batch
+            && now >= step.opened_at.saturating_add(policy.after_ms)
+        {
+            step.partial_deadline_passed = true;
+        }
+        self.stats.expired += expired;
+        self.complete_if_done(now, config, events);
+    }
+
+    /// Completes the open step if all its jobs are accepted, or if the partial-batch
+    /// deadline has passed and enough are.
+    pub(crate) fn complete_if_done(
+        &mut self,
+        now: Millis,
+        config: &Config,
+        events: &mut EventQueue,
+    ) {
+        let Some(step) = self.open_step_mut() else { return };
+        let batch_size = u32::try_from(step.jobs.len()).unwrap_or(u32::MAX);
+        let accepted = count_jobs(&step.jobs, |state| matches!(state, JobState::Accepted { .. }));
+        let enough_for_partial = config.partial_batch.is_some_and(|policy| {
+            step.partial_deadline_passed && accepted >= partial_minimum(policy, batch_size)
+        });
+        if accepted < batch_size && !enough_for_partial {
+            return;
+        }
+        for job in &mut step.jobs {
+            if matches!(job.state, JobState::Leased(_)) {
+                job.state = JobState::Pooled;
+            }
+        }
+        step.reservations.clear();
+        let partial = accepted < batch_size;
+        step.completion = Some(Completion { at: now, partial });
+        events.push(Event::StepCompleted {
+            step: step.id,
+            version: step.version,
+            accepted,
+            batch_size,
+            partial,
+        });
+    }
+
+    /// The earliest time at which [`Ledger::sweep`] would change something.
+    pub(crate) fn next_deadline(&self, config: &Config) -> Option<Millis> {
+        let step = self.open_step()?;
+        let lease_expiries = step.jobs.iter().filter_map(|job| match job.state {
+            JobState::Leased(live) => Some(live.expires_at),
+            _ => None,
+        });
+        let lapse = (!step.reservations.is_empty()).then_some(step.reservations_lapse_at);
+        let partial = config
+            .partial_batch
+            .filter(|_| !step.partial_deadline_passed)
+            .map(|policy| step.opened_at.saturating_add(policy.after_ms));
+        lease_expiries.chain(lapse).chain(partial).min()
+    }
+
+    /// Counts for the current or last step.
+    pub(crate) fn progress(&self) -> Option<StepProgress> {
+        let step = self.step.as_ref()?;
+        let count = |wanted: fn(&JobState) -> bool| count_jobs(&step.jobs, wanted);
+        Some(StepProgress {
+            step: step.id,
+            version: step.version,
+            opened_at: step.opened_at,
+            batch_size: u32::try_from(step.jobs.len()).unwrap_or(u32::MAX),
+            accepted: count(|state| matches!(state, JobState::Accepted { .. })),
+            leased: count(|state| matches!(state, JobState::Leased(_))),
+            pooled: count(|state| matches!(state, JobState::Pooled)),
+            reserved: step.reservations.values().sum(),
+            completion: step.completion,
+        })
+    }
+
+    /// Prompt-level outcome of the current or last step.
+    pub(crate) fn report(&self) -> Option<StepReport> {
+        let step = self.step.as_ref()?;
+        let mut accepted = Vec::new();
+        let mut unfinished = Vec::new();
+        for job in &step.jobs {
+            match job.state {
+                JobState::Accepted { by } => accepted.push((job.prompt, by)),
+                JobState::Pooled | JobState::Leased(_) => unfinished.push(job.prompt),
+            }
+        }
+        Some(StepReport {
+            step: step.id,
+            version: step.version,
+            accepted,
+            unfinished,
+            completion: step.completion,
+        })
+    }
+
+    /// Totals since creation.
+    pub(crate) fn stats(&self) -> &LedgerStats {
+        &self.stats
+    }
+
+    /// The lifetime a lease issued now would get.
+    pub(crate) fn lease_ms(&self, config: &Config) -> u64 {
+        self.lease_timer.lease_ms(&config.lease)
+    }
+
+    fn accept(
+        &mut self,
+        actor: ActorId,
+        report: &RolloutReport,
+        now: Millis,
+        config: &Config,
+        events: &mut EventQueue,
+    ) -> Result<SettledJob, Rejection> {
+        // No step at all means no lease was ever issued.
+        let step = self.step.as_mut().ok_or(Rejection::UnknownLease)?;
+        let id = report.lease;
+        if id.step != step.id {
+            return Err(if id.step < step.id { Rejection::StepClosed } else { Rejection::UnknownLease });
+        }
+        if step.completion.is_some() {
+            return Err(Rejection::StepClosed);
+        }
+        let job = usize::try_from(id.job)
+            .ok()
+            .and_then(|index| step.jobs.get_mut(index))
+            .ok_or(Rejection::UnknownLease)?;
+        if id.attempt >= job.attempts {
+            return Err(Rejection::UnknownLease);
+        }
+        let live = match job.state {
+            JobState::Accepted { .. } => return Err(Rejection::Duplicate),
+            JobState::Leased(live) if live.attempt == id.attempt => live,
+            // An earlier attempt that expired or was revoked; the job moved on without it.
+            JobState::Pooled | JobState::Leased(_) => return Err(Rejection::Late),
+        };
+        if live.holder != actor {
+            return Err(Rejection::NotLeaseHolder);
+        }
+        if now >= live.expires_at {
+            expire(step.id, id.job, job, live, events);
+            self.stats.expired += 1;
+            return Err(Rejection::Late);
+        }
+        let defect = if report.version != step.version {
+            Some(Rejection::WrongVersion)
+        } else if report.weights_hash != step.weights_hash {
+            Some(Rejection::WrongHash)
+        } else if report.tokens == 0 || report.tokens > config.limits.max_tokens_per_result {
+            Some(Rejection::TokenCountOutOfRange)
+        } else {
+            None
+        };
+        if let Some(defect) = defect {
+            job.state = JobState::Pooled;
+            return Err(defect);
+        }
+        job.state = JobState::Accepted { by: actor };
+        self.stats.accepted += 1;
+        self.lease_timer.record_completion(now.saturating_since(live.issued_at), &config.lease);
+        Ok(SettledJob {
+            accepted: Accepted { lease: id, prompt: job.prompt },
+            issued_at: live.issued_at,
+        })
+    }
+
+    fn open_step(&self) -> Option<&Step> {
+        self.step.as_ref().filter(|step| step.completion.is_none())
+    }
+
+    fn open_step_mut(&mut self) -> Option<&mut Step> {
+        self.step.as_mut().filter(|step| step.completion.is_none())
+    }
+}
+
+/// The smallest accepted count that completes a step of `batch_size` under `policy`.
+fn partial_minimum(policy: PartialBatchPolicy, batch_size: u32) -> u32 {
+    let minimum = policy.min_accepted.of_rounded_up(u64::from(batch_size)).max(1);
+    u32::try_from(minimum).unwrap_or(u32::MAX)
+}
+
+fn expire(step: StepId, index: u32, job: &mut Job, live: LiveLease, events: &mut EventQueue) {
+    job.state = JobState::Pooled;
+    let lease = LeaseId { step, job: index, attempt: live.attempt };
+    events.push(Event::LeaseExpired { lease, holder: live.holder });
+}
+
+fn holder(state: &JobState) -> Option<ActorId> {
+    match state {
+        JobState::Leased(live) => Some(live.holder),
+        JobState::Pooled | JobState::Accepted { .. } => None,
+    }
+}
+
+fn count_jobs(jobs: &[Job], wanted: impl Fn(&JobState) -> bool) -> u32 {
+    let count = jobs.iter().filter(|job| wanted(&job.state)).count();
+    // Jobs are bounded by `max_batch_size`, a u32.
+    u32::try_from(count).unwrap_or(u32::MAX)
+}

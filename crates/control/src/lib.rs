@@ -1,0 +1,1 @@
+//! Control plane core (see ARCHITECTURE.md).

@@ -1,0 +1,284 @@
+//! Who the actors are: registration, liveness, reported versions, throughput
+//! estimates and one relay per region.
+//!
+//! Membership changes only ever touch the actor that changed (and, when it was a
+//! relay, its region's relay choice). No other actor's leases, reservations or
+//! estimates move, which is what lets surviving actors carry on without pausing.
+//!
+//! **Liveness.** Every message from an actor counts as a heartbeat. An actor silent
+//! for `heartbeat_timeout_ms` is removed; its leases return to the pool then rather
+//! than at their own expiry, since a dead actor will not answer them.
+//!
+//! **Relays.** A region's relay is kept as long as it stays a relay-capable member of
+//! the region, so a join never moves traffic. When it goes, the relay-capable member
+//! with the smallest id takes over: deterministic, so every replica of the core (and
+//! every replay of a simulation) picks the same one.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::events::{Event, EventQueue};
+use crate::scheduler::{Eligibility, NewActorEstimate, Throughput};
+use crate::values::{ActorId, Capabilities, Millis, Permille, Region, Version};
+
+/// What an actor says about itself when it (re)joins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// Its network region.
+    pub region: Region,
+    /// What it can do besides generating.
+    pub capabilities: Capabilities,
+    /// The version it generates with.
+    pub active: Version,
+    /// The next version, fully received and verified, waiting for Commit.
+    pub staged: Option<Version>,
+}
+
+/// A registered actor as the core sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Its network region.
+    pub region: Region,
+    /// What it can do besides generating.
+    pub capabilities: Capabilities,
+    /// The version it generates with, as last reported.
+    pub active: Version,
+    /// Its staged version, as last reported.
+    pub staged: Option<Version>,
+    /// Throughput estimate `tau`.
+    pub estimate: Throughput,
+    /// When it was last heard from.
+    pub last_seen: Millis,
+    /// End of its last settlement; throughput is measured from there so that two
+    /// submissions out of one batch do not both count the whole batch's time.
+    last_settled_at: Option<Millis>,
+}
+
+/// An operation named an actor that is not registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("{0} is not registered")]
+pub struct UnknownActor(pub ActorId);
+
+/// Why a registration or version report was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum MembershipError {
+    /// The actor is not registered.
+    #[error(transparent)]
+    UnknownActor(#[from] UnknownActor),
+    /// `limits.max_actors` are registered already.
+    #[error("the membership is full ({max} actors)")]
+    ActorLimit {
+        /// The limit.
+        max: u32,
+    },
+    /// No version has been published, so no reported version can be checked.
+    #[error("no version has been published yet")]
+    NothingPublished,
+    /// A reported version is newer than anything published.
+    #[error("{version} has not been published (latest is {latest})")]
+    VersionNotPublished {
+        /// The version reported.
+        version: Version,
+        /// The latest published version.
+        latest: Version,
+    },
+    /// A staged delta always applies on top of the active version, so it must be the
+    /// next one.
+    #[error("staged {staged} is not the version after active {active}")]
+    StagedNotNext {
+        /// The active version reported.
+        active: Version,
+        /// The staged version reported.
+        staged: Version,
+    },
+}
+
+/// Checks reported versions against the latest published one.
+pub(crate) fn check_versions(
+    active: Version,
+    staged: Option<Version>,
+    latest: Option<Version>,
+) -> Result<(), MembershipError> {
+    let latest = latest.ok_or(MembershipError::NothingPublished)?;
+    if let Some(staged) = staged
+        && active.next() != Some(staged)
+    {
+        return Err(MembershipError::StagedNotNext { active, staged });
+    }
+    let newest = staged.unwrap_or(active);
+    if newest > latest {
+        return Err(MembershipError::VersionNotPublished { version: newest, latest });
+    }
+    Ok(())
+}
+
+/// Whether a registration added an actor or replaced a live registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Joined {
+    New,
+    Replaced,
+}
+
+/// The membership's whole state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Membership {
+    members: BTreeMap<ActorId, Member>,
+    relays: BTreeMap<Region, ActorId>,
+}
+
+impl Membership {
+    /// Adds an actor, or replaces the registration of one that is already a member (a
+    /// restarted process that the heartbeat timeout has not caught yet). A replaced
+    /// member keeps its estimate: it is the same machine.
+    pub(crate) fn register(
+        &mut self,
+        actor: ActorId,
+        registration: Registration,
+        now: Millis,
+        max_actors: u32,
+        new_actor_estimate: NewActorEstimate,
+        events: &mut EventQueue,
+    ) -> Result<Joined, MembershipError> {
+        let (joined, estimate, last_settled_at, old_region) = match self.members.get(&actor) {
+            Some(member) => {
+                (Joined::Replaced, member.estimate, member.last_settled_at, Some(member.region.clone()))
+            }
+            None => {
+                if self.members.len() >= usize::try_from(max_actors).unwrap_or(usize::MAX) {
+                    return Err(MembershipError::ActorLimit { max: max_actors });
+                }
+                let known = self.members.values().map(|member| member.estimate);
+                (Joined::New, new_actor_estimate.for_newcomer(known), None, None)
+            }
+        };
+        let region = registration.region.clone();
+        self.members.insert(
+            actor,
+            Member {
+                region: registration.region,
+                capabilities: registration.capabilities,
+                active: registration.active,
+                staged: registration.staged,
+                estimate,
+                last_seen: now,
+                last_settled_at,
+            },
+        );
+        if let Some(old_region) = old_region.filter(|old| *old != region) {
+            self.refresh_relay(&old_region, events);
+        }
+        self.refresh_relay(&region, events);
+        Ok(joined)
+    }
+
+    /// Records that `actor` was heard from.
+    pub(crate) fn touch(&mut self, actor: ActorId, now: Millis) -> Result<&mut Member, UnknownActor> {
+        let member = self.members.get_mut(&actor).ok_or(UnknownActor(actor))?;
+        member.last_seen = member.last_seen.max(now);
+        Ok(member)
+    }
+
+    /// Removes `actor`, handing its region's relay role on if it held it.
+    pub(crate) fn remove(&mut self, actor: ActorId, events: &mut EventQueue) -> Option<Member> {
+        let member = self.members.remove(&actor)?;
+        self.refresh_relay(&member.region, events);
+        Some(member)
+    }
+
+    /// Actors not heard from for `timeout_ms` at `now`.
+    pub(crate) fn silent(&self, now: Millis, timeout_ms: u64) -> Vec<ActorId> {
+        self.members
+            .iter()
+            .filter(|(_, member)| now >= member.last_seen.saturating_add(timeout_ms))
+            .map(|(&actor, _)| actor)
+            .collect()
+    }
+
+    /// When the next actor falls silent, if nobody is heard from before then.
+    pub(crate) fn next_silence(&self, timeout_ms: u64) -> Option<Millis> {
+        self.members.values().map(|member| member.last_seen.saturating_add(timeout_ms)).min()
+    }
+
+    /// Restarts every actor's silence clock at `now`.
+    pub(crate) fn forgive_silence_until(&mut self, now: Millis) {
+        for member in self.members.values_mut() {
+            member.last_seen = member.last_seen.max(now);
+        }
+    }
+
+    /// Every member's eligibility for a step on `version` and its estimate, by id.
+    pub(crate) fn standings(&self, version: Version) -> Vec<(ActorId, Eligibility, Throughput)> {
+        self.members
+            .iter()
+            .map(|(&actor, member)| {
+                (actor, Eligibility::of(version, member.active, member.staged), member.estimate)
+            })
+            .collect()
+    }
+
+    /// Decays the estimate of every member too far behind `version` to work on it.
+    pub(crate) fn decay_behind(&mut self, version: Version, alpha: Permille) {
+        for member in self.members.values_mut() {
+            if Eligibility::of(version, member.active, member.staged) == Eligibility::Behind {
+                member.estimate = member.estimate.decayed(alpha);
+            }
+        }
+    }
+
+    /// Folds one settlement into `actor`'s estimate: `tokens` accepted at `now` for
+    /// leases the earliest of which was issued at `earliest_issue`. Elapsed time runs
+    /// from the later of that issue and the previous settlement, so time spent idle
+    /// without work, or already counted, does not dilute the measurement.
+    pub(crate) fn settle(
+        &mut self,
+        actor: ActorId,
+        tokens: u64,
+        earliest_issue: Millis,
+        now: Millis,
+        estimate_weight: Permille,
+    ) {
+        let Some(member) = self.members.get_mut(&actor) else { return };
+        let start = member.last_settled_at.map_or(earliest_issue, |last| last.max(earliest_issue));
+        if let Some(sample) = Throughput::measured(tokens, now.saturating_since(start)) {
+            member.estimate = member.estimate.averaged_with(sample, estimate_weight);
+        }
+        member.last_settled_at = Some(now);
+    }
+
+    /// A registered actor.
+    pub(crate) fn get(&self, actor: ActorId) -> Option<&Member> {
+        self.members.get(&actor)
+    }
+
+    /// All registered actors, by id.
+    pub(crate) fn members(&self) -> &BTreeMap<ActorId, Member> {
+        &self.members
+    }
+
+    /// The relay of each region that has one.
+    pub(crate) fn relays(&self) -> &BTreeMap<Region, ActorId> {
+        &self.relays
+    }
+
+    /// Keeps `region`'s relay if it still qualifies, else picks a new one, and reports
+    /// a change.
+    fn refresh_relay(&mut self, region: &Region, events: &mut EventQueue) {
+        let qualifies = |actor: &ActorId| {
+            self.members
+                .get(actor)
+                .is_some_and(|member| member.region == *region && member.capabilities.can_relay)
+        };
+        let current = self.relays.get(region).copied();
+        let chosen = current.filter(qualifies).or_else(|| self.members.keys().copied().find(qualifies));
+        if chosen == current {
+            return;
+        }
+        match chosen {
+            Some(relay) => self.relays.insert(region.clone(), relay),
+            None => self.relays.remove(region),
+        };
+        events.push(Event::RelayChanged { region: region.clone(), relay: chosen });
+    }
+}

@@ -1,0 +1,386 @@
+//! Decoding and applying deltas, transactionally (docs/delta-format.md §7).
+//!
+//! Applying is split in two so that nothing is written before everything is checked:
+//! [`decode`] verifies the base, every segment hash and every chunk, and produces a
+//! [`Patch`]; only then does [`Patch::apply_in_place`] or [`Patch::materialize`] touch
+//! weights. The target weights hash is checked after writing; on a mismatch the writes
+//! are undone (a patch swaps old values in as it writes new ones, so the undo is the same
+//! operation again).
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use crate::bits::ByteReader;
+use crate::checkpoint::{Checkpoint, Hash, TensorLayout, TensorView};
+use crate::codec::{ChunkEncoding, ChunkRecord, Changes, decode_changes};
+use crate::error::{DeltaError, Result};
+use crate::format::{DeltaFile, DeltaHeader, MAX_CHUNK_ELEMENTS, TensorChange};
+
+/// The decoded changes of one chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchChunk {
+    pub tensor: u32,
+    pub start: u64,
+    pub len: u64,
+    pub encoding: ChunkEncoding,
+    /// Size of the chunk record in the artifact, for statistics.
+    pub encoded_bytes: usize,
+    pub changes: Changes,
+}
+
+/// A fully decoded and validated delta.
+#[derive(Debug, Clone)]
+pub struct Patch {
+    pub header: DeltaHeader,
+    /// Sorted by tensor, then start; ranges never overlap.
+    pub chunks: Vec<PatchChunk>,
+}
+
+/// A tensor owning its bytes, the result of materialising a delta.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedTensor {
+    pub name: String,
+    pub dtype: crate::Dtype,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+impl OwnedTensor {
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            data: &self.data,
+        }
+    }
+}
+
+/// Views owned tensors as a checkpoint.
+pub fn owned_checkpoint(tensors: &[OwnedTensor]) -> Result<Checkpoint<'_>> {
+    Checkpoint::new(tensors.iter().map(OwnedTensor::view).collect())
+}
+
+/// Checks that `base` is the checkpoint the delta was taken from: the same tensors with the
+/// same dtypes and shapes, and the same weights hash (computed unless `known_hash` is
+/// given by a caller that has already verified it).
+pub fn check_base(header: &DeltaHeader, base: &Checkpoint<'_>, known_hash: Option<Hash>) -> Result<()> {
+    let mut expected = 0;
+    for entry in &header.tensors {
+        let Some(spec) = entry.change.base() else {
+            continue;
+        };
+        expected += 1;
+        let tensor = base.get(&entry.name).ok_or_else(|| {
+            DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name))
+        })?;
+        if tensor.dtype != spec.dtype || tensor.shape != spec.shape {
+            return Err(DeltaError::BaseMismatch(format!(
+                "tensor '{}' is {} {:?}, the delta expects {} {:?}",
+                entry.name, tensor.dtype, tensor.shape, spec.dtype, spec.shape
+            )));
+        }
+    }
+    if base.tensors().len() != expected {
+        let extra = base
+            .tensors()
+            .iter()
+            .find(|t| {
+                header
+                    .tensors
+                    .binary_search_by(|e| e.name.as_str().cmp(&t.name))
+                    .is_err()
+            })
+            .map(|t| t.name.clone())
+            .unwrap_or_default();
+        return Err(DeltaError::BaseMismatch(format!(
+            "tensor '{extra}' is not in the delta's base"
+        )));
+    }
+    let actual = known_hash.unwrap_or_else(|| base.weights_hash());
+    if actual != header.base_hash {
+        return Err(DeltaError::WrongBase {
+            expected: header.base_hash,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes one segment against the base. Usable on its own, so a receiver can decode and
+/// stage each segment as it arrives.
+pub fn decode_segment(
+    header: &DeltaHeader,
+    index: u32,
+    bytes: &[u8],
+    base: &Checkpoint<'_>,
+) -> Result<Vec<PatchChunk>> {
+    let mut reader = ByteReader::new(bytes);
+    let mut chunks = Vec::new();
+    while !reader.is_empty() {
+        let offset = reader.position();
+        let record = ChunkRecord::read(&mut reader).map_err(|e| DeltaError::SegmentMalformed {
+            index,
+            reason: format!("chunk record at byte {offset}: {e}"),
+        })?;
+        chunks.push(decode_chunk(header, &record, reader.position() - offset, base)?);
+    }
+    Ok(chunks)
+}
+
+fn decode_chunk(
+    header: &DeltaHeader,
+    record: &ChunkRecord<'_>,
+    encoded_bytes: usize,
+    base: &Checkpoint<'_>,
+) -> Result<PatchChunk> {
+    let entry = header.tensors.get(record.tensor as usize).ok_or_else(|| {
+        DeltaError::Malformed(format!(
+            "chunk names tensor {} of a table with {}",
+            record.tensor,
+            header.tensors.len()
+        ))
+    })?;
+    let fail = |reason: String| DeltaError::ChunkMalformed {
+        tensor: entry.name.clone(),
+        start: record.start,
+        reason,
+    };
+    let spec = entry
+        .change
+        .target()
+        .ok_or_else(|| fail("the tensor is removed, it cannot have chunks".into()))?;
+    let dense_only = !matches!(entry.change, TensorChange::Patched(_));
+    if dense_only && record.encoding != ChunkEncoding::Dense {
+        return Err(fail(format!(
+            "a new tensor must be dense, not {}",
+            record.encoding.name()
+        )));
+    }
+    if record.len == 0 || record.len > MAX_CHUNK_ELEMENTS {
+        return Err(fail(format!(
+            "chunk length {} not in 1..={MAX_CHUNK_ELEMENTS}",
+            record.len
+        )));
+    }
+    let end = record
+        .start
+        .checked_add(record.len)
+        .filter(|&end| end <= spec.element_count())
+        .ok_or_else(|| {
+            fail(format!(
+                "range of {} elements exceeds the tensor's {}",
+                record.len,
+                spec.element_count()
+            ))
+        })?;
+    let element_bytes = spec.dtype.size_bytes() as u64;
+    let base_range = if dense_only {
+        None
+    } else {
+        let tensor = base
+            .get(&entry.name)
+            .ok_or_else(|| DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name)))?;
+        if tensor.dtype != spec.dtype || tensor.shape != spec.shape {
+            return Err(DeltaError::BaseMismatch(format!(
+                "tensor '{}' is {} {:?}, the delta expects {} {:?}",
+                entry.name, tensor.dtype, tensor.shape, spec.dtype, spec.shape
+            )));
+        }
+        Some(&tensor.data[(record.start * element_bytes) as usize..(end * element_bytes) as usize])
+    };
+    let changes = decode_changes(
+        record.encoding,
+        spec.dtype,
+        record.len,
+        record.payload,
+        base_range,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    Ok(PatchChunk {
+        tensor: record.tensor,
+        start: record.start,
+        len: record.len,
+        encoding: record.encoding,
+        encoded_bytes,
+        changes,
+    })
+}
+
+/// Verifies every segment and decodes the whole delta against `base`, which must already
+/// have passed [`check_base`]. Segments are verified and decoded in parallel.
+pub fn decode(delta: &DeltaFile<'_>, base: &Checkpoint<'_>) -> Result<Patch> {
+    let header = delta.header();
+    let decoded: Vec<Vec<PatchChunk>> = (0..delta.segment_count())
+        .into_par_iter()
+        .map(|index| decode_segment(header, index as u32, delta.verify_segment(index)?, base))
+        .collect::<Result<_>>()?;
+    Patch::new(header.clone(), decoded.into_iter().flatten().collect())
+}
+
+impl Patch {
+    /// Orders the chunks and checks that they neither overlap nor leave a new tensor
+    /// partly undefined.
+    pub fn new(header: DeltaHeader, mut chunks: Vec<PatchChunk>) -> Result<Patch> {
+        chunks.sort_by_key(|c| (c.tensor, c.start));
+        let mut covered: HashMap<u32, u64> = HashMap::new();
+        for pair in chunks.windows(2) {
+            if pair[0].tensor == pair[1].tensor && pair[0].start + pair[0].len > pair[1].start {
+                return Err(DeltaError::ChunkMalformed {
+                    tensor: header.tensors[pair[1].tensor as usize].name.clone(),
+                    start: pair[1].start,
+                    reason: "overlaps the previous chunk".into(),
+                });
+            }
+        }
+        for chunk in &chunks {
+            *covered.entry(chunk.tensor).or_default() += chunk.len;
+        }
+        for (index, entry) in header.tensors.iter().enumerate() {
+            if let TensorChange::Added(spec) | TensorChange::Replaced { target: spec, .. } =
+                &entry.change
+            {
+                let have = covered.get(&(index as u32)).copied().unwrap_or(0);
+                if have != spec.element_count() {
+                    return Err(DeltaError::Malformed(format!(
+                        "new tensor '{}' has {have} of its {} elements",
+                        entry.name,
+                        spec.element_count()
+                    )));
+                }
+            }
+        }
+        Ok(Patch { header, chunks })
+    }
+
+    /// Whether the target has exactly the base's tensors, dtypes and shapes, so the
+    /// delta can be applied in place.
+    pub fn preserves_layout(&self) -> bool {
+        self.header
+            .tensors
+            .iter()
+            .all(|e| matches!(e.change, TensorChange::Patched(_)))
+    }
+
+    pub fn changed_elements(&self) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| {
+                let spec = self.header.tensors[c.tensor as usize]
+                    .change
+                    .target()
+                    .expect("chunks belong to target tensors");
+                c.changes.changed_elements(spec.dtype.size_bytes())
+            })
+            .sum()
+    }
+
+    /// Applies the patch to `buffer`, whose tensors sit where `layout` says (the base's
+    /// safetensors image, or the fused parameters of an inference engine). On success the
+    /// patch holds the old values, so applying it again rolls back. If the result's
+    /// weights hash is not the target's, the buffer is restored and an error returned.
+    pub fn apply_in_place(&mut self, buffer: &mut [u8], layout: &[TensorLayout]) -> Result<Hash> {
+        if !self.preserves_layout() {
+            return Err(DeltaError::Unsupported {
+                name: self
+                    .header
+                    .tensors
+                    .iter()
+                    .find(|e| !matches!(e.change, TensorChange::Patched(_)))
+                    .map(|e| e.name.clone())
+                    .unwrap_or_default(),
+                reason: "the delta adds, removes or reshapes tensors, so it cannot be applied in place".into(),
+            });
+        }
+        let by_name: HashMap<&str, &TensorLayout> =
+            layout.iter().map(|l| (l.name.as_str(), l)).collect();
+        let mut regions = Vec::with_capacity(self.chunks.len());
+        for chunk in &self.chunks {
+            let entry = &self.header.tensors[chunk.tensor as usize];
+            let spec = entry.change.target().expect("patched");
+            let place = by_name.get(entry.name.as_str()).ok_or_else(|| {
+                DeltaError::BaseMismatch(format!("tensor '{}' is not in the buffer", entry.name))
+            })?;
+            if place.dtype != spec.dtype || place.shape != spec.shape {
+                return Err(DeltaError::BaseMismatch(format!(
+                    "tensor '{}' in the buffer is {} {:?}, the delta expects {} {:?}",
+                    entry.name, place.dtype, place.shape, spec.dtype, spec.shape
+                )));
+            }
+            let element_bytes = spec.dtype.size_bytes();
+            let start = place.bytes.start + chunk.start as usize * element_bytes;
+            let end = start + chunk.len as usize * element_bytes;
+            if end > place.bytes.end || place.bytes.end > buffer.len() {
+                return Err(DeltaError::BaseMismatch(format!(
+                    "tensor '{}' lies outside the buffer",
+                    entry.name
+                )));
+            }
+            regions.push((start..end, element_bytes));
+        }
+        let swap_all = |chunks: &mut [PatchChunk], buffer: &mut [u8]| {
+            for (chunk, (range, element_bytes)) in chunks.iter_mut().zip(&regions) {
+                chunk.changes.swap_into(&mut buffer[range.clone()], *element_bytes);
+            }
+        };
+        swap_all(&mut self.chunks, buffer);
+        let actual = Checkpoint::from_layout(buffer, layout)?.weights_hash();
+        if actual != self.header.target_hash {
+            swap_all(&mut self.chunks, buffer);
+            return Err(DeltaError::TargetMismatch {
+                expected: self.header.target_hash,
+                actual,
+            });
+        }
+        Ok(actual)
+    }
+
+    /// Builds the target checkpoint from `base` (copying it), for deltas that change the
+    /// layout or when the base must stay untouched. Checks the target weights hash.
+    pub fn materialize(mut self, base: &Checkpoint<'_>) -> Result<Vec<OwnedTensor>> {
+        let mut tensors = Vec::new();
+        let mut chunks = std::mem::take(&mut self.chunks).into_iter().peekable();
+        for (index, entry) in self.header.tensors.iter().enumerate() {
+            let Some(spec) = entry.change.target() else {
+                continue;
+            };
+            let mut data = match &entry.change {
+                TensorChange::Patched(_) => base
+                    .get(&entry.name)
+                    .ok_or_else(|| {
+                        DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name))
+                    })?
+                    .data
+                    .to_vec(),
+                _ => vec![0u8; spec.byte_len() as usize],
+            };
+            let element_bytes = spec.dtype.size_bytes();
+            while let Some(mut chunk) = chunks.next_if(|c| c.tensor as usize == index) {
+                let start = chunk.start as usize * element_bytes;
+                let end = start + chunk.len as usize * element_bytes;
+                chunk.changes.swap_into(&mut data[start..end], element_bytes);
+            }
+            tensors.push(OwnedTensor {
+                name: entry.name.clone(),
+                dtype: spec.dtype,
+                shape: spec.shape.clone(),
+                data,
+            });
+        }
+        let actual = owned_checkpoint(&tensors)?.weights_hash();
+        if actual != self.header.target_hash {
+            return Err(DeltaError::TargetMismatch {
+                expected: self.header.target_hash,
+                actual,
+            });
+        }
+        Ok(tensors)
+    }
+}
+
+/// Verifies, decodes and materialises `delta` on top of `base` in one call.
+pub fn apply(delta: &DeltaFile<'_>, base: &Checkpoint<'_>, known_base_hash: Option<Hash>) -> Result<Vec<OwnedTensor>> {
+    check_base(delta.header(), base, known_base_hash)?;
+    decode(delta, base)?.materialize(base)
+}

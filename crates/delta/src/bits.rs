@@ -1,0 +1,417 @@
+//! Byte cursors, LEB128 varints and an LSB-first bit stream.
+//!
+//! Hand-written because they sit in the codec's inner loops and must treat every input
+//! as hostile: a reader never panics and never reads past its slice.
+
+use crate::error::{DeltaError, Result};
+
+/// Appends `value` as unsigned LEB128 (7 bits per byte, low group first).
+pub fn write_leb128(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+pub fn leb128_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// A bounds-checked reader over a byte slice.
+#[derive(Debug, Clone)]
+pub struct ByteReader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> ByteReader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        ByteReader { bytes, pos: 0 }
+    }
+
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.remaining() == 0
+    }
+
+    pub fn take(&mut self, len: usize, what: &'static str) -> Result<&'a [u8]> {
+        if len > self.remaining() {
+            return Err(DeltaError::Truncated {
+                what,
+                needed: len as u64,
+                available: self.remaining() as u64,
+            });
+        }
+        let out = &self.bytes[self.pos..self.pos + len];
+        self.pos += len;
+        Ok(out)
+    }
+
+    pub fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N]> {
+        let bytes = self.take(N, what)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(bytes);
+        Ok(out)
+    }
+
+    pub fn u8(&mut self, what: &'static str) -> Result<u8> {
+        Ok(self.array::<1>(what)?[0])
+    }
+
+    pub fn u16(&mut self, what: &'static str) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.array(what)?))
+    }
+
+    pub fn u32(&mut self, what: &'static str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    pub fn u64(&mut self, what: &'static str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    pub fn rest(&mut self) -> &'a [u8] {
+        let out = &self.bytes[self.pos..];
+        self.pos = self.bytes.len();
+        out
+    }
+
+    /// Reads an unsigned LEB128 value of at most 10 bytes that fits in 64 bits.
+    pub fn leb128(&mut self, what: &'static str) -> Result<u64> {
+        let mut value = 0u64;
+        for index in 0..10 {
+            let byte = self.u8(what)?;
+            let bits = u64::from(byte & 0x7F);
+            if index == 9 && bits > 1 {
+                return Err(DeltaError::Malformed(format!("{what}: varint overflows 64 bits")));
+            }
+            value |= bits << (7 * index);
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(DeltaError::Malformed(format!("{what}: varint longer than 10 bytes")))
+    }
+}
+
+/// Writes bits least-significant first into bytes.
+#[derive(Debug, Default)]
+pub struct BitWriter {
+    bytes: Vec<u8>,
+    acc: u64,
+    filled: u32,
+}
+
+impl BitWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends the low `count` bits of `value` (`count` up to 64).
+    pub fn write(&mut self, value: u64, count: u32) {
+        debug_assert!(count <= 64);
+        if count == 0 {
+            return;
+        }
+        if count > 32 {
+            self.write(value & 0xFFFF_FFFF, 32);
+            self.write(value >> 32, count - 32);
+            return;
+        }
+        let value = value & ((1u64 << count) - 1);
+        self.acc |= value << self.filled;
+        self.filled += count;
+        while self.filled >= 8 {
+            self.bytes.push(self.acc as u8);
+            self.acc >>= 8;
+            self.filled -= 8;
+        }
+    }
+
+    /// Unary: `count` zero bits then a one bit.
+    pub fn write_unary(&mut self, mut count: u64) {
+        while count >= 32 {
+            self.write(0, 32);
+            count -= 32;
+        }
+        self.write(1u64 << count, count as u32 + 1);
+    }
+
+    /// Order-0 exponential Golomb code of `value` (any u64).
+    pub fn write_exp_golomb(&mut self, value: u64) {
+        let shifted = u128::from(value) + 1;
+        let width = 128 - shifted.leading_zeros();
+        self.write_unary(u64::from(width - 1));
+        // The leading one is implied by the unary prefix.
+        let low = shifted & ((1u128 << (width - 1)) - 1);
+        self.write(low as u64, width - 1);
+    }
+
+    #[cfg(test)]
+    pub fn bit_len(&self) -> u64 {
+        self.bytes.len() as u64 * 8 + u64::from(self.filled)
+    }
+
+    pub fn finish(mut self) -> Vec<u8> {
+        if self.filled > 0 {
+            self.bytes.push(self.acc as u8);
+        }
+        self.bytes
+    }
+}
+
+/// Reads a [`BitWriter`] stream. Reading past the end yields zero bits, which
+/// [`BitReader::finish`] reports; loops driven by decoded values must
+/// bound themselves, which the unary reader does.
+#[derive(Debug)]
+pub struct BitReader<'a> {
+    bytes: &'a [u8],
+    next_byte: usize,
+    acc: u64,
+    available: u32,
+}
+
+impl<'a> BitReader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        BitReader {
+            bytes,
+            next_byte: 0,
+            acc: 0,
+            available: 0,
+        }
+    }
+
+    #[inline]
+    fn refill(&mut self) {
+        if self.next_byte + 8 <= self.bytes.len() {
+            let word = u64::from_le_bytes(
+                self.bytes[self.next_byte..self.next_byte + 8]
+                    .try_into()
+                    .expect("eight bytes"),
+            );
+            self.acc |= word << self.available;
+            let taken = (63 - self.available) / 8;
+            self.next_byte += taken as usize;
+            self.available += taken * 8;
+        } else {
+            while self.available <= 56 {
+                let byte = match self.bytes.get(self.next_byte) {
+                    Some(byte) => *byte,
+                    None => {
+                        // Past the end: count the shortfall as overrun once it is consumed.
+                        self.available += 8;
+                        self.next_byte += 1;
+                        continue;
+                    }
+                };
+                self.acc |= u64::from(byte) << self.available;
+                self.next_byte += 1;
+                self.available += 8;
+            }
+        }
+    }
+
+    /// Reads `count` bits (up to 56) as an integer.
+    #[inline]
+    pub fn read(&mut self, count: u32) -> u64 {
+        debug_assert!(count <= 56);
+        if count == 0 {
+            return 0;
+        }
+        if self.available < count {
+            self.refill();
+        }
+        let value = self.acc & ((1u64 << count) - 1);
+        self.acc >>= count;
+        self.available -= count;
+        value
+    }
+
+    pub fn read_wide(&mut self, count: u32) -> u64 {
+        if count <= 56 {
+            self.read(count)
+        } else {
+            let low = self.read(32);
+            low | (self.read(count - 32) << 32)
+        }
+    }
+
+    /// Reads a unary count, failing if it would exceed `limit`.
+    #[inline]
+    pub fn read_unary(&mut self, limit: u64) -> Result<u64> {
+        let mut count = 0u64;
+        loop {
+            if self.available < 32 {
+                self.refill();
+            }
+            // Bits above `available` are not yet counted as read; a one there is not the stop bit.
+            let zeros = self.acc.trailing_zeros();
+            if zeros < self.available {
+                count += u64::from(zeros);
+                // The stop bit may be the 64th bit held.
+                self.acc = self.acc.checked_shr(zeros + 1).unwrap_or(0);
+                self.available -= zeros + 1;
+                break;
+            }
+            count += u64::from(self.available);
+            self.acc = 0;
+            self.available = 0;
+            if count > limit || self.past_end() {
+                return Err(DeltaError::Malformed(
+                    "bitstream: unary code runs past its bound".into(),
+                ));
+            }
+        }
+        if count > limit {
+            return Err(DeltaError::Malformed(
+                "bitstream: unary code runs past its bound".into(),
+            ));
+        }
+        Ok(count)
+    }
+
+    pub fn read_exp_golomb(&mut self) -> Result<u64> {
+        let width = self.read_unary(64)?;
+        if width >= 64 {
+            let low = self.read_wide(64);
+            return if width == 64 && low == 0 {
+                Ok(u64::MAX)
+            } else {
+                Err(DeltaError::Malformed("bitstream: exp-Golomb value overflows".into()))
+            };
+        }
+        let low = self.read_wide(width as u32);
+        Ok(((1u64 << width) | low) - 1)
+    }
+
+    fn past_end(&self) -> bool {
+        // Bytes beyond the input that have been pulled in are phantom zeros.
+        self.next_byte > self.bytes.len()
+    }
+
+    /// Fails if more bits were consumed than the stream holds.
+    pub fn finish(self) -> Result<()> {
+        let phantom_bits = (self.next_byte.saturating_sub(self.bytes.len()) * 8) as u32;
+        if phantom_bits > self.available {
+            return Err(DeltaError::Malformed(
+                "bitstream: read past the end of its bytes".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn leb128_matches_the_paper_example() {
+        let mut out = Vec::new();
+        write_leb128(&mut out, 198);
+        assert_eq!(out, [0xC6, 0x01]);
+        assert_eq!(leb128_len(198), 2);
+        assert_eq!(leb128_len(0), 1);
+        assert_eq!(leb128_len(127), 1);
+        assert_eq!(leb128_len(u64::MAX), 10);
+    }
+
+    #[test]
+    fn leb128_rejects_overlong_and_overflowing_input() {
+        let overlong = [0x80u8; 11];
+        assert!(ByteReader::new(&overlong).leb128("x").is_err());
+        let overflow = [0xFFu8, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02];
+        assert!(ByteReader::new(&overflow).leb128("x").is_err());
+        let truncated = [0x80u8];
+        assert!(matches!(
+            ByteReader::new(&truncated).leb128("x"),
+            Err(DeltaError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn unary_bound_stops_hostile_runs_of_zeros() {
+        let zeros = [0u8; 64];
+        let mut reader = BitReader::new(&zeros);
+        assert!(reader.read_unary(100).is_err());
+    }
+
+    #[test]
+    fn reading_past_the_end_is_reported() {
+        let mut writer = BitWriter::new();
+        writer.write(0b101, 3);
+        let bytes = writer.finish();
+        let mut reader = BitReader::new(&bytes);
+        assert_eq!(reader.read(3), 0b101);
+        assert!(BitReader::new(&bytes).finish().is_ok());
+        reader.read(8);
+        assert!(reader.finish().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn leb128_round_trips(values in proptest::collection::vec(any::<u64>(), 0..50)) {
+            let mut out = Vec::new();
+            for v in &values {
+                write_leb128(&mut out, *v);
+            }
+            prop_assert_eq!(out.len(), values.iter().map(|v| leb128_len(*v)).sum::<usize>());
+            let mut reader = ByteReader::new(&out);
+            for v in &values {
+                prop_assert_eq!(reader.leb128("v").unwrap(), *v);
+            }
+            prop_assert!(reader.is_empty());
+        }
+
+        #[test]
+        fn bit_stream_round_trips(
+            ops in proptest::collection::vec((0u8..3, any::<u64>(), 0u32..=64), 0..200)
+        ) {
+            let mut writer = BitWriter::new();
+            let mut expected_bits = 0u64;
+            let mut expected = Vec::new();
+            for (kind, value, width) in &ops {
+                match kind {
+                    0 => {
+                        let masked = if *width == 64 { *value } else { value & ((1u64 << width) - 1) };
+                        writer.write(masked, *width);
+                        expected_bits += u64::from(*width);
+                        expected.push((0, masked, *width));
+                    }
+                    1 => {
+                        let count = value % 200;
+                        writer.write_unary(count);
+                        expected_bits += count + 1;
+                        expected.push((1, count, 0));
+                    }
+                    _ => {
+                        writer.write_exp_golomb(*value);
+                        expected.push((2, *value, 0));
+                    }
+                }
+            }
+            if ops.iter().all(|op| op.0 != 2) {
+                prop_assert_eq!(writer.bit_len(), expected_bits);
+            }
+            let bytes = writer.finish();
+            let mut reader = BitReader::new(&bytes);
+            for (kind, value, width) in expected {
+                match kind {
+                    0 => prop_assert_eq!(reader.read_wide(width), value),
+                    1 => prop_assert_eq!(reader.read_unary(1000).unwrap(), value),
+                    _ => prop_assert_eq!(reader.read_exp_golomb().unwrap(), value),
+                }
+            }
+            prop_assert!(reader.finish().is_ok());
+        }
+    }
+}

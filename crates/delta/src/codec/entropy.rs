@@ -1,0 +1,404 @@
+//! Entropy coders of the `aurora` encoding (docs/delta-format.md §6.3).
+//!
+//! Hand-written because the codec is the project's own edge: a static rANS coder over a
+//! 16-symbol alphabet for steps, and Golomb codes for gaps, whose optimal parameter for a
+//! geometric source is known in closed form, so gap models cost no table bytes.
+
+use crate::bits::{BitReader, BitWriter, ByteReader, write_leb128};
+use crate::error::{DeltaError, Result};
+
+/// Frequencies are normalised to 2^12: fine enough that quantisation costs far below a
+/// hundredth of a bit per symbol for the skewed step distributions we see, small enough
+/// that the decode table of a model is 4 KiB.
+pub const SCALE_BITS: u32 = 12;
+const TOTAL: u32 = 1 << SCALE_BITS;
+/// rANS state lower bound; 16-bit renormalisation keeps the state in [2^16, 2^32).
+const RANS_L: u32 = 1 << 16;
+pub const ALPHABET: usize = 16;
+
+/// A static model over [`ALPHABET`] symbols.
+#[derive(Clone)]
+pub struct Model {
+    freq: [u16; ALPHABET],
+    start: [u16; ALPHABET],
+    slot_to_symbol: Box<[u8; TOTAL as usize]>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("freq", &self.freq).finish()
+    }
+}
+
+impl Model {
+    /// Normalises symbol counts so every present symbol keeps a non-zero frequency.
+    /// At least one count must be non-zero.
+    pub fn from_counts(counts: &[u64; ALPHABET]) -> Model {
+        let total: u64 = counts.iter().sum();
+        assert!(total > 0, "a model needs at least one symbol");
+        let mut freq = [0u16; ALPHABET];
+        for (f, &c) in freq.iter_mut().zip(counts) {
+            if c > 0 {
+                *f = ((c * u64::from(TOTAL)) / total).max(1) as u16;
+            }
+        }
+        // Hand the rounding error to the most frequent symbol, which can absorb it: it
+        // holds at least TOTAL/ALPHABET while at most ALPHABET slots were forced to 1.
+        let sum: i64 = freq.iter().map(|f| i64::from(*f)).sum();
+        let largest = (0..ALPHABET).max_by_key(|&i| freq[i]).expect("non-empty");
+        freq[largest] = (i64::from(freq[largest]) + i64::from(TOTAL) - sum) as u16;
+        Model::from_freqs(freq).expect("normalised frequencies are valid")
+    }
+
+    fn from_freqs(freq: [u16; ALPHABET]) -> Result<Model> {
+        let sum: u32 = freq.iter().map(|f| u32::from(*f)).sum();
+        if sum != TOTAL {
+            return Err(DeltaError::Malformed(format!(
+                "step model frequencies sum to {sum}, not {TOTAL}"
+            )));
+        }
+        let mut start = [0u16; ALPHABET];
+        let mut slot_to_symbol = Box::new([0u8; TOTAL as usize]);
+        let mut cumulative = 0u32;
+        for symbol in 0..ALPHABET {
+            start[symbol] = cumulative as u16;
+            let end = cumulative + u32::from(freq[symbol]);
+            slot_to_symbol[cumulative as usize..end as usize].fill(symbol as u8);
+            cumulative = end;
+        }
+        Ok(Model {
+            freq,
+            start,
+            slot_to_symbol,
+        })
+    }
+
+    /// Serialises as a presence bitmap and the frequencies of all present symbols but the
+    /// last, which is implied by the total.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let present: u16 = (0..ALPHABET)
+            .filter(|&s| self.freq[s] > 0)
+            .fold(0, |mask, s| mask | (1 << s));
+        out.extend_from_slice(&present.to_le_bytes());
+        let last = 15 - present.leading_zeros() as usize;
+        for symbol in 0..last {
+            if self.freq[symbol] > 0 {
+                write_leb128(out, u64::from(self.freq[symbol]));
+            }
+        }
+    }
+
+    pub fn read(reader: &mut ByteReader<'_>) -> Result<Model> {
+        let present = reader.u16("step model bitmap")?;
+        if present == 0 {
+            return Err(DeltaError::Malformed("step model has no symbols".into()));
+        }
+        let last = 15 - present.leading_zeros() as usize;
+        let mut freq = [0u16; ALPHABET];
+        let mut sum = 0u64;
+        for (symbol, f) in freq.iter_mut().enumerate().take(last) {
+            if present & (1 << symbol) != 0 {
+                let value = reader.leb128("step model frequency")?;
+                if value == 0 || value >= u64::from(TOTAL) {
+                    return Err(DeltaError::Malformed(format!(
+                        "step model frequency {value} out of range"
+                    )));
+                }
+                sum += value;
+                *f = value as u16;
+            }
+        }
+        if sum >= u64::from(TOTAL) {
+            return Err(DeltaError::Malformed(
+                "step model frequencies exceed the total".into(),
+            ));
+        }
+        freq[last] = (u64::from(TOTAL) - sum) as u16;
+        Model::from_freqs(freq)
+    }
+}
+
+/// Encodes symbols in reverse order of decoding (rANS is last-in, first-out).
+pub struct RansEncoder {
+    state: u32,
+    words: Vec<u16>,
+}
+
+impl Default for RansEncoder {
+    fn default() -> Self {
+        RansEncoder {
+            state: RANS_L,
+            words: Vec::new(),
+        }
+    }
+}
+
+impl RansEncoder {
+    /// Pushes `symbol`; callers push the decode order reversed.
+    pub fn put(&mut self, model: &Model, symbol: usize) {
+        let freq = u32::from(model.freq[symbol]);
+        debug_assert!(freq > 0, "symbol {symbol} has no frequency in its model");
+        let limit = u64::from((RANS_L >> SCALE_BITS) << 16) * u64::from(freq);
+        if u64::from(self.state) >= limit {
+            self.words.push(self.state as u16);
+            self.state >>= 16;
+        }
+        self.state = ((self.state / freq) << SCALE_BITS)
+            + (self.state % freq)
+            + u32::from(model.start[symbol]);
+    }
+
+    pub fn finish(mut self) -> Vec<u8> {
+        self.words.push(self.state as u16);
+        self.words.push((self.state >> 16) as u16);
+        self.words
+            .iter()
+            .rev()
+            .flat_map(|w| w.to_le_bytes())
+            .collect()
+    }
+}
+
+pub struct RansDecoder<'a> {
+    state: u32,
+    words: &'a [u8],
+    position: usize,
+}
+
+impl<'a> RansDecoder<'a> {
+    pub fn new(bytes: &'a [u8]) -> Result<RansDecoder<'a>> {
+        if bytes.len() < 4 || bytes.len() % 2 != 0 {
+            return Err(DeltaError::Malformed(format!(
+                "rANS stream of {} bytes is not a whole number of words",
+                bytes.len()
+            )));
+        }
+        let high = u32::from(u16::from_le_bytes([bytes[0], bytes[1]]));
+        let low = u32::from(u16::from_le_bytes([bytes[2], bytes[3]]));
+        let state = (high << 16) | low;
+        if state < RANS_L {
+            return Err(DeltaError::Malformed("rANS initial state out of range".into()));
+        }
+        Ok(RansDecoder {
+            state,
+            words: bytes,
+            position: 4,
+        })
+    }
+
+    #[inline]
+    pub fn get(&mut self, model: &Model) -> Result<usize> {
+        let slot = self.state & (TOTAL - 1);
+        let symbol = model.slot_to_symbol[slot as usize] as usize;
+        self.state = u32::from(model.freq[symbol]) * (self.state >> SCALE_BITS) + slot
+            - u32::from(model.start[symbol]);
+        while self.state < RANS_L {
+            let Some(word) = self.words.get(self.position..self.position + 2) else {
+                return Err(DeltaError::Malformed("rANS stream ends early".into()));
+            };
+            self.state = (self.state << 16) | u32::from(u16::from_le_bytes([word[0], word[1]]));
+            self.position += 2;
+        }
+        Ok(symbol)
+    }
+
+    /// A stream decoded to its end returns to the encoder's initial state with every word
+    /// consumed; anything else means corruption.
+    pub fn finish(self) -> Result<()> {
+        if self.state != RANS_L || self.position != self.words.len() {
+            return Err(DeltaError::Malformed(
+                "rANS stream does not end where its symbols do".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The Golomb parameter that minimises the expected code length of a geometric source
+/// with success probability `changed / population` (Gallager and Van Voorhis, 1975).
+pub fn golomb_parameter(changed: u64, population: u64) -> u64 {
+    if changed == 0 || population <= changed {
+        return 1;
+    }
+    let p = changed as f64 / population as f64;
+    let theta = 1.0 - p;
+    let m = (-(1.0 + theta).ln() / theta.ln()).ceil();
+    if m.is_finite() && m >= 1.0 {
+        (m as u64).min(1 << 40)
+    } else {
+        1
+    }
+}
+
+/// Golomb code: quotient in unary, remainder in truncated binary, high bits first so
+/// the decoder can tell the short codes from the long ones.
+pub fn write_golomb(writer: &mut BitWriter, value: u64, m: u64) {
+    writer.write_unary(value / m);
+    let remainder = value % m;
+    let (width, short_codes) = truncated_binary(m);
+    if width == 0 {
+        return;
+    }
+    if remainder < short_codes {
+        writer.write(remainder, width - 1);
+    } else {
+        let code = remainder + short_codes;
+        writer.write(code >> 1, width - 1);
+        writer.write(code & 1, 1);
+    }
+}
+
+/// Reads a Golomb code whose value must not exceed `limit`.
+#[inline]
+pub fn read_golomb(reader: &mut BitReader<'_>, m: u64, limit: u64) -> Result<u64> {
+    let quotient = reader.read_unary(limit / m)?;
+    let (width, short_codes) = truncated_binary(m);
+    let remainder = if width == 0 {
+        0
+    } else {
+        let high = reader.read_wide(width - 1);
+        if high < short_codes {
+            high
+        } else {
+            ((high << 1) | reader.read(1)) - short_codes
+        }
+    };
+    let value = quotient * m + remainder;
+    if value > limit {
+        return Err(DeltaError::Malformed(format!(
+            "gap {value} exceeds the chunk bound {limit}"
+        )));
+    }
+    Ok(value)
+}
+
+/// (bits of the long codes, number of short codes) for a truncated binary code over
+/// `m` values.
+#[inline]
+fn truncated_binary(m: u64) -> (u32, u64) {
+    if m <= 1 {
+        return (0, 0);
+    }
+    let width = 64 - (m - 1).leading_zeros();
+    (width, (1u64 << width) - m)
+}
+
+/// Golomb code length in bits of `value`.
+#[cfg(test)]
+pub fn golomb_len(value: u64, m: u64) -> u64 {
+    let (width, short_codes) = truncated_binary(m);
+    let remainder_bits = if width == 0 {
+        0
+    } else if value % m < short_codes {
+        u64::from(width - 1)
+    } else {
+        u64::from(width)
+    };
+    value / m + 1 + remainder_bits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn golomb_parameter_matches_the_closed_form() {
+        assert_eq!(golomb_parameter(1, 2), 1);
+        assert_eq!(golomb_parameter(1, 100), 69);
+        assert_eq!(golomb_parameter(0, 100), 1);
+        assert_eq!(golomb_parameter(100, 100), 1);
+    }
+
+    #[test]
+    fn model_serialisation_round_trips_and_rejects_garbage() {
+        let mut counts = [0u64; ALPHABET];
+        counts[0] = 900;
+        counts[1] = 880;
+        counts[3] = 30;
+        counts[15] = 2;
+        let model = Model::from_counts(&counts);
+        let mut bytes = Vec::new();
+        model.write(&mut bytes);
+        let read = Model::read(&mut ByteReader::new(&bytes)).unwrap();
+        assert_eq!(read.freq, model.freq);
+        assert!(Model::read(&mut ByteReader::new(&[0, 0])).is_err());
+        // Frequencies that overflow the total.
+        let mut hostile = vec![0b111, 0];
+        write_leb128(&mut hostile, 4000);
+        write_leb128(&mut hostile, 200);
+        assert!(Model::read(&mut ByteReader::new(&hostile)).is_err());
+    }
+
+    #[test]
+    fn rans_detects_corruption_at_the_end() {
+        let mut counts = [0u64; ALPHABET];
+        counts[0] = 10;
+        counts[1] = 10;
+        let model = Model::from_counts(&counts);
+        let symbols: Vec<usize> = (0..1000).map(|i| (i * 7 % 3 == 0) as usize).collect();
+        let mut encoder = RansEncoder::default();
+        for &s in symbols.iter().rev() {
+            encoder.put(&model, s);
+        }
+        let mut bytes = encoder.finish();
+        bytes[10] ^= 0x40;
+        let mut decoder = RansDecoder::new(&bytes).unwrap();
+        let mut decoded = Vec::new();
+        let mut failed = false;
+        for _ in 0..symbols.len() {
+            match decoder.get(&model) {
+                Ok(s) => decoded.push(s),
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        assert!(failed || decoded != symbols || decoder.finish().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn rans_round_trips(
+            weights in proptest::collection::vec(0u64..1000, ALPHABET),
+            picks in proptest::collection::vec(any::<u32>(), 1..2000),
+        ) {
+            let mut counts = [0u64; ALPHABET];
+            let present: Vec<usize> = (0..ALPHABET).filter(|&s| weights[s] > 0).collect();
+            prop_assume!(!present.is_empty());
+            let symbols: Vec<usize> = picks.iter().map(|p| present[*p as usize % present.len()]).collect();
+            for &s in &symbols {
+                counts[s] += weights[s];
+            }
+            let model = Model::from_counts(&counts);
+            let mut encoder = RansEncoder::default();
+            for &s in symbols.iter().rev() {
+                encoder.put(&model, s);
+            }
+            let bytes = encoder.finish();
+            let mut decoder = RansDecoder::new(&bytes).unwrap();
+            for &s in &symbols {
+                prop_assert_eq!(decoder.get(&model).unwrap(), s);
+            }
+            prop_assert!(decoder.finish().is_ok());
+        }
+
+        #[test]
+        fn golomb_round_trips(values in proptest::collection::vec(0u64..100_000, 1..300), m in 1u64..5000) {
+            let mut writer = BitWriter::new();
+            let mut bits = 0;
+            for &v in &values {
+                write_golomb(&mut writer, v, m);
+                bits += golomb_len(v, m);
+            }
+            prop_assert_eq!(writer.bit_len(), bits);
+            let bytes = writer.finish();
+            let mut reader = BitReader::new(&bytes);
+            for &v in &values {
+                prop_assert_eq!(read_golomb(&mut reader, m, 100_000).unwrap(), v);
+            }
+            prop_assert!(reader.finish().is_ok());
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Chunk encodings and the chunk record (docs/delta-format.md §5 and §6).
+//!
+//! A chunk carries the changes of one element range of one tensor and decodes on its own
+//! given the base values of that range, which is what lets a receiver decode and stage a
+//! segment while later segments are still in flight.
+
+pub(crate) mod aurora;
+pub(crate) mod entropy;
+pub(crate) mod scan;
+
+use crate::bits::{ByteReader, write_leb128};
+use crate::dtype::Dtype;
+use crate::error::{DeltaError, Result};
+use scan::for_each_changed;
+
+/// How the payload of one chunk is coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum ChunkEncoding {
+    /// The target bytes of the whole range.
+    Dense = 0,
+    /// The published design: LEB128 index gaps and raw new values.
+    Leb128 = 1,
+    /// Exponent-context classes, Golomb-coded rank gaps and rANS-coded steps.
+    Aurora = 2,
+}
+
+impl ChunkEncoding {
+    pub fn from_code(code: u8) -> Result<ChunkEncoding> {
+        match code {
+            0 => Ok(ChunkEncoding::Dense),
+            1 => Ok(ChunkEncoding::Leb128),
+            2 => Ok(ChunkEncoding::Aurora),
+            other => Err(DeltaError::Malformed(format!("unknown chunk encoding {other}"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ChunkEncoding::Dense => "dense",
+            ChunkEncoding::Leb128 => "leb128",
+            ChunkEncoding::Aurora => "aurora",
+        }
+    }
+}
+
+/// Fixed bytes of a chunk record before its payload.
+pub const CHUNK_HEADER_BYTES: usize = 4 + 8 + 8 + 1 + 4;
+
+/// A chunk as it sits inside a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkRecord<'a> {
+    pub tensor: u32,
+    pub start: u64,
+    pub len: u64,
+    pub encoding: ChunkEncoding,
+    pub payload: &'a [u8],
+}
+
+impl<'a> ChunkRecord<'a> {
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.tensor.to_le_bytes());
+        out.extend_from_slice(&self.start.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.push(self.encoding as u8);
+        out.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.payload);
+    }
+
+    pub fn read(reader: &mut ByteReader<'a>) -> Result<ChunkRecord<'a>> {
+        let tensor = reader.u32("chunk tensor index")?;
+        let start = reader.u64("chunk start")?;
+        let len = reader.u64("chunk length")?;
+        let encoding = ChunkEncoding::from_code(reader.u8("chunk encoding")?)?;
+        let payload_len = reader.u32("chunk payload length")?;
+        let payload = reader.take(payload_len as usize, "chunk payload")?;
+        Ok(ChunkRecord {
+            tensor,
+            start,
+            len,
+            encoding,
+            payload,
+        })
+    }
+}
+
+/// Decoded changes of one chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changes {
+    /// Ascending positions relative to the chunk start, and the new values' bytes.
+    Sparse { positions: Vec<u32>, values: Vec<u8> },
+    /// The new bytes of the whole range.
+    Dense(Vec<u8>),
+}
+
+impl Changes {
+    pub fn changed_elements(&self, element_bytes: usize) -> u64 {
+        match self {
+            Changes::Sparse { positions, .. } => positions.len() as u64,
+            Changes::Dense(bytes) => (bytes.len() / element_bytes) as u64,
+        }
+    }
+
+    /// Writes the changes into `range`, the chunk's bytes; for sparse changes the old
+    /// values are swapped into `self`, so applying twice restores the original.
+    pub fn swap_into(&mut self, range: &mut [u8], element_bytes: usize) {
+        match self {
+            Changes::Sparse { positions, values } => {
+                for (i, &p) in positions.iter().enumerate() {
+                    let at = p as usize * element_bytes;
+                    range[at..at + element_bytes]
+                        .swap_with_slice(&mut values[i * element_bytes..(i + 1) * element_bytes]);
+                }
+            }
+            Changes::Dense(bytes) => range.swap_with_slice(bytes),
+        }
+    }
+}
+
+/// Which sparse encoding extraction uses for tensors present on both sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+pub enum Encoding {
+    /// The published baseline, always sparse.
+    Leb128,
+    /// Context-modelled, falling back per chunk to dense or `leb128` when smaller.
+    #[default]
+    Aurora,
+}
+
+impl Encoding {
+    pub fn code(self) -> u8 {
+        match self {
+            Encoding::Leb128 => 1,
+            Encoding::Aurora => 2,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Result<Encoding> {
+        match code {
+            1 => Ok(Encoding::Leb128),
+            2 => Ok(Encoding::Aurora),
+            other => Err(DeltaError::Malformed(format!("unknown delta encoding {other}"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Leb128 => "leb128",
+            Encoding::Aurora => "aurora",
+        }
+    }
+}
+
+/// Encodes the changes between two equally long ranges of one tensor, or returns
+/// `None` when nothing changed.
+pub(crate) fn encode_changes(
+    encoding: Encoding,
+    dtype: Dtype,
+    base: &[u8],
+    target: &[u8],
+) -> Option<(ChunkEncoding, Vec<u8>)> {
+    let element_bytes = dtype.size_bytes();
+    let mut positions = Vec::new();
+    for_each_changed(base, target, element_bytes, |i| positions.push(i as u32));
+    if positions.is_empty() {
+        return None;
+    }
+    let leb128 = || {
+        let mut payload = Vec::new();
+        encode_leb128(target, element_bytes, &positions, &mut payload);
+        (ChunkEncoding::Leb128, payload)
+    };
+    if encoding == Encoding::Leb128 {
+        return Some(leb128());
+    }
+    let sparse = match (dtype.float_layout(), element_bytes) {
+        (Some(layout), 2) => {
+            let mut payload = Vec::new();
+            aurora::encode::<u16>(base, target, layout, &positions, &mut payload);
+            (ChunkEncoding::Aurora, payload)
+        }
+        (Some(layout), 4) => {
+            let mut payload = Vec::new();
+            aurora::encode::<u32>(base, target, layout, &positions, &mut payload);
+            (ChunkEncoding::Aurora, payload)
+        }
+        _ => leb128(),
+    };
+    if sparse.1.len() < target.len() {
+        Some(sparse)
+    } else {
+        Some((ChunkEncoding::Dense, target.to_vec()))
+    }
+}
+
+/// Decodes a chunk's payload. `base` holds the base bytes of the chunk's range and is
+/// required by every encoding but dense.
+pub(crate) fn decode_changes(
+    encoding: ChunkEncoding,
+    dtype: Dtype,
+    len: u64,
+    payload: &[u8],
+    base: Option<&[u8]>,
+) -> Result<Changes> {
+    let element_bytes = dtype.size_bytes();
+    let range_bytes = len
+        .checked_mul(element_bytes as u64)
+        .ok_or_else(|| DeltaError::Malformed("chunk length overflows".into()))?;
+    if let Some(base) = base {
+        debug_assert_eq!(base.len() as u64, range_bytes);
+    }
+    match encoding {
+        ChunkEncoding::Dense => {
+            if payload.len() as u64 != range_bytes {
+                return Err(DeltaError::Malformed(format!(
+                    "dense payload has {} bytes, the range needs {range_bytes}",
+                    payload.len()
+                )));
+            }
+            Ok(Changes::Dense(payload.to_vec()))
+        }
+        ChunkEncoding::Leb128 => {
+            let (positions, values) = decode_leb128(payload, len, element_bytes)?;
+            Ok(Changes::Sparse { positions, values })
+        }
+        ChunkEncoding::Aurora => {
+            let base = base.ok_or_else(|| {
+                DeltaError::Malformed("sparse chunk for a tensor without a base".into())
+            })?;
+            let (positions, values) = match (dtype.float_layout(), element_bytes) {
+                (Some(layout), 2) => aurora::decode::<u16>(payload, base, layout)?,
+                (Some(layout), 4) => aurora::decode::<u32>(payload, base, layout)?,
+                _ => {
+                    return Err(DeltaError::Malformed(format!(
+                        "aurora encoding is not defined for {dtype}"
+                    )));
+                }
+            };
+            Ok(Changes::Sparse { positions, values })
+        }
+    }
+}
+
+fn encode_leb128(target: &[u8], element_bytes: usize, positions: &[u32], out: &mut Vec<u8>) {
+    write_leb128(out, positions.len() as u64);
+    let mut previous = 0u64;
+    for &p in positions {
+        write_leb128(out, u64::from(p) - previous);
+        previous = u64::from(p);
+    }
+    for &p in positions {
+        let at = p as usize * element_bytes;
+        out.extend_from_slice(&target[at..at + element_bytes]);
+    }
+}
+
+fn decode_leb128(payload: &[u8], len: u64, element_bytes: usize) -> Result<(Vec<u32>, Vec<u8>)> {
+    let mut reader = ByteReader::new(payload);
+    let count = reader.leb128("leb128 change count")?;
+    if count > len {
+        return Err(DeltaError::Malformed(format!(
+            "{count} changes claimed in a chunk of {len} elements"
+        )));
+    }
+    // Each gap takes at least one byte, so a count the payload cannot hold is hostile.
+    if count > reader.remaining() as u64 {
+        return Err(DeltaError::Truncated {
+            what: "leb128 gaps",
+            needed: count,
+            available: reader.remaining() as u64,
+        });
+    }
+    let mut positions = Vec::with_capacity(count as usize);
+    let mut position = 0u64;
+    for i in 0..count {
+        let gap = reader.leb128("leb128 gap")?;
+        if i > 0 && gap == 0 {
+            return Err(DeltaError::Malformed("leb128 gap of zero repeats an index".into()));
+        }
+        position = position
+            .checked_add(gap)
+            .filter(|&p| p < len)
+            .ok_or_else(|| DeltaError::Malformed("leb128 index beyond the chunk".into()))?;
+        positions.push(position as u32);
+    }
+    let values = reader.take(count as usize * element_bytes, "leb128 values")?;
+    if !reader.is_empty() {
+        return Err(DeltaError::Malformed(format!(
+            "{} trailing bytes after leb128 values",
+            reader.remaining()
+        )));
+    }
+    Ok((positions, values.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leb128_chunk_matches_the_published_layout() {
+        let base = vec![0u8; 2 * 300];
+        let mut target = base.clone();
+        target[2 * 198..2 * 198 + 2].copy_from_slice(&[0x80, 0x3F]);
+        target[2 * 200..2 * 200 + 2].copy_from_slice(&[0x00, 0x40]);
+        let (encoding, payload) =
+            encode_changes(Encoding::Leb128, Dtype::Bf16, &base, &target).unwrap();
+        assert_eq!(encoding, ChunkEncoding::Leb128);
+        assert_eq!(payload, [2, 0xC6, 0x01, 2, 0x80, 0x3F, 0x00, 0x40]);
+        let decoded = decode_changes(encoding, Dtype::Bf16, 300, &payload, Some(&base)).unwrap();
+        assert_eq!(
+            decoded,
+            Changes::Sparse {
+                positions: vec![198, 200],
+                values: vec![0x80, 0x3F, 0x00, 0x40]
+            }
+        );
+    }
+
+    #[test]
+    fn dense_fallback_when_everything_changed() {
+        let base = vec![1u8; 64];
+        let target = vec![2u8; 64];
+        let (encoding, payload) =
+            encode_changes(Encoding::Aurora, Dtype::Bf16, &base, &target).unwrap();
+        assert_eq!(encoding, ChunkEncoding::Dense);
+        assert_eq!(payload, target);
+        assert!(encode_changes(Encoding::Aurora, Dtype::Bf16, &base, &base).is_none());
+    }
+
+    #[test]
+    fn hostile_leb128_payloads_are_rejected() {
+        let check = |payload: &[u8], needle: &str| {
+            let error = decode_changes(ChunkEncoding::Leb128, Dtype::Bf16, 10, payload, None)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(needle), "{error}");
+        };
+        check(&[11], "11 changes claimed");
+        check(&[2, 1, 0, 0, 0, 0, 0], "gap of zero");
+        check(&[1, 10, 0, 0], "beyond the chunk");
+        check(&[1, 1, 0], "truncated");
+        check(&[1, 1, 0, 0, 9], "trailing");
+    }
+
+    #[test]
+    fn swapping_twice_restores_the_range() {
+        let original = vec![1u8, 2, 3, 4, 5, 6];
+        let mut range = original.clone();
+        let mut changes = Changes::Sparse {
+            positions: vec![1],
+            values: vec![9, 9],
+        };
+        changes.swap_into(&mut range, 2);
+        assert_eq!(range, [1, 2, 9, 9, 5, 6]);
+        changes.swap_into(&mut range, 2);
+        assert_eq!(range, original);
+    }
+}

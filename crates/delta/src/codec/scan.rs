@@ -1,0 +1,335 @@
+//! The two full-tensor passes of the codec, kept as cheap as a memory scan:
+//! finding changed elements (extraction) and computing exponent-class masks of the base
+//! (both directions of the `aurora` encoding). Elements are read as unaligned
+//! little-endian words, so tensors need no particular alignment inside a file.
+
+use crate::dtype::FloatLayout;
+
+/// A 16- or 32-bit element viewed as its raw bits.
+pub(crate) trait Word: Copy + Eq + Send + Sync + std::fmt::Debug + 'static {
+    const BYTES: usize;
+    const BITS: u32;
+    fn load(bytes: &[u8], index: usize) -> Self;
+    fn store(self, bytes: &mut [u8], index: usize);
+    fn to_u64(self) -> u64;
+    fn from_u64(value: u64) -> Self;
+
+    /// Maps float bits to an integer whose order is the float order (negative values
+    /// reversed, -0 just below +0), so a change of one representable value is a step of
+    /// one and adding steps is exact for every bit pattern, NaN included.
+    fn ordered_key(self) -> u64 {
+        let bits = self.to_u64();
+        let sign = 1u64 << (Self::BITS - 1);
+        let all = if Self::BITS == 64 {
+            u64::MAX
+        } else {
+            (1u64 << Self::BITS) - 1
+        };
+        if bits & sign != 0 { !bits & all } else { bits | sign }
+    }
+
+    fn from_ordered_key(key: u64) -> Self {
+        let sign = 1u64 << (Self::BITS - 1);
+        let all = (1u64 << Self::BITS) - 1;
+        if key & sign != 0 {
+            Self::from_u64(key & !sign)
+        } else {
+            Self::from_u64(!key & all)
+        }
+    }
+}
+
+impl Word for u16 {
+    const BYTES: usize = 2;
+    const BITS: u32 = 16;
+    #[inline(always)]
+    fn load(bytes: &[u8], index: usize) -> Self {
+        u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])
+    }
+    #[inline(always)]
+    fn store(self, bytes: &mut [u8], index: usize) {
+        bytes[2 * index..2 * index + 2].copy_from_slice(&self.to_le_bytes());
+    }
+    #[inline(always)]
+    fn to_u64(self) -> u64 {
+        u64::from(self)
+    }
+    #[inline(always)]
+    fn from_u64(value: u64) -> Self {
+        value as u16
+    }
+}
+
+impl Word for u32 {
+    const BYTES: usize = 4;
+    const BITS: u32 = 32;
+    #[inline(always)]
+    fn load(bytes: &[u8], index: usize) -> Self {
+        u32::from_le_bytes(bytes[4 * index..4 * index + 4].try_into().expect("4 bytes"))
+    }
+    #[inline(always)]
+    fn store(self, bytes: &mut [u8], index: usize) {
+        bytes[4 * index..4 * index + 4].copy_from_slice(&self.to_le_bytes());
+    }
+    #[inline(always)]
+    fn to_u64(self) -> u64 {
+        u64::from(self)
+    }
+    #[inline(always)]
+    fn from_u64(value: u64) -> Self {
+        value as u32
+    }
+}
+
+/// Step between two values in ordered-key space, as the symbol value the coder sees:
+/// zigzag of the wrapping difference, minus one (a change is never zero).
+#[inline]
+pub(crate) fn step_value<W: Word>(old: W, new: W) -> u64 {
+    let all = (1u64 << W::BITS) - 1;
+    let difference = new.ordered_key().wrapping_sub(old.ordered_key()) & all;
+    let sign = difference >> (W::BITS - 1);
+    let zigzag = ((difference << 1) & all) ^ (0u64.wrapping_sub(sign) & all);
+    debug_assert!(zigzag > 0, "step_value called on an unchanged element");
+    zigzag - 1
+}
+
+/// Largest valid step value for a word: zigzag covers every non-zero difference.
+pub(crate) fn max_step_value<W: Word>() -> u64 {
+    (1u64 << W::BITS) - 2
+}
+
+/// Applies a step value to `old`; the caller has checked `value <= max_step_value`.
+#[inline]
+pub(crate) fn apply_step<W: Word>(old: W, value: u64) -> W {
+    let all = (1u64 << W::BITS) - 1;
+    let zigzag = value + 1;
+    let difference = ((zigzag >> 1) ^ 0u64.wrapping_sub(zigzag & 1)) & all;
+    W::from_ordered_key(old.ordered_key().wrapping_add(difference) & all)
+}
+
+/// Calls `found(index)` for every element that differs between `old` and `new`, in
+/// ascending order. Whole 32-byte stretches are compared at once, which is what makes
+/// a 1%-dense scan run at memory speed.
+pub(crate) fn for_each_changed(
+    old: &[u8],
+    new: &[u8],
+    element_bytes: usize,
+    mut found: impl FnMut(usize),
+) {
+    debug_assert_eq!(old.len(), new.len());
+    const STRIDE: usize = 32;
+    let whole = old.len() / STRIDE * STRIDE;
+    let mut offset = 0;
+    while offset < whole {
+        let a = &old[offset..offset + STRIDE];
+        let b = &new[offset..offset + STRIDE];
+        if a != b {
+            for element in (0..STRIDE).step_by(element_bytes) {
+                if a[element..element + element_bytes] != b[element..element + element_bytes] {
+                    found((offset + element) / element_bytes);
+                }
+            }
+        }
+        offset += STRIDE;
+    }
+    while offset < old.len() {
+        if old[offset..offset + element_bytes] != new[offset..offset + element_bytes] {
+            found(offset / element_bytes);
+        }
+        offset += element_bytes;
+    }
+}
+
+/// Counts differing elements: the plain-scan floor the extraction benchmark compares
+/// itself against.
+pub fn count_changed(old: &[u8], new: &[u8], element_bytes: usize) -> u64 {
+    let mut count = 0;
+    for_each_changed(old, new, element_bytes, |_| count += 1);
+    count
+}
+
+/// Exponent classes of one chunk: class `c` holds the elements whose base exponent lies
+/// in `[thresholds[c-1], thresholds[c])`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Classes {
+    pub layout: FloatLayout,
+    pub thresholds: Vec<u32>,
+}
+
+pub(crate) const MAX_CLASSES: usize = 8;
+
+impl Classes {
+    pub fn count(&self) -> usize {
+        self.thresholds.len() + 1
+    }
+
+    #[inline]
+    pub fn exponent<W: Word>(&self, word: W) -> u32 {
+        ((word.to_u64() as u32) & self.layout.exponent_mask) >> self.layout.exponent_shift
+    }
+
+    #[inline]
+    pub fn class_of<W: Word>(&self, word: W) -> usize {
+        let exponent = self.exponent(word);
+        self.thresholds.iter().take_while(|&&t| t <= exponent).count()
+    }
+
+    /// Per-class bit masks of up to 64 elements starting at `first`.
+    #[inline]
+    pub fn masks<W: Word>(&self, base: &[u8], first: usize, len: usize) -> [u64; MAX_CLASSES] {
+        #[cfg(target_arch = "x86_64")]
+        if W::BYTES == 2 && len == 64 {
+            // SAFETY: SSE2 is part of the x86_64 baseline and the block is in bounds.
+            return unsafe { self.masks_u16_sse2(&base[2 * first..2 * first + 128]) };
+        }
+        let mut masks = [0u64; MAX_CLASSES];
+        for bit in 0..len {
+            masks[self.class_of(W::load(base, first + bit))] |= 1 << bit;
+        }
+        masks
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse2")]
+    unsafe fn masks_u16_sse2(&self, block: &[u8]) -> [u64; MAX_CLASSES] {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(block.len(), 128);
+        let exponent_mask = _mm_set1_epi16(self.layout.exponent_mask as u16 as i16);
+        let mut lanes = [_mm_setzero_si128(); 8];
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            // SAFETY: 16 bytes at 16*j lie inside the 128-byte block.
+            let v = unsafe { _mm_loadu_si128(block.as_ptr().add(16 * j) as *const __m128i) };
+            *lane = _mm_and_si128(v, exponent_mask);
+        }
+        // at_least[k]: elements whose exponent is >= thresholds[k]. The masked exponent
+        // field is below 0x8000, so a signed compare is exact.
+        let mut at_least = [0u64; MAX_CLASSES];
+        for (k, threshold) in self.thresholds.iter().enumerate() {
+            let bound = _mm_set1_epi16(((threshold << self.layout.exponent_shift) - 1) as i16);
+            let mut bits = 0u64;
+            for j in 0..4 {
+                let low = _mm_cmpgt_epi16(lanes[2 * j], bound);
+                let high = _mm_cmpgt_epi16(lanes[2 * j + 1], bound);
+                let packed = _mm_packs_epi16(low, high);
+                bits |= u64::from(_mm_movemask_epi8(packed) as u32 as u16) << (16 * j);
+            }
+            at_least[k] = bits;
+        }
+        let mut masks = [0u64; MAX_CLASSES];
+        let mut previous = u64::MAX;
+        for class in 0..self.count() {
+            let next = if class < self.thresholds.len() {
+                at_least[class]
+            } else {
+                0
+            };
+            masks[class] = previous & !next;
+            previous = next;
+        }
+        masks
+    }
+}
+
+/// Position of the `rank`-th set bit of `mask` (rank counted from zero).
+#[inline]
+pub(crate) fn select_bit(mut mask: u64, rank: u32) -> u32 {
+    for _ in 0..rank {
+        mask &= mask - 1;
+    }
+    mask.trailing_zeros()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const BF16: FloatLayout = FloatLayout {
+        exponent_mask: 0x7F80,
+        exponent_shift: 7,
+    };
+
+    #[test]
+    fn ordered_key_follows_float_order_across_zero() {
+        let values = [-2.0f32, -1.0, -0.0, 0.0, 1e-30, 1.0, 2.0];
+        let keys: Vec<u64> = values
+            .iter()
+            .map(|v| ((v.to_bits() >> 16) as u16).ordered_key())
+            .collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+        // -0 and +0 are one step apart.
+        assert_eq!(keys[3] - keys[2], 1);
+    }
+
+    #[test]
+    fn one_bf16_step_is_symbol_zero_or_one() {
+        let one = (1.0f32.to_bits() >> 16) as u16;
+        assert_eq!(step_value(one, one + 1), 1);
+        assert_eq!(step_value(one, one - 1), 0);
+        let minus_one = one | 0x8000;
+        // More negative is one step down in key space.
+        assert_eq!(step_value(minus_one, minus_one + 1), 0);
+    }
+
+    #[test]
+    fn sse2_masks_match_the_scalar_definition() {
+        let classes = Classes {
+            layout: BF16,
+            thresholds: vec![100, 118, 121, 125],
+        };
+        let words: Vec<u16> = (0..64u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u16)
+            .collect();
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let fast = classes.masks::<u16>(&bytes, 0, 64);
+        let mut slow = [0u64; MAX_CLASSES];
+        for (bit, word) in words.iter().enumerate() {
+            slow[classes.class_of(*word)] |= 1 << bit;
+        }
+        assert_eq!(fast, slow);
+    }
+
+    proptest! {
+        #[test]
+        fn steps_round_trip_for_every_bit_pattern(old in any::<u16>(), new in any::<u16>(), old32 in any::<u32>(), new32 in any::<u32>()) {
+            prop_assume!(old != new && old32 != new32);
+            let v = step_value(old, new);
+            prop_assert!(v <= max_step_value::<u16>());
+            prop_assert_eq!(apply_step(old, v), new);
+            let v = step_value(old32, new32);
+            prop_assert!(v <= max_step_value::<u32>());
+            prop_assert_eq!(apply_step(old32, v), new32);
+        }
+
+        #[test]
+        fn changed_scan_finds_exactly_the_differences(
+            base in proptest::collection::vec(any::<u8>(), 0..300),
+            flips in proptest::collection::vec(any::<prop::sample::Index>(), 0..20),
+            width in prop::sample::select(vec![1usize, 2, 4, 8]),
+        ) {
+            let len = base.len() / width * width;
+            let old = &base[..len];
+            let mut new = old.to_vec();
+            if len > 0 {
+                for flip in &flips {
+                    let at = flip.index(len);
+                    new[at] ^= 0x10;
+                }
+            }
+            let mut found = Vec::new();
+            for_each_changed(old, &new, width, |i| found.push(i));
+            let expected: Vec<usize> = (0..len / width)
+                .filter(|i| old[i * width..(i + 1) * width] != new[i * width..(i + 1) * width])
+                .collect();
+            prop_assert_eq!(found, expected);
+        }
+
+        #[test]
+        fn select_bit_finds_the_rank(mask in 1u64.., pick in any::<prop::sample::Index>()) {
+            let rank = pick.index(mask.count_ones() as usize) as u32;
+            let bit = select_bit(mask, rank);
+            prop_assert!(mask & (1 << bit) != 0);
+            prop_assert_eq!((mask & ((1u64 << bit) - 1)).count_ones(), rank);
+        }
+    }
+}

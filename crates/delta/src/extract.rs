@@ -1,0 +1,305 @@
+//! Streaming extraction: base + target checkpoints in, segments out as they are ready.
+//!
+//! Work is cut into chunk jobs (one element range of one tensor, at most
+//! [`CHUNK_BYTES`] of data), encoded in parallel on the rayon pool in windows, packed
+//! into segments in a fixed order and handed to the caller through a bounded queue. The
+//! artifact is therefore identical for any thread count, a sender can transmit the first
+//! segment while later ones are still being encoded, and memory stays bounded by the
+//! window and the queue.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use crate::checkpoint::{Checkpoint, Hash, TensorView};
+use crate::codec::{ChunkEncoding, ChunkRecord, Encoding, encode_changes};
+use crate::error::{DeltaError, Result};
+use crate::format::{
+    DeltaHeader, MAX_CHUNK_ELEMENTS, MAX_SEGMENT_BYTES, Manifest, SegmentEntry, TensorChange,
+    TensorEntry, TensorSpec,
+};
+
+/// A chunk covers at most this many bytes of tensor data: large enough that per-chunk
+/// headers and tables cost well under 1% at 1% density, small enough to spread one large
+/// tensor over every core.
+pub const CHUNK_BYTES: u64 = 8 << 20;
+
+#[derive(Debug, Clone)]
+pub struct ExtractOptions {
+    pub encoding: Encoding,
+    pub base_version: u64,
+    pub target_version: u64,
+    /// Segments are closed once they reach this size (a single chunk may exceed it).
+    pub segment_target_bytes: usize,
+    /// Segments buffered between the encoder and a slow consumer.
+    pub queue_segments: usize,
+    /// Weights hashes the caller already knows; computed when absent.
+    pub base_hash: Option<Hash>,
+    pub target_hash: Option<Hash>,
+}
+
+impl Default for ExtractOptions {
+    fn default() -> Self {
+        ExtractOptions {
+            encoding: Encoding::Aurora,
+            base_version: 0,
+            target_version: 1,
+            segment_target_bytes: 256 << 10,
+            queue_segments: 8,
+            base_hash: None,
+            target_hash: None,
+        }
+    }
+}
+
+/// One finished segment, in artifact order.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub index: u32,
+    pub bytes: Vec<u8>,
+    pub hash: Hash,
+}
+
+struct ChunkJob {
+    tensor: u32,
+    start: u64,
+    len: u64,
+    dense: bool,
+}
+
+/// A planned extraction: the header is final, the segments are produced by [`run`].
+///
+/// [`run`]: Extraction::run
+pub struct Extraction<'c, 'a> {
+    base: &'c Checkpoint<'a>,
+    target: &'c Checkpoint<'a>,
+    header: DeltaHeader,
+    jobs: Vec<ChunkJob>,
+    options: ExtractOptions,
+    input_done: AtomicU64,
+}
+
+impl<'c, 'a> Extraction<'c, 'a> {
+    /// Classifies every tensor and plans the chunk jobs. Tensors whose name appears on
+    /// one side only are added or removed; a changed dtype or shape is a replacement.
+    pub fn new(
+        base: &'c Checkpoint<'a>,
+        target: &'c Checkpoint<'a>,
+        options: ExtractOptions,
+    ) -> Result<Self> {
+        let mut names: Vec<&str> = base
+            .tensors()
+            .iter()
+            .chain(target.tensors())
+            .map(|t| t.name.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let spec = |t: &TensorView<'_>| TensorSpec {
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        };
+        let mut tensors = Vec::with_capacity(names.len());
+        let mut jobs = Vec::new();
+        for (index, name) in names.iter().enumerate() {
+            let change = match (base.get(name), target.get(name)) {
+                (Some(b), Some(t)) if b.dtype == t.dtype && b.shape == t.shape => {
+                    TensorChange::Patched(spec(t))
+                }
+                (Some(b), Some(t)) => TensorChange::Replaced {
+                    base: spec(b),
+                    target: spec(t),
+                },
+                (Some(b), None) => TensorChange::Removed(spec(b)),
+                (None, Some(t)) => TensorChange::Added(spec(t)),
+                (None, None) => unreachable!("name came from one of the checkpoints"),
+            };
+            if let Some(target_spec) = change.target() {
+                let dense = !matches!(change, TensorChange::Patched(_));
+                let elements = target_spec.element_count();
+                let per_chunk = (CHUNK_BYTES / target_spec.dtype.size_bytes() as u64)
+                    .clamp(1, MAX_CHUNK_ELEMENTS);
+                let mut start = 0;
+                while start < elements {
+                    let len = per_chunk.min(elements - start);
+                    jobs.push(ChunkJob {
+                        tensor: index as u32,
+                        start,
+                        len,
+                        dense,
+                    });
+                    start += len;
+                }
+            }
+            tensors.push(TensorEntry {
+                name: name.to_string(),
+                change,
+            });
+        }
+        let (base_hash, target_hash) = match (options.base_hash, options.target_hash) {
+            (Some(b), Some(t)) => (b, t),
+            (b, t) => rayon::join(
+                || b.unwrap_or_else(|| base.weights_hash()),
+                || t.unwrap_or_else(|| target.weights_hash()),
+            ),
+        };
+        let header = DeltaHeader {
+            base_version: options.base_version,
+            target_version: options.target_version,
+            base_hash,
+            target_hash,
+            encoding: options.encoding,
+            tensors,
+        };
+        Ok(Extraction {
+            base,
+            target,
+            header,
+            jobs,
+            options,
+            input_done: AtomicU64::new(0),
+        })
+    }
+
+    pub fn header(&self) -> &DeltaHeader {
+        &self.header
+    }
+
+    /// Bytes of target data the encoder will read in all.
+    pub fn input_bytes(&self) -> u64 {
+        self.target.total_bytes()
+    }
+
+    /// Bytes of target data encoded so far; safe to poll from another thread.
+    pub fn input_done(&self) -> u64 {
+        self.input_done.load(Ordering::Relaxed)
+    }
+
+    /// Encodes every chunk and passes each finished segment to `sink` in order, on the
+    /// calling thread, while encoding continues in the background. An error from `sink`
+    /// stops extraction and is returned.
+    pub fn run<E: From<DeltaError> + Send>(
+        &self,
+        mut sink: impl FnMut(Segment) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Manifest, E> {
+        let (sender, receiver) =
+            crossbeam_channel::bounded::<Result<Segment>>(self.options.queue_segments.max(1));
+        let mut entries = Vec::new();
+        let outcome = std::thread::scope(|scope| {
+            scope.spawn(move || self.produce(&sender));
+            for item in receiver.iter() {
+                let segment = item?;
+                entries.push(SegmentEntry {
+                    len: segment.bytes.len() as u32,
+                    hash: segment.hash,
+                });
+                // Dropping the receiver on error makes the producer's next send fail,
+                // which stops it.
+                sink(segment)?;
+            }
+            Ok::<(), E>(())
+        });
+        outcome?;
+        Ok(Manifest {
+            header: self.header.clone(),
+            segments: entries,
+        })
+    }
+
+    /// Convenience: the whole artifact in memory.
+    pub fn to_bytes(&self) -> Result<(Manifest, Vec<u8>)> {
+        let mut out = self.header.encode();
+        let manifest = self.run(|segment: Segment| {
+            out.extend_from_slice(&segment.bytes);
+            Ok::<(), DeltaError>(())
+        })?;
+        out.extend_from_slice(&manifest.encode_tail());
+        Ok((manifest, out))
+    }
+
+    fn produce(&self, sender: &crossbeam_channel::Sender<Result<Segment>>) {
+        let window = rayon::current_num_threads() * 4;
+        let mut packer = SegmentPacker::new(self.options.segment_target_bytes);
+        for jobs in self.jobs.chunks(window) {
+            let encoded: Vec<Option<(ChunkEncoding, Vec<u8>)>> =
+                jobs.par_iter().map(|job| self.encode_job(job)).collect();
+            for (job, chunk) in jobs.iter().zip(encoded) {
+                if let Some((encoding, payload)) = chunk {
+                    let record = ChunkRecord {
+                        tensor: job.tensor,
+                        start: job.start,
+                        len: job.len,
+                        encoding,
+                        payload: &payload,
+                    };
+                    if let Some(segment) = packer.push(&record)
+                        && sender.send(Ok(segment)).is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+        if let Some(segment) = packer.finish() {
+            let _ = sender.send(Ok(segment));
+        }
+    }
+
+    fn encode_job(&self, job: &ChunkJob) -> Option<(ChunkEncoding, Vec<u8>)> {
+        let entry = &self.header.tensors[job.tensor as usize];
+        let target = self.target.get(&entry.name).expect("planned from the target");
+        let bytes = target.dtype.size_bytes() as u64;
+        let range = (job.start * bytes) as usize..((job.start + job.len) * bytes) as usize;
+        let target_bytes = &target.data[range.clone()];
+        self.input_done
+            .fetch_add(target_bytes.len() as u64, Ordering::Relaxed);
+        if job.dense {
+            return Some((ChunkEncoding::Dense, target_bytes.to_vec()));
+        }
+        let base = self.base.get(&entry.name).expect("patched tensors have a base");
+        encode_changes(
+            self.options.encoding,
+            target.dtype,
+            &base.data[range],
+            target_bytes,
+        )
+    }
+}
+
+/// Packs chunk records into segments of about the target size.
+struct SegmentPacker {
+    target_bytes: usize,
+    current: Vec<u8>,
+    next_index: u32,
+}
+
+impl SegmentPacker {
+    fn new(target_bytes: usize) -> Self {
+        SegmentPacker {
+            target_bytes: target_bytes.clamp(1, MAX_SEGMENT_BYTES as usize / 2),
+            current: Vec::new(),
+            next_index: 0,
+        }
+    }
+
+    fn push(&mut self, record: &ChunkRecord<'_>) -> Option<Segment> {
+        record.write(&mut self.current);
+        debug_assert!(self.current.len() <= MAX_SEGMENT_BYTES as usize);
+        (self.current.len() >= self.target_bytes).then(|| self.seal())
+    }
+
+    fn finish(mut self) -> Option<Segment> {
+        (!self.current.is_empty()).then(|| self.seal())
+    }
+
+    fn seal(&mut self) -> Segment {
+        let bytes = std::mem::take(&mut self.current);
+        let segment = Segment {
+            index: self.next_index,
+            hash: Hash::of(&bytes),
+            bytes,
+        };
+        self.next_index += 1;
+        segment
+    }
+}

@@ -1,0 +1,39 @@
+//! Lossless sparse delta checkpoints.
+//!
+//! A delta D(v) turns the checkpoint of version v-1 into that of version v bit for bit.
+//! This crate is the pure core: checkpoints come in as byte slices, artifacts go out as
+//! bytes, and nothing here opens a file or a socket. The format is specified in
+//! `docs/delta-format.md`; section numbers in comments refer to it.
+//!
+//! - [`Extraction`] plans a delta between two checkpoints and streams its segments.
+//! - [`DeltaFile`] parses and verifies an artifact; [`decode`] turns it into a [`Patch`]
+//!   after checking the base, which then applies in place (transactionally) or
+//!   materialises a new checkpoint.
+//! - [`compose`] and [`invert`] build catch-up and rollback deltas.
+//! - [`fused`] maps Hugging Face tensor names onto the fused parameters of inference
+//!   engines.
+
+mod apply;
+mod bits;
+mod checkpoint;
+mod codec;
+mod compose;
+mod dtype;
+mod error;
+mod extract;
+mod format;
+pub mod fused;
+pub mod stats;
+
+pub use apply::{OwnedTensor, Patch, PatchChunk, apply, check_base, decode, decode_segment, owned_checkpoint};
+pub use checkpoint::{Checkpoint, Hash, TensorLayout, TensorView, safetensors_layout};
+pub use codec::{ChunkEncoding, Changes, Encoding};
+pub use codec::scan::count_changed;
+pub use compose::{compose, invert};
+pub use dtype::Dtype;
+pub use error::{DeltaError, Result};
+pub use extract::{CHUNK_BYTES, ExtractOptions, Extraction, Segment};
+pub use format::{
+    DeltaFile, DeltaHeader, FORMAT_VERSION, MAX_CHUNK_ELEMENTS, MAX_SEGMENT_BYTES, Manifest,
+    SegmentEntry, TensorChange, TensorEntry, TensorSpec, assemble,
+};
