@@ -1,1 +1,70 @@
-fn main() {}
+//! `aurora`: the one binary. Subcommands are thin: parsing, progress and printing here,
+//! all logic in the library crates.
+
+mod bench;
+mod delta_cmd;
+mod synth_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "aurora",
+    version,
+    about = "RL post-training over commodity networks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create, apply, inspect and combine delta checkpoints.
+    #[command(subcommand)]
+    Delta(delta_cmd::DeltaCommand),
+    /// Write a sequence of synthetic BF16 checkpoints of a Qwen3-architecture model.
+    Synth(synth_cmd::SynthArgs),
+    /// Benchmarks, each next to its baseline.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AURORA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Delta(command) => delta_cmd::run(command),
+        Command::Synth(args) => synth_cmd::run(args),
+        Command::Bench(command) => bench::run(command),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A progress bar on stderr for long operations; hidden when stderr is not a terminal.
+pub(crate) fn progress_bar(length: u64, message: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(length);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(message.to_string());
+    bar
+}

@@ -84,11 +84,23 @@ impl Config {
         let positive: [(&'static str, u64); 8] = [
             ("limits.max_actors", self.limits.max_actors.into()),
             ("limits.max_batch_size", self.limits.max_batch_size.into()),
-            ("limits.max_leases_per_actor", self.limits.max_leases_per_actor.into()),
-            ("limits.max_pending_events", self.limits.max_pending_events.into()),
-            ("limits.max_tokens_per_result", self.limits.max_tokens_per_result),
+            (
+                "limits.max_leases_per_actor",
+                self.limits.max_leases_per_actor.into(),
+            ),
+            (
+                "limits.max_pending_events",
+                self.limits.max_pending_events.into(),
+            ),
+            (
+                "limits.max_tokens_per_result",
+                self.limits.max_tokens_per_result,
+            ),
             ("lease.min_ms", self.lease.min_ms),
-            ("lease.completion_window", self.lease.completion_window.into()),
+            (
+                "lease.completion_window",
+                self.lease.completion_window.into(),
+            ),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
         ];
         if let Some(&(name, _)) = positive.iter().find(|&&(_, value)| value == 0) {
@@ -105,10 +117,14 @@ impl Config {
             return Err(ConfigError::InitialLeaseOutOfBounds(lease.initial_ms));
         }
         if !(200..=300).contains(&lease.median_multiplier_percent) {
-            return Err(ConfigError::LeaseMultiplierOutOfRange(lease.median_multiplier_percent));
+            return Err(ConfigError::LeaseMultiplierOutOfRange(
+                lease.median_multiplier_percent,
+            ));
         }
         if lease.completion_window > MAX_COMPLETION_WINDOW {
-            return Err(ConfigError::CompletionWindowTooLarge(lease.completion_window));
+            return Err(ConfigError::CompletionWindowTooLarge(
+                lease.completion_window,
+            ));
         }
         let starting_estimate = match self.scheduler.new_actor_estimate {
             NewActorEstimate::Fixed(estimate) => estimate,
@@ -170,13 +186,25 @@ mod tests {
 
     #[test]
     fn invalid_configs_are_refused() {
-        check_config(|c| c.limits.max_actors = 0, Err(ConfigError::Zero("limits.max_actors")));
-        check_config(|c| c.heartbeat_timeout_ms = 0, Err(ConfigError::Zero("heartbeat_timeout_ms")));
+        check_config(
+            |c| c.limits.max_actors = 0,
+            Err(ConfigError::Zero("limits.max_actors")),
+        );
+        check_config(
+            |c| c.heartbeat_timeout_ms = 0,
+            Err(ConfigError::Zero("heartbeat_timeout_ms")),
+        );
         check_config(
             |c| c.lease.min_ms = c.lease.max_ms + 1,
-            Err(ConfigError::LeaseBoundsInverted { min_ms: 1_800_001, max_ms: 1_800_000 }),
+            Err(ConfigError::LeaseBoundsInverted {
+                min_ms: 1_800_001,
+                max_ms: 1_800_000,
+            }),
         );
-        check_config(|c| c.lease.initial_ms = 1, Err(ConfigError::InitialLeaseOutOfBounds(1)));
+        check_config(
+            |c| c.lease.initial_ms = 1,
+            Err(ConfigError::InitialLeaseOutOfBounds(1)),
+        );
         check_config(
             |c| c.lease.median_multiplier_percent = 199,
             Err(ConfigError::LeaseMultiplierOutOfRange(199)),
@@ -187,7 +215,9 @@ mod tests {
         );
         check_config(
             |c| c.lease.completion_window = MAX_COMPLETION_WINDOW + 1,
-            Err(ConfigError::CompletionWindowTooLarge(MAX_COMPLETION_WINDOW + 1)),
+            Err(ConfigError::CompletionWindowTooLarge(
+                MAX_COMPLETION_WINDOW + 1,
+            )),
         );
         check_config(
             |c| c.scheduler.new_actor_estimate = NewActorEstimate::Fixed(Throughput(0)),

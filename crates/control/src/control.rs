@@ -15,11 +15,11 @@ use thiserror::Error;
 use crate::config::{Config, ConfigError};
 use crate::events::{Departure, Event, EventQueue};
 use crate::ledger::{
-    Accepted, Ledger, LeaseGrant, OpenStepError, PublishError, Rejection, RolloutReport,
+    Accepted, LeaseGrant, Ledger, OpenStepError, PublishError, Rejection, RolloutReport,
     StepProgress, StepReport,
 };
 use crate::membership::{
-    Joined, Member, MembershipError, Membership, Registration, UnknownActor, check_versions,
+    Joined, Member, Membership, MembershipError, Registration, UnknownActor, check_versions,
 };
 use crate::scheduler::{Eligibility, split_among_eligible};
 use crate::values::{ActorId, Millis, PromptId, Region, StepId, Version, WeightsHash};
@@ -100,7 +100,12 @@ impl ControlPlane {
     pub fn new(config: Config) -> Result<ControlPlane, ConfigError> {
         config.validate()?;
         let events = EventQueue::new(config.limits.max_pending_events);
-        Ok(ControlPlane { config, ledger: Ledger::default(), membership: Membership::default(), events })
+        Ok(ControlPlane {
+            config,
+            ledger: Ledger::default(),
+            membership: Membership::default(),
+            events,
+        })
     }
 
     /// The settings in force.
@@ -121,13 +126,18 @@ impl ControlPlane {
     /// Opens a step: `prompts` become jobs for the latest version, and each eligible
     /// actor gets a reservation in proportion to its estimate (Algorithm 1). Actors
     /// too far behind get nothing and their estimates decay.
-    pub fn open_step(&mut self, prompts: &[PromptId], now: Millis) -> Result<StepId, OpenStepError> {
+    pub fn open_step(
+        &mut self,
+        prompts: &[PromptId],
+        now: Millis,
+    ) -> Result<StepId, OpenStepError> {
         let (step, version) = self.ledger.open(prompts, now, &self.config)?;
-        self.membership.decay_behind(version, self.config.scheduler.behind_decay);
-        let standings = self.membership.standings(version);
+        self.membership
+            .decay_behind(version, self.config.scheduler.behind_decay);
+        let (actors, standings) = self.membership.standings(version);
         let batch_size = u32::try_from(prompts.len()).unwrap_or(u32::MAX);
-        let shares = self.split(batch_size, &standings);
-        self.ledger.reserve(standings.iter().map(|&(actor, _, _)| actor).zip(shares));
+        let shares = split_among_eligible(batch_size, &standings, self.config.scheduler.split);
+        self.ledger.reserve(actors.into_iter().zip(shares));
         Ok(step)
     }
 
@@ -139,8 +149,12 @@ impl ControlPlane {
         registration: Registration,
         now: Millis,
     ) -> Result<Readiness, MembershipError> {
-        check_versions(registration.active, registration.staged, self.ledger.latest_version())?;
-        let readiness = self.readiness(registration.active, registration.staged);
+        let latest = check_versions(
+            registration.active,
+            registration.staged,
+            self.ledger.latest_version(),
+        )?;
+        let readiness = readiness(latest, registration.active, registration.staged);
         let joined = self.membership.register(
             actor,
             registration,
@@ -169,11 +183,11 @@ impl ControlPlane {
         staged: Option<Version>,
         now: Millis,
     ) -> Result<Readiness, MembershipError> {
-        check_versions(active, staged, self.ledger.latest_version())?;
+        let latest = check_versions(active, staged, self.ledger.latest_version())?;
         let member = self.membership.touch(actor, now)?;
         member.active = active;
         member.staged = staged;
-        Ok(self.readiness(active, staged))
+        Ok(readiness(latest, active, staged))
     }
 
     /// A graceful leave: the actor's leases return to the pool at once.
@@ -202,12 +216,12 @@ impl ControlPlane {
             return Ok(Assignment::CatchUp { target: version });
         }
         let unreserved = self.ledger.unreserved();
-        let standings = self.membership.standings(version);
-        let shares = self.split(unreserved, &standings);
-        let share = standings
+        let (actors, standings) = self.membership.standings(version);
+        let shares = split_among_eligible(unreserved, &standings, self.config.scheduler.split);
+        let share = actors
             .iter()
             .zip(shares)
-            .find(|((candidate, _, _), _)| *candidate == actor)
+            .find(|&(&candidate, _)| candidate == actor)
             .map_or(0, |(_, share)| share);
         // A claimant whose share rounds to zero would otherwise sit idle beside
         // unclaimed work while the actors owed it are dead but not yet detected.
@@ -228,7 +242,10 @@ impl ControlPlane {
     ) -> Result<Vec<Result<Accepted, Rejection>>, SubmitError> {
         let max = self.config.limits.max_leases_per_actor;
         if reports.len() > usize::try_from(max).unwrap_or(usize::MAX) {
-            return Err(SubmitError::TooManyResults { count: reports.len(), max });
+            return Err(SubmitError::TooManyResults {
+                count: reports.len(),
+                max,
+            });
         }
         if self.membership.touch(actor, now).is_err() {
             for _ in reports {
@@ -241,17 +258,22 @@ impl ControlPlane {
         let outcomes = reports
             .iter()
             .map(|report| {
-                let settled = self.ledger.settle(actor, report, now, &self.config, &mut self.events)?;
+                let settled =
+                    self.ledger
+                        .settle(actor, report, now, &self.config, &mut self.events)?;
                 accepted_tokens = accepted_tokens.saturating_add(report.tokens);
-                earliest_issue = Some(earliest_issue.map_or(settled.issued_at, |t| t.min(settled.issued_at)));
+                earliest_issue =
+                    Some(earliest_issue.map_or(settled.issued_at, |t| t.min(settled.issued_at)));
                 Ok(settled.accepted)
             })
             .collect();
         if let Some(earliest_issue) = earliest_issue {
             let weight = self.config.scheduler.estimate_weight;
-            self.membership.settle(actor, accepted_tokens, earliest_issue, now, weight);
+            self.membership
+                .settle(actor, accepted_tokens, earliest_issue, now, weight);
         }
-        self.ledger.complete_if_done(now, &self.config, &mut self.events);
+        self.ledger
+            .complete_if_done(now, &self.config, &mut self.events);
         Ok(outcomes)
     }
 
@@ -259,7 +281,10 @@ impl ControlPlane {
     /// timeout (their leases return to the pool), expires leases, lapses reservations
     /// and completes a step whose partial-batch deadline has come.
     pub fn tick(&mut self, now: Millis) {
-        for actor in self.membership.silent(now, self.config.heartbeat_timeout_ms) {
+        for actor in self
+            .membership
+            .silent(now, self.config.heartbeat_timeout_ms)
+        {
             // The actor was just listed as a member, so removal cannot fail.
             let _ = self.remove(actor, Departure::HeartbeatTimeout);
         }
@@ -276,7 +301,9 @@ impl ControlPlane {
 
     /// The earliest time at which [`ControlPlane::tick`] would change something.
     pub fn next_deadline(&self) -> Option<Millis> {
-        let silence = self.membership.next_silence(self.config.heartbeat_timeout_ms);
+        let silence = self
+            .membership
+            .next_silence(self.config.heartbeat_timeout_ms);
         let ledger = self.ledger.next_deadline(&self.config);
         silence.into_iter().chain(ledger).min()
     }
@@ -332,24 +359,27 @@ impl ControlPlane {
         }
     }
 
-    fn readiness(&self, active: Version, staged: Option<Version>) -> Readiness {
-        match self.ledger.latest_version() {
-            Some(latest) if Eligibility::of(latest, active, staged).is_eligible() => Readiness::Ready,
-            Some(latest) => Readiness::CatchUp { target: latest },
-            // Versions are checked against the latest before this is asked.
-            None => Readiness::CatchUp { target: active },
-        }
-    }
-
-    fn split(&self, total: u32, standings: &[(ActorId, Eligibility, crate::scheduler::Throughput)]) -> Vec<u32> {
-        let standings: Vec<_> = standings.iter().map(|&(_, eligibility, estimate)| (eligibility, estimate)).collect();
-        split_among_eligible(total, &standings, self.config.scheduler.split)
-    }
-
     fn remove(&mut self, actor: ActorId, reason: Departure) -> Result<(), UnknownActor> {
-        self.membership.remove(actor, &mut self.events).ok_or(UnknownActor(actor))?;
+        self.membership
+            .remove(actor, &mut self.events)
+            .ok_or(UnknownActor(actor))?;
         let leases_returned = self.ledger.release(actor);
-        self.events.push(Event::ActorDeparted { actor, reason, leases_returned });
+        self.events.push(Event::ActorDeparted {
+            actor,
+            reason,
+            leases_returned,
+        });
         Ok(())
     }
 }
+
+fn readiness(latest: Version, active: Version, staged: Option<Version>) -> Readiness {
+    if Eligibility::of(latest, active, staged).is_eligible() {
+        Readiness::Ready
+    } else {
+        Readiness::CatchUp { target: latest }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -76,12 +76,18 @@ pub(crate) struct EventQueue {
 impl EventQueue {
     /// An empty queue holding at most `max_pending` events.
     pub(crate) fn new(max_pending: u32) -> EventQueue {
-        EventQueue { pending: VecDeque::new(), max_pending, dropped: 0 }
+        EventQueue {
+            pending: VecDeque::new(),
+            max_pending,
+            dropped: 0,
+        }
     }
 
     /// Queues `event`, dropping the oldest one if the queue is full.
     pub(crate) fn push(&mut self, event: Event) {
-        let max_pending = usize::try_from(self.max_pending).unwrap_or(usize::MAX).max(1);
+        let max_pending = usize::try_from(self.max_pending)
+            .unwrap_or(usize::MAX)
+            .max(1);
         while self.pending.len() >= max_pending {
             self.pending.pop_front();
             self.dropped += 1;
@@ -105,8 +111,15 @@ mod tests {
     use super::*;
 
     fn expired(job: u32) -> Event {
-        let lease = LeaseId { step: StepId(1), job, attempt: 0 };
-        Event::LeaseExpired { lease, holder: ActorId(1) }
+        let lease = LeaseId {
+            step: StepId(1),
+            job,
+            attempt: 0,
+        };
+        Event::LeaseExpired {
+            lease,
+            holder: ActorId(1),
+        }
     }
 
     #[test]

@@ -84,7 +84,11 @@ mod tests {
         for &elapsed_ms in completions_ms {
             timer.record_completion(elapsed_ms, &CONFIG);
         }
-        assert_eq!(timer.lease_ms(&CONFIG), expected_ms, "after {completions_ms:?}");
+        assert_eq!(
+            timer.lease_ms(&CONFIG),
+            expected_ms,
+            "after {completions_ms:?}"
+        );
     }
 
     #[test]
@@ -107,11 +111,17 @@ mod tests {
     #[test]
     fn only_the_configured_window_of_completions_counts() {
         // The four slow samples push the four fast ones out of the window.
-        check_lease_ms(&[1_000, 1_000, 1_000, 1_000, 8_000, 8_000, 8_000, 8_000], 20_000);
+        check_lease_ms(
+            &[1_000, 1_000, 1_000, 1_000, 8_000, 8_000, 8_000, 8_000],
+            20_000,
+        );
         let mut timer = LeaseTimer::default();
         for elapsed_ms in 0..100 {
             timer.record_completion(elapsed_ms, &CONFIG);
         }
-        assert_eq!(timer.recent_completions_ms.len(), usize::from(CONFIG.completion_window));
+        assert_eq!(
+            timer.recent_completions_ms.len(),
+            usize::from(CONFIG.completion_window)
+        );
     }
 }

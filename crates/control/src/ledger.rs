@@ -278,7 +278,8 @@ impl Ledger {
 
     /// The latest published version and its hash.
     pub(crate) fn latest(&self) -> Option<(Version, WeightsHash)> {
-        self.published.map(|published| (published.version, published.weights_hash))
+        self.published
+            .map(|published| (published.version, published.weights_hash))
     }
 
     /// Records h(version) for a new version.
@@ -293,9 +294,15 @@ impl Ledger {
         if let Some(latest) = self.published
             && latest.version.next() != Some(version)
         {
-            return Err(PublishError::NotNext { latest: latest.version, offered: version });
+            return Err(PublishError::NotNext {
+                latest: latest.version,
+                offered: version,
+            });
         }
-        self.published = Some(PublishedVersion { version, weights_hash });
+        self.published = Some(PublishedVersion {
+            version,
+            weights_hash,
+        });
         Ok(())
     }
 
@@ -316,7 +323,10 @@ impl Ledger {
         }
         let max = config.limits.max_batch_size;
         if prompts.len() > usize::try_from(max).unwrap_or(usize::MAX) {
-            return Err(OpenStepError::BatchTooLarge { size: prompts.len(), max });
+            return Err(OpenStepError::BatchTooLarge {
+                size: prompts.len(),
+                max,
+            });
         }
         let mut seen = BTreeSet::new();
         if let Some(&duplicate) = prompts.iter().find(|&&prompt| !seen.insert(prompt)) {
@@ -326,7 +336,11 @@ impl Ledger {
         self.next_step = StepId(id.0.saturating_add(1));
         let jobs = prompts
             .iter()
-            .map(|&prompt| Job { prompt, attempts: 0, state: JobState::Pooled })
+            .map(|&prompt| Job {
+                prompt,
+                attempts: 0,
+                state: JobState::Pooled,
+            })
             .collect();
         self.step = Some(Step {
             id,
@@ -345,7 +359,9 @@ impl Ledger {
     /// Sets aside jobs of the open step for particular actors. The shares come from a
     /// split of the batch, so they never add up to more than the pool.
     pub(crate) fn reserve(&mut self, shares: impl IntoIterator<Item = (ActorId, u32)>) {
-        let Some(step) = self.open_step_mut() else { return };
+        let Some(step) = self.open_step_mut() else {
+            return;
+        };
         let mut unreserved = count_jobs(&step.jobs, |state| matches!(state, JobState::Pooled));
         for (actor, share) in shares {
             let share = share.min(unreserved);
@@ -379,7 +395,9 @@ impl Ledger {
         config: &Config,
     ) -> Vec<LeaseGrant> {
         let lease_ms = self.lease_timer.lease_ms(&config.lease);
-        let Some(step) = self.open_step_mut() else { return Vec::new() };
+        let Some(step) = self.open_step_mut() else {
+            return Vec::new();
+        };
         let held = count_jobs(&step.jobs, |state| holder(state) == Some(actor));
         let capacity = config.limits.max_leases_per_actor.saturating_sub(held);
         let reserved = step.reservations.get(&actor).copied().unwrap_or(0);
@@ -393,7 +411,11 @@ impl Ledger {
             if job.state != JobState::Pooled {
                 continue;
             }
-            let lease = LeaseId { step: step.id, job: index, attempt: job.attempts };
+            let lease = LeaseId {
+                step: step.id,
+                job: index,
+                attempt: job.attempts,
+            };
             job.attempts += 1;
             job.state = JobState::Leased(LiveLease {
                 attempt: lease.attempt,
@@ -401,7 +423,12 @@ impl Ledger {
                 issued_at: now,
                 expires_at,
             });
-            grants.push(LeaseGrant { lease, prompt: job.prompt, version: step.version, expires_at });
+            grants.push(LeaseGrant {
+                lease,
+                prompt: job.prompt,
+                version: step.version,
+                expires_at,
+            });
         }
         // The reservation is drawn on first: what it does not cover came from the
         // unreserved pool.
@@ -439,7 +466,9 @@ impl Ledger {
     /// Returns every live lease of `actor` to the pool and drops its reservation;
     /// returns how many leases it held.
     pub(crate) fn release(&mut self, actor: ActorId) -> u32 {
-        let Some(step) = self.open_step_mut() else { return 0 };
+        let Some(step) = self.open_step_mut() else {
+            return 0;
+        };
         step.reservations.remove(&actor);
         let mut released = 0;
         for job in &mut step.jobs {
@@ -455,7 +484,9 @@ impl Ledger {
     /// reservations are dropped, and the step completes if its partial-batch deadline
     /// has come with enough accepted.
     pub(crate) fn sweep(&mut self, now: Millis, config: &Config, events: &mut EventQueue) {
-        let Some(step) = self.open_step_mut() else { return };
+        let Some(step) = self.open_step_mut() else {
+            return;
+        };
         let mut expired = 0;
         for (index, job) in (0u32..).zip(step.jobs.iter_mut()) {
             if let JobState::Leased(live) = job.state
@@ -485,9 +516,13 @@ impl Ledger {
         config: &Config,
         events: &mut EventQueue,
     ) {
-        let Some(step) = self.open_step_mut() else { return };
+        let Some(step) = self.open_step_mut() else {
+            return;
+        };
         let batch_size = u32::try_from(step.jobs.len()).unwrap_or(u32::MAX);
-        let accepted = count_jobs(&step.jobs, |state| matches!(state, JobState::Accepted { .. }));
+        let accepted = count_jobs(&step.jobs, |state| {
+            matches!(state, JobState::Accepted { .. })
+        });
         let enough_for_partial = config.partial_batch.is_some_and(|policy| {
             step.partial_deadline_passed && accepted >= partial_minimum(policy, batch_size)
         });
@@ -585,7 +620,11 @@ impl Ledger {
         let step = self.step.as_mut().ok_or(Rejection::UnknownLease)?;
         let id = report.lease;
         if id.step != step.id {
-            return Err(if id.step < step.id { Rejection::StepClosed } else { Rejection::UnknownLease });
+            return Err(if id.step < step.id {
+                Rejection::StepClosed
+            } else {
+                Rejection::UnknownLease
+            });
         }
         if step.completion.is_some() {
             return Err(Rejection::StepClosed);
@@ -626,9 +665,13 @@ impl Ledger {
         }
         job.state = JobState::Accepted { by: actor };
         self.stats.accepted += 1;
-        self.lease_timer.record_completion(now.saturating_since(live.issued_at), &config.lease);
+        self.lease_timer
+            .record_completion(now.saturating_since(live.issued_at), &config.lease);
         Ok(SettledJob {
-            accepted: Accepted { lease: id, prompt: job.prompt },
+            accepted: Accepted {
+                lease: id,
+                prompt: job.prompt,
+            },
             issued_at: live.issued_at,
         })
     }
@@ -644,14 +687,24 @@ impl Ledger {
 
 /// The smallest accepted count that completes a step of `batch_size` under `policy`.
 fn partial_minimum(policy: PartialBatchPolicy, batch_size: u32) -> u32 {
-    let minimum = policy.min_accepted.of_rounded_up(u64::from(batch_size)).max(1);
+    let minimum = policy
+        .min_accepted
+        .of_rounded_up(u64::from(batch_size))
+        .max(1);
     u32::try_from(minimum).unwrap_or(u32::MAX)
 }
 
 fn expire(step: StepId, index: u32, job: &mut Job, live: LiveLease, events: &mut EventQueue) {
     job.state = JobState::Pooled;
-    let lease = LeaseId { step, job: index, attempt: live.attempt };
-    events.push(Event::LeaseExpired { lease, holder: live.holder });
+    let lease = LeaseId {
+        step,
+        job: index,
+        attempt: live.attempt,
+    };
+    events.push(Event::LeaseExpired {
+        lease,
+        holder: live.holder,
+    });
 }
 
 fn holder(state: &JobState) -> Option<ActorId> {

@@ -95,12 +95,12 @@ pub enum MembershipError {
     },
 }
 
-/// Checks reported versions against the latest published one.
+/// Checks reported versions against the latest published one, which it returns.
 pub(crate) fn check_versions(
     active: Version,
     staged: Option<Version>,
     latest: Option<Version>,
-) -> Result<(), MembershipError> {
+) -> Result<Version, MembershipError> {
     let latest = latest.ok_or(MembershipError::NothingPublished)?;
     if let Some(staged) = staged
         && active.next() != Some(staged)
@@ -109,9 +109,12 @@ pub(crate) fn check_versions(
     }
     let newest = staged.unwrap_or(active);
     if newest > latest {
-        return Err(MembershipError::VersionNotPublished { version: newest, latest });
+        return Err(MembershipError::VersionNotPublished {
+            version: newest,
+            latest,
+        });
     }
-    Ok(())
+    Ok(latest)
 }
 
 /// Whether a registration added an actor or replaced a live registration.
@@ -142,15 +145,23 @@ impl Membership {
         events: &mut EventQueue,
     ) -> Result<Joined, MembershipError> {
         let (joined, estimate, last_settled_at, old_region) = match self.members.get(&actor) {
-            Some(member) => {
-                (Joined::Replaced, member.estimate, member.last_settled_at, Some(member.region.clone()))
-            }
+            Some(member) => (
+                Joined::Replaced,
+                member.estimate,
+                member.last_settled_at,
+                Some(member.region.clone()),
+            ),
             None => {
                 if self.members.len() >= usize::try_from(max_actors).unwrap_or(usize::MAX) {
                     return Err(MembershipError::ActorLimit { max: max_actors });
                 }
                 let known = self.members.values().map(|member| member.estimate);
-                (Joined::New, new_actor_estimate.for_newcomer(known), None, None)
+                (
+                    Joined::New,
+                    new_actor_estimate.for_newcomer(known),
+                    None,
+                    None,
+                )
             }
         };
         let region = registration.region.clone();
@@ -174,7 +185,11 @@ impl Membership {
     }
 
     /// Records that `actor` was heard from.
-    pub(crate) fn touch(&mut self, actor: ActorId, now: Millis) -> Result<&mut Member, UnknownActor> {
+    pub(crate) fn touch(
+        &mut self,
+        actor: ActorId,
+        now: Millis,
+    ) -> Result<&mut Member, UnknownActor> {
         let member = self.members.get_mut(&actor).ok_or(UnknownActor(actor))?;
         member.last_seen = member.last_seen.max(now);
         Ok(member)
@@ -198,7 +213,10 @@ impl Membership {
 
     /// When the next actor falls silent, if nobody is heard from before then.
     pub(crate) fn next_silence(&self, timeout_ms: u64) -> Option<Millis> {
-        self.members.values().map(|member| member.last_seen.saturating_add(timeout_ms)).min()
+        self.members
+            .values()
+            .map(|member| member.last_seen.saturating_add(timeout_ms))
+            .min()
     }
 
     /// Restarts every actor's silence clock at `now`.
@@ -208,14 +226,24 @@ impl Membership {
         }
     }
 
-    /// Every member's eligibility for a step on `version` and its estimate, by id.
-    pub(crate) fn standings(&self, version: Version) -> Vec<(ActorId, Eligibility, Throughput)> {
+    /// Every member by id, with its eligibility for a step on `version` and its
+    /// estimate: the input of [`crate::scheduler::split_among_eligible`].
+    pub(crate) fn standings(
+        &self,
+        version: Version,
+    ) -> (Vec<ActorId>, Vec<(Eligibility, Throughput)>) {
         self.members
             .iter()
             .map(|(&actor, member)| {
-                (actor, Eligibility::of(version, member.active, member.staged), member.estimate)
+                (
+                    actor,
+                    (
+                        Eligibility::of(version, member.active, member.staged),
+                        member.estimate,
+                    ),
+                )
             })
-            .collect()
+            .unzip()
     }
 
     /// Decays the estimate of every member too far behind `version` to work on it.
@@ -239,8 +267,12 @@ impl Membership {
         now: Millis,
         estimate_weight: Permille,
     ) {
-        let Some(member) = self.members.get_mut(&actor) else { return };
-        let start = member.last_settled_at.map_or(earliest_issue, |last| last.max(earliest_issue));
+        let Some(member) = self.members.get_mut(&actor) else {
+            return;
+        };
+        let start = member
+            .last_settled_at
+            .map_or(earliest_issue, |last| last.max(earliest_issue));
         if let Some(sample) = Throughput::measured(tokens, now.saturating_since(start)) {
             member.estimate = member.estimate.averaged_with(sample, estimate_weight);
         }
@@ -271,7 +303,9 @@ impl Membership {
                 .is_some_and(|member| member.region == *region && member.capabilities.can_relay)
         };
         let current = self.relays.get(region).copied();
-        let chosen = current.filter(qualifies).or_else(|| self.members.keys().copied().find(qualifies));
+        let chosen = current
+            .filter(qualifies)
+            .or_else(|| self.members.keys().copied().find(qualifies));
         if chosen == current {
             return;
         }
@@ -279,6 +313,9 @@ impl Membership {
             Some(relay) => self.relays.insert(region.clone(), relay),
             None => self.relays.remove(region),
         };
-        events.push(Event::RelayChanged { region: region.clone(), relay: chosen });
+        events.push(Event::RelayChanged {
+            region: region.clone(),
+            relay: chosen,
+        });
     }
 }

@@ -45,7 +45,9 @@ impl Throughput {
             return None;
         }
         let millitokens_per_s = u128::from(tokens) * 1_000_000 / u128::from(elapsed_ms);
-        Some(Throughput(u64::try_from(millitokens_per_s).unwrap_or(u64::MAX)))
+        Some(Throughput(
+            u64::try_from(millitokens_per_s).unwrap_or(u64::MAX),
+        ))
     }
 
     /// Tokens per second, for reports.
@@ -96,9 +98,10 @@ impl NewActorEstimate {
     pub fn for_newcomer(self, known: impl IntoIterator<Item = Throughput>) -> Throughput {
         match self {
             NewActorEstimate::Fixed(estimate) => estimate,
-            NewActorEstimate::MinimumOfKnown { floor } => {
-                known.into_iter().min().map_or(floor, |slowest| slowest.max(floor))
-            }
+            NewActorEstimate::MinimumOfKnown { floor } => known
+                .into_iter()
+                .min()
+                .map_or(floor, |slowest| slowest.max(floor)),
         }
     }
 }
@@ -157,6 +160,9 @@ impl Eligibility {
 /// work" (the batch would never finish).
 pub fn split_proportionally(total: u32, weights: &[u64]) -> Vec<u32> {
     let weight_sum: u128 = weights.iter().map(|&weight| u128::from(weight)).sum();
+    if weights.is_empty() {
+        return Vec::new();
+    }
     if weight_sum == 0 {
         return split_proportionally(total, &vec![1; weights.len()]);
     }
@@ -215,21 +221,34 @@ mod tests {
     use super::*;
 
     fn check_split(total: u32, weights: &[u64], expected: &[u32]) {
-        assert_eq!(split_proportionally(total, weights), expected, "{total} over {weights:?}");
+        assert_eq!(
+            split_proportionally(total, weights),
+            expected,
+            "{total} over {weights:?}"
+        );
     }
 
     #[test]
     fn h100_and_a100_split_300_requests_200_100() {
         let h100 = (Eligibility::Current, Throughput::from_tokens_per_s(5_000));
         let a100 = (Eligibility::Current, Throughput::from_tokens_per_s(2_500));
-        assert_eq!(split_among_eligible(300, &[h100, a100], SplitPolicy::Proportional), [200, 100]);
+        assert_eq!(
+            split_among_eligible(300, &[h100, a100], SplitPolicy::Proportional),
+            [200, 100]
+        );
     }
 
     #[test]
     fn uniform_policy_ignores_estimates() {
         let h100 = (Eligibility::Current, Throughput::from_tokens_per_s(5_000));
-        let a100 = (Eligibility::NeedsCommit, Throughput::from_tokens_per_s(2_500));
-        assert_eq!(split_among_eligible(301, &[h100, a100], SplitPolicy::Uniform), [151, 150]);
+        let a100 = (
+            Eligibility::NeedsCommit,
+            Throughput::from_tokens_per_s(2_500),
+        );
+        assert_eq!(
+            split_among_eligible(301, &[h100, a100], SplitPolicy::Uniform),
+            [151, 150]
+        );
     }
 
     #[test]
@@ -254,7 +273,11 @@ mod tests {
         check_split(5, &[], &[]);
         check_split(5, &[0, 0], &[3, 2]);
         check_split(5, &[0, 7], &[0, 5]);
-        check_split(u32::MAX, &[u64::MAX, u64::MAX], &[u32::MAX / 2 + 1, u32::MAX / 2]);
+        check_split(
+            u32::MAX,
+            &[u64::MAX, u64::MAX],
+            &[u32::MAX / 2 + 1, u32::MAX / 2],
+        );
     }
 
     fn check_eligibility(active: u64, staged: Option<u64>, expected: Eligibility) {
@@ -279,21 +302,39 @@ mod tests {
         let beta = Permille::new(800).unwrap();
         let old = Throughput::from_tokens_per_s(1_000);
         let sample = Throughput::from_tokens_per_s(2_000);
-        assert_eq!(old.averaged_with(sample, beta), Throughput::from_tokens_per_s(1_200));
+        assert_eq!(
+            old.averaged_with(sample, beta),
+            Throughput::from_tokens_per_s(1_200)
+        );
         assert_eq!(old.averaged_with(old, beta), old);
-        assert_eq!(old.decayed(Permille::new(500).unwrap()), Throughput::from_tokens_per_s(500));
-        assert_eq!(Throughput::measured(3_000, 1_500), Some(Throughput::from_tokens_per_s(2_000)));
+        assert_eq!(
+            old.decayed(Permille::new(500).unwrap()),
+            Throughput::from_tokens_per_s(500)
+        );
+        assert_eq!(
+            Throughput::measured(3_000, 1_500),
+            Some(Throughput::from_tokens_per_s(2_000))
+        );
         assert_eq!(Throughput::measured(3_000, 0), None);
-        assert_eq!(Throughput::measured(u64::MAX, 1), Some(Throughput(u64::MAX)));
+        assert_eq!(
+            Throughput::measured(u64::MAX, 1),
+            Some(Throughput(u64::MAX))
+        );
     }
 
     #[test]
     fn newcomers_start_at_the_slowest_known_estimate_or_the_floor() {
         let floor = Throughput::from_tokens_per_s(100);
         let rule = NewActorEstimate::MinimumOfKnown { floor };
-        let known = [Throughput::from_tokens_per_s(900), Throughput::from_tokens_per_s(400)];
+        let known = [
+            Throughput::from_tokens_per_s(900),
+            Throughput::from_tokens_per_s(400),
+        ];
         assert_eq!(rule.for_newcomer(known), Throughput::from_tokens_per_s(400));
-        assert_eq!(rule.for_newcomer([Throughput::from_tokens_per_s(20)]), floor);
+        assert_eq!(
+            rule.for_newcomer([Throughput::from_tokens_per_s(20)]),
+            floor
+        );
         assert_eq!(rule.for_newcomer([]), floor);
         assert_eq!(NewActorEstimate::Fixed(floor).for_newcomer(known), floor);
     }

@@ -39,9 +39,7 @@ impl fmt::Display for Millis {
 }
 
 /// Identifies an actor across reconnects; the shell maps authenticated peers to it.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ActorId(pub u64);
 
@@ -52,9 +50,7 @@ impl fmt::Display for ActorId {
 }
 
 /// Identifies a prompt of the training set; the trainer chooses these.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct PromptId(pub u64);
 
@@ -79,9 +75,7 @@ impl fmt::Display for StepId {
 
 /// A published policy version. Versions are consecutive, which is what lets the
 /// eligibility rule speak of "v - 1 with v staged".
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Version(pub u64);
 
@@ -185,9 +179,7 @@ pub struct Capabilities {
 /// The attempt number makes every lease id unique without a global counter, and lets
 /// the ledger classify a stale id (late, duplicate, closed step) from the job's state
 /// alone instead of keeping tombstones for every lease it ever issued.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct LeaseId {
     /// The step whose batch holds the job.
     pub step: StepId,
@@ -230,7 +222,11 @@ impl Permille {
     /// A ratio in thousandths, values above 1000 taken as 1000: for literals in
     /// settings, where a typo must not turn into a panic.
     pub const fn clamped(thousandths: u16) -> Permille {
-        if thousandths > 1000 { Permille(1000) } else { Permille(thousandths) }
+        if thousandths > 1000 {
+            Permille(1000)
+        } else {
+            Permille(thousandths)
+        }
     }
 
     /// The ratio in thousandths.
@@ -273,7 +269,10 @@ mod tests {
 
     fn check_region(name: &str, expected: Result<&str, RegionError>) {
         let actual = Region::new(name);
-        assert_eq!(actual.as_ref().map(Region::as_str), expected.as_ref().copied());
+        assert_eq!(
+            actual.as_ref().map(Region::as_str),
+            expected.as_ref().copied()
+        );
     }
 
     #[test]
@@ -285,7 +284,9 @@ mod tests {
         check_region(&"a".repeat(MAX_REGION_LEN), Ok(&"a".repeat(MAX_REGION_LEN)));
         check_region(
             &"a".repeat(MAX_REGION_LEN + 1),
-            Err(RegionError::TooLong { len: MAX_REGION_LEN + 1 }),
+            Err(RegionError::TooLong {
+                len: MAX_REGION_LEN + 1,
+            }),
         );
     }
 

@@ -13,9 +13,9 @@ use rayon::prelude::*;
 
 use crate::bits::ByteReader;
 use crate::checkpoint::{Checkpoint, Hash, TensorLayout, TensorView};
-use crate::codec::{ChunkEncoding, ChunkRecord, Changes, decode_changes};
+use crate::codec::{Changes, ChunkEncoding, ChunkRecord, decode_changes};
 use crate::error::{DeltaError, Result};
-use crate::format::{DeltaFile, DeltaHeader, MAX_CHUNK_ELEMENTS, TensorChange};
+use crate::format::{DeltaFile, DeltaHeader, MAX_CHUNK_ELEMENTS, TensorChange, TensorSpec};
 
 /// The decoded changes of one chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +65,11 @@ pub fn owned_checkpoint(tensors: &[OwnedTensor]) -> Result<Checkpoint<'_>> {
 /// Checks that `base` is the checkpoint the delta was taken from: the same tensors with the
 /// same dtypes and shapes, and the same weights hash (computed unless `known_hash` is
 /// given by a caller that has already verified it).
-pub fn check_base(header: &DeltaHeader, base: &Checkpoint<'_>, known_hash: Option<Hash>) -> Result<()> {
+pub fn check_base(
+    header: &DeltaHeader,
+    base: &Checkpoint<'_>,
+    known_hash: Option<Hash>,
+) -> Result<()> {
     let mut expected = 0;
     for entry in &header.tensors {
         let Some(spec) = entry.change.base() else {
@@ -75,12 +79,7 @@ pub fn check_base(header: &DeltaHeader, base: &Checkpoint<'_>, known_hash: Optio
         let tensor = base.get(&entry.name).ok_or_else(|| {
             DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name))
         })?;
-        if tensor.dtype != spec.dtype || tensor.shape != spec.shape {
-            return Err(DeltaError::BaseMismatch(format!(
-                "tensor '{}' is {} {:?}, the delta expects {} {:?}",
-                entry.name, tensor.dtype, tensor.shape, spec.dtype, spec.shape
-            )));
-        }
+        ensure_spec(&entry.name, tensor.dtype, &tensor.shape, spec)?;
     }
     if base.tensors().len() != expected {
         let extra = base
@@ -108,6 +107,16 @@ pub fn check_base(header: &DeltaHeader, base: &Checkpoint<'_>, known_hash: Optio
     Ok(())
 }
 
+fn ensure_spec(name: &str, dtype: crate::Dtype, shape: &[u64], spec: &TensorSpec) -> Result<()> {
+    if dtype != spec.dtype || shape != spec.shape {
+        return Err(DeltaError::BaseMismatch(format!(
+            "tensor '{name}' is {dtype} {shape:?}, the delta expects {} {:?}",
+            spec.dtype, spec.shape
+        )));
+    }
+    Ok(())
+}
+
 /// Decodes one segment against the base. Usable on its own, so a receiver can decode and
 /// stage each segment as it arrives.
 pub fn decode_segment(
@@ -124,7 +133,12 @@ pub fn decode_segment(
             index,
             reason: format!("chunk record at byte {offset}: {e}"),
         })?;
-        chunks.push(decode_chunk(header, &record, reader.position() - offset, base)?);
+        chunks.push(decode_chunk(
+            header,
+            &record,
+            reader.position() - offset,
+            base,
+        )?);
     }
     Ok(chunks)
 }
@@ -179,15 +193,10 @@ fn decode_chunk(
     let base_range = if dense_only {
         None
     } else {
-        let tensor = base
-            .get(&entry.name)
-            .ok_or_else(|| DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name)))?;
-        if tensor.dtype != spec.dtype || tensor.shape != spec.shape {
-            return Err(DeltaError::BaseMismatch(format!(
-                "tensor '{}' is {} {:?}, the delta expects {} {:?}",
-                entry.name, tensor.dtype, tensor.shape, spec.dtype, spec.shape
-            )));
-        }
+        let tensor = base.get(&entry.name).ok_or_else(|| {
+            DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name))
+        })?;
+        ensure_spec(&entry.name, tensor.dtype, &tensor.shape, spec)?;
         Some(&tensor.data[(record.start * element_bytes) as usize..(end * element_bytes) as usize])
     };
     let changes = decode_changes(
@@ -281,16 +290,33 @@ impl Patch {
     /// patch holds the old values, so applying it again rolls back. If the result's
     /// weights hash is not the target's, the buffer is restored and an error returned.
     pub fn apply_in_place(&mut self, buffer: &mut [u8], layout: &[TensorLayout]) -> Result<Hash> {
-        if !self.preserves_layout() {
+        self.swap_in_place(buffer, layout)?;
+        let actual = Checkpoint::from_layout(buffer, layout)?.weights_hash();
+        if actual != self.header.target_hash {
+            self.swap_in_place(buffer, layout)?;
+            return Err(DeltaError::TargetMismatch {
+                expected: self.header.target_hash,
+                actual,
+            });
+        }
+        Ok(actual)
+    }
+
+    /// Writes the patch's values into `buffer` and keeps the values they replace, without
+    /// checking the result: calling it twice restores the buffer. All placement checks
+    /// happen before the first write.
+    pub fn swap_in_place(&mut self, buffer: &mut [u8], layout: &[TensorLayout]) -> Result<()> {
+        if let Some(entry) = self
+            .header
+            .tensors
+            .iter()
+            .find(|e| !matches!(e.change, TensorChange::Patched(_)))
+        {
             return Err(DeltaError::Unsupported {
-                name: self
-                    .header
-                    .tensors
-                    .iter()
-                    .find(|e| !matches!(e.change, TensorChange::Patched(_)))
-                    .map(|e| e.name.clone())
-                    .unwrap_or_default(),
-                reason: "the delta adds, removes or reshapes tensors, so it cannot be applied in place".into(),
+                name: entry.name.clone(),
+                reason:
+                    "the delta adds, removes or reshapes tensors, so it cannot be applied in place"
+                        .into(),
             });
         }
         let by_name: HashMap<&str, &TensorLayout> =
@@ -302,12 +328,7 @@ impl Patch {
             let place = by_name.get(entry.name.as_str()).ok_or_else(|| {
                 DeltaError::BaseMismatch(format!("tensor '{}' is not in the buffer", entry.name))
             })?;
-            if place.dtype != spec.dtype || place.shape != spec.shape {
-                return Err(DeltaError::BaseMismatch(format!(
-                    "tensor '{}' in the buffer is {} {:?}, the delta expects {} {:?}",
-                    entry.name, place.dtype, place.shape, spec.dtype, spec.shape
-                )));
-            }
+            ensure_spec(&entry.name, place.dtype, &place.shape, spec)?;
             let element_bytes = spec.dtype.size_bytes();
             let start = place.bytes.start + chunk.start as usize * element_bytes;
             let end = start + chunk.len as usize * element_bytes;
@@ -319,21 +340,10 @@ impl Patch {
             }
             regions.push((start..end, element_bytes));
         }
-        let swap_all = |chunks: &mut [PatchChunk], buffer: &mut [u8]| {
-            for (chunk, (range, element_bytes)) in chunks.iter_mut().zip(&regions) {
-                chunk.changes.swap_into(&mut buffer[range.clone()], *element_bytes);
-            }
-        };
-        swap_all(&mut self.chunks, buffer);
-        let actual = Checkpoint::from_layout(buffer, layout)?.weights_hash();
-        if actual != self.header.target_hash {
-            swap_all(&mut self.chunks, buffer);
-            return Err(DeltaError::TargetMismatch {
-                expected: self.header.target_hash,
-                actual,
-            });
+        for (chunk, (range, element_bytes)) in self.chunks.iter_mut().zip(regions) {
+            chunk.changes.swap_into(&mut buffer[range], element_bytes);
         }
-        Ok(actual)
+        Ok(())
     }
 
     /// Builds the target checkpoint from `base` (copying it), for deltas that change the
@@ -359,7 +369,9 @@ impl Patch {
             while let Some(mut chunk) = chunks.next_if(|c| c.tensor as usize == index) {
                 let start = chunk.start as usize * element_bytes;
                 let end = start + chunk.len as usize * element_bytes;
-                chunk.changes.swap_into(&mut data[start..end], element_bytes);
+                chunk
+                    .changes
+                    .swap_into(&mut data[start..end], element_bytes);
             }
             tensors.push(OwnedTensor {
                 name: entry.name.clone(),
@@ -380,7 +392,11 @@ impl Patch {
 }
 
 /// Verifies, decodes and materialises `delta` on top of `base` in one call.
-pub fn apply(delta: &DeltaFile<'_>, base: &Checkpoint<'_>, known_base_hash: Option<Hash>) -> Result<Vec<OwnedTensor>> {
+pub fn apply(
+    delta: &DeltaFile<'_>,
+    base: &Checkpoint<'_>,
+    known_base_hash: Option<Hash>,
+) -> Result<Vec<OwnedTensor>> {
     check_base(delta.header(), base, known_base_hash)?;
     decode(delta, base)?.materialize(base)
 }

@@ -91,14 +91,18 @@ impl<'a> ByteReader<'a> {
             let byte = self.u8(what)?;
             let bits = u64::from(byte & 0x7F);
             if index == 9 && bits > 1 {
-                return Err(DeltaError::Malformed(format!("{what}: varint overflows 64 bits")));
+                return Err(DeltaError::Malformed(format!(
+                    "{what}: varint overflows 64 bits"
+                )));
             }
             value |= bits << (7 * index);
             if byte & 0x80 == 0 {
                 return Ok(value);
             }
         }
-        Err(DeltaError::Malformed(format!("{what}: varint longer than 10 bytes")))
+        Err(DeltaError::Malformed(format!(
+            "{what}: varint longer than 10 bytes"
+        )))
     }
 }
 
@@ -285,7 +289,9 @@ impl<'a> BitReader<'a> {
             return if width == 64 && low == 0 {
                 Ok(u64::MAX)
             } else {
-                Err(DeltaError::Malformed("bitstream: exp-Golomb value overflows".into()))
+                Err(DeltaError::Malformed(
+                    "bitstream: exp-Golomb value overflows".into(),
+                ))
             };
         }
         let low = self.read_wide(width as u32);

@@ -247,7 +247,10 @@ impl<'c, 'a> Extraction<'c, 'a> {
 
     fn encode_job(&self, job: &ChunkJob) -> Option<(ChunkEncoding, Vec<u8>)> {
         let entry = &self.header.tensors[job.tensor as usize];
-        let target = self.target.get(&entry.name).expect("planned from the target");
+        let target = self
+            .target
+            .get(&entry.name)
+            .expect("planned from the target");
         let bytes = target.dtype.size_bytes() as u64;
         let range = (job.start * bytes) as usize..((job.start + job.len) * bytes) as usize;
         let target_bytes = &target.data[range.clone()];
@@ -256,7 +259,10 @@ impl<'c, 'a> Extraction<'c, 'a> {
         if job.dense {
             return Some((ChunkEncoding::Dense, target_bytes.to_vec()));
         }
-        let base = self.base.get(&entry.name).expect("patched tensors have a base");
+        let base = self
+            .base
+            .get(&entry.name)
+            .expect("patched tensors have a base");
         encode_changes(
             self.options.encoding,
             target.dtype,

@@ -62,7 +62,10 @@ pub enum TensorChange {
     /// Only in the base.
     Removed(TensorSpec),
     /// Dtype or shape changed; dense chunks cover the new tensor entirely.
-    Replaced { base: TensorSpec, target: TensorSpec },
+    Replaced {
+        base: TensorSpec,
+        target: TensorSpec,
+    },
 }
 
 impl TensorChange {
@@ -172,10 +175,16 @@ impl DeltaHeader {
         }
         let flags = reader.u16("flags")?;
         if flags != 0 {
-            return Err(DeltaError::Malformed(format!("unknown header flags {flags:#x}")));
+            return Err(DeltaError::Malformed(format!(
+                "unknown header flags {flags:#x}"
+            )));
         }
         let header_len = reader.u32("header length")?;
-        limit("header length", u64::from(header_len), u64::from(MAX_HEADER_BYTES))?;
+        limit(
+            "header length",
+            u64::from(header_len),
+            u64::from(MAX_HEADER_BYTES),
+        )?;
         let mut body = ByteReader::new(reader.take(header_len as usize, "header")?);
         let base_version = body.u64("base version")?;
         let target_version = body.u64("target version")?;
@@ -338,7 +347,9 @@ impl<'a> DeltaFile<'a> {
             });
         }
         if reserved != 0 {
-            return Err(DeltaError::Malformed("reserved trailer field is not zero".into()));
+            return Err(DeltaError::Malformed(
+                "reserved trailer field is not zero".into(),
+            ));
         }
         if table_len > after_head - TRAILER_BYTES {
             return Err(DeltaError::Malformed(format!(
@@ -364,7 +375,11 @@ impl<'a> DeltaFile<'a> {
         let mut offset = head_len;
         for _ in 0..count {
             let len = reader.u32("segment length")?;
-            limit("segment length", u64::from(len), u64::from(MAX_SEGMENT_BYTES))?;
+            limit(
+                "segment length",
+                u64::from(len),
+                u64::from(MAX_SEGMENT_BYTES),
+            )?;
             let hash = Hash(reader.array("segment hash")?);
             let end = offset + len as usize;
             if end > table_start {
@@ -494,7 +509,10 @@ mod tests {
         expected.extend_from_slice(&[10, 1, 4, 0, 0, 0, 0, 0, 0, 0]); // base F32 [4]
         expected.extend_from_slice(&[7, 2, 2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(bytes, expected);
-        assert_eq!(DeltaHeader::decode(&bytes).unwrap(), (header(), bytes.len()));
+        assert_eq!(
+            DeltaHeader::decode(&bytes).unwrap(),
+            (header(), bytes.len())
+        );
     }
 
     #[test]
@@ -510,7 +528,9 @@ mod tests {
         for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
             let message = error(&bytes[..cut]);
             assert!(
-                message.contains("truncated") || message.contains("magic") || message.contains("does not fit"),
+                message.contains("truncated")
+                    || message.contains("magic")
+                    || message.contains("does not fit"),
                 "cut at {cut}: {message}"
             );
         }
@@ -551,7 +571,10 @@ mod tests {
         bytes[12..16].copy_from_slice(&(MAX_HEADER_BYTES + 1).to_le_bytes());
         assert!(matches!(
             DeltaHeader::decode(&bytes),
-            Err(DeltaError::LimitExceeded { what: "header length", .. })
+            Err(DeltaError::LimitExceeded {
+                what: "header length",
+                ..
+            })
         ));
 
         let mut bytes = header().encode();
@@ -559,14 +582,20 @@ mod tests {
         bytes[count_at..count_at + 4].copy_from_slice(&(MAX_TENSORS + 1).to_le_bytes());
         assert!(matches!(
             DeltaHeader::decode(&bytes),
-            Err(DeltaError::LimitExceeded { what: "tensor count", .. })
+            Err(DeltaError::LimitExceeded {
+                what: "tensor count",
+                ..
+            })
         ));
 
         let mut long_name = header();
         long_name.tensors[0].name = "x".repeat(MAX_NAME_BYTES + 1);
         assert!(matches!(
             DeltaHeader::decode(&long_name.encode()),
-            Err(DeltaError::LimitExceeded { what: "tensor name length", .. })
+            Err(DeltaError::LimitExceeded {
+                what: "tensor name length",
+                ..
+            })
         ));
 
         let mut deep = header();
@@ -576,7 +605,10 @@ mod tests {
         });
         assert!(matches!(
             DeltaHeader::decode(&deep.encode()),
-            Err(DeltaError::LimitExceeded { what: "tensor rank", .. })
+            Err(DeltaError::LimitExceeded {
+                what: "tensor rank",
+                ..
+            })
         ));
 
         let manifest = Manifest {
@@ -590,7 +622,10 @@ mod tests {
         bytes.extend_from_slice(&manifest.encode_tail());
         assert!(matches!(
             DeltaFile::parse(&bytes),
-            Err(DeltaError::LimitExceeded { what: "segment length", .. })
+            Err(DeltaError::LimitExceeded {
+                what: "segment length",
+                ..
+            })
         ));
     }
 

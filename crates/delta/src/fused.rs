@@ -45,8 +45,10 @@ pub fn hf_layout_in_fused(
 ) -> Result<Vec<TensorLayout>> {
     let fused_by_name: HashMap<&str, &TensorLayout> =
         fused.iter().map(|l| (l.name.as_str(), l)).collect();
-    let hf_by_name: HashMap<&str, &TensorSpec> =
-        hf.iter().map(|(name, spec)| (name.as_str(), spec)).collect();
+    let hf_by_name: HashMap<&str, &TensorSpec> = hf
+        .iter()
+        .map(|(name, spec)| (name.as_str(), spec))
+        .collect();
     let mismatch = |reason: String| DeltaError::BaseMismatch(format!("fused layout: {reason}"));
     let mut out = Vec::with_capacity(hf.len());
     for (name, spec) in hf {
@@ -120,7 +122,9 @@ pub fn fuse(checkpoint: &Checkpoint<'_>) -> Result<Vec<OwnedTensor>> {
                 let mut rows = 0;
                 for part in &parts {
                     let view = checkpoint.get(part).ok_or_else(|| {
-                        DeltaError::Checkpoint(format!("'{part}' is missing, cannot build '{fused}'"))
+                        DeltaError::Checkpoint(format!(
+                            "'{part}' is missing, cannot build '{fused}'"
+                        ))
                     })?;
                     if view.dtype != tensor.dtype || view.shape.get(1..) != tensor.shape.get(1..) {
                         return Err(DeltaError::Checkpoint(format!(
@@ -159,7 +163,10 @@ mod tests {
         assert_eq!(index, 1);
         assert_eq!(parts[2], "model.layers.3.self_attn.v_proj.weight");
         let (fused, index, _) = fused_name("model.layers.0.mlp.up_proj.weight").unwrap();
-        assert_eq!((fused.as_str(), index), ("model.layers.0.mlp.gate_up_proj.weight", 1));
+        assert_eq!(
+            (fused.as_str(), index),
+            ("model.layers.0.mlp.gate_up_proj.weight", 1)
+        );
         assert!(fused_name("model.layers.0.mlp.down_proj.weight").is_none());
         assert!(fused_name("lm_head.weight").is_none());
         assert!(fused_name("q_proj").is_none());

@@ -25,10 +25,12 @@ mod format;
 pub mod fused;
 pub mod stats;
 
-pub use apply::{OwnedTensor, Patch, PatchChunk, apply, check_base, decode, decode_segment, owned_checkpoint};
+pub use apply::{
+    OwnedTensor, Patch, PatchChunk, apply, check_base, decode, decode_segment, owned_checkpoint,
+};
 pub use checkpoint::{Checkpoint, Hash, TensorLayout, TensorView, safetensors_layout};
-pub use codec::{ChunkEncoding, Changes, Encoding};
 pub use codec::scan::count_changed;
+pub use codec::{Changes, ChunkEncoding, Encoding};
 pub use compose::{compose, invert};
 pub use dtype::Dtype;
 pub use error::{DeltaError, Result};

@@ -99,7 +99,11 @@ pub fn delta_stats(file: &DeltaFile<'_>, file_bytes: u64) -> Result<DeltaStats> 
         .iter()
         .zip(per_tensor)
         .map(|(entry, (encodings, bytes))| {
-            let spec = entry.change.target().or(entry.change.base()).expect("a side");
+            let spec = entry
+                .change
+                .target()
+                .or(entry.change.base())
+                .expect("a side");
             let tensor_elements = entry.change.target().map_or(0, |s| s.element_count());
             elements += tensor_elements;
             target_weights_bytes += entry.change.target().map_or(0, |s| s.byte_len());
@@ -140,7 +144,11 @@ pub fn delta_stats(file: &DeltaFile<'_>, file_bytes: u64) -> Result<DeltaStats> 
 }
 
 fn ratio(part: u64, whole: u64) -> f64 {
-    if whole == 0 { 0.0 } else { part as f64 / whole as f64 }
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 fn chunk_breakdown(record: &ChunkRecord<'_>, dtype: crate::Dtype) -> Result<ByteBreakdown> {
@@ -156,7 +164,9 @@ fn chunk_breakdown(record: &ChunkRecord<'_>, dtype: crate::Dtype) -> Result<Byte
         ChunkEncoding::Leb128 => {
             let changed = ByteReader::new(record.payload).leb128("leb128 change count")?;
             let count_bytes = leb128_len(changed) as u64;
-            let values = changed.saturating_mul(element_bytes).min(payload - count_bytes);
+            let values = changed
+                .saturating_mul(element_bytes)
+                .min(payload - count_bytes);
             ByteBreakdown {
                 changed,
                 positions: payload - count_bytes - values,
@@ -165,9 +175,9 @@ fn chunk_breakdown(record: &ChunkRecord<'_>, dtype: crate::Dtype) -> Result<Byte
             }
         }
         ChunkEncoding::Aurora => {
-            let layout = dtype.float_layout().ok_or_else(|| {
-                DeltaError::Malformed(format!("aurora chunk for {dtype} tensor"))
-            })?;
+            let layout = dtype
+                .float_layout()
+                .ok_or_else(|| DeltaError::Malformed(format!("aurora chunk for {dtype} tensor")))?;
             let parsed = aurora::parse(record.payload, layout, record.len)?;
             ByteBreakdown {
                 changed: parsed.changed(),

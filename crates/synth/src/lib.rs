@@ -98,7 +98,11 @@ impl ModelShape {
                 is_norm,
             })
         };
-        push("model.embed_tokens.weight".into(), vec![self.vocab, h], false);
+        push(
+            "model.embed_tokens.weight".into(),
+            vec![self.vocab, h],
+            false,
+        );
         push("model.norm.weight".into(), vec![h], true);
         if !self.tied_embeddings {
             push("lm_head.weight".into(), vec![self.vocab, h], false);
@@ -106,16 +110,40 @@ impl ModelShape {
         for layer in 0..self.layers {
             let p = format!("model.layers.{layer}");
             push(format!("{p}.input_layernorm.weight"), vec![h], true);
-            push(format!("{p}.post_attention_layernorm.weight"), vec![h], true);
+            push(
+                format!("{p}.post_attention_layernorm.weight"),
+                vec![h],
+                true,
+            );
             push(format!("{p}.self_attn.q_proj.weight"), vec![q, h], false);
             push(format!("{p}.self_attn.k_proj.weight"), vec![kv, h], false);
             push(format!("{p}.self_attn.v_proj.weight"), vec![kv, h], false);
             push(format!("{p}.self_attn.o_proj.weight"), vec![h, q], false);
-            push(format!("{p}.self_attn.q_norm.weight"), vec![self.head_dim], true);
-            push(format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim], true);
-            push(format!("{p}.mlp.gate_proj.weight"), vec![self.intermediate, h], false);
-            push(format!("{p}.mlp.up_proj.weight"), vec![self.intermediate, h], false);
-            push(format!("{p}.mlp.down_proj.weight"), vec![h, self.intermediate], false);
+            push(
+                format!("{p}.self_attn.q_norm.weight"),
+                vec![self.head_dim],
+                true,
+            );
+            push(
+                format!("{p}.self_attn.k_norm.weight"),
+                vec![self.head_dim],
+                true,
+            );
+            push(
+                format!("{p}.mlp.gate_proj.weight"),
+                vec![self.intermediate, h],
+                false,
+            );
+            push(
+                format!("{p}.mlp.up_proj.weight"),
+                vec![self.intermediate, h],
+                false,
+            );
+            push(
+                format!("{p}.mlp.down_proj.weight"),
+                vec![h, self.intermediate],
+                false,
+            );
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
@@ -187,7 +215,8 @@ impl Synth {
             .map(|(index, spec)| {
                 let key = mix(config.seed ^ mix(index as u64 + 1));
                 let len = spec.shape.iter().product::<u64>() as usize;
-                let row_len = if spec.name.contains("embed_tokens") || spec.name.contains("lm_head") {
+                let row_len = if spec.name.contains("embed_tokens") || spec.name.contains("lm_head")
+                {
                     spec.shape[1]
                 } else {
                     0
@@ -347,8 +376,16 @@ mod tests {
     #[test]
     fn qwen3_shapes_have_the_published_parameter_counts() {
         let billions = |name: &str| preset(name).unwrap().parameters() as f64 / 1e9;
-        assert!((billions("0.6b") - 0.596).abs() < 0.01, "{}", billions("0.6b"));
-        assert!((billions("1.7b") - 1.72).abs() < 0.03, "{}", billions("1.7b"));
+        assert!(
+            (billions("0.6b") - 0.596).abs() < 0.01,
+            "{}",
+            billions("0.6b")
+        );
+        assert!(
+            (billions("1.7b") - 1.72).abs() < 0.03,
+            "{}",
+            billions("1.7b")
+        );
         assert!((billions("4b") - 4.02).abs() < 0.05, "{}", billions("4b"));
         assert!((billions("8b") - 8.19).abs() < 0.05, "{}", billions("8b"));
     }
@@ -385,10 +422,26 @@ mod tests {
         let share = |lo: f32, hi: f32| {
             weights.iter().filter(|w| **w > lo && **w <= hi).count() as f64 / weights.len() as f64
         };
-        assert!((0.60..0.75).contains(&share(1e-2, 1e-1)), "{}", share(1e-2, 1e-1));
-        assert!((0.22..0.34).contains(&share(1e-3, 1e-2)), "{}", share(1e-3, 1e-2));
-        assert!((0.02..0.06).contains(&share(1e-4, 1e-3)), "{}", share(1e-4, 1e-3));
-        assert!((0.002..0.012).contains(&share(0.0, 1e-4)), "{}", share(0.0, 1e-4));
+        assert!(
+            (0.60..0.75).contains(&share(1e-2, 1e-1)),
+            "{}",
+            share(1e-2, 1e-1)
+        );
+        assert!(
+            (0.22..0.34).contains(&share(1e-3, 1e-2)),
+            "{}",
+            share(1e-3, 1e-2)
+        );
+        assert!(
+            (0.02..0.06).contains(&share(1e-4, 1e-3)),
+            "{}",
+            share(1e-4, 1e-3)
+        );
+        assert!(
+            (0.002..0.012).contains(&share(0.0, 1e-4)),
+            "{}",
+            share(0.0, 1e-4)
+        );
 
         let changed: u64 = base
             .iter()

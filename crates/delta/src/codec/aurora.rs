@@ -14,8 +14,7 @@
 //! element.
 
 use super::entropy::{
-    ALPHABET, Model, RansDecoder, RansEncoder, golomb_parameter, read_golomb,
-    write_golomb,
+    ALPHABET, Model, RansDecoder, RansEncoder, golomb_parameter, read_golomb, write_golomb,
 };
 use super::scan::{Classes, MAX_CLASSES, Word, apply_step, max_step_value, select_bit, step_value};
 use crate::bits::{BitReader, BitWriter, ByteReader, leb128_len, write_leb128};
@@ -65,7 +64,8 @@ pub(crate) fn encode<W: Word>(
                 let position = positions[next] as usize;
                 let class = classes.class_of(W::load(base, position));
                 let below = (1u64 << (position - block)) - 1;
-                ranks[class].push(populations[class] + u64::from((masks[class] & below).count_ones()));
+                ranks[class]
+                    .push(populations[class] + u64::from((masks[class] & below).count_ones()));
                 class_steps[class].push(steps[next]);
                 next += 1;
             }
@@ -147,7 +147,9 @@ pub(crate) fn parse(payload: &[u8], layout: FloatLayout, len: u64) -> Result<Par
     let mut reader = ByteReader::new(payload);
     let class_count = reader.u8("class count")? as usize;
     if !(1..=MAX_CLASSES).contains(&class_count) {
-        return Err(bad(format!("class count {class_count} not in 1..={MAX_CLASSES}")));
+        return Err(bad(format!(
+            "class count {class_count} not in 1..={MAX_CLASSES}"
+        )));
     }
     let max_exponent = layout.exponent_mask >> layout.exponent_shift;
     let mut thresholds = Vec::with_capacity(class_count - 1);
@@ -155,7 +157,9 @@ pub(crate) fn parse(payload: &[u8], layout: FloatLayout, len: u64) -> Result<Par
         let threshold = u32::from(reader.u8("class threshold")?);
         let above_previous = thresholds.last().is_none_or(|&p| threshold > p);
         if threshold == 0 || threshold > max_exponent || !above_previous {
-            return Err(bad(format!("class threshold {threshold} out of order or range")));
+            return Err(bad(format!(
+                "class threshold {threshold} out of order or range"
+            )));
         }
         thresholds.push(threshold);
     }
@@ -169,7 +173,9 @@ pub(crate) fn parse(payload: &[u8], layout: FloatLayout, len: u64) -> Result<Par
         let count = reader.leb128("class change count")?;
         total = total.saturating_add(count);
         if total > len {
-            return Err(bad(format!("{total} changes claimed in a chunk of {len} elements")));
+            return Err(bad(format!(
+                "{total} changes claimed in a chunk of {len} elements"
+            )));
         }
         counts.push(count as usize);
         if count == 0 {
@@ -291,7 +297,12 @@ fn locate<W: Word>(
     let total: usize = ranks.iter().map(Vec::len).sum();
     let mut out = Vec::with_capacity(total);
     if classes.count() == 1 {
-        out.extend(ranks[0].iter().enumerate().map(|(i, &r)| (r as u32, 0, i as u32)));
+        out.extend(
+            ranks[0]
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| (r as u32, 0, i as u32)),
+        );
         return Ok(out);
     }
     let mut next = [0usize; MAX_CLASSES];
@@ -306,9 +317,15 @@ fn locate<W: Word>(
             let mask = masks[class];
             let population = u64::from(mask.count_ones());
             let class_ranks = &ranks[class];
-            while next[class] < class_ranks.len() && class_ranks[next[class]] < seen[class] + population {
+            while next[class] < class_ranks.len()
+                && class_ranks[next[class]] < seen[class] + population
+            {
                 let bit = select_bit(mask, (class_ranks[next[class]] - seen[class]) as u32);
-                out.push(((block + bit as usize) as u32, class as u8, next[class] as u32));
+                out.push((
+                    (block + bit as usize) as u32,
+                    class as u8,
+                    next[class] as u32,
+                ));
                 next[class] += 1;
                 remaining -= 1;
             }
@@ -514,7 +531,9 @@ mod tests {
     fn realistic(len: usize, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<u32>) {
         let mut state = seed;
         let mut next = || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as u32
         };
         let mut base = Vec::with_capacity(2 * len);
@@ -522,13 +541,18 @@ mod tests {
         let mut positions = Vec::new();
         for i in 0..len {
             let exponent = 110 + next() % 14;
-            let word = ((next() & 1) << 15) as u16 | (exponent << 7) as u16 | (next() & 0x7F) as u16;
+            let word =
+                ((next() & 1) << 15) as u16 | (exponent << 7) as u16 | (next() & 0x7F) as u16;
             let chance = 1u32 << (123 - exponent).min(12);
             let new = if next() % 4096 < chance {
                 positions.push(i as u32);
                 let up = next() % 2 == 0;
                 let size = if next() % 10 == 0 { 2 } else { 1 };
-                if up { word.wrapping_add(size) } else { word.wrapping_sub(size) }
+                if up {
+                    word.wrapping_add(size)
+                } else {
+                    word.wrapping_sub(size)
+                }
             } else {
                 word
             };
@@ -544,7 +568,10 @@ mod tests {
         let (decoded, values) = decode::<u16>(&payload, base, BF16).unwrap();
         assert_eq!(decoded, positions);
         for (i, &p) in decoded.iter().enumerate() {
-            assert_eq!(values[2 * i..2 * i + 2], target[2 * p as usize..2 * p as usize + 2]);
+            assert_eq!(
+                values[2 * i..2 * i + 2],
+                target[2 * p as usize..2 * p as usize + 2]
+            );
         }
         payload.len()
     }
@@ -558,10 +585,15 @@ mod tests {
             .map(|&p| step_value(u16::load(&base, p as usize), u16::load(&target, p as usize)))
             .collect();
         let classes = choose_classes::<u16>(&base, base.len() / 2, BF16, &positions, &steps);
-        assert!(classes.count() > 1, "expected several classes, got {classes:?}");
+        assert!(
+            classes.count() > 1,
+            "expected several classes, got {classes:?}"
+        );
         let ranks: Vec<u64> = positions.iter().map(|&p| u64::from(p)).collect();
-        let single_class_gap_bytes =
-            gap_bits(&ranks, golomb_parameter(ranks.len() as u64, (base.len() / 2) as u64)) / 8;
+        let single_class_gap_bytes = gap_bits(
+            &ranks,
+            golomb_parameter(ranks.len() as u64, (base.len() / 2) as u64),
+        ) / 8;
         assert!(
             (bytes as u64) < single_class_gap_bytes,
             "{bytes} bytes with classes, {single_class_gap_bytes} for positions alone without"

@@ -177,7 +177,9 @@ impl<'a> RansDecoder<'a> {
         let low = u32::from(u16::from_le_bytes([bytes[2], bytes[3]]));
         let state = (high << 16) | low;
         if state < RANS_L {
-            return Err(DeltaError::Malformed("rANS initial state out of range".into()));
+            return Err(DeltaError::Malformed(
+                "rANS initial state out of range".into(),
+            ));
         }
         Ok(RansDecoder {
             state,

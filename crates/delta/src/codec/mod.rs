@@ -31,7 +31,9 @@ impl ChunkEncoding {
             0 => Ok(ChunkEncoding::Dense),
             1 => Ok(ChunkEncoding::Leb128),
             2 => Ok(ChunkEncoding::Aurora),
-            other => Err(DeltaError::Malformed(format!("unknown chunk encoding {other}"))),
+            other => Err(DeltaError::Malformed(format!(
+                "unknown chunk encoding {other}"
+            ))),
         }
     }
 
@@ -88,7 +90,10 @@ impl<'a> ChunkRecord<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Changes {
     /// Ascending positions relative to the chunk start, and the new values' bytes.
-    Sparse { positions: Vec<u32>, values: Vec<u8> },
+    Sparse {
+        positions: Vec<u32>,
+        values: Vec<u8>,
+    },
     /// The new bytes of the whole range.
     Dense(Vec<u8>),
 }
@@ -139,7 +144,9 @@ impl Encoding {
         match code {
             1 => Ok(Encoding::Leb128),
             2 => Ok(Encoding::Aurora),
-            other => Err(DeltaError::Malformed(format!("unknown delta encoding {other}"))),
+            other => Err(DeltaError::Malformed(format!(
+                "unknown delta encoding {other}"
+            ))),
         }
     }
 
@@ -275,7 +282,9 @@ fn decode_leb128(payload: &[u8], len: u64, element_bytes: usize) -> Result<(Vec<
     for i in 0..count {
         let gap = reader.leb128("leb128 gap")?;
         if i > 0 && gap == 0 {
-            return Err(DeltaError::Malformed("leb128 gap of zero repeats an index".into()));
+            return Err(DeltaError::Malformed(
+                "leb128 gap of zero repeats an index".into(),
+            ));
         }
         position = position
             .checked_add(gap)

@@ -25,7 +25,11 @@ pub(crate) trait Word: Copy + Eq + Send + Sync + std::fmt::Debug + 'static {
         } else {
             (1u64 << Self::BITS) - 1
         };
-        if bits & sign != 0 { !bits & all } else { bits | sign }
+        if bits & sign != 0 {
+            !bits & all
+        } else {
+            bits | sign
+        }
     }
 
     fn from_ordered_key(key: u64) -> Self {
@@ -171,7 +175,10 @@ impl Classes {
     #[inline]
     pub fn class_of<W: Word>(&self, word: W) -> usize {
         let exponent = self.exponent(word);
-        self.thresholds.iter().take_while(|&&t| t <= exponent).count()
+        self.thresholds
+            .iter()
+            .take_while(|&&t| t <= exponent)
+            .count()
     }
 
     /// Per-class bit masks of up to 64 elements starting at `first`.

@@ -1,0 +1,363 @@
+//! `aurora bench codec`: delta sizes and codec throughput, each next to its baseline.
+//!
+//! For every density: bytes per changed element of int32 indices, the published `leb128`
+//! encoding, ours, and the empirical information floor given the base exponent; extraction
+//! throughput next to a plain scan that only compares the two checkpoints; and
+//! decode+apply throughput on one core next to the weights-hash pass that verifies it.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use aurora_delta::{
+    Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, OwnedTensor, check_base,
+    count_changed, decode, owned_checkpoint, safetensors_layout,
+};
+use aurora_synth::{Synth, SynthConfig, preset};
+use clap::Subcommand;
+use rayon::prelude::*;
+use serde::Serialize;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Delta sizes and codec throughput on synthetic checkpoints.
+    Codec {
+        #[arg(long, default_value = "0.6b")]
+        preset: String,
+        /// Target densities in percent; the learning rate is scaled to reach each.
+        #[arg(long, value_delimiter = ',', default_value = "0.3,1,3,10")]
+        densities: Vec<f64>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(Serialize)]
+struct CodecResult {
+    preset: String,
+    target_density_percent: f64,
+    learning_rate: f32,
+    elements: u64,
+    changed: u64,
+    density_percent: f64,
+    checkpoint_bytes: u64,
+    bytes_int32: u64,
+    bytes_leb128: u64,
+    bytes_aurora: u64,
+    floor_bytes: f64,
+    per_changed_int32: f64,
+    per_changed_leb128: f64,
+    per_changed_aurora: f64,
+    per_changed_floor: f64,
+    scan_gbps_1: f64,
+    scan_gbps_2: f64,
+    extract_aurora_gbps_1: f64,
+    extract_aurora_gbps_2: f64,
+    extract_leb128_gbps_2: f64,
+    decode_apply_gbps_1: f64,
+    decode_apply_changed_per_s_1: f64,
+    decode_apply_gbps_2: f64,
+    weights_hash_gbps_2: f64,
+}
+
+/// Learning rate that gives about 1% BF16 density on the synthetic model; density grows
+/// roughly linearly with it at these scales.
+const LR_PER_PERCENT: f64 = 0.88e-6;
+
+pub fn run(command: BenchCommand) -> Result<()> {
+    let BenchCommand::Codec {
+        preset: preset_name,
+        densities,
+        seed,
+        json,
+    } = command;
+    let shape = preset(&preset_name).with_context(|| format!("unknown preset '{preset_name}'"))?;
+    let mut results = Vec::new();
+    for &density in &densities {
+        let learning_rate = (LR_PER_PERCENT * density) as f32;
+        tracing::info!(density, learning_rate, "generating base and target");
+        let mut synth = Synth::new(SynthConfig {
+            learning_rate,
+            ..SynthConfig::new(shape, seed)
+        });
+        let base = synth.export();
+        synth.step();
+        let target = synth.export();
+        drop(synth);
+        let result = measure(&preset_name, density, learning_rate, &base, &target)?;
+        print_result(&result);
+        results.push(result);
+    }
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&results)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    Ok(rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?)
+}
+
+/// Best of three runs, in seconds.
+fn best_of<T>(mut f: impl FnMut() -> Result<T>) -> Result<(f64, T)> {
+    let mut best = f64::INFINITY;
+    let mut last = None;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let value = f()?;
+        best = best.min(started.elapsed().as_secs_f64());
+        last = Some(value);
+    }
+    Ok((best, last.expect("ran")))
+}
+
+fn measure(
+    preset_name: &str,
+    target_density: f64,
+    learning_rate: f32,
+    base: &[OwnedTensor],
+    target: &[OwnedTensor],
+) -> Result<CodecResult> {
+    let base_view = owned_checkpoint(base)?;
+    let target_view = owned_checkpoint(target)?;
+    let checkpoint_bytes = target_view.total_bytes();
+    let gbps = |seconds: f64| checkpoint_bytes as f64 / seconds / 1e9;
+    let elements: u64 = target
+        .iter()
+        .map(|t| t.data.len() as u64 / t.dtype.size_bytes() as u64)
+        .sum();
+
+    let scan = |threads: usize| -> Result<(f64, u64)> {
+        let pool = pool(threads)?;
+        best_of(|| {
+            Ok(pool.install(|| {
+                base.par_iter()
+                    .zip(target)
+                    .flat_map(|(b, t)| {
+                        let bytes = b.dtype.size_bytes();
+                        b.data
+                            .par_chunks(1 << 22)
+                            .zip(t.data.par_chunks(1 << 22))
+                            .map(move |(x, y)| count_changed(x, y, bytes))
+                    })
+                    .sum::<u64>()
+            }))
+        })
+    };
+    let (scan_1, changed) = scan(1)?;
+    let (scan_2, _) = scan(2)?;
+
+    let (base_hash, target_hash) = (base_view.weights_hash(), target_view.weights_hash());
+    let extract = |encoding: Encoding, threads: usize| -> Result<(f64, Vec<u8>)> {
+        let options = ExtractOptions {
+            encoding,
+            base_hash: Some(base_hash),
+            target_hash: Some(target_hash),
+            ..ExtractOptions::default()
+        };
+        let pool = pool(threads)?;
+        best_of(|| {
+            pool.install(|| {
+                Ok(Extraction::new(&base_view, &target_view, options.clone())?
+                    .to_bytes()?
+                    .1)
+            })
+        })
+    };
+    let (extract_aurora_1, aurora) = extract(Encoding::Aurora, 1)?;
+    let (extract_aurora_2, _) = extract(Encoding::Aurora, 2)?;
+    let (extract_leb128_2, leb128) = extract(Encoding::Leb128, 2)?;
+
+    let image = aurora_checkpoint::safetensors_bytes(base).map_err(anyhow::Error::msg)?;
+    let layout = safetensors_layout(&image)?;
+    let delta = DeltaFile::parse(&aurora)?;
+    let decode_apply = |threads: usize| -> Result<f64> {
+        let pool = pool(threads)?;
+        let mut buffer = image.clone();
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let started = Instant::now();
+            let mut patch = pool.install(|| -> Result<_> {
+                let mut patch = {
+                    let view = Checkpoint::from_layout(&buffer, &layout)?;
+                    check_base(delta.header(), &view, Some(base_hash))?;
+                    decode(&delta, &view)?
+                };
+                patch.swap_in_place(&mut buffer, &layout)?;
+                Ok(patch)
+            })?;
+            best = best.min(started.elapsed().as_secs_f64());
+            // Untimed: swapping again restores the base for the next run.
+            patch.swap_in_place(&mut buffer, &layout)?;
+        }
+        Ok(best)
+    };
+    let decode_apply_1 = decode_apply(1)?;
+    let decode_apply_2 = decode_apply(2)?;
+    let (hash_2, hash) = {
+        let pool = pool(2)?;
+        best_of(|| Ok(pool.install(|| target_view.weights_hash())))?
+    };
+    anyhow::ensure!(hash == target_hash, "weights hash is not deterministic");
+
+    let floor_bytes = information_floor(&base_view, &target_view);
+    let per = |bytes: f64| bytes / changed.max(1) as f64;
+    let bytes_int32 = changed * 4 + target_bytes_of_changes(&base_view, &target_view);
+    Ok(CodecResult {
+        preset: preset_name.to_string(),
+        target_density_percent: target_density,
+        learning_rate,
+        elements,
+        changed,
+        density_percent: 100.0 * changed as f64 / elements as f64,
+        checkpoint_bytes,
+        bytes_int32,
+        bytes_leb128: leb128.len() as u64,
+        bytes_aurora: aurora.len() as u64,
+        floor_bytes,
+        per_changed_int32: per(bytes_int32 as f64),
+        per_changed_leb128: per(leb128.len() as f64),
+        per_changed_aurora: per(aurora.len() as f64),
+        per_changed_floor: per(floor_bytes),
+        scan_gbps_1: gbps(scan_1),
+        scan_gbps_2: gbps(scan_2),
+        extract_aurora_gbps_1: gbps(extract_aurora_1),
+        extract_aurora_gbps_2: gbps(extract_aurora_2),
+        extract_leb128_gbps_2: gbps(extract_leb128_2),
+        decode_apply_gbps_1: gbps(decode_apply_1),
+        decode_apply_changed_per_s_1: changed as f64 / decode_apply_1,
+        decode_apply_gbps_2: gbps(decode_apply_2),
+        weights_hash_gbps_2: gbps(hash_2),
+    })
+}
+
+/// Bytes of the new values of all changed elements (what an int32-index encoding sends
+/// beside its indices).
+fn target_bytes_of_changes(base: &Checkpoint<'_>, target: &Checkpoint<'_>) -> u64 {
+    base.tensors()
+        .iter()
+        .zip(target.tensors())
+        .map(|(b, t)| {
+            let bytes = b.dtype.size_bytes();
+            count_changed(b.data, t.data, bytes) * bytes as u64
+        })
+        .sum()
+}
+
+/// Empirical entropy of the changes given the base value's exponent, in bytes: for each
+/// (dtype, exponent) context, the binary entropy of "changed" over its elements plus the
+/// entropy of the step sizes among its changes. Ignores model costs, so no real coder
+/// reaches it; it is the yardstick.
+fn information_floor(base: &Checkpoint<'_>, target: &Checkpoint<'_>) -> f64 {
+    use std::collections::HashMap;
+    let mut population: HashMap<(u8, u32), u64> = HashMap::new();
+    let mut steps: HashMap<(u8, u32), HashMap<i64, u64>> = HashMap::new();
+    for (b, t) in base.tensors().iter().zip(target.tensors()) {
+        let (mask, shift, bytes) = match b.dtype {
+            aurora_delta::Dtype::Bf16 => (0x7F80u32, 7, 2),
+            aurora_delta::Dtype::F32 => (0x7F80_0000, 23, 4),
+            _ => continue,
+        };
+        let mut counts = vec![0u64; 256];
+        for (old, new) in b.data.chunks_exact(bytes).zip(t.data.chunks_exact(bytes)) {
+            let word = |c: &[u8]| {
+                c.iter()
+                    .rev()
+                    .fold(0u32, |acc, &x| (acc << 8) | u32::from(x))
+            };
+            let o = word(old);
+            let exponent = (o & mask) >> shift;
+            counts[exponent as usize] += 1;
+            if old != new {
+                let key = |w: u32| -> i64 {
+                    let sign = 1u32 << (8 * bytes as u32 - 1);
+                    let w = i64::from(w);
+                    if w & i64::from(sign) != 0 {
+                        i64::from(sign) - 1 - (w - i64::from(sign))
+                    } else {
+                        w + i64::from(sign)
+                    }
+                };
+                *steps
+                    .entry((b.dtype as u8, exponent))
+                    .or_default()
+                    .entry(key(word(new)) - key(o))
+                    .or_default() += 1;
+            }
+        }
+        for (e, c) in counts.into_iter().enumerate() {
+            if c > 0 {
+                *population.entry((b.dtype as u8, e as u32)).or_default() += c;
+            }
+        }
+    }
+    let mut bits = 0.0;
+    for (context, n) in population {
+        let Some(histogram) = steps.get(&context) else {
+            continue;
+        };
+        let c: u64 = histogram.values().sum();
+        let (n, c) = (n as f64, c as f64);
+        if c < n {
+            bits += c * (n / c).log2() + (n - c) * (n / (n - c)).log2();
+        }
+        bits += histogram
+            .values()
+            .map(|&k| k as f64 * (c / k as f64).log2())
+            .sum::<f64>();
+    }
+    bits / 8.0
+}
+
+fn print_result(r: &CodecResult) {
+    println!(
+        "\n{} at {:.2}% density (lr {:.2e}): {} of {} elements changed, checkpoint {:.1} MB",
+        r.preset,
+        r.density_percent,
+        r.learning_rate,
+        r.changed,
+        r.elements,
+        r.checkpoint_bytes as f64 / 1e6
+    );
+    println!("  size               total MB   bytes/changed");
+    for (name, bytes, per) in [
+        ("int32 + values", r.bytes_int32 as f64, r.per_changed_int32),
+        (
+            "leb128 (paper)",
+            r.bytes_leb128 as f64,
+            r.per_changed_leb128,
+        ),
+        ("aurora", r.bytes_aurora as f64, r.per_changed_aurora),
+        ("floor (exp ctx)", r.floor_bytes, r.per_changed_floor),
+    ] {
+        println!("  {name:<16} {:>10.3} {:>15.3}", bytes / 1e6, per);
+    }
+    println!("  throughput (GB/s of checkpoint)   1 thread   2 threads");
+    println!(
+        "  plain scan (floor)              {:>10.2} {:>11.2}",
+        r.scan_gbps_1, r.scan_gbps_2
+    );
+    println!(
+        "  extract aurora                  {:>10.2} {:>11.2}",
+        r.extract_aurora_gbps_1, r.extract_aurora_gbps_2
+    );
+    println!(
+        "  extract leb128                  {:>10} {:>11.2}",
+        "", r.extract_leb128_gbps_2
+    );
+    println!(
+        "  decode+apply aurora             {:>10.2} {:>11.2}   ({:.1} M changed elements/s on 1 thread)",
+        r.decode_apply_gbps_1,
+        r.decode_apply_gbps_2,
+        r.decode_apply_changed_per_s_1 / 1e6
+    );
+    println!(
+        "  weights hash (verify target)    {:>10} {:>11.2}",
+        "", r.weights_hash_gbps_2
+    );
+}

@@ -1,0 +1,361 @@
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use aurora_checkpoint::{MappedFile, write_atomically, write_delta, write_safetensors};
+use aurora_delta::{
+    Encoding, ExtractOptions, Extraction, Manifest, apply, check_base, compose, decode, invert,
+    owned_checkpoint, stats::delta_stats,
+};
+use clap::{Args, Subcommand, ValueEnum};
+
+#[derive(Subcommand)]
+pub enum DeltaCommand {
+    /// Extract the delta that turns BASE into TARGET.
+    Diff {
+        base: PathBuf,
+        target: PathBuf,
+        #[arg(short, long)]
+        out: PathBuf,
+        #[command(flatten)]
+        encode: EncodeArgs,
+        #[arg(long, default_value_t = 0)]
+        base_version: u64,
+        /// Defaults to the base version plus one.
+        #[arg(long)]
+        target_version: Option<u64>,
+    },
+    /// Apply DELTA to BASE, writing OUT, or updating BASE itself with --in-place.
+    Apply {
+        base: PathBuf,
+        delta: PathBuf,
+        #[arg(
+            short,
+            long,
+            required_unless_present = "in_place",
+            conflicts_with = "in_place"
+        )]
+        out: Option<PathBuf>,
+        /// Patch BASE in place (memory-mapped); it is restored if the result is wrong.
+        #[arg(long)]
+        in_place: bool,
+        /// BASE stores q/k/v and gate/up fused, as inference engines do (in place only).
+        #[arg(long, requires = "in_place")]
+        fused: bool,
+    },
+    /// Show what a delta is made of, per tensor.
+    Inspect {
+        delta: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Tensors to list, largest first (0 lists all).
+        #[arg(long, default_value_t = 12)]
+        top: usize,
+    },
+    /// Check a delta's integrity; with --base also that it applies and reaches its target.
+    Verify {
+        delta: PathBuf,
+        #[arg(long)]
+        base: Option<PathBuf>,
+    },
+    /// Compose consecutive deltas starting at BASE into one.
+    Compose {
+        base: PathBuf,
+        #[arg(required = true)]
+        deltas: Vec<PathBuf>,
+        #[arg(short, long)]
+        out: PathBuf,
+        #[command(flatten)]
+        encode: EncodeArgs,
+    },
+    /// Build the delta that undoes DELTA (from its target back to BASE).
+    Invert {
+        base: PathBuf,
+        delta: PathBuf,
+        #[arg(short, long)]
+        out: PathBuf,
+        #[command(flatten)]
+        encode: EncodeArgs,
+    },
+    /// Write CHECKPOINT with q/k/v and gate/up fused, as inference engines store them.
+    Fuse {
+        checkpoint: PathBuf,
+        #[arg(short, long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+pub struct EncodeArgs {
+    #[arg(long, value_enum, default_value = "aurora")]
+    encoding: EncodingArg,
+    /// Target segment size in KiB.
+    #[arg(long, default_value_t = 256)]
+    segment_kib: usize,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum EncodingArg {
+    Aurora,
+    Leb128,
+}
+
+impl EncodeArgs {
+    fn options(&self) -> ExtractOptions {
+        ExtractOptions {
+            encoding: match self.encoding {
+                EncodingArg::Aurora => Encoding::Aurora,
+                EncodingArg::Leb128 => Encoding::Leb128,
+            },
+            segment_target_bytes: self.segment_kib.max(1) << 10,
+            ..ExtractOptions::default()
+        }
+    }
+}
+
+pub fn run(command: DeltaCommand) -> Result<()> {
+    match command {
+        DeltaCommand::Diff {
+            base,
+            target,
+            out,
+            encode,
+            base_version,
+            target_version,
+        } => {
+            let base_file = MappedFile::open(&base)?;
+            let target_file = MappedFile::open(&target)?;
+            let base_view = base_file.checkpoint()?;
+            let target_view = target_file.checkpoint()?;
+            let options = ExtractOptions {
+                base_version,
+                target_version: target_version.unwrap_or(base_version + 1),
+                ..encode.options()
+            };
+            let started = std::time::Instant::now();
+            let extraction = Extraction::new(&base_view, &target_view, options)?;
+            let bar = crate::progress_bar(extraction.input_bytes(), "extracting");
+            let manifest = write_delta(&out, &extraction.header().encode(), |sink| {
+                extraction.run(|segment| {
+                    bar.set_position(extraction.input_done());
+                    sink(segment).map_err(anyhow::Error::from)
+                })
+            })?;
+            bar.finish_and_clear();
+            report_written(&out, &manifest, started)
+        }
+        DeltaCommand::Apply {
+            base,
+            delta,
+            out,
+            in_place,
+            fused,
+        } => {
+            let delta_file = MappedFile::open(&delta)?;
+            let parsed = delta_file.delta()?;
+            if in_place {
+                let hash = aurora_checkpoint::apply_in_place(&base, &parsed, fused).with_context(
+                    || format!("applying {} to {}", delta.display(), base.display()),
+                )?;
+                println!(
+                    "{}: now version {} ({hash})",
+                    base.display(),
+                    parsed.header().target_version
+                );
+                return Ok(());
+            }
+            let out = out.expect("clap requires --out without --in-place");
+            let base_file = MappedFile::open(&base)?;
+            let tensors = apply(&parsed, &base_file.checkpoint()?, None)
+                .with_context(|| format!("applying {} to {}", delta.display(), base.display()))?;
+            write_safetensors(&out, &tensors)?;
+            println!(
+                "{}: version {} ({})",
+                out.display(),
+                parsed.header().target_version,
+                parsed.header().target_hash
+            );
+            Ok(())
+        }
+        DeltaCommand::Inspect { delta, json, top } => {
+            let file = MappedFile::open(&delta)?;
+            let stats = delta_stats(&file.delta()?, file.bytes().len() as u64)
+                .with_context(|| format!("inspecting {}", delta.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                print_stats(&stats, top);
+            }
+            Ok(())
+        }
+        DeltaCommand::Verify { delta, base } => {
+            let file = MappedFile::open(&delta)?;
+            let parsed = file.delta()?;
+            for index in 0..parsed.segment_count() {
+                parsed
+                    .verify_segment(index)
+                    .with_context(|| format!("verifying {}", delta.display()))?;
+            }
+            println!(
+                "{}: intact, id {}, {} segments",
+                delta.display(),
+                parsed.id,
+                parsed.segment_count()
+            );
+            if let Some(base) = base {
+                let base_file = MappedFile::open(&base)?;
+                let view = base_file.checkpoint()?;
+                check_base(parsed.header(), &view, None)
+                    .with_context(|| format!("checking base {}", base.display()))?;
+                decode(&parsed, &view)?.materialize(&view)?;
+                println!(
+                    "applies to {} and reproduces version {} ({})",
+                    base.display(),
+                    parsed.header().target_version,
+                    parsed.header().target_hash
+                );
+            }
+            Ok(())
+        }
+        DeltaCommand::Compose {
+            base,
+            deltas,
+            out,
+            encode,
+        } => {
+            let started = std::time::Instant::now();
+            let base_file = MappedFile::open(&base)?;
+            let files = deltas
+                .iter()
+                .map(MappedFile::open)
+                .collect::<Result<Vec<_>, _>>()?;
+            let chain = files
+                .iter()
+                .map(MappedFile::delta)
+                .collect::<Result<Vec<_>, _>>()?;
+            let (manifest, bytes) = compose(&base_file.checkpoint()?, &chain, encode.options())?;
+            write_bytes(&out, &bytes)?;
+            report_written(&out, &manifest, started)
+        }
+        DeltaCommand::Invert {
+            base,
+            delta,
+            out,
+            encode,
+        } => {
+            let started = std::time::Instant::now();
+            let base_file = MappedFile::open(&base)?;
+            let delta_file = MappedFile::open(&delta)?;
+            let (manifest, bytes) = invert(
+                &delta_file.delta()?,
+                &base_file.checkpoint()?,
+                encode.options(),
+            )?;
+            write_bytes(&out, &bytes)?;
+            report_written(&out, &manifest, started)
+        }
+        DeltaCommand::Fuse { checkpoint, out } => {
+            let file = MappedFile::open(&checkpoint)?;
+            let fused = aurora_delta::fused::fuse(&file.checkpoint()?)?;
+            owned_checkpoint(&fused)?;
+            write_safetensors(&out, &fused)?;
+            println!("{}: {} tensors", out.display(), fused.len());
+            Ok(())
+        }
+    }
+}
+
+fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomically(path, |w| -> Result<()> {
+        std::io::Write::write_all(w, bytes).with_context(|| format!("writing {}", path.display()))
+    })
+}
+
+fn report_written(path: &Path, manifest: &Manifest, started: std::time::Instant) -> Result<()> {
+    let bytes = std::fs::metadata(path)
+        .with_context(|| format!("reading back {}", path.display()))?
+        .len();
+    if bytes == 0 {
+        bail!("{} is empty", path.display());
+    }
+    println!(
+        "{}: {} bytes in {} segments, id {}, {:.2}s",
+        path.display(),
+        bytes,
+        manifest.segments.len(),
+        manifest.id(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn print_stats(stats: &aurora_delta::stats::DeltaStats, top: usize) {
+    let per = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    println!("delta      {}", stats.id);
+    println!(
+        "versions   {} -> {}   encoding {}   {} segments",
+        stats.base_version, stats.target_version, stats.encoding, stats.segments
+    );
+    println!("base       {}", stats.base_hash);
+    println!("target     {}", stats.target_hash);
+    println!(
+        "size       {} bytes ({:.2}% of the {} bytes of dense weights)",
+        stats.file_bytes,
+        100.0 * stats.file_bytes as f64 / stats.target_weights_bytes.max(1) as f64,
+        stats.target_weights_bytes
+    );
+    println!(
+        "changed    {} of {} elements ({:.3}%)",
+        stats.bytes.changed,
+        stats.elements,
+        100.0 * stats.density
+    );
+    println!(
+        "bytes      positions {}  values {}  overhead {}  = {:.3} bytes per changed element",
+        stats.bytes.positions,
+        stats.bytes.values,
+        stats.bytes.overhead,
+        stats.bytes_per_changed.unwrap_or(0.0)
+    );
+    let mut tensors: Vec<_> = stats.tensors.iter().collect();
+    tensors.sort_by_key(|t| std::cmp::Reverse(t.bytes.total()));
+    let shown = if top == 0 {
+        tensors.len()
+    } else {
+        top.min(tensors.len())
+    };
+    println!(
+        "\n{:<52} {:>8} {:>6} {:>10} {:>9} {:>10} {:>10} {:>9} {:>8}  encodings",
+        "tensor",
+        "change",
+        "dtype",
+        "elements",
+        "density%",
+        "positions",
+        "values",
+        "overhead",
+        "B/chg"
+    );
+    for t in &tensors[..shown] {
+        let encodings: Vec<String> = t
+            .encodings
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect();
+        println!(
+            "{:<52} {:>8} {:>6} {:>10} {:>9.4} {:>10} {:>10} {:>9} {:>8}  {}",
+            t.name,
+            t.change,
+            t.dtype,
+            t.elements,
+            100.0 * t.density,
+            t.bytes.positions,
+            t.bytes.values,
+            t.bytes.overhead,
+            per(t.bytes_per_changed),
+            encodings.join(" ")
+        );
+    }
+    if shown < tensors.len() {
+        println!("... {} more (--top 0 lists all)", tensors.len() - shown);
+    }
+}
