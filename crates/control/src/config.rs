@@ -153,7 +153,7 @@ impl Default for Config {
                 min_ms: 10_000,
                 max_ms: 1_800_000,
                 median_multiplier_percent: 250,
-                completion_window: 64,
+                completion_window: 1024,
             },
             scheduler: SchedulerConfig {
                 split: SplitPolicy::Proportional,

@@ -15,7 +15,7 @@ use thiserror::Error;
 use crate::config::{Config, ConfigError};
 use crate::events::{Departure, Event, EventQueue};
 use crate::ledger::{
-    Accepted, LeaseGrant, Ledger, OpenStepError, PublishError, Rejection, RolloutReport,
+    Accepted, LeaseGrant, Ledger, OpenStepError, PublishError, Rejection, RolloutReport, Stats,
     StepProgress, StepReport,
 };
 use crate::membership::{
@@ -70,19 +70,6 @@ pub enum SubmitError {
         /// `limits.max_leases_per_actor`.
         max: u32,
     },
-}
-
-/// Totals since the core was created.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Stats {
-    /// Results accepted.
-    pub accepted: u64,
-    /// Leases that ran out.
-    pub expired: u64,
-    /// Results rejected, by reason.
-    pub rejected: BTreeMap<Rejection, u64>,
-    /// Events dropped because the driver did not drain the queue.
-    pub events_dropped: u64,
 }
 
 /// The control plane's pure core. See the crate documentation for the rules it
@@ -152,7 +139,7 @@ impl ControlPlane {
         let latest = check_versions(
             registration.active,
             registration.staged,
-            self.ledger.latest_version(),
+            self.ledger.latest().map(|(version, _)| version),
         )?;
         let readiness = readiness(latest, registration.active, registration.staged);
         let joined = self.membership.register(
@@ -183,7 +170,11 @@ impl ControlPlane {
         staged: Option<Version>,
         now: Millis,
     ) -> Result<Readiness, MembershipError> {
-        let latest = check_versions(active, staged, self.ledger.latest_version())?;
+        let latest = check_versions(
+            active,
+            staged,
+            self.ledger.latest().map(|(version, _)| version),
+        )?;
         let member = self.membership.touch(actor, now)?;
         member.active = active;
         member.staged = staged;
@@ -349,14 +340,13 @@ impl ControlPlane {
     }
 
     /// Totals since creation.
-    pub fn stats(&self) -> Stats {
-        let ledger = self.ledger.stats();
-        Stats {
-            accepted: ledger.accepted,
-            expired: ledger.expired,
-            rejected: ledger.rejected.clone(),
-            events_dropped: self.events.dropped(),
-        }
+    pub fn stats(&self) -> &Stats {
+        self.ledger.stats()
+    }
+
+    /// Events dropped because the driver did not drain the queue.
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
     }
 
     fn remove(&mut self, actor: ActorId, reason: Departure) -> Result<(), UnknownActor> {

@@ -2,8 +2,10 @@
 //!
 //! **Lease lifetime rule.** A lease lasts `multiplier * median` of the most recent
 //! completion times (issue to accepted result), with the multiplier between 2 and 3,
-//! clamped to `[min_ms, max_ms]`; before any result has been accepted it lasts
-//! `initial_ms`. The median rather than the mean, because one actor stuck behind a
+//! clamped to `[min_ms, max_ms]`; before any completion is known it lasts
+//! `initial_ms`. An expired lease counts as a completion that took its whole lifetime
+//! (it took at least that long), so that the lifetime grows when the pool slows down
+//! instead of only ever sampling the jobs fast enough to beat their lease. The median rather than the mean, because one actor stuck behind a
 //! partition would drag a mean up and with it every lease, delaying the detection of
 //! the next failure. Two to three times, because with the batch split in proportion
 //! to throughput every actor should finish near the median, so a lease that runs out
@@ -15,8 +17,8 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 /// Most completion samples the median may be taken over. The median is computed by
-/// sorting a copy at each lease issue, so the window must stay small.
-pub const MAX_COMPLETION_WINDOW: u16 = 1024;
+/// sorting a copy once per claim, so the window must stay small.
+pub const MAX_COMPLETION_WINDOW: u16 = 4096;
 
 /// Lease lifetime settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,7 +31,13 @@ pub struct LeaseConfig {
     pub max_ms: u64,
     /// Lifetime as a percentage of the median completion time, 200..=300.
     pub median_multiplier_percent: u16,
-    /// How many recent completion times the median is taken over, 1..=[`MAX_COMPLETION_WINDOW`].
+    /// How many recent completion times (one per job) the median is taken over,
+    /// 1..=[`MAX_COMPLETION_WINDOW`]. It should span at least one step's batch: an
+    /// actor generates its claim as one batch, so a job's completion time is the time
+    /// of the claim it came in. Over a whole step, the median is that of the claims
+    /// that carried most of the batch; over a short window it is that of the small
+    /// re-issues at the step's tail, which finish fast and would cut every lease of
+    /// the next step short.
     pub completion_window: u16,
 }
 
@@ -40,7 +48,7 @@ pub(crate) struct LeaseTimer {
 }
 
 impl LeaseTimer {
-    /// Remembers how long an accepted job took from issue to result.
+    /// Remembers how long a job took from issue to result (or to expiry).
     pub(crate) fn record_completion(&mut self, elapsed_ms: u64, config: &LeaseConfig) {
         let window = usize::from(config.completion_window.clamp(1, MAX_COMPLETION_WINDOW));
         while self.recent_completions_ms.len() >= window {

@@ -192,15 +192,19 @@ pub struct StepReport {
     pub version: Version,
     /// Accepted prompts and who generated them, in batch order.
     pub accepted: Vec<(PromptId, ActorId)>,
-    /// Prompts not (yet) accepted, in batch order.
-    pub unfinished: Vec<PromptId>,
+    /// Prompts under a live lease and their holders, in batch order; empty once the
+    /// step has completed.
+    pub leased: Vec<(PromptId, ActorId)>,
+    /// Prompts waiting for a holder, in batch order; once the step has completed,
+    /// every prompt that was not accepted.
+    pub pooled: Vec<PromptId>,
     /// Set once the step has completed.
     pub completion: Option<Completion>,
 }
 
 /// Totals since the core was created.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LedgerStats {
+pub struct Stats {
     /// Results accepted.
     pub accepted: u64,
     /// Leases that ran out.
@@ -254,9 +258,10 @@ struct Step {
     /// Jobs set aside for each eligible actor at opening and not yet claimed.
     reservations: BTreeMap<ActorId, u32>,
     reservations_lapse_at: Millis,
-    /// Whether the partial-batch deadline has been seen to pass; from then on the step
-    /// completes on the accept that reaches the minimum, and needs no timer.
-    partial_deadline_passed: bool,
+    /// Whether a sweep has run at or after the partial-batch deadline. From then on
+    /// the completion check that follows every accept is enough, and the deadline is
+    /// no longer reported as a timer.
+    partial_deadline_swept: bool,
     completion: Option<Completion>,
 }
 
@@ -267,15 +272,10 @@ pub(crate) struct Ledger {
     step: Option<Step>,
     next_step: StepId,
     lease_timer: LeaseTimer,
-    stats: LedgerStats,
+    stats: Stats,
 }
 
 impl Ledger {
-    /// The latest published version.
-    pub(crate) fn latest_version(&self) -> Option<Version> {
-        self.published.map(|published| published.version)
-    }
-
     /// The latest published version and its hash.
     pub(crate) fn latest(&self) -> Option<(Version, WeightsHash)> {
         self.published
@@ -350,7 +350,7 @@ impl Ledger {
             jobs,
             reservations: BTreeMap::new(),
             reservations_lapse_at: now.saturating_add(self.lease_timer.lease_ms(&config.lease)),
-            partial_deadline_passed: false,
+            partial_deadline_swept: false,
             completion: None,
         });
         Ok((id, published.version))
@@ -487,13 +487,12 @@ impl Ledger {
         let Some(step) = self.open_step_mut() else {
             return;
         };
-        let mut expired = 0;
+        let mut expiries = Vec::new();
         for (index, job) in (0u32..).zip(step.jobs.iter_mut()) {
             if let JobState::Leased(live) = job.state
                 && now >= live.expires_at
             {
-                expire(step.id, index, job, live, events);
-                expired += 1;
+                expiries.push(expire(step.id, index, job, live));
             }
         }
         if now >= step.reservations_lapse_at {
@@ -502,9 +501,11 @@ impl Ledger {
         if let Some(policy) = config.partial_batch
             && now >= step.opened_at.saturating_add(policy.after_ms)
         {
-            step.partial_deadline_passed = true;
+            step.partial_deadline_swept = true;
         }
-        self.stats.expired += expired;
+        for expiry in expiries {
+            self.record_expiry(expiry, config, events);
+        }
         self.complete_if_done(now, config, events);
     }
 
@@ -524,7 +525,8 @@ impl Ledger {
             matches!(state, JobState::Accepted { .. })
         });
         let enough_for_partial = config.partial_batch.is_some_and(|policy| {
-            step.partial_deadline_passed && accepted >= partial_minimum(policy, batch_size)
+            now >= step.opened_at.saturating_add(policy.after_ms)
+                && accepted >= partial_minimum(policy, batch_size)
         });
         if accepted < batch_size && !enough_for_partial {
             return;
@@ -556,7 +558,7 @@ impl Ledger {
         let lapse = (!step.reservations.is_empty()).then_some(step.reservations_lapse_at);
         let partial = config
             .partial_batch
-            .filter(|_| !step.partial_deadline_passed)
+            .filter(|_| !step.partial_deadline_swept)
             .map(|policy| step.opened_at.saturating_add(policy.after_ms));
         lease_expiries.chain(lapse).chain(partial).min()
     }
@@ -582,24 +584,27 @@ impl Ledger {
     pub(crate) fn report(&self) -> Option<StepReport> {
         let step = self.step.as_ref()?;
         let mut accepted = Vec::new();
-        let mut unfinished = Vec::new();
+        let mut leased = Vec::new();
+        let mut pooled = Vec::new();
         for job in &step.jobs {
             match job.state {
                 JobState::Accepted { by } => accepted.push((job.prompt, by)),
-                JobState::Pooled | JobState::Leased(_) => unfinished.push(job.prompt),
+                JobState::Leased(live) => leased.push((job.prompt, live.holder)),
+                JobState::Pooled => pooled.push(job.prompt),
             }
         }
         Some(StepReport {
             step: step.id,
             version: step.version,
             accepted,
-            unfinished,
+            leased,
+            pooled,
             completion: step.completion,
         })
     }
 
     /// Totals since creation.
-    pub(crate) fn stats(&self) -> &LedgerStats {
+    pub(crate) fn stats(&self) -> &Stats {
         &self.stats
     }
 
@@ -646,8 +651,8 @@ impl Ledger {
             return Err(Rejection::NotLeaseHolder);
         }
         if now >= live.expires_at {
-            expire(step.id, id.job, job, live, events);
-            self.stats.expired += 1;
+            let expiry = expire(step.id, id.job, job, live);
+            self.record_expiry(expiry, config, events);
             return Err(Rejection::Late);
         }
         let defect = if report.version != step.version {
@@ -676,6 +681,21 @@ impl Ledger {
         })
     }
 
+    /// Counts an expiry, and feeds it to the lease timer as a completion that took at
+    /// least the lease's lifetime. Without that, a pool that slowed down (a survivor
+    /// taking over a dead actor's share) could have every lease expire, no result
+    /// accepted, and the lifetime never grow: a livelock. With it, when most leases
+    /// expire the median rises to the lifetime and the next lease is 2-3x longer.
+    fn record_expiry(&mut self, expiry: Expiry, config: &Config, events: &mut EventQueue) {
+        self.stats.expired += 1;
+        self.lease_timer
+            .record_completion(expiry.lifetime_ms, &config.lease);
+        events.push(Event::LeaseExpired {
+            lease: expiry.lease,
+            holder: expiry.holder,
+        });
+    }
+
     fn open_step(&self) -> Option<&Step> {
         self.step.as_ref().filter(|step| step.completion.is_none())
     }
@@ -694,17 +714,25 @@ fn partial_minimum(policy: PartialBatchPolicy, batch_size: u32) -> u32 {
     u32::try_from(minimum).unwrap_or(u32::MAX)
 }
 
-fn expire(step: StepId, index: u32, job: &mut Job, live: LiveLease, events: &mut EventQueue) {
+/// A lease that ran out, as recorded by [`Ledger::record_expiry`].
+struct Expiry {
+    lease: LeaseId,
+    holder: ActorId,
+    lifetime_ms: u64,
+}
+
+/// Returns an expired lease's job to the pool.
+fn expire(step: StepId, index: u32, job: &mut Job, live: LiveLease) -> Expiry {
     job.state = JobState::Pooled;
-    let lease = LeaseId {
-        step,
-        job: index,
-        attempt: live.attempt,
-    };
-    events.push(Event::LeaseExpired {
-        lease,
+    Expiry {
+        lease: LeaseId {
+            step,
+            job: index,
+            attempt: live.attempt,
+        },
         holder: live.holder,
-    });
+        lifetime_ms: live.expires_at.saturating_since(live.issued_at),
+    }
 }
 
 fn holder(state: &JobState) -> Option<ActorId> {

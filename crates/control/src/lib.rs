@@ -12,43 +12,59 @@
 //!
 //! The trainer publishes version `v` with its weights hash h(v)
 //! ([`ControlPlane::publish_version`]) and opens a step of `B` prompts
-//! ([`ControlPlane::open_step`]). The scheduler splits `B` over the eligible actors in
-//! proportion to their throughput estimates, following Algorithm 1 of the AuroraRL
-//! paper ("AuroraRL: fast, fault-tolerant and cost-efficient RL over decentralized
-//! networks"), see [`scheduler`]:
+//! ([`ControlPlane::open_step`]). Each eligible actor gets a reservation of `B_a =
+//! floor(B * tau_a / T)` jobs, the remainder going to the largest fractional parts so
+//! that exactly `B` are reserved: Algorithm 1 of the AuroraRL paper ("AuroraRL: fast,
+//! fault-tolerant and cost-efficient RL over decentralized networks"), computed in
+//! exact integer arithmetic (see [`scheduler`]).
 //!
 //! * **Eligibility rule.** An actor is eligible for a step on `v` if its active version
 //!   is `v`, or `v - 1` with `v` staged; the latter receives `Commit(v)` with its work
-//!   ([`Assignment::Work::commit`]). Actors further behind get nothing this step.
-//! * **Decay.** The estimate `tau` of an actor that is behind when a step opens is
-//!   multiplied by `alpha`; at every settlement `tau <- beta * tau + (1 - beta) *
-//!   tokens / elapsed`. New actors start from a conservative estimate.
+//!   (the `commit` of [`Assignment::Work`]). Actors further behind get nothing this
+//!   step and are told to catch up ([`Readiness::CatchUp`]).
+//! * **Estimates and decay.** At every settlement `tau <- beta * tau + (1 - beta) *
+//!   tokens / elapsed`. Each step an actor is behind when the step opens, its `tau`
+//!   is multiplied by `alpha`. New actors start from a conservative estimate (the
+//!   slowest known, or a floor).
 //!
-//! Actors claim work ([`ControlPlane::claim`]) and get per-prompt leases (see
-//! [`ledger`]):
+//! Actors claim work ([`ControlPlane::claim`]): their reservation, plus their share by
+//! the same proportions of the prompts nobody has reserved (returned by expired or
+//! released leases, or reserved for actors that did not claim within one lease
+//! lifetime). Each job is handed out under a per-prompt lease (see [`ledger`]):
 //!
 //! * **Lease lifetime rule.** `2..3 x` the median of recent completion times, clamped
-//!   to configured bounds, with an initial value before any result (see [`lease`]).
-//!   Leases that run out return their prompts to the pool, at [`ControlPlane::tick`] or
-//!   lazily when a claim or a late result comes in.
+//!   to configured bounds, with an initial value before anything is known; an expired
+//!   lease counts as a completion that took its whole lifetime, so the lifetime grows
+//!   when the pool slows down (see [`lease`]). Leases that run out return their
+//!   prompts to the pool at [`ControlPlane::tick`], or lazily when a claim or a late
+//!   result comes in first.
 //! * **Acceptance rule.** A result is accepted iff it arrives strictly before its lease
-//!   expires, its version is the job's version and its weights hash is h(version); a
-//!   job is accepted at most once. Every other result is rejected with a typed
-//!   [`Rejection`], counted per reason in [`Stats`].
+//!   expires, from the lease's holder, with the job's version and that version's
+//!   weights hash h(version); a job is accepted at most once. Every other result is
+//!   rejected with a typed [`Rejection`], counted per reason in [`Stats`].
 //!
 //! The step completes when all `B` results are accepted, or earlier under a
 //! [`PartialBatchPolicy`]; it never waits on one slow actor, because that actor's
 //! leases run out and its prompts go to whoever claims next.
 //!
 //! Membership ([`ControlPlane::register`], heartbeats, leave, preemption, silent death
-//! by heartbeat timeout, rejoin, one relay per region) is in [`membership`].
+//! by heartbeat timeout, rejoin, one relay per region) is in [`membership`]. A
+//! membership change touches only the actor that changed: survivors keep their leases
+//! and reservations and never pause.
+//!
+//! # Restarts
+//!
+//! Serialize the [`ControlPlane`] after each call (or periodically), deserialize it on
+//! start, and call [`ControlPlane::resume`]: everything, including leases, reservations,
+//! estimates and counters, continues where it stopped.
 //!
 //! # Limits
 //!
-//! Every collection is bounded by [`Limits`]: actors, batch size (and so jobs and live
-//! leases), leases per actor (and so results per submission), pending events, and the
-//! completion-time window. Unknown actors, leases and versions are typed errors, never
-//! panics.
+//! Every collection is bounded by [`Limits`] or a constant: actors, batch size (and so
+//! jobs and live leases), leases per actor (and so results per submission), pending
+//! events, the completion-time window ([`lease::MAX_COMPLETION_WINDOW`]) and region
+//! names ([`values::MAX_REGION_LEN`]). Unknown actors, leases and versions are typed
+//! errors, never panics.
 
 pub mod config;
 pub mod control;
@@ -61,11 +77,11 @@ pub mod sim;
 pub mod values;
 
 pub use config::{Config, ConfigError, Limits, PartialBatchPolicy};
-pub use control::{Assignment, ControlPlane, Readiness, Stats, SubmitError};
+pub use control::{Assignment, ControlPlane, Readiness, SubmitError};
 pub use events::{Departure, Event};
 pub use lease::LeaseConfig;
 pub use ledger::{
-    Accepted, Completion, LeaseGrant, OpenStepError, PublishError, Rejection, RolloutReport,
+    Accepted, Completion, LeaseGrant, OpenStepError, PublishError, Rejection, RolloutReport, Stats,
     StepProgress, StepReport,
 };
 pub use membership::{Member, MembershipError, Registration, UnknownActor};

@@ -187,14 +187,14 @@ impl<'c, 'a> Extraction<'c, 'a> {
         let mut entries = Vec::new();
         let outcome = std::thread::scope(|scope| {
             scope.spawn(move || self.produce(&sender));
-            for item in receiver.iter() {
+            // Consuming the receiver here drops it on an early return, which makes the
+            // producer's next send fail so it stops, instead of blocking the scope's join.
+            for item in receiver {
                 let segment = item?;
                 entries.push(SegmentEntry {
                     len: segment.bytes.len() as u32,
                     hash: segment.hash,
                 });
-                // Dropping the receiver on error makes the producer's next send fail,
-                // which stops it.
                 sink(segment)?;
             }
             Ok::<(), E>(())

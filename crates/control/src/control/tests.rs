@@ -196,7 +196,7 @@ fn a_full_batch_completes_the_step_once() {
     let report = hub.core.step_report().unwrap();
     let accepted: Vec<PromptId> = report.accepted.iter().map(|&(prompt, _)| prompt).collect();
     assert_eq!(accepted, [PromptId(0), PromptId(1), PromptId(2)]);
-    assert!(report.unfinished.is_empty());
+    assert!(report.leased.is_empty() && report.pooled.is_empty());
     assert_eq!(hub.core.stats().accepted, 3);
 }
 
@@ -293,7 +293,7 @@ fn every_rejection_reason_is_typed_and_counted() {
         hub.open(1, 6);
     };
     check_rejection(next_step, 1, |_| {}, 10, Rejection::StepClosed);
-    // The step completed under a partial policy... or simply: accepted and completed.
+    // The job was accepted, which completed the one-prompt step.
     let completed = |hub: &mut Hub, grant: &LeaseGrant| {
         assert_eq!(hub.submit_all(1, &[*grant], 100, 5), 1);
     };
@@ -339,7 +339,10 @@ fn expired_leases_return_their_prompts_at_tick() {
         .events()
         .into_iter()
         .filter_map(|event| match event {
-            Event::LeaseExpired { lease, holder } if holder == ActorId(1) => Some(lease),
+            Event::LeaseExpired {
+                lease,
+                holder: ActorId(1),
+            } => Some(lease),
             _ => None,
         })
         .collect();
@@ -466,9 +469,33 @@ fn a_partial_batch_completes_after_its_deadline_with_the_minimum() {
         hub.submit(1, &[good_report(&grants[3], 100)], 3_600),
         [Err(Rejection::StepClosed)]
     );
+    assert_eq!(hub.core.step_report().unwrap().pooled, [grants[3].prompt]);
+}
+
+#[test]
+fn a_result_after_the_partial_deadline_completes_the_step_without_a_tick() {
+    let mut config = config();
+    config.partial_batch = Some(PartialBatchPolicy {
+        after_ms: 3_000,
+        min_accepted: Permille::clamped(500),
+    });
+    let mut hub = Hub::new(config);
+    hub.join(1);
+    hub.open(2, 0);
+    let grants = hub.claim(1, 0);
+    assert_eq!(hub.submit_all(1, &grants[..1], 100, 2_999), 1);
+    assert_eq!(hub.progress().completion, None, "before the deadline");
+    let accepted_at_deadline = hub.submit_all(1, &grants[1..], 100_000, 3_000);
     assert_eq!(
-        hub.core.step_report().unwrap().unfinished,
-        [grants[3].prompt]
+        accepted_at_deadline, 0,
+        "rejected for its token count, not for the step"
+    );
+    assert_eq!(
+        hub.progress().completion,
+        Some(Completion {
+            at: at(3_000),
+            partial: true
+        })
     );
 }
 
@@ -798,6 +825,21 @@ fn the_lease_lifetime_follows_completion_times() {
 }
 
 #[test]
+fn expired_leases_lengthen_the_next_lease() {
+    let mut hub = Hub::with_actors(&[1]);
+    hub.measure(&[(1, 1_000)], 0);
+    assert_eq!(hub.core.lease_ms(), 2_500);
+    hub.open(4, 2_000);
+    hub.claim(1, 2_000);
+    hub.core.heartbeat(ActorId(1), at(4_000)).unwrap();
+    hub.core.tick(at(4_500));
+    assert_eq!(hub.core.stats().expired, 4);
+    // Samples 1000, 2500 x 4: the median is the expired lifetime, and the next lease
+    // is 2.5 times that.
+    assert_eq!(hub.core.lease_ms(), 6_250);
+}
+
+#[test]
 fn publishing_and_opening_follow_the_step_order() {
     let mut hub = Hub::with_actors(&[1]);
     assert_eq!(
@@ -915,7 +957,7 @@ fn limit_max_pending_events() {
         hub.core.leave(ActorId(actor)).unwrap();
     }
     assert_eq!(hub.events().len(), 3);
-    assert_eq!(hub.core.stats().events_dropped, 2);
+    assert_eq!(hub.core.events_dropped(), 2);
 }
 
 #[test]

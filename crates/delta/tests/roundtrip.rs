@@ -1,0 +1,403 @@
+//! Round trips through the public API: apply(base, diff(base, new)) is bit-identical to
+//! new, for random checkpoints, every supported dtype, densities from 0 to 100% and
+//! special values, and over many steps of realistic training.
+
+use aurora_delta::{
+    Checkpoint, DeltaError, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, OwnedTensor,
+    Segment, apply, check_base, decode, owned_checkpoint, safetensors_layout,
+};
+use proptest::prelude::*;
+
+fn tensor(name: &str, dtype: Dtype, shape: &[u64], data: Vec<u8>) -> OwnedTensor {
+    OwnedTensor {
+        name: name.to_string(),
+        dtype,
+        shape: shape.to_vec(),
+        data,
+    }
+}
+
+fn extract(base: &[OwnedTensor], target: &[OwnedTensor], encoding: Encoding) -> Vec<u8> {
+    let base = owned_checkpoint(base).unwrap();
+    let target = owned_checkpoint(target).unwrap();
+    let options = ExtractOptions {
+        encoding,
+        segment_target_bytes: 4096,
+        ..ExtractOptions::default()
+    };
+    Extraction::new(&base, &target, options)
+        .unwrap()
+        .to_bytes()
+        .unwrap()
+        .1
+}
+
+fn round_trip(base: &[OwnedTensor], target: &[OwnedTensor], encoding: Encoding) -> Vec<u8> {
+    let bytes = extract(base, target, encoding);
+    let delta = DeltaFile::parse(&bytes).unwrap();
+    let rebuilt = apply(&delta, &owned_checkpoint(base).unwrap(), None).unwrap();
+    let mut expected = target.to_vec();
+    expected.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(rebuilt, expected);
+    bytes
+}
+
+/// Bit patterns worth special attention: zeros of both signs, subnormals, infinities,
+/// NaNs with payloads, the largest finite values.
+fn special_bf16() -> Vec<u16> {
+    vec![
+        0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x7F7F,
+        0xFF7F, 0x3F80, 0xBF80,
+    ]
+}
+
+fn arbitrary_tensor_pair() -> impl Strategy<Value = (Dtype, Vec<u64>, Vec<u8>, Vec<u8>)> {
+    let dtypes = prop::sample::select(vec![
+        Dtype::Bf16,
+        Dtype::F16,
+        Dtype::F32,
+        Dtype::I8,
+        Dtype::I64,
+    ]);
+    (
+        dtypes,
+        prop::collection::vec(1u64..40, 1..4),
+        0u32..=100,
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_map(|(dtype, shape, density_percent, seed, specials)| {
+            let elements: u64 = shape.iter().product();
+            let width = dtype.size_bytes();
+            let mut state = seed;
+            let mut next = move || {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                state >> 16
+            };
+            let specials_list = special_bf16();
+            let mut base = Vec::with_capacity(elements as usize * width);
+            let mut target = Vec::with_capacity(elements as usize * width);
+            for _ in 0..elements {
+                let mut value = next().to_le_bytes()[..width].to_vec();
+                if specials && width == 2 && next() % 3 == 0 {
+                    let special = specials_list[next() as usize % specials_list.len()];
+                    value = special.to_le_bytes().to_vec();
+                }
+                let mut changed = value.clone();
+                if (next() % 100) < u64::from(density_percent) {
+                    // Mostly one step, sometimes anything at all.
+                    if next() % 4 == 0 {
+                        changed = next().to_le_bytes()[..width].to_vec();
+                    } else {
+                        changed[0] = changed[0].wrapping_add(if next() % 2 == 0 { 1 } else { 255 });
+                    }
+                }
+                base.extend_from_slice(&value);
+                target.extend_from_slice(&changed);
+            }
+            (dtype, shape, base, target)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn apply_of_diff_is_the_target(
+        tensors in prop::collection::vec(arbitrary_tensor_pair(), 1..5),
+        leb128 in any::<bool>(),
+    ) {
+        let mut base = Vec::new();
+        let mut target = Vec::new();
+        for (i, (dtype, shape, b, t)) in tensors.into_iter().enumerate() {
+            base.push(tensor(&format!("t{i}"), dtype, &shape, b));
+            target.push(tensor(&format!("t{i}"), dtype, &shape, t));
+        }
+        let encoding = if leb128 { Encoding::Leb128 } else { Encoding::Aurora };
+        round_trip(&base, &target, encoding);
+    }
+}
+
+#[test]
+fn added_removed_renamed_and_reshaped_tensors_are_explicit() {
+    let base = vec![
+        tensor("keep", Dtype::Bf16, &[4], vec![1, 2, 3, 4, 5, 6, 7, 8]),
+        tensor("old_name", Dtype::Bf16, &[2], vec![9, 9, 9, 9]),
+        tensor("reshape", Dtype::Bf16, &[2, 2], vec![0; 8]),
+        tensor("retype", Dtype::F32, &[2], vec![0; 8]),
+    ];
+    let target = vec![
+        tensor("keep", Dtype::Bf16, &[4], vec![1, 2, 3, 4, 5, 7, 7, 8]),
+        tensor("new_name", Dtype::Bf16, &[2], vec![9, 9, 9, 9]),
+        tensor("reshape", Dtype::Bf16, &[4], vec![0; 8]),
+        tensor("retype", Dtype::Bf16, &[2], vec![1, 2, 3, 4]),
+    ];
+    let bytes = round_trip(&base, &target, Encoding::Aurora);
+    let delta = DeltaFile::parse(&bytes).unwrap();
+    let kinds: Vec<String> = delta
+        .header()
+        .tensors
+        .iter()
+        .map(|e| format!("{} {}", e.name, serde_json_kind(&e.change)))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "keep patched",
+            "new_name added",
+            "old_name removed",
+            "reshape replaced",
+            "retype replaced"
+        ]
+    );
+    // A layout-changing delta refuses to apply in place, before touching anything.
+    let base_image = image(&base);
+    let mut buffer = base_image.clone();
+    let layout = safetensors_layout(&buffer).unwrap();
+    let mut patch = {
+        let view = Checkpoint::from_layout(&buffer, &layout).unwrap();
+        check_base(delta.header(), &view, None).unwrap();
+        decode(&delta, &view).unwrap()
+    };
+    let error = patch.apply_in_place(&mut buffer, &layout).unwrap_err();
+    assert!(matches!(error, DeltaError::Unsupported { .. }), "{error}");
+    assert_eq!(buffer, base_image);
+}
+
+fn serde_json_kind(change: &aurora_delta::TensorChange) -> &'static str {
+    match change {
+        aurora_delta::TensorChange::Patched(_) => "patched",
+        aurora_delta::TensorChange::Added(_) => "added",
+        aurora_delta::TensorChange::Removed(_) => "removed",
+        aurora_delta::TensorChange::Replaced { .. } => "replaced",
+    }
+}
+
+/// A minimal safetensors image, written here so this crate's tests need no I/O crate.
+fn image(tensors: &[OwnedTensor]) -> Vec<u8> {
+    let mut header = String::from("{");
+    let mut offset = 0;
+    let mut sorted: Vec<&OwnedTensor> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    for (i, t) in sorted.iter().enumerate() {
+        if i > 0 {
+            header.push(',');
+        }
+        let shape: Vec<String> = t.shape.iter().map(u64::to_string).collect();
+        header.push_str(&format!(
+            "\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            t.name,
+            t.dtype.name(),
+            shape.join(","),
+            offset,
+            offset + t.data.len()
+        ));
+        offset += t.data.len();
+    }
+    header.push('}');
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    for t in sorted {
+        out.extend_from_slice(&t.data);
+    }
+    out
+}
+
+#[test]
+fn many_training_steps_stay_bit_exact_in_place() {
+    let mut synth = aurora_synth_like::Trainer::new(20_000, 5);
+    let mut actor = image(&synth.export());
+    let layout = safetensors_layout(&actor).unwrap();
+    for step in 1..=12u64 {
+        let before = synth.export();
+        synth.step();
+        let after = synth.export();
+        let bytes = extract(&before, &after, Encoding::Aurora);
+        let delta = DeltaFile::parse(&bytes).unwrap();
+        let mut patch = {
+            let view = Checkpoint::from_layout(&actor, &layout).unwrap();
+            check_base(delta.header(), &view, None).unwrap();
+            decode(&delta, &view).unwrap()
+        };
+        let hash = patch.apply_in_place(&mut actor, &layout).unwrap();
+        assert_eq!(
+            hash,
+            owned_checkpoint(&after).unwrap().weights_hash(),
+            "step {step}"
+        );
+        assert_eq!(actor, image(&after), "step {step}");
+    }
+}
+
+/// A small stand-in for a trainer: F32 master weights drifting by about one BF16 step
+/// per hundred elements per step, exported as BF16 (round to nearest even).
+mod aurora_synth_like {
+    use super::*;
+
+    pub struct Trainer {
+        master: Vec<f32>,
+        drift: Vec<f32>,
+    }
+
+    impl Trainer {
+        pub fn new(len: usize, seed: u64) -> Trainer {
+            let mut state = seed;
+            let mut next = move || {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            };
+            let master = (0..len).map(|_| next() * 0.1).collect();
+            let drift = (0..len).map(|_| next() * 2e-6).collect();
+            Trainer { master, drift }
+        }
+
+        pub fn step(&mut self) {
+            for (w, d) in self.master.iter_mut().zip(&self.drift) {
+                *w += d;
+            }
+        }
+
+        /// 32 BF16 matrices and one F32 norm-like tensor, so extraction has many chunks.
+        pub fn export(&self) -> Vec<OwnedTensor> {
+            let bf16 = |values: &[f32]| -> Vec<u8> {
+                values
+                    .iter()
+                    .flat_map(|v| {
+                        let bits = v.to_bits();
+                        let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16;
+                        (rounded as u16).to_le_bytes()
+                    })
+                    .collect()
+            };
+            let norm_len = self.master.len() / 64;
+            let (matrices, norm) = self.master.split_at(self.master.len() - norm_len);
+            let per = matrices.len().div_ceil(32);
+            let mut out: Vec<OwnedTensor> = matrices
+                .chunks(per)
+                .enumerate()
+                .map(|(i, part)| {
+                    tensor(
+                        &format!("layer{i:02}.weight"),
+                        Dtype::Bf16,
+                        &[part.len() as u64],
+                        bf16(part),
+                    )
+                })
+                .collect();
+            out.push(tensor(
+                "norm",
+                Dtype::F32,
+                &[norm.len() as u64],
+                norm.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ));
+            out
+        }
+    }
+}
+
+#[test]
+fn extraction_streams_segments_in_order_before_it_finishes() {
+    let mut trainer = aurora_synth_like::Trainer::new(400_000, 9);
+    let base = trainer.export();
+    trainer.step();
+    let target = trainer.export();
+    let (base_view, target_view) = (
+        owned_checkpoint(&base).unwrap(),
+        owned_checkpoint(&target).unwrap(),
+    );
+    let extraction = Extraction::new(
+        &base_view,
+        &target_view,
+        ExtractOptions {
+            segment_target_bytes: 1024,
+            queue_segments: 1,
+            ..ExtractOptions::default()
+        },
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut progress_at_first = None;
+    let manifest = extraction
+        .run(|segment: Segment| {
+            progress_at_first.get_or_insert(extraction.input_done());
+            seen.push(segment.index);
+            Ok::<(), DeltaError>(())
+        })
+        .unwrap();
+    assert!(seen.len() > 2, "{} segments", seen.len());
+    assert_eq!(seen, (0..seen.len() as u32).collect::<Vec<_>>());
+    assert_eq!(manifest.segments.len(), seen.len());
+    // The first segment reached the consumer before all input was encoded.
+    assert!(progress_at_first.unwrap() < extraction.input_bytes());
+
+    // A consumer that fails stops extraction and gets its error back.
+    let mut calls = 0;
+    let error = extraction
+        .run(|_| {
+            calls += 1;
+            Err(DeltaError::Cancelled)
+        })
+        .unwrap_err();
+    assert!(matches!(error, DeltaError::Cancelled));
+    assert_eq!(calls, 1);
+}
+
+#[test]
+fn artifacts_do_not_depend_on_the_thread_count() {
+    let mut trainer = aurora_synth_like::Trainer::new(300_000, 4);
+    let base = trainer.export();
+    trainer.step();
+    let target = trainer.export();
+    let with_threads = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| extract(&base, &target, Encoding::Aurora))
+    };
+    assert_eq!(with_threads(1), with_threads(3));
+}
+
+#[test]
+fn a_wrong_or_damaged_base_is_named() {
+    let base = vec![tensor("w", Dtype::Bf16, &[4], vec![1, 0, 2, 0, 3, 0, 4, 0])];
+    let target = vec![tensor("w", Dtype::Bf16, &[4], vec![1, 0, 2, 0, 3, 0, 5, 0])];
+    let bytes = extract(&base, &target, Encoding::Aurora);
+    let delta = DeltaFile::parse(&bytes).unwrap();
+    let check = |tensors: Vec<OwnedTensor>, needle: &str| {
+        let view = owned_checkpoint(&tensors).unwrap();
+        let error = apply(&delta, &view, None).unwrap_err().to_string();
+        assert!(error.contains(needle), "{error}");
+    };
+    check(
+        vec![tensor("w", Dtype::Bf16, &[4], vec![9; 8])],
+        "wrong base",
+    );
+    check(
+        vec![tensor(
+            "w",
+            Dtype::Bf16,
+            &[2, 2],
+            vec![1, 0, 2, 0, 3, 0, 4, 0],
+        )],
+        "tensor 'w' is BF16 [2, 2]",
+    );
+    check(
+        vec![tensor("v", Dtype::Bf16, &[4], vec![0; 8])],
+        "tensor 'w' is missing",
+    );
+    check(
+        vec![
+            tensor("w", Dtype::Bf16, &[4], vec![1, 0, 2, 0, 3, 0, 4, 0]),
+            tensor("x", Dtype::Bf16, &[1], vec![0; 2]),
+        ],
+        "tensor 'x' is not in the delta's base",
+    );
+}
