@@ -153,7 +153,7 @@ pub fn safetensors_bytes(tensors: &[OwnedTensor]) -> Result<Vec<u8>, String> {
 pub fn write_delta<E: From<FileError>>(
     path: &Path,
     header_bytes: &[u8],
-    produce: impl FnOnce(&mut dyn FnMut(Segment) -> Result<()>) -> Result<Manifest, E>,
+    produce: impl FnOnce(&mut (dyn FnMut(Segment) -> Result<()> + Send)) -> Result<Manifest, E>,
 ) -> Result<Manifest, E> {
     let mut manifest = None;
     write_atomically(path, |writer| -> Result<(), E> {

@@ -118,29 +118,32 @@ fn ensure_spec(name: &str, dtype: crate::Dtype, shape: &[u64], spec: &TensorSpec
 }
 
 /// Decodes one segment against the base. Usable on its own, so a receiver can decode and
-/// stage each segment as it arrives.
+/// stage each segment as it arrives; its chunks are decoded in parallel.
 pub fn decode_segment(
     header: &DeltaHeader,
     index: u32,
     bytes: &[u8],
     base: &Checkpoint<'_>,
 ) -> Result<Vec<PatchChunk>> {
+    segment_records(index, bytes)?
+        .par_iter()
+        .map(|(record, encoded_bytes)| decode_chunk(header, record, *encoded_bytes, base))
+        .collect()
+}
+
+/// Splits a segment into its chunk records (and each record's size in bytes).
+fn segment_records(index: u32, bytes: &[u8]) -> Result<Vec<(ChunkRecord<'_>, usize)>> {
     let mut reader = ByteReader::new(bytes);
-    let mut chunks = Vec::new();
+    let mut records = Vec::new();
     while !reader.is_empty() {
         let offset = reader.position();
         let record = ChunkRecord::read(&mut reader).map_err(|e| DeltaError::SegmentMalformed {
             index,
             reason: format!("chunk record at byte {offset}: {e}"),
         })?;
-        chunks.push(decode_chunk(
-            header,
-            &record,
-            reader.position() - offset,
-            base,
-        )?);
+        records.push((record, reader.position() - offset));
     }
-    Ok(chunks)
+    Ok(records)
 }
 
 fn decode_chunk(
@@ -218,14 +221,21 @@ fn decode_chunk(
 }
 
 /// Verifies every segment and decodes the whole delta against `base`, which must already
-/// have passed [`check_base`]. Segments are verified and decoded in parallel.
+/// have passed [`check_base`]. Segments are verified, and chunks decoded, in parallel.
 pub fn decode(delta: &DeltaFile<'_>, base: &Checkpoint<'_>) -> Result<Patch> {
     let header = delta.header();
-    let decoded: Vec<Vec<PatchChunk>> = (0..delta.segment_count())
+    let segments: Vec<Vec<(ChunkRecord<'_>, usize)>> = (0..delta.segment_count())
         .into_par_iter()
-        .map(|index| decode_segment(header, index as u32, delta.verify_segment(index)?, base))
+        .map(|index| segment_records(index as u32, delta.verify_segment(index)?))
         .collect::<Result<_>>()?;
-    Patch::new(header.clone(), decoded.into_iter().flatten().collect())
+    let chunks = segments
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .par_iter()
+        .map(|(record, encoded_bytes)| decode_chunk(header, record, *encoded_bytes, base))
+        .collect::<Result<Vec<_>>>()?;
+    Patch::new(header.clone(), chunks)
 }
 
 impl Patch {

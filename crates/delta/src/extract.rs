@@ -1,15 +1,15 @@
 //! Streaming extraction: base + target checkpoints in, segments out as they are ready.
 //!
 //! Work is cut into chunk jobs (one element range of one tensor, at most
-//! [`CHUNK_BYTES`] of data), encoded in parallel on the rayon pool in windows, packed
-//! into segments in a fixed order and handed to the caller through a bounded queue. The
+//! [`CHUNK_BYTES`] of data), encoded in parallel on the rayon pool within a bounded
+//! window, packed into segments in a fixed order and handed to the caller through a bounded queue. The
 //! artifact is therefore identical for any thread count, a sender can transmit the first
 //! segment while later ones are still being encoded, and memory stays bounded by the
 //! window and the queue.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use rayon::prelude::*;
+use std::sync::{Condvar, Mutex};
 
 use crate::checkpoint::{Checkpoint, Hash, TensorView};
 use crate::codec::{ChunkEncoding, ChunkRecord, Encoding, encode_changes};
@@ -175,31 +175,37 @@ impl<'c, 'a> Extraction<'c, 'a> {
         self.input_done.load(Ordering::Relaxed)
     }
 
-    /// Encodes every chunk and passes each finished segment to `sink` in order, on the
-    /// calling thread, while encoding continues in the background. An error from `sink`
-    /// stops extraction and is returned.
+    /// Encodes every chunk and passes each finished segment to `sink` in order. Encoding
+    /// runs on the calling thread and the current rayon pool (so `pool.install` chooses
+    /// the threads); `sink` runs on its own thread behind a bounded queue, so a slow
+    /// consumer holds back the encoder instead of letting memory grow. An error from
+    /// `sink` stops extraction and is returned.
     pub fn run<E: From<DeltaError> + Send>(
         &self,
-        mut sink: impl FnMut(Segment) -> std::result::Result<(), E>,
+        mut sink: impl FnMut(Segment) -> std::result::Result<(), E> + Send,
     ) -> std::result::Result<Manifest, E> {
         let (sender, receiver) =
-            crossbeam_channel::bounded::<Result<Segment>>(self.options.queue_segments.max(1));
-        let mut entries = Vec::new();
-        let outcome = std::thread::scope(|scope| {
-            scope.spawn(move || self.produce(&sender));
-            // Consuming the receiver here drops it on an early return, which makes the
-            // producer's next send fail so it stops, instead of blocking the scope's join.
-            for item in receiver {
-                let segment = item?;
-                entries.push(SegmentEntry {
-                    len: segment.bytes.len() as u32,
-                    hash: segment.hash,
-                });
-                sink(segment)?;
-            }
-            Ok::<(), E>(())
-        });
-        outcome?;
+            crossbeam_channel::bounded::<Segment>(self.options.queue_segments.max(1));
+        let entries = std::thread::scope(|scope| {
+            let consumer = scope.spawn(move || {
+                let mut entries = Vec::new();
+                // Returning early drops the receiver, which makes the producer's next
+                // send fail so it stops.
+                for segment in receiver {
+                    entries.push(SegmentEntry {
+                        len: segment.bytes.len() as u32,
+                        hash: segment.hash,
+                    });
+                    sink(segment)?;
+                }
+                Ok::<_, E>(entries)
+            });
+            self.produce(&sender);
+            drop(sender);
+            consumer
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })?;
         Ok(Manifest {
             header: self.header.clone(),
             segments: entries,
@@ -217,13 +223,73 @@ impl<'c, 'a> Extraction<'c, 'a> {
         Ok((manifest, out))
     }
 
-    fn produce(&self, sender: &crossbeam_channel::Sender<Result<Segment>>) {
-        let window = rayon::current_num_threads() * 4;
-        let mut packer = SegmentPacker::new(self.options.segment_target_bytes);
-        for jobs in self.jobs.chunks(window) {
-            let encoded: Vec<Option<(ChunkEncoding, Vec<u8>)>> =
-                jobs.par_iter().map(|job| self.encode_job(job)).collect();
-            for (job, chunk) in jobs.iter().zip(encoded) {
+    /// Encodes the jobs on the current rayon pool: each worker claims the next job (at
+    /// most `window` ahead of the oldest unpacked one, which bounds memory), and whoever
+    /// completes the oldest job packs every finished job in order and sends the segments.
+    /// Unlike fixed batches, no worker idles behind a large chunk.
+    fn produce(&self, sender: &crossbeam_channel::Sender<Segment>) {
+        let workers = rayon::current_num_threads();
+        let pipeline = Mutex::new(Pipeline {
+            next_claim: 0,
+            next_pack: 0,
+            ready: BTreeMap::new(),
+            packer: SegmentPacker::new(self.options.segment_target_bytes),
+            stopped: false,
+        });
+        let progress = Condvar::new();
+        let window = workers * 4;
+        rayon::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|_| self.work(&pipeline, &progress, window, sender));
+            }
+        });
+        let pipeline = pipeline
+            .into_inner()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if !pipeline.stopped
+            && let Some(segment) = pipeline.packer.finish()
+        {
+            // A consumer that already hung up has its own error to report.
+            let _ = sender.send(segment);
+        }
+    }
+
+    fn work(
+        &self,
+        pipeline: &Mutex<Pipeline>,
+        progress: &Condvar,
+        window: usize,
+        sender: &crossbeam_channel::Sender<Segment>,
+    ) {
+        let lock = || pipeline.lock().unwrap_or_else(|poison| poison.into_inner());
+        loop {
+            let index = {
+                let mut state = lock();
+                loop {
+                    if state.stopped || state.next_claim == self.jobs.len() {
+                        return;
+                    }
+                    if state.next_claim < state.next_pack + window {
+                        break;
+                    }
+                    state = progress
+                        .wait(state)
+                        .unwrap_or_else(|poison| poison.into_inner());
+                }
+                state.next_claim += 1;
+                state.next_claim - 1
+            };
+            let encoded = self.encode_job(&self.jobs[index]);
+            let mut guard = lock();
+            let state = &mut *guard;
+            state.ready.insert(index, encoded);
+            while state
+                .ready
+                .first_key_value()
+                .is_some_and(|(next, _)| *next == state.next_pack)
+            {
+                let (_, chunk) = state.ready.pop_first().expect("checked above");
+                let job = &self.jobs[state.next_pack];
                 if let Some((encoding, payload)) = chunk {
                     let record = ChunkRecord {
                         tensor: job.tensor,
@@ -232,16 +298,18 @@ impl<'c, 'a> Extraction<'c, 'a> {
                         encoding,
                         payload: &payload,
                     };
-                    if let Some(segment) = packer.push(&record)
-                        && sender.send(Ok(segment)).is_err()
+                    // Sending under the lock keeps segments in order; a full queue holds
+                    // every worker back, which is the intended backpressure.
+                    if let Some(segment) = state.packer.push(&record)
+                        && sender.send(segment).is_err()
                     {
-                        return;
+                        state.stopped = true;
                     }
                 }
+                state.next_pack += 1;
             }
-        }
-        if let Some(segment) = packer.finish() {
-            let _ = sender.send(Ok(segment));
+            drop(guard);
+            progress.notify_all();
         }
     }
 
@@ -270,6 +338,15 @@ impl<'c, 'a> Extraction<'c, 'a> {
             target_bytes,
         )
     }
+}
+
+/// Shared state of the encoding workers.
+struct Pipeline {
+    next_claim: usize,
+    next_pack: usize,
+    ready: BTreeMap<usize, Option<(ChunkEncoding, Vec<u8>)>>,
+    packer: SegmentPacker,
+    stopped: bool,
 }
 
 /// Packs chunk records into segments of about the target size.

@@ -112,8 +112,9 @@ pub(crate) fn apply_step<W: Word>(old: W, value: u64) -> W {
 }
 
 /// Calls `found(index)` for every element that differs between `old` and `new`, in
-/// ascending order. Whole 32-byte stretches are compared at once, which is what makes
-/// a 1%-dense scan run at memory speed.
+/// ascending order. Elements are compared 64 at a time into a bit mask (SIMD for 16- and
+/// 32-bit elements), so a 1%-dense scan runs at memory speed and only changed elements
+/// cost more.
 pub(crate) fn for_each_changed(
     old: &[u8],
     new: &[u8],
@@ -121,27 +122,77 @@ pub(crate) fn for_each_changed(
     mut found: impl FnMut(usize),
 ) {
     debug_assert_eq!(old.len(), new.len());
-    const STRIDE: usize = 32;
-    let whole = old.len() / STRIDE * STRIDE;
-    let mut offset = 0;
-    while offset < whole {
-        let a = &old[offset..offset + STRIDE];
-        let b = &new[offset..offset + STRIDE];
-        if a != b {
-            for element in (0..STRIDE).step_by(element_bytes) {
-                if a[element..element + element_bytes] != b[element..element + element_bytes] {
-                    found((offset + element) / element_bytes);
-                }
+    let len = old.len() / element_bytes;
+    let mut first = 0;
+    while first < len {
+        let block = (len - first).min(64);
+        let mut mask = match element_bytes {
+            2 => changed_mask::<u16>(old, new, first, block),
+            4 => changed_mask::<u32>(old, new, first, block),
+            _ => {
+                let bytes = first * element_bytes..(first + block) * element_bytes;
+                let (a, b) = (&old[bytes.clone()], &new[bytes]);
+                (0..block)
+                    .filter(|i| {
+                        a[i * element_bytes..(i + 1) * element_bytes]
+                            != b[i * element_bytes..(i + 1) * element_bytes]
+                    })
+                    .fold(0u64, |mask, i| mask | (1 << i))
             }
+        };
+        while mask != 0 {
+            found(first + mask.trailing_zeros() as usize);
+            mask &= mask - 1;
         }
-        offset += STRIDE;
+        first += block;
     }
-    while offset < old.len() {
-        if old[offset..offset + element_bytes] != new[offset..offset + element_bytes] {
-            found(offset / element_bytes);
+}
+
+/// Bit `i` set when element `first + i` differs, for up to 64 elements.
+#[inline]
+pub(crate) fn changed_mask<W: Word>(old: &[u8], new: &[u8], first: usize, len: usize) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if len == 64 {
+        let bytes = first * W::BYTES..(first + 64) * W::BYTES;
+        // SAFETY: SSE2 is part of the x86_64 baseline; both blocks are 64 elements long.
+        return unsafe { changed_mask_sse2(&old[bytes.clone()], &new[bytes], W::BYTES) };
+    }
+    (0..len)
+        .filter(|&i| W::load(old, first + i) != W::load(new, first + i))
+        .fold(0u64, |mask, i| mask | (1 << i))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+unsafe fn changed_mask_sse2(old: &[u8], new: &[u8], element_bytes: usize) -> u64 {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(old.len(), 64 * element_bytes);
+    let load = |bytes: &[u8], at: usize| {
+        // SAFETY: callers pass offsets whose 16 bytes lie inside the block.
+        unsafe { _mm_loadu_si128(bytes.as_ptr().add(at) as *const __m128i) }
+    };
+    let mut equal = 0u64;
+    if element_bytes == 2 {
+        for j in 0..4 {
+            let low = _mm_cmpeq_epi16(load(old, 32 * j), load(new, 32 * j));
+            let high = _mm_cmpeq_epi16(load(old, 32 * j + 16), load(new, 32 * j + 16));
+            let packed = _mm_packs_epi16(low, high);
+            equal |= u64::from(_mm_movemask_epi8(packed) as u32 as u16) << (16 * j);
         }
-        offset += element_bytes;
+    } else {
+        for j in 0..4 {
+            let lanes: [__m128i; 4] = std::array::from_fn(|k| {
+                let at = 64 * j + 16 * k;
+                _mm_cmpeq_epi32(load(old, at), load(new, at))
+            });
+            let packed = _mm_packs_epi16(
+                _mm_packs_epi32(lanes[0], lanes[1]),
+                _mm_packs_epi32(lanes[2], lanes[3]),
+            );
+            equal |= u64::from(_mm_movemask_epi8(packed) as u32 as u16) << (16 * j);
+        }
     }
+    !equal
 }
 
 /// Counts differing elements: the plain-scan floor the extraction benchmark compares
@@ -158,11 +209,43 @@ pub fn count_changed(old: &[u8], new: &[u8], element_bytes: usize) -> u64 {
 pub(crate) struct Classes {
     pub layout: FloatLayout,
     pub thresholds: Vec<u32>,
+    /// For 16-bit floats, `(word >> 7) & 0xFF` orders like the exponent (it is the
+    /// exponent for BF16, the exponent and three mantissa bits for F16), so each threshold
+    /// becomes one byte compare: 16 or 32 elements per SIMD instruction.
+    threshold_bytes: Vec<u8>,
+    kernel: Kernel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Sse2,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
 }
 
 pub(crate) const MAX_CLASSES: usize = 8;
 
 impl Classes {
+    pub fn new(layout: FloatLayout, thresholds: Vec<u32>) -> Classes {
+        let byte_shift = layout.exponent_shift.checked_sub(7);
+        let fits_a_byte = layout.exponent_mask <= 0x7FFF && byte_shift.is_some();
+        let (threshold_bytes, kernel) = if fits_a_byte {
+            let shift = byte_shift.expect("checked");
+            let bytes = thresholds.iter().map(|&t| (t << shift) as u8).collect();
+            (bytes, simd_kernel())
+        } else {
+            (Vec::new(), Kernel::Scalar)
+        };
+        Classes {
+            layout,
+            thresholds,
+            threshold_bytes,
+            kernel,
+        }
+    }
+
     pub fn count(&self) -> usize {
         self.thresholds.len() + 1
     }
@@ -182,12 +265,21 @@ impl Classes {
     }
 
     /// Per-class bit masks of up to 64 elements starting at `first`.
-    #[inline]
+    #[inline(always)]
     pub fn masks<W: Word>(&self, base: &[u8], first: usize, len: usize) -> [u64; MAX_CLASSES] {
         #[cfg(target_arch = "x86_64")]
-        if W::BYTES == 2 && len == 64 {
-            // SAFETY: SSE2 is part of the x86_64 baseline and the block is in bounds.
-            return unsafe { self.masks_u16_sse2(&base[2 * first..2 * first + 128]) };
+        if W::BYTES == 2 && len == 64 && self.kernel != Kernel::Scalar {
+            let block = &base[2 * first..2 * first + 128];
+            let mut at_least = [0u64; MAX_CLASSES];
+            // SAFETY: the kernel was chosen by runtime feature detection (SSE2 is part of
+            // the x86_64 baseline) and the block holds exactly 64 elements.
+            unsafe {
+                match self.kernel {
+                    Kernel::Avx2 => at_least_avx2(block, &self.threshold_bytes, &mut at_least),
+                    _ => at_least_sse2(block, &self.threshold_bytes, &mut at_least),
+                }
+            }
+            return self.classes_from_at_least(&at_least);
         }
         let mut masks = [0u64; MAX_CLASSES];
         for bit in 0..len {
@@ -196,44 +288,85 @@ impl Classes {
         masks
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "sse2")]
-    unsafe fn masks_u16_sse2(&self, block: &[u8]) -> [u64; MAX_CLASSES] {
-        use std::arch::x86_64::*;
-        debug_assert_eq!(block.len(), 128);
-        let exponent_mask = _mm_set1_epi16(self.layout.exponent_mask as u16 as i16);
-        let mut lanes = [_mm_setzero_si128(); 8];
-        for (j, lane) in lanes.iter_mut().enumerate() {
-            // SAFETY: 16 bytes at 16*j lie inside the 128-byte block.
-            let v = unsafe { _mm_loadu_si128(block.as_ptr().add(16 * j) as *const __m128i) };
-            *lane = _mm_and_si128(v, exponent_mask);
-        }
-        // at_least[k]: elements whose exponent is >= thresholds[k]. The masked exponent
-        // field is below 0x8000, so a signed compare is exact.
-        let mut at_least = [0u64; MAX_CLASSES];
-        for (k, threshold) in self.thresholds.iter().enumerate() {
-            let bound = _mm_set1_epi16(((threshold << self.layout.exponent_shift) - 1) as i16);
-            let mut bits = 0u64;
-            for j in 0..4 {
-                let low = _mm_cmpgt_epi16(lanes[2 * j], bound);
-                let high = _mm_cmpgt_epi16(lanes[2 * j + 1], bound);
-                let packed = _mm_packs_epi16(low, high);
-                bits |= u64::from(_mm_movemask_epi8(packed) as u32 as u16) << (16 * j);
-            }
-            at_least[k] = bits;
-        }
+    fn classes_from_at_least(&self, at_least: &[u64; MAX_CLASSES]) -> [u64; MAX_CLASSES] {
         let mut masks = [0u64; MAX_CLASSES];
         let mut previous = u64::MAX;
-        for class in 0..self.count() {
+        for (class, mask) in masks.iter_mut().enumerate().take(self.count()) {
             let next = if class < self.thresholds.len() {
                 at_least[class]
             } else {
                 0
             };
-            masks[class] = previous & !next;
+            *mask = previous & !next;
             previous = next;
         }
         masks
+    }
+}
+
+fn simd_kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            Kernel::Avx2
+        } else {
+            Kernel::Sse2
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Kernel::Scalar
+}
+
+/// `at_least[k]` bit i: the exponent byte of element i is >= `thresholds[k]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+#[inline]
+unsafe fn at_least_sse2(block: &[u8], thresholds: &[u8], at_least: &mut [u64; MAX_CLASSES]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(block.len(), 128);
+    for j in 0..4 {
+        // SAFETY: 32 bytes at 32*j lie inside the 128-byte block.
+        let (a, b) = unsafe {
+            let at = block.as_ptr().add(32 * j);
+            (
+                _mm_loadu_si128(at as *const __m128i),
+                _mm_loadu_si128(at.add(16) as *const __m128i),
+            )
+        };
+        let byte = |v| _mm_srli_epi16::<8>(_mm_slli_epi16::<1>(v));
+        let bytes = _mm_packus_epi16(byte(a), byte(b));
+        for (k, &t) in thresholds.iter().enumerate() {
+            let t = _mm_set1_epi8(t as i8);
+            let ge = _mm_cmpeq_epi8(_mm_max_epu8(bytes, t), bytes);
+            at_least[k] |= u64::from(_mm_movemask_epi8(ge) as u32 as u16) << (16 * j);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn at_least_avx2(block: &[u8], thresholds: &[u8], at_least: &mut [u64; MAX_CLASSES]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(block.len(), 128);
+    for j in 0..2 {
+        // SAFETY: 64 bytes at 64*j lie inside the 128-byte block.
+        let (a, b) = unsafe {
+            let at = block.as_ptr().add(64 * j);
+            (
+                _mm256_loadu_si256(at as *const __m256i),
+                _mm256_loadu_si256(at.add(32) as *const __m256i),
+            )
+        };
+        let byte = |v| _mm256_srli_epi16::<8>(_mm256_slli_epi16::<1>(v));
+        // packus interleaves 128-bit lanes; the permute restores element order.
+        let bytes =
+            _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(byte(a), byte(b)));
+        for (k, &t) in thresholds.iter().enumerate() {
+            let t = _mm256_set1_epi8(t as i8);
+            let ge = _mm256_cmpeq_epi8(_mm256_max_epu8(bytes, t), bytes);
+            at_least[k] |= u64::from(_mm256_movemask_epi8(ge) as u32) << (32 * j);
+        }
     }
 }
 
@@ -279,21 +412,42 @@ mod tests {
     }
 
     #[test]
-    fn sse2_masks_match_the_scalar_definition() {
-        let classes = Classes {
-            layout: BF16,
-            thresholds: vec![100, 118, 121, 125],
+    fn simd_masks_match_the_scalar_definition() {
+        let f16 = FloatLayout {
+            exponent_mask: 0x7C00,
+            exponent_shift: 10,
         };
-        let words: Vec<u16> = (0..64u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u16)
-            .collect();
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let fast = classes.masks::<u16>(&bytes, 0, 64);
-        let mut slow = [0u64; MAX_CLASSES];
-        for (bit, word) in words.iter().enumerate() {
-            slow[classes.class_of(*word)] |= 1 << bit;
+        for (layout, thresholds) in [
+            (BF16, vec![100, 118, 121, 125, 200, 254, 255]),
+            (f16, vec![3, 14, 15, 31]),
+        ] {
+            let classes = Classes::new(layout, thresholds);
+            let words: Vec<u16> = (0..64u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u16)
+                .chain([0x7F80, 0xFF80, 0x0000, 0x8000, 0x7FFF, 0x7C00])
+                .skip(6)
+                .collect();
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let mut slow = [0u64; MAX_CLASSES];
+            for (bit, word) in words.iter().enumerate() {
+                slow[classes.class_of(*word)] |= 1 << bit;
+            }
+            let mut kernels = vec![Kernel::Scalar];
+            #[cfg(target_arch = "x86_64")]
+            {
+                kernels.push(Kernel::Sse2);
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    kernels.push(Kernel::Avx2);
+                }
+            }
+            for kernel in kernels {
+                let forced = Classes {
+                    kernel,
+                    ..classes.clone()
+                };
+                assert_eq!(forced.masks::<u16>(&bytes, 0, 64), slow, "{kernel:?}");
+            }
         }
-        assert_eq!(fast, slow);
     }
 
     proptest! {
