@@ -17,9 +17,10 @@ use memmap2::{Mmap, MmapMut};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{path}: {source}")]
+    // The source is printed by the error chain (`{:#}`), not repeated here.
+    #[error("{path}")]
     Io { path: PathBuf, source: io::Error },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Delta { path: PathBuf, source: DeltaError },
     #[error("writing safetensors {path}: {reason}")]
     Serialize { path: PathBuf, reason: String },

@@ -180,12 +180,12 @@ pub fn run(command: DeltaCommand) -> Result<()> {
             let file = MappedFile::open(&delta)?;
             let stats = delta_stats(&file.delta()?, file.bytes().len() as u64)
                 .with_context(|| format!("inspecting {}", delta.display()))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+            let text = if json {
+                serde_json::to_string_pretty(&stats)? + "\n"
             } else {
-                print_stats(&stats, top);
-            }
-            Ok(())
+                format_stats(&stats, top)?
+            };
+            crate::print_stdout(&text)
         }
         DeltaCommand::Verify { delta, base } => {
             let file = MappedFile::open(&delta)?;
@@ -288,34 +288,43 @@ fn report_written(path: &Path, manifest: &Manifest, started: std::time::Instant)
     Ok(())
 }
 
-fn print_stats(stats: &aurora_delta::stats::DeltaStats, top: usize) {
+fn format_stats(
+    stats: &aurora_delta::stats::DeltaStats,
+    top: usize,
+) -> Result<String, std::fmt::Error> {
+    use std::fmt::Write;
+    let mut out = String::new();
     let per = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
-    println!("delta      {}", stats.id);
-    println!(
+    writeln!(out, "delta      {}", stats.id)?;
+    writeln!(
+        out,
         "versions   {} -> {}   encoding {}   {} segments",
         stats.base_version, stats.target_version, stats.encoding, stats.segments
-    );
-    println!("base       {}", stats.base_hash);
-    println!("target     {}", stats.target_hash);
-    println!(
+    )?;
+    writeln!(out, "base       {}", stats.base_hash)?;
+    writeln!(out, "target     {}", stats.target_hash)?;
+    writeln!(
+        out,
         "size       {} bytes ({:.2}% of the {} bytes of dense weights)",
         stats.file_bytes,
         100.0 * stats.file_bytes as f64 / stats.target_weights_bytes.max(1) as f64,
         stats.target_weights_bytes
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "changed    {} of {} elements ({:.3}%)",
         stats.bytes.changed,
         stats.elements,
         100.0 * stats.density
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "bytes      positions {}  values {}  overhead {}  = {:.3} bytes per changed element",
         stats.bytes.positions,
         stats.bytes.values,
         stats.bytes.overhead,
         stats.bytes_per_changed.unwrap_or(0.0)
-    );
+    )?;
     let mut tensors: Vec<_> = stats.tensors.iter().collect();
     tensors.sort_by_key(|t| std::cmp::Reverse(t.bytes.total()));
     let shown = if top == 0 {
@@ -323,7 +332,8 @@ fn print_stats(stats: &aurora_delta::stats::DeltaStats, top: usize) {
     } else {
         top.min(tensors.len())
     };
-    println!(
+    writeln!(
+        out,
         "\n{:<52} {:>8} {:>6} {:>10} {:>9} {:>10} {:>10} {:>9} {:>8}  encodings",
         "tensor",
         "change",
@@ -334,14 +344,15 @@ fn print_stats(stats: &aurora_delta::stats::DeltaStats, top: usize) {
         "values",
         "overhead",
         "B/chg"
-    );
+    )?;
     for t in &tensors[..shown] {
         let encodings: Vec<String> = t
             .encodings
             .iter()
             .map(|(k, v)| format!("{k}:{v}"))
             .collect();
-        println!(
+        writeln!(
+            out,
             "{:<52} {:>8} {:>6} {:>10} {:>9.4} {:>10} {:>10} {:>9} {:>8}  {}",
             t.name,
             t.change,
@@ -353,9 +364,14 @@ fn print_stats(stats: &aurora_delta::stats::DeltaStats, top: usize) {
             t.bytes.overhead,
             per(t.bytes_per_changed),
             encodings.join(" ")
-        );
+        )?;
     }
     if shown < tensors.len() {
-        println!("... {} more (--top 0 lists all)", tensors.len() - shown);
+        writeln!(
+            out,
+            "... {} more (--top 0 lists all)",
+            tensors.len() - shown
+        )?;
     }
+    Ok(out)
 }

@@ -55,6 +55,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes `text` to stdout; a reader that went away (`aurora delta inspect D | head`) is
+/// not an error.
+pub(crate) fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
 /// A progress bar on stderr for long operations; hidden when stderr is not a terminal.
 pub(crate) fn progress_bar(length: u64, message: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(length);

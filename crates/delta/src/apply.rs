@@ -15,7 +15,9 @@ use crate::bits::ByteReader;
 use crate::checkpoint::{Checkpoint, Hash, TensorLayout, TensorView};
 use crate::codec::{Changes, ChunkEncoding, ChunkRecord, decode_changes};
 use crate::error::{DeltaError, Result};
-use crate::format::{DeltaFile, DeltaHeader, MAX_CHUNK_ELEMENTS, TensorChange, TensorSpec};
+use crate::format::{
+    DeltaFile, DeltaHeader, MAX_CHUNK_ELEMENTS, TensorChange, TensorEntry, TensorSpec,
+};
 
 /// The decoded changes of one chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,12 +148,13 @@ fn segment_records(index: u32, bytes: &[u8]) -> Result<Vec<(ChunkRecord<'_>, usi
     Ok(records)
 }
 
-fn decode_chunk(
-    header: &DeltaHeader,
+/// Checks a chunk record against the tensor table (§5): the tensor exists and has a
+/// target side, new tensors are dense, and the range is non-empty, bounded and inside
+/// the tensor. Returns the tensor's entry and target spec, and the range's end.
+pub(crate) fn checked_record<'h>(
+    header: &'h DeltaHeader,
     record: &ChunkRecord<'_>,
-    encoded_bytes: usize,
-    base: &Checkpoint<'_>,
-) -> Result<PatchChunk> {
+) -> Result<(&'h TensorEntry, &'h TensorSpec, u64)> {
     let entry = header.tensors.get(record.tensor as usize).ok_or_else(|| {
         DeltaError::Malformed(format!(
             "chunk names tensor {} of a table with {}",
@@ -192,6 +195,22 @@ fn decode_chunk(
                 spec.element_count()
             ))
         })?;
+    Ok((entry, spec, end))
+}
+
+fn decode_chunk(
+    header: &DeltaHeader,
+    record: &ChunkRecord<'_>,
+    encoded_bytes: usize,
+    base: &Checkpoint<'_>,
+) -> Result<PatchChunk> {
+    let (entry, spec, end) = checked_record(header, record)?;
+    let fail = |reason: String| DeltaError::ChunkMalformed {
+        tensor: entry.name.clone(),
+        start: record.start,
+        reason,
+    };
+    let dense_only = !matches!(entry.change, TensorChange::Patched(_));
     let element_bytes = spec.dtype.size_bytes() as u64;
     let base_range = if dense_only {
         None

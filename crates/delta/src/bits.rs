@@ -120,6 +120,7 @@ impl BitWriter {
     }
 
     /// Appends the low `count` bits of `value` (`count` up to 64).
+    #[inline]
     pub fn write(&mut self, value: u64, count: u32) {
         debug_assert!(count <= 64);
         if count == 0 {
@@ -141,6 +142,7 @@ impl BitWriter {
     }
 
     /// Unary: `count` zero bits then a one bit.
+    #[inline]
     pub fn write_unary(&mut self, mut count: u64) {
         while count >= 32 {
             self.write(0, 32);

@@ -59,8 +59,13 @@ pub fn hf_layout_in_fused(
             let place = fused_by_name
                 .get(name.as_str())
                 .ok_or_else(|| mismatch(format!("'{name}' is missing")))?;
-            if place.dtype != spec.dtype || place.shape != spec.shape {
-                return Err(mismatch(format!("'{name}' has a different dtype or shape")));
+            if place.dtype != spec.dtype
+                || place.shape != spec.shape
+                || place.bytes.len() != byte_len
+            {
+                return Err(mismatch(format!(
+                    "'{name}' has a different dtype, shape or size"
+                )));
             }
             out.push((*place).clone());
             continue;

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::apply::checked_record;
 use crate::bits::{ByteReader, leb128_len};
 use crate::checkpoint::Hash;
 use crate::codec::{CHUNK_HEADER_BYTES, ChunkEncoding, ChunkRecord, aurora};
@@ -21,7 +22,9 @@ pub struct ByteBreakdown {
 
 impl ByteBreakdown {
     pub fn total(&self) -> u64 {
-        self.positions + self.values + self.overhead
+        self.positions
+            .saturating_add(self.values)
+            .saturating_add(self.overhead)
     }
 
     pub fn bytes_per_changed(&self) -> Option<f64> {
@@ -29,10 +32,10 @@ impl ByteBreakdown {
     }
 
     fn add(&mut self, other: &ByteBreakdown) {
-        self.changed += other.changed;
-        self.positions += other.positions;
-        self.values += other.values;
-        self.overhead += other.overhead;
+        self.changed = self.changed.saturating_add(other.changed);
+        self.positions = self.positions.saturating_add(other.positions);
+        self.values = self.values.saturating_add(other.values);
+        self.overhead = self.overhead.saturating_add(other.overhead);
     }
 }
 
@@ -78,12 +81,7 @@ pub fn delta_stats(file: &DeltaFile<'_>, file_bytes: u64) -> Result<DeltaStats> 
         let mut reader = ByteReader::new(file.verify_segment(index)?);
         while !reader.is_empty() {
             let record = ChunkRecord::read(&mut reader)?;
-            let entry = header.tensors.get(record.tensor as usize).ok_or_else(|| {
-                DeltaError::Malformed(format!("chunk names unknown tensor {}", record.tensor))
-            })?;
-            let spec = entry.change.target().ok_or_else(|| {
-                DeltaError::Malformed(format!("chunk for removed tensor '{}'", entry.name))
-            })?;
+            let (_, spec, _) = checked_record(header, &record)?;
             let mut breakdown = chunk_breakdown(&record, spec.dtype)?;
             breakdown.overhead += CHUNK_HEADER_BYTES as u64;
             let (encodings, total) = &mut per_tensor[record.tensor as usize];
@@ -92,8 +90,9 @@ pub fn delta_stats(file: &DeltaFile<'_>, file_bytes: u64) -> Result<DeltaStats> 
         }
     }
     let mut totals = ByteBreakdown::default();
-    let mut elements = 0;
-    let mut target_weights_bytes = 0;
+    let mut elements = 0u64;
+    let mut target_weights_bytes = 0u64;
+    let overflow = || DeltaError::Malformed("the tensor table's sizes overflow 64 bits".into());
     let tensors = header
         .tensors
         .iter()
@@ -105,10 +104,12 @@ pub fn delta_stats(file: &DeltaFile<'_>, file_bytes: u64) -> Result<DeltaStats> 
                 .or(entry.change.base())
                 .expect("a side");
             let tensor_elements = entry.change.target().map_or(0, |s| s.element_count());
-            elements += tensor_elements;
-            target_weights_bytes += entry.change.target().map_or(0, |s| s.byte_len());
+            elements = elements.checked_add(tensor_elements).ok_or_else(overflow)?;
+            target_weights_bytes = target_weights_bytes
+                .checked_add(entry.change.target().map_or(0, |s| s.byte_len()))
+                .ok_or_else(overflow)?;
             totals.add(&bytes);
-            TensorStats {
+            Ok(TensorStats {
                 name: entry.name.clone(),
                 change: match entry.change {
                     TensorChange::Patched(_) => "patched",
@@ -122,9 +123,9 @@ pub fn delta_stats(file: &DeltaFile<'_>, file_bytes: u64) -> Result<DeltaStats> 
                 encodings,
                 bytes_per_changed: bytes.bytes_per_changed(),
                 bytes,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     Ok(DeltaStats {
         id: file.id,
         base_version: header.base_version,
@@ -163,6 +164,12 @@ fn chunk_breakdown(record: &ChunkRecord<'_>, dtype: crate::Dtype) -> Result<Byte
         },
         ChunkEncoding::Leb128 => {
             let changed = ByteReader::new(record.payload).leb128("leb128 change count")?;
+            if changed > record.len {
+                return Err(DeltaError::Malformed(format!(
+                    "{changed} changes claimed in a chunk of {} elements",
+                    record.len
+                )));
+            }
             let count_bytes = leb128_len(changed) as u64;
             let values = changed
                 .saturating_mul(element_bytes)

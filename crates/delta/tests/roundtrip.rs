@@ -401,3 +401,174 @@ fn a_wrong_or_damaged_base_is_named() {
         "tensor 'x' is not in the delta's base",
     );
 }
+
+#[test]
+fn a_delta_of_hugging_face_names_applies_to_fused_parameters() {
+    // One layer with q/k/v and gate/up of different row counts, plus an unfused tensor.
+    let mut trainer = aurora_synth_like::Trainer::new(4096, 21);
+    let layer = |values: &[OwnedTensor]| -> Vec<OwnedTensor> {
+        let bytes: Vec<u8> = values
+            .iter()
+            .filter(|t| t.dtype == Dtype::Bf16)
+            .flat_map(|t| t.data.clone())
+            .collect();
+        let rows = [
+            ("q_proj", 8u64),
+            ("k_proj", 4),
+            ("v_proj", 4),
+            ("o_proj", 8),
+        ];
+        let mut out = Vec::new();
+        let mut at = 0;
+        for (name, count) in rows {
+            let len = (count * 16 * 2) as usize;
+            out.push(tensor(
+                &format!("model.layers.0.self_attn.{name}.weight"),
+                Dtype::Bf16,
+                &[count, 16],
+                bytes[at..at + len].to_vec(),
+            ));
+            at += len;
+        }
+        for (name, count) in [("gate_proj", 12u64), ("up_proj", 12)] {
+            let len = (count * 16 * 2) as usize;
+            out.push(tensor(
+                &format!("model.layers.0.mlp.{name}.weight"),
+                Dtype::Bf16,
+                &[count, 16],
+                bytes[at..at + len].to_vec(),
+            ));
+            at += len;
+        }
+        out
+    };
+    let base = layer(&trainer.export());
+    for _ in 0..40 {
+        trainer.step();
+    }
+    let target = layer(&trainer.export());
+    let bytes = extract(&base, &target, Encoding::Aurora);
+    let delta = DeltaFile::parse(&bytes).unwrap();
+    assert!(delta.header().tensors.len() == 6);
+
+    let fused_base = aurora_delta::fused::fuse(&owned_checkpoint(&base).unwrap()).unwrap();
+    let fused_target = aurora_delta::fused::fuse(&owned_checkpoint(&target).unwrap()).unwrap();
+    let names: Vec<&str> = fused_base.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.mlp.gate_up_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+            "model.layers.0.self_attn.qkv_proj.weight"
+        ]
+    );
+    let mut buffer = image(&fused_base);
+    let fused_layout = safetensors_layout(&buffer).unwrap();
+    let hf: Vec<_> = delta
+        .header()
+        .tensors
+        .iter()
+        .map(|e| (e.name.clone(), e.change.base().unwrap().clone()))
+        .collect();
+    let layout = aurora_delta::fused::hf_layout_in_fused(&fused_layout, &hf).unwrap();
+    let mut patch = {
+        let view = Checkpoint::from_layout(&buffer, &layout).unwrap();
+        check_base(delta.header(), &view, None).unwrap();
+        decode(&delta, &view).unwrap()
+    };
+    assert!(patch.changed_elements() > 0);
+    patch.apply_in_place(&mut buffer, &layout).unwrap();
+    assert_eq!(buffer, image(&fused_target));
+
+    // A fused tensor whose size does not match its parts is refused, not misapplied.
+    for name in ["qkv_proj", "o_proj"] {
+        let mut short = fused_layout.clone();
+        let tensor = short.iter_mut().find(|l| l.name.contains(name)).unwrap();
+        tensor.bytes.end -= 2;
+        assert!(
+            aurora_delta::fused::hf_layout_in_fused(&short, &hf).is_err(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn composed_and_inverted_deltas_are_exact() {
+    let mut trainer = aurora_synth_like::Trainer::new(60_000, 8);
+    let mut versions = vec![trainer.export()];
+    for _ in 0..4 {
+        trainer.step();
+        versions.push(trainer.export());
+    }
+    let chain_bytes: Vec<Vec<u8>> = versions
+        .windows(2)
+        .enumerate()
+        .map(|(v, pair)| {
+            let (base, target) = (
+                owned_checkpoint(&pair[0]).unwrap(),
+                owned_checkpoint(&pair[1]).unwrap(),
+            );
+            let options = ExtractOptions {
+                base_version: v as u64,
+                target_version: v as u64 + 1,
+                ..ExtractOptions::default()
+            };
+            Extraction::new(&base, &target, options)
+                .unwrap()
+                .to_bytes()
+                .unwrap()
+                .1
+        })
+        .collect();
+    let chain: Vec<DeltaFile<'_>> = chain_bytes
+        .iter()
+        .map(|b| DeltaFile::parse(b).unwrap())
+        .collect();
+    let first = owned_checkpoint(&versions[0]).unwrap();
+    let last = owned_checkpoint(&versions[4]).unwrap();
+
+    let (manifest, composed) =
+        aurora_delta::compose(&first, &chain, ExtractOptions::default()).unwrap();
+    assert_eq!(
+        (manifest.header.base_version, manifest.header.target_version),
+        (0, 4)
+    );
+    let composed = DeltaFile::parse(&composed).unwrap();
+    let rebuilt = apply(&composed, &first, None).unwrap();
+    assert_eq!(
+        owned_checkpoint(&rebuilt).unwrap().weights_hash(),
+        last.weights_hash()
+    );
+    // Composition keeps only net changes: never more than the chain's sum.
+    let chain_changes: u64 = chain
+        .iter()
+        .zip(&versions)
+        .map(|(d, v)| {
+            decode(d, &owned_checkpoint(v).unwrap())
+                .unwrap()
+                .changed_elements()
+        })
+        .sum();
+    assert!(decode(&composed, &first).unwrap().changed_elements() < chain_changes);
+
+    // A gap in the chain is refused and named.
+    let gapped = [chain[0].clone(), chain[2].clone()];
+    let error = aurora_delta::compose(&first, &gapped, ExtractOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("chain is broken"), "{error}");
+
+    let (inverse_manifest, inverse) =
+        aurora_delta::invert(&chain[0], &first, ExtractOptions::default()).unwrap();
+    assert_eq!(
+        (
+            inverse_manifest.header.base_hash,
+            inverse_manifest.header.target_hash
+        ),
+        (chain[0].header().target_hash, chain[0].header().base_hash)
+    );
+    let inverse = DeltaFile::parse(&inverse).unwrap();
+    let second = owned_checkpoint(&versions[1]).unwrap();
+    let back = apply(&inverse, &second, None).unwrap();
+    let mut expected = versions[0].clone();
+    expected.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(back, expected);
+}

@@ -18,6 +18,7 @@ use super::entropy::{
 };
 use super::scan::{
     Classes, MAX_CLASSES, Word, apply_step, changed_mask, max_step_value, select_bit, step_value,
+    with_threshold_count,
 };
 use crate::bits::{BitReader, BitWriter, ByteReader, leb128_len, write_leb128};
 use crate::dtype::FloatLayout;
@@ -27,14 +28,14 @@ use crate::error::{DeltaError, Result};
 /// exponential-Golomb remainder.
 const ESCAPE: u64 = ALPHABET as u64 - 1;
 /// The class search samples about this many 64-element blocks per chunk...
-const SAMPLED_BLOCKS: usize = 1024;
+const SAMPLED_BLOCKS: usize = 512;
 /// ...but at least one block in this many.
-const MAX_SAMPLE_STRIDE: usize = 16;
+const MAX_SAMPLE_STRIDE: usize = 32;
 /// Relative size a chunk may give up for fewer classes (a faster decoder scan).
 const CLASS_TOLERANCE: f64 = 0.01;
 /// Exponent values are merged into at most this many bins before the class search, which
 /// bounds its cost on chunks whose values span every exponent.
-const MAX_BINS: usize = 64;
+const MAX_BINS: usize = 24;
 
 /// Encodes the changes between two equally long ranges of a tensor, or returns `false`
 /// (writing nothing) when nothing changed.
@@ -74,51 +75,16 @@ fn encode_body<W: Word>(
     let classes = choose_classes::<W>(base, target, len, layout);
     let class_count = classes.count();
 
-    // One pass finds each changed element, its class, rank and step while its block is
-    // in cache.
-    let mut ranks: Vec<Vec<u64>> = vec![Vec::new(); class_count];
-    let mut class_steps: Vec<Vec<u64>> = vec![Vec::new(); class_count];
-    let mut populations = [0u64; MAX_CLASSES];
-    let mut populations_to_last_change = [0u64; MAX_CLASSES];
-    let mut block = 0;
-    while block < len {
-        let block_len = (len - block).min(64);
-        let mut changed = changed_mask::<W>(base, target, block, block_len);
-        let masks = if class_count == 1 {
-            [u64::MAX >> (64 - block_len), 0, 0, 0, 0, 0, 0, 0]
-        } else {
-            classes.masks::<W>(base, block, block_len)
-        };
-        let any_change = changed != 0;
-        while changed != 0 {
-            let bit = changed.trailing_zeros();
-            let position = block + bit as usize;
-            let class = if class_count == 1 {
-                0
-            } else {
-                classes.class_of(W::load(base, position))
-            };
-            let below = (1u64 << bit) - 1;
-            ranks[class].push(populations[class] + u64::from((masks[class] & below).count_ones()));
-            class_steps[class].push(step_value(
-                W::load(base, position),
-                W::load(target, position),
-            ));
-            changed &= changed - 1;
-        }
-        for (population, mask) in populations.iter_mut().zip(masks) {
-            *population += u64::from(mask.count_ones());
-        }
-        if any_change {
-            populations_to_last_change = populations;
-        }
-        block += block_len;
-    }
+    let ClassChanges {
+        ranks,
+        steps: class_steps,
+        populations,
+    } = with_threshold_count!(classes.thresholds.len(), T => {
+        find_changes::<W, T>(base, target, len, &classes)
+    });
     if ranks.iter().all(Vec::is_empty) {
         return false;
     }
-    // Gaps after the last change are never coded, so density is measured up to it.
-    let populations = populations_to_last_change;
 
     out.push(class_count as u8);
     out.extend(classes.thresholds.iter().map(|&t| t as u8));
@@ -166,6 +132,71 @@ fn encode_body<W: Word>(
     out.extend_from_slice(&bitstream);
     out.extend_from_slice(&rans.finish());
     true
+}
+
+/// The changed elements of a chunk by class: ranks, step values, and each class's
+/// population up to the block of the last change (gaps after it are never coded, so
+/// density is measured up to it).
+struct ClassChanges {
+    ranks: Vec<Vec<u64>>,
+    steps: Vec<Vec<u64>>,
+    populations: [u64; MAX_CLASSES],
+}
+
+/// One pass over the chunk finds each changed element, its class, rank and step while
+/// its block is in cache.
+#[inline(always)]
+fn find_changes<W: Word, const T: usize>(
+    base: &[u8],
+    target: &[u8],
+    len: usize,
+    classes: &Classes,
+) -> ClassChanges {
+    let mut ranks: Vec<Vec<u64>> = vec![Vec::new(); T + 1];
+    let mut steps: Vec<Vec<u64>> = vec![Vec::new(); T + 1];
+    let mut populations = [0u64; MAX_CLASSES];
+    let mut populations_to_last_change = [0u64; MAX_CLASSES];
+    let mut block = 0;
+    while block < len {
+        let block_len = (len - block).min(64);
+        let mut changed = changed_mask::<W>(base, target, block, block_len);
+        let masks = if T == 0 {
+            [u64::MAX >> (64 - block_len), 0, 0, 0, 0, 0, 0, 0]
+        } else {
+            classes.masks::<W, T>(base, block, block_len)
+        };
+        if changed != 0 {
+            while changed != 0 {
+                let bit = changed.trailing_zeros();
+                let position = block + bit as usize;
+                let class = (0..=T)
+                    .find(|&c| masks[c] & (1 << bit) != 0)
+                    .expect("classes partition the block");
+                let below = (1u64 << bit) - 1;
+                ranks[class]
+                    .push(populations[class] + u64::from((masks[class] & below).count_ones()));
+                steps[class].push(step_value(
+                    W::load(base, position),
+                    W::load(target, position),
+                ));
+                changed &= changed - 1;
+            }
+            for c in 0..=T {
+                populations[c] += u64::from(masks[c].count_ones());
+            }
+            populations_to_last_change = populations;
+        } else {
+            for c in 0..=T {
+                populations[c] += u64::from(masks[c].count_ones());
+            }
+        }
+        block += block_len;
+    }
+    ClassChanges {
+        ranks,
+        steps,
+        populations: populations_to_last_change,
+    }
 }
 
 /// The header of an `aurora` payload and its two streams.
@@ -387,6 +418,27 @@ fn locate_body<W: Word>(
         }
         return Ok((positions, values));
     }
+    let remaining = with_threshold_count!(classes.thresholds.len(), T => {
+        locate_classes::<W, T>(base, len, classes, ranks, steps, &mut emit)
+    });
+    if remaining > 0 {
+        return Err(bad(format!(
+            "{remaining} change ranks lie beyond their class's population"
+        )));
+    }
+    Ok((positions, values))
+}
+
+/// The scan of [`locate`] for `T` thresholds; returns how many changes it did not find.
+#[inline(always)]
+fn locate_classes<W: Word, const T: usize>(
+    base: &[u8],
+    len: usize,
+    classes: &Classes,
+    ranks: &[Vec<u64>],
+    steps: &[Vec<u64>],
+    emit: &mut impl FnMut(usize, u64),
+) -> usize {
     // until[c]: members of class c to pass, counted from the current block's start,
     // before its next change (u64::MAX once the class has none left). Most blocks hold no
     // change, and for them the bookkeeping is a few vector operations.
@@ -397,20 +449,23 @@ fn locate_body<W: Word>(
             until[class] = first;
         }
     }
-    let mut remaining = total;
+    let mut remaining: usize = ranks.iter().map(Vec::len).sum();
     let mut in_block: Vec<(usize, u64)> = Vec::with_capacity(64);
     let mut block = 0;
     while remaining > 0 && block < len {
         let block_len = (len - block).min(64);
-        let masks = classes.masks::<W>(base, block, block_len);
+        let masks = classes.masks::<W, T>(base, block, block_len);
         let populations: [u64; MAX_CLASSES] =
             std::array::from_fn(|c| u64::from(masks[c].count_ones()));
-        let hit = until
-            .iter()
-            .zip(&populations)
-            .fold(false, |hit, (u, p)| hit | (u < p));
-        if hit {
-            for class in 0..classes.count() {
+        // Classes with a change in this block, as bits: most blocks have none, and the
+        // others rarely more than one, so visiting set bits beats testing every class.
+        let mut hit = (0..=T).fold(0u32, |hit, c| {
+            hit | (u32::from(until[c] < populations[c]) << c)
+        });
+        if hit != 0 {
+            while hit != 0 {
+                let class = hit.trailing_zeros() as usize;
+                hit &= hit - 1;
                 while until[class] < populations[class] {
                     let bit = select_bit(masks[class], until[class] as u32);
                     in_block.push((block + bit as usize, steps[class][next[class]]));
@@ -429,17 +484,14 @@ fn locate_body<W: Word>(
                 emit(position, step);
             }
         }
-        for (u, p) in until.iter_mut().zip(populations) {
-            *u = u.saturating_sub(p) | if *u == u64::MAX { u64::MAX } else { 0 };
+        for c in 0..=T {
+            if until[c] != u64::MAX {
+                until[c] -= populations[c];
+            }
         }
         block += block_len;
     }
-    if remaining > 0 {
-        return Err(bad(format!(
-            "{remaining} change ranks lie beyond their class's population"
-        )));
-    }
-    Ok((positions, values))
+    remaining
 }
 
 fn symbol_counts(steps: &[u64]) -> [u64; ALPHABET] {

@@ -234,6 +234,7 @@ pub fn golomb_parameter(changed: u64, population: u64) -> u64 {
 
 /// Golomb code: quotient in unary, remainder in truncated binary, high bits first so
 /// the decoder can tell the short codes from the long ones.
+#[inline]
 pub fn write_golomb(writer: &mut BitWriter, value: u64, m: u64) {
     writer.write_unary(value / m);
     let remainder = value % m;

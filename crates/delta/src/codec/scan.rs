@@ -212,7 +212,7 @@ pub(crate) struct Classes {
     /// For 16-bit floats, `(word >> 7) & 0xFF` orders like the exponent (it is the
     /// exponent for BF16, the exponent and three mantissa bits for F16), so each threshold
     /// becomes one byte compare: 16 or 32 elements per SIMD instruction.
-    threshold_bytes: Vec<u8>,
+    threshold_bytes: [u8; MAX_CLASSES],
     kernel: Kernel,
 }
 
@@ -231,12 +231,19 @@ impl Classes {
     pub fn new(layout: FloatLayout, thresholds: Vec<u32>) -> Classes {
         let byte_shift = layout.exponent_shift.checked_sub(7);
         let fits_a_byte = layout.exponent_mask <= 0x7FFF && byte_shift.is_some();
-        let (threshold_bytes, kernel) = if fits_a_byte {
+        assert!(
+            thresholds.len() < MAX_CLASSES,
+            "at most {MAX_CLASSES} classes"
+        );
+        let mut threshold_bytes = [0u8; MAX_CLASSES];
+        let kernel = if fits_a_byte {
             let shift = byte_shift.expect("checked");
-            let bytes = thresholds.iter().map(|&t| (t << shift) as u8).collect();
-            (bytes, simd_kernel())
+            for (byte, &t) in threshold_bytes.iter_mut().zip(&thresholds) {
+                *byte = (t << shift) as u8;
+            }
+            simd_kernel()
         } else {
-            (Vec::new(), Kernel::Scalar)
+            Kernel::Scalar
         };
         Classes {
             layout,
@@ -264,22 +271,36 @@ impl Classes {
             .count()
     }
 
-    /// Per-class bit masks of up to 64 elements starting at `first`.
+    /// Per-class bit masks of up to 64 elements starting at `first`. `T` is the number of
+    /// thresholds, fixed at compile time (see [`with_threshold_count`]) so the per-class
+    /// loops unroll and the masks stay in registers.
     #[inline(always)]
-    pub fn masks<W: Word>(&self, base: &[u8], first: usize, len: usize) -> [u64; MAX_CLASSES] {
+    pub fn masks<W: Word, const T: usize>(
+        &self,
+        base: &[u8],
+        first: usize,
+        len: usize,
+    ) -> [u64; MAX_CLASSES] {
+        debug_assert_eq!(T, self.thresholds.len());
         #[cfg(target_arch = "x86_64")]
         if W::BYTES == 2 && len == 64 && self.kernel != Kernel::Scalar {
             let block = &base[2 * first..2 * first + 128];
-            let mut at_least = [0u64; MAX_CLASSES];
             // SAFETY: the kernel was chosen by runtime feature detection (SSE2 is part of
             // the x86_64 baseline) and the block holds exactly 64 elements.
-            unsafe {
+            let at_least = unsafe {
                 match self.kernel {
-                    Kernel::Avx2 => at_least_avx2(block, &self.threshold_bytes, &mut at_least),
-                    _ => at_least_sse2(block, &self.threshold_bytes, &mut at_least),
+                    Kernel::Avx2 => at_least_avx2::<T>(block, &self.threshold_bytes),
+                    _ => at_least_sse2::<T>(block, &self.threshold_bytes),
                 }
+            };
+            let mut masks = [0u64; MAX_CLASSES];
+            let mut previous = u64::MAX;
+            for (class, mask) in masks.iter_mut().enumerate().take(T + 1) {
+                let next = if class < T { at_least[class] } else { 0 };
+                *mask = previous & !next;
+                previous = next;
             }
-            return self.classes_from_at_least(&at_least);
+            return masks;
         }
         let mut masks = [0u64; MAX_CLASSES];
         for bit in 0..len {
@@ -287,22 +308,50 @@ impl Classes {
         }
         masks
     }
-
-    fn classes_from_at_least(&self, at_least: &[u64; MAX_CLASSES]) -> [u64; MAX_CLASSES] {
-        let mut masks = [0u64; MAX_CLASSES];
-        let mut previous = u64::MAX;
-        for (class, mask) in masks.iter_mut().enumerate().take(self.count()) {
-            let next = if class < self.thresholds.len() {
-                at_least[class]
-            } else {
-                0
-            };
-            *mask = previous & !next;
-            previous = next;
-        }
-        masks
-    }
 }
+
+/// Runs `$body` with `$t` bound to a compile-time constant equal to `$count` (0..=7), so
+/// code generic over the threshold count is instantiated once per count.
+macro_rules! with_threshold_count {
+    ($count:expr, $t:ident => $body:expr) => {
+        match $count {
+            0 => {
+                const $t: usize = 0;
+                $body
+            }
+            1 => {
+                const $t: usize = 1;
+                $body
+            }
+            2 => {
+                const $t: usize = 2;
+                $body
+            }
+            3 => {
+                const $t: usize = 3;
+                $body
+            }
+            4 => {
+                const $t: usize = 4;
+                $body
+            }
+            5 => {
+                const $t: usize = 5;
+                $body
+            }
+            6 => {
+                const $t: usize = 6;
+                $body
+            }
+            7 => {
+                const $t: usize = 7;
+                $body
+            }
+            other => unreachable!("{other} thresholds, at most 7"),
+        }
+    };
+}
+pub(crate) use with_threshold_count;
 
 fn simd_kernel() -> Kernel {
     #[cfg(target_arch = "x86_64")]
@@ -317,13 +366,19 @@ fn simd_kernel() -> Kernel {
     Kernel::Scalar
 }
 
-/// `at_least[k]` bit i: the exponent byte of element i is >= `thresholds[k]`.
+/// `at_least[k]` bit i: the exponent byte of element i is >= `thresholds[k]`, k < T.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
 #[inline]
-unsafe fn at_least_sse2(block: &[u8], thresholds: &[u8], at_least: &mut [u64; MAX_CLASSES]) {
+unsafe fn at_least_sse2<const T: usize>(
+    block: &[u8],
+    thresholds: &[u8; MAX_CLASSES],
+) -> [u64; MAX_CLASSES] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
+    let bounds: [__m128i; MAX_CLASSES] =
+        std::array::from_fn(|k| _mm_set1_epi8(thresholds[k] as i8));
+    let mut at_least = [0u64; MAX_CLASSES];
     for j in 0..4 {
         // SAFETY: 32 bytes at 32*j lie inside the 128-byte block.
         let (a, b) = unsafe {
@@ -335,20 +390,26 @@ unsafe fn at_least_sse2(block: &[u8], thresholds: &[u8], at_least: &mut [u64; MA
         };
         let byte = |v| _mm_srli_epi16::<8>(_mm_slli_epi16::<1>(v));
         let bytes = _mm_packus_epi16(byte(a), byte(b));
-        for (k, &t) in thresholds.iter().enumerate() {
-            let t = _mm_set1_epi8(t as i8);
-            let ge = _mm_cmpeq_epi8(_mm_max_epu8(bytes, t), bytes);
+        for k in 0..T {
+            let ge = _mm_cmpeq_epi8(_mm_max_epu8(bytes, bounds[k]), bytes);
             at_least[k] |= u64::from(_mm_movemask_epi8(ge) as u32 as u16) << (16 * j);
         }
     }
+    at_least
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn at_least_avx2(block: &[u8], thresholds: &[u8], at_least: &mut [u64; MAX_CLASSES]) {
+unsafe fn at_least_avx2<const T: usize>(
+    block: &[u8],
+    thresholds: &[u8; MAX_CLASSES],
+) -> [u64; MAX_CLASSES] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
+    let bounds: [__m256i; MAX_CLASSES] =
+        std::array::from_fn(|k| _mm256_set1_epi8(thresholds[k] as i8));
+    let mut at_least = [0u64; MAX_CLASSES];
     for j in 0..2 {
         // SAFETY: 64 bytes at 64*j lie inside the 128-byte block.
         let (a, b) = unsafe {
@@ -362,12 +423,12 @@ unsafe fn at_least_avx2(block: &[u8], thresholds: &[u8], at_least: &mut [u64; MA
         // packus interleaves 128-bit lanes; the permute restores element order.
         let bytes =
             _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(byte(a), byte(b)));
-        for (k, &t) in thresholds.iter().enumerate() {
-            let t = _mm256_set1_epi8(t as i8);
-            let ge = _mm256_cmpeq_epi8(_mm256_max_epu8(bytes, t), bytes);
+        for k in 0..T {
+            let ge = _mm256_cmpeq_epi8(_mm256_max_epu8(bytes, bounds[k]), bytes);
             at_least[k] |= u64::from(_mm256_movemask_epi8(ge) as u32) << (32 * j);
         }
     }
+    at_least
 }
 
 /// Position of the `rank`-th set bit of `mask` (rank counted from zero).
@@ -445,7 +506,8 @@ mod tests {
                     kernel,
                     ..classes.clone()
                 };
-                assert_eq!(forced.masks::<u16>(&bytes, 0, 64), slow, "{kernel:?}");
+                let fast = with_threshold_count!(forced.thresholds.len(), T => forced.masks::<u16, T>(&bytes, 0, 64));
+                assert_eq!(fast, slow, "{kernel:?}");
             }
         }
     }
