@@ -251,10 +251,17 @@ mod tests {
 
         // Now the file is at the target: applying again is a wrong base and changes nothing.
         let before = fs::read(&base_path).unwrap();
-        let error = apply_in_place(&base_path, &delta, false)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("wrong base"), "{error}");
+        let error = apply_in_place(&base_path, &delta, false).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                FileError::Delta {
+                    source: DeltaError::WrongBase { .. },
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
         assert_eq!(fs::read(&base_path).unwrap(), before);
     }
 

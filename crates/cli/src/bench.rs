@@ -1,4 +1,5 @@
-//! `aurora bench codec`: delta sizes and codec throughput, each next to its baseline.
+//! `aurora bench codec`: delta sizes and codec throughput, each next to its baseline;
+//! `aurora bench control`: scheduling in the deterministic simulator.
 //!
 //! For every density: bytes per changed element of int32 indices, the published `leb128`
 //! encoding, ours, and the empirical information floor given the base exponent; extraction
@@ -31,6 +32,12 @@ pub enum BenchCommand {
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+    },
+    /// Scheduling in the deterministic simulator: proportional against uniform split on
+    /// an A100 + L40 pool, and the throughput timeline through a preemption and a rejoin.
+    Control {
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
     },
 }
 
@@ -85,15 +92,76 @@ fn learning_rate_for(density_percent: f64) -> f64 {
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
-    let BenchCommand::Codec {
-        preset: preset_name,
-        densities,
-        seed,
-        json,
-    } = command;
-    let shape = preset(&preset_name).with_context(|| format!("unknown preset '{preset_name}'"))?;
+    match command {
+        BenchCommand::Codec {
+            preset,
+            densities,
+            seed,
+            json,
+        } => codec(&preset, &densities, seed, json),
+        BenchCommand::Control { seed } => control(seed),
+    }
+}
+
+fn control(seed: u64) -> Result<()> {
+    use aurora_control::sim;
+    let comparison = sim::compare_split_policies(seed)
+        .map_err(|violation| anyhow::anyhow!("simulation violated an invariant: {violation:?}"))?;
+    println!("A100 + L40 pool (2 of each), seed {seed}: Algorithm 1 against an equal split");
+    println!("  split          mean step s   idle share   accepted per actor");
+    for (name, outcome) in [
+        ("proportional", &comparison.proportional),
+        ("uniform", &comparison.uniform),
+    ] {
+        let accepted: Vec<String> = outcome
+            .actors
+            .iter()
+            .map(|a| format!("{} {}", a.label, a.accepted))
+            .collect();
+        println!(
+            "  {name:<14} {:>11.2} {:>11.1}%   {}",
+            outcome.mean_step_ms as f64 / 1e3,
+            100.0 * outcome.idle_fraction,
+            accepted.join(", ")
+        );
+    }
+    let speedup =
+        comparison.uniform.mean_step_ms as f64 / comparison.proportional.mean_step_ms.max(1) as f64;
+    println!(
+        "  proportional steps are {:.0}% shorter",
+        100.0 * (1.0 - 1.0 / speedup)
+    );
+
+    let timeline = sim::preemption_timeline(seed)
+        .map_err(|violation| anyhow::anyhow!("simulation violated an invariant: {violation:?}"))?;
+    println!(
+        "\nPreemption of an A100 at {} s, rejoin at {} s (two A100s and an L40):",
+        sim::Scenario::PREEMPTION_AT_MS / 1000,
+        sim::Scenario::REJOIN_AT_MS / 1000
+    );
+    println!("  step   opened s   step s   live actors   goodput tokens/s");
+    for step in &timeline {
+        println!(
+            "  {:>4} {:>10.1} {:>8.1} {:>13} {:>18.0}",
+            step.step.0,
+            step.opened_at.0 as f64 / 1e3,
+            step.step_ms() as f64 / 1e3,
+            step.live_actors,
+            step.goodput_tokens_per_s()
+        );
+    }
+    Ok(())
+}
+
+fn codec(
+    preset_name: &str,
+    densities: &[f64],
+    seed: u64,
+    json: Option<std::path::PathBuf>,
+) -> Result<()> {
+    let shape = preset(preset_name).with_context(|| format!("unknown preset '{preset_name}'"))?;
     let mut results = Vec::new();
-    for &density in &densities {
+    for &density in densities {
         let learning_rate = learning_rate_for(density) as f32;
         tracing::info!(density, learning_rate, "generating base and target");
         let mut synth = Synth::new(SynthConfig {
@@ -104,7 +172,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         synth.step();
         let target = synth.export();
         drop(synth);
-        let result = measure(&preset_name, density, learning_rate, &base, &target)?;
+        let result = measure(preset_name, density, learning_rate, &base, &target)?;
         print_result(&result);
         results.push(result);
     }

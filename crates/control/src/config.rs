@@ -4,8 +4,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::lease::{LeaseConfig, MAX_COMPLETION_WINDOW};
-use crate::scheduler::{NewActorEstimate, SchedulerConfig, SplitPolicy, Throughput};
-use crate::values::Permille;
+use crate::scheduler::{MilliTokensPerS, NewActorEstimate, SchedulerConfig, SplitPolicy};
+use crate::values::{Millis, Permille};
 
 /// All control plane settings. Validated once by [`crate::ControlPlane::new`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +20,11 @@ pub struct Config {
     pub heartbeat_timeout_ms: u64,
     /// When a step may finish with fewer than all its results; `None` waits for all.
     pub partial_batch: Option<PartialBatchPolicy>,
+    /// Warning window after a preemption notice: the actor gets no new work, results
+    /// for leases it already holds are accepted until the window ends (and the leases
+    /// themselves are live), and then it is removed and its unfinished leases return
+    /// to the pool. Zero removes it at once.
+    pub preemption_grace_ms: u64,
 }
 
 /// Bounds on the core's state, so that no sequence of requests can grow it without
@@ -50,6 +55,23 @@ pub struct PartialBatchPolicy {
     pub min_accepted: Permille,
 }
 
+impl PartialBatchPolicy {
+    /// When a step opened at `opened_at` may start completing partially.
+    pub fn deadline(self, opened_at: Millis) -> Millis {
+        opened_at.saturating_add(self.after_ms)
+    }
+
+    /// The smallest accepted count that completes a step of `batch_size` partially:
+    /// `min_accepted` of it rounded up, and at least one job.
+    pub fn minimum_accepted(self, batch_size: u32) -> u32 {
+        let minimum = self
+            .min_accepted
+            .of_rounded_up(u64::from(batch_size))
+            .max(1);
+        u32::try_from(minimum).unwrap_or(u32::MAX)
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum ConfigError {
@@ -76,12 +98,15 @@ pub enum ConfigError {
     /// A new actor would start with a zero estimate and could be starved.
     #[error("the starting estimate of new actors must be positive")]
     ZeroNewActorEstimate,
+    /// The cap on measured throughput is zero, so every sample would be zero.
+    #[error("scheduler.max_sample_rate must be positive")]
+    ZeroMaxSampleRate,
 }
 
 impl Config {
     /// Checks every field; the core relies on these bounds holding.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let positive: [(&'static str, u64); 8] = [
+        let positive: [(&'static str, u64); 9] = [
             ("limits.max_actors", self.limits.max_actors.into()),
             ("limits.max_batch_size", self.limits.max_batch_size.into()),
             (
@@ -102,6 +127,7 @@ impl Config {
                 self.lease.completion_window.into(),
             ),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("scheduler.min_sample_ms", self.scheduler.min_sample_ms),
         ];
         if let Some(&(name, _)) = positive.iter().find(|&&(_, value)| value == 0) {
             return Err(ConfigError::Zero(name));
@@ -130,8 +156,11 @@ impl Config {
             NewActorEstimate::Fixed(estimate) => estimate,
             NewActorEstimate::MinimumOfKnown { floor } => floor,
         };
-        if starting_estimate == Throughput(0) {
+        if starting_estimate == MilliTokensPerS::ZERO {
             return Err(ConfigError::ZeroNewActorEstimate);
+        }
+        if self.scheduler.max_sample_rate == MilliTokensPerS::ZERO {
+            return Err(ConfigError::ZeroMaxSampleRate);
         }
         Ok(())
     }
@@ -160,11 +189,17 @@ impl Default for Config {
                 estimate_weight: Permille::clamped(800),
                 behind_decay: Permille::clamped(500),
                 new_actor_estimate: NewActorEstimate::MinimumOfKnown {
-                    floor: Throughput::from_tokens_per_s(100),
+                    floor: MilliTokensPerS::from_tokens_per_s(100),
                 },
+                min_sample_ms: 1_000,
+                // Far above one GPU's decoding rate, far below what would let one
+                // inflated report take a whole batch from a pool of real actors.
+                max_sample_rate: MilliTokensPerS::from_tokens_per_s(200_000),
+                expiry_decay: Permille::clamped(700),
             },
             heartbeat_timeout_ms: 30_000,
             partial_batch: None,
+            preemption_grace_ms: 30_000,
         }
     }
 }
@@ -220,8 +255,16 @@ mod tests {
             )),
         );
         check_config(
-            |c| c.scheduler.new_actor_estimate = NewActorEstimate::Fixed(Throughput(0)),
+            |c| c.scheduler.new_actor_estimate = NewActorEstimate::Fixed(MilliTokensPerS::ZERO),
             Err(ConfigError::ZeroNewActorEstimate),
+        );
+        check_config(
+            |c| c.scheduler.min_sample_ms = 0,
+            Err(ConfigError::Zero("scheduler.min_sample_ms")),
+        );
+        check_config(
+            |c| c.scheduler.max_sample_rate = MilliTokensPerS::ZERO,
+            Err(ConfigError::ZeroMaxSampleRate),
         );
     }
 }

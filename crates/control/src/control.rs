@@ -4,8 +4,15 @@
 //! receives, passing the time the message arrived, and reads the answer from the
 //! return value; it calls [`ControlPlane::tick`] at [`ControlPlane::next_deadline`]
 //! and drains [`ControlPlane::poll_event`] after each call. The whole state is plain
-//! data: serialize it with serde to persist it, deserialize it and call
-//! [`ControlPlane::resume`] to carry on after a restart.
+//! data: serialize it with serde to persist it, deserialize it as a [`Snapshot`] and
+//! call [`ControlPlane::restore`], which checks it, to carry on after a restart.
+//!
+//! **Time only moves forward.** The core keeps the latest `now` it has been given
+//! (its clock, part of the snapshot). A call with an earlier `now`, from a driver
+//! restarted on another clock or a message processed out of order, is handled as if
+//! it came at the clock: clamping (rather than refusing the call) keeps the core
+//! available, and it can only make deadlines come sooner, never later, so a result is
+//! never accepted after its lease's expiry as the core has already seen time.
 
 use std::collections::BTreeMap;
 
@@ -16,11 +23,12 @@ use crate::config::{Config, ConfigError};
 use crate::events::{Departure, Event, EventQueue};
 use crate::ledger::{
     Accepted, LeaseGrant, Ledger, OpenStepError, PublishError, Rejection, RolloutReport, Stats,
-    StepProgress, StepReport,
+    StepOutcome, StepProgress, StepReport,
 };
 use crate::membership::{
     Joined, Member, Membership, MembershipError, Registration, UnknownActor, check_versions,
 };
+use crate::restore::{RestoreError, Snapshot};
 use crate::scheduler::{Eligibility, split_among_eligible};
 use crate::values::{ActorId, Millis, PromptId, Region, StepId, Version, WeightsHash};
 
@@ -50,6 +58,12 @@ pub enum Assignment {
         /// Jobs to generate.
         leases: Vec<LeaseGrant>,
     },
+    /// The actor is in its preemption window: no new work; results for the leases it
+    /// holds are accepted until `leaving_at` (and each lease's own expiry).
+    Leaving {
+        /// When the window ends and the actor is removed.
+        leaving_at: Millis,
+    },
     /// The actor is too far behind for the open step and gets nothing from it.
     CatchUp {
         /// The open step's version.
@@ -74,12 +88,17 @@ pub enum SubmitError {
 
 /// The control plane's pure core. See the crate documentation for the rules it
 /// enforces.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// It serializes but does not deserialize: state read back from storage is a
+/// [`Snapshot`], and only [`ControlPlane::restore`] turns it into a core.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ControlPlane {
     config: Config,
     ledger: Ledger,
     membership: Membership,
     events: EventQueue,
+    /// The latest `now` seen (see the module documentation).
+    clock: Millis,
 }
 
 impl ControlPlane {
@@ -92,7 +111,71 @@ impl ControlPlane {
             ledger: Ledger::default(),
             membership: Membership::default(),
             events,
+            clock: Millis(0),
         })
+    }
+
+    /// Carries on from a snapshot read back from storage. Every invariant is checked
+    /// first (the config by the rules of [`ControlPlane::new`], then the ledger and
+    /// membership against it), so a corrupt or hostile snapshot is a [`RestoreError`]
+    /// rather than a panic or a core breaking its own rules.
+    ///
+    /// The hub heard nothing while it was down, so that silence says nothing about
+    /// the actors: their heartbeat clocks restart at `now`. Leases keep their
+    /// deadlines; the acceptance rule is never relaxed, and a `now` earlier than the
+    /// snapshot's clock is taken as that clock.
+    pub fn restore(snapshot: Snapshot, now: Millis) -> Result<ControlPlane, RestoreError> {
+        let Snapshot {
+            config,
+            ledger,
+            membership,
+            events,
+            clock,
+        } = snapshot;
+        let mut core = ControlPlane {
+            config,
+            ledger,
+            membership,
+            events,
+            clock,
+        };
+        core.check_invariants()?;
+        let now = core.observe(now);
+        core.membership.forgive_silence_until(now);
+        core.tick(now);
+        Ok(core)
+    }
+
+    /// The state to persist; [`ControlPlane::restore`] carries on from it. Serializing
+    /// the core itself writes the same text.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            config: self.config.clone(),
+            ledger: self.ledger.clone(),
+            membership: self.membership.clone(),
+            events: self.events.clone(),
+            clock: self.clock,
+        }
+    }
+
+    /// Checks every invariant that [`ControlPlane::restore`] demands of a snapshot.
+    /// They hold after every call; tests and the simulator check them.
+    pub fn check_invariants(&self) -> Result<(), RestoreError> {
+        self.config.validate()?;
+        self.events.check(self.config.limits.max_pending_events)?;
+        let latest = self.ledger.latest().map(|(version, _)| version);
+        self.membership.check(&self.config, latest, self.clock)?;
+        let members = self.membership.members();
+        self.ledger.check(
+            &self.config,
+            |actor| members.contains_key(&actor),
+            self.clock,
+        )
+    }
+
+    /// The latest time the core has seen.
+    pub fn clock(&self) -> Millis {
+        self.clock
     }
 
     /// The settings in force.
@@ -113,11 +196,16 @@ impl ControlPlane {
     /// Opens a step: `prompts` become jobs for the latest version, and each eligible
     /// actor gets a reservation in proportion to its estimate (Algorithm 1). Actors
     /// too far behind get nothing and their estimates decay.
+    ///
+    /// The previous step's outcome must have been taken with
+    /// [`ControlPlane::take_step_outcome`] first ([`OpenStepError::OutcomeNotTaken`]),
+    /// so that its accepted results and unfinished prompts are never dropped.
     pub fn open_step(
         &mut self,
         prompts: &[PromptId],
         now: Millis,
     ) -> Result<StepId, OpenStepError> {
+        let now = self.observe(now);
         let (step, version) = self.ledger.open(prompts, now, &self.config)?;
         self.membership
             .decay_behind(version, self.config.scheduler.behind_decay);
@@ -136,6 +224,8 @@ impl ControlPlane {
         registration: Registration,
         now: Millis,
     ) -> Result<Readiness, MembershipError> {
+        let now = self.observe(now);
+        self.end_preemption_windows(now);
         let latest = check_versions(
             registration.active,
             registration.staged,
@@ -158,6 +248,8 @@ impl ControlPlane {
 
     /// Records a heartbeat.
     pub fn heartbeat(&mut self, actor: ActorId, now: Millis) -> Result<(), UnknownActor> {
+        let now = self.observe(now);
+        self.end_preemption_windows(now);
         self.membership.touch(actor, now).map(|_| ())
     }
 
@@ -170,6 +262,8 @@ impl ControlPlane {
         staged: Option<Version>,
         now: Millis,
     ) -> Result<Readiness, MembershipError> {
+        let now = self.observe(now);
+        self.end_preemption_windows(now);
         let latest = check_versions(
             active,
             staged,
@@ -186,19 +280,43 @@ impl ControlPlane {
         self.remove(actor, Departure::Graceful)
     }
 
-    /// A preemption notice: like a leave, the leases return at once.
-    pub fn preempt(&mut self, actor: ActorId) -> Result<(), UnknownActor> {
-        self.remove(actor, Departure::Preempted)
+    /// A preemption notice: the actor's warning window starts. It gets no new work
+    /// and its reservation goes back to the pool at once; results for the leases it
+    /// holds are accepted until the window ends (`preemption_grace_ms`), when it is
+    /// removed and its unfinished leases return to the pool. With no grace it is
+    /// removed at once. A second notice never extends the window.
+    pub fn preempt(&mut self, actor: ActorId, now: Millis) -> Result<(), UnknownActor> {
+        let now = self.observe(now);
+        self.end_preemption_windows(now);
+        let grace_ms = self.config.preemption_grace_ms;
+        if grace_ms == 0 {
+            return self.remove(actor, Departure::Preempted);
+        }
+        let leaving_at = now.saturating_add(grace_ms);
+        if !self
+            .membership
+            .mark_leaving(actor, leaving_at, &mut self.events)
+        {
+            return Err(UnknownActor(actor));
+        }
+        self.ledger.drop_reservation(actor);
+        Ok(())
     }
 
     /// Hands `actor` work on the open step: its reservation, plus its fair share (by
     /// the same split) of prompts nobody has reserved, such as those returned by
     /// expired leases, up to its live-lease limit.
     pub fn claim(&mut self, actor: ActorId, now: Millis) -> Result<Assignment, UnknownActor> {
+        let now = self.observe(now);
+        self.end_preemption_windows(now);
         let member = self.membership.touch(actor, now)?;
-        let (active, staged) = (member.active, member.staged);
+        let (active, staged, leaving_at) = (member.active, member.staged, member.leaving_at);
         // Lazily bring the pool up to date so that expired prompts can be handed out.
         self.ledger.sweep(now, &self.config, &mut self.events);
+        self.penalize_expiries();
+        if let Some(leaving_at) = leaving_at {
+            return Ok(Assignment::Leaving { leaving_at });
+        }
         let Some(version) = self.ledger.open_version() else {
             return Ok(Assignment::NoOpenStep);
         };
@@ -231,6 +349,8 @@ impl ControlPlane {
         reports: &[RolloutReport],
         now: Millis,
     ) -> Result<Vec<Result<Accepted, Rejection>>, SubmitError> {
+        let now = self.observe(now);
+        self.end_preemption_windows(now);
         let max = self.config.limits.max_leases_per_actor;
         if reports.len() > usize::try_from(max).unwrap_or(usize::MAX) {
             return Err(SubmitError::TooManyResults {
@@ -251,17 +371,24 @@ impl ControlPlane {
             .map(|report| {
                 let settled =
                     self.ledger
-                        .settle(actor, report, now, &self.config, &mut self.events)?;
+                        .judge(actor, report, now, &self.config, &mut self.events)?;
                 accepted_tokens = accepted_tokens.saturating_add(report.tokens);
                 earliest_issue =
                     Some(earliest_issue.map_or(settled.issued_at, |t| t.min(settled.issued_at)));
                 Ok(settled.accepted)
             })
             .collect();
+        // Expiries found lazily count against the holder before this settlement's
+        // sample: an actor that answers late is slower than its estimate.
+        self.penalize_expiries();
         if let Some(earliest_issue) = earliest_issue {
-            let weight = self.config.scheduler.estimate_weight;
-            self.membership
-                .settle(actor, accepted_tokens, earliest_issue, now, weight);
+            self.membership.record_throughput(
+                actor,
+                accepted_tokens,
+                earliest_issue,
+                now,
+                &self.config.scheduler,
+            );
         }
         self.ledger
             .complete_if_done(now, &self.config, &mut self.events);
@@ -272,6 +399,8 @@ impl ControlPlane {
     /// timeout (their leases return to the pool), expires leases, lapses reservations
     /// and completes a step whose partial-batch deadline has come.
     pub fn tick(&mut self, now: Millis) {
+        let now = self.observe(now);
+        self.end_preemption_windows(now);
         for actor in self
             .membership
             .silent(now, self.config.heartbeat_timeout_ms)
@@ -280,14 +409,7 @@ impl ControlPlane {
             let _ = self.remove(actor, Departure::HeartbeatTimeout);
         }
         self.ledger.sweep(now, &self.config, &mut self.events);
-    }
-
-    /// Call once after restoring a snapshot. The hub heard nothing while it was down,
-    /// so that silence says nothing about the actors: their heartbeat clocks restart at
-    /// `now`. Leases keep their deadlines; the acceptance rule is never relaxed.
-    pub fn resume(&mut self, now: Millis) {
-        self.membership.forgive_silence_until(now);
-        self.tick(now);
+        self.penalize_expiries();
     }
 
     /// The earliest time at which [`ControlPlane::tick`] would change something.
@@ -296,7 +418,8 @@ impl ControlPlane {
             .membership
             .next_silence(self.config.heartbeat_timeout_ms);
         let ledger = self.ledger.next_deadline(&self.config);
-        silence.into_iter().chain(ledger).min()
+        let leaving = self.membership.next_leaving();
+        silence.into_iter().chain(ledger).chain(leaving).min()
     }
 
     /// The oldest undelivered event.
@@ -309,9 +432,16 @@ impl ControlPlane {
         self.ledger.progress()
     }
 
-    /// Prompt-level outcome of the current or last step, for the trainer.
+    /// Prompt-level state of the current or last step, for monitoring.
     pub fn step_report(&self) -> Option<StepReport> {
         self.ledger.report()
+    }
+
+    /// The completed step's accepted results and unfinished prompts, for the trainer:
+    /// `Some` once per completed step, `None` while a step is open or once taken. The
+    /// next step cannot open before it is taken.
+    pub fn take_step_outcome(&mut self) -> Option<StepOutcome> {
+        self.ledger.take_outcome()
     }
 
     /// A registered actor.
@@ -347,6 +477,32 @@ impl ControlPlane {
     /// Events dropped because the driver did not drain the queue.
     pub fn events_dropped(&self) -> u64 {
         self.events.dropped()
+    }
+
+    /// Advances the clock to `now` unless it is already later, and returns the
+    /// clock: the time the call is handled at.
+    fn observe(&mut self, now: Millis) -> Millis {
+        self.clock = self.clock.max(now);
+        self.clock
+    }
+
+    /// Removes the actors whose preemption window has ended; their unfinished leases
+    /// return to the pool. Called before anything else at every call, so a result is
+    /// never accepted after its holder's window even if no tick came in between.
+    fn end_preemption_windows(&mut self, now: Millis) {
+        for actor in self.membership.leaving_due(now) {
+            // The actor was just listed as a member, so removal cannot fail.
+            let _ = self.remove(actor, Departure::Preempted);
+        }
+    }
+
+    /// Lowers the estimate of every actor whose leases expired during this call, once
+    /// per call however many expired.
+    fn penalize_expiries(&mut self) {
+        let decay = self.config.scheduler.expiry_decay;
+        for actor in self.ledger.take_expired_holders() {
+            self.membership.decay_estimate(actor, decay);
+        }
     }
 
     fn remove(&mut self, actor: ActorId, reason: Departure) -> Result<(), UnknownActor> {

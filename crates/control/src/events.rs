@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use crate::restore::RestoreError;
 use crate::values::{ActorId, LeaseId, Region, StepId, Version};
 
 /// Something the driver may want to act on.
@@ -98,6 +99,19 @@ impl EventQueue {
     /// The oldest undelivered event.
     pub(crate) fn pop(&mut self) -> Option<Event> {
         self.pending.pop_front()
+    }
+
+    /// Checks a restored queue against the configured bound.
+    pub(crate) fn check(&self, max_pending_events: u32) -> Result<(), RestoreError> {
+        let too_many = self.pending.len() > usize::try_from(self.max_pending).unwrap_or(usize::MAX);
+        if self.max_pending != max_pending_events || too_many {
+            return Err(RestoreError::EventQueue {
+                pending: self.pending.len(),
+                bound: self.max_pending,
+                max: max_pending_events,
+            });
+        }
+        Ok(())
     }
 
     /// How many events were dropped because the queue was full.

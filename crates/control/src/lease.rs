@@ -5,9 +5,10 @@
 //! clamped to `[min_ms, max_ms]`; before any completion is known it lasts
 //! `initial_ms`. An expired lease counts as a completion that took its whole lifetime
 //! (it took at least that long), so that the lifetime grows when the pool slows down
-//! instead of only ever sampling the jobs fast enough to beat their lease. The median rather than the mean, because one actor stuck behind a
-//! partition would drag a mean up and with it every lease, delaying the detection of
-//! the next failure. Two to three times, because with the batch split in proportion
+//! instead of only ever sampling the jobs fast enough to beat their lease.
+//!
+//! The median rather than the mean, because one actor stuck behind a partition would
+//! drag a mean up and with it every lease, delaying the detection of the next failure. Two to three times, because with the batch split in proportion
 //! to throughput every actor should finish near the median, so a lease that runs out
 //! at twice to three times that is a strong sign the holder is gone or crawling, while
 //! leaving room for the ordinary spread in response lengths.
@@ -55,6 +56,11 @@ impl LeaseTimer {
             self.recent_completions_ms.pop_front();
         }
         self.recent_completions_ms.push_back(elapsed_ms);
+    }
+
+    /// How many completion samples are held.
+    pub(crate) fn len(&self) -> usize {
+        self.recent_completions_ms.len()
     }
 
     /// The lifetime of a lease issued now.

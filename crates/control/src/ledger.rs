@@ -23,7 +23,7 @@
 //! either, and its share must not block the step.
 //!
 //! **Completion.** A step completes when all `B` jobs are accepted or, under a
-//! [`PartialBatchPolicy`], when its deadline has passed and enough are accepted. On
+//! [`crate::PartialBatchPolicy`], when its deadline has passed and enough are accepted. On
 //! completion every live lease is void and later results are rejected as
 //! [`Rejection::StepClosed`].
 
@@ -32,9 +32,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::config::{Config, PartialBatchPolicy};
+use crate::config::Config;
 use crate::events::{Event, EventQueue};
 use crate::lease::LeaseTimer;
+use crate::restore::RestoreError;
 use crate::values::{ActorId, LeaseId, Millis, PromptId, StepId, Version, WeightsHash};
 
 /// A lease handed to an actor: generate a rollout for `prompt` on `version` and submit
@@ -135,6 +136,10 @@ pub enum OpenStepError {
     /// The previous step has not completed.
     #[error("{0} is still open")]
     StepStillOpen(StepId),
+    /// The previous step completed but its outcome has not been taken with
+    /// [`crate::ControlPlane::take_step_outcome`]; opening now would drop it.
+    #[error("the outcome of {0} has not been taken")]
+    OutcomeNotTaken(StepId),
     /// A step needs at least one prompt.
     #[error("the batch is empty")]
     EmptyBatch,
@@ -202,6 +207,23 @@ pub struct StepReport {
     pub completion: Option<Completion>,
 }
 
+/// A completed step's results, handed to the trainer once by
+/// [`crate::ControlPlane::take_step_outcome`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepOutcome {
+    /// The step.
+    pub step: StepId,
+    /// The version its results were generated on.
+    pub version: Version,
+    /// Accepted prompts and who generated them, in batch order.
+    pub accepted: Vec<(PromptId, ActorId)>,
+    /// Prompts without an accepted result (a partial batch), in batch order: the
+    /// trainer decides whether to post them again.
+    pub unfinished: Vec<PromptId>,
+    /// How the step ended.
+    pub completion: Completion,
+}
+
 /// Totals since the core was created.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
@@ -263,6 +285,9 @@ struct Step {
     /// no longer reported as a timer.
     partial_deadline_swept: bool,
     completion: Option<Completion>,
+    /// Whether the trainer has taken the completed step's outcome; the next step
+    /// cannot open before, so no accepted result or unfinished prompt is dropped.
+    outcome_taken: bool,
 }
 
 /// The ledger's whole state.
@@ -273,6 +298,11 @@ pub(crate) struct Ledger {
     next_step: StepId,
     lease_timer: LeaseTimer,
     stats: Stats,
+    /// Holders of leases that expired during the current call, drained by
+    /// [`Ledger::take_expired_holders`] before the call returns, so it is always
+    /// empty between calls and never part of a snapshot.
+    #[serde(skip)]
+    expired_holders: BTreeSet<ActorId>,
 }
 
 impl Ledger {
@@ -318,6 +348,9 @@ impl Ledger {
         if let Some(step) = self.open_step() {
             return Err(OpenStepError::StepStillOpen(step.id));
         }
+        if let Some(step) = self.step.as_ref().filter(|step| !step.outcome_taken) {
+            return Err(OpenStepError::OutcomeNotTaken(step.id));
+        }
         if prompts.is_empty() {
             return Err(OpenStepError::EmptyBatch);
         }
@@ -352,6 +385,7 @@ impl Ledger {
             reservations_lapse_at: now.saturating_add(self.lease_timer.lease_ms(&config.lease)),
             partial_deadline_swept: false,
             completion: None,
+            outcome_taken: false,
         });
         Ok((id, published.version))
     }
@@ -443,7 +477,7 @@ impl Ledger {
     }
 
     /// Applies the acceptance rule to one result and counts a rejection.
-    pub(crate) fn settle(
+    pub(crate) fn judge(
         &mut self,
         actor: ActorId,
         report: &RolloutReport,
@@ -461,6 +495,13 @@ impl Ledger {
     /// Counts a rejection decided outside the ledger (an unknown actor).
     pub(crate) fn count_rejection(&mut self, rejection: Rejection) {
         *self.stats.rejected.entry(rejection).or_insert(0) += 1;
+    }
+
+    /// Drops `actor`'s reservation (it will take no new work); its leases stay live.
+    pub(crate) fn drop_reservation(&mut self, actor: ActorId) {
+        if let Some(step) = self.open_step_mut() {
+            step.reservations.remove(&actor);
+        }
     }
 
     /// Returns every live lease of `actor` to the pool and drops its reservation;
@@ -499,7 +540,7 @@ impl Ledger {
             step.reservations.clear();
         }
         if let Some(policy) = config.partial_batch
-            && now >= step.opened_at.saturating_add(policy.after_ms)
+            && now >= policy.deadline(step.opened_at)
         {
             step.partial_deadline_swept = true;
         }
@@ -525,8 +566,8 @@ impl Ledger {
             matches!(state, JobState::Accepted { .. })
         });
         let enough_for_partial = config.partial_batch.is_some_and(|policy| {
-            now >= step.opened_at.saturating_add(policy.after_ms)
-                && accepted >= partial_minimum(policy, batch_size)
+            now >= policy.deadline(step.opened_at)
+                && accepted >= policy.minimum_accepted(batch_size)
         });
         if accepted < batch_size && !enough_for_partial {
             return;
@@ -559,7 +600,7 @@ impl Ledger {
         let partial = config
             .partial_batch
             .filter(|_| !step.partial_deadline_swept)
-            .map(|policy| step.opened_at.saturating_add(policy.after_ms));
+            .map(|policy| policy.deadline(step.opened_at));
         lease_expiries.chain(lapse).chain(partial).min()
     }
 
@@ -600,6 +641,34 @@ impl Ledger {
             leased,
             pooled,
             completion: step.completion,
+        })
+    }
+
+    /// The holders of leases that expired since the last call, each once.
+    pub(crate) fn take_expired_holders(&mut self) -> BTreeSet<ActorId> {
+        std::mem::take(&mut self.expired_holders)
+    }
+
+    /// The completed step's outcome, once; `None` while the step is open, or if it was
+    /// taken already, or before the first step.
+    pub(crate) fn take_outcome(&mut self) -> Option<StepOutcome> {
+        let step = self.step.as_mut().filter(|step| !step.outcome_taken)?;
+        let completion = step.completion?;
+        step.outcome_taken = true;
+        let mut accepted = Vec::new();
+        let mut unfinished = Vec::new();
+        for job in &step.jobs {
+            match job.state {
+                JobState::Accepted { by } => accepted.push((job.prompt, by)),
+                JobState::Leased(_) | JobState::Pooled => unfinished.push(job.prompt),
+            }
+        }
+        Some(StepOutcome {
+            step: step.id,
+            version: step.version,
+            accepted,
+            unfinished,
+            completion,
         })
     }
 
@@ -688,12 +757,141 @@ impl Ledger {
     /// expire the median rises to the lifetime and the next lease is 2-3x longer.
     fn record_expiry(&mut self, expiry: Expiry, config: &Config, events: &mut EventQueue) {
         self.stats.expired += 1;
+        self.expired_holders.insert(expiry.holder);
         self.lease_timer
             .record_completion(expiry.lifetime_ms, &config.lease);
         events.push(Event::LeaseExpired {
             lease: expiry.lease,
             holder: expiry.holder,
         });
+    }
+
+    /// Checks the ledger's invariants against `config`, the members and the clock:
+    /// what [`crate::ControlPlane::restore`] demands of a snapshot.
+    pub(crate) fn check(
+        &self,
+        config: &Config,
+        is_member: impl Fn(ActorId) -> bool,
+        clock: Millis,
+    ) -> Result<(), RestoreError> {
+        let window = usize::from(config.lease.completion_window);
+        if self.lease_timer.len() > window {
+            return Err(RestoreError::CompletionWindow {
+                len: self.lease_timer.len(),
+                max: config.lease.completion_window,
+            });
+        }
+        let Some(step) = &self.step else {
+            return Ok(());
+        };
+        let published = self.published.ok_or(RestoreError::NothingPublished)?;
+        if step.id >= self.next_step {
+            return Err(RestoreError::StepId {
+                step: step.id,
+                next: self.next_step,
+            });
+        }
+        let open = step.completion.is_none();
+        // Publishing is refused while a step is open, so an open step is always on the
+        // latest version.
+        if step.version > published.version
+            || (open
+                && (step.version != published.version
+                    || step.weights_hash != published.weights_hash))
+        {
+            return Err(RestoreError::StepVersion(step.id));
+        }
+        let max = config.limits.max_batch_size;
+        if step.jobs.is_empty() || step.jobs.len() > usize::try_from(max).unwrap_or(usize::MAX) {
+            return Err(RestoreError::BatchSize {
+                step: step.id,
+                size: step.jobs.len(),
+                max,
+            });
+        }
+        check_time("step opening", step.opened_at, clock)?;
+        if let Some(completion) = step.completion {
+            check_time("step completion", completion.at, clock)?;
+        }
+        let mut prompts = BTreeSet::new();
+        let mut held: BTreeMap<ActorId, u32> = BTreeMap::new();
+        for (index, job) in (0u32..).zip(&step.jobs) {
+            if !prompts.insert(job.prompt) {
+                return Err(RestoreError::DuplicatePrompt(job.prompt));
+            }
+            match job.state {
+                JobState::Pooled => {}
+                JobState::Accepted { .. } if job.attempts > 0 => {}
+                JobState::Accepted { .. } => {
+                    return Err(RestoreError::LeaseAttempt {
+                        job: index,
+                        attempt: 0,
+                        attempts: 0,
+                    });
+                }
+                JobState::Leased(live) => {
+                    if !open {
+                        return Err(RestoreError::LiveAfterCompletion(step.id));
+                    }
+                    if live.attempt.checked_add(1) != Some(job.attempts) {
+                        return Err(RestoreError::LeaseAttempt {
+                            job: index,
+                            attempt: live.attempt,
+                            attempts: job.attempts,
+                        });
+                    }
+                    let lifetime_ms = live.expires_at.0.checked_sub(live.issued_at.0);
+                    if !lifetime_ms
+                        .is_some_and(|ms| (config.lease.min_ms..=config.lease.max_ms).contains(&ms))
+                    {
+                        return Err(RestoreError::LeaseLifetime {
+                            job: index,
+                            issued_at: live.issued_at,
+                            expires_at: live.expires_at,
+                        });
+                    }
+                    check_time("lease issue", live.issued_at, clock)?;
+                    if !is_member(live.holder) {
+                        return Err(RestoreError::UnknownHolder {
+                            job: index,
+                            holder: live.holder,
+                        });
+                    }
+                    let count = held.entry(live.holder).or_insert(0);
+                    *count += 1;
+                    if *count > config.limits.max_leases_per_actor {
+                        return Err(RestoreError::TooManyLeases {
+                            actor: live.holder,
+                            held: *count,
+                            max: config.limits.max_leases_per_actor,
+                        });
+                    }
+                }
+            }
+        }
+        if !open && !step.reservations.is_empty() {
+            return Err(RestoreError::LiveAfterCompletion(step.id));
+        }
+        if let Some(&actor) = step.reservations.keys().find(|&&actor| !is_member(actor)) {
+            return Err(RestoreError::UnknownReservation(actor));
+        }
+        let pooled = count_jobs(&step.jobs, |state| matches!(state, JobState::Pooled));
+        let reserved: u64 = step.reservations.values().map(|&n| u64::from(n)).sum();
+        if reserved > u64::from(pooled) {
+            return Err(RestoreError::OverReserved { reserved, pooled });
+        }
+        if step
+            .completion
+            .is_some_and(|completion| !completion.partial)
+        {
+            let accepted = count_jobs(&step.jobs, |state| {
+                matches!(state, JobState::Accepted { .. })
+            });
+            if usize::try_from(accepted).ok() != Some(step.jobs.len()) {
+                return Err(RestoreError::IncompleteCompletion(step.id));
+            }
+        }
+        Ok(())
     }
 
     fn open_step(&self) -> Option<&Step> {
@@ -703,15 +901,6 @@ impl Ledger {
     fn open_step_mut(&mut self) -> Option<&mut Step> {
         self.step.as_mut().filter(|step| step.completion.is_none())
     }
-}
-
-/// The smallest accepted count that completes a step of `batch_size` under `policy`.
-fn partial_minimum(policy: PartialBatchPolicy, batch_size: u32) -> u32 {
-    let minimum = policy
-        .min_accepted
-        .of_rounded_up(u64::from(batch_size))
-        .max(1);
-    u32::try_from(minimum).unwrap_or(u32::MAX)
 }
 
 /// A lease that ran out, as recorded by [`Ledger::record_expiry`].
@@ -733,6 +922,18 @@ fn expire(step: StepId, index: u32, job: &mut Job, live: LiveLease) -> Expiry {
         holder: live.holder,
         lifetime_ms: live.expires_at.saturating_since(live.issued_at),
     }
+}
+
+/// Refuses a stored time later than the clock.
+pub(crate) fn check_time(
+    what: &'static str,
+    at: Millis,
+    clock: Millis,
+) -> Result<(), RestoreError> {
+    if at > clock {
+        return Err(RestoreError::TimeAfterClock { what, at, clock });
+    }
+    Ok(())
 }
 
 fn holder(state: &JobState) -> Option<ActorId> {

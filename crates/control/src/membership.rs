@@ -19,8 +19,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::config::Config;
 use crate::events::{Event, EventQueue};
-use crate::scheduler::{Eligibility, NewActorEstimate, Throughput};
+use crate::ledger::check_time;
+use crate::restore::RestoreError;
+use crate::scheduler::{Eligibility, MilliTokensPerS, NewActorEstimate, SchedulerConfig};
 use crate::values::{ActorId, Capabilities, Millis, Permille, Region, Version};
 
 /// What an actor says about itself when it (re)joins.
@@ -47,10 +50,13 @@ pub struct Member {
     pub active: Version,
     /// Its staged version, as last reported.
     pub staged: Option<Version>,
-    /// Throughput estimate `tau`.
-    pub estimate: Throughput,
+    /// MilliTokensPerS estimate `tau`.
+    pub estimate: MilliTokensPerS,
     /// When it was last heard from.
     pub last_seen: Millis,
+    /// Set by a preemption notice: when its warning window ends and it is removed.
+    /// Until then it keeps its leases but gets no new work and relays for nobody.
+    pub leaving_at: Option<Millis>,
     /// End of its last settlement; throughput is measured from there so that two
     /// submissions out of one batch do not both count the whole batch's time.
     last_settled_at: Option<Millis>,
@@ -174,6 +180,7 @@ impl Membership {
                 staged: registration.staged,
                 estimate,
                 last_seen: now,
+                leaving_at: None,
                 last_settled_at,
             },
         );
@@ -227,21 +234,21 @@ impl Membership {
     }
 
     /// Every member by id, with its eligibility for a step on `version` and its
-    /// estimate: the input of [`crate::scheduler::split_among_eligible`].
+    /// estimate: the input of [`crate::split_among_eligible`].
     pub(crate) fn standings(
         &self,
         version: Version,
-    ) -> (Vec<ActorId>, Vec<(Eligibility, Throughput)>) {
+    ) -> (Vec<ActorId>, Vec<(Eligibility, MilliTokensPerS)>) {
         self.members
             .iter()
             .map(|(&actor, member)| {
-                (
-                    actor,
-                    (
-                        Eligibility::of(version, member.active, member.staged),
-                        member.estimate,
-                    ),
-                )
+                // An actor in its preemption window takes no new work.
+                let eligibility = if member.leaving_at.is_some() {
+                    Eligibility::Behind
+                } else {
+                    Eligibility::of(version, member.active, member.staged)
+                };
+                (actor, (eligibility, member.estimate))
             })
             .unzip()
     }
@@ -258,14 +265,15 @@ impl Membership {
     /// Folds one settlement into `actor`'s estimate: `tokens` accepted at `now` for
     /// leases the earliest of which was issued at `earliest_issue`. Elapsed time runs
     /// from the later of that issue and the previous settlement, so time spent idle
-    /// without work, or already counted, does not dilute the measurement.
-    pub(crate) fn settle(
+    /// without work, or already counted, does not dilute the measurement; the sample is
+    /// bounded by [`SchedulerConfig::plausible_sample`].
+    pub(crate) fn record_throughput(
         &mut self,
         actor: ActorId,
         tokens: u64,
         earliest_issue: Millis,
         now: Millis,
-        estimate_weight: Permille,
+        config: &SchedulerConfig,
     ) {
         let Some(member) = self.members.get_mut(&actor) else {
             return;
@@ -273,10 +281,116 @@ impl Membership {
         let start = member
             .last_settled_at
             .map_or(earliest_issue, |last| last.max(earliest_issue));
-        if let Some(sample) = Throughput::measured(tokens, now.saturating_since(start)) {
-            member.estimate = member.estimate.averaged_with(sample, estimate_weight);
-        }
+        let sample = config.plausible_sample(tokens, now.saturating_since(start));
+        member.estimate = member
+            .estimate
+            .averaged_with(sample, config.estimate_weight);
         member.last_settled_at = Some(now);
+    }
+
+    /// Multiplies `actor`'s estimate by `factor` (after its leases expired).
+    pub(crate) fn decay_estimate(&mut self, actor: ActorId, factor: Permille) {
+        if let Some(member) = self.members.get_mut(&actor) {
+            member.estimate = member.estimate.decayed(factor);
+        }
+    }
+
+    /// Starts `actor`'s preemption window, ending at `leaving_at`, and hands its
+    /// region's relay role on. Returns false if it is not a member.
+    pub(crate) fn mark_leaving(
+        &mut self,
+        actor: ActorId,
+        leaving_at: Millis,
+        events: &mut EventQueue,
+    ) -> bool {
+        let Some(member) = self.members.get_mut(&actor) else {
+            return false;
+        };
+        // A second notice never extends the window.
+        let leaving_at = member
+            .leaving_at
+            .map_or(leaving_at, |at| at.min(leaving_at));
+        member.leaving_at = Some(leaving_at);
+        let region = member.region.clone();
+        self.refresh_relay(&region, events);
+        true
+    }
+
+    /// Members whose preemption window has ended at `now`.
+    pub(crate) fn leaving_due(&self, now: Millis) -> Vec<ActorId> {
+        self.members
+            .iter()
+            .filter(|(_, member)| member.leaving_at.is_some_and(|at| now >= at))
+            .map(|(&actor, _)| actor)
+            .collect()
+    }
+
+    /// When the next preemption window ends.
+    pub(crate) fn next_leaving(&self) -> Option<Millis> {
+        self.members.values().filter_map(|m| m.leaving_at).min()
+    }
+
+    /// Checks the membership's invariants: what [`crate::ControlPlane::restore`]
+    /// demands of a snapshot.
+    pub(crate) fn check(
+        &self,
+        config: &Config,
+        latest: Option<Version>,
+        clock: Millis,
+    ) -> Result<(), RestoreError> {
+        let max = config.limits.max_actors;
+        if self.members.len() > usize::try_from(max).unwrap_or(usize::MAX) {
+            return Err(RestoreError::TooManyMembers {
+                count: self.members.len(),
+                max,
+            });
+        }
+        let starting = match config.scheduler.new_actor_estimate {
+            NewActorEstimate::Fixed(estimate) => estimate,
+            NewActorEstimate::MinimumOfKnown { floor } => floor,
+        };
+        // Estimates are averages of capped samples, starting estimates, or decays of
+        // either; a newcomer may start at the slowest known, which is below both.
+        let highest = starting.max(config.scheduler.max_sample_rate);
+        for (&actor, member) in &self.members {
+            check_versions(member.active, member.staged, latest)
+                .map_err(|source| RestoreError::MemberVersions { actor, source })?;
+            if member.estimate > highest {
+                return Err(RestoreError::ImplausibleEstimate(actor));
+            }
+            check_time("last heartbeat", member.last_seen, clock)?;
+            if let Some(at) = member.last_settled_at {
+                check_time("last settlement", at, clock)?;
+            }
+            if let Some(leaving_at) = member.leaving_at
+                && leaving_at > clock.saturating_add(config.preemption_grace_ms)
+            {
+                return Err(RestoreError::LeavingTooLate { actor, leaving_at });
+            }
+        }
+        for (region, &relay) in &self.relays {
+            if !self.qualifies(relay, region) {
+                return Err(RestoreError::InvalidRelay {
+                    region: region.clone(),
+                    relay,
+                });
+            }
+        }
+        if let Some(member) = self.members.iter().find_map(|(&actor, member)| {
+            (self.qualifies(actor, &member.region) && !self.relays.contains_key(&member.region))
+                .then_some(member)
+        }) {
+            return Err(RestoreError::MissingRelay(member.region.clone()));
+        }
+        Ok(())
+    }
+
+    /// Whether `actor` may relay for `region`: a relay-capable member of it that has
+    /// not been told it is about to be preempted.
+    fn qualifies(&self, actor: ActorId, region: &Region) -> bool {
+        self.members.get(&actor).is_some_and(|member| {
+            member.region == *region && member.capabilities.can_relay && member.leaving_at.is_none()
+        })
     }
 
     /// A registered actor.
@@ -297,11 +411,7 @@ impl Membership {
     /// Keeps `region`'s relay if it still qualifies, else picks a new one, and reports
     /// a change.
     fn refresh_relay(&mut self, region: &Region, events: &mut EventQueue) {
-        let qualifies = |actor: &ActorId| {
-            self.members
-                .get(actor)
-                .is_some_and(|member| member.region == *region && member.capabilities.can_relay)
-        };
+        let qualifies = |actor: &ActorId| self.qualifies(*actor, region);
         let current = self.relays.get(region).copied();
         let chosen = current
             .filter(qualifies)

@@ -24,28 +24,44 @@ use serde::{Deserialize, Serialize};
 
 use crate::values::{Permille, Version};
 
-/// A throughput estimate in milli-tokens per second. Thousandths keep slow CPU actors
-/// (a few tokens per second) distinguishable while staying in exact integer arithmetic.
+/// A throughput (estimate or measurement) in milli-tokens per second. Thousandths keep
+/// slow CPU actors (a few tokens per second) distinguishable while staying in exact
+/// integer arithmetic. The unit is in the name and the value behind constructors, so a
+/// tokens-per-second number cannot be passed where thousandths are meant.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(transparent)]
-pub struct Throughput(pub u64);
+pub struct MilliTokensPerS(u64);
 
-impl Throughput {
-    /// A whole number of tokens per second.
-    pub const fn from_tokens_per_s(tokens_per_s: u64) -> Throughput {
-        Throughput(tokens_per_s.saturating_mul(1000))
+impl MilliTokensPerS {
+    /// No throughput at all.
+    pub const ZERO: MilliTokensPerS = MilliTokensPerS(0);
+
+    /// A rate given in thousandths of a token per second.
+    pub const fn from_milli_tokens_per_s(milli_tokens_per_s: u64) -> MilliTokensPerS {
+        MilliTokensPerS(milli_tokens_per_s)
     }
 
-    /// `tokens` generated in `elapsed_ms`; `None` for an empty interval, which carries
-    /// no information about speed.
-    pub fn measured(tokens: u64, elapsed_ms: u64) -> Option<Throughput> {
+    /// The rate in thousandths of a token per second.
+    pub const fn milli_tokens_per_s(self) -> u64 {
+        self.0
+    }
+
+    /// A whole number of tokens per second.
+    pub const fn from_tokens_per_s(tokens_per_s: u64) -> MilliTokensPerS {
+        MilliTokensPerS(tokens_per_s.saturating_mul(1000))
+    }
+
+    /// `tokens` generated in `elapsed_ms`, exactly; `None` for an empty interval, which
+    /// carries no information about speed. See [`SchedulerConfig::plausible_sample`] for
+    /// the bounded measurement the scheduler actually uses.
+    pub fn measured(tokens: u64, elapsed_ms: u64) -> Option<MilliTokensPerS> {
         if elapsed_ms == 0 {
             return None;
         }
         let millitokens_per_s = u128::from(tokens) * 1_000_000 / u128::from(elapsed_ms);
-        Some(Throughput(
+        Some(MilliTokensPerS(
             u64::try_from(millitokens_per_s).unwrap_or(u64::MAX),
         ))
     }
@@ -57,16 +73,20 @@ impl Throughput {
     }
 
     /// The moving average after one settlement: `weight * self + (1 - weight) * sample`.
-    pub fn averaged_with(self, sample: Throughput, weight_of_estimate: Permille) -> Throughput {
+    pub fn averaged_with(
+        self,
+        sample: MilliTokensPerS,
+        weight_of_estimate: Permille,
+    ) -> MilliTokensPerS {
         let weight = u128::from(weight_of_estimate.get());
         let sum = weight * u128::from(self.0) + (1000 - weight) * u128::from(sample.0);
         // A weighted mean of two u64 values fits in u64.
-        Throughput(u64::try_from((sum + 500) / 1000).unwrap_or(u64::MAX))
+        MilliTokensPerS(u64::try_from((sum + 500) / 1000).unwrap_or(u64::MAX))
     }
 
     /// The estimate after one step spent behind: `alpha * self`.
-    pub fn decayed(self, alpha: Permille) -> Throughput {
-        Throughput(alpha.of(self.0))
+    pub fn decayed(self, alpha: Permille) -> MilliTokensPerS {
+        MilliTokensPerS(alpha.of(self.0))
     }
 }
 
@@ -84,18 +104,18 @@ pub enum SplitPolicy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NewActorEstimate {
     /// Always this value.
-    Fixed(Throughput),
+    Fixed(MilliTokensPerS),
     /// The smallest estimate among current members, but never below `floor`; `floor`
     /// when there are none.
     MinimumOfKnown {
         /// Lower bound, and the value used for the first actor.
-        floor: Throughput,
+        floor: MilliTokensPerS,
     },
 }
 
 impl NewActorEstimate {
     /// The estimate for a newcomer given the estimates of the current members.
-    pub fn for_newcomer(self, known: impl IntoIterator<Item = Throughput>) -> Throughput {
+    pub fn for_newcomer(self, known: impl IntoIterator<Item = MilliTokensPerS>) -> MilliTokensPerS {
         match self {
             NewActorEstimate::Fixed(estimate) => estimate,
             NewActorEstimate::MinimumOfKnown { floor } => known
@@ -118,6 +138,28 @@ pub struct SchedulerConfig {
     pub behind_decay: Permille,
     /// Starting estimate of a new actor.
     pub new_actor_estimate: NewActorEstimate,
+    /// Shortest interval a throughput sample is taken over: a submission arriving
+    /// sooner after its leases were issued (or after the previous settlement) counts
+    /// as if it took this long. Token counts are the actor's word; without a floor, a
+    /// large count 1 ms after a claim would measure an absurd rate.
+    pub min_sample_ms: u64,
+    /// Highest rate a sample may measure, whatever the reported counts and times. It
+    /// bounds the share one actor can claim with inflated counts.
+    pub max_sample_rate: MilliTokensPerS,
+    /// `gamma`: factor applied to an actor's estimate when leases it held expire (once
+    /// per call that finds any expired). An expiry is evidence the actor is slower
+    /// than its estimate (or gone), so its share shrinks until results show otherwise.
+    pub expiry_decay: Permille,
+}
+
+impl SchedulerConfig {
+    /// The sample one settlement contributes: `tokens` over `elapsed_ms` floored at
+    /// `min_sample_ms`, capped at `max_sample_rate`.
+    pub fn plausible_sample(&self, tokens: u64, elapsed_ms: u64) -> MilliTokensPerS {
+        MilliTokensPerS::measured(tokens, elapsed_ms.max(self.min_sample_ms).max(1))
+            .unwrap_or(MilliTokensPerS::ZERO)
+            .min(self.max_sample_rate)
+    }
 }
 
 /// Where an actor stands relative to a step's version.
@@ -190,7 +232,7 @@ pub fn split_proportionally(total: u32, weights: &[u64]) -> Vec<u32> {
 /// by `policy`. If nobody is eligible, every part is zero and the jobs stay unassigned.
 pub fn split_among_eligible(
     total: u32,
-    actors: &[(Eligibility, Throughput)],
+    actors: &[(Eligibility, MilliTokensPerS)],
     policy: SplitPolicy,
 ) -> Vec<u32> {
     let eligible_weights: Vec<u64> = actors
@@ -230,8 +272,14 @@ mod tests {
 
     #[test]
     fn h100_and_a100_split_300_requests_200_100() {
-        let h100 = (Eligibility::Current, Throughput::from_tokens_per_s(5_000));
-        let a100 = (Eligibility::Current, Throughput::from_tokens_per_s(2_500));
+        let h100 = (
+            Eligibility::Current,
+            MilliTokensPerS::from_tokens_per_s(5_000),
+        );
+        let a100 = (
+            Eligibility::Current,
+            MilliTokensPerS::from_tokens_per_s(2_500),
+        );
         assert_eq!(
             split_among_eligible(300, &[h100, a100], SplitPolicy::Proportional),
             [200, 100]
@@ -240,10 +288,13 @@ mod tests {
 
     #[test]
     fn uniform_policy_ignores_estimates() {
-        let h100 = (Eligibility::Current, Throughput::from_tokens_per_s(5_000));
+        let h100 = (
+            Eligibility::Current,
+            MilliTokensPerS::from_tokens_per_s(5_000),
+        );
         let a100 = (
             Eligibility::NeedsCommit,
-            Throughput::from_tokens_per_s(2_500),
+            MilliTokensPerS::from_tokens_per_s(2_500),
         );
         assert_eq!(
             split_among_eligible(301, &[h100, a100], SplitPolicy::Uniform),
@@ -253,8 +304,14 @@ mod tests {
 
     #[test]
     fn behind_actors_are_left_out_of_the_split() {
-        let fast_but_behind = (Eligibility::Behind, Throughput::from_tokens_per_s(9_000));
-        let slow = (Eligibility::Current, Throughput::from_tokens_per_s(1_000));
+        let fast_but_behind = (
+            Eligibility::Behind,
+            MilliTokensPerS::from_tokens_per_s(9_000),
+        );
+        let slow = (
+            Eligibility::Current,
+            MilliTokensPerS::from_tokens_per_s(1_000),
+        );
         let split = split_among_eligible(50, &[fast_but_behind, slow], SplitPolicy::Proportional);
         assert_eq!(split, [0, 50]);
         let nobody = split_among_eligible(50, &[fast_but_behind], SplitPolicy::Proportional);
@@ -300,39 +357,42 @@ mod tests {
     #[test]
     fn estimates_average_and_decay_exactly() {
         let beta = Permille::new(800).unwrap();
-        let old = Throughput::from_tokens_per_s(1_000);
-        let sample = Throughput::from_tokens_per_s(2_000);
+        let old = MilliTokensPerS::from_tokens_per_s(1_000);
+        let sample = MilliTokensPerS::from_tokens_per_s(2_000);
         assert_eq!(
             old.averaged_with(sample, beta),
-            Throughput::from_tokens_per_s(1_200)
+            MilliTokensPerS::from_tokens_per_s(1_200)
         );
         assert_eq!(old.averaged_with(old, beta), old);
         assert_eq!(
             old.decayed(Permille::new(500).unwrap()),
-            Throughput::from_tokens_per_s(500)
+            MilliTokensPerS::from_tokens_per_s(500)
         );
         assert_eq!(
-            Throughput::measured(3_000, 1_500),
-            Some(Throughput::from_tokens_per_s(2_000))
+            MilliTokensPerS::measured(3_000, 1_500),
+            Some(MilliTokensPerS::from_tokens_per_s(2_000))
         );
-        assert_eq!(Throughput::measured(3_000, 0), None);
+        assert_eq!(MilliTokensPerS::measured(3_000, 0), None);
         assert_eq!(
-            Throughput::measured(u64::MAX, 1),
-            Some(Throughput(u64::MAX))
+            MilliTokensPerS::measured(u64::MAX, 1),
+            Some(MilliTokensPerS(u64::MAX))
         );
     }
 
     #[test]
     fn newcomers_start_at_the_slowest_known_estimate_or_the_floor() {
-        let floor = Throughput::from_tokens_per_s(100);
+        let floor = MilliTokensPerS::from_tokens_per_s(100);
         let rule = NewActorEstimate::MinimumOfKnown { floor };
         let known = [
-            Throughput::from_tokens_per_s(900),
-            Throughput::from_tokens_per_s(400),
+            MilliTokensPerS::from_tokens_per_s(900),
+            MilliTokensPerS::from_tokens_per_s(400),
         ];
-        assert_eq!(rule.for_newcomer(known), Throughput::from_tokens_per_s(400));
         assert_eq!(
-            rule.for_newcomer([Throughput::from_tokens_per_s(20)]),
+            rule.for_newcomer(known),
+            MilliTokensPerS::from_tokens_per_s(400)
+        );
+        assert_eq!(
+            rule.for_newcomer([MilliTokensPerS::from_tokens_per_s(20)]),
             floor
         );
         assert_eq!(rule.for_newcomer([]), floor);
@@ -372,10 +432,10 @@ mod tests {
             actors in prop::collection::vec((0u64..10_000, 0u64..4, prop::option::of(0u64..4)), 0..20),
         ) {
             let step_version = Version(2);
-            let standings: Vec<(Eligibility, Throughput)> = actors
+            let standings: Vec<(Eligibility, MilliTokensPerS)> = actors
                 .iter()
                 .map(|&(speed, active, staged)| {
-                    (Eligibility::of(step_version, Version(active), staged.map(Version)), Throughput(speed))
+                    (Eligibility::of(step_version, Version(active), staged.map(Version)), MilliTokensPerS(speed))
                 })
                 .collect();
             let parts = split_among_eligible(total, &standings, SplitPolicy::Proportional);

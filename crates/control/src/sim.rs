@@ -3,17 +3,21 @@
 //! [`run`] drives the real [`ControlPlane`] with a trainer and a pool of simulated
 //! actors, jumping from one scheduled wakeup to the next (nothing sleeps, nothing reads
 //! a clock). Actors differ up to 3x in speed and drift batch to batch; a [`Scenario`]
-//! adds joins, graceful leaves, preemptions, silent deaths, rejoins, slowdowns,
+//! adds joins, graceful leaves, preemptions (the actor finishes what it holds within
+//! the warning window, then goes), silent deaths, rejoins, slowdowns,
 //! partitions, actors that submit results with the wrong hash, on the wrong version or
 //! for forged leases, and hub restarts: the hub's whole state is serialized with
-//! serde_json, dropped, and restored after a downtime.
+//! serde_json, dropped, and restored (checked) after a downtime.
 //!
 //! While it runs, a checker holds the core to its promises:
 //!
-//! * **No prompt lost.** At every step, accepted + leased + pooled jobs equal the
-//!   batch, reservations never exceed the pool, and no lease is held by an actor that
-//!   is gone; at completion, accepted and pooled prompts are exactly the prompts
-//!   posted.
+//! * **No prompt lost.** After every event, the hub's accepted, leased and pooled
+//!   prompts are exactly the prompts the trainer posted, each listed once; the
+//!   accepted ones are exactly those the actors were told were accepted; each leased
+//!   one is held by the actor the driver last saw it granted to; reservations never
+//!   exceed the pool; and the core passes [`ControlPlane::check_invariants`]. At
+//!   completion the trainer takes the step's outcome once, and its accepted and
+//!   unfinished prompts are exactly the prompts posted.
 //! * **None accepted twice**, per step and prompt.
 //! * **None accepted wrongly**: every accepted result was generated on its job's
 //!   version, with h(version), by the lease's holder, strictly before the lease
@@ -36,16 +40,12 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
 
-use crate::config::{Config, Limits, PartialBatchPolicy};
-use crate::control::{Assignment, ControlPlane, Readiness};
-use crate::events::Event;
-use crate::lease::LeaseConfig;
-use crate::ledger::{Accepted, LeaseGrant, Rejection, RolloutReport, Stats};
-use crate::membership::{MembershipError, Registration};
-use crate::scheduler::{NewActorEstimate, SchedulerConfig, SplitPolicy, Throughput};
-use crate::values::{
-    ActorId, Capabilities, LeaseId, Millis, Permille, PromptId, Region, StepId, Version,
-    WeightsHash,
+use crate::{
+    Accepted, ActorId, Assignment, Capabilities, Config, ControlPlane, Event, LeaseConfig,
+    LeaseGrant, LeaseId, Limits, MembershipError, MilliTokensPerS, Millis, NewActorEstimate,
+    PartialBatchPolicy, Permille, PromptId, Readiness, Region, Registration, Rejection,
+    RolloutReport, SchedulerConfig, Snapshot, SplitPolicy, Stats, StepId, StepOutcome, StepReport,
+    Version, WeightsHash,
 };
 
 /// One simulated actor.
@@ -200,7 +200,7 @@ pub struct StepRecord {
     pub partial: bool,
     /// Registered actors at completion.
     pub live_actors: u32,
-    /// Throughput estimates at completion, by actor label, in tokens per second.
+    /// MilliTokensPerS estimates at completion, by actor label, in tokens per second.
     pub estimates: Vec<(String, f64)>,
 }
 
@@ -333,6 +333,8 @@ const DISSEMINATION_ALLOWANCE_MS: u64 = 600;
 /// Most a simulated driver's timer fires after the hub's deadline: a real one is
 /// late too, and lateness is what exercises the core's lazy checks.
 const MAX_TIMER_LAG_MS: u64 = 2_000;
+/// Warning window of a preemption notice; below the heartbeat timeout.
+const PREEMPTION_GRACE_MS: u64 = 3_000;
 /// A step that takes longer than this has stalled.
 const STEP_TIME_LIMIT_MS: u64 = 600_000;
 
@@ -543,11 +545,17 @@ impl Scenario {
                 estimate_weight: Permille::clamped(700),
                 behind_decay: Permille::clamped(700),
                 new_actor_estimate: NewActorEstimate::MinimumOfKnown {
-                    floor: Throughput::from_tokens_per_s(500),
+                    floor: MilliTokensPerS::from_tokens_per_s(500),
                 },
+                // Tail re-issues of one short prompt finish in tens of milliseconds;
+                // a longer floor would understate honest actors.
+                min_sample_ms: 100,
+                max_sample_rate: MilliTokensPerS::from_tokens_per_s(20_000),
+                expiry_decay: Permille::clamped(800),
             },
             heartbeat_timeout_ms: 4 * HEARTBEAT_MS,
             partial_batch: self.partial_batch,
+            preemption_grace_ms: PREEMPTION_GRACE_MS,
         }
     }
 
@@ -668,6 +676,9 @@ struct SimActor {
     next_heartbeat: Millis,
     /// When it died or left; the hub must have forgotten it a timeout later.
     offline_since: Option<Millis>,
+    /// After a preemption notice: when its machine is reclaimed. Until then it
+    /// finishes and submits the batch it has, and asks for nothing new.
+    leaving_at: Option<Millis>,
     wake_generation: u64,
     busy: Vec<(Millis, Millis)>,
     accepted: u64,
@@ -731,6 +742,8 @@ struct Sim<'a> {
     next_prompt: u64,
     // The checker's own model of what the core must have done.
     grants: BTreeMap<LeaseId, GrantRecord>,
+    /// The latest lease granted on each prompt (prompt ids are never reused).
+    latest_grant: BTreeMap<PromptId, LeaseId>,
     incarnations: Vec<u64>,
     posted: BTreeMap<StepId, PostedStep>,
     steps: Vec<StepRecord>,
@@ -776,6 +789,7 @@ impl<'a> Sim<'a> {
                     misbehavior: None,
                     next_heartbeat: Millis(0),
                     offline_since: None,
+                    leaving_at: None,
                     wake_generation: 0,
                     busy: Vec::new(),
                     accepted: 0,
@@ -800,6 +814,7 @@ impl<'a> Sim<'a> {
             version: Version(0),
             next_prompt: 0,
             grants: BTreeMap::new(),
+            latest_grant: BTreeMap::new(),
             posted: BTreeMap::new(),
             steps: Vec::new(),
             accepted_outcomes: 0,
@@ -817,6 +832,14 @@ impl<'a> Sim<'a> {
 
     fn run(mut self) -> Result<RunReport, Violation> {
         while self.trainer != TrainerPhase::Done {
+            self.advance()?;
+        }
+        self.finish()
+    }
+
+    /// Handles the next scheduled wakeup and checks every invariant after it.
+    fn advance(&mut self) -> Result<(), Violation> {
+        {
             let Some(Reverse((at, _, wake))) = self.agenda.pop() else {
                 let phase = self.trainer;
                 return Err(self.violation(format!("stalled: nothing left to happen in {phase:?}")));
@@ -844,7 +867,7 @@ impl<'a> Sim<'a> {
             self.check_state()?;
             self.arm_hub_timer();
         }
-        self.finish()
+        Ok(())
     }
 
     fn schedule(&mut self, at: Millis, wake: Wake) {
@@ -902,6 +925,10 @@ impl<'a> Sim<'a> {
             Presence::Online => {}
             Presence::Departed | Presence::Dead => return Ok(()),
         }
+        if actor.leaving_at.is_some_and(|at| now >= at) {
+            self.take_offline(index, Presence::Departed);
+            return Ok(());
+        }
         if let Some((at, version)) = actor.staging
             && now >= at
         {
@@ -958,7 +985,8 @@ impl<'a> Sim<'a> {
                 self.register(index)?;
             }
         }
-        if self.actors[index].batch.is_none() && self.actors[index].catch_up.is_none() {
+        let actor = &self.actors[index];
+        if actor.batch.is_none() && actor.catch_up.is_none() && actor.leaving_at.is_none() {
             self.claim(index)?;
         }
         Ok(())
@@ -971,6 +999,10 @@ impl<'a> Sim<'a> {
 
     fn register(&mut self, index: usize) -> Result<(), Violation> {
         let actor = &self.actors[index];
+        // A machine about to be reclaimed does not start a new process.
+        if actor.leaving_at.is_some() {
+            return Ok(());
+        }
         let registration = Registration {
             region: actor.region.clone(),
             capabilities: Capabilities {
@@ -1057,6 +1089,12 @@ impl<'a> Sim<'a> {
                 }
             }
             Assignment::CatchUp { target } => self.follow(index, Readiness::CatchUp { target }),
+            Assignment::Leaving { .. } => {
+                return Err(self.violation(format!(
+                    "{} claimed work after its preemption notice",
+                    actor_id(index)
+                )));
+            }
             Assignment::NoOpenStep => {}
         }
         Ok(())
@@ -1081,6 +1119,7 @@ impl<'a> Sim<'a> {
             if self.grants.insert(grant.lease, record).is_some() {
                 return Err(self.violation(format!("{} granted twice", grant.lease)));
             }
+            self.latest_grant.insert(grant.prompt, grant.lease);
         }
         let drift = u64::from(self.scenario.drift.get());
         let change = self.rng.range(1000 - drift, 1000 + drift);
@@ -1262,6 +1301,9 @@ impl<'a> Sim<'a> {
         if now < actor.partitioned_until {
             consider(actor.partitioned_until);
         }
+        if let Some(at) = actor.leaving_at {
+            consider(at);
+        }
         self.wake_actor_at(index, next);
     }
 
@@ -1341,20 +1383,32 @@ impl<'a> Sim<'a> {
     fn inject(&mut self, fault: Fault) -> Result<(), Violation> {
         let now = self.now;
         match fault {
-            Fault::Leave { actor } | Fault::Preempt { actor } => {
+            Fault::Leave { actor } => {
                 if self.actors[actor].presence != Presence::Online {
                     return Ok(());
                 }
                 if self.reachable(actor) && self.actors[actor].registered {
-                    let hub = self.hub_mut()?;
                     // An error means the hub had already forgotten it (heartbeat
                     // timeout), which is just as good.
-                    let _ = match fault {
-                        Fault::Leave { .. } => hub.leave(actor_id(actor)),
-                        _ => hub.preempt(actor_id(actor)),
-                    };
+                    let _ = self.hub_mut()?.leave(actor_id(actor));
                 }
                 self.take_offline(actor, Presence::Departed);
+            }
+            Fault::Preempt { actor } => {
+                if self.actors[actor].presence != Presence::Online
+                    || self.actors[actor].leaving_at.is_some()
+                {
+                    return Ok(());
+                }
+                if self.reachable(actor) && self.actors[actor].registered {
+                    // As for a leave, an error means the hub had forgotten it already.
+                    let _ = self.hub_mut()?.preempt(actor_id(actor), now);
+                }
+                // The machine goes at the end of the window whether or not the notice
+                // reached the hub.
+                let leaving_at = now.saturating_add(PREEMPTION_GRACE_MS);
+                self.actors[actor].leaving_at = Some(leaving_at);
+                self.wake_actor_at(actor, now);
             }
             Fault::Die { actor } => {
                 if self.actors[actor].presence == Presence::Online {
@@ -1366,6 +1420,7 @@ impl<'a> Sim<'a> {
                 if matches!(rejoining.presence, Presence::Departed | Presence::Dead) {
                     rejoining.presence = Presence::Online;
                     rejoining.offline_since = None;
+                    rejoining.leaving_at = None;
                     rejoining.registered = false;
                     rejoining.next_heartbeat = now;
                     self.wake_actor_at(actor, now);
@@ -1406,6 +1461,7 @@ impl<'a> Sim<'a> {
         let actor = &mut self.actors[index];
         actor.presence = presence;
         actor.offline_since = Some(self.now);
+        actor.leaving_at = None;
         actor.registered = false;
         actor.batch = None;
         actor.staged = None;
@@ -1422,14 +1478,15 @@ impl<'a> Sim<'a> {
         let Some(json) = self.snapshot.take() else {
             return Ok(());
         };
-        let mut hub: ControlPlane = serde_json::from_str(&json)
+        let snapshot: Snapshot = serde_json::from_str(&json)
             .map_err(|error| self.violation(format!("restore: {error}")))?;
-        let again = serde_json::to_string(&hub)
+        let again = serde_json::to_string(&snapshot)
             .map_err(|error| self.violation(format!("snapshot: {error}")))?;
         if again != json {
             return Err(self.violation("the restored state serializes differently".into()));
         }
-        hub.resume(self.now);
+        let hub = ControlPlane::restore(snapshot, self.now)
+            .map_err(|error| self.violation(format!("restore refused: {error}")))?;
         self.last_resume = self.now;
         self.hub = Some(hub);
         self.hub_restarts += 1;
@@ -1456,10 +1513,16 @@ impl<'a> Sim<'a> {
 
     fn complete_step(&mut self, step: StepId, partial: bool) -> Result<(), Violation> {
         let now = self.now;
+        let Some(hub) = self.hub.as_mut() else {
+            return Ok(());
+        };
+        let outcome = hub.take_step_outcome();
+        if hub.take_step_outcome().is_some() {
+            return Err(self.violation(format!("{step}: outcome handed out twice")));
+        }
         let Some(hub) = self.hub.as_ref() else {
             return Ok(());
         };
-        let report = hub.step_report();
         let live_actors = hub.members().len() as u32;
         let estimates = hub
             .members()
@@ -1470,28 +1533,16 @@ impl<'a> Sim<'a> {
                 (label, member.estimate.tokens_per_s())
             })
             .collect();
-        let Some(report) = report.filter(|report| report.step == step) else {
-            return Err(
-                self.violation(format!("{step} completed but the hub reports another step"))
-            );
+        let Some(outcome) = outcome.filter(|outcome| outcome.step == step) else {
+            return Err(self.violation(format!(
+                "{step} completed but the hub has no outcome for it"
+            )));
         };
         let Some(posted) = self.posted.get(&step) else {
             return Err(self.violation(format!("{step} completed but was never opened")));
         };
-        let accepted: BTreeMap<PromptId, ActorId> = report.accepted.iter().copied().collect();
-        if accepted != posted.accepted {
-            return Err(self.violation(format!(
-                "{step}: the hub's accepted prompts differ from the actors' acceptances"
-            )));
-        }
-        let mut all: BTreeSet<PromptId> = accepted.keys().copied().collect();
-        all.extend(report.pooled.iter().copied());
-        if !report.leased.is_empty()
-            || all != posted.prompts
-            || accepted.len() + report.pooled.len() != posted.prompts.len()
-        {
-            return Err(self.violation(format!("{step}: prompts lost or invented")));
-        }
+        check_outcome(posted, &outcome).map_err(|problem| self.violation(problem))?;
+        let accepted = &posted.accepted;
         let batch_size = posted.prompts.len();
         match (partial, self.config.partial_batch) {
             (false, _) if accepted.len() != batch_size => {
@@ -1504,9 +1555,9 @@ impl<'a> Sim<'a> {
                 return Err(self.violation(format!("{step} completed partially without a policy")));
             }
             (true, Some(policy)) => {
-                let minimum = policy.min_accepted.of_rounded_up(batch_size as u64).max(1);
-                if (accepted.len() as u64) < minimum
-                    || now < posted.opened_at.saturating_add(policy.after_ms)
+                let minimum = policy.minimum_accepted(batch_size as u32);
+                if (accepted.len() as u64) < u64::from(minimum)
+                    || now < policy.deadline(posted.opened_at)
                 {
                     return Err(self.violation(format!("{step} completed partially too early")));
                 }
@@ -1547,21 +1598,32 @@ impl<'a> Sim<'a> {
             return Ok(());
         };
         let members = hub.members();
-        if let Some(progress) = hub.step_progress() {
-            if progress.accepted + progress.leased + progress.pooled != progress.batch_size {
-                return Err(self.violation(format!("jobs do not add up: {progress:?}")));
-            }
-            if progress.reserved > progress.pooled {
-                return Err(self.violation(format!("more reserved than pooled: {progress:?}")));
-            }
+        // The core's own invariants (the checks a restore runs).
+        hub.check_invariants()
+            .map_err(|error| self.violation(format!("core invariant: {error}")))?;
+        if let Some(progress) = hub.step_progress()
+            && progress.reserved > progress.pooled
+        {
+            return Err(self.violation(format!("more reserved than pooled: {progress:?}")));
         }
-        if let Some(report) = hub.step_report()
-            && let Some(&(prompt, holder)) = report
+        // The core's view, prompt by prompt, against what the driver saw: the prompts
+        // it posted, the acceptances the actors were told of, the grants they got.
+        if let Some(report) = hub.step_report() {
+            let Some(posted) = self.posted.get(&report.step) else {
+                return Err(self.violation(format!("{} was never opened", report.step)));
+            };
+            check_step_report(posted, &report, |prompt| {
+                let lease = self.latest_grant.get(&prompt)?;
+                self.grants.get(lease).map(|grant| actor_id(grant.actor))
+            })
+            .map_err(|problem| self.violation(problem))?;
+            if let Some(&(prompt, holder)) = report
                 .leased
                 .iter()
                 .find(|(_, holder)| !members.contains_key(holder))
-        {
-            return Err(self.violation(format!("{prompt} is leased to {holder}, who is gone")));
+            {
+                return Err(self.violation(format!("{prompt} is leased to {holder}, who is gone")));
+            }
         }
         // A silent actor is forgotten within a timeout of its last message (or of the
         // hub's restart, which forgives the silence of the outage), plus timer lag.
@@ -1589,7 +1651,8 @@ impl<'a> Sim<'a> {
             }
         }
         for member in members.values() {
-            if member.capabilities.can_relay && !hub.relays().contains_key(&member.region) {
+            let may_relay = member.capabilities.can_relay && member.leaving_at.is_none();
+            if may_relay && !hub.relays().contains_key(&member.region) {
                 return Err(self.violation(format!(
                     "{} has a relay-capable member but no relay",
                     member.region
@@ -1651,6 +1714,69 @@ impl<'a> Sim<'a> {
             hub_restarts: self.hub_restarts,
         })
     }
+}
+
+/// Checks the core's prompt-level view of a step against the driver's: every posted
+/// prompt appears exactly once among accepted, leased and pooled, and no other; the
+/// accepted ones are exactly those the actors were told were accepted, by the same
+/// actor; and each leased one is held by whoever the driver last saw it granted to
+/// (`latest_holder`).
+fn check_step_report(
+    posted: &PostedStep,
+    report: &StepReport,
+    latest_holder: impl Fn(PromptId) -> Option<ActorId>,
+) -> Result<(), String> {
+    let step = report.step;
+    let listed = report
+        .accepted
+        .iter()
+        .chain(&report.leased)
+        .map(|&(prompt, _)| prompt)
+        .chain(report.pooled.iter().copied());
+    let mut seen = BTreeSet::new();
+    for prompt in listed {
+        if !posted.prompts.contains(&prompt) {
+            return Err(format!("{step}: {prompt} was never posted"));
+        }
+        if !seen.insert(prompt) {
+            return Err(format!("{step}: {prompt} is listed twice"));
+        }
+    }
+    if let Some(lost) = posted.prompts.difference(&seen).next() {
+        return Err(format!("{step}: {lost} was lost"));
+    }
+    let accepted: BTreeMap<PromptId, ActorId> = report.accepted.iter().copied().collect();
+    if accepted != posted.accepted {
+        return Err(format!(
+            "{step}: the hub's accepted prompts differ from the actors' acceptances"
+        ));
+    }
+    for &(prompt, holder) in &report.leased {
+        if latest_holder(prompt) != Some(holder) {
+            return Err(format!(
+                "{step}: {prompt} is leased to {holder}, who was not granted it last"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a completed step's outcome against the driver's view: accepted results as
+/// the actors were told, and accepted plus unfinished exactly the posted prompts.
+fn check_outcome(posted: &PostedStep, outcome: &StepOutcome) -> Result<(), String> {
+    let step = outcome.step;
+    let accepted: BTreeMap<PromptId, ActorId> = outcome.accepted.iter().copied().collect();
+    if accepted != posted.accepted || accepted.len() != outcome.accepted.len() {
+        return Err(format!(
+            "{step}: the outcome's accepted prompts differ from the actors' acceptances"
+        ));
+    }
+    let mut all: BTreeSet<PromptId> = accepted.keys().copied().collect();
+    all.extend(outcome.unfinished.iter().copied());
+    if all != posted.prompts || accepted.len() + outcome.unfinished.len() != posted.prompts.len() {
+        return Err(format!("{step}: prompts lost or invented"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1814,6 +1940,132 @@ mod tests {
             timeline.iter().all(|step| step.step_ms() < 40_000),
             "{timeline:#?}"
         );
+    }
+
+    /// A simulation stopped at its first grant, with that grant and a result for it
+    /// that the checker must accept.
+    fn at_first_grant() -> (Sim<'static>, LeaseId, RolloutReport, Accepted) {
+        let scenario: &'static Scenario = Box::leak(Box::new(Scenario::random(11)));
+        let mut sim = Sim::new(scenario).unwrap();
+        for _ in 0..10_000 {
+            if !sim.grants.is_empty() {
+                break;
+            }
+            sim.advance().unwrap();
+        }
+        let (&lease, grant) = sim.grants.iter().next().unwrap();
+        let prompt = *sim.posted[&lease.step]
+            .prompts
+            .iter()
+            .nth(lease.job as usize)
+            .unwrap();
+        let report = RolloutReport {
+            lease,
+            version: grant.version,
+            weights_hash: weights_hash(grant.version),
+            tokens: 100,
+        };
+        (sim, lease, report, Accepted { lease, prompt })
+    }
+
+    fn check_planted(
+        plant: impl FnOnce(&mut Sim<'static>, &mut RolloutReport, &mut Accepted),
+        expected: &str,
+    ) {
+        let (mut sim, lease, mut report, mut accepted) = at_first_grant();
+        let actor = sim.grants[&lease].actor;
+        plant(&mut sim, &mut report, &mut accepted);
+        let violation = sim.check_accepted(actor, &report, accepted).unwrap_err();
+        assert!(violation.message.contains(expected), "{violation}");
+    }
+
+    #[test]
+    fn the_checker_catches_planted_bad_acceptances() {
+        // The unplanted acceptance passes, so each failure below is the plant's.
+        let (mut sim, lease, report, accepted) = at_first_grant();
+        let actor = sim.grants[&lease].actor;
+        sim.check_accepted(actor, &report, accepted).unwrap();
+        check_planted(
+            |sim, report, _| sim.now = sim.grants[&report.lease].expires_at,
+            "at or after its expiry",
+        );
+        check_planted(
+            |sim, report, accepted| {
+                let actor = sim.grants[&report.lease].actor;
+                sim.check_accepted(actor, report, *accepted).unwrap();
+            },
+            "twice",
+        );
+        check_planted(
+            |_, report, _| {
+                report.version = Version(report.version.0 + 1);
+                report.weights_hash = weights_hash(report.version);
+            },
+            "generated on",
+        );
+        check_planted(|_, report, _| report.weights_hash.0[0] ^= 1, "generated on");
+        check_planted(
+            |sim, _, accepted| accepted.prompt = PromptId(sim.next_prompt + 7),
+            "never posted",
+        );
+    }
+
+    fn posted(prompts: u64) -> PostedStep {
+        PostedStep {
+            version: Version(1),
+            opened_at: Millis(0),
+            prompts: (0..prompts).map(PromptId).collect(),
+            accepted: BTreeMap::from([(PromptId(0), ActorId(1))]),
+            accepted_tokens: 0,
+        }
+    }
+
+    fn check_report(edit: impl FnOnce(&mut StepReport), expected: Option<&str>) {
+        let mut report = StepReport {
+            step: StepId(0),
+            version: Version(1),
+            accepted: vec![(PromptId(0), ActorId(1))],
+            leased: vec![(PromptId(1), ActorId(2))],
+            pooled: vec![PromptId(2), PromptId(3)],
+            completion: None,
+        };
+        edit(&mut report);
+        let holder = |prompt: PromptId| (prompt == PromptId(1)).then_some(ActorId(2));
+        let outcome = check_step_report(&posted(4), &report, holder);
+        match expected {
+            None => assert_eq!(outcome, Ok(())),
+            Some(expected) => {
+                let problem = outcome.unwrap_err();
+                assert!(problem.contains(expected), "{problem}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_checker_catches_planted_bad_step_reports() {
+        check_report(|_| {}, None);
+        check_report(|r| r.pooled.push(PromptId(0)), Some("listed twice"));
+        check_report(|r| r.pooled.pop().map(drop).unwrap_or(()), Some("lost"));
+        check_report(|r| r.pooled.push(PromptId(99)), Some("never posted"));
+        check_report(
+            |r| {
+                r.pooled.retain(|&p| p != PromptId(2));
+                r.accepted.push((PromptId(2), ActorId(1)));
+            },
+            Some("differ from the actors"),
+        );
+        check_report(|r| r.leased[0].1 = ActorId(3), Some("not granted it last"));
+        let outcome = StepOutcome {
+            step: StepId(0),
+            version: Version(1),
+            accepted: vec![(PromptId(0), ActorId(1)), (PromptId(0), ActorId(1))],
+            unfinished: vec![PromptId(1), PromptId(2), PromptId(3)],
+            completion: crate::Completion {
+                at: Millis(5),
+                partial: false,
+            },
+        };
+        assert!(check_outcome(&posted(4), &outcome).is_err(), "duplicate");
     }
 
     #[test]

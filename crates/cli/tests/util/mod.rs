@@ -2,8 +2,6 @@
 //! invocation and its output when an expectation fails, a scratch directory with
 //! checkpoint fixtures, and comparisons of checkpoints through the library.
 
-#![allow(dead_code)] // Not every test uses every helper.
-
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::ops::Range;

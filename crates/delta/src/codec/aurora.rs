@@ -264,6 +264,10 @@ pub(crate) fn parse(payload: &[u8], layout: FloatLayout, len: u64) -> Result<Par
         parameters.push(parameter);
         models.push(Some(Model::read(&mut reader)?));
     }
+    // An encoder emits no chunk for a range without changes (§6.3).
+    if total == 0 {
+        return Err(bad("the chunk carries no changes".into()));
+    }
     let bitstream_len = reader.leb128("bitstream length")?;
     if bitstream_len > reader.remaining() as u64 {
         return Err(bad(format!(
@@ -302,7 +306,6 @@ pub(crate) fn decode<W: Word>(
         ..
     } = parse(payload, layout, len as u64)?;
     let class_count = classes.count();
-    let total: usize = counts.iter().sum();
     let mut bits = BitReader::new(bitstream);
 
     let last_index = (len as u64).saturating_sub(1);
@@ -323,26 +326,22 @@ pub(crate) fn decode<W: Word>(
     }
 
     let mut steps: Vec<Vec<u64>> = Vec::with_capacity(class_count);
-    if total > 0 {
-        let mut rans = RansDecoder::new(rans_bytes)?;
-        for class in 0..class_count {
-            let mut class_steps = Vec::with_capacity(counts[class]);
-            if let Some(model) = &models[class] {
-                for _ in 0..counts[class] {
-                    class_steps.push(rans.get(model)? as u64);
-                }
-            }
-            steps.push(class_steps);
-        }
-        rans.finish()?;
-        for step in steps.iter_mut().flatten().filter(|s| **s >= ESCAPE) {
-            *step = ESCAPE.saturating_add(bits.read_exp_golomb()?);
-            if *step > max_step_value::<W>() {
-                return Err(bad(format!("step value {step} too large for the dtype")));
+    let mut rans = RansDecoder::new(rans_bytes)?;
+    for class in 0..class_count {
+        let mut class_steps = Vec::with_capacity(counts[class]);
+        if let Some(model) = &models[class] {
+            for _ in 0..counts[class] {
+                class_steps.push(rans.get(model)? as u64);
             }
         }
-    } else if !rans_bytes.is_empty() {
-        return Err(bad("trailing bytes after an empty chunk".into()));
+        steps.push(class_steps);
+    }
+    rans.finish()?;
+    for step in steps.iter_mut().flatten().filter(|s| **s >= ESCAPE) {
+        *step = ESCAPE.saturating_add(bits.read_exp_golomb()?);
+        if *step > max_step_value::<W>() {
+            return Err(bad(format!("step value {step} too large for the dtype")));
+        }
     }
     bits.finish()?;
 
@@ -779,6 +778,9 @@ mod tests {
             }
         }
         assert!(decode::<u16>(&[0], &base, BF16).is_err());
+        // Found by fuzzing: a chunk whose classes all declare zero changes.
+        let empty = decode::<u16>(&[2, 120, 0, 0, 0], &base, BF16).unwrap_err();
+        assert!(empty.to_string().contains("no changes"), "{empty}");
         assert!(decode::<u16>(&[9], &base, BF16).is_err());
     }
 
