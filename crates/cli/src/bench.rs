@@ -400,20 +400,6 @@ fn information_floor(base: &Checkpoint<'_>, target: &Checkpoint<'_>) -> f64 {
     bits / 8.0
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn learning_rate_interpolates_the_measured_points() {
-        for (lr, density) in DENSITY_BY_LEARNING_RATE {
-            assert!((learning_rate_for(density) / lr - 1.0).abs() < 1e-9);
-        }
-        assert!(learning_rate_for(0.3) < 2.64e-7);
-        assert!(learning_rate_for(10.0) > 8.8e-6);
-    }
-}
-
 fn print_result(r: &CodecResult) {
     println!(
         "\n{} at {:.2}% density (lr {:.2e}): {} of {} elements changed, checkpoint {:.1} MB",
@@ -460,4 +446,18 @@ fn print_result(r: &CodecResult) {
         "  weights hash (verify target)    {:>10} {:>11.2}",
         "", r.weights_hash_gbps_2
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learning_rate_interpolates_the_measured_points() {
+        for (lr, density) in DENSITY_BY_LEARNING_RATE {
+            assert!((learning_rate_for(density) / lr - 1.0).abs() < 1e-9);
+        }
+        assert!(learning_rate_for(0.3) < 2.64e-7);
+        assert!(learning_rate_for(10.0) > 8.8e-6);
+    }
 }

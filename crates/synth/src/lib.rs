@@ -238,7 +238,7 @@ impl Synth {
                             let h = mix(key ^ mix((block * BLOCK + i) as u64));
                             *value = if spec.is_norm {
                                 1.0 + 0.05 * gaussian(h)
-                            } else if h % 100 == 0 {
+                            } else if h.is_multiple_of(100) {
                                 3e-4 * gaussian(mix(h))
                             } else {
                                 scale * gaussian(mix(h))
@@ -341,11 +341,10 @@ impl Synth {
 }
 
 fn has_gradient(key: u64, index: u64, row_len: u64, element: u64) -> bool {
-    if row_len > 0 {
-        let row = index / row_len;
-        unit(mix(key ^ 0xE0B ^ mix(row))) >= EMBEDDING_ROWS_WITHOUT_GRADIENT
-    } else {
-        unit(mix(element ^ 0x6AD)) >= ELEMENTS_WITHOUT_GRADIENT
+    // Rows of an embedding (row_len > 0) share their fate; other tensors go by element.
+    match index.checked_div(row_len) {
+        Some(row) => unit(mix(key ^ 0xE0B ^ mix(row))) >= EMBEDDING_ROWS_WITHOUT_GRADIENT,
+        None => unit(mix(element ^ 0x6AD)) >= ELEMENTS_WITHOUT_GRADIENT,
     }
 }
 

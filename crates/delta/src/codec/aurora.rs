@@ -579,7 +579,7 @@ fn choose_classes<W: Word>(base: &[u8], target: &[u8], len: usize, layout: Float
     let n = bins.len();
     // cost[i][j]: bits of one class covering bins i..=j.
     let mut cost = vec![vec![f64::INFINITY; n]; n];
-    for i in 0..n {
+    for (i, row) in cost.iter_mut().enumerate() {
         let mut merged = Bin {
             first_exponent: 0,
             population: 0,
@@ -587,14 +587,14 @@ fn choose_classes<W: Word>(base: &[u8], target: &[u8], len: usize, layout: Float
             symbols: [0; ALPHABET],
             escape_bits: 0,
         };
-        for j in i..n {
-            merged.population += bins[j].population;
-            merged.changed += bins[j].changed;
-            merged.escape_bits += bins[j].escape_bits;
-            for (total, count) in merged.symbols.iter_mut().zip(&bins[j].symbols) {
+        for (j, bin) in bins.iter().enumerate().skip(i) {
+            merged.population += bin.population;
+            merged.changed += bin.changed;
+            merged.escape_bits += bin.escape_bits;
+            for (total, count) in merged.symbols.iter_mut().zip(&bin.symbols) {
                 *total += count;
             }
-            cost[i][j] = class_cost_bits(&merged);
+            row[j] = class_cost_bits(&merged);
         }
     }
     // best[k][j]: cheapest cover of bins 0..=j by k+1 classes, with the start of the last.

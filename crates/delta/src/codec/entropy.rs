@@ -167,7 +167,7 @@ pub struct RansDecoder<'a> {
 
 impl<'a> RansDecoder<'a> {
     pub fn new(bytes: &'a [u8]) -> Result<RansDecoder<'a>> {
-        if bytes.len() < 4 || bytes.len() % 2 != 0 {
+        if bytes.len() < 4 || !bytes.len().is_multiple_of(2) {
             return Err(DeltaError::Malformed(format!(
                 "rANS stream of {} bytes is not a whole number of words",
                 bytes.len()
