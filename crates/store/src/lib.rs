@@ -1,0 +1,665 @@
+//! The checkpoint store: versioned, immutable artifacts on disk, catalogued in redb.
+//!
+//! # On-disk layout
+//!
+//! ```text
+//! <root>/
+//!   catalog.redb                                  the catalog (redb; also the store's lock)
+//!   deltas/<target_version>-<id hex>.adelta       D(v): turns version v-1 into v
+//!   snapshots/<version>-<weights hash hex>.safetensors
+//!   rollouts/                                     reserved for the engine
+//! ```
+//!
+//! File names carry the artifact's identity (a delta's id is its manifest hash, a
+//! snapshot's is its weights hash), so two different artifacts never share a path and a
+//! file is never rewritten with other contents.
+//!
+//! # Catalog tables
+//!
+//! - `deltas`: version (u64) → (base version, id, base weights hash, target weights hash,
+//!   file size in bytes).
+//! - `snapshots`: version (u64) → (weights hash, file size in bytes).
+//!
+//! The catalog is the truth: a file is part of the store only while a record names it.
+//!
+//! # Write order and crash safety
+//!
+//! - **Put**: the artifact is verified in memory, then written with
+//!   [`aurora_checkpoint::write_atomically`] (temporary file, fsync, rename, directory
+//!   fsync), and only then is its record committed. A crash before the commit leaves an
+//!   unreferenced file or a temporary file, never a record without its file.
+//! - **Prune**: the records are removed and committed first, the files deleted after. A
+//!   crash in between leaves unreferenced files, never a record without its file.
+//! - **Open**: every file in `deltas/` and `snapshots/` that no record names (orphans of
+//!   the two crashes above, and temporary files) is deleted. Only one process can hold
+//!   the catalog open (redb locks it), so no other writer's temporary file is touched.
+//!
+//! So the catalog never points at a missing file through our own doing; a file removed
+//! or damaged behind the store's back is reported by the read that finds it.
+//!
+//! # Reads
+//!
+//! Every read is verified before it is returned: a delta's manifest hash and every
+//! segment hash, and its id and version against the record; a snapshot's weights hash
+//! against the record. A corrupted artifact is an error naming the version and the file,
+//! and is never served.
+//!
+//! # Acceptance rule
+//!
+//! A delta for version v must start from v-1 (`base_version == v-1`). If version v-1 is
+//! known (as a delta's target or as a snapshot), the delta's base hash must equal its
+//! weights hash; if version v is known as a snapshot, the delta's target hash must equal
+//! it. A snapshot must agree the same way with the deltas into and out of its version.
+//! A second, different artifact for a version already stored is refused; the same one
+//! again is accepted and changes nothing.
+//!
+//! # Catch-up rule
+//!
+//! An Actor at version a catches up to the latest version v by whichever needs fewer
+//! bytes: replaying D(a+1..=v), or loading a snapshot s <= v and replaying D(s+1..=v).
+//! See [`Plan`] and [`Store::catch_up_plan`]; composed deltas are produced on demand by
+//! the hub ([`Plan::Composed`]).
+
+mod error;
+mod plan;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use aurora_checkpoint::{FileError, MappedFile, write_atomically};
+use aurora_delta::{Checkpoint, DeltaFile, Hash};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+pub use error::{Result, StoreError};
+pub use plan::Plan;
+
+use error::catalog;
+
+/// The catalog record of a stored delta D(version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaRecord {
+    pub version: u64,
+    pub base_version: u64,
+    pub id: Hash,
+    pub base_hash: Hash,
+    pub target_hash: Hash,
+    pub size_bytes: u64,
+}
+
+/// The catalog record of a stored snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub version: u64,
+    pub weights_hash: Hash,
+    pub size_bytes: u64,
+}
+
+/// What [`Store::prune`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub deltas: Vec<u64>,
+    pub snapshots: Vec<u64>,
+    pub bytes_freed: u64,
+}
+
+/// Whether a snapshot should be taken at `version` under a "one every `every_k` versions"
+/// policy. Version 0, the initial checkpoint, is always snapshotted, since every chain
+/// starts from it; `every_k == 0` means only version 0.
+pub fn should_snapshot(version: u64, every_k: u64) -> bool {
+    version == 0 || (every_k > 0 && version.is_multiple_of(every_k))
+}
+
+/// An open checkpoint store. Holds the catalog's lock until dropped.
+pub struct Store {
+    root: PathBuf,
+    db: Database,
+}
+
+impl Store {
+    /// Opens (or creates) the store at `root` and deletes files no record names.
+    pub fn open(root: impl AsRef<Path>) -> Result<Store> {
+        let root = root.as_ref().to_path_buf();
+        for dir in [DELTAS, SNAPSHOTS, ROLLOUTS] {
+            let path = root.join(dir);
+            fs::create_dir_all(&path).map_err(|source| StoreError::Io { path, source })?;
+        }
+        let db = Database::create(root.join(CATALOG)).map_err(catalog)?;
+        // Create both tables now so that readers never meet a missing table.
+        let txn = db.begin_write().map_err(catalog)?;
+        txn.open_table(DELTA_TABLE).map_err(catalog)?;
+        txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
+        txn.commit().map_err(catalog)?;
+        let store = Store { root, db };
+        store.remove_orphans()?;
+        Ok(store)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Verifies and stores a delta artifact, then records it (see the acceptance rule in
+    /// the module docs). Storing the same artifact again returns its record.
+    pub fn put_delta(&self, bytes: &[u8]) -> Result<DeltaRecord> {
+        let delta = DeltaFile::parse(bytes).map_err(StoreError::InvalidDelta)?;
+        for index in 0..delta.segment_count() {
+            delta
+                .verify_segment(index)
+                .map_err(StoreError::InvalidDelta)?;
+        }
+        let header = delta.header();
+        let record = DeltaRecord {
+            version: header.target_version,
+            base_version: header.base_version,
+            id: delta.id,
+            base_hash: header.base_hash,
+            target_hash: header.target_hash,
+            size_bytes: bytes.len() as u64,
+        };
+        let version = record.version;
+        if version == 0 || record.base_version != version - 1 {
+            return Err(StoreError::NotConsecutive {
+                version,
+                base_version: record.base_version,
+            });
+        }
+        // The write transaction is held across the file write so that the checks and the
+        // commit see the same catalog (redb has one writer at a time).
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let deltas = txn.open_table(DELTA_TABLE).map_err(catalog)?;
+            let snapshots = txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
+            if let Some(existing) = get_delta(&deltas, version)? {
+                if existing.id == record.id {
+                    return Ok(existing);
+                }
+                return Err(StoreError::Conflict {
+                    kind: "delta",
+                    version,
+                    existing: existing.id,
+                    offered: record.id,
+                });
+            }
+            if let Some(known) = known_weights(&deltas, &snapshots, version - 1)?
+                && known != record.base_hash
+            {
+                return Err(StoreError::WrongBase {
+                    version,
+                    known,
+                    offered: record.base_hash,
+                });
+            }
+            if let Some(snapshot) = get_snapshot(&snapshots, version)?
+                && snapshot.weights_hash != record.target_hash
+            {
+                return Err(StoreError::WrongWeights {
+                    kind: "delta",
+                    version,
+                    known: snapshot.weights_hash,
+                    offered: record.target_hash,
+                });
+            }
+        }
+        let path = self.delta_path(&record);
+        write_file(&path, bytes)?;
+        let committed = (|| {
+            txn.open_table(DELTA_TABLE)
+                .map_err(catalog)?
+                .insert(version, delta_value(&record))
+                .map_err(catalog)?;
+            txn.commit().map_err(catalog)
+        })();
+        if let Err(error) = committed {
+            // Not recorded, so not part of the store; `open` would remove it anyway.
+            let _ = fs::remove_file(&path);
+            return Err(error);
+        }
+        tracing::info!(version, id = %record.id, bytes = record.size_bytes, "stored delta");
+        Ok(record)
+    }
+
+    /// Stores a snapshot of `version` from a safetensors image, after computing its
+    /// weights hash and checking it against the deltas into and out of `version`.
+    pub fn put_snapshot(&self, version: u64, safetensors: &[u8]) -> Result<SnapshotRecord> {
+        let checkpoint = Checkpoint::from_safetensors(safetensors)
+            .map_err(|source| StoreError::InvalidSnapshot { version, source })?;
+        let record = SnapshotRecord {
+            version,
+            weights_hash: checkpoint.weights_hash(),
+            size_bytes: safetensors.len() as u64,
+        };
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let deltas = txn.open_table(DELTA_TABLE).map_err(catalog)?;
+            let snapshots = txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
+            if let Some(existing) = get_snapshot(&snapshots, version)? {
+                if existing.weights_hash == record.weights_hash {
+                    return Ok(existing);
+                }
+                return Err(StoreError::Conflict {
+                    kind: "snapshot",
+                    version,
+                    existing: existing.weights_hash,
+                    offered: record.weights_hash,
+                });
+            }
+            let known = get_delta(&deltas, version)?
+                .map(|d| d.target_hash)
+                .or(get_delta(&deltas, version + 1)?.map(|d| d.base_hash));
+            if let Some(known) = known
+                && known != record.weights_hash
+            {
+                return Err(StoreError::WrongWeights {
+                    kind: "snapshot",
+                    version,
+                    known,
+                    offered: record.weights_hash,
+                });
+            }
+        }
+        let path = self.snapshot_path(&record);
+        write_file(&path, safetensors)?;
+        let committed = (|| {
+            txn.open_table(SNAPSHOT_TABLE)
+                .map_err(catalog)?
+                .insert(version, snapshot_value(&record))
+                .map_err(catalog)?;
+            txn.commit().map_err(catalog)
+        })();
+        if let Err(error) = committed {
+            let _ = fs::remove_file(&path);
+            return Err(error);
+        }
+        tracing::info!(version, hash = %record.weights_hash, bytes = record.size_bytes, "stored snapshot");
+        Ok(record)
+    }
+
+    /// [`Store::put_snapshot`] from a safetensors file, memory-mapped rather than read.
+    pub fn put_snapshot_file(&self, version: u64, path: &Path) -> Result<SnapshotRecord> {
+        let file = MappedFile::open(path)?;
+        self.put_snapshot(version, file.bytes())
+    }
+
+    /// The highest version the store holds, as a delta's target or a snapshot.
+    pub fn latest_version(&self) -> Result<Option<u64>> {
+        let (deltas, snapshots) = self.records()?;
+        Ok(deltas.keys().chain(snapshots.keys()).max().copied())
+    }
+
+    /// Every delta and snapshot record, by version.
+    pub fn records(&self) -> Result<(BTreeMap<u64, DeltaRecord>, BTreeMap<u64, SnapshotRecord>)> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        let mut deltas = BTreeMap::new();
+        for entry in txn
+            .open_table(DELTA_TABLE)
+            .map_err(catalog)?
+            .iter()
+            .map_err(catalog)?
+        {
+            let (key, value) = entry.map_err(catalog)?;
+            deltas.insert(key.value(), delta_record(key.value(), value.value()));
+        }
+        let mut snapshots = BTreeMap::new();
+        for entry in txn
+            .open_table(SNAPSHOT_TABLE)
+            .map_err(catalog)?
+            .iter()
+            .map_err(catalog)?
+        {
+            let (key, value) = entry.map_err(catalog)?;
+            snapshots.insert(key.value(), snapshot_record(key.value(), value.value()));
+        }
+        Ok((deltas, snapshots))
+    }
+
+    /// D(version), memory-mapped and fully verified. Artifacts are never modified in
+    /// place, so the verified mapping stays valid while it is held.
+    pub fn delta(&self, version: u64) -> Result<MappedFile> {
+        let record = self
+            .records()?
+            .0
+            .remove(&version)
+            .ok_or(StoreError::NotFound {
+                kind: "delta",
+                version,
+            })?;
+        let path = self.delta_path(&record);
+        let file = open_artifact("delta", version, &path, record.size_bytes)?;
+        let corrupted = |reason: String| StoreError::Corrupted {
+            kind: "delta",
+            version,
+            path: path.clone(),
+            reason,
+        };
+        let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
+        for index in 0..delta.segment_count() {
+            delta
+                .verify_segment(index)
+                .map_err(|e| corrupted(e.to_string()))?;
+        }
+        if delta.id != record.id || delta.header().target_version != version {
+            return Err(corrupted(format!(
+                "it is artifact {} for version {}, the catalog records {} for version {version}",
+                delta.id,
+                delta.header().target_version,
+                record.id
+            )));
+        }
+        Ok(file)
+    }
+
+    /// The snapshot of `version`, memory-mapped, with its weights hash verified.
+    pub fn snapshot(&self, version: u64) -> Result<MappedFile> {
+        let record = self
+            .records()?
+            .1
+            .remove(&version)
+            .ok_or(StoreError::NotFound {
+                kind: "snapshot",
+                version,
+            })?;
+        let path = self.snapshot_path(&record);
+        let file = open_artifact("snapshot", version, &path, record.size_bytes)?;
+        let corrupted = |reason: String| StoreError::Corrupted {
+            kind: "snapshot",
+            version,
+            path: path.clone(),
+            reason,
+        };
+        let hash = Checkpoint::from_safetensors(file.bytes())
+            .map_err(|e| corrupted(e.to_string()))?
+            .weights_hash();
+        if hash != record.weights_hash {
+            return Err(corrupted(format!(
+                "weights hash {hash}, the catalog records {}",
+                record.weights_hash
+            )));
+        }
+        Ok(file)
+    }
+
+    /// The cheapest way by bytes for an Actor at `actor_version` to reach the latest
+    /// version (see the catch-up rule in the module docs).
+    pub fn catch_up_plan(&self, actor_version: u64) -> Result<Plan> {
+        let (deltas, snapshots) = self.records()?;
+        let latest = deltas.keys().chain(snapshots.keys()).max().copied();
+        let latest = match latest {
+            Some(latest) if actor_version <= latest => latest,
+            _ => {
+                return Err(StoreError::ActorAhead {
+                    actor: actor_version,
+                    latest,
+                });
+            }
+        };
+        let (delta_sizes, snapshot_sizes) = sizes(&deltas, &snapshots);
+        plan::choose(actor_version, latest, &delta_sizes, &snapshot_sizes).ok_or(
+            StoreError::NoRoute {
+                actor: actor_version,
+                latest,
+            },
+        )
+    }
+
+    /// Removes artifacts older than `keep_versions_from` that nobody needs. Kept:
+    /// - every delta and snapshot of version `keep_versions_from` or later;
+    /// - the newest snapshot and every delta after it, so a new Actor can always join;
+    /// - for each live Actor at version a: the deltas after a and the snapshot its
+    ///   current catch-up plan starts from, so its plan is unchanged by the prune.
+    ///
+    /// Records are removed in one committed transaction before any file is deleted (see
+    /// the module docs for why this order is crash-safe).
+    pub fn prune(
+        &self,
+        keep_versions_from: u64,
+        live_actor_versions: &[u64],
+    ) -> Result<PruneReport> {
+        let (deltas, snapshots) = self.records()?;
+        let Some(latest) = deltas.keys().chain(snapshots.keys()).max().copied() else {
+            return Ok(PruneReport::default());
+        };
+        let mut keep_deltas: BTreeSet<u64> =
+            deltas.range(keep_versions_from..).map(|d| *d.0).collect();
+        let mut keep_snapshots: BTreeSet<u64> = snapshots
+            .range(keep_versions_from..)
+            .map(|s| *s.0)
+            .collect();
+        if let Some(&newest) = snapshots.keys().next_back() {
+            keep_snapshots.insert(newest);
+            keep_deltas.extend(deltas.range(newest + 1..).map(|d| *d.0));
+        }
+        let (delta_sizes, snapshot_sizes) = sizes(&deltas, &snapshots);
+        // An Actor ahead of the store has nothing here to lose.
+        for &actor in live_actor_versions.iter().filter(|&&a| a <= latest) {
+            keep_deltas.extend(deltas.range(actor + 1..).map(|d| *d.0));
+            if let Some(Plan::Snapshot { snapshot, .. }) =
+                plan::choose(actor, latest, &delta_sizes, &snapshot_sizes)
+            {
+                keep_snapshots.insert(snapshot);
+            }
+        }
+        let doomed_deltas: Vec<&DeltaRecord> = deltas
+            .values()
+            .filter(|d| !keep_deltas.contains(&d.version))
+            .collect();
+        let doomed_snapshots: Vec<&SnapshotRecord> = snapshots
+            .values()
+            .filter(|s| !keep_snapshots.contains(&s.version))
+            .collect();
+
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let mut table = txn.open_table(DELTA_TABLE).map_err(catalog)?;
+            for record in &doomed_deltas {
+                table.remove(record.version).map_err(catalog)?;
+            }
+            let mut table = txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
+            for record in &doomed_snapshots {
+                table.remove(record.version).map_err(catalog)?;
+            }
+        }
+        txn.commit().map_err(catalog)?;
+
+        let paths = doomed_deltas
+            .iter()
+            .map(|d| self.delta_path(d))
+            .chain(doomed_snapshots.iter().map(|s| self.snapshot_path(s)));
+        for path in paths {
+            remove_unreferenced(&path)?;
+        }
+        let report = PruneReport {
+            deltas: doomed_deltas.iter().map(|d| d.version).collect(),
+            snapshots: doomed_snapshots.iter().map(|s| s.version).collect(),
+            bytes_freed: doomed_deltas.iter().map(|d| d.size_bytes).sum::<u64>()
+                + doomed_snapshots.iter().map(|s| s.size_bytes).sum::<u64>(),
+        };
+        tracing::info!(?report, "pruned the store");
+        Ok(report)
+    }
+
+    fn delta_path(&self, record: &DeltaRecord) -> PathBuf {
+        self.root
+            .join(DELTAS)
+            .join(format!("{}-{}.adelta", record.version, record.id))
+    }
+
+    fn snapshot_path(&self, record: &SnapshotRecord) -> PathBuf {
+        self.root.join(SNAPSHOTS).join(format!(
+            "{}-{}.safetensors",
+            record.version, record.weights_hash
+        ))
+    }
+
+    /// Deletes every file in `deltas/` and `snapshots/` that no record names: the
+    /// leftovers of a crash between a file write and its commit, or between a prune's
+    /// commit and its deletions, and temporary files of interrupted writes.
+    fn remove_orphans(&self) -> Result<()> {
+        let (deltas, snapshots) = self.records()?;
+        let referenced: BTreeSet<PathBuf> = deltas
+            .values()
+            .map(|d| self.delta_path(d))
+            .chain(snapshots.values().map(|s| self.snapshot_path(s)))
+            .collect();
+        for dir in [DELTAS, SNAPSHOTS] {
+            let dir = self.root.join(dir);
+            let io = |source| StoreError::Io {
+                path: dir.clone(),
+                source,
+            };
+            for entry in fs::read_dir(&dir).map_err(io)? {
+                let path = entry.map_err(io)?.path();
+                if !referenced.contains(&path) {
+                    tracing::warn!(path = %path.display(), "removing a file the catalog does not list");
+                    remove_unreferenced(&path)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+const CATALOG: &str = "catalog.redb";
+const DELTAS: &str = "deltas";
+const SNAPSHOTS: &str = "snapshots";
+const ROLLOUTS: &str = "rollouts";
+
+/// (base version, id, base hash, target hash, size in bytes)
+type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
+/// (weights hash, size in bytes)
+type SnapshotValue = ([u8; 32], u64);
+
+const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
+const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> = TableDefinition::new("snapshots");
+
+fn delta_value(r: &DeltaRecord) -> DeltaValue {
+    (
+        r.base_version,
+        r.id.0,
+        r.base_hash.0,
+        r.target_hash.0,
+        r.size_bytes,
+    )
+}
+
+fn delta_record(version: u64, v: DeltaValue) -> DeltaRecord {
+    DeltaRecord {
+        version,
+        base_version: v.0,
+        id: Hash(v.1),
+        base_hash: Hash(v.2),
+        target_hash: Hash(v.3),
+        size_bytes: v.4,
+    }
+}
+
+fn snapshot_value(r: &SnapshotRecord) -> SnapshotValue {
+    (r.weights_hash.0, r.size_bytes)
+}
+
+fn snapshot_record(version: u64, v: SnapshotValue) -> SnapshotRecord {
+    SnapshotRecord {
+        version,
+        weights_hash: Hash(v.0),
+        size_bytes: v.1,
+    }
+}
+
+fn get_delta(
+    table: &impl ReadableTable<u64, DeltaValue>,
+    version: u64,
+) -> Result<Option<DeltaRecord>> {
+    let value = table.get(version).map_err(catalog)?;
+    Ok(value.map(|v| delta_record(version, v.value())))
+}
+
+fn get_snapshot(
+    table: &impl ReadableTable<u64, SnapshotValue>,
+    version: u64,
+) -> Result<Option<SnapshotRecord>> {
+    let value = table.get(version).map_err(catalog)?;
+    Ok(value.map(|v| snapshot_record(version, v.value())))
+}
+
+/// The weights hash of `version` if the store knows it, as a delta's target or a snapshot.
+fn known_weights(
+    deltas: &impl ReadableTable<u64, DeltaValue>,
+    snapshots: &impl ReadableTable<u64, SnapshotValue>,
+    version: u64,
+) -> Result<Option<Hash>> {
+    if let Some(delta) = get_delta(deltas, version)? {
+        return Ok(Some(delta.target_hash));
+    }
+    Ok(get_snapshot(snapshots, version)?.map(|s| s.weights_hash))
+}
+
+fn sizes(
+    deltas: &BTreeMap<u64, DeltaRecord>,
+    snapshots: &BTreeMap<u64, SnapshotRecord>,
+) -> (BTreeMap<u64, u64>, BTreeMap<u64, u64>) {
+    (
+        deltas.iter().map(|(&v, d)| (v, d.size_bytes)).collect(),
+        snapshots.iter().map(|(&v, s)| (v, s.size_bytes)).collect(),
+    )
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomically(path, |writer| {
+        writer.write_all(bytes).map_err(|source| {
+            StoreError::File(FileError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        })
+    })
+}
+
+/// Maps a recorded artifact after checking that it exists and has the recorded length.
+fn open_artifact(
+    kind: &'static str,
+    version: u64,
+    path: &Path,
+    size_bytes: u64,
+) -> Result<MappedFile> {
+    let length = match fs::metadata(path) {
+        Ok(metadata) => metadata.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StoreError::Missing {
+                kind,
+                version,
+                path: path.to_path_buf(),
+            });
+        }
+        Err(source) => {
+            return Err(StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    if length != size_bytes {
+        return Err(StoreError::Corrupted {
+            kind,
+            version,
+            path: path.to_path_buf(),
+            reason: format!("{length} bytes, the catalog records {size_bytes}"),
+        });
+    }
+    Ok(MappedFile::open(path)?)
+}
+
+/// Deletes a file no record names; one already gone is fine (a crash may have come after
+/// some deletions).
+fn remove_unreferenced(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,379 @@
+use super::*;
+use aurora_delta::{Dtype, ExtractOptions, Extraction, OwnedTensor, owned_checkpoint};
+
+/// The weights of `version` in one lineage: 256 F32 values, each step nudging one of
+/// them. `lineage` shifts every value, so two lineages never share a weights hash.
+fn weights(lineage: f32, version: u64) -> Vec<OwnedTensor> {
+    let mut values: Vec<f32> = (0..256).map(|i| i as f32 * 0.5 + lineage).collect();
+    for step in 1..=version {
+        values[(step * 7 % 256) as usize] += 1.0;
+    }
+    vec![OwnedTensor {
+        name: "w".into(),
+        dtype: Dtype::F32,
+        shape: vec![16, 16],
+        data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }]
+}
+
+fn delta_in(lineage: f32, base_version: u64, target_version: u64) -> Vec<u8> {
+    let (base, target) = (
+        weights(lineage, base_version),
+        weights(lineage, target_version),
+    );
+    let (base, target) = (
+        owned_checkpoint(&base).unwrap(),
+        owned_checkpoint(&target).unwrap(),
+    );
+    let options = ExtractOptions {
+        base_version,
+        target_version,
+        ..Default::default()
+    };
+    Extraction::new(&base, &target, options)
+        .unwrap()
+        .to_bytes()
+        .unwrap()
+        .1
+}
+
+fn delta(version: u64) -> Vec<u8> {
+    delta_in(0.0, version - 1, version)
+}
+
+fn snapshot(version: u64) -> Vec<u8> {
+    aurora_checkpoint::safetensors_bytes(&weights(0.0, version)).unwrap()
+}
+
+/// A store holding snapshot 0 and D(1..=latest).
+fn store_with(root: &Path, latest: u64) -> Store {
+    let store = Store::open(root).unwrap();
+    store.put_snapshot(0, &snapshot(0)).unwrap();
+    for version in 1..=latest {
+        store.put_delta(&delta(version)).unwrap();
+    }
+    store
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn flip_byte_in_middle(path: &Path) {
+    let mut bytes = fs::read(path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn put_then_get_round_trips_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = {
+        let store = store_with(dir.path(), 2);
+        assert_eq!(store.latest_version().unwrap(), Some(2));
+        store.put_delta(&delta(3)).unwrap()
+    };
+    assert_eq!((record.version, record.base_version), (3, 2));
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.latest_version().unwrap(), Some(3));
+    assert_eq!(store.delta(3).unwrap().bytes(), delta(3).as_slice());
+    assert_eq!(store.snapshot(0).unwrap().bytes(), snapshot(0).as_slice());
+    assert_eq!(
+        files(&dir.path().join(DELTAS))[2],
+        format!("3-{}.adelta", record.id)
+    );
+    assert!(dir.path().join(ROLLOUTS).is_dir());
+    assert!(matches!(
+        store.delta(4),
+        Err(StoreError::NotFound { version: 4, .. })
+    ));
+}
+
+#[test]
+fn the_same_artifact_again_is_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1);
+    let first = store.put_delta(&delta(2)).unwrap();
+    assert_eq!(store.put_delta(&delta(2)).unwrap(), first);
+    let snap = store.put_snapshot(2, &snapshot(2)).unwrap();
+    assert_eq!(store.put_snapshot(2, &snapshot(2)).unwrap(), snap);
+    assert_eq!(files(&dir.path().join(DELTAS)).len(), 2);
+    assert_eq!(files(&dir.path().join(SNAPSHOTS)).len(), 2);
+}
+
+#[test]
+fn snapshots_can_come_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1);
+    let path = dir.path().join("outside.safetensors");
+    fs::write(&path, snapshot(1)).unwrap();
+    let record = store.put_snapshot_file(1, &path).unwrap();
+    assert_eq!(
+        record.weights_hash,
+        store.records().unwrap().0[&1].target_hash
+    );
+}
+
+#[test]
+fn a_delta_that_does_not_continue_the_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1);
+    // Another lineage's D(2) starts from weights the store does not have at version 1.
+    let error = store.put_delta(&delta_in(100.0, 1, 2)).unwrap_err();
+    assert!(
+        matches!(error, StoreError::WrongBase { version: 2, .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("stored version 1"), "{error}");
+    // Skipping a version is refused before anything else.
+    let error = store.put_delta(&delta_in(0.0, 1, 3)).unwrap_err();
+    assert!(matches!(
+        error,
+        StoreError::NotConsecutive {
+            version: 3,
+            base_version: 1
+        }
+    ));
+    // A different artifact for a version already stored.
+    let error = store.put_delta(&delta_in(100.0, 0, 1)).unwrap_err();
+    assert!(matches!(
+        error,
+        StoreError::Conflict {
+            kind: "delta",
+            version: 1,
+            ..
+        }
+    ));
+    // A snapshot that disagrees with the delta into its version.
+    let error = store.put_snapshot(1, &snapshot(2)).unwrap_err();
+    assert!(matches!(
+        error,
+        StoreError::WrongWeights {
+            kind: "snapshot",
+            version: 1,
+            ..
+        }
+    ));
+    // Nothing refused reached the disk.
+    assert_eq!(files(&dir.path().join(DELTAS)).len(), 1);
+    assert_eq!(files(&dir.path().join(SNAPSHOTS)).len(), 1);
+    assert_eq!(store.latest_version().unwrap(), Some(1));
+}
+
+#[test]
+fn a_damaged_artifact_is_refused_before_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut bytes = delta(1);
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    assert!(matches!(
+        store.put_delta(&bytes),
+        Err(StoreError::InvalidDelta(_))
+    ));
+    assert!(matches!(
+        store.put_snapshot(0, b"not safetensors"),
+        Err(StoreError::InvalidSnapshot { version: 0, .. })
+    ));
+    assert!(files(&dir.path().join(DELTAS)).is_empty());
+}
+
+#[test]
+fn corrupted_files_are_reported_and_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 1);
+    let delta_file = dir
+        .path()
+        .join(DELTAS)
+        .join(&files(&dir.path().join(DELTAS))[0]);
+    flip_byte_in_middle(&delta_file);
+    let Err(error) = store.delta(1) else {
+        panic!("a corrupted delta was served")
+    };
+    assert!(
+        matches!(
+            error,
+            StoreError::Corrupted {
+                kind: "delta",
+                version: 1,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains(&delta_file.display().to_string()),
+        "{error}"
+    );
+
+    let snapshot_file = dir
+        .path()
+        .join(SNAPSHOTS)
+        .join(&files(&dir.path().join(SNAPSHOTS))[0]);
+    flip_byte_in_middle(&snapshot_file);
+    let Err(error) = store.snapshot(0) else {
+        panic!("a corrupted snapshot was served")
+    };
+    assert!(
+        matches!(
+            error,
+            StoreError::Corrupted {
+                kind: "snapshot",
+                version: 0,
+                ..
+            }
+        ),
+        "{error}"
+    );
+
+    fs::remove_file(&snapshot_file).unwrap();
+    assert!(matches!(
+        store.snapshot(0),
+        Err(StoreError::Missing { version: 0, .. })
+    ));
+}
+
+#[test]
+fn catch_up_plans_replay_or_start_from_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 3);
+    assert_eq!(
+        store.catch_up_plan(3).unwrap(),
+        Plan::UpToDate { version: 3 }
+    );
+    // A few small deltas cost less than a snapshot.
+    let deltas = store.records().unwrap().0;
+    let replay = deltas[&2].size_bytes + deltas[&3].size_bytes;
+    assert_eq!(
+        store.catch_up_plan(1).unwrap(),
+        Plan::Replay {
+            deltas: 2..4,
+            bytes: replay
+        }
+    );
+    // A snapshot of the latest version beats replaying three deltas only if it is smaller.
+    let snap = store.put_snapshot(3, &snapshot(3)).unwrap();
+    let expected = if snap.size_bytes < replay + deltas[&1].size_bytes {
+        Plan::Snapshot {
+            snapshot: 3,
+            deltas: 4..4,
+            bytes: snap.size_bytes,
+        }
+    } else {
+        Plan::Replay {
+            deltas: 1..4,
+            bytes: replay + deltas[&1].size_bytes,
+        }
+    };
+    assert_eq!(store.catch_up_plan(0).unwrap(), expected);
+    assert!(matches!(
+        store.catch_up_plan(9),
+        Err(StoreError::ActorAhead { actor: 9, .. })
+    ));
+}
+
+#[test]
+fn prune_keeps_what_live_actors_and_new_actors_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 6);
+    store.put_snapshot(4, &snapshot(4)).unwrap();
+    let before = store.catch_up_plan(1).unwrap();
+
+    let report = store.prune(5, &[1]).unwrap();
+    assert_eq!(report.deltas, vec![1]);
+    assert_eq!(report.snapshots, vec![0]);
+    assert!(report.bytes_freed > 0);
+    // The live actor's plan is unchanged and every artifact in it is still served.
+    assert_eq!(store.catch_up_plan(1).unwrap(), before);
+    for version in 2..=6 {
+        store.delta(version).unwrap();
+    }
+    store.snapshot(4).unwrap();
+    assert_eq!(files(&dir.path().join(DELTAS)).len(), 5);
+    assert_eq!(files(&dir.path().join(SNAPSHOTS)).len(), 1);
+
+    // Once the actor is gone, only the newest snapshot and the deltas after it remain;
+    // any actor, new or old, can still catch up from that snapshot.
+    let report = store.prune(5, &[]).unwrap();
+    assert_eq!(report.deltas, vec![2, 3, 4]);
+    assert!(report.snapshots.is_empty());
+    assert!(matches!(
+        store.catch_up_plan(1).unwrap(),
+        Plan::Snapshot { snapshot: 4, .. }
+    ));
+}
+
+#[test]
+fn a_crash_before_the_catalog_commit_leaves_nothing_served() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(store_with(dir.path(), 1));
+    // The crash: D(2) and a snapshot fully written, a temporary file half written, no
+    // record committed for any of them.
+    let orphan = delta(2);
+    let id = DeltaFile::parse(&orphan).unwrap().id;
+    fs::write(
+        dir.path().join(DELTAS).join(format!("2-{id}.adelta")),
+        &orphan,
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join(SNAPSHOTS).join("2-feed.safetensors"),
+        snapshot(2),
+    )
+    .unwrap();
+    fs::write(
+        dir.path().join(DELTAS).join(".3-x.adelta.4242.tmp"),
+        b"torn",
+    )
+    .unwrap();
+
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.latest_version().unwrap(), Some(1));
+    assert!(matches!(
+        store.delta(2),
+        Err(StoreError::NotFound { version: 2, .. })
+    ));
+    assert_eq!(files(&dir.path().join(DELTAS)).len(), 1);
+    assert_eq!(files(&dir.path().join(SNAPSHOTS)).len(), 1);
+    // The interrupted put can simply be retried.
+    store.put_delta(&orphan).unwrap();
+    assert_eq!(store.delta(2).unwrap().bytes(), orphan.as_slice());
+}
+
+#[test]
+fn a_crash_after_a_prune_commit_leaves_only_orphans() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 2);
+    // The crash: prune committed the removal of D(1)'s record, then stopped before
+    // deleting its file.
+    let txn = store.db.begin_write().unwrap();
+    txn.open_table(DELTA_TABLE).unwrap().remove(1).unwrap();
+    txn.commit().unwrap();
+    drop(store);
+
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(files(&dir.path().join(DELTAS)).len(), 1);
+    assert!(matches!(
+        store.delta(1),
+        Err(StoreError::NotFound { version: 1, .. })
+    ));
+    store.delta(2).unwrap();
+}
+
+#[test]
+fn snapshot_policy() {
+    let check =
+        |version, every_k, expected| assert_eq!(should_snapshot(version, every_k), expected);
+    check(0, 0, true);
+    check(5, 0, false);
+    check(10, 5, true);
+    check(11, 5, false);
+}
