@@ -8,8 +8,9 @@
 //! instead of only ever sampling the jobs fast enough to beat their lease.
 //!
 //! The median rather than the mean, because one actor stuck behind a partition would
-//! drag a mean up and with it every lease, delaying the detection of the next failure. Two to three times, because with the batch split in proportion
-//! to throughput every actor should finish near the median, so a lease that runs out
+//! drag a mean up and with it every lease, delaying the detection of the next failure.
+//! Two to three times, because with the batch split in proportion to throughput every
+//! actor should finish near the median, so a lease that runs out
 //! at twice to three times that is a strong sign the holder is gone or crawling, while
 //! leaving room for the ordinary spread in response lengths.
 

@@ -106,11 +106,13 @@ impl<'a> ByteReader<'a> {
     }
 }
 
-/// Writes bits least-significant first into bytes.
+/// Writes bits least-significant first into bytes. The accumulator is flushed 32 bits at
+/// a time: this sits on the encoder's per-change path.
 #[derive(Debug, Default)]
 pub struct BitWriter {
     bytes: Vec<u8>,
     acc: u64,
+    /// Bits held in `acc`; always below 32 between calls.
     filled: u32,
 }
 
@@ -123,21 +125,24 @@ impl BitWriter {
     #[inline]
     pub fn write(&mut self, value: u64, count: u32) {
         debug_assert!(count <= 64);
-        if count == 0 {
-            return;
-        }
         if count > 32 {
-            self.write(value & 0xFFFF_FFFF, 32);
-            self.write(value >> 32, count - 32);
-            return;
+            self.write_short(value & 0xFFFF_FFFF, 32);
+            self.write_short(value >> 32, count - 32);
+        } else {
+            self.write_short(value, count);
         }
-        let value = value & ((1u64 << count) - 1);
-        self.acc |= value << self.filled;
+    }
+
+    #[inline(always)]
+    fn write_short(&mut self, value: u64, count: u32) {
+        debug_assert!(count <= 32 && self.filled < 32);
+        self.acc |= (value & ((1u64 << count) - 1)) << self.filled;
         self.filled += count;
-        while self.filled >= 8 {
-            self.bytes.push(self.acc as u8);
-            self.acc >>= 8;
-            self.filled -= 8;
+        if self.filled >= 32 {
+            self.bytes
+                .extend_from_slice(&(self.acc as u32).to_le_bytes());
+            self.acc >>= 32;
+            self.filled -= 32;
         }
     }
 
@@ -145,10 +150,10 @@ impl BitWriter {
     #[inline]
     pub fn write_unary(&mut self, mut count: u64) {
         while count >= 32 {
-            self.write(0, 32);
+            self.write_short(0, 32);
             count -= 32;
         }
-        self.write(1u64 << count, count as u32 + 1);
+        self.write_short(1u64 << count, count as u32 + 1);
     }
 
     /// Order-0 exponential Golomb code of `value` (any u64).
@@ -167,8 +172,10 @@ impl BitWriter {
     }
 
     pub fn finish(mut self) -> Vec<u8> {
-        if self.filled > 0 {
+        while self.filled > 0 {
             self.bytes.push(self.acc as u8);
+            self.acc >>= 8;
+            self.filled = self.filled.saturating_sub(8);
         }
         self.bytes
     }

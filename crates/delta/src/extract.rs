@@ -2,10 +2,10 @@
 //!
 //! Work is cut into chunk jobs (one element range of one tensor, at most
 //! [`CHUNK_BYTES`] of data), encoded in parallel on the rayon pool within a bounded
-//! window, packed into segments in a fixed order and handed to the caller through a bounded queue. The
-//! artifact is therefore identical for any thread count, a sender can transmit the first
-//! segment while later ones are still being encoded, and memory stays bounded by the
-//! window and the queue.
+//! window, packed into segments in a fixed order and handed to the caller through a
+//! bounded queue. The artifact is therefore identical for any thread count, a sender can
+//! transmit the first segment while later ones are still being encoded, and memory stays
+//! bounded by the window and the queue.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -179,7 +179,8 @@ impl<'c, 'a> Extraction<'c, 'a> {
     /// runs on the calling thread and the current rayon pool (so `pool.install` chooses
     /// the threads); `sink` runs on its own thread behind a bounded queue, so a slow
     /// consumer holds back the encoder instead of letting memory grow. An error from
-    /// `sink` stops extraction and is returned.
+    /// `sink` stops extraction and is returned. To consume segments as a channel (for
+    /// example from an async transport), pass a sink that sends into one.
     pub fn run<E: From<DeltaError> + Send>(
         &self,
         mut sink: impl FnMut(Segment) -> std::result::Result<(), E> + Send,

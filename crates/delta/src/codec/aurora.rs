@@ -405,27 +405,42 @@ fn locate_body<W: Word>(
     steps: &[Vec<u64>],
 ) -> Result<(Vec<u32>, Vec<u8>)> {
     let total: usize = ranks.iter().map(Vec::len).sum();
-    let mut positions = Vec::with_capacity(total);
-    let mut values = vec![0u8; total * W::BYTES];
-    let mut emit = |position: usize, step: u64| {
-        apply_step(W::load(base, position), step).store(&mut values, positions.len());
-        positions.push(position as u32);
+    let mut changes = Located::<W> {
+        positions: Vec::with_capacity(total),
+        values: vec![0u8; total * W::BYTES],
+        word: std::marker::PhantomData,
     };
     if classes.count() == 1 {
         for (&rank, &step) in ranks[0].iter().zip(&steps[0]) {
-            emit(rank as usize, step);
+            changes.push(base, rank as usize, step);
         }
-        return Ok((positions, values));
+        return Ok((changes.positions, changes.values));
     }
     let remaining = with_threshold_count!(classes.thresholds.len(), T => {
-        locate_classes::<W, T>(base, len, classes, ranks, steps, &mut emit)
+        locate_classes::<W, T>(base, len, classes, ranks, steps, &mut changes)
     });
     if remaining > 0 {
         return Err(bad(format!(
             "{remaining} change ranks lie beyond their class's population"
         )));
     }
-    Ok((positions, values))
+    Ok((changes.positions, changes.values))
+}
+
+/// Changes found so far: ascending positions and their new values' bytes.
+struct Located<W: Word> {
+    positions: Vec<u32>,
+    values: Vec<u8>,
+    word: std::marker::PhantomData<W>,
+}
+
+impl<W: Word> Located<W> {
+    /// Records the change at `position`, computing its value while the base is in cache.
+    #[inline(always)]
+    fn push(&mut self, base: &[u8], position: usize, step: u64) {
+        apply_step(W::load(base, position), step).store(&mut self.values, self.positions.len());
+        self.positions.push(position as u32);
+    }
 }
 
 /// The scan of [`locate`] for `T` thresholds; returns how many changes it did not find.
@@ -436,7 +451,7 @@ fn locate_classes<W: Word, const T: usize>(
     classes: &Classes,
     ranks: &[Vec<u64>],
     steps: &[Vec<u64>],
-    emit: &mut impl FnMut(usize, u64),
+    changes: &mut Located<W>,
 ) -> usize {
     // until[c]: members of class c to pass, counted from the current block's start,
     // before its next change (u64::MAX once the class has none left). Most blocks hold no
@@ -462,12 +477,21 @@ fn locate_classes<W: Word, const T: usize>(
             hit | (u32::from(until[c] < populations[c]) << c)
         });
         if hit != 0 {
+            // Positions within one class come out ascending; only a block where several
+            // classes change needs merging.
+            let single_class = hit.is_power_of_two();
             while hit != 0 {
                 let class = hit.trailing_zeros() as usize;
                 hit &= hit - 1;
                 while until[class] < populations[class] {
                     let bit = select_bit(masks[class], until[class] as u32);
-                    in_block.push((block + bit as usize, steps[class][next[class]]));
+                    let change = (block + bit as usize, steps[class][next[class]]);
+                    if single_class {
+                        changes.push(base, change.0, change.1);
+                        remaining -= 1;
+                    } else {
+                        in_block.push(change);
+                    }
                     next[class] += 1;
                     until[class] = match ranks[class].get(next[class]) {
                         Some(&rank) => until[class] + (rank - ranks[class][next[class] - 1]),
@@ -475,12 +499,12 @@ fn locate_classes<W: Word, const T: usize>(
                     };
                 }
             }
-            if in_block.len() > 1 {
+            if !in_block.is_empty() {
                 in_block.sort_unstable_by_key(|entry| entry.0);
-            }
-            remaining -= in_block.len();
-            for (position, step) in in_block.drain(..) {
-                emit(position, step);
+                remaining -= in_block.len();
+                for (position, step) in in_block.drain(..) {
+                    changes.push(base, position, step);
+                }
             }
         }
         for c in 0..=T {
