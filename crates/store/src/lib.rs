@@ -70,7 +70,7 @@ use std::path::{Path, PathBuf};
 
 use aurora_checkpoint::{FileError, MappedFile, write_atomically};
 use aurora_delta::{Checkpoint, DeltaFile, Hash};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 pub use error::{Result, StoreError};
 pub use plan::Plan;
@@ -202,20 +202,13 @@ impl Store {
                 });
             }
         }
-        let path = self.delta_path(&record);
-        write_file(&path, bytes)?;
-        let committed = (|| {
+        commit_with_file(txn, &self.delta_path(&record), bytes, |txn| {
             txn.open_table(DELTA_TABLE)
                 .map_err(catalog)?
                 .insert(version, delta_value(&record))
                 .map_err(catalog)?;
-            txn.commit().map_err(catalog)
-        })();
-        if let Err(error) = committed {
-            // Not recorded, so not part of the store; `open` would remove it anyway.
-            let _ = fs::remove_file(&path);
-            return Err(error);
-        }
+            Ok(())
+        })?;
         tracing::info!(version, id = %record.id, bytes = record.size_bytes, "stored delta");
         Ok(record)
     }
@@ -259,19 +252,13 @@ impl Store {
                 });
             }
         }
-        let path = self.snapshot_path(&record);
-        write_file(&path, safetensors)?;
-        let committed = (|| {
+        commit_with_file(txn, &self.snapshot_path(&record), safetensors, |txn| {
             txn.open_table(SNAPSHOT_TABLE)
                 .map_err(catalog)?
                 .insert(version, snapshot_value(&record))
                 .map_err(catalog)?;
-            txn.commit().map_err(catalog)
-        })();
-        if let Err(error) = committed {
-            let _ = fs::remove_file(&path);
-            return Err(error);
-        }
+            Ok(())
+        })?;
         tracing::info!(version, hash = %record.weights_hash, bytes = record.size_bytes, "stored snapshot");
         Ok(record)
     }
@@ -602,6 +589,23 @@ fn sizes(
         deltas.iter().map(|(&v, d)| (v, d.size_bytes)).collect(),
         snapshots.iter().map(|(&v, s)| (v, s.size_bytes)).collect(),
     )
+}
+
+/// Writes `bytes` to `path` crash-safely, lets `record` add the catalog entry, and
+/// commits `txn`. A failed commit removes the file: it was never recorded, so it is not
+/// part of the store (and `open` would remove it anyway).
+fn commit_with_file(
+    txn: WriteTransaction,
+    path: &Path,
+    bytes: &[u8],
+    record: impl FnOnce(&WriteTransaction) -> Result<()>,
+) -> Result<()> {
+    write_file(path, bytes)?;
+    let committed = record(&txn).and_then(|()| txn.commit().map_err(catalog));
+    if committed.is_err() {
+        let _ = fs::remove_file(path);
+    }
+    committed
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
