@@ -3,6 +3,7 @@
 
 mod bench;
 mod delta_cmd;
+mod store_cmd;
 mod synth_cmd;
 
 use std::process::ExitCode;
@@ -25,6 +26,9 @@ enum Command {
     /// Create, apply, inspect and combine delta checkpoints.
     #[command(subcommand)]
     Delta(delta_cmd::DeltaCommand),
+    /// List, verify, plan and prune a checkpoint store.
+    #[command(subcommand)]
+    Store(store_cmd::StoreCommand),
     /// Write a sequence of synthetic BF16 checkpoints of a Qwen3-architecture model.
     Synth(synth_cmd::SynthArgs),
     /// Benchmarks, each next to its baseline.
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Delta(command) => delta_cmd::run(command),
+        Command::Store(command) => store_cmd::run(command),
         Command::Synth(args) => synth_cmd::run(args),
         Command::Bench(command) => bench::run(command),
     };

@@ -584,3 +584,71 @@ fn python_safetensors_loads_an_applied_checkpoint() {
         "the fixture should hold both dtypes"
     );
 }
+
+#[test]
+fn a_store_takes_a_chain_plans_catch_up_and_detects_corruption() {
+    let s = Scratch::new();
+    let steps = s.synth("tiny", 3, &[]);
+    let root = s.path("store");
+    let root_arg = root.to_str().unwrap();
+    aurora(&["store", "put-snapshot", root_arg, "0"])
+        .arg(&steps[0])
+        .ok();
+    for version in 0..3u64 {
+        let delta = s.diff(
+            &steps[version as usize],
+            &steps[version as usize + 1],
+            "aurora",
+            version,
+        );
+        aurora(&["store", "put-delta", root_arg]).arg(&delta).ok();
+    }
+    // A delta that does not continue the chain is refused.
+    let stray = s.diff(&steps[0], &steps[2], "aurora", 0);
+    aurora(&["store", "put-delta", root_arg])
+        .arg(&stray)
+        .fails();
+
+    let list = aurora(&["store", "list", root_arg]).ok();
+    assert!(
+        list.stdout.contains("latest version: Some(3)"),
+        "{}",
+        list.stdout
+    );
+    let plan = aurora(&["store", "plan", root_arg, "1"]).ok();
+    assert!(
+        plan.stdout.contains("replay deltas 2..=3"),
+        "{}",
+        plan.stdout
+    );
+    let verified = aurora(&["store", "verify", root_arg]).ok();
+    assert!(
+        verified
+            .stdout
+            .contains("3 deltas and 1 snapshots verified"),
+        "{}",
+        verified.stdout
+    );
+
+    let stored = std::fs::read_dir(root.join("deltas"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| {
+            path.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("2-")
+        })
+        .unwrap();
+    let mut bytes = read(&stored);
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&stored, &bytes).unwrap();
+    let run = aurora(&["store", "verify", root_arg]).fails();
+    assert_error_mentions(&run, &["1 of 4 artifacts failed verification"]);
+    assert!(
+        run.stderr.contains(&*stored.to_string_lossy()),
+        "{}",
+        run.stderr
+    );
+}
