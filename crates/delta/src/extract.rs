@@ -15,8 +15,8 @@ use crate::checkpoint::{Checkpoint, Hash, TensorView};
 use crate::codec::{ChunkEncoding, ChunkRecord, Encoding, encode_changes};
 use crate::error::{DeltaError, Result};
 use crate::format::{
-    DeltaHeader, MAX_CHUNK_ELEMENTS, MAX_SEGMENT_BYTES, Manifest, SegmentEntry, TensorChange,
-    TensorEntry, TensorSpec,
+    DeltaHeader, MAX_CHUNK_ELEMENTS, MAX_DIMS, MAX_NAME_BYTES, MAX_SEGMENT_BYTES, MAX_TENSORS,
+    Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,
 };
 
 /// A chunk covers at most this many bytes of tensor data: large enough that per-chunk
@@ -99,9 +99,30 @@ impl<'c, 'a> Extraction<'c, 'a> {
             dtype: t.dtype,
             shape: t.shape.clone(),
         };
+        if names.len() as u64 > u64::from(MAX_TENSORS) {
+            return Err(DeltaError::LimitExceeded {
+                what: "tensor count",
+                value: names.len() as u64,
+                limit: u64::from(MAX_TENSORS),
+            });
+        }
         let mut tensors = Vec::with_capacity(names.len());
         let mut jobs = Vec::new();
         for (index, name) in names.iter().enumerate() {
+            // A writer must never produce what every reader refuses (§4.3).
+            let rank = base
+                .get(name)
+                .or(target.get(name))
+                .map_or(0, |t| t.shape.len());
+            let rank_of_target = target.get(name).map_or(0, |t| t.shape.len());
+            if name.len() > MAX_NAME_BYTES || rank.max(rank_of_target) > MAX_DIMS {
+                return Err(DeltaError::Unsupported {
+                    name: name.chars().take(80).collect(),
+                    reason: format!(
+                        "names are limited to {MAX_NAME_BYTES} bytes and shapes to {MAX_DIMS} dimensions"
+                    ),
+                });
+            }
             let change = match (base.get(name), target.get(name)) {
                 (Some(b), Some(t)) if b.dtype == t.dtype && b.shape == t.shape => {
                     TensorChange::Patched(spec(t))

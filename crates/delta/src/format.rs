@@ -630,6 +630,26 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_count_over_the_limit_is_refused_before_allocating() {
+        // A sealed (correctly hashed) artifact whose table claims too many segments.
+        let head = header().encode();
+        let table = (MAX_SEGMENTS + 1).to_le_bytes().to_vec();
+        let mut bytes = head.clone();
+        bytes.extend_from_slice(&table);
+        bytes.extend_from_slice(&(table.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        bytes.extend_from_slice(&manifest_hash(&head, &table).0);
+        bytes.extend_from_slice(&END_MAGIC);
+        assert!(matches!(
+            DeltaFile::parse(&bytes),
+            Err(DeltaError::LimitExceeded {
+                what: "segment count",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn unsorted_tensor_tables_are_rejected() {
         let mut unsorted = header();
         unsorted.tensors.reverse();

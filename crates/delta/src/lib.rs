@@ -36,6 +36,7 @@ pub use dtype::Dtype;
 pub use error::{DeltaError, Result};
 pub use extract::{CHUNK_BYTES, ExtractOptions, Extraction, Segment};
 pub use format::{
-    DeltaFile, DeltaHeader, FORMAT_VERSION, MAX_CHUNK_ELEMENTS, MAX_SEGMENT_BYTES, Manifest,
-    SegmentEntry, TensorChange, TensorEntry, TensorSpec, assemble,
+    DeltaFile, DeltaHeader, FORMAT_VERSION, MAX_CHUNK_ELEMENTS, MAX_DIMS, MAX_NAME_BYTES,
+    MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,
+    assemble,
 };

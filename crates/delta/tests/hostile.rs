@@ -86,3 +86,27 @@ fn stats_survive_chunk_lengths_beyond_the_limit() {
     let bytes = artifact(&[("a", Dtype::Bf16, &[2])], &[segment]);
     stats_reject(&bytes, "chunk length");
 }
+
+#[test]
+fn extraction_refuses_what_a_reader_would_refuse() {
+    let data = [0u8; 2];
+    let long_name = "x".repeat(aurora_delta::MAX_NAME_BYTES + 1);
+    let deep = [1u64; 9];
+    for (name, shape) in [(long_name.as_str(), &[1u64][..]), ("deep", &deep[..])] {
+        let view = aurora_delta::TensorView {
+            name: name.to_string(),
+            dtype: Dtype::Bf16,
+            shape: shape.to_vec(),
+            data: &data,
+        };
+        let checkpoint = aurora_delta::Checkpoint::new(vec![view]).unwrap();
+        let error = aurora_delta::Extraction::new(
+            &checkpoint,
+            &checkpoint,
+            aurora_delta::ExtractOptions::default(),
+        )
+        .err()
+        .expect("refused");
+        assert!(error.to_string().contains("limited to"), "{error}");
+    }
+}
