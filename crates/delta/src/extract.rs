@@ -110,12 +110,13 @@ impl<'c, 'a> Extraction<'c, 'a> {
         let mut jobs = Vec::new();
         for (index, name) in names.iter().enumerate() {
             // A writer must never produce what every reader refuses (§4.3).
-            let rank = base
-                .get(name)
-                .or(target.get(name))
-                .map_or(0, |t| t.shape.len());
-            let rank_of_target = target.get(name).map_or(0, |t| t.shape.len());
-            if name.len() > MAX_NAME_BYTES || rank.max(rank_of_target) > MAX_DIMS {
+            let rank = [base.get(name), target.get(name)]
+                .into_iter()
+                .flatten()
+                .map(|t| t.shape.len())
+                .max()
+                .unwrap_or(0);
+            if name.len() > MAX_NAME_BYTES || rank > MAX_DIMS {
                 return Err(DeltaError::Unsupported {
                     name: name.chars().take(80).collect(),
                     reason: format!(
