@@ -3,6 +3,7 @@
 
 mod bench;
 mod delta_cmd;
+mod hub_cmd;
 mod store_cmd;
 mod synth_cmd;
 
@@ -26,6 +27,8 @@ enum Command {
     /// Create, apply, inspect and combine delta checkpoints.
     #[command(subcommand)]
     Delta(delta_cmd::DeltaCommand),
+    /// Run the control plane's HTTP API (token from AURORA_TOKEN).
+    Hub(hub_cmd::HubArgs),
     /// List, verify, plan and prune a checkpoint store.
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Delta(command) => delta_cmd::run(command),
         Command::Store(command) => store_cmd::run(command),
+        Command::Hub(args) => hub_cmd::run(args),
         Command::Synth(args) => synth_cmd::run(args),
         Command::Bench(command) => bench::run(command),
     };

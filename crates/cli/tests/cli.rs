@@ -652,3 +652,62 @@ fn a_store_takes_a_chain_plans_catch_up_and_detects_corruption() {
         run.stderr
     );
 }
+
+#[test]
+fn the_hub_process_serves_its_api_behind_the_token() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = Scratch::new();
+    let mut hub = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
+        .args(["hub", "--listen", "127.0.0.1:0", "--state"])
+        .arg(s.path("hub.redb"))
+        .env("AURORA_TOKEN", "test-token")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its first stdout line says where it listens, once it does: no sleeping.
+    let mut line = String::new();
+    BufReader::new(hub.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
+    let get = |path: &str, token: &str| {
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    };
+    let metrics = get("/metrics", "test-token");
+    let wrong = get("/metrics", "wrong-token");
+    hub.kill().unwrap();
+    hub.wait().unwrap();
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics.contains("aurora_results_accepted_total"),
+        "{metrics}"
+    );
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+
+    // Without a token the hub refuses to start, saying why.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
+        .args(["hub", "--listen", "127.0.0.1:0", "--state"])
+        .arg(s.path("other.redb"))
+        .env_remove("AURORA_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("error: set the bearer token in AURORA_TOKEN"),
+        "{stderr}"
+    );
+}
