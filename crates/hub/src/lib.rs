@@ -2,44 +2,11 @@
 //! [`aurora_control::ControlPlane`] that owns the sockets, the clock, the timers and
 //! the disk.
 //!
-//! # Endpoints
-//!
-//! Bodies are JSON; the types are in [`wire`].
-//!
-//! | Method | Path            | Request                  | Response                        |
-//! |--------|-----------------|--------------------------|---------------------------------|
-//! | POST   | `/v1/register`  | [`wire::RegisterRequest`] | [`wire::RegisterResponse`]     |
-//! | POST   | `/v1/heartbeat` | [`wire::ActorRequest`]   | [`wire::Ack`]                   |
-//! | POST   | `/v1/claim`     | [`wire::ActorRequest`]   | [`wire::ClaimResponse`]         |
-//! | POST   | `/v1/submit`    | [`wire::SubmitRequest`]  | [`wire::SubmitResponse`]        |
-//! | POST   | `/v1/leave`     | [`wire::ActorRequest`]   | [`wire::Ack`]                   |
-//! | POST   | `/v1/preempt`   | [`wire::ActorRequest`]   | [`wire::Ack`]                   |
-//! | GET    | `/v1/status`    | none                     | [`wire::StatusResponse`]        |
-//! | GET    | `/metrics`      | none                     | Prometheus text format          |
-//!
-//! The trainer runs in the same process and drives its side (publish a version, open
-//! a step, take its outcome) through [`Hub`]'s methods, not over HTTP.
-//!
-//! Errors are `{ "error": "<sentence>" }` ([`wire::ErrorBody`]): 400 for a body that
-//! is not valid JSON or not a valid request (the message names the field), 401 for a
-//! missing or wrong token, 404 for an unknown actor, 409 when the request is valid
-//! but the state forbids it (nothing published, membership full), 413 for a body
-//! over [`MAX_BODY_BYTES`], 500 when the new state could not be saved. A result the
-//! core rejects (late, duplicate, wrong hash...) is not an HTTP error: submit answers
-//! 200 with a per-result outcome naming the reason.
-//!
-//! # Authentication
-//!
-//! Every route, `/metrics` included, requires `Authorization: Bearer <token>` with
-//! the token configured at startup ([`HubConfig::token`]). It is compared in time
-//! independent of the first differing byte. The token is shared by all actors, so it
-//! authenticates the fleet, not an actor: the `actor` field of a request is trusted.
-//!
-//! # Limits
-//!
-//! Bodies are capped at [`MAX_BODY_BYTES`] before they are parsed; unknown fields are
-//! refused; the core bounds everything else (actors, batch, leases per actor and so
-//! results per submission, region names). No input can make a handler panic.
+//! The API (endpoints, authentication, limits, errors, metrics) is specified in
+//! `docs/control-api.md`, version 1; the request and response types are in [`wire`].
+//! Bodies are capped at [`MAX_BODY_BYTES`] before they are parsed, the token
+//! ([`HubConfig::token`]) is compared in time independent of the first differing byte,
+//! and no input can make a handler panic.
 //!
 //! # Persistence, and why an acknowledged acceptance survives a crash
 //!
