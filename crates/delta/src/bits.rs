@@ -248,6 +248,25 @@ impl<'a> BitReader<'a> {
         value
     }
 
+    /// The next `count` bits (up to 56) without consuming them; bits past the end of the
+    /// stream read as zeros (consuming them is caught by [`BitReader::finish`]).
+    #[inline]
+    pub fn peek(&mut self, count: u32) -> u64 {
+        debug_assert!(count <= 56);
+        if self.available < count {
+            self.refill();
+        }
+        self.acc & ((1u64 << count) - 1)
+    }
+
+    /// Consumes `count` bits that a [`BitReader::peek`] of at least as many made available.
+    #[inline]
+    pub fn skip(&mut self, count: u32) {
+        debug_assert!(count <= self.available);
+        self.acc = self.acc.checked_shr(count).unwrap_or(0);
+        self.available -= count;
+    }
+
     pub fn read_wide(&mut self, count: u32) -> u64 {
         if count <= 56 {
             self.read(count)

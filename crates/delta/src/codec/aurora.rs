@@ -14,7 +14,7 @@
 //! element.
 
 use super::entropy::{
-    ALPHABET, Model, RansDecoder, RansEncoder, golomb_parameter, read_golomb, write_golomb,
+    ALPHABET, GolombDecoder, Model, RansDecoder, RansEncoder, golomb_parameter, write_golomb,
 };
 use super::scan::{
     Classes, MAX_CLASSES, Word, apply_step, changed_mask, max_step_value, select_bit, step_value,
@@ -169,9 +169,11 @@ fn find_changes<W: Word, const T: usize>(
             while changed != 0 {
                 let bit = changed.trailing_zeros();
                 let position = block + bit as usize;
-                let class = (0..=T)
-                    .find(|&c| masks[c] & (1 << bit) != 0)
-                    .expect("classes partition the block");
+                // Masks partition the block, so exactly one term is non-zero; summing
+                // avoids a branch on a data-dependent class.
+                let class = (1..=T)
+                    .map(|c| c * ((masks[c] >> bit) & 1) as usize)
+                    .sum::<usize>();
                 let below = (1u64 << bit) - 1;
                 ranks[class]
                     .push(populations[class] + u64::from((masks[class] & below).count_ones()));
@@ -308,44 +310,67 @@ pub(crate) fn decode<W: Word>(
     let class_count = classes.count();
     let mut bits = BitReader::new(bitstream);
 
+    // One flat list for all classes, each class's changes followed by a sentinel, so the
+    // scan in `locate` needs no end-of-class test (see `ClassChange`).
+    let total: usize = counts.iter().sum();
+    let mut changes: Vec<ClassChange> = Vec::with_capacity(total + class_count);
+    let mut starts = [0usize; MAX_CLASSES];
     let last_index = (len as u64).saturating_sub(1);
-    let mut ranks: Vec<Vec<u64>> = Vec::with_capacity(class_count);
     for class in 0..class_count {
-        let mut class_ranks = Vec::with_capacity(counts[class]);
+        starts[class] = changes.len();
+        let golomb = GolombDecoder::new(parameters[class], last_index);
         let mut next_rank = 0u64;
         for _ in 0..counts[class] {
-            let gap = read_golomb(&mut bits, parameters[class], last_index)?;
+            let gap = golomb.read(&mut bits)?;
             let rank = next_rank + gap;
             if rank > last_index {
                 return Err(bad(format!("change rank {rank} beyond the chunk")));
             }
-            class_ranks.push(rank);
+            changes.push(ClassChange {
+                gap: gap as u32,
+                step: 0,
+            });
             next_rank = rank + 1;
         }
-        ranks.push(class_ranks);
+        changes.push(ClassChange::SENTINEL);
     }
 
-    let mut steps: Vec<Vec<u64>> = Vec::with_capacity(class_count);
     let mut rans = RansDecoder::new(rans_bytes)?;
     for class in 0..class_count {
-        let mut class_steps = Vec::with_capacity(counts[class]);
         if let Some(model) = &models[class] {
-            for _ in 0..counts[class] {
-                class_steps.push(rans.get(model)? as u64);
+            let first = starts[class];
+            for change in &mut changes[first..first + counts[class]] {
+                change.step = rans.get(model)? as u32;
             }
         }
-        steps.push(class_steps);
     }
     rans.finish()?;
-    for step in steps.iter_mut().flatten().filter(|s| **s >= ESCAPE) {
-        *step = ESCAPE.saturating_add(bits.read_exp_golomb()?);
-        if *step > max_step_value::<W>() {
+    for change in changes.iter_mut().filter(|c| u64::from(c.step) == ESCAPE) {
+        let step = ESCAPE.saturating_add(bits.read_exp_golomb()?);
+        if step > max_step_value::<W>() {
             return Err(bad(format!("step value {step} too large for the dtype")));
         }
+        change.step = step as u32;
     }
     bits.finish()?;
 
-    locate::<W>(base, len, &classes, &ranks, &steps)
+    locate::<W>(base, len, &classes, &changes, &starts[..class_count])
+}
+
+/// A decoded change of one class: its rank gap and step value (both fit 32 bits: ranks
+/// are bounded by `MAX_CHUNK_ELEMENTS`, steps by the 32-bit word).
+#[derive(Clone, Copy)]
+struct ClassChange {
+    gap: u32,
+    step: u32,
+}
+
+impl ClassChange {
+    /// Ends a class: its gap carries the class's next change beyond any chunk.
+    const SENTINEL: ClassChange = ClassChange {
+        gap: u32::MAX,
+        step: 0,
+    };
 }
 
 fn bad(reason: String) -> DeltaError {
@@ -358,15 +383,15 @@ fn locate<W: Word>(
     base: &[u8],
     len: usize,
     classes: &Classes,
-    ranks: &[Vec<u64>],
-    steps: &[Vec<u64>],
+    changes: &[ClassChange],
+    starts: &[usize],
 ) -> Result<(Vec<u32>, Vec<u8>)> {
     #[cfg(target_arch = "x86_64")]
     if x86_64_v3() {
         // SAFETY: the CPU supports every feature the variant is compiled for.
-        return unsafe { locate_v3::<W>(base, len, classes, ranks, steps) };
+        return unsafe { locate_v3::<W>(base, len, classes, changes, starts) };
     }
-    locate_body::<W>(base, len, classes, ranks, steps)
+    locate_body::<W>(base, len, classes, changes, starts)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -375,10 +400,10 @@ unsafe fn locate_v3<W: Word>(
     base: &[u8],
     len: usize,
     classes: &Classes,
-    ranks: &[Vec<u64>],
-    steps: &[Vec<u64>],
+    changes: &[ClassChange],
+    starts: &[usize],
 ) -> Result<(Vec<u32>, Vec<u8>)> {
-    locate_body::<W>(base, len, classes, ranks, steps)
+    locate_body::<W>(base, len, classes, changes, starts)
 }
 
 /// The hot loops are compiled twice: for the baseline target and, selected at run time,
@@ -401,30 +426,34 @@ fn locate_body<W: Word>(
     base: &[u8],
     len: usize,
     classes: &Classes,
-    ranks: &[Vec<u64>],
-    steps: &[Vec<u64>],
+    changes: &[ClassChange],
+    starts: &[usize],
 ) -> Result<(Vec<u32>, Vec<u8>)> {
-    let total: usize = ranks.iter().map(Vec::len).sum();
-    let mut changes = Located::<W> {
+    let total = changes.len() - starts.len();
+    let mut located = Located::<W> {
         positions: Vec::with_capacity(total),
         values: vec![0u8; total * W::BYTES],
         word: std::marker::PhantomData,
     };
     if classes.count() == 1 {
-        for (&rank, &step) in ranks[0].iter().zip(&steps[0]) {
-            changes.push(base, rank as usize, step);
+        // One class: ranks are positions.
+        let mut position = 0usize;
+        for (index, change) in changes[..total].iter().enumerate() {
+            position += change.gap as usize + usize::from(index > 0);
+            located.push(base, position, change.step);
         }
-        return Ok((changes.positions, changes.values));
+        return Ok((located.positions, located.values));
     }
-    let remaining = with_threshold_count!(classes.thresholds.len(), T => {
-        locate_classes::<W, T>(base, len, classes, ranks, steps, &mut changes)
+    with_threshold_count!(classes.thresholds.len(), T => {
+        locate_classes::<W, T>(base, len, classes, changes, starts, &mut located)
     });
-    if remaining > 0 {
+    let missing = total - located.positions.len();
+    if missing > 0 {
         return Err(bad(format!(
-            "{remaining} change ranks lie beyond their class's population"
+            "{missing} change ranks lie beyond their class's population"
         )));
     }
-    Ok((changes.positions, changes.values))
+    Ok((located.positions, located.values))
 }
 
 /// Changes found so far: ascending positions and their new values' bytes.
@@ -437,36 +466,36 @@ struct Located<W: Word> {
 impl<W: Word> Located<W> {
     /// Records the change at `position`, computing its value while the base is in cache.
     #[inline(always)]
-    fn push(&mut self, base: &[u8], position: usize, step: u64) {
-        apply_step(W::load(base, position), step).store(&mut self.values, self.positions.len());
+    fn push(&mut self, base: &[u8], position: usize, step: u32) {
+        apply_step(W::load(base, position), u64::from(step))
+            .store(&mut self.values, self.positions.len());
         self.positions.push(position as u32);
     }
 }
 
-/// The scan of [`locate`] for `T` thresholds; returns how many changes it did not find.
+/// The scan of [`locate`] for `T` thresholds.
 #[inline(always)]
 fn locate_classes<W: Word, const T: usize>(
     base: &[u8],
     len: usize,
     classes: &Classes,
-    ranks: &[Vec<u64>],
-    steps: &[Vec<u64>],
-    changes: &mut Located<W>,
-) -> usize {
+    changes: &[ClassChange],
+    starts: &[usize],
+    located: &mut Located<W>,
+) {
     // until[c]: members of class c to pass, counted from the current block's start,
-    // before its next change (u64::MAX once the class has none left). Most blocks hold no
-    // change, and for them the bookkeeping is a few vector operations.
-    let mut until = [u64::MAX; MAX_CLASSES];
+    // before its next change; a sentinel pushes it beyond every chunk once the class has
+    // none left, so the loops below test nothing but ranks. Most blocks hold no change,
+    // and for them the bookkeeping is a few vector operations.
+    let mut until = [u64::MAX / 2; MAX_CLASSES];
     let mut next = [0usize; MAX_CLASSES];
-    for (class, class_ranks) in ranks.iter().enumerate() {
-        if let Some(&first) = class_ranks.first() {
-            until[class] = first;
-        }
+    for (class, &start) in starts.iter().enumerate() {
+        until[class] = u64::from(changes[start].gap);
+        next[class] = start;
     }
-    let mut remaining: usize = ranks.iter().map(Vec::len).sum();
-    let mut in_block: Vec<(usize, u64)> = Vec::with_capacity(64);
+    let total = changes.len() - starts.len();
     let mut block = 0;
-    while remaining > 0 && block < len {
+    while located.positions.len() < total && block < len {
         let block_len = (len - block).min(64);
         let masks = classes.masks::<W, T>(base, block, block_len);
         let populations: [u64; MAX_CLASSES] =
@@ -477,44 +506,32 @@ fn locate_classes<W: Word, const T: usize>(
             hit | (u32::from(until[c] < populations[c]) << c)
         });
         if hit != 0 {
-            // Positions within one class come out ascending; only a block where several
-            // classes change needs merging.
-            let single_class = hit.is_power_of_two();
+            // Changes are marked in the block's bit mask with their steps beside it, so
+            // they come out in position order without sorting.
+            let mut found = 0u64;
+            let mut steps = [0u32; 64];
             while hit != 0 {
                 let class = hit.trailing_zeros() as usize;
                 hit &= hit - 1;
                 while until[class] < populations[class] {
                     let bit = select_bit(masks[class], until[class] as u32);
-                    let change = (block + bit as usize, steps[class][next[class]]);
-                    if single_class {
-                        changes.push(base, change.0, change.1);
-                        remaining -= 1;
-                    } else {
-                        in_block.push(change);
-                    }
+                    found |= 1 << bit;
+                    steps[bit as usize] = changes[next[class]].step;
                     next[class] += 1;
-                    until[class] = match ranks[class].get(next[class]) {
-                        Some(&rank) => until[class] + (rank - ranks[class][next[class] - 1]),
-                        None => u64::MAX,
-                    };
+                    until[class] += u64::from(changes[next[class]].gap) + 1;
                 }
             }
-            if !in_block.is_empty() {
-                in_block.sort_unstable_by_key(|entry| entry.0);
-                remaining -= in_block.len();
-                for (position, step) in in_block.drain(..) {
-                    changes.push(base, position, step);
-                }
+            while found != 0 {
+                let bit = found.trailing_zeros() as usize;
+                located.push(base, block + bit, steps[bit]);
+                found &= found - 1;
             }
         }
         for c in 0..=T {
-            if until[c] != u64::MAX {
-                until[c] -= populations[c];
-            }
+            until[c] -= populations[c];
         }
         block += block_len;
     }
-    remaining
 }
 
 fn symbol_counts(steps: &[u64]) -> [u64; ALPHABET] {

@@ -251,28 +251,51 @@ pub fn write_golomb(writer: &mut BitWriter, value: u64, m: u64) {
     }
 }
 
-/// Reads a Golomb code whose value must not exceed `limit`.
-#[inline]
-pub fn read_golomb(reader: &mut BitReader<'_>, m: u64, limit: u64) -> Result<u64> {
-    let quotient = reader.read_unary(limit / m)?;
-    let (width, short_codes) = truncated_binary(m);
-    let remainder = if width == 0 {
-        0
-    } else {
-        let high = reader.read_wide(width - 1);
-        if high < short_codes {
-            high
-        } else {
-            ((high << 1) | reader.read(1)) - short_codes
+/// Reads Golomb codes with one parameter, whose values must not exceed a bound.
+pub struct GolombDecoder {
+    m: u64,
+    limit: u64,
+    /// Bits of the long remainder codes (zero when `m` is 1: no remainder).
+    width: u32,
+    short_codes: u64,
+}
+
+impl GolombDecoder {
+    pub fn new(m: u64, limit: u64) -> GolombDecoder {
+        let (width, short_codes) = truncated_binary(m);
+        GolombDecoder {
+            m,
+            limit,
+            width,
+            short_codes,
         }
-    };
-    let value = quotient * m + remainder;
-    if value > limit {
-        return Err(DeltaError::Malformed(format!(
-            "gap {value} exceeds the chunk bound {limit}"
-        )));
     }
-    Ok(value)
+
+    #[inline(always)]
+    pub fn read(&self, reader: &mut BitReader<'_>) -> Result<u64> {
+        let quotient = reader.read_unary(self.limit / self.m)?;
+        // Short and long remainder codes are told apart arithmetically: which one comes
+        // next is as random as the data, so a branch would mispredict half the time.
+        let remainder = if self.width == 0 {
+            0
+        } else {
+            let short_bits = self.width - 1;
+            let code = reader.peek(self.width);
+            let high = code & ((1u64 << short_bits) - 1);
+            let long = high >= self.short_codes;
+            let long_value = ((high << 1) | (code >> short_bits)).wrapping_sub(self.short_codes);
+            reader.skip(short_bits + u32::from(long));
+            if long { long_value } else { high }
+        };
+        let value = quotient * self.m + remainder;
+        if value > self.limit {
+            return Err(DeltaError::Malformed(format!(
+                "gap {value} exceeds the chunk bound {}",
+                self.limit
+            )));
+        }
+        Ok(value)
+    }
 }
 
 /// (bits of the long codes, number of short codes) for a truncated binary code over
@@ -398,8 +421,9 @@ mod tests {
             prop_assert_eq!(writer.bit_len(), bits);
             let bytes = writer.finish();
             let mut reader = BitReader::new(&bytes);
+            let decoder = GolombDecoder::new(m, 100_000);
             for &v in &values {
-                prop_assert_eq!(read_golomb(&mut reader, m, 100_000).unwrap(), v);
+                prop_assert_eq!(decoder.read(&mut reader).unwrap(), v);
             }
             prop_assert!(reader.finish().is_ok());
         }

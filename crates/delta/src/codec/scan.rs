@@ -366,8 +366,11 @@ unsafe fn at_least_sse2<const T: usize>(
 ) -> [u64; MAX_CLASSES] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
+    // byte >= t as a signed compare (one instruction): byte ^ 0x80 > (t - 1) ^ 0x80;
+    // thresholds are at least 1.
     let bounds: [__m128i; MAX_CLASSES] =
-        std::array::from_fn(|k| _mm_set1_epi8(thresholds[k] as i8));
+        std::array::from_fn(|k| _mm_set1_epi8((thresholds[k].wrapping_sub(1) ^ 0x80) as i8));
+    let bias = _mm_set1_epi8(i8::MIN);
     let mut at_least = [0u64; MAX_CLASSES];
     for j in 0..4 {
         // SAFETY: 32 bytes at 32*j lie inside the 128-byte block.
@@ -379,9 +382,9 @@ unsafe fn at_least_sse2<const T: usize>(
             )
         };
         let byte = |v| _mm_srli_epi16::<8>(_mm_slli_epi16::<1>(v));
-        let bytes = _mm_packus_epi16(byte(a), byte(b));
+        let bytes = _mm_xor_si128(_mm_packus_epi16(byte(a), byte(b)), bias);
         for k in 0..T {
-            let ge = _mm_cmpeq_epi8(_mm_max_epu8(bytes, bounds[k]), bytes);
+            let ge = _mm_cmpgt_epi8(bytes, bounds[k]);
             at_least[k] |= u64::from(_mm_movemask_epi8(ge) as u32 as u16) << (16 * j);
         }
     }
@@ -397,8 +400,10 @@ unsafe fn at_least_avx2<const T: usize>(
 ) -> [u64; MAX_CLASSES] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
+    // byte >= t as a signed compare (see `at_least_sse2`).
     let bounds: [__m256i; MAX_CLASSES] =
-        std::array::from_fn(|k| _mm256_set1_epi8(thresholds[k] as i8));
+        std::array::from_fn(|k| _mm256_set1_epi8((thresholds[k].wrapping_sub(1) ^ 0x80) as i8));
+    let bias = _mm256_set1_epi8(i8::MIN);
     let mut at_least = [0u64; MAX_CLASSES];
     for j in 0..2 {
         // SAFETY: 64 bytes at 64*j lie inside the 128-byte block.
@@ -411,10 +416,12 @@ unsafe fn at_least_avx2<const T: usize>(
         };
         let byte = |v| _mm256_srli_epi16::<8>(_mm256_slli_epi16::<1>(v));
         // packus interleaves 128-bit lanes; the permute restores element order.
-        let bytes =
-            _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(byte(a), byte(b)));
+        let bytes = _mm256_xor_si256(
+            _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(byte(a), byte(b))),
+            bias,
+        );
         for k in 0..T {
-            let ge = _mm256_cmpeq_epi8(_mm256_max_epu8(bytes, bounds[k]), bytes);
+            let ge = _mm256_cmpgt_epi8(bytes, bounds[k]);
             at_least[k] |= u64::from(_mm256_movemask_epi8(ge) as u32) << (32 * j);
         }
     }
@@ -422,9 +429,9 @@ unsafe fn at_least_avx2<const T: usize>(
 }
 
 /// Position of the `rank`-th set bit of `mask` (rank counted from zero). Narrows to a
-/// byte by halving with popcounts (selected arithmetically, not by branches), then
-/// clears at most seven bits: constant time on every x86-64, unlike PDEP, which is slow
-/// on older AMD cores.
+/// byte by halving with popcounts (selected arithmetically, not by branches), then looks
+/// the bit up in a table: constant time and branch-free on every x86-64, unlike PDEP,
+/// which is slow on older AMD cores.
 #[inline(always)]
 pub(crate) fn select_bit(mut mask: u64, mut rank: u32) -> u32 {
     let mut base = 0;
@@ -435,11 +442,27 @@ pub(crate) fn select_bit(mut mask: u64, mut rank: u32) -> u32 {
         mask >>= width * skip;
         base += width * skip;
     }
-    for _ in 0..rank {
-        mask &= mask - 1;
-    }
-    base + mask.trailing_zeros()
+    base + u32::from(SELECT_IN_BYTE[(mask & 0xFF) as usize * 8 + (rank & 7) as usize])
 }
+
+/// `SELECT_IN_BYTE[byte * 8 + rank]`: position of the `rank`-th set bit of `byte`.
+static SELECT_IN_BYTE: [u8; 256 * 8] = {
+    let mut table = [0u8; 256 * 8];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut rank = 0;
+        let mut bit = 0;
+        while bit < 8 {
+            if byte & (1 << bit) != 0 {
+                table[byte * 8 + rank] = bit as u8;
+                rank += 1;
+            }
+            bit += 1;
+        }
+        byte += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
