@@ -97,6 +97,8 @@ pub struct EncodeArgs {
 enum EncodingArg {
     Aurora,
     Leb128,
+    /// Every tensor whole: the dense-synchronisation baseline in delta form.
+    Dense,
 }
 
 impl EncodeArgs {
@@ -105,6 +107,7 @@ impl EncodeArgs {
             encoding: match self.encoding {
                 EncodingArg::Aurora => Encoding::Aurora,
                 EncodingArg::Leb128 => Encoding::Leb128,
+                EncodingArg::Dense => Encoding::Dense,
             },
             segment_target_bytes: self.segment_kib.max(1) << 10,
             ..ExtractOptions::default()

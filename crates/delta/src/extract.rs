@@ -137,7 +137,8 @@ impl<'c, 'a> Extraction<'c, 'a> {
                 (None, None) => unreachable!("name came from one of the checkpoints"),
             };
             if let Some(target_spec) = change.target() {
-                let dense = !matches!(change, TensorChange::Patched(_));
+                let dense = options.encoding == Encoding::Dense
+                    || !matches!(change, TensorChange::Patched(_));
                 let elements = target_spec.element_count();
                 let per_chunk = (CHUNK_BYTES / target_spec.dtype.size_bytes() as u64)
                     .clamp(1, MAX_CHUNK_ELEMENTS);

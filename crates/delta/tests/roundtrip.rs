@@ -107,7 +107,7 @@ proptest! {
     #[test]
     fn apply_of_diff_is_the_target(
         tensors in prop::collection::vec(arbitrary_tensor_pair(), 1..5),
-        leb128 in any::<bool>(),
+        encoding in prop::sample::select(vec![Encoding::Aurora, Encoding::Leb128, Encoding::Dense]),
     ) {
         let mut base = Vec::new();
         let mut target = Vec::new();
@@ -115,9 +115,28 @@ proptest! {
             base.push(tensor(&format!("t{i}"), dtype, &shape, b));
             target.push(tensor(&format!("t{i}"), dtype, &shape, t));
         }
-        let encoding = if leb128 { Encoding::Leb128 } else { Encoding::Aurora };
         round_trip(&base, &target, encoding);
     }
+}
+
+#[test]
+fn a_dense_delta_carries_every_element_even_unchanged_ones() {
+    let base = vec![tensor(
+        "same",
+        Dtype::Bf16,
+        &[4],
+        vec![1, 2, 3, 4, 5, 6, 7, 8],
+    )];
+    let bytes = round_trip(&base, &base, Encoding::Dense);
+    let delta = DeltaFile::parse(&bytes).unwrap();
+    assert_eq!(delta.header().encoding, Encoding::Dense);
+    assert_eq!(
+        delta.segment_count(),
+        1,
+        "the unchanged tensor travels whole"
+    );
+    let sparse = round_trip(&base, &base, Encoding::Aurora);
+    assert_eq!(DeltaFile::parse(&sparse).unwrap().segment_count(), 0);
 }
 
 #[test]

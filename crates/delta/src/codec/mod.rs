@@ -148,9 +148,13 @@ fn swap_words<W: Word>(range: &mut [u8], positions: &[u32], values: &mut [u8]) {
     }
 }
 
-/// Which sparse encoding extraction uses for tensors present on both sides.
+/// Which encoding extraction uses for tensors present on both sides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 pub enum Encoding {
+    /// Every chunk dense, changed or not: the whole target checkpoint in delta form, so
+    /// dense synchronisation (the baseline deltas are measured against) travels, verifies
+    /// and activates through exactly the same path as a sparse delta.
+    Dense,
     /// The published baseline, always sparse.
     Leb128,
     /// Context-modelled, falling back per chunk to dense or `leb128` when smaller.
@@ -161,6 +165,7 @@ pub enum Encoding {
 impl Encoding {
     pub fn code(self) -> u8 {
         match self {
+            Encoding::Dense => 0,
             Encoding::Leb128 => 1,
             Encoding::Aurora => 2,
         }
@@ -168,6 +173,7 @@ impl Encoding {
 
     pub fn from_code(code: u8) -> Result<Encoding> {
         match code {
+            0 => Ok(Encoding::Dense),
             1 => Ok(Encoding::Leb128),
             2 => Ok(Encoding::Aurora),
             other => Err(DeltaError::Malformed(format!(
@@ -178,6 +184,7 @@ impl Encoding {
 
     pub fn name(self) -> &'static str {
         match self {
+            Encoding::Dense => "dense",
             Encoding::Leb128 => "leb128",
             Encoding::Aurora => "aurora",
         }
