@@ -183,10 +183,12 @@ fn find_changes<W: Word, const T: usize>(
                 ));
                 changed &= changed - 1;
             }
+            // Element by element, not as an array copy: a vector load of the array just
+            // written by scalar stores would stall on store forwarding in every block.
             for c in 0..=T {
                 populations[c] += u64::from(masks[c].count_ones());
+                populations_to_last_change[c] = populations[c];
             }
-            populations_to_last_change = populations;
         } else {
             for c in 0..=T {
                 populations[c] += u64::from(masks[c].count_ones());
@@ -494,6 +496,8 @@ fn locate_classes<W: Word, const T: usize>(
         next[class] = start;
     }
     let total = changes.len() - starts.len();
+    // Steps of the current block's changes by bit; only bits found in the block are read.
+    let mut steps = [0u32; 64];
     let mut block = 0;
     while located.positions.len() < total && block < len {
         let block_len = (len - block).min(64);
@@ -509,7 +513,6 @@ fn locate_classes<W: Word, const T: usize>(
             // Changes are marked in the block's bit mask with their steps beside it, so
             // they come out in position order without sorting.
             let mut found = 0u64;
-            let mut steps = [0u32; 64];
             while hit != 0 {
                 let class = hit.trailing_zeros() as usize;
                 hit &= hit - 1;
