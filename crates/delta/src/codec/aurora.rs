@@ -186,8 +186,9 @@ fn find_changes<W: Word, const T: usize>(
             // Element by element, not as an array copy: a vector load of the array just
             // written by scalar stores would stall on store forwarding in every block.
             for c in 0..=T {
-                populations[c] += u64::from(masks[c].count_ones());
-                populations_to_last_change[c] = populations[c];
+                let population = populations[c] + u64::from(masks[c].count_ones());
+                populations[c] = population;
+                populations_to_last_change[c] = population;
             }
         } else {
             for c in 0..=T {
