@@ -104,7 +104,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
 }
 
 fn control(seed: u64) -> Result<()> {
-    use aurora_control::sim;
+    use aurora_sim as sim;
     let comparison = sim::compare_split_policies(seed)
         .map_err(|violation| anyhow::anyhow!("simulation violated an invariant: {violation:?}"))?;
     println!("A100 + L40 pool (2 of each), seed {seed}: Algorithm 1 against an equal split");

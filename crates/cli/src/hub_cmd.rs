@@ -1,10 +1,11 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use aurora_hub::HubConfig;
+use aurora_hub::{HubConfig, SystemClock};
 use clap::Args;
 
 /// Environment variable holding the bearer token: kept off the command line, where
@@ -29,6 +30,7 @@ pub fn run(args: HubArgs) -> Result<()> {
         db_path: args.state,
         control: aurora_control::Config::default(),
         tick_interval_max: Duration::from_secs(1),
+        clock: Arc::new(SystemClock::new()),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -43,7 +45,6 @@ pub fn run(args: HubArgs) -> Result<()> {
         println!("listening on {address}");
         std::io::stdout().flush()?;
         tracing::info!(%address, "hub serving");
-        aurora_hub::serve(config, listener).await?;
-        Ok(())
+        match aurora_hub::serve(config, listener).await? {}
     })
 }

@@ -152,11 +152,7 @@ impl Config {
                 lease.completion_window,
             ));
         }
-        let starting_estimate = match self.scheduler.new_actor_estimate {
-            NewActorEstimate::Fixed(estimate) => estimate,
-            NewActorEstimate::MinimumOfKnown { floor } => floor,
-        };
-        if starting_estimate == MilliTokensPerS::ZERO {
+        if self.scheduler.new_actor_estimate.floor() == MilliTokensPerS::ZERO {
             return Err(ConfigError::ZeroNewActorEstimate);
         }
         if self.scheduler.max_sample_rate == MilliTokensPerS::ZERO {

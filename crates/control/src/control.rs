@@ -340,8 +340,8 @@ impl ControlPlane {
         Ok(Assignment::Work { commit, leases })
     }
 
-    /// Settles results: each is accepted or rejected by the acceptance rule (see
-    /// [`crate::ledger`]), in order. Accepted tokens update the actor's estimate, and
+    /// Settles results: each is accepted or rejected by the acceptance rule (see the
+    /// crate documentation), in order. Accepted tokens update the actor's estimate, and
     /// the step completes if this filled it.
     pub fn submit(
         &mut self,

@@ -5,8 +5,8 @@
 //! thread or sleeps. Time is an argument ([`Millis`]), every mutation is a method call
 //! on [`ControlPlane`] that returns its outcome, and notifications are drained with
 //! [`ControlPlane::poll_event`]. The whole state derives serde, so the HTTP shell can
-//! persist it and a restarted hub continues where it stopped. [`sim`] drives the same
-//! code under virtual time.
+//! persist it and a restarted hub continues where it stopped. The `aurora-sim` crate
+//! drives the same code under virtual time.
 //!
 //! # One step
 //!
@@ -24,8 +24,9 @@
 //!   step and are told to catch up ([`Readiness::CatchUp`]).
 //! * **Estimates and decay.** At every settlement `tau <- beta * tau + (1 - beta) *
 //!   tokens / elapsed`, with `elapsed` floored at `min_sample_ms` and the sample capped
-//!   at `max_sample_rate` ([`SchedulerConfig`]): token counts are the actor's word, and
-//!   an inflated one must not buy it the next batch. Each step an actor is behind when
+//!   at `max_sample_rate` ([`SchedulerConfig`]) and at [`MAX_SAMPLE_GROWTH`] times the
+//!   current estimate: token counts are the actor's word, and an inflated one must not
+//!   buy it the next batch. Each step an actor is behind when
 //!   the step opens, its `tau` is multiplied by `alpha`; each call that finds leases
 //!   of an actor expired multiplies its `tau` by `gamma` (an expiry is evidence of
 //!   slowness). New actors start from a conservative estimate (the slowest known, or
@@ -88,7 +89,6 @@ mod ledger;
 mod membership;
 mod restore;
 mod scheduler;
-pub mod sim;
 mod values;
 
 pub use config::{Config, ConfigError, Limits, PartialBatchPolicy};
@@ -102,8 +102,8 @@ pub use ledger::{
 pub use membership::{Member, MembershipError, Registration, UnknownActor};
 pub use restore::{RestoreError, Snapshot};
 pub use scheduler::{
-    Eligibility, MilliTokensPerS, NewActorEstimate, SchedulerConfig, SplitPolicy,
-    split_among_eligible, split_proportionally,
+    Eligibility, MAX_SAMPLE_GROWTH, MilliTokensPerS, NewActorEstimate, SchedulerConfig,
+    SplitPolicy, split_among_eligible, split_proportionally,
 };
 pub use values::{
     ActorId, Capabilities, LeaseId, MAX_REGION_LEN, Millis, Permille, PermilleOutOfRange, PromptId,

@@ -281,7 +281,7 @@ impl Membership {
         let start = member
             .last_settled_at
             .map_or(earliest_issue, |last| last.max(earliest_issue));
-        let sample = config.plausible_sample(tokens, now.saturating_since(start));
+        let sample = config.plausible_sample(tokens, now.saturating_since(start), member.estimate);
         member.estimate = member
             .estimate
             .averaged_with(sample, config.estimate_weight);
@@ -345,10 +345,7 @@ impl Membership {
                 max,
             });
         }
-        let starting = match config.scheduler.new_actor_estimate {
-            NewActorEstimate::Fixed(estimate) => estimate,
-            NewActorEstimate::MinimumOfKnown { floor } => floor,
-        };
+        let starting = config.scheduler.new_actor_estimate.floor();
         // Estimates are averages of capped samples, starting estimates, or decays of
         // either; a newcomer may start at the slowest known, which is below both.
         let highest = starting.max(config.scheduler.max_sample_rate);

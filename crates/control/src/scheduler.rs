@@ -114,6 +114,14 @@ pub enum NewActorEstimate {
 }
 
 impl NewActorEstimate {
+    /// The lowest estimate a newcomer can start from: the fixed value, or the floor.
+    pub fn floor(self) -> MilliTokensPerS {
+        match self {
+            NewActorEstimate::Fixed(estimate) => estimate,
+            NewActorEstimate::MinimumOfKnown { floor } => floor,
+        }
+    }
+
     /// The estimate for a newcomer given the estimates of the current members.
     pub fn for_newcomer(self, known: impl IntoIterator<Item = MilliTokensPerS>) -> MilliTokensPerS {
         match self {
@@ -144,7 +152,8 @@ pub struct SchedulerConfig {
     /// large count 1 ms after a claim would measure an absurd rate.
     pub min_sample_ms: u64,
     /// Highest rate a sample may measure, whatever the reported counts and times. It
-    /// bounds the share one actor can claim with inflated counts.
+    /// bounds the share one actor can claim with inflated counts in the long run;
+    /// [`MAX_SAMPLE_GROWTH`] bounds how fast it can get there.
     pub max_sample_rate: MilliTokensPerS,
     /// `gamma`: factor applied to an actor's estimate when leases it held expire (once
     /// per call that finds any expired). An expiry is evidence the actor is slower
@@ -152,13 +161,34 @@ pub struct SchedulerConfig {
     pub expiry_decay: Permille,
 }
 
+/// Most a settlement's sample may exceed the actor's current estimate, as a factor.
+///
+/// Token counts are the actor's word. Without this bound one inflated report would
+/// move an estimate straight to `max_sample_rate` and buy its sender most of the next
+/// batch; with it, a settlement can raise an estimate by at most `beta + (1 - beta) *
+/// MAX_SAMPLE_GROWTH` (1.6x with the default `beta` of 0.8), while an honest actor
+/// that really got faster still converges within a few settlements. The bound is
+/// taken from at least the newcomer floor ([`NewActorEstimate::floor`]), so an estimate
+/// decayed to nothing can still recover.
+pub const MAX_SAMPLE_GROWTH: u64 = 4;
+
 impl SchedulerConfig {
-    /// The sample one settlement contributes: `tokens` over `elapsed_ms` floored at
-    /// `min_sample_ms`, capped at `max_sample_rate`.
-    pub fn plausible_sample(&self, tokens: u64, elapsed_ms: u64) -> MilliTokensPerS {
+    /// The sample one settlement contributes to an actor whose estimate is `estimate`:
+    /// `tokens` over `elapsed_ms` floored at `min_sample_ms`, capped at
+    /// `max_sample_rate` and at [`MAX_SAMPLE_GROWTH`] times the larger of `estimate`
+    /// and the newcomer floor.
+    pub fn plausible_sample(
+        &self,
+        tokens: u64,
+        elapsed_ms: u64,
+        estimate: MilliTokensPerS,
+    ) -> MilliTokensPerS {
+        let growth_base = estimate.max(self.new_actor_estimate.floor());
+        let growth_cap = MilliTokensPerS(growth_base.0.saturating_mul(MAX_SAMPLE_GROWTH));
         MilliTokensPerS::measured(tokens, elapsed_ms.max(self.min_sample_ms).max(1))
             .unwrap_or(MilliTokensPerS::ZERO)
             .min(self.max_sample_rate)
+            .min(growth_cap)
     }
 }
 
@@ -376,6 +406,42 @@ mod tests {
         assert_eq!(
             MilliTokensPerS::measured(u64::MAX, 1),
             Some(MilliTokensPerS(u64::MAX))
+        );
+    }
+
+    #[test]
+    fn a_sample_grows_at_most_max_sample_growth_times_the_estimate() {
+        let config = SchedulerConfig {
+            split: SplitPolicy::Proportional,
+            estimate_weight: Permille::clamped(800),
+            behind_decay: Permille::clamped(500),
+            new_actor_estimate: NewActorEstimate::MinimumOfKnown {
+                floor: MilliTokensPerS::from_tokens_per_s(100),
+            },
+            min_sample_ms: 1_000,
+            max_sample_rate: MilliTokensPerS::from_tokens_per_s(200_000),
+            expiry_decay: Permille::clamped(700),
+        };
+        let estimate = MilliTokensPerS::from_tokens_per_s(2_000);
+        let check = |tokens, elapsed_ms, estimate, expected_tokens_per_s| {
+            assert_eq!(
+                config.plausible_sample(tokens, elapsed_ms, estimate),
+                MilliTokensPerS::from_tokens_per_s(expected_tokens_per_s),
+                "{tokens} tokens in {elapsed_ms} ms at {estimate:?}"
+            );
+        };
+        // Honest samples below the bound pass unchanged, faster or slower.
+        check(7_000, 1_000, estimate, 7_000);
+        check(500, 1_000, estimate, 500);
+        // 100x the estimate counts as 4x.
+        check(200_000, 1_000, estimate, 8_000);
+        // An estimate decayed to nothing grows from the newcomer floor.
+        check(5_000, 1_000, MilliTokensPerS::ZERO, 400);
+        // One inflated settlement moves the average by at most 1.6x.
+        let sample = config.plausible_sample(u64::MAX, 1, estimate);
+        assert_eq!(
+            estimate.averaged_with(sample, config.estimate_weight),
+            MilliTokensPerS::from_tokens_per_s(3_200)
         );
     }
 

@@ -1,57 +1,159 @@
-//! The axum router: authentication, body limits, JSON errors and one handler per
-//! endpoint, each a conversion from the wire, a [`Hub`] call on the blocking pool, and
-//! a conversion back.
+//! The HTTP server: the accept loop, the axum router with authentication and limits,
+//! JSON errors, and one handler per endpoint, each a conversion from the wire, a
+//! [`Hub`] call on the blocking pool, and a conversion back.
+//!
+//! # Limits
+//!
+//! Everything a client controls is bounded: the body ([`MAX_BODY_BYTES`], refused
+//! before it is parsed), one result's payload ([`crate::wire::MAX_PAYLOAD_BYTES`]), the
+//! time to send the request head ([`HEADER_READ_TIMEOUT`], which also closes idle
+//! keep-alive connections), the time to handle a request, body upload and queueing
+//! included ([`REQUEST_TIMEOUT`]), and the requests handled at once
+//! ([`MAX_CONCURRENT_REQUESTS`]; more wait for a slot, within their timeout). Open
+//! connections are bounded by the process's file descriptor limit and the header
+//! timeout.
 
-use std::fmt::Write as _;
+use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
-use aurora_control::{ControlPlane, MembershipError};
+use aurora_control::{ActorId, MembershipError};
 use axum::Router;
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{BoxError, Extension};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
+use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
 
+use crate::auth::AuthError;
 use crate::hub::{CallError, Hub};
 use crate::wire::{
-    Ack, ActorRequest, ClaimResponse, ErrorBody, REJECTIONS, RegisterRequest, RegisterResponse,
-    StatusResponse, SubmitRequest, SubmitResponse, WireError, rejection_reason,
+    Ack, ActorRequest, ClaimResponse, ErrorBody, MAX_PAYLOAD_BYTES, RegisterRequest,
+    RegisterResponse, StatusResponse, SubmitRequest, SubmitResponse, VersionsRequest, WireError,
+    WireReadiness,
 };
 
-/// Largest request body accepted, in bytes. The largest honest request is a
-/// submission of `max_leases_per_actor` results (2048 by default) of about 200 bytes
-/// each, well under this.
-pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Largest request body accepted, in bytes: a submission of 32 results with payloads
+/// of the largest size ([`MAX_PAYLOAD_BYTES`]) and 64 KiB for everything else, or
+/// thousands of small results. An actor with more to send splits it over several
+/// submissions.
+pub const MAX_BODY_BYTES: usize = 32 * MAX_PAYLOAD_BYTES + (64 << 10);
 
-/// The API over `hub`: every route, behind the bearer token and the body limit.
+/// Longest time to handle one request, from its head to the response: reading the
+/// body (8 MiB at 10 Mbit/s takes under 7 s), waiting for a slot, and the call, whose
+/// commit includes an fsync. A request that ran out of time gets a 408; its call may
+/// still have taken effect, so clients retry (a retried result is then `duplicate`).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest time a connection may take to send a request head, and longest time an
+/// idle keep-alive connection stays open.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most requests handled at once; it bounds the memory held by request bodies
+/// (`MAX_CONCURRENT_REQUESTS * MAX_BODY_BYTES`, about 516 MiB) and the blocking threads
+/// waiting on the core. Further requests wait for a slot.
+pub const MAX_CONCURRENT_REQUESTS: usize = 64;
+
+/// Pause after a failed accept (out of file descriptors, say), so that the loop does
+/// not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Shortest pause between two ticks.
+const TICK_WAIT_MIN: Duration = Duration::from_millis(10);
+
+/// The API over `hub`: fleet routes behind the fleet token, actor routes behind the
+/// actor's own token, every route behind the body limit, the request timeout and the
+/// concurrency limit.
 pub fn router(hub: Arc<Hub>) -> Router {
-    Router::new()
+    let fleet = Router::new()
         .route("/v1/register", post(register))
+        .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        // Authentication runs before the body is read.
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&hub),
+            authorize_fleet,
+        ));
+    let actors = Router::new()
         .route("/v1/heartbeat", post(heartbeat))
+        .route("/v1/versions", post(versions))
         .route("/v1/claim", post(claim))
         .route("/v1/submit", post(submit))
         .route("/v1/leave", post(leave))
         .route("/v1/preempt", post(preempt))
-        .route("/v1/status", get(status))
-        .route("/metrics", get(metrics))
-        // Outermost: an unauthenticated request is refused before its body is read.
-        .layer(middleware::from_fn_with_state(Arc::clone(&hub), authorize))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&hub),
+            authorize_actor,
+        ));
+    fleet
+        .merge(actors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(overloaded))
+                .timeout(REQUEST_TIMEOUT)
+                // Global: `Router::layer` clones the stack for every route, and each
+                // clone must draw on the same slots.
+                .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS)),
+        )
         .with_state(hub)
 }
 
-/// Serves the API on `listener` and runs the tick task, until the server fails. The
-/// tick task stops when this future ends or is dropped.
-pub async fn run(hub: Arc<Hub>, listener: TcpListener) -> io::Result<()> {
-    let ticker = AbortOnDrop(tokio::spawn(tick_forever(Arc::clone(&hub))));
-    let served = axum::serve(listener, router(hub)).await;
-    drop(ticker);
-    served
+/// Serves the API on `listener` and runs the tick task, forever: a failed accept (out
+/// of file descriptors, say) is logged and retried. Dropping the future stops the tick
+/// task and closes every connection.
+pub async fn run(hub: Arc<Hub>, listener: TcpListener) -> Infallible {
+    let _ticker = AbortOnDrop(tokio::spawn(tick_forever(Arc::clone(&hub))));
+    let router = router(hub);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                if !is_connection_error(&error) {
+                    tracing::warn!(%error, "accepting connections failed; retrying");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
+                continue;
+            }
+        };
+        // Forget finished connections, so the set holds only live ones.
+        while connections.try_join_next().is_some() {}
+        let service = TowerToHyperService::new(router.clone());
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            if let Err(error) = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Whether an accept error concerns only the connection being accepted (the peer
+/// gave up), rather than the listener or the process.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+    )
 }
 
 /// Ticks the core whenever a deadline is due, so that leases expire and silent actors
@@ -59,8 +161,8 @@ pub async fn run(hub: Arc<Hub>, listener: TcpListener) -> io::Result<()> {
 async fn tick_forever(hub: Arc<Hub>) {
     loop {
         let ticking = Arc::clone(&hub);
-        // Both calls take the core's lock, which a save may hold through an fsync, so
-        // they run on the blocking pool rather than stall a runtime worker.
+        // Both calls take the core's lock, which a commit may hold through an fsync,
+        // so they run on the blocking pool rather than stall a runtime worker.
         let wait = tokio::task::spawn_blocking(move || {
             if let Err(error) = ticking.tick() {
                 tracing::error!(%error, "tick not saved");
@@ -77,9 +179,6 @@ async fn tick_forever(hub: Arc<Hub>) {
     }
 }
 
-/// Shortest pause between two ticks.
-const TICK_WAIT_MIN: std::time::Duration = std::time::Duration::from_millis(10);
-
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
@@ -88,23 +187,77 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn authorize(State(hub): State<Arc<Hub>>, request: Request, next: Next) -> Response {
-    let presented = request
+/// The bearer token of a request, if it has one.
+fn bearer(request: &Request) -> Option<&[u8]> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "));
-    match presented {
-        Some(token) if hub.token_matches(token) => next.run(request).await,
-        _ => {
-            let mut response =
-                ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong bearer token")
-                    .into_response();
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            response
+        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+}
+
+async fn authorize_fleet(State(hub): State<Arc<Hub>>, request: Request, next: Next) -> Response {
+    match hub.authenticate_fleet(bearer(&request)) {
+        Ok(()) => next.run(request).await,
+        Err(error) => unauthorized(error),
+    }
+}
+
+/// The actor an actor token authenticated, for the handler to check against the
+/// actor the request names.
+#[derive(Clone, Copy, Debug)]
+struct Authenticated(ActorId);
+
+async fn authorize_actor(
+    State(hub): State<Arc<Hub>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match hub.authenticate_actor(bearer(&request)) {
+        Ok(actor) => {
+            request.extensions_mut().insert(Authenticated(actor));
+            next.run(request).await
         }
+        Err(error) => unauthorized(error),
+    }
+}
+
+impl Authenticated {
+    /// Refuses a request naming an actor other than the token's.
+    fn check(self, requested: u64) -> Result<ActorId, ApiError> {
+        let requested = ActorId(requested);
+        if requested == self.0 {
+            Ok(requested)
+        } else {
+            Err(ApiError::from(AuthError::OtherActor {
+                token_actor: self.0,
+                requested,
+            }))
+        }
+    }
+}
+
+fn unauthorized(error: AuthError) -> Response {
+    let mut response = ApiError::from(error).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    response
+}
+
+/// Answers a request the timeout layer stopped.
+async fn overloaded(error: BoxError) -> ApiError {
+    if error.is::<tower::timeout::error::Elapsed>() {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request not handled within {} s; retry",
+                REQUEST_TIMEOUT.as_secs()
+            ),
+        )
+    } else {
+        tracing::error!(%error, "request failed in a middleware");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
     }
 }
 
@@ -113,48 +266,69 @@ async fn register(
     Body(request): Body<RegisterRequest>,
 ) -> Result<axum::Json<RegisterResponse>, ApiError> {
     let (actor, registration) = request.into_core()?;
-    let readiness = blocking(hub, move |hub| hub.register(actor, registration)).await??;
-    Ok(axum::Json(readiness.into()))
+    let (readiness, token) = blocking(hub, move |hub| hub.register(actor, registration)).await??;
+    Ok(axum::Json(RegisterResponse::from_core(readiness, &token)))
 }
 
 async fn heartbeat(
     State(hub): State<Arc<Hub>>,
+    Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<Ack>, ApiError> {
-    blocking(hub, move |hub| hub.heartbeat(request.actor())).await??;
+    let actor = authenticated.check(request.actor)?;
+    blocking(hub, move |hub| hub.heartbeat(actor)).await??;
     Ok(axum::Json(Ack {}))
+}
+
+async fn versions(
+    State(hub): State<Arc<Hub>>,
+    Extension(authenticated): Extension<Authenticated>,
+    Body(request): Body<VersionsRequest>,
+) -> Result<axum::Json<WireReadiness>, ApiError> {
+    let actor = authenticated.check(request.actor)?;
+    let (active, staged) = request.versions();
+    let readiness = blocking(hub, move |hub| hub.report_versions(actor, active, staged)).await??;
+    Ok(axum::Json(readiness.into()))
 }
 
 async fn claim(
     State(hub): State<Arc<Hub>>,
+    Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<ClaimResponse>, ApiError> {
-    let (assignment, now) = blocking(hub, move |hub| hub.claim(request.actor())).await??;
+    let actor = authenticated.check(request.actor)?;
+    let (assignment, now) = blocking(hub, move |hub| hub.claim(actor)).await??;
     Ok(axum::Json(ClaimResponse::from_core(&assignment, now)))
 }
 
 async fn submit(
     State(hub): State<Arc<Hub>>,
+    Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<SubmitRequest>,
 ) -> Result<axum::Json<SubmitResponse>, ApiError> {
-    let (actor, reports) = request.into_core()?;
-    let outcomes = blocking(hub, move |hub| hub.submit(actor, &reports)).await??;
+    let actor = authenticated.check(request.actor)?;
+    let (_, results) = request.into_core()?;
+    let outcomes = blocking(hub, move |hub| hub.submit(actor, &results)).await??;
     Ok(axum::Json(SubmitResponse::from_core(&outcomes)))
 }
 
 async fn leave(
     State(hub): State<Arc<Hub>>,
+    Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<Ack>, ApiError> {
-    blocking(hub, move |hub| hub.leave(request.actor())).await??;
+    let actor = authenticated.check(request.actor)?;
+    blocking(hub, move |hub| hub.leave(actor)).await??;
     Ok(axum::Json(Ack {}))
 }
 
 async fn preempt(
     State(hub): State<Arc<Hub>>,
+    Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<Ack>, ApiError> {
-    blocking(hub, move |hub| hub.preempt(request.actor())).await??;
+    let actor = authenticated.check(request.actor)?;
+    blocking(hub, move |hub| hub.preempt(actor)).await??;
     Ok(axum::Json(Ack {}))
 }
 
@@ -165,128 +339,13 @@ async fn status(State(hub): State<Arc<Hub>>) -> Result<axum::Json<StatusResponse
 
 async fn metrics(State(hub): State<Arc<Hub>>) -> Result<impl IntoResponse, ApiError> {
     let text = blocking(hub, |hub| {
-        hub.inspect(|core| render_metrics(core, hub.leases_issued()))
+        hub.inspect(|core| crate::metrics::render(core, hub.leases_issued()))
     })
     .await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 
-/// Renders the Prometheus text exposition of the core's counters and gauges.
-fn render_metrics(core: &ControlPlane, leases_issued: u64) -> String {
-    let stats = core.stats();
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
-        // Writing to a String cannot fail.
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
-    };
-    metric(
-        "aurora_results_accepted_total",
-        "counter",
-        "Results accepted.",
-        &[("", stats.accepted)],
-    );
-    let rejected: Vec<(String, u64)> = REJECTIONS
-        .iter()
-        .map(|rejection| {
-            let count = stats.rejected.get(rejection).copied().unwrap_or(0);
-            let labels = format!("{{reason=\"{}\"}}", rejection_reason(*rejection));
-            (labels, count)
-        })
-        .collect();
-    let rejected: Vec<(&str, u64)> = rejected
-        .iter()
-        .map(|(labels, count)| (labels.as_str(), *count))
-        .collect();
-    metric(
-        "aurora_results_rejected_total",
-        "counter",
-        "Results rejected, by reason.",
-        &rejected,
-    );
-    metric(
-        "aurora_leases_issued_total",
-        "counter",
-        "Leases handed out by this hub process.",
-        &[("", leases_issued)],
-    );
-    metric(
-        "aurora_leases_expired_total",
-        "counter",
-        "Leases that ran out before their result arrived.",
-        &[("", stats.expired)],
-    );
-    metric(
-        "aurora_events_dropped_total",
-        "counter",
-        "Core events dropped before the hub drained them.",
-        &[("", core.events_dropped())],
-    );
-    let members = core.members();
-    let leaving = members
-        .values()
-        .filter(|member| member.leaving_at.is_some())
-        .count();
-    let live = members.len() - leaving;
-    metric(
-        "aurora_actors",
-        "gauge",
-        "Registered actors, by state.",
-        &[
-            ("{state=\"live\"}", count(live)),
-            ("{state=\"leaving\"}", count(leaving)),
-        ],
-    );
-    metric(
-        "aurora_lease_lifetime_ms",
-        "gauge",
-        "Lifetime of a lease issued now.",
-        &[("", core.lease_ms())],
-    );
-    if let Some((version, _)) = core.latest_version() {
-        metric(
-            "aurora_latest_version",
-            "gauge",
-            "Latest published version.",
-            &[("", version.0)],
-        );
-    }
-    if let Some(progress) = core.step_progress() {
-        metric(
-            "aurora_step",
-            "gauge",
-            "Current or last step.",
-            &[("", progress.step.0)],
-        );
-        metric(
-            "aurora_step_jobs",
-            "gauge",
-            "Jobs of the current or last step, by state.",
-            &[
-                ("{state=\"batch\"}", u64::from(progress.batch_size)),
-                ("{state=\"accepted\"}", u64::from(progress.accepted)),
-                ("{state=\"leased\"}", u64::from(progress.leased)),
-                ("{state=\"pooled\"}", u64::from(progress.pooled)),
-                ("{state=\"reserved\"}", u64::from(progress.reserved)),
-            ],
-        );
-        metric(
-            "aurora_step_complete",
-            "gauge",
-            "Whether the current or last step has completed.",
-            &[("", u64::from(progress.completion.is_some()))],
-        );
-    }
-    out
-}
-
-fn count(n: usize) -> u64 {
-    u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// Runs a hub call on the blocking pool: calls take the core's lock, which a save
+/// Runs a hub call on the blocking pool: calls take the core's lock, which a commit
 /// may hold through an fsync.
 async fn blocking<T: Send + 'static>(
     hub: Arc<Hub>,
@@ -358,6 +417,12 @@ impl From<WireError> for ApiError {
     }
 }
 
+impl From<AuthError> for ApiError {
+    fn from(error: AuthError) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, error.to_string())
+    }
+}
+
 impl From<CallError> for ApiError {
     fn from(error: CallError) -> ApiError {
         let status = match &error {
@@ -373,8 +438,8 @@ impl From<CallError> for ApiError {
             )
             | CallError::Publish(_)
             | CallError::OpenStep(_) => StatusCode::CONFLICT,
-            CallError::Persist(persist) => {
-                tracing::error!(error = %persist, "state not saved; request refused");
+            CallError::Persist(_) | CallError::Load(_) | CallError::Entropy(_) => {
+                tracing::error!(%error, "request refused: the hub could not do its part");
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         };

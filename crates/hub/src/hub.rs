@@ -1,31 +1,36 @@
-//! [`Hub`]: the core behind a mutex, a monotonic clock and the durable store.
+//! [`Hub`]: the core behind a mutex, a [`Clock`], the durable store and the tokens.
 //!
-//! Every mutating call runs the same way ([`Hub::apply`]): under the lock, read the
-//! clock, run the core method on a *copy* of the core, drain its events into the log,
-//! save the copy, and only then install it and return. A failed save therefore leaves
-//! the live core equal to the stored one, and the caller (the HTTP handler) reports an
-//! error instead of acknowledging anything that a crash could lose. Working on a copy
-//! also keeps the live core intact if a core method ever panicked, so a poisoned lock
-//! can be taken over safely.
+//! Every mutating call runs the same way ([`Hub::apply_with`]): under the lock, read
+//! the clock, run the core method on a *copy* of the core, drain its events into the
+//! log, commit the copy together with what the call changed besides the core (accepted
+//! payloads, tokens), and only then install it and return. A failed commit therefore
+//! leaves the live core equal to the stored one, and the caller (the HTTP handler)
+//! reports an error instead of acknowledging anything that a crash could lose.
+//! Working on a copy also keeps the live core intact if a core method ever panicked,
+//! so a poisoned lock can be taken over safely.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Duration;
 
 use aurora_control::{
     Accepted, ActorId, Assignment, Config, ConfigError, ControlPlane, MembershipError, Millis,
     OpenStepError, PromptId, PublishError, Readiness, Registration, Rejection, RolloutReport,
     StepId, StepOutcome, SubmitError, UnknownActor, Version, WeightsHash,
 };
+use serde_json::value::RawValue;
 use thiserror::Error;
 
-use crate::store::{LoadError, PersistError, StateStore};
+use crate::auth::{ActorToken, AuthError, claimed_actor, hash_token};
+use crate::clock::Clock;
+use crate::store::{AcceptedRollout, Changes, LoadError, PersistError, StateStore};
 
 /// Settings of a hub.
 #[derive(Clone, Debug)]
 pub struct HubConfig {
-    /// The bearer token every request must present.
+    /// The fleet token: registration, status and metrics require it.
     pub token: String,
     /// The state database; created if missing, restored from if present.
     pub db_path: PathBuf,
@@ -35,6 +40,8 @@ pub struct HubConfig {
     /// Longest pause of the tick task, so that deadlines created between two ticks
     /// are noticed within this time even though nothing wakes the task early.
     pub tick_interval_max: Duration,
+    /// Where the hub reads time ([`crate::SystemClock`] in production).
+    pub clock: Arc<dyn Clock>,
 }
 
 /// Why a hub could not start.
@@ -57,7 +64,7 @@ pub enum CallError {
     /// The actor is not registered.
     #[error(transparent)]
     UnknownActor(#[from] UnknownActor),
-    /// A registration was refused.
+    /// A registration or version report was refused.
     #[error(transparent)]
     Membership(#[from] MembershipError),
     /// A submission was refused as a whole.
@@ -72,15 +79,45 @@ pub enum CallError {
     /// The new state could not be saved, so the call did not happen.
     #[error(transparent)]
     Persist(#[from] PersistError),
+    /// Stored payloads could not be read, or disagree with the accepted results.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The operating system gave no random bytes for a token.
+    #[error("no random bytes for a token: {0}")]
+    Entropy(getrandom::Error),
+}
+
+/// One result as an actor submits it: what the core judges, and the rollout itself.
+#[derive(Clone, Debug)]
+pub struct RolloutResult {
+    /// What decides acceptance and feeds the throughput estimate.
+    pub report: RolloutReport,
+    /// The rollout, opaque to the hub: any JSON value (binary data as a base64
+    /// string). Stored if the result is accepted, dropped otherwise.
+    pub payload: Box<RawValue>,
+}
+
+/// A completed step, handed to the trainer once by [`Hub::take_step_outcome`].
+#[derive(Clone, Debug)]
+pub struct StepResults {
+    /// The core's outcome: accepted prompts and unfinished ones.
+    pub outcome: StepOutcome,
+    /// Every accepted result's rollout, by prompt id.
+    pub rollouts: Vec<AcceptedRollout>,
 }
 
 /// The shared state of a running hub. Methods are synchronous (they write to disk);
-/// async callers run them on the blocking pool.
+/// async callers run them on the blocking pool, except the `authenticate_*` methods,
+/// which never wait on the disk.
 pub struct Hub {
     core: Mutex<ControlPlane>,
     store: StateStore,
-    clock: Clock,
-    token: Vec<u8>,
+    clock: Arc<dyn Clock>,
+    fleet_token: blake3::Hash,
+    /// Hashes of the members' current tokens: written under the core's lock right
+    /// after each commit, read by authentication without that lock (which a commit
+    /// holds through an fsync).
+    actor_tokens: RwLock<BTreeMap<ActorId, blake3::Hash>>,
     tick_interval_max: Duration,
     /// Leases handed out by this process. Not part of the core's state, so the metric
     /// restarts at zero with the process, as Prometheus counters may.
@@ -90,27 +127,26 @@ pub struct Hub {
 impl Hub {
     /// Opens the state database, restoring the core saved there or starting a fresh
     /// one from `config.control`.
+    ///
+    /// The restored core carries on at the clock's current time: leases whose deadline
+    /// passed while the hub was down expire now, the others keep their deadlines, and
+    /// the actors' silence during the outage is forgiven (they could not reach it).
     pub fn open(config: HubConfig) -> Result<Hub, OpenError> {
         if config.token.is_empty() {
             return Err(OpenError::EmptyToken);
         }
-        let (store, restored) = StateStore::open(&config.db_path)?;
-        let core = match restored {
-            Some(core) => core,
+        let (store, stored) = StateStore::open(&config.db_path)?;
+        let core = match stored.snapshot {
+            Some(snapshot) => ControlPlane::restore(snapshot, config.clock.now())
+                .map_err(|error| OpenError::Load(LoadError::Restore(error)))?,
             None => ControlPlane::new(config.control)?,
-        };
-        // Continue the stored clock rather than starting again at zero: the core treats
-        // an earlier time as its high-water mark, so a clock restarting at zero would
-        // freeze time (and every lease deadline) for as long as the hub had run.
-        let clock = Clock {
-            start: Instant::now(),
-            base: core.clock(),
         };
         Ok(Hub {
             core: Mutex::new(core),
             store,
-            clock,
-            token: config.token.into_bytes(),
+            clock: config.clock,
+            fleet_token: hash_token(config.token.as_bytes()),
+            actor_tokens: RwLock::new(stored.tokens),
             tick_interval_max: config.tick_interval_max,
             leases_issued: AtomicU64::new(0),
         })
@@ -126,28 +162,86 @@ impl Hub {
         Ok(())
     }
 
-    /// Opens a step on the latest version.
+    /// Opens a step on the latest version. The stored payloads of earlier steps are
+    /// dropped in the same transaction: the trainer has consumed them.
     pub fn open_step(&self, prompts: &[PromptId]) -> Result<StepId, CallError> {
-        Ok(self.apply(|core, now| core.open_step(prompts, now))??)
+        Ok(self.apply_with(|core, now| {
+            let opened = core.open_step(prompts, now);
+            let changes = Changes {
+                drop_rollouts_before: opened.as_ref().ok().copied(),
+                ..Changes::default()
+            };
+            (opened, changes)
+        })??)
     }
 
-    /// The completed step's outcome, once (see [`ControlPlane::take_step_outcome`]).
-    pub fn take_step_outcome(&self) -> Result<Option<StepOutcome>, CallError> {
-        Ok(self.apply(|core, _| core.take_step_outcome())?)
+    /// The completed step's outcome and the payloads of its accepted results, by
+    /// prompt id; `Some` once per completed step (see
+    /// [`ControlPlane::take_step_outcome`]). Nothing is taken if the payloads cannot
+    /// be read or do not match the accepted results.
+    pub fn take_step_outcome(&self) -> Result<Option<StepResults>, CallError> {
+        let mut core = self.lock();
+        let mut next = core.clone();
+        let Some(outcome) = next.take_step_outcome() else {
+            return Ok(None);
+        };
+        let rollouts = self.rollouts(outcome.step)?;
+        let mut accepted = outcome.accepted.clone();
+        accepted.sort_unstable();
+        let stored: Vec<(PromptId, ActorId)> = rollouts
+            .iter()
+            .map(|rollout| (rollout.prompt, rollout.actor))
+            .collect();
+        if let Some(prompt) = first_difference(&accepted, &stored) {
+            return Err(LoadError::RolloutsMismatch {
+                step: outcome.step,
+                prompt,
+            }
+            .into());
+        }
+        self.commit_locked(&mut core, next, Changes::default())?;
+        Ok(Some(StepResults { outcome, rollouts }))
     }
 
-    /// Registers (or re-registers) an actor.
+    /// The stored payloads of `step`'s accepted results, by prompt id. They stay until
+    /// the next step opens, so a trainer that stopped after
+    /// [`Hub::take_step_outcome`] can read them again.
+    pub fn rollouts(&self, step: StepId) -> Result<Vec<AcceptedRollout>, LoadError> {
+        self.store.rollouts(step)
+    }
+
+    /// Registers (or re-registers) an actor, and issues it a new token; a previous
+    /// token of the actor stops working.
     pub fn register(
         &self,
         actor: ActorId,
         registration: Registration,
-    ) -> Result<Readiness, CallError> {
-        Ok(self.apply(|core, now| core.register(actor, registration, now))??)
+    ) -> Result<(Readiness, ActorToken), CallError> {
+        let token = ActorToken::generate(actor).map_err(CallError::Entropy)?;
+        let readiness = self.apply_with(|core, now| {
+            let readiness = core.register(actor, registration, now);
+            let changes = Changes {
+                issued_token: readiness.is_ok().then(|| (actor, token.hash())),
+                ..Changes::default()
+            };
+            (readiness, changes)
+        })??;
+        Ok((readiness, token))
     }
 
     /// Records a heartbeat.
     pub fn heartbeat(&self, actor: ActorId) -> Result<(), CallError> {
         Ok(self.apply(|core, now| core.heartbeat(actor, now))??)
+    }
+
+    /// Records the versions an actor has active and staged.
+    pub fn report_versions(
+        &self,
+        actor: ActorId,
+        active: Version,
+        staged: Option<Version>,
+    ) -> Result<Readiness, CallError> {
+        Ok(self.apply(|core, now| core.report_versions(actor, active, staged, now))??)
     }
 
     /// Hands out work, with the time the claim was handled (lease expiries are on the
@@ -162,13 +256,34 @@ impl Hub {
         Ok((assignment, now))
     }
 
-    /// Settles results.
+    /// Settles results; the payloads of accepted ones are committed with the
+    /// acceptance, those of rejected ones dropped.
     pub fn submit(
         &self,
         actor: ActorId,
-        reports: &[RolloutReport],
+        results: &[RolloutResult],
     ) -> Result<Vec<Result<Accepted, Rejection>>, CallError> {
-        Ok(self.apply(|core, now| core.submit(actor, reports, now))??)
+        let reports: Vec<RolloutReport> = results.iter().map(|result| result.report).collect();
+        Ok(self.apply_with(|core, now| {
+            let outcomes = core.submit(actor, &reports, now);
+            let accepted = match &outcomes {
+                Ok(outcomes) => outcomes
+                    .iter()
+                    .zip(results)
+                    .filter_map(|(outcome, result)| {
+                        let accepted = outcome.as_ref().ok()?;
+                        let payload: &RawValue = &result.payload;
+                        Some((accepted.lease.step, accepted.prompt, actor, payload))
+                    })
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            let changes = Changes {
+                accepted,
+                ..Changes::default()
+            };
+            (outcomes, changes)
+        })??)
     }
 
     /// A graceful leave.
@@ -190,7 +305,9 @@ impl Hub {
         if core.next_deadline().is_none_or(|deadline| deadline > now) {
             return Ok(false);
         }
-        self.apply_locked(&mut core, now, |core, now| core.tick(now))?;
+        let mut next = core.clone();
+        next.tick(now);
+        self.commit_locked(&mut core, next, Changes::default())?;
         Ok(true)
     }
 
@@ -215,15 +332,31 @@ impl Hub {
         self.leases_issued.load(Ordering::Relaxed)
     }
 
-    /// Whether `presented` is the configured token, in time independent of where they
-    /// differ (the length is not secret: it is checked first).
-    pub(crate) fn token_matches(&self, presented: &[u8]) -> bool {
-        presented.len() == self.token.len()
-            && presented
-                .iter()
-                .zip(&self.token)
-                .fold(0u8, |difference, (a, b)| difference | (a ^ b))
-                == 0
+    /// Checks the fleet token (`presented` is the bearer token, if any).
+    pub fn authenticate_fleet(&self, presented: Option<&[u8]>) -> Result<(), AuthError> {
+        let presented = presented.ok_or(AuthError::Missing)?;
+        // `blake3::Hash` compares in constant time, and hashing first hides the length.
+        if hash_token(presented) == self.fleet_token {
+            Ok(())
+        } else {
+            Err(AuthError::WrongFleetToken)
+        }
+    }
+
+    /// Checks an actor token and returns the actor it authenticates.
+    pub fn authenticate_actor(&self, presented: Option<&[u8]>) -> Result<ActorId, AuthError> {
+        let presented = presented.ok_or(AuthError::Missing)?;
+        let actor = claimed_actor(presented)?;
+        let tokens = self
+            .actor_tokens
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let stored = tokens.get(&actor).ok_or(AuthError::NotIssued(actor))?;
+        if hash_token(presented) == *stored {
+            Ok(actor)
+        } else {
+            Err(AuthError::WrongActorToken(actor))
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, ControlPlane> {
@@ -235,40 +368,70 @@ impl Hub {
         &self,
         call: impl FnOnce(&mut ControlPlane, Millis) -> T,
     ) -> Result<T, PersistError> {
+        self.apply_with(|core, now| (call(core, now), Changes::default()))
+    }
+
+    /// Runs `call` on a copy of the core at the clock's time and commits the copy with
+    /// the changes `call` returns.
+    fn apply_with<'a, T>(
+        &self,
+        call: impl FnOnce(&mut ControlPlane, Millis) -> (T, Changes<'a>),
+    ) -> Result<T, PersistError> {
         let mut core = self.lock();
         // Read under the lock so that calls reach the core in clock order.
         let now = self.clock.now();
-        self.apply_locked(&mut core, now, call)
+        let mut next = core.clone();
+        let (value, changes) = call(&mut next, now);
+        self.commit_locked(&mut core, next, changes)?;
+        Ok(value)
     }
 
-    fn apply_locked<T>(
+    /// Commits `next` and `changes`, revoking the tokens of actors that are no longer
+    /// members, then installs `next` as the live core.
+    fn commit_locked(
         &self,
         core: &mut ControlPlane,
-        now: Millis,
-        call: impl FnOnce(&mut ControlPlane, Millis) -> T,
-    ) -> Result<T, PersistError> {
-        let mut next = core.clone();
-        let value = call(&mut next, now);
+        mut next: ControlPlane,
+        mut changes: Changes<'_>,
+    ) -> Result<(), PersistError> {
         // Events only notify (the state is authoritative), so the log is their sink;
         // draining them before the save keeps the stored queue empty.
         while let Some(event) = next.poll_event() {
             tracing::info!(?event, "control event");
         }
-        self.store.save(&next)?;
+        changes.revoked_tokens = self
+            .actor_tokens
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .copied()
+            .filter(|actor| next.member(*actor).is_none())
+            .collect();
+        self.store.commit(&next, &changes)?;
+        let mut tokens = self
+            .actor_tokens
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for actor in &changes.revoked_tokens {
+            tokens.remove(actor);
+        }
+        if let Some((actor, hash)) = changes.issued_token {
+            tokens.insert(actor, hash);
+        }
         *core = next;
-        Ok(value)
+        Ok(())
     }
 }
 
-/// Monotonic milliseconds, continuing from the restored core's clock.
-struct Clock {
-    start: Instant,
-    base: Millis,
-}
-
-impl Clock {
-    fn now(&self) -> Millis {
-        let elapsed_ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.base.saturating_add(elapsed_ms)
-    }
+/// The smallest prompt on which two lists of (prompt, actor) differ.
+fn first_difference(
+    expected: &[(PromptId, ActorId)],
+    found: &[(PromptId, ActorId)],
+) -> Option<PromptId> {
+    let expected: BTreeSet<_> = expected.iter().collect();
+    let found: BTreeSet<_> = found.iter().collect();
+    expected
+        .symmetric_difference(&found)
+        .map(|(prompt, _)| *prompt)
+        .min()
 }

@@ -1,52 +1,76 @@
 //! The control plane's HTTP/JSON shell: a thin driver around the pure core
-//! [`aurora_control::ControlPlane`] that owns the sockets, the clock, the timers and
-//! the disk.
+//! [`aurora_control::ControlPlane`] that owns the sockets, the clock, the timers, the
+//! tokens and the disk.
 //!
 //! The API (endpoints, authentication, limits, errors, metrics) is specified in
-//! `docs/control-api.md`, version 1; the request and response types are in [`wire`].
-//! Bodies are capped at [`MAX_BODY_BYTES`] before they are parsed, the token
-//! ([`HubConfig::token`]) is compared in time independent of the first differing byte,
-//! and no input can make a handler panic.
+//! `docs/control-api.md`, version 1; the request and response types are in [`wire`],
+//! and `examples/python/worker.py` drives it from the Python standard library.
+//! Everything a client controls is bounded (see the `http` limits: [`MAX_BODY_BYTES`],
+//! [`wire::MAX_PAYLOAD_BYTES`], [`REQUEST_TIMEOUT`], [`HEADER_READ_TIMEOUT`],
+//! [`MAX_CONCURRENT_REQUESTS`]), and no input can make a handler panic.
+//!
+//! # Authentication
+//!
+//! The fleet token ([`HubConfig::token`]) admits registration, status and metrics.
+//! Registering returns the actor's own token, which every later call of that actor
+//! must present: one actor cannot act for another, and a re-registration rotates the
+//! token. Only BLAKE3 hashes of tokens are kept, compared in constant time (module
+//! `auth`).
 //!
 //! # Persistence, and why an acknowledged acceptance survives a crash
 //!
-//! The whole core is saved as one serde_json snapshot in a redb database
-//! (`control_state`, key 0). Each mutating call, under the core's lock:
+//! One redb database holds the whole core as a serde_json snapshot, the payload of
+//! every accepted result and the hashes of the actor tokens (module `store`). Each
+//! mutating call, under the core's lock:
 //!
 //! 1. runs the core method on a copy of the core, at the hub's clock;
 //! 2. drains the core's events into the log;
-//! 3. saves the copy in one redb write transaction, whose commit fsyncs;
+//! 3. commits the copy, the payloads it accepted and the tokens it issued or revoked
+//!    in one redb write transaction, whose commit fsyncs;
 //! 4. only then installs the copy as the live core and lets the handler respond.
 //!
-//! A client therefore sees an acceptance only after the state recording it is on
-//! disk: a crash before step 3 completes loses a call nobody was told about (the
-//! actor retries), a crash after it loses nothing. If the save fails, the live core
-//! stays equal to the stored one and the client gets a 500. On start,
-//! [`Hub::open`] restores the saved state through [`aurora_control::ControlPlane::restore`],
-//! which re-checks every invariant, so a corrupt database is a typed [`OpenError`],
-//! never a panic. The hub's clock continues from the restored core's clock, since the
-//! core never lets time run backwards.
+//! A client therefore sees an acceptance only after the state recording it, payload
+//! included, is on disk: a crash before step 3 completes loses a call nobody was told
+//! about (the actor retries), a crash after it loses nothing, and nothing is accepted
+//! twice. If the commit fails, the live core stays equal to the stored one and the
+//! client gets a 500. On start, [`Hub::open`] restores the saved state through
+//! [`aurora_control::ControlPlane::restore`], which re-checks every invariant, so a
+//! corrupt database is a typed [`OpenError`], never a panic.
 //!
-//! # Timers
+//! The trainer side is in-process: [`Hub::publish_version`], [`Hub::open_step`] and
+//! [`Hub::take_step_outcome`], which hands over a completed step's accepted results
+//! with their payloads, by prompt id.
 //!
+//! # Time
+//!
+//! The hub reads time through a [`Clock`]: [`SystemClock`] in production, whose
+//! origin (the Unix epoch) survives restarts, so leases outstanding at a crash are
+//! honoured or expire as if the hub had never stopped; [`ManualClock`] in tests.
 //! [`run`] spawns a task that calls [`Hub::tick`] when the core's next deadline is due
 //! (checking at least every [`HubConfig::tick_interval_max`]), so leases expire and
 //! silent actors are removed without requests.
 
+mod auth;
+mod clock;
 mod http;
 mod hub;
+mod metrics;
 mod store;
 pub mod wire;
 
-use std::io;
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use thiserror::Error;
 use tokio::net::TcpListener;
 
-pub use http::{MAX_BODY_BYTES, router, run};
-pub use hub::{CallError, Hub, HubConfig, OpenError};
-pub use store::{LoadError, PersistError};
+pub use auth::{ActorToken, AuthError};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use http::{
+    HEADER_READ_TIMEOUT, MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT, router, run,
+};
+pub use hub::{CallError, Hub, HubConfig, OpenError, RolloutResult, StepResults};
+pub use store::{AcceptedRollout, LoadError, PersistError};
 
 /// Why [`serve`] stopped.
 #[derive(Debug, Error)]
@@ -54,18 +78,15 @@ pub enum ServeError {
     /// The hub could not start.
     #[error("opening the hub: {0}")]
     Open(#[from] OpenError),
-    /// The server failed.
-    #[error("serving: {0}")]
-    Io(#[from] io::Error),
+    /// The task opening the hub failed.
+    #[error("opening the hub: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
-/// Opens the hub described by `config` and serves its API on `listener` until the
-/// server fails.
-pub async fn serve(config: HubConfig, listener: TcpListener) -> Result<(), ServeError> {
+/// Opens the hub described by `config` and serves its API on `listener`; returns only
+/// if the hub cannot start.
+pub async fn serve(config: HubConfig, listener: TcpListener) -> Result<Infallible, ServeError> {
     // Opening reads and may restore the whole state from disk.
-    let hub = tokio::task::spawn_blocking(move || Hub::open(config))
-        .await
-        .map_err(io::Error::other)??;
-    run(Arc::new(hub), listener).await?;
-    Ok(())
+    let hub = tokio::task::spawn_blocking(move || Hub::open(config)).await??;
+    Ok(run(Arc::new(hub), listener).await)
 }

@@ -9,6 +9,9 @@
 //! Requests are validated while converting ([`WireError`] names the field at fault);
 //! results the core judges (late, duplicate, wrong hash...) are not errors but
 //! per-result [`Outcome`]s in a successful [`SubmitResponse`].
+//!
+//! A result's `payload` (the rollout itself) is opaque to the hub: any JSON value of at
+//! most [`MAX_PAYLOAD_BYTES`] as sent, kept as the exact text the actor sent.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +20,16 @@ use aurora_control::{
     Readiness, Region, Registration, Rejection, RolloutReport, StepId, Version, WeightsHash,
 };
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use thiserror::Error;
+
+use crate::auth::ActorToken;
+use crate::hub::RolloutResult;
+
+/// Largest payload of one result, in bytes of JSON text as sent. A rollout of a long
+/// reasoning trace (32k tokens of text with per-token log-probabilities) fits; a
+/// larger one is refused rather than stored in the state database.
+pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
 
 /// A request body that is well-formed JSON but not a valid request.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -66,26 +78,68 @@ impl RegisterRequest {
     }
 }
 
-/// What an actor should do after registering.
+/// What an actor should do after registering or reporting its versions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum RegisterResponse {
+pub enum WireReadiness {
     /// Eligible for work: claim.
     Ready,
     /// Too far behind: catch up until active is `target` (or `target - 1` with
-    /// `target` staged), then register again.
+    /// `target` staged), then report the versions (`/v1/versions`).
     CatchUp {
         /// The latest published version.
         target: u64,
     },
 }
 
-impl From<Readiness> for RegisterResponse {
-    fn from(readiness: Readiness) -> RegisterResponse {
+impl From<Readiness> for WireReadiness {
+    fn from(readiness: Readiness) -> WireReadiness {
         match readiness {
-            Readiness::Ready => RegisterResponse::Ready,
-            Readiness::CatchUp { target } => RegisterResponse::CatchUp { target: target.0 },
+            Readiness::Ready => WireReadiness::Ready,
+            Readiness::CatchUp { target } => WireReadiness::CatchUp { target: target.0 },
         }
+    }
+}
+
+/// The answer to `POST /v1/register`: the readiness, and the actor's token for every
+/// later call (`{"token":"...","kind":"ready"}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    /// The actor's bearer token, `<actor>.<64 hex digits>`; shown once.
+    pub token: String,
+    /// What to do next.
+    #[serde(flatten)]
+    pub readiness: WireReadiness,
+}
+
+impl RegisterResponse {
+    /// The wire form of a registration's outcome.
+    pub fn from_core(readiness: Readiness, token: &ActorToken) -> RegisterResponse {
+        RegisterResponse {
+            token: token.as_str().to_owned(),
+            readiness: readiness.into(),
+        }
+    }
+}
+
+/// `POST /v1/versions`: the versions an actor has active and staged, after staging a
+/// delta, applying a Commit or catching up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionsRequest {
+    /// The actor's id.
+    pub actor: u64,
+    /// The version it generates with.
+    pub active: u64,
+    /// The next version, if its delta is staged.
+    #[serde(default)]
+    pub staged: Option<u64>,
+}
+
+impl VersionsRequest {
+    /// The reported active and staged versions.
+    pub fn versions(self) -> (Version, Option<Version>) {
+        (Version(self.active), self.staged.map(Version))
     }
 }
 
@@ -96,13 +150,6 @@ impl From<Readiness> for RegisterResponse {
 pub struct ActorRequest {
     /// The actor's id.
     pub actor: u64,
-}
-
-impl ActorRequest {
-    /// The core's view of the request.
-    pub fn actor(self) -> ActorId {
-        ActorId(self.actor)
-    }
 }
 
 /// The empty answer of heartbeat, leave and preempt: `{}`.
@@ -214,7 +261,7 @@ impl ClaimResponse {
 }
 
 /// One finished lease.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WireResult {
     /// The lease it settles.
@@ -225,10 +272,13 @@ pub struct WireResult {
     pub weights_hash: String,
     /// Tokens generated.
     pub tokens: u64,
+    /// The rollout: any JSON value (binary data as a base64 string), at most
+    /// [`MAX_PAYLOAD_BYTES`] as sent.
+    pub payload: Box<RawValue>,
 }
 
 /// `POST /v1/submit`: results for leases the actor holds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     /// The submitting actor.
@@ -238,26 +288,38 @@ pub struct SubmitRequest {
 }
 
 impl SubmitRequest {
-    /// The core's view of the request.
-    pub fn into_core(self) -> Result<(ActorId, Vec<RolloutReport>), WireError> {
-        let reports = self
+    /// The hub's view of the request.
+    pub fn into_core(self) -> Result<(ActorId, Vec<RolloutResult>), WireError> {
+        let results = self
             .results
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(index, result)| {
                 let weights_hash = parse_hash(&result.weights_hash).ok_or_else(|| WireError {
                     field: format!("results[{index}].weights_hash"),
                     problem: "expected 64 hex digits".into(),
                 })?;
-                Ok(RolloutReport {
-                    lease: result.lease.into(),
-                    version: Version(result.version),
-                    weights_hash,
-                    tokens: result.tokens,
+                let payload_bytes = result.payload.get().len();
+                if payload_bytes > MAX_PAYLOAD_BYTES {
+                    return Err(WireError {
+                        field: format!("results[{index}].payload"),
+                        problem: format!(
+                            "{payload_bytes} bytes, more than the limit of {MAX_PAYLOAD_BYTES}"
+                        ),
+                    });
+                }
+                Ok(RolloutResult {
+                    report: RolloutReport {
+                        lease: result.lease.into(),
+                        version: Version(result.version),
+                        weights_hash,
+                        tokens: result.tokens,
+                    },
+                    payload: result.payload,
                 })
             })
             .collect::<Result<_, WireError>>()?;
-        Ok((ActorId(self.actor), reports))
+        Ok((ActorId(self.actor), results))
     }
 }
 
@@ -499,22 +561,50 @@ mod tests {
         assert_eq!(reasons.len(), REJECTIONS.len());
     }
 
-    #[test]
-    fn a_bad_hash_names_its_result() {
-        let request = SubmitRequest {
-            actor: 1,
-            results: vec![WireResult {
+    fn submission(results: &[(&str, String)]) -> SubmitRequest {
+        let results = results
+            .iter()
+            .map(|(weights_hash, payload)| WireResult {
                 lease: WireLeaseId {
                     step: 0,
                     job: 0,
                     attempt: 0,
                 },
                 version: 1,
-                weights_hash: "xyz".into(),
+                weights_hash: (*weights_hash).to_owned(),
                 tokens: 5,
-            }],
-        };
+                payload: RawValue::from_string(payload.clone()).unwrap(),
+            })
+            .collect();
+        SubmitRequest { actor: 1, results }
+    }
+
+    #[test]
+    fn a_bad_hash_names_its_result() {
+        let good = format_hash(&WeightsHash([1; 32]));
+        let request = submission(&[(&good, "{}".into()), ("xyz", "{}".into())]);
         let error = request.into_core().unwrap_err();
-        assert_eq!(error.field, "results[0].weights_hash");
+        assert_eq!(error.field, "results[1].weights_hash");
+    }
+
+    #[test]
+    fn limit_max_payload_bytes() {
+        let hash = format_hash(&WeightsHash([1; 32]));
+        // A JSON string of exactly the limit, quotes included, passes unchanged.
+        let largest = format!("\"{}\"", "a".repeat(MAX_PAYLOAD_BYTES - 2));
+        let (_, results) = submission(&[(&hash, largest.clone())]).into_core().unwrap();
+        assert_eq!(results[0].payload.get(), largest);
+        let over = format!("\"{}\"", "a".repeat(MAX_PAYLOAD_BYTES - 1));
+        let error = submission(&[(&hash, "{}".into()), (&hash, over)])
+            .into_core()
+            .unwrap_err();
+        assert_eq!(error.field, "results[1].payload");
+        assert_eq!(
+            error.problem,
+            format!(
+                "{} bytes, more than the limit of {MAX_PAYLOAD_BYTES}",
+                MAX_PAYLOAD_BYTES + 1
+            )
+        );
     }
 }

@@ -31,8 +31,10 @@ fn config() -> Config {
             // arithmetic of these tests obvious.
             estimate_weight: Permille::clamped(0),
             behind_decay: Permille::clamped(500),
+            // A floor of a quarter of the rate cap keeps MAX_SAMPLE_GROWTH from binding
+            // when `measure` sets an estimate in one settlement; it has its own tests.
             new_actor_estimate: NewActorEstimate::MinimumOfKnown {
-                floor: MilliTokensPerS::from_tokens_per_s(100),
+                floor: MilliTokensPerS::from_tokens_per_s(2_500),
             },
             min_sample_ms: 1_000,
             max_sample_rate: MilliTokensPerS::from_tokens_per_s(10_000),
@@ -807,9 +809,14 @@ fn relays_are_kept_on_joins_and_reassigned_when_they_go() {
 #[test]
 fn a_new_actor_starts_at_the_slowest_known_estimate() {
     let mut hub = Hub::with_actors(&[1, 2]);
-    hub.measure(&[(1, 3_000), (2, 1_200)], 0);
+    hub.measure(&[(1, 9_000), (2, 3_000)], 0);
     hub.join(3);
-    assert_eq!(hub.estimate(3), MilliTokensPerS::from_tokens_per_s(1_200));
+    assert_eq!(hub.estimate(3), MilliTokensPerS::from_tokens_per_s(3_000));
+    // Never below the floor.
+    let mut hub = Hub::with_actors(&[1]);
+    hub.measure(&[(1, 1_200)], 0);
+    hub.join(2);
+    assert_eq!(hub.estimate(2), MilliTokensPerS::from_tokens_per_s(2_500));
 }
 
 #[test]
@@ -1168,7 +1175,8 @@ fn inflated_token_counts_cannot_buy_the_next_batch() {
     // The most tokens a result may claim, 1 ms after the claim: 4 x 10,000 tokens in
     // 1 ms would be 40 million tokens/s.
     assert_eq!(hub.submit_all(1, &grants, 10_000, 2_001), 4);
-    // The sample is taken over at least 1 s and capped at 10,000 tokens/s.
+    // The sample is taken over at least 1 s and capped at 10,000 tokens/s (here also
+    // MAX_SAMPLE_GROWTH times the floor of 2,500).
     assert_eq!(hub.estimate(1), MilliTokensPerS::from_tokens_per_s(10_000));
     let theirs = hub.claim(2, 2_000);
     hub.submit_all(2, &theirs, 500, 3_000);
@@ -1177,6 +1185,57 @@ fn inflated_token_counts_cannot_buy_the_next_batch() {
     // By the estimates 10,000 : 2,000, not 40 million : 2,000.
     assert_eq!(hub.claim(1, 4_000).len(), 100);
     assert_eq!(hub.claim(2, 4_000).len(), 20);
+}
+
+#[test]
+fn one_inflated_settlement_raises_an_estimate_at_most_1_6_times_by_default() {
+    let mut config = Config::default();
+    config.limits.max_tokens_per_result = 1 << 20;
+    let mut hub = Hub::new(config);
+    for actor in 1..=4 {
+        hub.join(actor);
+    }
+    // Four equal actors, 2,000 tokens/s each after a few honest steps.
+    let mut now = 0;
+    for _ in 0..40 {
+        hub.open(4, now);
+        for actor in 1..=4 {
+            let grants = hub.claim(actor, now);
+            hub.submit_all(
+                actor,
+                &grants,
+                2_000 / grants.len().max(1) as u64,
+                now + 1_000,
+            );
+        }
+        now += 2_000;
+    }
+    let honest = hub.estimate(1);
+    assert!(honest.tokens_per_s() > 1_900.0, "{honest:?}");
+    // Actor 1 claims a million tokens per result, 500 times its real output.
+    hub.open(4, now);
+    let grants = hub.claim(1, now);
+    hub.submit_all(1, &grants, 1 << 20, now + 1_000);
+    let inflated = hub.estimate(1);
+    // 0.8 x honest + 0.2 x (4 x honest), within the average's rounding.
+    assert!(
+        inflated.milli_tokens_per_s() <= honest.milli_tokens_per_s() * 16 / 10 + 1,
+        "{honest:?} -> {inflated:?}"
+    );
+    // Its share of the next batch: at most 1.6 / 4.6 of it (within the one job of
+    // rounding), not nearly all.
+    for actor in 2..=4 {
+        let grants = hub.claim(actor, now);
+        hub.submit_all(
+            actor,
+            &grants,
+            2_000 / grants.len().max(1) as u64,
+            now + 1_000,
+        );
+    }
+    hub.open(460, now + 2_000);
+    let share = hub.claim(1, now + 2_000).len();
+    assert!(share <= 161, "{share} of 460");
 }
 
 #[test]

@@ -29,6 +29,8 @@
 //!   region with such a member has a relay, the actor limit holds.
 //! * **Honest counters**: the core's accepted and rejected totals match what the
 //!   actors were told, across restarts.
+//! * **Bounded estimates**: no settlement raises an actor's throughput estimate by
+//!   more than [`MAX_SAMPLE_GROWTH`] allows, whatever token counts it reports.
 //!
 //! A violation carries its seed; [`run`] on [`Scenario::random`] of that seed replays it
 //! exactly (the test reads `AURORA_SIM_SEEDS` to rerun chosen seeds).
@@ -40,12 +42,12 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
 
-use crate::{
+use aurora_control::{
     Accepted, ActorId, Assignment, Capabilities, Config, ControlPlane, Event, LeaseConfig,
-    LeaseGrant, LeaseId, Limits, MembershipError, MilliTokensPerS, Millis, NewActorEstimate,
-    PartialBatchPolicy, Permille, PromptId, Readiness, Region, Registration, Rejection,
-    RolloutReport, SchedulerConfig, Snapshot, SplitPolicy, Stats, StepId, StepOutcome, StepReport,
-    Version, WeightsHash,
+    LeaseGrant, LeaseId, Limits, MAX_SAMPLE_GROWTH, MembershipError, MilliTokensPerS, Millis,
+    NewActorEstimate, PartialBatchPolicy, Permille, PromptId, Readiness, Region, Registration,
+    Rejection, RolloutReport, SchedulerConfig, Snapshot, SplitPolicy, Stats, StepId, StepOutcome,
+    StepReport, Version, WeightsHash,
 };
 
 /// One simulated actor.
@@ -131,18 +133,22 @@ pub enum Misbehavior {
     StealLease,
     /// One result claims more tokens than any result may have.
     InflateTokens,
+    /// Every result claims the most tokens a result may have, far more than it
+    /// generated: accepted, but it must not buy the actor the next batch.
+    ExaggerateTokens,
     /// The whole batch is submitted twice.
     ResubmitBatch,
 }
 
 impl Misbehavior {
     /// Every kind, for random scenarios.
-    pub const ALL: [Misbehavior; 6] = [
+    pub const ALL: [Misbehavior; 7] = [
         Misbehavior::CorruptHash,
         Misbehavior::StaleVersion,
         Misbehavior::ForgeLease,
         Misbehavior::StealLease,
         Misbehavior::InflateTokens,
+        Misbehavior::ExaggerateTokens,
         Misbehavior::ResubmitBatch,
     ];
 }
@@ -262,7 +268,7 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed {} at {}: {} (replay: AURORA_SIM_SEEDS={} cargo test -p aurora-control sim)",
+            "seed {} at {}: {} (replay: AURORA_SIM_SEEDS={} cargo test -p aurora-sim)",
             self.seed, self.at, self.message, self.seed
         )
     }
@@ -1185,6 +1191,11 @@ impl<'a> Sim<'a> {
             Some(Misbehavior::InflateTokens) => {
                 reports[0].tokens = self.config.limits.max_tokens_per_result + 1;
             }
+            Some(Misbehavior::ExaggerateTokens) => {
+                for report in &mut reports {
+                    report.tokens = self.config.limits.max_tokens_per_result;
+                }
+            }
             Some(Misbehavior::ResubmitBatch) | None => {}
         }
         self.submit_reports(index, &reports)?;
@@ -1196,10 +1207,16 @@ impl<'a> Sim<'a> {
 
     fn submit_reports(&mut self, index: usize, reports: &[RolloutReport]) -> Result<(), Violation> {
         let now = self.now;
-        let outcomes = match self.hub_mut()?.submit(actor_id(index), reports, now) {
+        let id = actor_id(index);
+        let estimate_before = self.hub_mut()?.member(id).map(|member| member.estimate);
+        let outcomes = match self.hub_mut()?.submit(id, reports, now) {
             Ok(outcomes) => outcomes,
             Err(error) => return Err(self.violation(format!("submit: {error}"))),
         };
+        let estimate_after = self.hub_mut()?.member(id).map(|member| member.estimate);
+        if let (Some(before), Some(after)) = (estimate_before, estimate_after) {
+            self.check_estimate_growth(id, before, after)?;
+        }
         for (report, outcome) in reports.iter().zip(outcomes) {
             match outcome {
                 Ok(accepted) => self.check_accepted(index, report, accepted)?,
@@ -1210,6 +1227,32 @@ impl<'a> Sim<'a> {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// One settlement raises an estimate by at most the average of the old estimate
+    /// and [`MAX_SAMPLE_GROWTH`] times it (or the newcomer floor), whatever the actor
+    /// reported.
+    fn check_estimate_growth(
+        &self,
+        actor: ActorId,
+        before: MilliTokensPerS,
+        after: MilliTokensPerS,
+    ) -> Result<(), Violation> {
+        let scheduler = &self.config.scheduler;
+        let base = before.max(scheduler.new_actor_estimate.floor());
+        let largest_sample = MilliTokensPerS::from_milli_tokens_per_s(
+            base.milli_tokens_per_s().saturating_mul(MAX_SAMPLE_GROWTH),
+        );
+        let bound = before.averaged_with(largest_sample, scheduler.estimate_weight);
+        if after > bound {
+            return Err(self.violation(format!(
+                "one settlement raised the estimate of {actor} from {} to {} tokens/s, above {}",
+                before.tokens_per_s(),
+                after.tokens_per_s(),
+                bound.tokens_per_s()
+            )));
         }
         Ok(())
     }
@@ -1942,6 +1985,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_actor_exaggerating_its_tokens_does_not_grab_the_batch() {
+        // An L40 (1,000 tokens/s of 6,800) reports 100,000 tokens per result, 100 to
+        // 500 times its output, for one batch once the estimates have converged.
+        let mut scenario = Scenario::a100_l40_pool(42, SplitPolicy::Proportional);
+        let fault_at = Millis(60_000);
+        scenario.faults = vec![ScheduledFault {
+            at_ms: fault_at.0,
+            fault: Fault::Misbehave {
+                actor: 2,
+                misbehavior: Misbehavior::ExaggerateTokens,
+            },
+        }];
+        let report = run(&scenario).unwrap();
+        let liar = |step: &StepRecord| {
+            step.estimates
+                .iter()
+                .find(|(label, _)| label == "L40-1")
+                .map(|&(_, estimate)| estimate)
+                .unwrap()
+        };
+        let honest = report
+            .steps
+            .iter()
+            .rfind(|step| step.completed_at < fault_at)
+            .map(liar)
+            .unwrap();
+        let after = report
+            .steps
+            .iter()
+            .filter(|step| step.completed_at >= fault_at)
+            .map(liar)
+            .fold(0.0, f64::max);
+        // One settlement: 0.7 x + 0.3 x 4x = 1.9x at most of an estimate that is at
+        // most the true 1,000 tokens/s, where the rate cap alone (20,000 tokens/s)
+        // would have allowed 0.7 x + 6,000, over 6x, a majority of every later batch.
+        assert!(
+            after > honest * 1.2,
+            "the lie did not land: {honest} {after}"
+        );
+        assert!(after <= 1_900.0, "{honest} -> {after}");
+    }
+
     /// A simulation stopped at its first grant, with that grant and a result for it
     /// that the checker must accept.
     fn at_first_grant() -> (Sim<'static>, LeaseId, RolloutReport, Accepted) {
@@ -2060,7 +2146,7 @@ mod tests {
             version: Version(1),
             accepted: vec![(PromptId(0), ActorId(1)), (PromptId(0), ActorId(1))],
             unfinished: vec![PromptId(1), PromptId(2), PromptId(3)],
-            completion: crate::Completion {
+            completion: aurora_control::Completion {
                 at: Millis(5),
                 partial: false,
             },
