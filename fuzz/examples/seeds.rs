@@ -1,5 +1,6 @@
-//! Writes the seed corpus of `delta_decode` (valid deltas against its fixed base) and a
-//! few inputs for `chunk_roundtrip`. Run from `fuzz/`:
+//! Writes the seed corpus of `delta_decode` (valid deltas against its fixed base), a
+//! few inputs for `chunk_roundtrip`, and valid conversations for `proto_frames` and
+//! `proto_state`. Run from `fuzz/`:
 //! `cargo run --example seeds` (the corpus directories are not in git).
 
 use std::path::Path;
@@ -18,6 +19,15 @@ fn main() -> std::io::Result<()> {
         let path = roundtrip_dir.join(format!("seed-{name}"));
         std::fs::write(&path, &bytes)?;
         println!("{}: {} bytes", path.display(), bytes.len());
+    }
+    for (name, bytes) in aurora_fuzz::proto::seed_streams() {
+        for (target, input) in [("proto_state", &bytes[..]), ("proto_frames", &bytes[1..])] {
+            let dir = Path::new("corpus").join(target);
+            std::fs::create_dir_all(&dir)?;
+            let path = dir.join(format!("seed-{name}"));
+            std::fs::write(&path, input)?;
+            println!("{}: {} bytes", path.display(), input.len());
+        }
     }
     Ok(())
 }

@@ -9,6 +9,8 @@
 //!   extracted delta must reproduce the target bit for bit, in place and materialised,
 //!   and swapping the patch back must restore the base.
 
+pub mod proto;
+
 use std::sync::OnceLock;
 
 use aurora_delta::{

@@ -1,11 +1,15 @@
 //! `aurora`: the one binary. Subcommands are thin: parsing, progress and printing here,
 //! all logic in the library crates.
 
+mod actor_cmd;
 mod bench;
 mod delta_cmd;
 mod hub_cmd;
+mod relay_cmd;
+mod run;
 mod store_cmd;
 mod synth_cmd;
+mod wan_cmd;
 
 use std::process::ExitCode;
 
@@ -29,6 +33,10 @@ enum Command {
     Delta(delta_cmd::DeltaCommand),
     /// Run the control plane's HTTP API (token from AURORA_TOKEN).
     Hub(hub_cmd::HubArgs),
+    /// Run a region's relay of the delta transport (token from AURORA_TOKEN).
+    Relay(relay_cmd::RelayArgs),
+    /// Run an actor of the delta transport with the idle engine (token from AURORA_TOKEN).
+    Actor(actor_cmd::ActorArgs),
     /// List, verify, plan and prune a checkpoint store.
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
@@ -37,6 +45,14 @@ enum Command {
     /// Benchmarks, each next to its baseline.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Train a small model with GRPO over a hub, relays and actors on this machine.
+    Run(run::RunArgs),
+    /// A node of `aurora run` (started by it).
+    #[command(subcommand, hide = true)]
+    RunNode(run::NodeCommand),
+    /// WAN emulation in network namespaces: capacity, benchmarks, probes (needs root).
+    #[command(subcommand)]
+    Wan(wan_cmd::WanCommand),
 }
 
 fn main() -> ExitCode {
@@ -52,8 +68,13 @@ fn main() -> ExitCode {
         Command::Delta(command) => delta_cmd::run(command),
         Command::Store(command) => store_cmd::run(command),
         Command::Hub(args) => hub_cmd::run(args),
+        Command::Relay(args) => relay_cmd::run(args),
+        Command::Actor(args) => actor_cmd::run(args),
         Command::Synth(args) => synth_cmd::run(args),
         Command::Bench(command) => bench::run(command),
+        Command::Run(args) => run::run(args),
+        Command::RunNode(command) => run::run_node(command),
+        Command::Wan(command) => wan_cmd::run(command),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,13 @@
 //! runs in a few seconds.
 
 mod util;
+// Every end-to-end suite is a module of this one test binary (one link, shared helpers).
+#[path = "cli/run.rs"]
+mod run;
+#[path = "cli/transport.rs"]
+mod transport;
+#[path = "cli/wan.rs"]
+mod wan;
 
 use std::path::Path;
 

@@ -183,8 +183,10 @@ impl ControlPlane {
         &self.config
     }
 
-    /// Publishes `version` with weights hash h(version). Versions are consecutive and
-    /// published between steps.
+    /// Publishes `version` with weights hash h(version). Versions are consecutive; a
+    /// version may be published while a step runs on its predecessor (one-step
+    /// asynchrony: actors stage it behind their generation), and that step's results
+    /// are still judged by its own version and hash.
     pub fn publish_version(
         &mut self,
         version: Version,

@@ -121,10 +121,6 @@ pub enum PublishError {
         /// The version offered.
         offered: Version,
     },
-    /// A step is still open; publishing now would leave its actors one version behind
-    /// in the middle of their work.
-    #[error("{0} is still open")]
-    StepStillOpen(StepId),
 }
 
 /// Why a step could not be opened.
@@ -318,9 +314,6 @@ impl Ledger {
         version: Version,
         weights_hash: WeightsHash,
     ) -> Result<(), PublishError> {
-        if let Some(step) = self.open_step() {
-            return Err(PublishError::StepStillOpen(step.id));
-        }
         if let Some(latest) = self.published
             && latest.version.next() != Some(version)
         {
@@ -792,12 +785,10 @@ impl Ledger {
             });
         }
         let open = step.completion.is_none();
-        // Publishing is refused while a step is open, so an open step is always on the
-        // latest version.
+        // A step is on the latest version or, once its successor has been published
+        // while it runs (one-step asynchrony), on the one before.
         if step.version > published.version
-            || (open
-                && (step.version != published.version
-                    || step.weights_hash != published.weights_hash))
+            || (step.version == published.version && step.weights_hash != published.weights_hash)
         {
             return Err(RestoreError::StepVersion(step.id));
         }

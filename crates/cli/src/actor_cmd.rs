@@ -1,0 +1,26 @@
+//! `aurora actor`: a rollout actor's transport with the built-in idle engine: it stages
+//! every delta and activates committed versions (docs/wire-protocol.md §7). The RL
+//! engine of `aurora run` plugs into the same boundary.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use aurora_proto::Role;
+use aurora_transport::{IdleEngine, spawn_actor};
+use clap::Args;
+
+use crate::relay_cmd::{Node, NodeArgs, report_activations, runtime};
+
+#[derive(Args)]
+pub struct ActorArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+pub fn run(args: ActorArgs) -> Result<()> {
+    let Node { config, weights } = args.node.resolve(Role::Actor)?;
+    runtime()?.block_on(async {
+        let actor = spawn_actor(config, weights, Arc::new(IdleEngine::default())).await?;
+        report_activations(&actor).await
+    })
+}

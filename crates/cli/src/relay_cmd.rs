@@ -1,0 +1,169 @@
+//! `aurora relay`: a region's relay, a node of the segment protocol (docs/wire-protocol.md
+//! §8) that activates every version itself and forwards each verified segment to the
+//! region's actors as it arrives.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use aurora_proto::{Identity, Role, Weights};
+use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_relay};
+use clap::Args;
+use serde::Deserialize;
+
+/// Environment variable holding the shared token of the transport.
+pub(crate) const TOKEN_VARIABLE: &str = "AURORA_TOKEN";
+
+/// Settings of a relay or an actor, from flags or a TOML file with the same keys (flags
+/// win).
+#[derive(Args, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NodeArgs {
+    /// A TOML file with any of these settings.
+    #[arg(long)]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// This node's id, unique in the run.
+    #[arg(long)]
+    id: Option<String>,
+    #[arg(long)]
+    region: Option<String>,
+    /// Upstreams in order of preference (repeat the flag): the region's relay first,
+    /// then the hub or a peer relay to fall back to.
+    #[arg(long = "upstream")]
+    #[serde(default)]
+    upstreams: Vec<SocketAddr>,
+    /// The weights to start from (a safetensors file) ...
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    /// ... and their version.
+    #[arg(long)]
+    version: Option<u64>,
+    /// Parallel TCP streams per upstream session (the upper bound when tuned).
+    #[arg(long)]
+    streams: Option<u8>,
+    /// Tune the stream count from measured goodput every this many milliseconds.
+    #[arg(long)]
+    tune_ms: Option<u64>,
+    /// TCP congestion control for every socket (cubic, bbr, ...; Linux).
+    #[arg(long)]
+    congestion: Option<String>,
+}
+
+pub(crate) struct Node {
+    pub config: NodeConfig,
+    pub weights: Weights,
+}
+
+impl NodeArgs {
+    /// Merges the file (if any) under the flags and builds the node's settings.
+    pub(crate) fn resolve(self, role: Role) -> Result<Node> {
+        let file = match &self.config {
+            Some(path) => read_config(path)?,
+            None => NodeArgs::default(),
+        };
+        let id = self.id.or(file.id).context("--id is required")?;
+        let region = self
+            .region
+            .or(file.region)
+            .unwrap_or_else(|| "default".into());
+        let upstreams = if self.upstreams.is_empty() {
+            file.upstreams
+        } else {
+            self.upstreams
+        };
+        if upstreams.is_empty() {
+            bail!("at least one --upstream is required");
+        }
+        let weights_path = self
+            .weights
+            .or(file.weights)
+            .context("--weights is required")?;
+        let version = self
+            .version
+            .or(file.version)
+            .context("--version is required")?;
+        let token = std::env::var(TOKEN_VARIABLE)
+            .with_context(|| format!("set the transport token in {TOKEN_VARIABLE}"))?;
+        let identity = Identity {
+            role,
+            peer_id: id,
+            region,
+        };
+        let mut config = NodeConfig::new(identity, token.into_bytes());
+        config.upstreams = upstreams;
+        if let Some(streams) = self.streams.or(file.streams) {
+            config.streams = streams;
+        }
+        config.tune_interval = self
+            .tune_ms
+            .or(file.tune_ms)
+            .map(std::time::Duration::from_millis);
+        config.socket = SocketOptions {
+            congestion: self.congestion.or(file.congestion),
+        };
+        let image = std::fs::read(&weights_path)
+            .with_context(|| format!("reading {}", weights_path.display()))?;
+        let weights = Weights::new(image, version)
+            .with_context(|| format!("{} is not a checkpoint", weights_path.display()))?;
+        Ok(Node { config, weights })
+    }
+}
+
+fn read_config(path: &Path) -> Result<NodeArgs> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+#[derive(Args)]
+pub struct RelayArgs {
+    /// Address actors connect to (port 0 picks one; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+pub fn run(args: RelayArgs) -> Result<()> {
+    let Node {
+        mut config,
+        weights,
+    } = args.node.resolve(Role::Relay)?;
+    config.listen = Some(args.listen);
+    runtime()?.block_on(async {
+        let relay = spawn_relay(config, weights).await?;
+        let address = relay.local_addr().context("the relay listens")?;
+        // One line on stdout announces readiness to scripts and tests; logs go to stderr.
+        println!("listening on {address}");
+        std::io::stdout().flush()?;
+        report_activations(&relay).await
+    })
+}
+
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Prints `active VERSION HASH` on stdout at every activation, until the node stops.
+pub(crate) async fn report_activations(node: &NodeHandle) -> Result<()> {
+    let mut status = node.watch();
+    let mut shown = None;
+    loop {
+        let active = status.borrow_and_update().active;
+        if active != shown
+            && let Some(active) = active
+        {
+            println!("active {} {}", active.version, active.hash);
+            std::io::stdout().flush()?;
+            shown = Some(active);
+        }
+        if status.changed().await.is_err() {
+            bail!("the node stopped");
+        }
+    }
+}

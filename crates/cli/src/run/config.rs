@@ -1,0 +1,290 @@
+//! The run's settings: built-in defaults (the README's run), overridable by a TOML file
+//! (`aurora run --config FILE`); the effective settings are written to the run directory
+//! and every node reads them from there, so all processes agree.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use aurora_engine::{ModelConfig, RlConfig, SamplingConfig, Task, WarmupConfig};
+use serde::{Deserialize, Serialize};
+
+/// How each new version reaches the actors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// A sparse `aurora` delta per step.
+    Delta,
+    /// The whole checkpoint per step (the baseline), through the same path.
+    Full,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RegionConfig {
+    pub name: String,
+    /// Actors started in this region at the beginning of the run.
+    pub actors: usize,
+}
+
+/// A scripted fault, applied when the trainer starts step `at_step`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, tag = "action", rename_all = "kebab-case")]
+pub enum Fault {
+    /// SIGKILL of an actor (numbered from 0 in start order).
+    KillActor { at_step: u64, actor: usize },
+    /// A new actor joins a region: snapshot plus catch-up, then eligible.
+    StartActor { at_step: u64, region: String },
+    /// SIGKILL of a region's relay; its actors fall back to the hub.
+    KillRelay { at_step: u64, region: String },
+}
+
+impl Fault {
+    pub fn at_step(&self) -> u64 {
+        match self {
+            Fault::KillActor { at_step, .. }
+            | Fault::StartActor { at_step, .. }
+            | Fault::KillRelay { at_step, .. } => *at_step,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// RL steps after the warm-up.
+    pub steps: u64,
+    pub seed: u64,
+    pub sync: SyncMode,
+    pub prompts_per_step: u64,
+    /// Held-out evaluation every this many steps (and after the last).
+    pub eval_every: u64,
+    pub held_out: usize,
+    /// Parallel TCP streams per transfer session.
+    pub streams: u8,
+    pub model: ModelConfig,
+    pub task: Task,
+    /// One chunk of the supervised warm-up, repeated until the held-out accuracy
+    /// reaches `warmup_target_accuracy` or `warmup_max_steps` are done.
+    pub warmup: WarmupConfig,
+    pub warmup_target_accuracy: f64,
+    pub warmup_max_steps: u64,
+    pub rl: RlConfig,
+    pub sampling: SamplingConfig,
+    pub regions: Vec<RegionConfig>,
+    pub faults: Vec<Fault>,
+}
+
+impl Default for RunConfig {
+    /// The README's run: the engine's default model on three-digit addition, with the
+    /// engine's tuned warm-up and GRPO settings, two regions of two actors.
+    fn default() -> Self {
+        let task = Task::addition(3, 1);
+        let rl = RlConfig::default();
+        RunConfig {
+            steps: 30,
+            seed: 1,
+            sync: SyncMode::Delta,
+            prompts_per_step: 16,
+            eval_every: 5,
+            held_out: 200,
+            streams: 4,
+            model: ModelConfig::default(),
+            task,
+            warmup: WarmupConfig::default(),
+            warmup_target_accuracy: 0.15,
+            warmup_max_steps: 1000,
+            rl,
+            sampling: SamplingConfig {
+                samples_per_prompt: rl.samples_per_prompt,
+                temperature: 1.0,
+                max_new_tokens: task.max_completion_tokens(),
+            },
+            regions: vec![
+                RegionConfig {
+                    name: "us".into(),
+                    actors: 2,
+                },
+                RegionConfig {
+                    name: "eu".into(),
+                    actors: 2,
+                },
+            ],
+            faults: Vec::new(),
+        }
+    }
+}
+
+impl RunConfig {
+    pub fn load(path: &Path) -> Result<RunConfig> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let config: RunConfig =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        config
+            .validate()
+            .with_context(|| format!("checking {}", path.display()))?;
+        Ok(config)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let text = toml::to_string_pretty(self).context("serialising the run config")?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.steps > 0, "steps must be at least 1");
+        ensure!(
+            self.prompts_per_step > 0,
+            "prompts_per_step must be at least 1"
+        );
+        ensure!(self.eval_every > 0, "eval_every must be at least 1");
+        ensure!(
+            (0.0..=1.0).contains(&self.warmup_target_accuracy),
+            "warmup_target_accuracy must be within 0 to 1"
+        );
+        ensure!(
+            self.warmup.steps > 0 && self.warmup.steps <= self.warmup_max_steps.max(1),
+            "warmup.steps (one chunk) must be 1 to warmup_max_steps"
+        );
+        // Warm-up problems use ids with bit 62 set and held-out ones bit 63 (see
+        // aurora_engine::HELD_OUT_ID_BIT): RL prompt ids stay below.
+        ensure!(
+            self.steps.saturating_mul(self.prompts_per_step) < 1 << 62,
+            "steps * prompts_per_step must stay below 2^62"
+        );
+        ensure!(
+            (1..=16).contains(&self.streams),
+            "streams must be 1 to 16, not {}",
+            self.streams
+        );
+        ensure!(
+            self.sampling.samples_per_prompt == self.rl.samples_per_prompt,
+            "sampling.samples_per_prompt ({}) and rl.samples_per_prompt ({}) differ",
+            self.sampling.samples_per_prompt,
+            self.rl.samples_per_prompt
+        );
+        ensure!(!self.regions.is_empty(), "at least one region is needed");
+        for (index, region) in self.regions.iter().enumerate() {
+            ensure!(
+                !region.name.is_empty()
+                    && region
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-'),
+                "region name '{}' must be non-empty letters, digits and '-'",
+                region.name
+            );
+            if self.regions[..index].iter().any(|r| r.name == region.name) {
+                bail!("region '{}' is listed twice", region.name);
+            }
+        }
+        let actors: usize = self.regions.iter().map(|r| r.actors).sum();
+        ensure!(actors > 0, "at least one actor is needed");
+        for fault in &self.faults {
+            ensure!(
+                fault.at_step() < self.steps,
+                "fault {fault:?} is after the last step"
+            );
+            match fault {
+                Fault::KillActor { actor, .. } => ensure!(
+                    *actor < actors + self.started_before(fault.at_step()),
+                    "fault {fault:?}: no actor {actor} exists by then"
+                ),
+                Fault::StartActor { region, .. } | Fault::KillRelay { region, .. } => ensure!(
+                    self.regions.iter().any(|r| &r.name == region),
+                    "fault {fault:?}: no region '{region}'"
+                ),
+            }
+        }
+        self.model.validate()?;
+        self.task.validate()?;
+        self.rl.validate()?;
+        self.sampling.validate()?;
+        Ok(())
+    }
+
+    /// Actors started by faults before `step`.
+    fn started_before(&self, step: u64) -> usize {
+        self.faults
+            .iter()
+            .filter(|f| matches!(f, Fault::StartActor { at_step, .. } if *at_step < step))
+            .count()
+    }
+
+    /// The prompts of a step: consecutive ids, so every run draws the same problems.
+    pub fn prompts(&self, step: u64) -> Vec<u64> {
+        (step * self.prompts_per_step..(step + 1) * self.prompts_per_step).collect()
+    }
+
+    /// The sampling seed of every rollout generated on `version`: with the prompt id and
+    /// sample index it fixes each completion, whoever generates it.
+    pub fn sampling_seed(&self, version: u64) -> u64 {
+        self.seed
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_valid_and_round_trips_through_toml() {
+        let config = RunConfig::default();
+        config.validate().unwrap();
+        let text = toml::to_string_pretty(&config).unwrap();
+        assert_eq!(toml::from_str::<RunConfig>(&text).unwrap(), config);
+    }
+
+    #[test]
+    fn a_partial_file_keeps_the_defaults_and_a_fault_plan_parses() {
+        let text = r#"
+            steps = 12
+            sync = "full"
+            [[faults]]
+            action = "kill-actor"
+            at_step = 6
+            actor = 2
+            [[faults]]
+            action = "kill-relay"
+            at_step = 8
+            region = "eu"
+            [[faults]]
+            action = "start-actor"
+            at_step = 10
+            region = "us"
+        "#;
+        let config: RunConfig = toml::from_str(text).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.steps, 12);
+        assert_eq!(config.sync, SyncMode::Full);
+        assert_eq!(config.faults.len(), 3);
+        assert_eq!(
+            config.prompts_per_step,
+            RunConfig::default().prompts_per_step
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let check = |text: &str, expected: &str| {
+            let error = match toml::from_str::<RunConfig>(text) {
+                Ok(config) => format!("{:#}", config.validate().unwrap_err()),
+                Err(error) => error.to_string(),
+            };
+            assert!(error.contains(expected), "{error}");
+        };
+        check("steps = 0", "steps must be at least 1");
+        check("stepz = 3", "stepz");
+        check(
+            "[[faults]]\naction = \"kill-relay\"\nat_step = 1\nregion = \"mars\"",
+            "no region 'mars'",
+        );
+        check(
+            "[[faults]]\naction = \"kill-actor\"\nat_step = 1\nactor = 9",
+            "no actor 9",
+        );
+        check("streams = 0", "streams must be 1 to 16");
+    }
+}

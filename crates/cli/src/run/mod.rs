@@ -1,0 +1,475 @@
+//! `aurora run`: a real RL job on this machine. The trainer node (control plane,
+//! transport hub, store, GRPO trainer), one relay per region and the actors run as
+//! separate processes of this binary (`aurora run-node ...`), talking over loopback TCP
+//! exactly as they would across regions. This process starts them, applies the scripted
+//! fault plan, shows progress, and writes `metrics.jsonl` and `report.html`.
+
+mod actor;
+mod client;
+pub mod config;
+mod procs;
+pub mod report;
+mod trainer;
+mod warmup;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use aurora_control::Config;
+use aurora_proto::{Identity, Role, Weights};
+use aurora_transport::{NodeConfig, spawn_relay};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use config::{Fault, RunConfig, SyncMode};
+use procs::{Line, Node, expect_line};
+use report::StepRecord;
+
+const TOKEN_VARIABLE: &str = "AURORA_TOKEN";
+/// Longest wait for a node to start (the warm-up, on a first run, included).
+const START_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest wait for one step.
+const STEP_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Settings to override the built-in defaults (TOML; see `RunConfig`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The run directory: settings, logs, store, metrics, report. Its warm-up cache is
+    /// kept between runs; everything else is started afresh.
+    #[arg(long, default_value = "runs/default")]
+    dir: PathBuf,
+    /// Ship each version as a sparse delta or as the whole checkpoint.
+    #[arg(long, value_enum)]
+    sync: Option<SyncMode>,
+    /// RL steps (overrides the settings).
+    #[arg(long)]
+    steps: Option<u64>,
+}
+
+/// The nodes, started by `aurora run` (hidden from help).
+#[derive(Subcommand)]
+pub enum NodeCommand {
+    Trainer {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    Relay {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        region: String,
+        #[arg(long)]
+        upstream: SocketAddr,
+    },
+    Actor {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        region: String,
+        #[arg(long)]
+        control: SocketAddr,
+        /// Transport upstreams in order of preference.
+        #[arg(long, required = true)]
+        upstream: Vec<SocketAddr>,
+    },
+}
+
+/// The control plane's settings for a run of seconds-long steps on one machine: short
+/// leases and a short heartbeat timeout, so a killed actor's prompts return quickly.
+pub fn control_config() -> Config {
+    let mut config = Config::default();
+    config.lease.initial_ms = 20_000;
+    config.lease.min_ms = 3_000;
+    config.lease.max_ms = 60_000;
+    config.heartbeat_timeout_ms = 4_000;
+    config.preemption_grace_ms = 2_000;
+    config.partial_batch = None;
+    config
+}
+
+pub fn run_node(command: NodeCommand) -> Result<()> {
+    let token = std::env::var(TOKEN_VARIABLE)
+        .with_context(|| format!("set the token in {TOKEN_VARIABLE}"))?;
+    match command {
+        NodeCommand::Trainer { dir } => trainer::run(&dir, token),
+        NodeCommand::Relay {
+            dir,
+            region,
+            upstream,
+        } => relay(&dir, region, upstream, token),
+        NodeCommand::Actor {
+            dir,
+            id,
+            region,
+            control,
+            upstream,
+        } => actor::run(actor::ActorArgs {
+            run_dir: dir,
+            id,
+            region,
+            control,
+            upstreams: upstream,
+            token,
+        }),
+    }
+}
+
+fn relay(run_dir: &Path, region: String, upstream: SocketAddr, token: String) -> Result<()> {
+    let config = RunConfig::load(&run_dir.join("config.toml"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let (version, image) = actor::latest_snapshot(run_dir)?;
+        let mut node = NodeConfig::new(
+            Identity {
+                role: Role::Relay,
+                peer_id: format!("relay-{region}"),
+                region,
+            },
+            token.into_bytes(),
+        );
+        node.listen = Some("127.0.0.1:0".parse()?);
+        node.upstreams = vec![upstream];
+        node.streams = config.streams;
+        let handle = spawn_relay(node, Weights::new(image, version)?).await?;
+        let address = handle.local_addr().context("the relay has no address")?;
+        println!("transport {address}");
+        std::io::stdout().flush()?;
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}
+
+/// Every node's environment. One compute thread each: the nodes already share the
+/// machine's cores, and extra rayon workers would only spin (results do not depend on
+/// the thread count; see the engine's documentation).
+fn node_env(token: &str) -> [(&str, &str); 3] {
+    [
+        (TOKEN_VARIABLE, token),
+        ("AURORA_LOG", "info"),
+        ("RAYON_NUM_THREADS", "1"),
+    ]
+}
+
+/// The processes of a run, by role.
+struct Fleet {
+    run_dir: PathBuf,
+    token: String,
+    lines: mpsc::Sender<Line>,
+    control: SocketAddr,
+    hub_transport: SocketAddr,
+    relays: BTreeMap<String, (Node, SocketAddr)>,
+    actors: BTreeMap<u64, (Node, String)>,
+    next_actor: u64,
+}
+
+impl Fleet {
+    fn env(&self) -> [(&str, &str); 3] {
+        node_env(&self.token)
+    }
+
+    fn start_actor(&mut self, region: &str) -> Result<u64> {
+        let id = self.next_actor;
+        self.next_actor += 1;
+        let mut args = vec![
+            "run-node".to_string(),
+            "actor".into(),
+            "--dir".into(),
+            self.run_dir.display().to_string(),
+            "--id".into(),
+            id.to_string(),
+            "--region".into(),
+            region.into(),
+            "--control".into(),
+            self.control.to_string(),
+        ];
+        if let Some((_, relay)) = self.relays.get(region) {
+            args.extend(["--upstream".into(), relay.to_string()]);
+        }
+        args.extend(["--upstream".into(), self.hub_transport.to_string()]);
+        let node = Node::spawn(
+            &format!("actor-{id}"),
+            &args,
+            &self.env(),
+            &self.run_dir,
+            self.lines.clone(),
+        )?;
+        self.actors.insert(id, (node, region.to_string()));
+        Ok(id)
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let mut config = match &args.config {
+        Some(path) => RunConfig::load(path)?,
+        None => RunConfig::default(),
+    };
+    if let Some(sync) = args.sync {
+        config.sync = sync;
+    }
+    if let Some(steps) = args.steps {
+        config.steps = steps;
+    }
+    config.validate()?;
+    let run_dir = args.dir.clone();
+    prepare(&run_dir)?;
+    let run_dir = run_dir.canonicalize()?;
+    config.save(&run_dir.join("config.toml"))?;
+    let token = blake3::hash(format!("{:?}{}", Instant::now(), std::process::id()).as_bytes())
+        .to_hex()
+        .to_string();
+
+    let started = Instant::now();
+    let (sender, lines) = mpsc::channel();
+    let env = node_env(&token);
+    let trainer_args: Vec<String> = vec![
+        "run-node".into(),
+        "trainer".into(),
+        "--dir".into(),
+        run_dir.display().to_string(),
+    ];
+    let mut trainer = Node::spawn("trainer", &trainer_args, &env, &run_dir, sender.clone())?;
+    let progress = ProgressBar::new(config.steps);
+    progress.set_style(ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+    )?);
+    progress.enable_steady_tick(Duration::from_millis(200));
+    progress.set_message("warm-up");
+    let show_warmup = |line: Line| {
+        if let Some(rest) = line.text.strip_prefix("warmup ") {
+            progress.set_message(format!("warm-up {rest}"));
+        }
+    };
+    let control: SocketAddr =
+        expect_line(&lines, "trainer", "control ", START_TIMEOUT, show_warmup)?.parse()?;
+    let hub_transport: SocketAddr =
+        expect_line(&lines, "trainer", "transport ", START_TIMEOUT, |_| {})?.parse()?;
+    let ready: serde_json::Value = serde_json::from_str(&expect_line(
+        &lines,
+        "trainer",
+        "ready ",
+        START_TIMEOUT,
+        |_| {},
+    )?)?;
+    say(
+        &progress,
+        format!(
+            "model of {} parameters ({} bytes dense); base held-out accuracy {:.1}%; warm-up {:.1} s",
+            ready["parameters"],
+            ready["dense_bytes"],
+            100.0 * ready["accuracy"].as_f64().unwrap_or(0.0),
+            ready["warmup_s"].as_f64().unwrap_or(0.0)
+        ),
+    );
+
+    let mut fleet = Fleet {
+        run_dir: run_dir.clone(),
+        token: token.clone(),
+        lines: sender.clone(),
+        control,
+        hub_transport,
+        relays: BTreeMap::new(),
+        actors: BTreeMap::new(),
+        next_actor: 0,
+    };
+    for region in &config.regions {
+        let name = format!("relay-{}", region.name);
+        let relay_args: Vec<String> = vec![
+            "run-node".into(),
+            "relay".into(),
+            "--dir".into(),
+            run_dir.display().to_string(),
+            "--region".into(),
+            region.name.clone(),
+            "--upstream".into(),
+            hub_transport.to_string(),
+        ];
+        let node = Node::spawn(&name, &relay_args, &env, &run_dir, sender.clone())?;
+        let address: SocketAddr =
+            expect_line(&lines, &name, "transport ", START_TIMEOUT, |_| {})?.parse()?;
+        fleet.relays.insert(region.name.clone(), (node, address));
+    }
+    for region in &config.regions {
+        for _ in 0..region.actors {
+            fleet.start_actor(&region.name)?;
+        }
+    }
+
+    let metrics_path = run_dir.join("metrics.jsonl");
+    let mut metrics = std::fs::File::create(&metrics_path)?;
+    let mut records: Vec<StepRecord> = Vec::new();
+    let mut pending_events: Vec<String> = Vec::new();
+    loop {
+        let line = match lines.recv_timeout(STEP_TIMEOUT) {
+            Ok(line) => line,
+            Err(_) => bail!(
+                "no progress for {STEP_TIMEOUT:?}; see the logs in {}",
+                run_dir.join("logs").display()
+            ),
+        };
+        if line.text == procs::CLOSED {
+            if line.from == "trainer" {
+                let status = trainer.wait()?;
+                bail!(
+                    "the trainer exited ({status}); see {}",
+                    run_dir.join("logs/trainer.log").display()
+                );
+            }
+            tracing::info!(node = %line.from, "exited");
+            continue;
+        }
+        if line.from != "trainer" {
+            continue;
+        }
+        if let Some(step) = line.text.strip_prefix("open ") {
+            let step: u64 = step.parse()?;
+            for fault in config.faults.iter().filter(|f| f.at_step() == step) {
+                let event = apply_fault(&mut fleet, fault)?;
+                say(&progress, format!("step {step}: {event}"));
+                pending_events.push(event);
+            }
+        } else if let Some(json) = line.text.strip_prefix("step ") {
+            let mut record: StepRecord = serde_json::from_str(json)?;
+            record.events.append(&mut pending_events);
+            writeln!(metrics, "{}", serde_json::to_string(&record)?)?;
+            progress.set_position(record.step + 1);
+            say(&progress, describe(&record));
+            records.push(record);
+        } else if let Some(json) = line.text.strip_prefix("final ") {
+            let last: serde_json::Value = serde_json::from_str(json)?;
+            let behind: Vec<String> = last["actors"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| a["version"] != last["version"])
+                .map(|a| format!("actor {} on v{}", a["id"], a["version"]))
+                .collect();
+            if behind.is_empty() {
+                say(
+                    &progress,
+                    format!(
+                        "every actor runs the final version v{} (weights hash {})",
+                        last["version"], last["weights_hash"]
+                    ),
+                );
+            } else {
+                say(
+                    &progress,
+                    format!("not on the final version: {}", behind.join(", ")),
+                );
+            }
+        } else if line.text == "done" {
+            break;
+        }
+    }
+    progress.finish_and_clear();
+    drop(fleet);
+    drop(trainer);
+    drop(metrics);
+    let records = report::read_metrics(&metrics_path)?;
+    report::write_report(&run_dir.join("report.html"), "aurora run", &records)?;
+    let first = records.iter().find_map(|r| r.accuracy);
+    let last = records.iter().rev().find_map(|r| r.accuracy);
+    println!(
+        "{} steps in {:.0} s; held-out accuracy {:.1}% at the base, {} at the end; report: {}",
+        records.len(),
+        started.elapsed().as_secs_f64(),
+        100.0 * ready["accuracy"].as_f64().unwrap_or(0.0),
+        last.or(first)
+            .map_or("n/a".into(), |a| format!("{:.1}%", 100.0 * a)),
+        run_dir.join("report.html").display()
+    );
+    Ok(())
+}
+
+/// Creates the run directory, keeping only its warm-up cache from an earlier run.
+fn prepare(run_dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    for entry in std::fs::read_dir(run_dir)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.starts_with("warmup-") && name.ends_with(".state") {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        }
+        .with_context(|| format!("clearing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn apply_fault(fleet: &mut Fleet, fault: &Fault) -> Result<String> {
+    Ok(match fault {
+        Fault::KillActor { actor, .. } => {
+            let (mut node, region) = fleet
+                .actors
+                .remove(&(*actor as u64))
+                .with_context(|| format!("actor {actor} is not running"))?;
+            let pid = node.id();
+            node.kill()?;
+            format!("killed actor {actor} (region {region}, pid {pid})")
+        }
+        Fault::StartActor { region, .. } => {
+            let id = fleet.start_actor(region)?;
+            format!("started actor {id} in region {region}")
+        }
+        Fault::KillRelay { region, .. } => {
+            let (mut node, address) = fleet
+                .relays
+                .remove(region)
+                .with_context(|| format!("no relay runs in region {region}"))?;
+            node.kill()?;
+            format!("killed the relay of region {region} ({address})")
+        }
+    })
+}
+
+fn describe(record: &StepRecord) -> String {
+    let versions: Vec<String> = record
+        .actors
+        .iter()
+        .map(|a| format!("{}:v{}", a.id, a.version))
+        .collect();
+    format!(
+        "step {:>3} v{}->v{} reward {:.3}{} {:>6.0} tok/s sync {:.1} KB of {:.1} KB ({:.2}% changed) gen {:.1}s train {:.1}s extract {:.2}s transfer {:.2}s actors [{}]",
+        record.step,
+        record.version,
+        record.trained_version,
+        record.mean_reward,
+        record
+            .accuracy
+            .map_or(String::new(), |a| format!(" acc {:.1}%", 100.0 * a)),
+        record.tokens_per_s,
+        record.sync_bytes as f64 / 1e3,
+        record.dense_bytes as f64 / 1e3,
+        100.0 * record.density,
+        record.times.generation_s,
+        record.times.training_s,
+        record.times.extraction_s,
+        record.times.transfer_s,
+        versions.join(" ")
+    )
+}
+
+/// Prints a line above the progress bar, or plainly when there is no terminal (where a
+/// hidden bar would swallow `println`).
+fn say(progress: &ProgressBar, line: impl AsRef<str>) {
+    progress.suspend(|| println!("{}", line.as_ref()));
+}

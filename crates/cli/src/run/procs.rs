@@ -1,0 +1,136 @@
+//! The run's child processes: each node is the `aurora` binary itself with a role,
+//! its stderr (logs) in `logs/<name>.log`, its stdout read line by line as events.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The line a node's reader sends when the node's stdout closes: it has exited.
+pub const CLOSED: &str = "\0closed";
+
+/// A line a child printed on stdout, tagged with the child's name.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub from: String,
+    pub text: String,
+}
+
+/// A running node. Dropping it kills the process, so an aborted run leaves none behind.
+pub struct Node {
+    pub name: String,
+    child: Child,
+}
+
+impl Node {
+    /// Starts `aurora <args>` with the run's environment; every stdout line goes to
+    /// `lines`, stderr to `<run_dir>/logs/<name>.log`.
+    pub fn spawn(
+        name: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        run_dir: &Path,
+        lines: mpsc::Sender<Line>,
+    ) -> Result<Node> {
+        let exe = std::env::current_exe().context("locating the aurora binary")?;
+        let logs = run_dir.join("logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        let log_path = logs.join(format!("{name}.log"));
+        let log =
+            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+        let mut command = Command::new(exe);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log));
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting node {name}"))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let from = name.to_string();
+        std::thread::Builder::new()
+            .name(format!("{name}-stdout"))
+            .spawn(move || {
+                for text in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    let line = Line {
+                        from: from.clone(),
+                        text,
+                    };
+                    if lines.send(line).is_err() {
+                        return;
+                    }
+                }
+                let _ = lines.send(Line {
+                    from,
+                    text: CLOSED.into(),
+                });
+            })
+            .context("starting a reader thread")?;
+        Ok(Node {
+            name: name.to_string(),
+            child,
+        })
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process at once (SIGKILL: a crash, not a graceful leave).
+    pub fn kill(&mut self) -> Result<()> {
+        if self.child.try_wait()?.is_none() {
+            self.child
+                .kill()
+                .with_context(|| format!("killing {}", self.name))?;
+        }
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// Waits for the process to end.
+    pub fn wait(&mut self) -> Result<std::process::ExitStatus> {
+        Ok(self.child.wait()?)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// Waits for a line from `from` that starts with `prefix` and returns the rest, passing
+/// every other line to `other`. Fails after `timeout` or if every sender is gone.
+pub fn expect_line(
+    lines: &mpsc::Receiver<Line>,
+    from: &str,
+    prefix: &str,
+    timeout: Duration,
+    mut other: impl FnMut(Line),
+) -> Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.from == from && line.text.starts_with(prefix) => {
+                return Ok(line.text[prefix.len()..].trim().to_string());
+            }
+            Ok(line) if line.from == from && line.text == CLOSED => {
+                bail!("{from} exited before printing '{prefix}'; see logs/{from}.log")
+            }
+            Ok(line) => other(line),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("{from} did not print '{prefix}' within {timeout:?}")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("every node has exited"),
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The run's metrics (one JSON line per step in `metrics.jsonl`) and its report: an HTML
+//! page with SVG charts drawn by plotters, readable offline and diffable between runs.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Wall-clock time of one step's phases, in seconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StepTimes {
+    /// From opening the step to its last accepted rollout.
+    pub generation_s: f64,
+    /// The trainer's update on the step's rollouts and the BF16 export.
+    pub training_s: f64,
+    /// Extracting the delta (or, with `--sync full`, serialising the checkpoint).
+    pub extraction_s: f64,
+    /// From the first byte published to the last actor having staged the version.
+    pub transfer_s: f64,
+    /// The slowest actor's activation (apply and hash check) of the version.
+    pub activation_s: f64,
+}
+
+/// One actor as the hub saw it at the end of a step.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ActorRecord {
+    pub id: u64,
+    pub region: String,
+    pub version: u64,
+    pub state: String,
+    pub tokens_per_s: f64,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepRecord {
+    pub step: u64,
+    /// The version whose weights generated the step's rollouts.
+    pub version: u64,
+    /// The version the trainer produced from them.
+    pub trained_version: u64,
+    /// BLAKE3 weights hash of `trained_version` (docs/delta-format.md §2).
+    pub weights_hash: String,
+    pub mean_reward: f64,
+    /// Held-out accuracy of `trained_version`, on the steps where it is evaluated.
+    pub accuracy: Option<f64>,
+    pub tokens: u64,
+    pub tokens_per_s: f64,
+    /// Bytes sent per receiver for the new version: the delta artifact, or the dense
+    /// checkpoint with `--sync full`.
+    pub sync_bytes: u64,
+    pub dense_bytes: u64,
+    /// Share of elements that changed in the new version.
+    pub density: f64,
+    pub times: StepTimes,
+    pub actors: Vec<ActorRecord>,
+    /// What happened during the step (faults, joins, leaves).
+    pub events: Vec<String>,
+}
+
+pub fn read_metrics(path: &Path) -> Result<Vec<StepRecord>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(number, line)| {
+            serde_json::from_str(line)
+                .with_context(|| format!("{} line {}", path.display(), number + 1))
+        })
+        .collect()
+}
+
+/// Writes `report.html` for the steps of a run.
+pub fn write_report(path: &Path, title: &str, steps: &[StepRecord]) -> Result<()> {
+    let html = render(title, steps)?;
+    std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))
+}
+
+fn render(title: &str, steps: &[StepRecord]) -> Result<String> {
+    let x = |s: &StepRecord| s.step as f64;
+    let reward: Vec<(f64, f64)> = steps.iter().map(|s| (x(s), s.mean_reward)).collect();
+    let accuracy: Vec<(f64, f64)> = steps
+        .iter()
+        .filter_map(|s| s.accuracy.map(|a| (x(s), a)))
+        .collect();
+    let throughput: Vec<(f64, f64)> = steps.iter().map(|s| (x(s), s.tokens_per_s)).collect();
+    let sync_mb: Vec<(f64, f64)> = steps
+        .iter()
+        .map(|s| (x(s), s.sync_bytes as f64 / 1e6))
+        .collect();
+    let dense_mb: Vec<(f64, f64)> = steps
+        .iter()
+        .map(|s| (x(s), s.dense_bytes as f64 / 1e6))
+        .collect();
+    let phase = |f: fn(&StepTimes) -> f64| -> Vec<(f64, f64)> {
+        steps.iter().map(|s| (x(s), f(&s.times))).collect()
+    };
+
+    let mut html = String::new();
+    write!(
+        html,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>\
+         <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}\
+         table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;\
+         text-align:right}}</style></head><body><h1>{title}</h1>"
+    )?;
+    html.push_str(&summary(steps));
+    html.push_str(&chart(
+        "Reward and held-out accuracy",
+        "score",
+        &[("mean reward", &reward), ("held-out accuracy", &accuracy)],
+    )?);
+    html.push_str(&chart(
+        "Generation throughput",
+        "tokens/s",
+        &[("all actors", &throughput)],
+    )?);
+    html.push_str(&chart(
+        "Bytes per step, per receiver",
+        "MB",
+        &[("sent", &sync_mb), ("dense checkpoint", &dense_mb)],
+    )?);
+    html.push_str(&chart(
+        "Step time by phase",
+        "seconds",
+        &[
+            ("generation", &phase(|t| t.generation_s)),
+            ("training", &phase(|t| t.training_s)),
+            ("extraction", &phase(|t| t.extraction_s)),
+            ("transfer", &phase(|t| t.transfer_s)),
+            ("activation", &phase(|t| t.activation_s)),
+        ],
+    )?);
+    html.push_str(&events(steps));
+    html.push_str("</body></html>\n");
+    Ok(html)
+}
+
+fn summary(steps: &[StepRecord]) -> String {
+    let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
+        return "<p>No step completed.</p>".into();
+    };
+    let first_accuracy = steps.iter().find_map(|s| s.accuracy);
+    let last_accuracy = steps.iter().rev().find_map(|s| s.accuracy);
+    let percent = |a: Option<f64>| a.map_or("n/a".into(), |a| format!("{:.1}%", 100.0 * a));
+    let sync: u64 = steps.iter().map(|s| s.sync_bytes).sum();
+    let dense: u64 = steps.iter().map(|s| s.dense_bytes).sum();
+    format!(
+        "<table><tr><th>steps</th><td>{}</td></tr>\
+         <tr><th>mean reward, first and last step</th><td>{:.3} to {:.3}</td></tr>\
+         <tr><th>held-out accuracy, first and last evaluation</th><td>{} to {}</td></tr>\
+         <tr><th>bytes sent per receiver (all steps)</th><td>{:.2} MB of {:.2} MB dense ({:.1}x less)</td></tr>\
+         <tr><th>final weights hash</th><td>{}</td></tr></table>",
+        steps.len(),
+        first.mean_reward,
+        last.mean_reward,
+        percent(first_accuracy),
+        percent(last_accuracy),
+        sync as f64 / 1e6,
+        dense as f64 / 1e6,
+        dense as f64 / sync.max(1) as f64,
+        last.weights_hash,
+    )
+}
+
+fn events(steps: &[StepRecord]) -> String {
+    let mut rows = String::new();
+    for step in steps {
+        for event in &step.events {
+            let _ = write!(
+                rows,
+                "<tr><td>{}</td><td style=\"text-align:left\">{}</td></tr>",
+                step.step,
+                escape(event)
+            );
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!("<h2>Events</h2><table><tr><th>step</th><th>event</th></tr>{rows}</table>")
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A line chart as inline SVG.
+fn chart(title: &str, y_label: &str, series: &[(&str, &Vec<(f64, f64)>)]) -> Result<String> {
+    let points = series.iter().flat_map(|(_, s)| s.iter());
+    let (mut x_max, mut y_max) = (1.0f64, 0.0f64);
+    for &(x, y) in points {
+        x_max = x_max.max(x);
+        y_max = y_max.max(y);
+    }
+    let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 320)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_error)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+            .map_err(plot_error)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc(y_label)
+            .draw()
+            .map_err(plot_error)?;
+        for (index, (name, points)) in series.iter().enumerate() {
+            let color = Palette99::pick(index).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(plot_error)?
+                .label(*name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.8))
+            .draw()
+            .map_err(plot_error)?;
+        root.present().map_err(plot_error)?;
+    }
+    Ok(format!("<div>{svg}</div>"))
+}
+
+fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
+    anyhow::anyhow!("drawing a chart: {error:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(step: u64, reward: f64, accuracy: Option<f64>) -> StepRecord {
+        StepRecord {
+            step,
+            version: step,
+            trained_version: step + 1,
+            weights_hash: format!("{step:064x}"),
+            mean_reward: reward,
+            accuracy,
+            tokens: 1000,
+            tokens_per_s: 500.0,
+            sync_bytes: 10_000,
+            dense_bytes: 1_000_000,
+            density: 0.01,
+            times: StepTimes {
+                generation_s: 2.0,
+                training_s: 1.0,
+                extraction_s: 0.1,
+                transfer_s: 0.2,
+                activation_s: 0.05,
+            },
+            actors: vec![],
+            events: if step == 1 {
+                vec!["killed actor 2 <pid 7>".into()]
+            } else {
+                vec![]
+            },
+        }
+    }
+
+    #[test]
+    fn the_report_has_every_chart_and_the_summary() {
+        let steps = vec![
+            step(0, 0.2, Some(0.25)),
+            step(1, 0.4, None),
+            step(2, 0.6, Some(0.55)),
+        ];
+        let html = render("run", &steps).unwrap();
+        for expected in [
+            "Reward and held-out accuracy",
+            "Generation throughput",
+            "Bytes per step",
+            "Step time by phase",
+            "25.0% to 55.0%",
+            "0.200 to 0.600",
+            "100.0x less",
+            "killed actor 2 &lt;pid 7&gt;",
+        ] {
+            assert!(html.contains(expected), "missing {expected}");
+        }
+        assert_eq!(html.matches("<svg").count(), 4);
+    }
+
+    #[test]
+    fn metrics_lines_round_trip_and_a_bad_line_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let steps = vec![step(0, 0.1, None), step(1, 0.2, Some(0.3))];
+        let text: String = steps
+            .iter()
+            .map(|s| serde_json::to_string(s).unwrap() + "\n")
+            .collect();
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(read_metrics(&path).unwrap(), steps);
+        std::fs::write(&path, text + "{not json\n").unwrap();
+        let error = format!("{:#}", read_metrics(&path).unwrap_err());
+        assert!(error.contains("line 3"), "{error}");
+    }
+}

@@ -1,0 +1,148 @@
+//! `aurora hub --transport-listen`, `aurora relay` and `aurora actor` as real processes on
+//! loopback: a store's deltas reach an actor through a relay, verified and activated.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::util::{Scratch, aurora, weights_hash};
+
+const TOKEN: &str = "transport-token";
+
+/// A running `aurora` process whose stdout lines arrive on a channel; killed on drop.
+struct Process {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    name: &'static str,
+}
+
+impl Process {
+    fn start(name: &'static str, args: &[&std::ffi::OsStr]) -> Process {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aurora"))
+            .args(args)
+            .env("AURORA_TOKEN", TOKEN)
+            .env("AURORA_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Process { child, lines, name }
+    }
+
+    /// The rest of the first line starting with `prefix`, waiting at most a minute.
+    fn expect(&self, prefix: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("{}: no line starting with {prefix:?}: {e}", self.name));
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_string();
+            }
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn os(text: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(text)
+}
+
+#[test]
+fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
+    let s = Scratch::new();
+    let steps = s.synth("tiny", 3, &[]);
+    let root = s.path("store");
+    aurora(&["store", "put-snapshot"])
+        .arg(&root)
+        .arg("0")
+        .arg(&steps[0])
+        .ok();
+    for version in 1..=3u64 {
+        let delta = s.diff(
+            &steps[version as usize - 1],
+            &steps[version as usize],
+            "aurora",
+            version - 1,
+        );
+        aurora(&["store", "put-delta"]).arg(&root).arg(&delta).ok();
+    }
+    let state = s.path("hub.redb");
+    let hub = Process::start(
+        "hub",
+        &[
+            os("hub"),
+            os("--listen"),
+            os("127.0.0.1:0"),
+            os("--state"),
+            state.as_os_str(),
+            os("--transport-listen"),
+            os("127.0.0.1:0"),
+            os("--store"),
+            root.as_os_str(),
+        ],
+    );
+    let hub_address = hub.expect("transport listening on ");
+    let relay = Process::start(
+        "relay",
+        &[
+            os("relay"),
+            os("--listen"),
+            os("127.0.0.1:0"),
+            os("--id"),
+            os("relay-eu"),
+            os("--region"),
+            os("eu"),
+            os("--upstream"),
+            os(&hub_address),
+            os("--weights"),
+            steps[0].as_os_str(),
+            os("--version"),
+            os("0"),
+        ],
+    );
+    let relay_address = relay.expect("listening on ");
+    // The actor takes its settings from a file.
+    let config = s.write(
+        "actor.toml",
+        format!(
+            "id = \"a1\"\nregion = \"eu\"\nupstreams = [\"{relay_address}\", \"{hub_address}\"]\n\
+             weights = \"{}\"\nversion = 0\nstreams = 3\n",
+            steps[0].display()
+        )
+        .as_bytes(),
+    );
+    let actor = Process::start("actor", &[os("actor"), os("--config"), config.as_os_str()]);
+    let expected = weights_hash(&steps[3]).to_hex();
+    assert_eq!(actor.expect("active 3 "), expected);
+    assert_eq!(relay.expect("active 3 "), expected);
+}
+
+#[test]
+fn an_actor_without_its_settings_says_what_is_missing() {
+    let s = Scratch::new();
+    let steps = s.synth("tiny", 0, &[]);
+    let run = aurora(&["actor", "--id", "a1", "--version", "0", "--weights"])
+        .arg(&steps[0])
+        .fails();
+    crate::util::assert_error_mentions(&run, &["--upstream"]);
+    let bad = s.write("bad.toml", b"id = \"a1\"\nstreams = \"many\"\n");
+    let run = aurora(&["actor", "--config"]).arg(&bad).fails();
+    crate::util::assert_error_mentions(&run, &["parsing", "bad.toml"]);
+}

@@ -1,0 +1,167 @@
+//! `aurora wan` end to end: scenario checking anywhere, and (as root, where network
+//! namespaces work) a probe and a short benchmark on a real emulated link.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const SCENARIOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../wan/scenarios");
+
+fn aurora(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_aurora"))
+        .args(args)
+        .env("AURORA_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the aurora binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `aurora args` and returns its stdout, failing the test with both streams if it
+/// did not succeed.
+fn succeeds(args: &[&str]) -> String {
+    let output = aurora(args);
+    assert!(
+        output.status.success(),
+        "aurora {args:?} failed\nstdout:\n{}\nstderr:\n{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    text(&output.stdout)
+}
+
+fn skip_reason() -> Option<String> {
+    aurora_wan::unavailable_reason()
+}
+
+/// A lossy 10 ms RTT link between `a` and `b`, at 200 Mbps.
+fn write_small_scenario(directory: &Path) -> String {
+    let path = directory.join("small.toml");
+    std::fs::write(
+        &path,
+        r#"
+        name = "small"
+        [[regions]]
+        name = "a"
+        [[regions]]
+        name = "b"
+        [[links]]
+        between = ["a", "b"]
+        rate_mbps = 200
+        rtt_ms = 10
+        loss = 0.02
+        "#,
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn check_describes_every_shipped_scenario() {
+    let mut files: Vec<String> = std::fs::read_dir(SCENARIOS)
+        .unwrap()
+        .map(|entry| entry.unwrap().path().to_str().unwrap().to_string())
+        .collect();
+    files.sort();
+    let mut args = vec!["wan", "check"];
+    args.extend(files.iter().map(String::as_str));
+    let stdout = succeeds(&args);
+    for expected in [
+        "us-canada: ",
+        "us <-> canada: 1000 Mbps, RTT 30ms, loss 0.001",
+        "four-regions: ",
+        "hub <-> oceania: 1000 Mbps, RTT 250ms, loss 0.005 in bursts of 2",
+        "lossy-50ms: ",
+        "sweep over [250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0] Mbps",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "{expected:?} missing from\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn check_names_what_is_wrong_with_a_scenario() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "name = \"bad\"\n[[regions]]\nname = \"a\"\n[[links]]\nbetween = [\"a\", \"mars\"]\n",
+    )
+    .unwrap();
+    let output = aurora(&["wan", "check", path.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("error: ") && stderr.contains("unknown region \"mars\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn probe_reports_the_delay_and_loss_of_a_link() {
+    if let Some(reason) = skip_reason() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let directory = tempfile::tempdir().unwrap();
+    let scenario = write_small_scenario(directory.path());
+    let stdout = succeeds(&[
+        "wan",
+        "probe",
+        &scenario,
+        "--round-trips",
+        "5",
+        "--datagrams",
+        "2000",
+    ]);
+    // "a -> b: TCP round trip min 10.31 ms, ..."
+    let min_ms: f64 = stdout
+        .split("min ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms").next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum round trip in {stdout}"));
+    assert!((10.0..40.0).contains(&min_ms), "{stdout}");
+    assert!(stdout.contains("of 2000 datagrams lost"), "{stdout}");
+}
+
+#[test]
+fn bench_writes_one_row_per_transfer() {
+    if let Some(reason) = skip_reason() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let directory = tempfile::tempdir().unwrap();
+    let scenario = write_small_scenario(directory.path());
+    let json = directory.path().join("rows.json");
+    let stdout = succeeds(&[
+        "wan",
+        "bench",
+        &scenario,
+        "--streams",
+        "1,2",
+        "--cc",
+        "bbr",
+        "--seconds",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(stdout.contains("small"), "{stdout}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (row, streams) in rows.iter().zip([1, 2]) {
+        assert_eq!(row["congestion"], "bbr");
+        assert_eq!(row["streams"], streams);
+        let goodput = row["goodput_mbps"].as_f64().unwrap();
+        assert!(goodput > 0.0 && goodput <= 200.0, "{row}");
+        assert_eq!(row["report"]["streams"].as_array().unwrap().len(), streams);
+    }
+}

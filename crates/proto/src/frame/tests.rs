@@ -1,0 +1,806 @@
+// Have-sets are vectors of ranges; a set with one range is not a mistake.
+#![allow(clippy::single_range_in_vec_init)]
+
+use super::*;
+use proptest::prelude::*;
+
+fn decode(bytes: &[u8]) -> Result<(Frame, usize), FrameError> {
+    Frame::decode(&Bytes::copy_from_slice(bytes))
+}
+
+/// Encodes `frame`, compares with the annotated golden bytes, and decodes them back.
+#[track_caller]
+fn golden(frame: Frame, parts: &[&[u8]]) {
+    let expected: Vec<u8> = parts.concat();
+    let bytes = frame.to_bytes();
+    assert_eq!(
+        bytes,
+        expected,
+        "encoding of {:?} changed:\n{}",
+        frame.frame_type(),
+        hex(&bytes)
+    );
+    assert_eq!(frame.encoded_len(), bytes.len());
+    let mut split = Vec::new();
+    let payload = frame.encode_split(&mut split).cloned().unwrap_or_default();
+    split.extend_from_slice(&payload);
+    assert_eq!(split, bytes, "a split encoding writes the same bytes");
+    assert_eq!(decode(&expected).unwrap(), (frame, expected.len()));
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x} ")).collect()
+}
+
+fn hello() -> Hello {
+    Hello {
+        protocol_version: 1,
+        flags: 0,
+        role: Role::Actor,
+        peer_id: "a1".into(),
+        region: "eu".into(),
+        token: b"tk".to_vec(),
+        session: 0x0102,
+        stream: 1,
+        streams: 4,
+        epoch: 2,
+        active: VersionRef {
+            version: 3,
+            hash: Hash([0xAB; 32]),
+        },
+        staged: Some(4),
+    }
+}
+
+// Golden bytes: version 1 of the wire protocol must never change
+// (docs/wire-protocol.md §4 shows the same layouts).
+
+#[test]
+fn hello_golden_bytes() {
+    golden(
+        Frame::Hello(hello()),
+        &[
+            &[86, 0, 0, 0],               // length: type + body
+            &[0x01],                      // type Hello
+            b"AURORA\x00\x01",            // magic
+            &[1, 0],                      // protocol version 1
+            &[0, 0],                      // flags
+            &[3],                         // role actor
+            &[2, b'a', b'1'],             // peer id "a1"
+            &[2, b'e', b'u'],             // region "eu"
+            &[2, b't', b'k'],             // token
+            &[2, 1, 0, 0, 0, 0, 0, 0],    // session 0x0102
+            &[1, 4],                      // stream 1 of 4
+            &[2, 0, 0, 0],                // epoch 2: its second connection
+            &[3, 0, 0, 0, 0, 0, 0, 0],    // active version 3
+            &[0xAB; 32],                  // active weights hash
+            &[1, 4, 0, 0, 0, 0, 0, 0, 0], // staged: some(4)
+        ],
+    );
+}
+
+#[test]
+fn welcome_and_reject_golden_bytes() {
+    golden(
+        Frame::Welcome(Welcome {
+            protocol_version: 1,
+            role: Role::Hub,
+            peer_id: "h".into(),
+            region: "".into(),
+            latest: Some(9),
+            commit: None,
+        }),
+        &[
+            &[17, 0, 0, 0],
+            &[0x02],                      // type Welcome
+            &[1, 0],                      // protocol version
+            &[1],                         // role hub
+            &[1, b'h'],                   // peer id
+            &[0],                         // region ""
+            &[1, 9, 0, 0, 0, 0, 0, 0, 0], // latest: some(9)
+            &[0],                         // commit: none
+        ],
+    );
+    golden(
+        Frame::Reject {
+            code: RejectCode::Auth,
+            reason: "no".into(),
+        },
+        &[
+            &[7, 0, 0, 0],
+            &[0x03],             // type Reject
+            &[2, 0],             // code 2: auth
+            &[2, 0, b'n', b'o'], // reason
+        ],
+    );
+}
+
+#[test]
+fn want_golden_bytes() {
+    golden(
+        Frame::Want {
+            seq: 3,
+            next_version: 5,
+            live_streams: 0b1011,
+            epochs: vec![1, 2, 0, 1],
+            progress: vec![Progress {
+                version: 5,
+                has_offer: true,
+                has_seal: false,
+                have: vec![0..2, 5..6],
+            }],
+        },
+        &[
+            &[72, 0, 0, 0],
+            &[0x04],                                           // type Want
+            &[3, 0, 0, 0, 0, 0, 0, 0],                         // sequence number
+            &[5, 0, 0, 0, 0, 0, 0, 0],                         // next version
+            &[0b1011, 0, 0, 0, 0, 0, 0, 0],                    // live streams 0, 1, 3
+            &[4],                                              // four stream epochs
+            &[1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], // 1, 2, 0 (never connected), 1
+            &[1],                                              // one version
+            &[5, 0, 0, 0, 0, 0, 0, 0],                         // version 5
+            &[0b01],                                           // has offer, no seal
+            &[2, 0, 0, 0],                                     // two ranges
+            &[0, 0, 0, 0, 2, 0, 0, 0],                         // 0..2
+            &[5, 0, 0, 0, 6, 0, 0, 0],                         // 5..6
+        ],
+    );
+}
+
+#[test]
+fn transfer_frames_golden_bytes() {
+    golden(
+        Frame::Offer {
+            version: 7,
+            kind: ArtifactKind::Delta,
+            descriptor: Bytes::from_static(b"HDR"),
+        },
+        &[
+            &[17, 0, 0, 0],
+            &[0x05],                   // type Offer
+            &[7, 0, 0, 0, 0, 0, 0, 0], // version
+            &[1],                      // kind delta
+            &[3, 0, 0, 0],             // descriptor length
+            b"HDR",
+        ],
+    );
+    golden(
+        Frame::Segment {
+            version: 7,
+            index: 2,
+            hash: Hash([0x11; 32]),
+            bytes: Bytes::from_static(b"seg"),
+        },
+        &[
+            &[52, 0, 0, 0],
+            &[0x06],                   // type Segment
+            &[7, 0, 0, 0, 0, 0, 0, 0], // version
+            &[2, 0, 0, 0],             // index
+            &[0x11; 32],               // BLAKE3 of the bytes (as the sender claims)
+            &[3, 0, 0, 0],             // length
+            b"seg",
+        ],
+    );
+    golden(
+        Frame::Seal {
+            version: 7,
+            id: Hash([0x22; 32]),
+            segments: vec![SegmentEntry {
+                len: 3,
+                hash: Hash([0x11; 32]),
+            }],
+        },
+        &[
+            &[81, 0, 0, 0],
+            &[0x07],                   // type Seal
+            &[7, 0, 0, 0, 0, 0, 0, 0], // version
+            &[0x22; 32],               // artifact id
+            &[1, 0, 0, 0],             // one segment
+            &[3, 0, 0, 0],             // its length
+            &[0x11; 32],               // its hash
+        ],
+    );
+}
+
+#[test]
+fn small_frames_golden_bytes() {
+    golden(
+        Frame::Nack {
+            version: 7,
+            index: 2,
+        },
+        &[
+            &[13, 0, 0, 0],
+            &[0x08],
+            &[7, 0, 0, 0, 0, 0, 0, 0],
+            &[2, 0, 0, 0],
+        ],
+    );
+    golden(
+        Frame::Unavailable {
+            version: 1,
+            reason: "x".into(),
+        },
+        &[
+            &[12, 0, 0, 0],
+            &[0x09],
+            &[1, 0, 0, 0, 0, 0, 0, 0],
+            &[1, 0, b'x'],
+        ],
+    );
+    golden(
+        Frame::Commit(VersionRef {
+            version: 8,
+            hash: Hash([0x33; 32]),
+        }),
+        &[
+            &[41, 0, 0, 0],
+            &[0x0A],
+            &[8, 0, 0, 0, 0, 0, 0, 0],
+            &[0x33; 32],
+        ],
+    );
+    golden(
+        Frame::Status {
+            active: VersionRef {
+                version: 8,
+                hash: Hash([0x33; 32]),
+            },
+            staged: None,
+            note: "ok".into(),
+        },
+        &[
+            &[46, 0, 0, 0],
+            &[0x0B],
+            &[8, 0, 0, 0, 0, 0, 0, 0],
+            &[0x33; 32],
+            &[0], // staged: none
+            &[2, 0, b'o', b'k'],
+        ],
+    );
+    golden(Frame::Keepalive, &[&[1, 0, 0, 0], &[0x0C]]);
+    golden(
+        Frame::Goodbye { reason: "".into() },
+        &[&[3, 0, 0, 0], &[0x0D], &[0, 0]],
+    );
+}
+
+#[test]
+fn incomplete_is_told_apart_from_invalid() {
+    let bytes = Frame::Segment {
+        version: 1,
+        index: 0,
+        hash: Hash::of(b"abc"),
+        bytes: Bytes::from_static(b"abc"),
+    }
+    .to_bytes();
+    for cut in 0..bytes.len() {
+        let error = decode(&bytes[..cut]).unwrap_err();
+        assert!(error.is_incomplete(), "cut at {cut}: {error}");
+    }
+    let mut two = bytes.clone();
+    two.extend_from_slice(&Frame::Keepalive.to_bytes());
+    let (_, used) = decode(&two).unwrap();
+    assert_eq!(used, bytes.len(), "one frame at a time");
+
+    let mut unknown = bytes.clone();
+    unknown[4] = 0xEE;
+    assert_eq!(decode(&unknown).unwrap_err(), FrameError::UnknownType(0xEE));
+    let mut short_body = Frame::Keepalive.to_bytes();
+    short_body[0] = 3;
+    short_body.extend_from_slice(&[0, 0]);
+    assert!(matches!(
+        decode(&short_body).unwrap_err(),
+        FrameError::Malformed {
+            frame: "Keepalive",
+            ..
+        }
+    ));
+    let mut zero = Frame::Keepalive.to_bytes();
+    zero[0] = 0;
+    assert!(matches!(
+        decode(&zero).unwrap_err(),
+        FrameError::TooLarge { len: 0, .. }
+    ));
+}
+
+#[test]
+fn a_truncated_field_inside_a_complete_frame_is_malformed() {
+    let mut bytes = Frame::Nack {
+        version: 1,
+        index: 2,
+    }
+    .to_bytes();
+    bytes.truncate(bytes.len() - 1);
+    bytes[0] -= 1;
+    let error = decode(&bytes).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Nack frame is malformed: segment index needs 4 bytes but 3 remain"
+    );
+}
+
+fn with_len(kind: FrameType, len: usize) -> Vec<u8> {
+    let mut bytes = (len as u32).to_le_bytes().to_vec();
+    bytes.push(kind as u8);
+    bytes
+}
+
+#[test]
+fn every_frame_type_has_its_length_limit() {
+    for code in 1..=0x0D {
+        let kind = FrameType::from_code(code).unwrap();
+        let limit = kind.max_len();
+        assert_eq!(
+            peek_prefix(&with_len(kind, limit)).unwrap(),
+            (kind, 4 + limit)
+        );
+        assert_eq!(
+            peek_prefix(&with_len(kind, limit + 1)).unwrap_err(),
+            FrameError::TooLarge {
+                frame: kind.name(),
+                len: limit + 1,
+                limit
+            },
+            "{kind:?}"
+        );
+    }
+    assert_eq!(FrameType::Segment.max_len(), MAX_FRAME_BYTES);
+    assert_eq!(FrameType::Want.max_len(), MAX_WANT_FRAME_BYTES);
+    assert_eq!(FrameType::Hello.max_len(), MAX_CONTROL_FRAME_BYTES);
+}
+
+#[test]
+fn the_largest_segment_fits_its_frame_and_a_larger_one_is_refused() {
+    let at_limit = Frame::Segment {
+        version: 1,
+        index: 0,
+        hash: Hash::default(),
+        bytes: Bytes::from(vec![0u8; MAX_SEGMENT_BYTES as usize]),
+    };
+    let bytes = at_limit.to_bytes();
+    assert!(bytes.len() - 4 <= MAX_FRAME_BYTES);
+    assert_eq!(decode(&bytes).unwrap().1, bytes.len());
+
+    // A declared segment length over the limit, in a frame that is itself in bounds.
+    let mut over = Frame::Segment {
+        version: 1,
+        index: 0,
+        hash: Hash::default(),
+        bytes: Bytes::new(),
+    }
+    .to_bytes();
+    let len_at = PREFIX_BYTES + 8 + 4 + 32;
+    over[len_at..len_at + 4].copy_from_slice(&(MAX_SEGMENT_BYTES + 1).to_le_bytes());
+    assert!(matches!(
+        decode(&over).unwrap_err(),
+        FrameError::LimitExceeded {
+            field: "segment length",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn segment_index_and_table_size_limits() {
+    let mut frame = Frame::Segment {
+        version: 1,
+        index: MAX_TRANSFER_SEGMENTS - 1,
+        hash: Hash::default(),
+        bytes: Bytes::new(),
+    };
+    assert!(frame.validate().is_ok());
+    if let Frame::Segment { index, .. } = &mut frame {
+        *index = MAX_TRANSFER_SEGMENTS;
+    }
+    assert!(matches!(
+        frame.validate().unwrap_err(),
+        FrameError::LimitExceeded {
+            field: "segment index",
+            ..
+        }
+    ));
+
+    // A Seal claiming more segments than allowed is refused before allocating.
+    let mut seal = Frame::Seal {
+        version: 1,
+        id: Hash::default(),
+        segments: Vec::new(),
+    }
+    .to_bytes();
+    let count_at = PREFIX_BYTES + 8 + 32;
+    seal[count_at..count_at + 4].copy_from_slice(&(MAX_TRANSFER_SEGMENTS + 1).to_le_bytes());
+    assert!(matches!(
+        decode(&seal).unwrap_err(),
+        FrameError::LimitExceeded {
+            field: "segment count",
+            ..
+        }
+    ));
+    // A count within the limit but without the bytes behind it.
+    seal[count_at..count_at + 4].copy_from_slice(&1000u32.to_le_bytes());
+    assert!(
+        decode(&seal)
+            .unwrap_err()
+            .to_string()
+            .contains("segment table needs 36000 bytes")
+    );
+}
+
+#[test]
+fn name_token_reason_and_stream_limits() {
+    let check = |mutate: &dyn Fn(&mut Hello), field: &str| {
+        let mut h = hello();
+        mutate(&mut h);
+        let error = Frame::Hello(h).validate().unwrap_err();
+        assert!(error.to_string().contains(field), "{field}: {error}");
+    };
+    check(&|h| h.peer_id = "p".repeat(MAX_NAME_BYTES + 1), "peer id");
+    check(&|h| h.region = "r".repeat(MAX_NAME_BYTES + 1), "region");
+    check(&|h| h.token = vec![7; MAX_TOKEN_BYTES + 1], "token length");
+    check(
+        &|h| {
+            h.streams = MAX_STREAMS + 1;
+            h.stream = 0;
+        },
+        "streams",
+    );
+    check(&|h| h.stream = h.streams, "not below the stream count");
+    let mut ok = hello();
+    ok.peer_id = "p".repeat(MAX_NAME_BYTES);
+    ok.token = vec![7; MAX_TOKEN_BYTES];
+    ok.streams = MAX_STREAMS;
+    assert!(Frame::Hello(ok).validate().is_ok());
+
+    let long = Frame::Goodbye {
+        reason: "x".repeat(MAX_REASON_BYTES + 1),
+    };
+    assert!(long.validate().unwrap_err().to_string().contains("reason"));
+    let fits = Frame::Goodbye {
+        reason: "x".repeat(MAX_REASON_BYTES),
+    };
+    assert!(fits.validate().is_ok());
+}
+
+#[test]
+fn want_limits_and_range_rules() {
+    let want = |progress: Vec<Progress>| Frame::Want {
+        seq: 1,
+        next_version: 1,
+        live_streams: 1,
+        epochs: vec![1],
+        progress,
+    };
+    let version = |v: u64, have: Vec<Range<u32>>| Progress {
+        version: v,
+        has_offer: false,
+        has_seal: false,
+        have,
+    };
+    let many: Vec<Progress> = (1..=MAX_WANT_VERSIONS as u64 + 1)
+        .map(|v| version(v, vec![]))
+        .collect();
+    assert!(want(many[..MAX_WANT_VERSIONS].to_vec()).validate().is_ok());
+    assert!(matches!(
+        want(many).validate().unwrap_err(),
+        FrameError::LimitExceeded {
+            field: "version count",
+            ..
+        }
+    ));
+    let ranges: Vec<Range<u32>> = (0..MAX_HAVE_RANGES as u32 + 1)
+        .map(|i| 2 * i..2 * i + 1)
+        .collect();
+    let at_limit = want(vec![version(1, ranges[..MAX_HAVE_RANGES].to_vec())]);
+    assert!(at_limit.encoded_len() <= MAX_WANT_FRAME_BYTES);
+    assert!(at_limit.validate().is_ok());
+    assert!(matches!(
+        want(vec![version(1, ranges)]).validate().unwrap_err(),
+        FrameError::LimitExceeded {
+            field: "range count",
+            ..
+        }
+    ));
+    for bad in [
+        vec![2..2],
+        vec![3..4, 1..2],
+        vec![0..2, 2..3],
+        vec![0..MAX_TRANSFER_SEGMENTS + 1],
+    ] {
+        let error = want(vec![version(1, bad.clone())]).validate().unwrap_err();
+        assert!(error.to_string().contains("have-range"), "{bad:?}: {error}");
+    }
+    let behind = want(vec![version(0, vec![])]).validate().unwrap_err();
+    assert!(behind.to_string().contains("below the next version"));
+    let too_many = Frame::Want {
+        seq: 1,
+        next_version: 1,
+        live_streams: 1,
+        epochs: vec![1; MAX_STREAMS as usize + 1],
+        progress: vec![],
+    };
+    assert!(matches!(
+        too_many.validate().unwrap_err(),
+        FrameError::LimitExceeded {
+            field: "epoch count",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn hostile_values_are_named() {
+    let mut bad_magic = Frame::Hello(hello()).to_bytes();
+    bad_magic[6] = b'X';
+    assert!(
+        decode(&bad_magic)
+            .unwrap_err()
+            .to_string()
+            .contains("not an aurora transport")
+    );
+    let mut bad_role = Frame::Hello(hello()).to_bytes();
+    bad_role[PREFIX_BYTES + 12] = 9;
+    assert!(
+        decode(&bad_role)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown role 9")
+    );
+    let mut bad_code = Frame::Reject {
+        code: RejectCode::Busy,
+        reason: String::new(),
+    }
+    .to_bytes();
+    bad_code[PREFIX_BYTES] = 77;
+    assert!(
+        decode(&bad_code)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown reject code 77")
+    );
+    let mut bad_utf8 = Frame::Goodbye {
+        reason: "ab".into(),
+    }
+    .to_bytes();
+    bad_utf8[PREFIX_BYTES + 2] = 0xFF;
+    assert!(
+        decode(&bad_utf8)
+            .unwrap_err()
+            .to_string()
+            .contains("not UTF-8")
+    );
+    let mut bad_flag = Frame::Status {
+        active: VersionRef::default(),
+        staged: None,
+        note: String::new(),
+    }
+    .to_bytes();
+    bad_flag[PREFIX_BYTES + 40] = 2;
+    assert!(
+        decode(&bad_flag)
+            .unwrap_err()
+            .to_string()
+            .contains("flag 2")
+    );
+    let mut bad_kind = Frame::Offer {
+        version: 1,
+        kind: ArtifactKind::Delta,
+        descriptor: Bytes::new(),
+    }
+    .to_bytes();
+    bad_kind[PREFIX_BYTES + 8] = 5;
+    assert!(
+        decode(&bad_kind)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown artifact kind 5")
+    );
+}
+
+fn arb_hash() -> impl Strategy<Value = Hash> {
+    any::<[u8; 32]>().prop_map(Hash)
+}
+
+fn arb_name() -> impl Strategy<Value = String> {
+    "[a-z0-9-]{0,64}"
+}
+
+fn arb_text() -> impl Strategy<Value = String> {
+    ".{0,40}"
+}
+
+fn arb_version_ref() -> impl Strategy<Value = VersionRef> {
+    (any::<u64>(), arb_hash()).prop_map(|(version, hash)| VersionRef { version, hash })
+}
+
+fn arb_role() -> impl Strategy<Value = Role> {
+    prop_oneof![Just(Role::Hub), Just(Role::Relay), Just(Role::Actor)]
+}
+
+fn arb_ranges() -> impl Strategy<Value = Vec<Range<u32>>> {
+    prop::collection::vec((1u32..5, 1u32..5), 0..6).prop_map(|steps| {
+        let mut at = 0;
+        steps
+            .into_iter()
+            .map(|(gap, len)| {
+                let start = at + gap;
+                at = start + len;
+                start..at
+            })
+            .collect()
+    })
+}
+
+fn arb_frame() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        (
+            arb_role(),
+            arb_name(),
+            arb_name(),
+            prop::collection::vec(any::<u8>(), 0..=MAX_TOKEN_BYTES),
+            any::<u64>(),
+            (1u8..=MAX_STREAMS),
+            arb_version_ref(),
+            any::<Option<u64>>(),
+            (any::<u16>(), any::<u32>())
+        )
+            .prop_map(
+                |(
+                    role,
+                    peer_id,
+                    region,
+                    token,
+                    session,
+                    streams,
+                    active,
+                    staged,
+                    (flags, epoch),
+                )| {
+                    Frame::Hello(Hello {
+                        protocol_version: 1,
+                        flags,
+                        role,
+                        peer_id,
+                        region,
+                        token,
+                        session,
+                        stream: streams - 1,
+                        streams,
+                        epoch,
+                        active,
+                        staged,
+                    })
+                }
+            ),
+        (
+            arb_role(),
+            arb_name(),
+            arb_name(),
+            any::<Option<u64>>(),
+            prop::option::of(arb_version_ref())
+        )
+            .prop_map(|(role, peer_id, region, latest, commit)| {
+                Frame::Welcome(Welcome {
+                    protocol_version: 1,
+                    role,
+                    peer_id,
+                    region,
+                    latest,
+                    commit,
+                })
+            }),
+        (1u16..=4, arb_text()).prop_map(|(code, reason)| Frame::Reject {
+            code: RejectCode::from_code(code).unwrap(),
+            reason
+        }),
+        (
+            0u64..1000,
+            any::<u64>(),
+            prop::collection::vec(any::<u32>(), 0..=MAX_STREAMS as usize),
+            prop::collection::vec((any::<bool>(), any::<bool>(), arb_ranges()), 0..4)
+        )
+            .prop_map(
+                |(next_version, live_streams, epochs, entries)| Frame::Want {
+                    seq: next_version * 3,
+                    next_version,
+                    live_streams,
+                    epochs,
+                    progress: entries
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (has_offer, has_seal, have))| Progress {
+                            version: next_version + 2 * i as u64,
+                            has_offer,
+                            has_seal,
+                            have,
+                        })
+                        .collect(),
+                }
+            ),
+        (any::<u64>(), prop::collection::vec(any::<u8>(), 0..200)).prop_map(
+            |(version, descriptor)| Frame::Offer {
+                version,
+                kind: ArtifactKind::Delta,
+                descriptor: Bytes::from(descriptor)
+            }
+        ),
+        (
+            any::<u64>(),
+            0..MAX_TRANSFER_SEGMENTS,
+            arb_hash(),
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
+            .prop_map(|(version, index, hash, bytes)| Frame::Segment {
+                version,
+                index,
+                hash,
+                bytes: Bytes::from(bytes)
+            }),
+        (
+            any::<u64>(),
+            arb_hash(),
+            prop::collection::vec((0..=MAX_SEGMENT_BYTES, arb_hash()), 0..20)
+        )
+            .prop_map(|(version, id, entries)| Frame::Seal {
+                version,
+                id,
+                segments: entries
+                    .into_iter()
+                    .map(|(len, hash)| SegmentEntry { len, hash })
+                    .collect()
+            }),
+        (any::<u64>(), any::<u32>()).prop_map(|(version, index)| Frame::Nack { version, index }),
+        (any::<u64>(), arb_text())
+            .prop_map(|(version, reason)| Frame::Unavailable { version, reason }),
+        arb_version_ref().prop_map(Frame::Commit),
+        (arb_version_ref(), any::<Option<u64>>(), arb_text()).prop_map(|(active, staged, note)| {
+            Frame::Status {
+                active,
+                staged,
+                note,
+            }
+        }),
+        Just(Frame::Keepalive),
+        arb_text().prop_map(|reason| Frame::Goodbye { reason }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_frame_round_trips(frame in arb_frame()) {
+        let bytes = frame.to_bytes();
+        prop_assert_eq!(frame.encoded_len(), bytes.len());
+        let (decoded, used) = decode(&bytes).unwrap();
+        prop_assert_eq!(used, bytes.len());
+        prop_assert_eq!(decoded, frame);
+    }
+
+    #[test]
+    fn a_stream_of_frames_decodes_one_by_one(frames in prop::collection::vec(arb_frame(), 1..8)) {
+        let mut stream = Vec::new();
+        for frame in &frames {
+            frame.encode(&mut stream);
+        }
+        let mut buf = Bytes::from(stream);
+        for frame in &frames {
+            let (decoded, used) = Frame::decode(&buf).unwrap();
+            prop_assert_eq!(&decoded, frame);
+            buf = buf.slice(used..);
+        }
+        prop_assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode(&bytes);
+    }
+
+    #[test]
+    fn single_byte_damage_never_panics(frame in arb_frame(), at in any::<prop::sample::Index>(), value in any::<u8>()) {
+        let mut bytes = frame.to_bytes();
+        let at = at.index(bytes.len());
+        bytes[at] = value;
+        let _ = decode(&bytes);
+    }
+}

@@ -1,0 +1,50 @@
+//! The segment protocol of aurora, version 1: frames, messages and I/O-free state
+//! machines. Specified in `docs/wire-protocol.md`; section numbers in comments refer to
+//! it.
+//!
+//! Nothing here opens a socket, reads a clock or spawns a task (quinn-proto style):
+//! every state machine takes connections, frames and `now` as inputs and returns frames
+//! to write, events and its next deadline. `aurora-transport` drives them over TCP;
+//! `tests/sim.rs` drives them under virtual time with injected faults.
+//!
+//! - [`frame`]: the byte layout of every frame, with limits ([`frame::MAX_FRAME_BYTES`]
+//!   and the other `MAX_*` constants).
+//! - [`Sender`]: an upstream (hub or relay) serving artifacts to sessions of S streams,
+//!   striping segments, resuming from what a receiver reports, resending nacked ones.
+//! - [`Receiver`]: a downstream session verifying every segment, nacking bad ones and
+//!   delivering complete, verified artifacts in version order.
+//! - [`ActorCore`]: staging and activation rules; [`Weights`] does the heavy work.
+//! - [`Node`]: hub, relay or actor: the parts wired together (a relay forwards each
+//!   verified segment as it arrives).
+//! - [`StreamTuner`]: chooses how many streams a session uses from measured goodput.
+
+pub mod actor;
+pub mod frame;
+pub mod node;
+pub mod ranges;
+pub mod receiver;
+pub mod sender;
+#[cfg(test)]
+mod testutil;
+pub mod tuner;
+pub mod weights;
+
+pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
+pub use frame::{Frame, FrameError, Role, VersionRef};
+pub use node::{Node, Notice, Output};
+pub use receiver::{Receiver, ReceiverConfig, ReceiverEvent, ReceiverStats};
+pub use sender::{Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, Transmit};
+pub use tuner::StreamTuner;
+pub use weights::Weights;
+
+/// A connection, named by the driver; unique among a node's connections for its
+/// lifetime.
+pub type ConnId = u64;
+
+/// Who a peer is, as told in its handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub role: Role,
+    pub peer_id: String,
+    pub region: String,
+}

@@ -1,0 +1,391 @@
+use std::time::Duration;
+
+use super::*;
+use crate::testutil::{Pair, artifact, receiver, sender};
+
+/// A receiver with a welcomed session on one stream (conn 1).
+fn connected(streams: u8) -> Receiver {
+    let now = Instant::now();
+    let mut r = receiver(streams, 1);
+    r.start_session(now, 5);
+    for stream in 0..streams {
+        r.connected(now, 5, stream, u64::from(stream) + 1);
+        r.handle_frame(
+            now,
+            u64::from(stream) + 1,
+            Frame::Welcome(Welcome {
+                protocol_version: PROTOCOL_VERSION,
+                role: Role::Hub,
+                peer_id: "hub".into(),
+                region: "eu".into(),
+                latest: None,
+                commit: None,
+            }),
+        );
+    }
+    drain(&mut r);
+    r
+}
+
+fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
+    (
+        std::iter::from_fn(|| r.poll_event()).collect(),
+        std::iter::from_fn(|| r.poll_transmit())
+            .map(|(conn, frame, _)| (conn, frame))
+            .collect(),
+    )
+}
+
+/// The frames a sender would send for `bytes`: offer, table, segments.
+fn frames(bytes: &Bytes) -> Vec<Frame> {
+    let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
+    let version = file.header().target_version;
+    let mut out = vec![
+        Frame::Offer {
+            version,
+            kind: crate::frame::ArtifactKind::Delta,
+            descriptor: Bytes::from(file.header().encode()),
+        },
+        Frame::Seal {
+            version,
+            id: file.id,
+            segments: file.manifest.segments.clone(),
+        },
+    ];
+    for index in 0..file.segment_count() {
+        let segment = file.verify_segment(index).unwrap();
+        out.push(Frame::Segment {
+            version,
+            index: index as u32,
+            hash: Hash::of(segment),
+            bytes: Bytes::copy_from_slice(segment),
+        });
+    }
+    out
+}
+
+#[test]
+fn a_corrupted_segment_is_nacked_and_never_delivered() {
+    let mut r = connected(1);
+    let now = Instant::now();
+    let (bytes, _) = artifact(1, 3);
+    let mut all = frames(&bytes);
+    let good = all[3].clone();
+    if let Frame::Segment { bytes, .. } = &mut all[3] {
+        let mut damaged = bytes.to_vec();
+        damaged[0] ^= 1;
+        *bytes = Bytes::from(damaged);
+    }
+    for frame in all {
+        r.handle_frame(now, 1, frame);
+    }
+    let (events, out) = drain(&mut r);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::Complete { .. }))
+    );
+    assert!(out.contains(&(
+        1,
+        Frame::Nack {
+            version: 1,
+            index: 1
+        }
+    )));
+    assert_eq!(r.stats().corrupt, 1);
+    r.handle_frame(now, 1, good);
+    let (events, _) = drain(&mut r);
+    assert!(events.contains(&ReceiverEvent::Complete {
+        version: 1,
+        artifact: bytes
+    }));
+}
+
+#[test]
+fn a_segment_that_matches_its_frame_but_not_the_table_is_revoked() {
+    // A hostile or buggy upstream: frame hash consistent, table different.
+    let mut r = connected(1);
+    let now = Instant::now();
+    let (bytes, _) = artifact(1, 2);
+    let all = frames(&bytes);
+    let forged = Bytes::from_static(b"forged");
+    r.handle_frame(now, 1, all[0].clone());
+    r.handle_frame(
+        now,
+        1,
+        Frame::Segment {
+            version: 1,
+            index: 0,
+            hash: Hash::of(&forged),
+            bytes: forged,
+        },
+    );
+    r.handle_frame(now, 1, all[1].clone());
+    let (events, out) = drain(&mut r);
+    assert!(events.contains(&ReceiverEvent::Revoked {
+        version: 1,
+        index: 0
+    }));
+    assert!(out.contains(&(
+        1,
+        Frame::Nack {
+            version: 1,
+            index: 0
+        }
+    )));
+    for frame in &all[2..] {
+        r.handle_frame(now, 1, frame.clone());
+    }
+    let (events, _) = drain(&mut r);
+    assert!(events.contains(&ReceiverEvent::Complete {
+        version: 1,
+        artifact: bytes
+    }));
+}
+
+#[test]
+fn a_segment_corrupted_too_often_gives_the_upstream_up() {
+    let mut r = connected(1);
+    let now = Instant::now();
+    let bad = Frame::Segment {
+        version: 1,
+        index: 0,
+        hash: Hash::default(),
+        bytes: Bytes::from_static(b"x"),
+    };
+    for _ in 0..=r.config.max_segment_failures {
+        r.handle_frame(now, 1, bad.clone());
+    }
+    let (events, _) = drain(&mut r);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("corrupted 9 times")
+    )));
+}
+
+#[test]
+fn protocol_violations_give_the_upstream_up() {
+    let check = |frame: Frame, needle: &str| {
+        let mut r = connected(1);
+        r.handle_frame(Instant::now(), 1, frame);
+        let (events, _) = drain(&mut r);
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                ReceiverEvent::UpstreamLost { reason } if reason.contains(needle)
+            )),
+            "{needle}: {events:?}"
+        );
+    };
+    check(
+        Frame::Segment {
+            version: 99,
+            index: 0,
+            hash: Hash::default(),
+            bytes: Bytes::new(),
+        },
+        "beyond the window",
+    );
+    let (bytes, _) = artifact(1, 1);
+    let offer = frames(&bytes).remove(0);
+    let Frame::Offer { descriptor, .. } = offer else {
+        unreachable!()
+    };
+    check(
+        Frame::Offer {
+            version: 2,
+            kind: crate::frame::ArtifactKind::Delta,
+            descriptor,
+        },
+        "carries the header of version 1",
+    );
+    check(
+        Frame::Offer {
+            version: 1,
+            kind: crate::frame::ArtifactKind::Delta,
+            descriptor: Bytes::from_static(b"junk"),
+        },
+        "offer of version 1",
+    );
+    check(
+        Frame::Want {
+            seq: 1,
+            next_version: 1,
+            live_streams: 1,
+            epochs: vec![1],
+            progress: vec![],
+        },
+        "protocol violation",
+    );
+    check(
+        Frame::Unavailable {
+            version: 1,
+            reason: "pruned".into(),
+        },
+        "unavailable there: pruned",
+    );
+}
+
+#[test]
+fn a_bad_table_gives_the_upstream_up() {
+    let mut r = connected(1);
+    let (bytes, _) = artifact(1, 2);
+    let mut all = frames(&bytes);
+    if let Frame::Seal { id, .. } = &mut all[1] {
+        id.0[0] ^= 1;
+    }
+    r.handle_frame(Instant::now(), 1, all[0].clone());
+    r.handle_frame(Instant::now(), 1, all[1].clone());
+    let (events, _) = drain(&mut r);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("does not hash to its artifact id")
+    )));
+}
+
+#[test]
+fn frames_before_welcome_and_refusals_end_the_session() {
+    let now = Instant::now();
+    let mut r = receiver(1, 1);
+    r.start_session(now, 5);
+    r.connected(now, 5, 0, 1);
+    let (_, out) = drain(&mut r);
+    assert!(matches!(&out[0], (1, Frame::Hello(h)) if h.session == 5 && h.streams == 1));
+    r.handle_frame(
+        now,
+        1,
+        Frame::Reject {
+            code: crate::frame::RejectCode::Auth,
+            reason: "bad token".into(),
+        },
+    );
+    let (events, out) = drain(&mut r);
+    assert!(matches!(&out[..], [(1, Frame::Goodbye { reason })] if reason.contains("bad token")));
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("bad token")
+    )));
+}
+
+#[test]
+fn a_silent_upstream_is_lost_after_the_idle_timeout() {
+    let mut r = connected(1);
+    let deadline = r.poll_timeout().unwrap();
+    r.handle_timeout(deadline - Duration::from_millis(1));
+    assert!(drain(&mut r).0.is_empty());
+    r.handle_timeout(deadline);
+    assert!(
+        drain(&mut r)
+            .0
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::UpstreamLost { .. }))
+    );
+}
+
+#[test]
+fn a_lost_stream_is_redialled_and_reported_in_the_next_want() {
+    let mut r = connected(3);
+    r.closed(2);
+    let (events, out) = drain(&mut r);
+    assert!(events.contains(&ReceiverEvent::Dial {
+        session: 5,
+        stream: 1
+    }));
+    assert!(out.iter().any(|(_, f)| matches!(
+        f,
+        Frame::Want {
+            live_streams: 0b101,
+            ..
+        }
+    )));
+    r.closed(1);
+    r.closed(3);
+    let (events, _) = drain(&mut r);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::UpstreamLost { .. }))
+    );
+}
+
+#[test]
+fn a_held_bytes_limit_bounds_memory() {
+    let mut r = connected(1);
+    r.config.max_held_bytes = 10;
+    let big = Bytes::from(vec![1u8; 11]);
+    r.handle_frame(
+        Instant::now(),
+        1,
+        Frame::Segment {
+            version: 1,
+            index: 0,
+            hash: Hash::of(&big),
+            bytes: big,
+        },
+    );
+    assert!(drain(&mut r).0.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("more than 10 bytes")
+    )));
+}
+
+#[test]
+fn a_new_session_after_a_lost_upstream_resumes_without_duplicates() {
+    let mut s = sender();
+    s.insert_artifact(artifact(1, 12).0).unwrap();
+    let mut pair = Pair::new(s, receiver(2, 1));
+    assert_eq!(pair.complete().len(), 1);
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+
+    // Version 2 arrives halfway, then the upstream goes away.
+    let (bytes, manifest) = artifact(2, 12);
+    let file = aurora_delta::DeltaFile::parse(&bytes).unwrap();
+    pair.sender
+        .begin_artifact(Bytes::from(file.header().encode()))
+        .unwrap();
+    for index in 0..6 {
+        let segment = Bytes::copy_from_slice(file.verify_segment(index).unwrap());
+        pair.sender
+            .add_segment(2, index as u32, manifest.segments[index].hash, segment)
+            .unwrap();
+    }
+    pair.pump();
+    let before = pair.receiver.stats().segments;
+    pair.receiver.abandon("test");
+    pair.pump();
+    // Another upstream with the whole of version 2.
+    let mut other = sender();
+    other.insert_artifact(bytes.clone()).unwrap();
+    pair.sender = other;
+    pair.receiver.start_session(pair.now, 78);
+    pair.pump();
+    assert_eq!(pair.complete().last(), Some(&(2, bytes)));
+    assert_eq!(
+        pair.receiver.stats().segments - before,
+        6,
+        "only the missing half"
+    );
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+    assert_eq!(pair.sender.stats().segments_sent, 6);
+}
+
+#[test]
+fn the_stream_count_follows_the_tuner() {
+    let mut r = connected(4);
+    r.config.tune_interval = Some(Duration::from_secs(1));
+    let now = Instant::now();
+    r.tune_at = Some(now);
+    // Goodput flat whatever the count: the tuner sheds streams one at a time.
+    for step in 0..3u32 {
+        r.stats.segment_bytes += 1000;
+        r.handle_timeout(now + Duration::from_secs(step.into()));
+    }
+    assert!(r.stream_count() < 4);
+    let (events, out) = drain(&mut r);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::Close { .. }))
+    );
+    assert!(out.iter().any(|(_, f)| matches!(f, Frame::Want { .. })));
+}

@@ -1,0 +1,496 @@
+// Have-sets are vectors of ranges; a set with one range is not a mistake.
+#![allow(clippy::single_range_in_vec_init)]
+
+use std::time::Duration;
+
+use super::*;
+use crate::frame::Hello;
+use crate::receiver::ReceiverEvent;
+use crate::testutil::{Pair, TOKEN, artifact, identity, receiver, sender, weights};
+
+fn hello(session: u64, stream: u8, streams: u8) -> Hello {
+    Hello {
+        protocol_version: PROTOCOL_VERSION,
+        flags: 0,
+        role: Role::Actor,
+        peer_id: "a1".into(),
+        region: "eu".into(),
+        token: TOKEN.to_vec(),
+        session,
+        stream,
+        streams,
+        epoch: 1,
+        active: VersionRef::default(),
+        staged: None,
+    }
+}
+
+/// Sends a Hello on a fresh connection and returns the answer.
+fn handshake(sender: &mut Sender, conn: ConnId, hello: Hello) -> Transmit {
+    let now = Instant::now();
+    sender.accepted(now, conn);
+    sender.handle_frame(now, conn, Frame::Hello(hello));
+    sender.poll_transmit(now).expect("an answer")
+}
+
+#[track_caller]
+fn refused(transmit: Transmit, code: RejectCode, needle: &str) {
+    match transmit.frame {
+        Frame::Reject { code: c, reason } => {
+            assert_eq!(c, code);
+            assert!(reason.contains(needle), "{reason}");
+            assert!(transmit.close_after);
+        }
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+}
+
+#[test]
+fn handshakes_are_checked() {
+    let mut s = sender();
+    let mut old = hello(1, 0, 1);
+    old.protocol_version = 9;
+    refused(handshake(&mut s, 1, old), RejectCode::Version, "version 9");
+    let mut flagged = hello(1, 0, 1);
+    flagged.flags = 4;
+    refused(handshake(&mut s, 2, flagged), RejectCode::Refused, "flags");
+    let mut wrong = hello(1, 0, 1);
+    wrong.token = b"guess".to_vec();
+    refused(
+        handshake(&mut s, 3, wrong),
+        RejectCode::Auth,
+        "token is wrong",
+    );
+    let mut hub = hello(1, 0, 1);
+    hub.role = Role::Hub;
+    refused(handshake(&mut s, 4, hub), RejectCode::Refused, "hub");
+
+    let welcome = handshake(&mut s, 5, hello(1, 0, 2));
+    assert!(matches!(welcome.frame, Frame::Welcome(_)));
+    refused(
+        handshake(&mut s, 6, hello(1, 0, 3)),
+        RejectCode::Refused,
+        "2 streams",
+    );
+    let mut thief = hello(1, 1, 2);
+    thief.peer_id = "a2".into();
+    refused(
+        handshake(&mut s, 7, thief),
+        RejectCode::Refused,
+        "another peer",
+    );
+
+    let now = Instant::now();
+    s.accepted(now, 8);
+    s.handle_frame(now, 8, Frame::Keepalive);
+    refused(
+        s.poll_transmit(now).unwrap(),
+        RejectCode::Refused,
+        "must be Hello",
+    );
+}
+
+#[test]
+fn per_peer_tokens_and_the_session_limit() {
+    let mut config = SenderConfig::new(
+        identity(Role::Hub, "hub"),
+        Auth::PerPeer(BTreeMap::from([("a1".to_string(), b"one".to_vec())])),
+    );
+    config.max_sessions = 1;
+    let mut s = Sender::new(config);
+    let mut known = hello(1, 0, 1);
+    known.token = b"one".to_vec();
+    assert!(matches!(
+        handshake(&mut s, 1, known).frame,
+        Frame::Welcome(_)
+    ));
+    let mut stranger = hello(2, 0, 1);
+    stranger.peer_id = "zz".into();
+    stranger.token = b"one".to_vec();
+    refused(handshake(&mut s, 2, stranger), RejectCode::Auth, "unknown");
+    let mut second = hello(3, 0, 1);
+    second.token = b"one".to_vec();
+    refused(
+        handshake(&mut s, 3, second),
+        RejectCode::Busy,
+        "limit of 1 sessions",
+    );
+}
+
+#[test]
+fn a_handshake_that_never_comes_is_closed() {
+    let mut s = sender();
+    let start = Instant::now();
+    s.accepted(start, 1);
+    let deadline = s.poll_timeout().unwrap();
+    assert_eq!(deadline, start + s.config.handshake_timeout);
+    s.handle_timeout(deadline);
+    assert!(matches!(
+        s.poll_event(),
+        Some(SenderEvent::Close { conn: 1, .. })
+    ));
+}
+
+#[test]
+fn segments_are_striped_over_the_streams_and_complete_in_order() {
+    let mut s = sender();
+    for version in 1..=3 {
+        s.insert_artifact(artifact(version, 10).0).unwrap();
+    }
+    let pair = Pair::new(s, receiver(4, 1));
+    let complete = pair.complete();
+    assert_eq!(complete.len(), 3);
+    for (version, bytes) in complete {
+        assert_eq!(bytes, artifact(version, 10).0);
+    }
+    let per_conn = |conn| {
+        pair.written
+            .iter()
+            .filter(|(c, f)| *c == conn && matches!(f, Frame::Segment { .. }))
+            .count()
+    };
+    let counts: Vec<usize> = (1..=4).map(per_conn).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 30);
+    assert!(
+        counts.iter().all(|&n| n >= 5),
+        "every stream carries segments: {counts:?}"
+    );
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+    assert_eq!(pair.sender.stats().segments_resent, 0);
+}
+
+#[test]
+fn a_window_bounds_what_the_driver_holds_and_a_stalled_session_is_dropped() {
+    let mut s = sender();
+    s.insert_artifact(artifact(1, 20).0).unwrap();
+    let now = Instant::now();
+    s.accepted(now, 1);
+    s.handle_frame(now, 1, Frame::Hello(hello(5, 0, 1)));
+    s.handle_frame(
+        now,
+        1,
+        Frame::Want {
+            seq: 1,
+            next_version: 1,
+            live_streams: 1,
+            epochs: vec![1],
+            progress: vec![],
+        },
+    );
+    let mut handed = 0;
+    while s.poll_transmit(now).is_some() {
+        handed += 1;
+    }
+    assert_eq!(handed, s.config.window_frames, "never more than the window");
+    s.on_sent(now, 1);
+    assert!(s.poll_transmit(now).is_some(), "room again after a write");
+    assert!(s.poll_transmit(now).is_none());
+    let stall = now + s.config.stall_timeout;
+    assert_eq!(s.poll_timeout(), Some(stall));
+    s.handle_timeout(stall);
+    let events: Vec<SenderEvent> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(events.contains(&SenderEvent::Close {
+        conn: 1,
+        reason: format!(
+            "no write completed for {:?}: too slow",
+            s.config.stall_timeout
+        )
+    }));
+    assert_eq!(s.stats().sessions_dropped, 1);
+}
+
+#[test]
+fn idle_connections_get_keepalives() {
+    let mut s = sender();
+    let now = Instant::now();
+    s.accepted(now, 1);
+    s.handle_frame(now, 1, Frame::Hello(hello(5, 0, 1)));
+    s.poll_transmit(now).unwrap();
+    s.on_sent(now, 1);
+    let later = now + s.config.keepalive_interval;
+    s.handle_timeout(later);
+    assert_eq!(s.poll_transmit(later).unwrap().frame, Frame::Keepalive);
+}
+
+#[test]
+fn a_want_resumes_with_only_the_missing_segments() {
+    let mut s = sender();
+    s.insert_artifact(artifact(1, 8).0).unwrap();
+    let now = Instant::now();
+    s.accepted(now, 1);
+    s.handle_frame(now, 1, Frame::Hello(hello(5, 0, 1)));
+    s.poll_transmit(now).unwrap();
+    s.on_sent(now, 1);
+    s.handle_frame(
+        now,
+        1,
+        Frame::Want {
+            seq: 1,
+            next_version: 1,
+            live_streams: 1,
+            epochs: vec![1],
+            progress: vec![Progress {
+                version: 1,
+                has_offer: true,
+                has_seal: true,
+                have: vec![0..3, 5..7],
+            }],
+        },
+    );
+    let mut sent = Vec::new();
+    while let Some(t) = s.poll_transmit(now) {
+        s.on_sent(now, 1);
+        sent.push(t.frame);
+    }
+    let indices: Vec<u32> = sent
+        .iter()
+        .map(|f| match f {
+            Frame::Segment { index, .. } => *index,
+            other => panic!("only missing segments, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(indices, [3, 4, 7]);
+}
+
+#[test]
+fn a_want_overtaken_by_a_later_one_is_ignored() {
+    let mut s = sender();
+    s.insert_artifact(artifact(1, 4).0).unwrap();
+    let now = Instant::now();
+    handshake(&mut s, 1, hello(5, 0, 1));
+    s.on_sent(now, 1);
+    let want = |seq, have| Frame::Want {
+        seq,
+        next_version: 1,
+        live_streams: 1,
+        epochs: vec![1],
+        progress: vec![Progress {
+            version: 1,
+            has_offer: true,
+            has_seal: true,
+            have,
+        }],
+    };
+    s.handle_frame(now, 1, want(2, vec![0..3]));
+    s.handle_frame(now, 1, want(1, vec![]));
+    let mut sent = Vec::new();
+    while let Some(t) = s.poll_transmit(now) {
+        s.on_sent(now, 1);
+        sent.push(t.frame);
+    }
+    assert!(
+        matches!(&sent[..], [Frame::Segment { index: 3, .. }]),
+        "the stale Want must not undo the later one: {sent:?}"
+    );
+}
+
+#[test]
+fn a_nack_resends_that_segment() {
+    let mut s = sender();
+    s.insert_artifact(artifact(1, 3).0).unwrap();
+    let now = Instant::now();
+    handshake(&mut s, 1, hello(5, 0, 1));
+    s.on_sent(now, 1);
+    let want = Frame::Want {
+        seq: 1,
+        next_version: 1,
+        live_streams: 1,
+        epochs: vec![1],
+        progress: vec![],
+    };
+    s.handle_frame(now, 1, want);
+    let mut segments = Vec::new();
+    while let Some(t) = s.poll_transmit(now) {
+        s.on_sent(now, 1);
+        if let Frame::Segment { index, .. } = t.frame {
+            segments.push(index);
+        }
+    }
+    assert_eq!(segments, [0, 1, 2]);
+    s.handle_frame(
+        now,
+        1,
+        Frame::Nack {
+            version: 1,
+            index: 1,
+        },
+    );
+    let again = s.poll_transmit(now).unwrap().frame;
+    assert!(
+        matches!(again, Frame::Segment { index: 1, .. }),
+        "{again:?}"
+    );
+    assert_eq!(s.stats().nacks, 1);
+    assert_eq!(s.stats().segments_resent, 1);
+    assert!(s.poll_transmit(now).is_none());
+}
+
+#[test]
+fn a_nack_for_a_segment_never_held_is_ignored_whatever_its_index() {
+    // Found by fuzzing: a hostile index used to size a per-segment table.
+    let mut s = sender();
+    s.insert_artifact(artifact(1, 2).0).unwrap();
+    let now = Instant::now();
+    handshake(&mut s, 1, hello(5, 0, 1));
+    s.on_sent(now, 1);
+    s.handle_frame(
+        now,
+        1,
+        Frame::Want {
+            seq: 1,
+            next_version: 1,
+            live_streams: 1,
+            epochs: vec![1],
+            progress: vec![Progress {
+                version: 1,
+                has_offer: true,
+                has_seal: true,
+                have: vec![0..2, MAX_TRANSFER_SEGMENTS - 1..MAX_TRANSFER_SEGMENTS],
+            }],
+        },
+    );
+    for index in [2, MAX_TRANSFER_SEGMENTS - 1, u32::MAX] {
+        s.handle_frame(now, 1, Frame::Nack { version: 1, index });
+    }
+    assert_eq!(s.poll_transmit(now), None, "nothing to resend");
+    assert_eq!(s.stats().nacks, 3);
+}
+
+#[test]
+fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
+    let mut relay = sender();
+    relay.config.retain_versions = 2;
+    for version in 1..=4 {
+        relay.insert_artifact(artifact(version, 2).0).unwrap();
+    }
+    let pair = Pair::new(relay, receiver(1, 1));
+    assert!(pair.events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("version 1 is unavailable there: version 1 is not held here (versions from 3 are)")
+    )));
+
+    let mut hub = sender();
+    hub.config.store_backed = true;
+    hub.config.retain_versions = 2;
+    for version in 1..=4 {
+        hub.insert_artifact(artifact(version, 2).0).unwrap();
+    }
+    hub.set_loadable(Some(4));
+    let mut pair = Pair::new(hub, receiver(1, 1));
+    assert!(
+        pair.sender_events
+            .contains(&SenderEvent::Load { version: 1 })
+    );
+    assert!(pair.complete().is_empty(), "waits for the load");
+    pair.sender.insert_artifact(artifact(1, 2).0).unwrap();
+    pair.pump();
+    pair.sender.insert_artifact(artifact(2, 2).0).unwrap();
+    pair.pump();
+    assert_eq!(
+        pair.complete().iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+}
+
+#[test]
+fn a_failed_load_is_reported_unavailable() {
+    let mut hub = sender();
+    hub.config.store_backed = true;
+    hub.set_loadable(Some(3));
+    let mut pair = Pair::new(hub, receiver(1, 1));
+    pair.sender.load_failed(1, "pruned".into());
+    pair.pump();
+    assert!(pair.events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("pruned")
+    )));
+}
+
+#[test]
+fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
+    let (bytes, manifest) = artifact(1, 4);
+    let file = DeltaFile::parse(&bytes).unwrap();
+    let head = file.header().encode();
+    let mut pair = Pair::new(sender(), receiver(2, 1));
+    pair.sender
+        .begin_artifact(Bytes::from(head.clone()))
+        .unwrap();
+    let mut offset = head.len();
+    for (index, entry) in manifest.segments.iter().enumerate() {
+        let segment = bytes.slice(offset..offset + entry.len as usize);
+        offset += entry.len as usize;
+        pair.sender
+            .add_segment(1, index as u32, entry.hash, segment)
+            .unwrap();
+        pair.pump();
+        let delivered = pair
+            .events
+            .iter()
+            .filter(|e| matches!(e, ReceiverEvent::Segment { .. }))
+            .count();
+        assert_eq!(delivered, index + 1, "cut-through: each segment at once");
+    }
+    assert!(pair.complete().is_empty());
+    pair.sender
+        .seal_artifact(1, manifest.id(), manifest.segments.clone())
+        .unwrap();
+    pair.pump();
+    assert_eq!(pair.complete(), [(1, bytes)]);
+}
+
+#[test]
+fn a_table_that_does_not_match_is_refused() {
+    let (bytes, manifest) = artifact(1, 2);
+    let head = DeltaFile::parse(&bytes).unwrap().header().encode();
+    let mut s = sender();
+    s.begin_artifact(Bytes::from(head)).unwrap();
+    let error = s
+        .seal_artifact(1, Hash::default(), manifest.segments.clone())
+        .unwrap_err();
+    assert!(error.to_string().contains("hashes to id"));
+    s.add_segment(1, 0, weights(9), Bytes::from_static(b"x"))
+        .unwrap();
+    let error = s
+        .seal_artifact(1, manifest.id(), manifest.segments.clone())
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("segment 0 of version 1 does not match")
+    );
+    assert!(matches!(
+        s.add_segment(2, 0, weights(9), Bytes::new()),
+        Err(SenderError::UnknownVersion { version: 2 })
+    ));
+    assert!(
+        s.begin_artifact(Bytes::from_static(b"garbage"))
+            .unwrap_err()
+            .to_string()
+            .contains("artifact refused")
+    );
+}
+
+#[test]
+fn commits_reach_every_session_and_later_handshakes() {
+    let mut pair = Pair::new(sender(), receiver(2, 1));
+    let commit = VersionRef {
+        version: 3,
+        hash: weights(3),
+    };
+    pair.sender.commit(commit);
+    pair.pump();
+    assert_eq!(
+        pair.events
+            .iter()
+            .filter(|e| **e == ReceiverEvent::Commit(commit))
+            .count(),
+        1
+    );
+    let mut late = hello(9, 0, 1);
+    late.peer_id = "a2".into();
+    match handshake(&mut pair.sender, 99, late).frame {
+        Frame::Welcome(w) => assert_eq!(w.commit, Some(commit)),
+        other => panic!("{other:?}"),
+    }
+    let _ = Duration::ZERO;
+}

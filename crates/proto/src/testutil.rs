@@ -1,0 +1,162 @@
+//! Shared helpers of the unit tests: small artifacts and a sender wired to a receiver
+//! in memory.
+
+use std::time::Instant;
+
+use aurora_delta::{DeltaHeader, Encoding, Hash, Manifest, assemble};
+use bytes::Bytes;
+
+use crate::frame::{Frame, Role, VersionRef};
+use crate::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
+use crate::sender::{Auth, Sender, SenderConfig};
+use crate::{ConnId, Identity};
+
+pub const TOKEN: &[u8] = b"secret";
+
+pub fn identity(role: Role, peer_id: &str) -> Identity {
+    Identity {
+        role,
+        peer_id: peer_id.into(),
+        region: "eu".into(),
+    }
+}
+
+pub fn weights(version: u64) -> Hash {
+    Hash::of(&version.to_le_bytes())
+}
+
+/// A delta artifact D(version) with `segments` segments of arbitrary bytes (the
+/// protocol never decodes them).
+pub fn artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
+    let header = DeltaHeader {
+        base_version: version - 1,
+        target_version: version,
+        base_hash: weights(version - 1),
+        target_hash: weights(version),
+        encoding: Encoding::Aurora,
+        tensors: Vec::new(),
+    };
+    let bodies: Vec<Vec<u8>> = (0..segments)
+        .map(|i| format!("segment {i} of version {version}").into_bytes())
+        .collect();
+    let (manifest, bytes) = assemble(&header, &bodies);
+    (Bytes::from(bytes), manifest)
+}
+
+pub fn sender() -> Sender {
+    Sender::new(SenderConfig::new(
+        identity(Role::Hub, "hub"),
+        Auth::Shared(TOKEN.to_vec()),
+    ))
+}
+
+pub fn receiver(streams: u8, next_version: u64) -> Receiver {
+    let mut config = ReceiverConfig::new(identity(Role::Actor, "a1"), TOKEN.to_vec());
+    config.streams = streams;
+    Receiver::new(
+        config,
+        next_version,
+        VersionRef {
+            version: next_version - 1,
+            hash: weights(next_version - 1),
+        },
+    )
+}
+
+/// A sender and a receiver joined by perfect in-memory streams.
+pub struct Pair {
+    pub now: Instant,
+    pub sender: Sender,
+    pub receiver: Receiver,
+    pub session: u64,
+    /// Connection ids by stream; `None` while a stream is down.
+    pub conns: Vec<Option<ConnId>>,
+    next_conn: ConnId,
+    pub events: Vec<ReceiverEvent>,
+    pub sender_events: Vec<crate::SenderEvent>,
+    /// Frames the sender wrote, by connection, in order.
+    pub written: Vec<(ConnId, Frame)>,
+}
+
+impl Pair {
+    pub fn new(sender: Sender, receiver: Receiver) -> Pair {
+        let streams = receiver.stream_count() as usize;
+        let mut pair = Pair {
+            now: Instant::now(),
+            sender,
+            receiver,
+            session: 77,
+            conns: vec![None; streams],
+            next_conn: 1,
+            events: Vec::new(),
+            sender_events: Vec::new(),
+            written: Vec::new(),
+        };
+        pair.receiver.start_session(pair.now, pair.session);
+        pair.pump();
+        pair
+    }
+
+    /// Moves frames and events until nothing moves. Each written frame is delivered at
+    /// once and its window credit returned.
+    pub fn pump(&mut self) {
+        loop {
+            let mut moved = false;
+            while let Some(event) = self.receiver.poll_event() {
+                moved = true;
+                match event {
+                    ReceiverEvent::Dial { session, stream } => {
+                        let conn = self.next_conn;
+                        self.next_conn += 1;
+                        self.conns[stream as usize] = Some(conn);
+                        self.sender.accepted(self.now, conn);
+                        self.receiver.connected(self.now, session, stream, conn);
+                    }
+                    ReceiverEvent::Close { conn } => {
+                        self.sender.closed(conn);
+                        for slot in &mut self.conns {
+                            if *slot == Some(conn) {
+                                *slot = None;
+                            }
+                        }
+                    }
+                    other => self.events.push(other),
+                }
+            }
+            while let Some((conn, frame, close_after)) = self.receiver.poll_transmit() {
+                moved = true;
+                self.sender.handle_frame(self.now, conn, frame);
+                if close_after {
+                    self.sender.closed(conn);
+                }
+            }
+            while let Some(event) = self.sender.poll_event() {
+                moved = true;
+                if let crate::SenderEvent::Close { conn, .. } = &event {
+                    self.receiver.closed(*conn);
+                }
+                self.sender_events.push(event);
+            }
+            if let Some(transmit) = self.sender.poll_transmit(self.now) {
+                moved = true;
+                self.sender.on_sent(self.now, transmit.conn);
+                self.written.push((transmit.conn, transmit.frame.clone()));
+                self.receiver
+                    .handle_frame(self.now, transmit.conn, transmit.frame);
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    pub fn complete(&self) -> Vec<(u64, Bytes)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                ReceiverEvent::Complete { version, artifact } => Some((*version, artifact.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}

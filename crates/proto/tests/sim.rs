@@ -1,0 +1,881 @@
+//! Deterministic simulation of the pure state machines (docs/wire-protocol.md §9).
+//!
+//! One hub, two relays and six actors exchange frames over simulated connections under
+//! virtual time, jumping from one event to the next. A seed picks the faults: latency
+//! per frame (so frames of different streams overtake each other), connections cut
+//! with frames in flight, segment bytes flipped in transit, a relay that crashes for
+//! good, actors that crash and restart from the weights they had. The hub publishes
+//! ten versions of a small synthetic model as live extractions (segments one by one,
+//! the table last) and commits each.
+//!
+//! Checkers: no activation ever produces weights other than the published ones; in the
+//! end every live relay and actor is at the last version with byte-identical weights.
+//! A failure prints its seed; `AURORA_SIM_SEED=n` replays one.
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use aurora_delta::{
+    DeltaFile, Encoding, ExtractOptions, Extraction, Hash, Patch, owned_checkpoint,
+};
+use aurora_proto::{
+    Auth, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig, Role, Sender,
+    SenderConfig, VersionRef, Weights,
+};
+use bytes::Bytes;
+
+const VERSIONS: u64 = 10;
+const SEEDS: u64 = 40;
+const TOKEN: &[u8] = b"sim-secret";
+
+/// The published chain: weights images of every version and the deltas between them.
+struct Chain {
+    images: Vec<Vec<u8>>,
+    hashes: Vec<Hash>,
+    deltas: Vec<Bytes>,
+}
+
+fn chain() -> &'static Chain {
+    static CHAIN: OnceLock<Chain> = OnceLock::new();
+    CHAIN.get_or_init(|| {
+        let shape = aurora_synth::preset("tiny").unwrap();
+        let mut config = aurora_synth::SynthConfig::new(shape, 11);
+        // A larger step than real training, so each delta spans several segments.
+        config.learning_rate = 2e-5;
+        let mut synth = aurora_synth::Synth::new(config);
+        let mut exports = vec![synth.export()];
+        for _ in 0..VERSIONS {
+            synth.step();
+            exports.push(synth.export());
+        }
+        let images: Vec<Vec<u8>> = exports
+            .iter()
+            .map(|t| aurora_checkpoint::safetensors_bytes(t).unwrap())
+            .collect();
+        let hashes = exports
+            .iter()
+            .map(|t| owned_checkpoint(t).unwrap().weights_hash())
+            .collect();
+        let deltas = (1..=VERSIONS as usize)
+            .map(|v| {
+                let base = owned_checkpoint(&exports[v - 1]).unwrap();
+                let target = owned_checkpoint(&exports[v]).unwrap();
+                let options = ExtractOptions {
+                    encoding: Encoding::Aurora,
+                    base_version: v as u64 - 1,
+                    target_version: v as u64,
+                    segment_target_bytes: 2048,
+                    ..ExtractOptions::default()
+                };
+                let (_, bytes) = Extraction::new(&base, &target, options)
+                    .unwrap()
+                    .to_bytes()
+                    .unwrap();
+                Bytes::from(bytes)
+            })
+            .collect();
+        Chain {
+            images,
+            hashes,
+            deltas,
+        }
+    })
+}
+
+/// splitmix64: a seeded, dependency-free generator, stable forever.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(low + self.below(high - low + 1))
+    }
+}
+
+#[derive(Debug)]
+enum Event {
+    /// A frame arrives at the far end of `conn`, written by `from`.
+    Deliver {
+        conn: ConnId,
+        from: usize,
+        frame: Frame,
+        close_after: bool,
+    },
+    /// `node` learns that `conn` is gone.
+    Closed {
+        node: usize,
+        conn: ConnId,
+    },
+    /// The server accepts `conn`, then the client learns it is connected.
+    Accept {
+        conn: ConnId,
+    },
+    Connected {
+        conn: ConnId,
+    },
+    DialFailed {
+        node: usize,
+        session: u64,
+        stream: u8,
+    },
+    Timer {
+        node: usize,
+    },
+    NewSession {
+        node: usize,
+    },
+    Staged {
+        node: usize,
+        version: u64,
+    },
+    SafePoint {
+        node: usize,
+    },
+    Loaded {
+        version: u64,
+    },
+    Publish {
+        version: u64,
+        step: usize,
+    },
+    CutConnection,
+    CrashRelay {
+        node: usize,
+    },
+    CrashActor {
+        node: usize,
+    },
+    RestartActor {
+        node: usize,
+    },
+}
+
+struct Scheduled {
+    at: Instant,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+struct Conn {
+    client: usize,
+    server: usize,
+    session: u64,
+    stream: u8,
+    open: bool,
+    /// Delivery time of the last frame each way, so each direction stays FIFO.
+    last_to_server: Instant,
+    last_to_client: Instant,
+}
+
+struct Peer {
+    node: Option<Node>,
+    name: String,
+    upstreams: Vec<usize>,
+    upstream: usize,
+    weights: Option<Weights>,
+    patches: HashMap<u64, Patch>,
+    timer: Option<Instant>,
+}
+
+struct Sim {
+    seed: u64,
+    rng: Rng,
+    now: Instant,
+    start: Instant,
+    seq: u64,
+    queue: BinaryHeap<Scheduled>,
+    conns: BTreeMap<ConnId, Conn>,
+    next_conn: ConnId,
+    next_session: u64,
+    peers: Vec<Peer>,
+    corrupt_percent: u64,
+    faults: Faults,
+}
+
+/// What a run went through, so the seeds can be checked to cover every fault.
+#[derive(Debug, Default, Clone, Copy)]
+struct Faults {
+    corruptions: u64,
+    cuts: u64,
+    relay_crashes: u64,
+    actor_restarts: u64,
+    upstream_switches: u64,
+    /// Segments that reached a receiver holding them already.
+    duplicates: u64,
+}
+
+const HUB: usize = 0;
+const RELAYS: [usize; 2] = [1, 2];
+
+fn sender_config(role: Role, name: &str, store_backed: bool) -> SenderConfig {
+    let mut config = SenderConfig::new(identity(role, name), Auth::Shared(TOKEN.to_vec()));
+    config.store_backed = store_backed;
+    config.keepalive_interval = Duration::from_millis(200);
+    config.stall_timeout = Duration::from_secs(3);
+    config.handshake_timeout = Duration::from_secs(1);
+    config
+}
+
+fn identity(role: Role, name: &str) -> Identity {
+    Identity {
+        role,
+        peer_id: name.into(),
+        region: "r".into(),
+    }
+}
+
+fn receiver(role: Role, name: &str, streams: u8, active: VersionRef) -> Receiver {
+    let mut config = ReceiverConfig::new(identity(role, name), TOKEN.to_vec());
+    config.streams = streams;
+    config.idle_timeout = Duration::from_secs(1);
+    Receiver::new(config, active.version + 1, active)
+}
+
+fn version_ref(version: u64) -> VersionRef {
+    VersionRef {
+        version,
+        hash: chain().hashes[version as usize],
+    }
+}
+
+impl Sim {
+    fn new(seed: u64) -> Sim {
+        let mut rng = Rng(seed);
+        let start = Instant::now();
+        let mut peers = Vec::new();
+        let mut hub = Sender::new(sender_config(Role::Hub, "hub", true));
+        hub.set_loadable(None);
+        peers.push(Peer::new(Node::hub(hub), "hub", vec![], None));
+        for (i, _) in RELAYS.iter().enumerate() {
+            let name = format!("relay{i}");
+            let node = Node::relay(
+                receiver(Role::Relay, &name, 2, version_ref(0)),
+                Sender::new(sender_config(Role::Relay, &name, false)),
+                version_ref(0),
+            );
+            peers.push(Peer::new(node, &name, vec![HUB], Some(0)));
+        }
+        for i in 0..6 {
+            let name = format!("actor{i}");
+            let relay = RELAYS[i % 2];
+            let streams = 1 + rng.below(4) as u8;
+            let node = Node::actor(
+                receiver(Role::Actor, &name, streams, version_ref(0)),
+                version_ref(0),
+            );
+            peers.push(Peer::new(
+                node,
+                &name,
+                vec![relay, HUB, RELAYS[(i + 1) % 2]],
+                Some(0),
+            ));
+        }
+        let mut sim = Sim {
+            seed,
+            corrupt_percent: rng.below(4),
+            rng,
+            now: start,
+            start,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            conns: BTreeMap::new(),
+            next_conn: 1,
+            next_session: 1,
+            peers,
+            faults: Faults::default(),
+        };
+        for node in 1..sim.peers.len() {
+            sim.at(Duration::ZERO, Event::NewSession { node });
+        }
+        let mut at = Duration::from_millis(100);
+        for version in 1..=VERSIONS {
+            sim.at(at, Event::Publish { version, step: 0 });
+            at += sim.rng.millis(200, 1500);
+        }
+        for _ in 0..sim.rng.below(6) {
+            let when = sim.rng.millis(50, 8000);
+            sim.at(when, Event::CutConnection);
+        }
+        if sim.rng.chance(60) {
+            let relay = RELAYS[sim.rng.below(2) as usize];
+            let when = sim.rng.millis(300, 6000);
+            sim.at(when, Event::CrashRelay { node: relay });
+        }
+        if sim.rng.chance(60) {
+            let actor = 3 + sim.rng.below(6) as usize;
+            let when = sim.rng.millis(300, 6000);
+            sim.at(when, Event::CrashActor { node: actor });
+        }
+        sim
+    }
+
+    fn at(&mut self, after: Duration, event: Event) {
+        self.seq += 1;
+        self.queue.push(Scheduled {
+            at: self.now + after,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn latency(&mut self) -> Duration {
+        self.rng.millis(1, 25)
+    }
+
+    fn node(&mut self, node: usize) -> Option<&mut Node> {
+        self.peers[node].node.as_mut()
+    }
+
+    fn run(&mut self) {
+        let deadline = self.start + Duration::from_secs(120);
+        while let Some(next) = self.queue.pop() {
+            if next.at > deadline {
+                break;
+            }
+            self.now = next.at;
+            self.handle(next.event);
+            if self.done() {
+                return;
+            }
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.peers[1..].iter().all(|p| {
+            p.node.as_ref().is_none_or(|n| {
+                n.actor_status()
+                    .is_some_and(|s| s.active.version == VERSIONS)
+            })
+        }) && self.peers[3..].iter().all(|p| p.node.is_some())
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Deliver {
+                conn,
+                from,
+                mut frame,
+                close_after,
+            } => {
+                let Some(c) = self.conns.get(&conn).filter(|c| c.open) else {
+                    return;
+                };
+                let to = if from == c.client { c.server } else { c.client };
+                let inbound = to == c.server;
+                if let Frame::Segment { bytes, .. } = &mut frame
+                    && !bytes.is_empty()
+                    && self.rng.chance(self.corrupt_percent)
+                {
+                    let mut damaged = bytes.to_vec();
+                    let at = self.rng.below(damaged.len() as u64) as usize;
+                    damaged[at] ^= 1 << self.rng.below(8);
+                    *bytes = Bytes::from(damaged);
+                    self.faults.corruptions += 1;
+                }
+                if let Ok(traced) = std::env::var("AURORA_SIM_TRACE")
+                    && self.peers[to].name.contains(&traced)
+                {
+                    let mut text = format!("{frame:?}");
+                    text.truncate(100);
+                    let name = &self.peers[to].name;
+                    eprintln!(
+                        "{:>8?} {name:>7} got on {conn}: {text}",
+                        self.now - self.start
+                    );
+                }
+                let now = self.now;
+                if let Some(node) = self.node(from) {
+                    node.sent(now, conn);
+                }
+                if let Some(node) = self.node(to) {
+                    if inbound {
+                        node.sender_mut().unwrap().handle_frame(now, conn, frame);
+                    } else {
+                        node.receiver_mut().unwrap().handle_frame(now, conn, frame);
+                    }
+                }
+                if close_after {
+                    self.close(conn);
+                }
+                self.drain(to);
+                self.drain(from);
+            }
+            Event::Closed { node, conn } => {
+                let Some(c) = self.conns.get(&conn) else {
+                    return;
+                };
+                let inbound = node == c.server;
+                if let Some(n) = self.node(node) {
+                    if inbound {
+                        n.sender_mut().unwrap().closed(conn);
+                    } else {
+                        n.receiver_mut().unwrap().closed(conn);
+                    }
+                }
+                self.drain(node);
+            }
+            Event::Accept { conn } => {
+                let c = &self.conns[&conn];
+                let (server, open) = (c.server, c.open);
+                let now = self.now;
+                match self.node(server) {
+                    Some(node) if open => {
+                        node.sender_mut().unwrap().accepted(now, conn);
+                        let latency = self.latency();
+                        self.at(latency, Event::Connected { conn });
+                        self.drain(server);
+                    }
+                    _ => {
+                        let c = &self.conns[&conn];
+                        let event = Event::DialFailed {
+                            node: c.client,
+                            session: c.session,
+                            stream: c.stream,
+                        };
+                        self.conns.remove(&conn);
+                        self.at(Duration::from_millis(5), event);
+                    }
+                }
+            }
+            Event::Connected { conn } => {
+                let Some(c) = self.conns.get(&conn).filter(|c| c.open) else {
+                    return;
+                };
+                let (client, session, stream) = (c.client, c.session, c.stream);
+                let now = self.now;
+                if let Some(node) = self.node(client) {
+                    node.receiver_mut()
+                        .unwrap()
+                        .connected(now, session, stream, conn);
+                }
+                self.drain(client);
+            }
+            Event::DialFailed {
+                node,
+                session,
+                stream,
+            } => {
+                if let Some(n) = self.node(node) {
+                    n.receiver_mut()
+                        .unwrap()
+                        .dial_failed(session, stream, "refused");
+                }
+                self.drain(node);
+            }
+            Event::Timer { node } => {
+                self.peers[node].timer = None;
+                let now = self.now;
+                if let Some(n) = self.node(node) {
+                    n.handle_timeout(now);
+                }
+                self.drain(node);
+            }
+            Event::NewSession { node } => {
+                let session = self.next_session;
+                self.next_session += 1;
+                let now = self.now;
+                if let Some(n) = self.node(node) {
+                    n.receiver_mut().unwrap().start_session(now, session);
+                }
+                self.drain(node);
+            }
+            Event::Staged { node, version } => {
+                // The patch was decoded when staging began; this is when it is done.
+                if let Some(n) = self.node(node) {
+                    n.staged(version, Ok(()));
+                }
+                self.drain(node);
+            }
+            Event::SafePoint { node } => {
+                if let Some(n) = self.node(node) {
+                    n.safe_point();
+                }
+                self.drain(node);
+            }
+            Event::Loaded { version } => {
+                let bytes = chain().deltas[version as usize - 1].clone();
+                self.node(HUB)
+                    .unwrap()
+                    .sender_mut()
+                    .unwrap()
+                    .insert_artifact(bytes)
+                    .unwrap();
+                self.drain(HUB);
+            }
+            Event::Publish { version, step } => self.publish(version, step),
+            Event::CutConnection => {
+                let open: Vec<ConnId> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.open)
+                    .map(|(id, _)| *id)
+                    .collect();
+                if !open.is_empty() {
+                    let conn = open[self.rng.below(open.len() as u64) as usize];
+                    self.faults.cuts += 1;
+                    self.close(conn);
+                }
+            }
+            Event::CrashRelay { node } | Event::CrashActor { node } => {
+                if node < 3 {
+                    self.faults.relay_crashes += 1;
+                } else {
+                    self.faults.actor_restarts += 1;
+                }
+                self.crash(node);
+                if node >= 3 {
+                    let after = self.rng.millis(100, 2000);
+                    self.at(after, Event::RestartActor { node });
+                }
+            }
+            Event::RestartActor { node } => {
+                let peer = &mut self.peers[node];
+                let weights = peer.weights.as_ref().expect("actors keep their weights");
+                let active = weights.active();
+                let streams = 1 + (node as u8 % 3);
+                peer.node = Some(Node::actor(
+                    receiver(Role::Actor, &peer.name.clone(), streams, active),
+                    active,
+                ));
+                peer.patches.clear();
+                peer.upstream = 0;
+                self.at(Duration::ZERO, Event::NewSession { node });
+            }
+        }
+    }
+
+    fn publish(&mut self, version: u64, step: usize) {
+        let bytes = chain().deltas[version as usize - 1].clone();
+        let file = DeltaFile::parse(&bytes).unwrap();
+        let head = file.header().encode();
+        let sender = self.peers[HUB].node.as_mut().unwrap().sender_mut().unwrap();
+        let count = file.segment_count();
+        if step == 0 {
+            sender.begin_artifact(Bytes::from(head)).unwrap();
+        } else if step <= count {
+            let index = step - 1;
+            let segment = Bytes::copy_from_slice(file.verify_segment(index).unwrap());
+            sender
+                .add_segment(
+                    version,
+                    index as u32,
+                    file.manifest.segments[index].hash,
+                    segment,
+                )
+                .unwrap();
+        } else {
+            sender
+                .seal_artifact(version, file.id, file.manifest.segments.clone())
+                .unwrap();
+            sender.set_loadable(Some(version));
+            sender.commit(version_ref(version));
+        }
+        if step <= count {
+            let after = self.rng.millis(1, 30);
+            self.at(
+                after,
+                Event::Publish {
+                    version,
+                    step: step + 1,
+                },
+            );
+        }
+        self.drain(HUB);
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn).filter(|c| c.open) else {
+            return;
+        };
+        c.open = false;
+        let (client, server) = (c.client, c.server);
+        let a = self.latency();
+        self.at(a, Event::Closed { node: client, conn });
+        let b = self.latency();
+        self.at(b, Event::Closed { node: server, conn });
+    }
+
+    fn crash(&mut self, node: usize) {
+        self.peers[node].node = None;
+        self.peers[node].timer = None;
+        let conns: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.open && (c.client == node || c.server == node))
+            .map(|(id, _)| *id)
+            .collect();
+        for conn in conns {
+            self.close(conn);
+        }
+    }
+
+    /// Carries out everything `node` wants done.
+    fn drain(&mut self, node: usize) {
+        let now = self.now;
+        loop {
+            let Some(output) = self.peers[node].node.as_mut().and_then(|n| n.poll(now)) else {
+                break;
+            };
+            self.output(node, output);
+        }
+        if let Some(wake) = self.peers[node].node.as_ref().and_then(Node::poll_timeout)
+            && self.peers[node].timer.is_none_or(|t| wake < t)
+        {
+            self.peers[node].timer = Some(wake);
+            let after = wake.saturating_duration_since(self.now);
+            self.at(after, Event::Timer { node });
+        }
+    }
+
+    fn output(&mut self, node: usize, output: Output) {
+        if let Ok(traced) = std::env::var("AURORA_SIM_TRACE")
+            && self.peers[node].name.contains(&traced)
+        {
+            let shown = match &output {
+                Output::Transmit { conn, frame, .. } => {
+                    let mut text = format!("{frame:?}");
+                    text.truncate(120);
+                    format!("on {conn}: {text}")
+                }
+                Output::Stage { version, .. } => format!("stage {version}"),
+                other => format!("{other:?}"),
+            };
+            eprintln!(
+                "{:>8?} {:>7} {shown}",
+                self.now - self.start,
+                self.peers[node].name
+            );
+        }
+        match output {
+            Output::Transmit {
+                conn,
+                frame,
+                close_after,
+            } => {
+                let latency = self.latency();
+                let Some(c) = self.conns.get_mut(&conn).filter(|c| c.open) else {
+                    return;
+                };
+                let last = if node == c.client {
+                    &mut c.last_to_server
+                } else {
+                    &mut c.last_to_client
+                };
+                let at = (self.now + latency).max(*last);
+                *last = at;
+                let after = at - self.now;
+                self.at(
+                    after,
+                    Event::Deliver {
+                        conn,
+                        from: node,
+                        frame,
+                        close_after,
+                    },
+                );
+            }
+            Output::Close { conn } => self.close(conn),
+            Output::Dial { session, stream } => {
+                let peer = &self.peers[node];
+                let server = peer.upstreams[peer.upstream % peer.upstreams.len()];
+                let conn = self.next_conn;
+                self.next_conn += 1;
+                let now = self.now;
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        client: node,
+                        server,
+                        session,
+                        stream,
+                        open: true,
+                        last_to_server: now,
+                        last_to_client: now,
+                    },
+                );
+                let latency = self.latency();
+                self.at(latency, Event::Accept { conn });
+            }
+            Output::UpstreamLost { reason: _ } => {
+                self.faults.upstream_switches += 1;
+                self.peers[node].upstream += 1;
+                let backoff = self.rng.millis(10, 100);
+                self.at(backoff, Event::NewSession { node });
+            }
+            Output::Load { version } => {
+                let after = self.rng.millis(1, 20);
+                self.at(after, Event::Loaded { version });
+            }
+            Output::Stage { version, artifact } => {
+                let peer = &mut self.peers[node];
+                let weights = peer.weights.as_ref().unwrap();
+                match weights.stage(&artifact) {
+                    Ok(patch) => {
+                        peer.patches.insert(version, patch);
+                    }
+                    Err(error) => panic!(
+                        "seed {}: {} could not stage verified version {version}: {error}",
+                        self.seed, peer.name
+                    ),
+                }
+                let after = self.rng.millis(1, 50);
+                self.at(after, Event::Staged { node, version });
+            }
+            Output::AwaitSafePoint => {
+                let after = self.rng.millis(1, 300);
+                self.at(after, Event::SafePoint { node });
+            }
+            Output::Activate { version } => {
+                let peer = &mut self.peers[node];
+                let patch = peer.patches.remove(&version).expect("staged before");
+                let outcome = peer.weights.as_mut().unwrap().activate(patch);
+                let expected = chain().hashes[version as usize];
+                match &outcome {
+                    Ok(hash) => assert_eq!(
+                        *hash, expected,
+                        "seed {}: {} activated wrong weights for version {version}",
+                        self.seed, peer.name
+                    ),
+                    Err(error) => panic!(
+                        "seed {}: {} failed to activate version {version}: {error}",
+                        self.seed, peer.name
+                    ),
+                }
+                let outcome = outcome.map_err(|e| e.to_string());
+                peer.node.as_mut().unwrap().activated(version, outcome);
+            }
+            Output::Notice(_) => {}
+        }
+    }
+}
+
+impl Peer {
+    fn new(node: Node, name: &str, upstreams: Vec<usize>, version: Option<u64>) -> Peer {
+        Peer {
+            node: Some(node),
+            name: name.into(),
+            upstreams,
+            upstream: 0,
+            weights: version.map(|v| Weights::new(chain().images[v as usize].clone(), v).unwrap()),
+            patches: HashMap::new(),
+            timer: None,
+        }
+    }
+}
+
+fn run(seed: u64) -> Sim {
+    let mut sim = Sim::new(seed);
+    sim.run();
+    let expected = &chain().images[VERSIONS as usize];
+    for peer in &sim.peers[1..] {
+        let Some(node) = &peer.node else {
+            assert!(
+                peer.name.starts_with("relay"),
+                "seed {seed}: only relays stay down"
+            );
+            continue;
+        };
+        let status = node.actor_status().unwrap();
+        assert_eq!(
+            status.active,
+            version_ref(VERSIONS),
+            "seed {seed}: {} ended at version {} (t = {:?})",
+            peer.name,
+            status.active.version,
+            sim.now - sim.start
+        );
+        assert!(
+            peer.weights.as_ref().unwrap().image() == expected.as_slice(),
+            "seed {seed}: {} holds other bytes than the hub's export",
+            peer.name
+        );
+        let duplicates = node.receiver().unwrap().stats().duplicates;
+        if duplicates > 0 && std::env::var_os("AURORA_SIM_TRACE").is_some() {
+            eprintln!(
+                "seed {seed}: {} received {duplicates} duplicates",
+                peer.name
+            );
+        }
+        sim.faults.duplicates += duplicates;
+    }
+    sim
+}
+
+#[test]
+fn every_actor_ends_byte_identical_under_seeded_faults() {
+    let seeds: Vec<u64> = match std::env::var("AURORA_SIM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("AURORA_SIM_SEED is a number")],
+        Err(_) => (0..SEEDS).collect(),
+    };
+    let mut total = Faults::default();
+    for seed in seeds.iter().copied() {
+        let f = run(seed).faults;
+        // Resuming never sends a receiver a segment it already holds: lost streams and
+        // new sessions report exactly what arrived. Only a nack can cost a duplicate (it
+        // is sent again when its stream dies, though it may have arrived).
+        assert!(
+            f.duplicates == 0 || f.corruptions > 0,
+            "seed {seed}: {} duplicates without any corruption",
+            f.duplicates
+        );
+        total.corruptions += f.corruptions;
+        total.cuts += f.cuts;
+        total.relay_crashes += f.relay_crashes;
+        total.actor_restarts += f.actor_restarts;
+        total.upstream_switches += f.upstream_switches;
+        total.duplicates += f.duplicates;
+    }
+    assert!(total.duplicates <= total.corruptions, "{total:?}");
+    if seeds.len() > 1 {
+        assert!(
+            total.corruptions > 0
+                && total.cuts > 0
+                && total.relay_crashes > 0
+                && total.actor_restarts > 0
+                && total.upstream_switches > 0,
+            "the seeds must exercise every fault: {total:?}"
+        );
+    }
+    eprintln!("faults over {} seeds: {total:?}", seeds.len());
+}
+
+#[test]
+fn the_simulation_is_deterministic() {
+    let a = run(7);
+    let b = run(7);
+    assert_eq!(a.now - a.start, b.now - b.start);
+    assert_eq!(a.seq, b.seq);
+}

@@ -1,0 +1,292 @@
+//! TCP connections: socket options, frame reading and writing, and the two tasks that
+//! move frames between a socket and the node's event loop.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use aurora_proto::frame::{PREFIX_BYTES, peek_prefix};
+use aurora_proto::{ConnId, Frame, FrameError};
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+
+use crate::node::Event;
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("connection closed by the peer")]
+    Eof,
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+    #[error("invalid frame: {0}")]
+    Frame(#[from] FrameError),
+    #[error("socket error")]
+    Io(#[from] std::io::Error),
+}
+
+/// Socket options for every connection a node opens or accepts.
+#[derive(Debug, Clone, Default)]
+pub struct SocketOptions {
+    /// TCP congestion control algorithm (`cubic`, `bbr`, ...); the system default when
+    /// unset. Linux only.
+    pub congestion: Option<String>,
+}
+
+impl SocketOptions {
+    pub(crate) fn apply(&self, stream: &TcpStream) -> std::io::Result<()> {
+        // Segments are large and written whole; small control frames must not wait.
+        stream.set_nodelay(true)?;
+        if let Some(algorithm) = &self.congestion {
+            set_congestion(stream, algorithm)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn set_congestion(stream: &TcpStream, algorithm: &str) -> std::io::Result<()> {
+    socket2::SockRef::from(stream).set_tcp_congestion(algorithm.as_bytes())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_congestion(_stream: &TcpStream, algorithm: &str) -> std::io::Result<()> {
+    Err(std::io::Error::other(format!(
+        "choosing the congestion control ({algorithm}) needs Linux"
+    )))
+}
+
+/// The congestion control algorithm a socket uses (for tests and logs).
+#[cfg(target_os = "linux")]
+pub fn congestion_of(stream: &TcpStream) -> std::io::Result<String> {
+    let name = socket2::SockRef::from(stream).tcp_congestion()?;
+    Ok(String::from_utf8_lossy(&name)
+        .trim_end_matches('\0')
+        .to_string())
+}
+
+/// Reads one frame. A clean end of stream between frames is [`ConnError::Eof`], one
+/// inside a frame [`ConnError::Truncated`]. The prefix is checked against the frame
+/// type's limit before the body is read, so an oversized frame allocates nothing.
+pub async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Frame, ConnError> {
+    let mut prefix = [0u8; PREFIX_BYTES];
+    let mut filled = 0;
+    while filled < PREFIX_BYTES {
+        let n = reader.read(&mut prefix[filled..]).await?;
+        if n == 0 {
+            return Err(if filled == 0 {
+                ConnError::Eof
+            } else {
+                ConnError::Truncated
+            });
+        }
+        filled += n;
+    }
+    let (_, total) = peek_prefix(&prefix)?;
+    let mut buf = BytesMut::zeroed(total);
+    buf[..PREFIX_BYTES].copy_from_slice(&prefix);
+    reader
+        .read_exact(&mut buf[PREFIX_BYTES..])
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => ConnError::Truncated,
+            _ => ConnError::Io(e),
+        })?;
+    let (frame, _) = Frame::decode(&buf.freeze())?;
+    Ok(frame)
+}
+
+pub async fn write_frame(
+    writer: &mut (impl AsyncWriteExt + Unpin),
+    frame: &Frame,
+) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(64);
+    // A segment's payload is written from its own buffer rather than copied.
+    let payload = frame.encode_split(&mut head);
+    writer.write_all(&head).await?;
+    if let Some(payload) = payload {
+        writer.write_all(payload).await?;
+    }
+    Ok(())
+}
+
+/// What the writer task is asked to do.
+pub(crate) enum WriteCmd {
+    Frame { frame: Frame, close_after: bool },
+}
+
+/// Starts the reader and writer tasks of a connected socket. Frames read go to
+/// `events`; frames to write come through the returned sender, whose capacity is the
+/// window the state machine already respects (plus room for a few control frames).
+/// The abort handle stops the reader when the node closes the connection.
+pub(crate) fn spawn_conn(
+    tasks: &mut tokio::task::JoinSet<()>,
+    conn: ConnId,
+    stream: TcpStream,
+    window: usize,
+    events: mpsc::Sender<Event>,
+) -> (mpsc::Sender<WriteCmd>, tokio::task::AbortHandle) {
+    let (reader, writer) = stream.into_split();
+    let (tx, rx) = mpsc::channel(window.max(1) + CONTROL_ROOM);
+    let reader = tasks.spawn(read_loop(conn, reader, events.clone()));
+    tasks.spawn(write_loop(conn, writer, rx, events));
+    (tx, reader)
+}
+
+/// Write-queue slots beyond the window, for the small control frames a receiver sends
+/// on its outbound connections.
+const CONTROL_ROOM: usize = 16;
+
+async fn read_loop(conn: ConnId, mut reader: OwnedReadHalf, events: mpsc::Sender<Event>) {
+    loop {
+        match read_frame(&mut reader).await {
+            Ok(frame) => {
+                if events.send(Event::Frame { conn, frame }).await.is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                if !matches!(error, ConnError::Eof) {
+                    tracing::debug!(conn, %error, "connection ended");
+                }
+                let _ = events
+                    .send(Event::Closed {
+                        conn,
+                        reason: error.to_string(),
+                    })
+                    .await;
+                return;
+            }
+        }
+    }
+}
+
+async fn write_loop(
+    conn: ConnId,
+    mut writer: OwnedWriteHalf,
+    mut commands: mpsc::Receiver<WriteCmd>,
+    events: mpsc::Sender<Event>,
+) {
+    while let Some(WriteCmd::Frame { frame, close_after }) = commands.recv().await {
+        if let Err(error) = write_frame(&mut writer, &frame).await {
+            let _ = events
+                .send(Event::Closed {
+                    conn,
+                    reason: format!("write failed: {error}"),
+                })
+                .await;
+            return;
+        }
+        if events.send(Event::Sent { conn }).await.is_err() {
+            return;
+        }
+        if close_after {
+            let _ = writer.shutdown().await;
+            return;
+        }
+    }
+    // The node dropped this connection: close our half so the peer sees it.
+    let _ = writer.shutdown().await;
+}
+
+/// Connects to `address` within `timeout`.
+pub(crate) async fn dial(
+    address: SocketAddr,
+    timeout: Duration,
+    options: &SocketOptions,
+) -> Result<TcpStream, String> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+        .await
+        .map_err(|_| format!("connecting to {address} timed out after {timeout:?}"))?
+        .map_err(|e| format!("connecting to {address}: {e}"))?;
+    options
+        .apply(&stream)
+        .map_err(|e| format!("socket options for {address}: {e}"))?;
+    Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aurora_delta::Hash;
+    use bytes::Bytes;
+
+    #[tokio::test]
+    async fn frames_round_trip_through_a_socket_and_eof_is_clean() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let frames = vec![
+            Frame::Keepalive,
+            Frame::Segment {
+                version: 3,
+                index: 9,
+                hash: Hash::of(b"payload"),
+                bytes: Bytes::from_static(b"payload"),
+            },
+            Frame::Nack {
+                version: 3,
+                index: 9,
+            },
+        ];
+        let sent = frames.clone();
+        let client = tokio::spawn(async move {
+            let mut stream = TcpStream::connect(address).await.unwrap();
+            for frame in &sent {
+                write_frame(&mut stream, frame).await.unwrap();
+            }
+        });
+        let (mut stream, _) = listener.accept().await.unwrap();
+        for frame in &frames {
+            assert_eq!(&read_frame(&mut stream).await.unwrap(), frame);
+        }
+        client.await.unwrap();
+        assert!(matches!(read_frame(&mut stream).await, Err(ConnError::Eof)));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_or_cut_frame_is_an_error_not_a_wait() {
+        let mut oversized: &[u8] = &[0xFF, 0xFF, 0xFF, 0x7F, 0x0C];
+        assert!(matches!(
+            read_frame(&mut oversized).await,
+            Err(ConnError::Frame(FrameError::TooLarge { .. }))
+        ));
+        let bytes = Frame::Nack {
+            version: 1,
+            index: 1,
+        }
+        .to_bytes();
+        let mut cut: &[u8] = &bytes[..bytes.len() - 2];
+        assert!(matches!(
+            read_frame(&mut cut).await,
+            Err(ConnError::Truncated)
+        ));
+        let mut cut_prefix: &[u8] = &bytes[..3];
+        assert!(matches!(
+            read_frame(&mut cut_prefix).await,
+            Err(ConnError::Truncated)
+        ));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_congestion_control_can_be_chosen() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let options = SocketOptions {
+            congestion: Some("reno".into()),
+        };
+        let stream = dial(address, Duration::from_secs(5), &options)
+            .await
+            .unwrap();
+        assert_eq!(congestion_of(&stream).unwrap(), "reno");
+        let unknown = SocketOptions {
+            congestion: Some("no-such-algorithm".into()),
+        };
+        let error = dial(address, Duration::from_secs(5), &unknown)
+            .await
+            .unwrap_err();
+        assert!(error.contains("socket options"), "{error}");
+    }
+}

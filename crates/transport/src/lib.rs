@@ -1,0 +1,25 @@
+//! The tokio driver of the segment protocol (docs/wire-protocol.md): sockets, clocks,
+//! tasks and the store around the sans-IO state machines of `aurora-proto`.
+//!
+//! - [`spawn_hub`], [`spawn_relay`], [`spawn_actor`] and [`spawn_collector`] start a
+//!   node and return a [`NodeHandle`] (publish, commit, status, kill).
+//! - [`Engine`] is the boundary to a rollout engine; [`IdleEngine`] is the built-in one.
+//! - [`bench::transfer`] moves one delta to N receivers over S streams and reports
+//!   bytes, time and per-stream statistics.
+//!
+//! The driver stays thin: every protocol decision is made in `aurora-proto`; this crate
+//! only moves frames, runs heavy work on blocking threads and keeps time.
+
+pub mod bench;
+mod conn;
+mod engine;
+mod node;
+
+#[cfg(target_os = "linux")]
+pub use conn::congestion_of;
+pub use conn::{ConnError, SocketOptions, read_frame, write_frame};
+pub use engine::{Engine, IdleEngine};
+pub use node::{
+    MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector,
+    spawn_hub, spawn_relay,
+};

@@ -1,0 +1,363 @@
+//! The transport on real sockets (loopback): a hub, relays and actors as tokio tasks,
+//! faults injected by a proxy that understands frames or by killing nodes.
+
+mod util;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aurora_proto::Role;
+use aurora_store::Store;
+use aurora_transport::{IdleEngine, NodeHandle, bench, spawn_actor, spawn_hub, spawn_relay};
+use util::{Chain, Fault, Proxy, active_at, config, within};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn hub(store: Option<Arc<Store>>) -> NodeHandle {
+    spawn_hub(config(Role::Hub, "hub", &[]), store)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hub_two_relays_six_actors_end_identical_over_ten_versions() {
+    const VERSIONS: u64 = 10;
+    let chain = Chain::new(VERSIONS, 3);
+    let hub = hub(None).await;
+    let hub_address = hub.local_addr().unwrap();
+    let mut relays = Vec::new();
+    for name in ["relay-eu", "relay-us"] {
+        let relay = spawn_relay(config(Role::Relay, name, &[hub_address]), chain.weights(0))
+            .await
+            .unwrap();
+        relays.push(relay);
+    }
+    let mut actors = Vec::new();
+    for index in 0..6 {
+        let relay = relays[index % 2].local_addr().unwrap();
+        let engine = Arc::new(IdleEngine::default());
+        let name = format!("actor{index}");
+        let actor = spawn_actor(
+            config(Role::Actor, &name, &[relay, hub_address]),
+            chain.weights(0),
+            engine.clone(),
+        )
+        .await
+        .unwrap();
+        actors.push((actor, engine));
+    }
+    for (actor, _) in &actors {
+        within(LIMIT, "actor connects", actor.wait_for(|s| s.connected))
+            .await
+            .unwrap();
+    }
+    for version in 1..=VERSIONS {
+        chain.publish_live(&hub, version).await;
+    }
+    for relay in &relays {
+        let status = active_at(relay, VERSIONS, "relay").await;
+        assert_eq!(status.active, Some(chain.at(VERSIONS)));
+    }
+    for (index, (actor, engine)) in actors.iter().enumerate() {
+        let status = active_at(actor, VERSIONS, &format!("actor{index}")).await;
+        assert_eq!(status.active, Some(chain.at(VERSIONS)));
+        // Every version activated once, in order, with the hub's weights.
+        let expected: Vec<_> = (1..=VERSIONS).map(|v| chain.at(v)).collect();
+        assert_eq!(engine.activations(), expected, "actor{index}");
+        assert_eq!(status.failed_activations, 0);
+        assert_eq!(status.receiver.unwrap().duplicates, 0);
+    }
+    // Cut-through relays: the hub sent one copy of every segment per region.
+    let segments: usize = (1..=VERSIONS).map(|v| chain.segments(v)).sum();
+    let hub_sent = hub.status().sender.unwrap().segments_sent;
+    assert_eq!(hub_sent, 2 * segments as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actors_of_a_relay_killed_mid_transfer_fall_back_and_finish_without_starting_over() {
+    let chain = Chain::new(4, 5);
+    let hub = hub(None).await;
+    let hub_address = hub.local_addr().unwrap();
+    let relay = spawn_relay(
+        config(Role::Relay, "relay", &[hub_address]),
+        chain.weights(0),
+    )
+    .await
+    .unwrap();
+    let relay_address = relay.local_addr().unwrap();
+    let mut actors = Vec::new();
+    for name in ["a1", "a2"] {
+        let actor = spawn_actor(
+            config(Role::Actor, name, &[relay_address, hub_address]),
+            chain.weights(0),
+            Arc::new(IdleEngine::default()),
+        )
+        .await
+        .unwrap();
+        actors.push(actor);
+    }
+    for actor in &actors {
+        within(LIMIT, "connect", actor.wait_for(|s| s.connected))
+            .await
+            .unwrap();
+    }
+    for version in 1..=3 {
+        chain.publish_live(&hub, version).await;
+    }
+    for actor in &actors {
+        active_at(actor, 3, "before the kill").await;
+    }
+    let before: Vec<u64> = actors
+        .iter()
+        .map(|a| a.status().receiver.unwrap().segments)
+        .collect();
+    let total = chain.segments(4);
+    let half = total / 2;
+    chain.publish_part(&hub, 4, 0..half).await;
+    for (actor, before) in actors.iter().zip(&before) {
+        within(
+            LIMIT,
+            "half of version 4 through the relay",
+            actor.wait_for(|s| s.receiver.as_ref().unwrap().segments >= before + half as u64),
+        )
+        .await
+        .unwrap();
+    }
+    relay.kill();
+    chain.publish_part(&hub, 4, half..total).await;
+    chain.seal(&hub, 4).await;
+    for (actor, before) in actors.iter().zip(&before) {
+        let status = active_at(actor, 4, "after the kill").await;
+        assert_eq!(status.active, Some(chain.at(4)));
+        assert!(status.upstream_switches >= 1);
+        assert_eq!(status.upstream, Some(hub_address), "fell back to the hub");
+        let stats = status.receiver.unwrap();
+        assert_eq!(
+            stats.segments - before,
+            total as u64,
+            "each segment of version 4 arrived once: nothing started over"
+        );
+        assert_eq!(stats.duplicates, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_segment_resumes_with_only_the_missing_segments() {
+    let chain = Chain::new(1, 7);
+    let hub = hub(None).await;
+    let proxy = Proxy::start(hub.local_addr().unwrap(), Fault::CutInSegment { nth: 3 }).await;
+    let actor = spawn_actor(
+        config(Role::Actor, "a1", &[proxy.address]),
+        chain.weights(0),
+        Arc::new(IdleEngine::default()),
+    )
+    .await
+    .unwrap();
+    within(LIMIT, "connect", actor.wait_for(|s| s.connected))
+        .await
+        .unwrap();
+    hub.publish(chain.delta(1).clone()).await.unwrap();
+    hub.commit(chain.at(1)).await.unwrap();
+    let status = active_at(&actor, 1, "after the cut").await;
+    assert!(proxy.fired.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(status.active, Some(chain.at(1)));
+    let received = status.receiver.unwrap();
+    let total = chain.segments(1) as u64;
+    assert_eq!(
+        received.segments, total,
+        "every segment accepted exactly once"
+    );
+    assert_eq!(
+        received.duplicates, 0,
+        "nothing the actor held was sent again"
+    );
+    assert_eq!(
+        received.sessions, 1,
+        "the session survived on its other stream"
+    );
+    let sent = hub.status().sender.unwrap();
+    assert!(
+        sent.segments_sent > total,
+        "the segments lost with the stream were sent again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_flipped_in_flight_is_detected_re_requested_and_never_staged() {
+    let chain = Chain::new(1, 9);
+    let hub = hub(None).await;
+    let proxy = Proxy::start(hub.local_addr().unwrap(), Fault::FlipSegment { nth: 2 }).await;
+    let engine = Arc::new(IdleEngine::default());
+    let actor = spawn_actor(
+        config(Role::Actor, "a1", &[proxy.address]),
+        chain.weights(0),
+        engine.clone(),
+    )
+    .await
+    .unwrap();
+    within(LIMIT, "connect", actor.wait_for(|s| s.connected))
+        .await
+        .unwrap();
+    hub.publish(chain.delta(1).clone()).await.unwrap();
+    hub.commit(chain.at(1)).await.unwrap();
+    let status = active_at(&actor, 1, "after the flip").await;
+    assert!(proxy.fired.load(std::sync::atomic::Ordering::SeqCst));
+    let received = status.receiver.unwrap();
+    assert_eq!(received.corrupt, 1, "the flipped segment was detected");
+    assert_eq!(received.nacks_sent, 1, "and asked for again");
+    assert_eq!(hub.status().sender.unwrap().nacks, 1);
+    assert_eq!(status.failed_activations, 0);
+    assert_eq!(engine.activations(), [chain.at(1)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_actor_catches_up_from_its_old_version_through_the_store() {
+    let chain = Chain::new(8, 11);
+    let root = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(root.path()).unwrap());
+    store.put_snapshot(0, &chain.images[0]).unwrap();
+    let mut hub_config = config(Role::Hub, "hub", &[]);
+    hub_config.retain_versions = 2;
+    let hub = spawn_hub(hub_config, Some(store.clone())).await.unwrap();
+    let hub_address = hub.local_addr().unwrap();
+    let mut relay_config = config(Role::Relay, "relay", &[hub_address]);
+    relay_config.retain_versions = 2;
+    let relay = spawn_relay(relay_config, chain.weights(0)).await.unwrap();
+    let relay_address = relay.local_addr().unwrap();
+    let actor_config = config(Role::Actor, "a1", &[relay_address, hub_address]);
+    let actor = spawn_actor(
+        actor_config.clone(),
+        chain.weights(0),
+        Arc::new(IdleEngine::default()),
+    )
+    .await
+    .unwrap();
+    within(LIMIT, "connect", actor.wait_for(|s| s.connected))
+        .await
+        .unwrap();
+    for version in 1..=3 {
+        chain.publish_live(&hub, version).await;
+    }
+    active_at(&actor, 3, "before the crash").await;
+    actor.kill();
+    within(
+        LIMIT,
+        "the relay sees the crash",
+        relay.wait_for(|s| s.subscribers == 0),
+    )
+    .await
+    .unwrap();
+    for version in 4..=8 {
+        chain.publish_live(&hub, version).await;
+    }
+    active_at(&relay, 8, "relay").await;
+    // The actor comes back with the weights it had: version 3. Neither the relay nor the
+    // hub hold version 4 in memory any more; the hub loads it from the store.
+    let engine = Arc::new(IdleEngine::default());
+    let restarted = spawn_actor(actor_config, chain.weights(3), engine.clone())
+        .await
+        .unwrap();
+    let status = active_at(&restarted, 8, "after the restart").await;
+    assert_eq!(status.active, Some(chain.at(8)));
+    assert_eq!(
+        engine.activations(),
+        (4..=8).map(|v| chain.at(v)).collect::<Vec<_>>()
+    );
+    assert!(
+        status.upstream_switches >= 1,
+        "the relay no longer had version 4"
+    );
+    assert_eq!(store.latest_version().unwrap(), Some(8));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_actor_offered_a_delta_with_the_wrong_base_refuses_reports_and_catches_up() {
+    let chain = Chain::new(5, 13);
+    // A rogue upstream serving another run's chain: its D(4) starts from a version 3
+    // with other weights than the actor's.
+    let foreign = Chain::new(5, 99);
+    let rogue = hub(None).await;
+    for version in 1..=4 {
+        rogue.publish(foreign.delta(version).clone()).await.unwrap();
+    }
+    rogue.commit(foreign.at(4)).await.unwrap();
+    let hub = hub(None).await;
+    for version in 1..=5 {
+        hub.publish(chain.delta(version).clone()).await.unwrap();
+    }
+    hub.commit(chain.at(5)).await.unwrap();
+    let engine = Arc::new(IdleEngine::default());
+    let actor = spawn_actor(
+        config(
+            Role::Actor,
+            "stale",
+            &[rogue.local_addr().unwrap(), hub.local_addr().unwrap()],
+        ),
+        chain.weights(3),
+        engine.clone(),
+    )
+    .await
+    .unwrap();
+    let status = active_at(&actor, 5, "catching up").await;
+    assert_eq!(status.active, Some(chain.at(5)));
+    assert_eq!(engine.activations(), [chain.at(4), chain.at(5)]);
+    assert_eq!(status.failed_activations, 0);
+    let reports = rogue.status().reports;
+    assert!(
+        reports.iter().any(|(peer, active, note)| peer == "stale"
+            && *active == chain.at(3)
+            && note.contains("refused version 4")),
+        "the refusal was reported upstream: {reports:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_and_the_actor_never_subscribes() {
+    let chain = Chain::new(1, 1);
+    let hub = hub(None).await;
+    let mut intruder = config(Role::Actor, "intruder", &[hub.local_addr().unwrap()]);
+    intruder.token = b"guess".to_vec();
+    let actor = spawn_actor(intruder, chain.weights(0), Arc::new(IdleEngine::default()))
+        .await
+        .unwrap();
+    let status = within(
+        LIMIT,
+        "refusals",
+        actor.wait_for(|s| s.upstream_switches >= 2),
+    )
+    .await
+    .unwrap();
+    assert!(!status.connected);
+    assert_eq!(hub.status().subscribers, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bench_transfer_reports_bytes_time_and_streams() {
+    let chain = Chain::new(1, 17);
+    let spec = bench::TransferSpec::new(chain.delta(1).clone(), 3, 4);
+    let report = within(LIMIT, "transfer", bench::transfer(spec))
+        .await
+        .unwrap();
+    assert_eq!(report.receivers.len(), 3);
+    let payload: u64 = aurora_delta::DeltaFile::parse(chain.delta(1))
+        .unwrap()
+        .manifest
+        .payload_bytes();
+    for receiver in &report.receivers {
+        assert_eq!(receiver.stats.segment_bytes, payload);
+        assert_eq!(receiver.stats.stream_bytes.iter().sum::<u64>(), payload);
+        assert!(
+            receiver
+                .stats
+                .stream_bytes
+                .iter()
+                .filter(|b| **b > 0)
+                .count()
+                > 1,
+            "segments striped over several streams: {:?}",
+            receiver.stats.stream_bytes
+        );
+    }
+    assert_eq!(report.sender.segment_bytes_sent, 3 * payload);
+    assert!(report.goodput_bytes_per_second() > 0.0);
+}

@@ -1,0 +1,251 @@
+//! Helpers for the loopback tests: a synthetic chain of checkpoints and deltas, node
+//! configurations, a fault-injecting proxy and a bounded wait.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aurora_delta::{DeltaFile, Encoding, ExtractOptions, Extraction, Hash, owned_checkpoint};
+use aurora_proto::{Frame, Identity, Role, VersionRef, Weights};
+use aurora_transport::{NodeConfig, NodeHandle, NodeStatus, read_frame, write_frame};
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+pub const TOKEN: &[u8] = b"loopback-secret";
+
+/// Checkpoints 0..=n of a small synthetic model and the deltas between them.
+pub struct Chain {
+    pub images: Vec<Vec<u8>>,
+    pub hashes: Vec<Hash>,
+    pub deltas: Vec<Bytes>,
+}
+
+impl Chain {
+    pub fn new(versions: u64, seed: u64) -> Chain {
+        let shape = aurora_synth::preset("tiny").unwrap();
+        let mut config = aurora_synth::SynthConfig::new(shape, seed);
+        // Larger steps than real training, so every delta spans many segments.
+        config.learning_rate = 3e-5;
+        let mut synth = aurora_synth::Synth::new(config);
+        let mut exports = vec![synth.export()];
+        for _ in 0..versions {
+            synth.step();
+            exports.push(synth.export());
+        }
+        let deltas = (1..exports.len())
+            .map(|v| {
+                let base = owned_checkpoint(&exports[v - 1]).unwrap();
+                let target = owned_checkpoint(&exports[v]).unwrap();
+                let options = ExtractOptions {
+                    encoding: Encoding::Aurora,
+                    base_version: v as u64 - 1,
+                    target_version: v as u64,
+                    segment_target_bytes: 1024,
+                    ..ExtractOptions::default()
+                };
+                let (_, bytes) = Extraction::new(&base, &target, options)
+                    .unwrap()
+                    .to_bytes()
+                    .unwrap();
+                Bytes::from(bytes)
+            })
+            .collect();
+        Chain {
+            images: exports
+                .iter()
+                .map(|t| aurora_checkpoint::safetensors_bytes(t).unwrap())
+                .collect(),
+            hashes: exports
+                .iter()
+                .map(|t| owned_checkpoint(t).unwrap().weights_hash())
+                .collect(),
+            deltas,
+        }
+    }
+
+    pub fn weights(&self, version: u64) -> Weights {
+        Weights::new(self.images[version as usize].clone(), version).unwrap()
+    }
+
+    pub fn at(&self, version: u64) -> VersionRef {
+        VersionRef {
+            version,
+            hash: self.hashes[version as usize],
+        }
+    }
+
+    pub fn delta(&self, version: u64) -> &Bytes {
+        &self.deltas[version as usize - 1]
+    }
+
+    pub fn segments(&self, version: u64) -> usize {
+        DeltaFile::parse(self.delta(version))
+            .unwrap()
+            .segment_count()
+    }
+
+    /// Publishes D(version) on `hub` the way a live extraction does (header, segments
+    /// one by one, manifest), then commits it.
+    pub async fn publish_live(&self, hub: &NodeHandle, version: u64) {
+        self.publish_part(hub, version, 0..self.segments(version))
+            .await;
+        self.seal(hub, version).await;
+    }
+
+    /// Begins D(version) (on the first part) and publishes the segments in `range`.
+    pub async fn publish_part(
+        &self,
+        hub: &NodeHandle,
+        version: u64,
+        range: std::ops::Range<usize>,
+    ) {
+        let file = DeltaFile::parse(self.delta(version)).unwrap();
+        if range.start == 0 {
+            let descriptor = Bytes::from(file.header().encode());
+            assert_eq!(hub.begin(descriptor).await.unwrap(), version);
+        }
+        for index in range {
+            let bytes = file.verify_segment(index).unwrap().to_vec();
+            let segment = aurora_delta::Segment {
+                index: index as u32,
+                hash: file.manifest.segments[index].hash,
+                bytes,
+            };
+            hub.segment(version, segment).await.unwrap();
+        }
+    }
+
+    pub async fn seal(&self, hub: &NodeHandle, version: u64) {
+        let file = DeltaFile::parse(self.delta(version)).unwrap();
+        hub.seal(version, file.manifest.clone()).await.unwrap();
+        hub.commit(self.at(version)).await.unwrap();
+    }
+}
+
+pub fn config(role: Role, name: &str, upstreams: &[SocketAddr]) -> NodeConfig {
+    // Logs for a failing test: AURORA_LOG=debug cargo test -p aurora-transport.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AURORA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_test_writer()
+        .try_init();
+    let identity = Identity {
+        role,
+        peer_id: name.into(),
+        region: "eu-west".into(),
+    };
+    let mut config = NodeConfig::new(identity, TOKEN.to_vec());
+    config.upstreams = upstreams.to_vec();
+    config.streams = 2;
+    if role != Role::Actor {
+        config.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    }
+    config
+}
+
+/// Awaits `future`, failing the test (instead of hanging) after `limit`.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("{what}: not done after {limit:?}"),
+    }
+}
+
+/// Waits until `node` is active at `version`, and returns its status.
+pub async fn active_at(node: &NodeHandle, version: u64, name: &str) -> NodeStatus {
+    within(Duration::from_secs(60), name, async {
+        node.wait_for(|s| s.active.is_some_and(|a| a.version == version))
+            .await
+            .unwrap()
+    })
+    .await
+}
+
+/// What the proxy does to the server-to-client direction.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Flip one bit in the payload of the n-th segment frame (counted over every
+    /// connection through the proxy), once.
+    FlipSegment { nth: usize },
+    /// Forward the first half of the n-th segment frame, then cut that connection.
+    CutInSegment { nth: usize },
+}
+
+/// A TCP proxy in front of an upstream that injects one fault.
+pub struct Proxy {
+    pub address: SocketAddr,
+    pub fired: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr, fault: Fault) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let fired = Arc::new(AtomicBool::new(false));
+        let segments = Arc::new(AtomicUsize::new(0));
+        let flag = fired.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                tokio::spawn(relay_pair(
+                    client,
+                    server,
+                    fault,
+                    segments.clone(),
+                    flag.clone(),
+                ));
+            }
+        });
+        Proxy { address, fired }
+    }
+}
+
+async fn relay_pair(
+    client: TcpStream,
+    server: TcpStream,
+    fault: Fault,
+    segments: Arc<AtomicUsize>,
+    fired: Arc<AtomicBool>,
+) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upward = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+        let _ = server_write.shutdown().await;
+    });
+    while let Ok(mut frame) = read_frame(&mut server_read).await {
+        if let Frame::Segment { bytes, .. } = &mut frame {
+            let n = segments.fetch_add(1, Ordering::SeqCst);
+            match fault {
+                Fault::FlipSegment { nth } if n == nth && !fired.swap(true, Ordering::SeqCst) => {
+                    let mut damaged = bytes.to_vec();
+                    let middle = damaged.len() / 2;
+                    damaged[middle] ^= 0x10;
+                    *bytes = Bytes::from(damaged);
+                }
+                Fault::CutInSegment { nth } if n == nth && !fired.swap(true, Ordering::SeqCst) => {
+                    let encoded = frame.to_bytes();
+                    let _ = client_write.write_all(&encoded[..encoded.len() / 2]).await;
+                    upward.abort();
+                    return;
+                }
+                _ => {}
+            }
+        }
+        if write_frame(&mut client_write, &frame).await.is_err() {
+            break;
+        }
+    }
+    let _ = client_write.shutdown().await;
+    upward.abort();
+}
