@@ -448,7 +448,7 @@ fn describe(record: &StepRecord) -> String {
         .map(|a| format!("{}:v{}", a.id, a.version))
         .collect();
     format!(
-        "step {:>3} v{}->v{} reward {:.3}{} {:>6.0} tok/s sync {:.1} KB of {:.1} KB ({:.2}% changed) gen {:.1}s train {:.1}s extract {:.2}s transfer {:.2}s actors [{}]",
+        "step {:>3} v{}->v{} reward {:.3}{} {:>6.0} tok/s sync {:.1} KB of {:.1} KB ({:.2}% changed) gen {:.1}s train {:.1}s extract {:.2}s transfer {:.2}s activate {:.2}s actors [{}]",
         record.step,
         record.version,
         record.trained_version,
@@ -464,6 +464,7 @@ fn describe(record: &StepRecord) -> String {
         record.times.training_s,
         record.times.extraction_s,
         record.times.transfer_s,
+        record.times.activation_s,
         versions.join(" ")
     )
 }
