@@ -9,7 +9,7 @@ use aurora_proto::Role;
 use aurora_transport::{IdleEngine, spawn_actor};
 use clap::Args;
 
-use crate::relay_cmd::{Node, NodeArgs, report_activations, runtime};
+use crate::relay_cmd::{Node, NodeArgs, report_activations};
 
 #[derive(Args)]
 pub struct ActorArgs {
@@ -19,7 +19,7 @@ pub struct ActorArgs {
 
 pub fn run(args: ActorArgs) -> Result<()> {
     let Node { config, weights } = args.node.resolve(Role::Actor)?;
-    runtime()?.block_on(async {
+    crate::runtime(None)?.block_on(async {
         let actor = spawn_actor(config, weights, Arc::new(IdleEngine::default())).await?;
         report_activations(&actor).await
     })

@@ -41,11 +41,7 @@ pub fn run(args: HubArgs) -> Result<()> {
         tick_interval_max: Duration::from_secs(1),
         clock: Arc::new(SystemClock::new()),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(async {
+    crate::runtime(None)?.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;

@@ -108,3 +108,17 @@ pub(crate) fn progress_bar(length: u64, message: &str) -> indicatif::ProgressBar
     bar.set_message(message.to_string());
     bar
 }
+
+/// The async runtime of a command that serves or joins the network; `workers` caps its
+/// threads (the run's nodes share this machine's cores), the default is one per core.
+fn runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = workers {
+        builder.worker_threads(workers);
+    }
+    builder
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}

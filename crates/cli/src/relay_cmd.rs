@@ -132,7 +132,7 @@ pub fn run(args: RelayArgs) -> Result<()> {
         weights,
     } = args.node.resolve(Role::Relay)?;
     config.listen = Some(args.listen);
-    runtime()?.block_on(async {
+    crate::runtime(None)?.block_on(async {
         let relay = spawn_relay(config, weights).await?;
         let address = relay.local_addr().context("the relay listens")?;
         // One line on stdout announces readiness to scripts and tests; logs go to stderr.
@@ -140,13 +140,6 @@ pub fn run(args: RelayArgs) -> Result<()> {
         std::io::stdout().flush()?;
         report_activations(&relay).await
     })
-}
-
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
 }
 
 /// Prints `active VERSION HASH` on stdout at every activation, until the node stops.

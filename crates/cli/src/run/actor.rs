@@ -43,12 +43,7 @@ pub struct ActorArgs {
 
 pub fn run(args: ActorArgs) -> Result<()> {
     let config = RunConfig::load(&args.run_dir.join("config.toml"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(act(args, config))
+    crate::runtime(Some(1))?.block_on(act(args, config))
 }
 
 /// The policy generating now, and its version.

@@ -125,11 +125,7 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
 
 fn relay(run_dir: &Path, region: String, upstream: SocketAddr, token: String) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
+    crate::runtime(Some(1))?.block_on(async move {
         let (version, image) = actor::latest_snapshot(run_dir)?;
         let mut node = NodeConfig::new(
             Identity {

@@ -33,12 +33,7 @@ const POLL: Duration = Duration::from_millis(20);
 
 pub fn run(run_dir: &Path, token: String) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(train(run_dir, config, token))
+    crate::runtime(Some(2))?.block_on(train(run_dir, config, token))
 }
 
 /// Every exported version the trainer may still need: the behaviour policy of the
