@@ -125,6 +125,17 @@ impl ControlPlane {
     /// deadlines; the acceptance rule is never relaxed, and a `now` earlier than the
     /// snapshot's clock is taken as that clock.
     pub fn restore(snapshot: Snapshot, now: Millis) -> Result<ControlPlane, RestoreError> {
+        let mut core = ControlPlane::from_snapshot(snapshot)?;
+        core.resume(now);
+        Ok(core)
+    }
+
+    /// The core exactly as the snapshot holds it, after the checks of
+    /// [`ControlPlane::restore`], but without carrying it on to a later time: for a
+    /// driver that replays the calls it logged after the snapshot, and must therefore
+    /// start from the very state those calls were made on. Call
+    /// [`ControlPlane::resume`] once the replay is done.
+    pub fn from_snapshot(snapshot: Snapshot) -> Result<ControlPlane, RestoreError> {
         let Snapshot {
             config,
             ledger,
@@ -132,7 +143,7 @@ impl ControlPlane {
             events,
             clock,
         } = snapshot;
-        let mut core = ControlPlane {
+        let core = ControlPlane {
             config,
             ledger,
             membership,
@@ -140,10 +151,17 @@ impl ControlPlane {
             clock,
         };
         core.check_invariants()?;
-        let now = core.observe(now);
-        core.membership.forgive_silence_until(now);
-        core.tick(now);
         Ok(core)
+    }
+
+    /// Carries on after an outage that ended at `now`: the actors' silence until then
+    /// is forgiven (the core could not hear them), and everything due is applied, so
+    /// leases whose deadline passed during the outage expire now and the others keep
+    /// their deadlines.
+    pub fn resume(&mut self, now: Millis) {
+        let now = self.observe(now);
+        self.membership.forgive_silence_until(now);
+        self.tick(now);
     }
 
     /// The state to persist; [`ControlPlane::restore`] carries on from it. Serializing
@@ -444,6 +462,13 @@ impl ControlPlane {
     /// next step cannot open before it is taken.
     pub fn take_step_outcome(&mut self) -> Option<StepOutcome> {
         self.ledger.take_outcome()
+    }
+
+    /// What [`ControlPlane::take_step_outcome`] would return, without taking it: a
+    /// driver can check what it must hand over with the outcome (stored rollouts, say)
+    /// before the outcome counts as delivered.
+    pub fn step_outcome(&self) -> Option<StepOutcome> {
+        self.ledger.outcome()
     }
 
     /// A registered actor.

@@ -645,9 +645,17 @@ impl Ledger {
     /// The completed step's outcome, once; `None` while the step is open, or if it was
     /// taken already, or before the first step.
     pub(crate) fn take_outcome(&mut self) -> Option<StepOutcome> {
-        let step = self.step.as_mut().filter(|step| !step.outcome_taken)?;
+        let outcome = self.outcome()?;
+        if let Some(step) = &mut self.step {
+            step.outcome_taken = true;
+        }
+        Some(outcome)
+    }
+
+    /// The completed step's outcome if it has not been taken, leaving it untaken.
+    pub(crate) fn outcome(&self) -> Option<StepOutcome> {
+        let step = self.step.as_ref().filter(|step| !step.outcome_taken)?;
         let completion = step.completion?;
-        step.outcome_taken = true;
         let mut accepted = Vec::new();
         let mut unfinished = Vec::new();
         for job in &step.jobs {

@@ -73,6 +73,13 @@
 //! never a panic), then everything, including leases, reservations, estimates and
 //! counters, continues where it stopped.
 //!
+//! The core is deterministic: the same calls with the same times, from the same state,
+//! give the same state (no randomness, no hash-ordered collections). A driver that
+//! logs its calls rather than saving the whole state after each (the hub) loads its
+//! last snapshot with [`ControlPlane::from_snapshot`], which checks it exactly as
+//! `restore` does, replays the calls logged since at their recorded times, and then
+//! calls [`ControlPlane::resume`], the second half of `restore`.
+//!
 //! # Limits
 //!
 //! Every collection is bounded by [`Limits`] or a constant: actors, batch size (and so

@@ -157,24 +157,30 @@ fn is_connection_error(error: &io::Error) -> bool {
 }
 
 /// Ticks the core whenever a deadline is due, so that leases expire and silent actors
-/// are removed even when no request comes in.
+/// are removed even when no request comes in; ends when the hub has stopped.
 async fn tick_forever(hub: Arc<Hub>) {
     loop {
         let ticking = Arc::clone(&hub);
         // Both calls take the core's lock, which a commit may hold through an fsync,
         // so they run on the blocking pool rather than stall a runtime worker.
-        let wait = tokio::task::spawn_blocking(move || {
-            if let Err(error) = ticking.tick() {
+        let wait = tokio::task::spawn_blocking(move || match ticking.tick() {
+            Err(CallError::Stopped) => None,
+            Err(error) => {
                 tracing::error!(%error, "tick not saved");
+                Some(ticking.until_next_tick())
             }
-            ticking.until_next_tick()
+            Ok(_) => Some(ticking.until_next_tick()),
         })
         .await
         .unwrap_or_else(|error| {
             tracing::error!(%error, "tick task failed");
-            TICK_WAIT_MIN
+            Some(TICK_WAIT_MIN)
         });
-        // The floor keeps a failing save (the deadline stays due) from spinning.
+        let Some(wait) = wait else {
+            tracing::error!("the hub has stopped: no more ticks until it is restarted");
+            return;
+        };
+        // The floor keeps a tick that keeps failing (the deadline stays due) from spinning.
         tokio::time::sleep(wait.max(TICK_WAIT_MIN)).await;
     }
 }
@@ -333,15 +339,15 @@ async fn preempt(
 }
 
 async fn status(State(hub): State<Arc<Hub>>) -> Result<axum::Json<StatusResponse>, ApiError> {
-    let status = blocking(hub, |hub| hub.inspect(StatusResponse::from_core)).await?;
+    let status = blocking(hub, |hub| hub.read(StatusResponse::from_core)).await??;
     Ok(axum::Json(status))
 }
 
 async fn metrics(State(hub): State<Arc<Hub>>) -> Result<impl IntoResponse, ApiError> {
     let text = blocking(hub, |hub| {
-        hub.inspect(|core| crate::metrics::render(core, hub.leases_issued()))
+        hub.read(|core| crate::metrics::render(core, hub.leases_issued()))
     })
-    .await?;
+    .await??;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 
@@ -442,6 +448,8 @@ impl From<CallError> for ApiError {
                 tracing::error!(%error, "request refused: the hub could not do its part");
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            // Until an operator restarts it; the database has everything acknowledged.
+            CallError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError::new(status, error.to_string())
     }

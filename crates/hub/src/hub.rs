@@ -1,13 +1,25 @@
 //! [`Hub`]: the core behind a mutex, a [`Clock`], the durable store and the tokens.
 //!
-//! Every mutating call runs the same way ([`Hub::apply_with`]): under the lock, read
-//! the clock, run the core method on a *copy* of the core, drain its events into the
-//! log, commit the copy together with what the call changed besides the core (accepted
-//! payloads, tokens), and only then install it and return. A failed commit therefore
-//! leaves the live core equal to the stored one, and the caller (the HTTP handler)
-//! reports an error instead of acknowledging anything that a crash could lose.
-//! Working on a copy also keeps the live core intact if a core method ever panicked,
-//! so a poisoned lock can be taken over safely.
+//! Every mutating call is a [`Command`] and runs the same way ([`Hub::execute`]):
+//! under the lock, read the clock, apply the command to the live core, drain its
+//! events into the log, and commit one transaction holding the command's journal
+//! record and what the call changed besides the core (accepted payloads, tokens);
+//! only then does the caller get the answer. The cost of a call is therefore what it
+//! changed, not the size of the state (module `store` explains the checkpoints).
+//!
+//! # A failed commit stops the hub
+//!
+//! The command runs on the live core itself, not on a copy, so that no call pays for
+//! copying the state. If the commit then fails, memory is ahead of disk, and the hub
+//! stops: it answers that call with the error and every later call with
+//! [`CallError::Stopped`], until it is restarted, which rebuilds the core from the
+//! database (checkpoint and journal) as it does after a crash. Nothing unsaved is
+//! ever acknowledged. The alternatives were worse: undoing the call needs a copy made
+//! before it (the O(state) cost this design removes), and rebuilding in place needs
+//! the database, which redb refuses to use after an I/O error until it is reopened
+//! ("Previous I/O error occurred"), so a hub that carried on would fail every later
+//! commit anyway. A panic while the lock is held (a core method's, which would be a
+//! bug) poisons the lock and stops the hub the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -18,14 +30,20 @@ use std::time::Duration;
 use aurora_control::{
     Accepted, ActorId, Assignment, Config, ConfigError, ControlPlane, MembershipError, Millis,
     OpenStepError, PromptId, PublishError, Readiness, Registration, Rejection, RolloutReport,
-    StepId, StepOutcome, SubmitError, UnknownActor, Version, WeightsHash,
+    Snapshot, StepId, StepOutcome, SubmitError, UnknownActor, Version, WeightsHash,
 };
 use serde_json::value::RawValue;
 use thiserror::Error;
 
 use crate::auth::{ActorToken, AuthError, claimed_actor, hash_token};
 use crate::clock::Clock;
-use crate::store::{AcceptedRollout, Changes, LoadError, PersistError, StateStore};
+use crate::journal::{
+    Claim, Command, Heartbeat, Leave, OpenStep, Preempt, PublishVersion, Record, Register,
+    ReportVersions, Resume, Submit, TakeStepOutcome, Tick,
+};
+use crate::store::{
+    AcceptedRollout, Changes, Journal, LoadError, PersistError, StateStore, Stored,
+};
 
 /// Settings of a hub.
 #[derive(Clone, Debug)]
@@ -56,6 +74,9 @@ pub enum OpenError {
     /// The stored state could not be loaded.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// The restart itself (a journaled call) could not be saved.
+    #[error("saving the restart: {0}")]
+    Resume(#[source] PersistError),
 }
 
 /// Why a call on the hub failed.
@@ -76,9 +97,17 @@ pub enum CallError {
     /// A step could not be opened.
     #[error(transparent)]
     OpenStep(#[from] OpenStepError),
-    /// The new state could not be saved, so the call did not happen.
-    #[error(transparent)]
+    /// The call could not be saved, so it was not acknowledged; the hub has stopped
+    /// (see [`CallError::Stopped`]).
+    #[error("{0}; the hub has stopped: restart it to carry on from its database")]
     Persist(#[from] PersistError),
+    /// An earlier call could not be saved, so memory may be ahead of the database: the
+    /// hub refuses every call until it is restarted, which carries on from the
+    /// database.
+    #[error(
+        "the hub stopped after failing to save a call; restart it to carry on from its database"
+    )]
+    Stopped,
     /// Stored payloads could not be read, or disagree with the accepted results.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -110,7 +139,7 @@ pub struct StepResults {
 /// async callers run them on the blocking pool, except the `authenticate_*` methods,
 /// which never wait on the disk.
 pub struct Hub {
-    core: Mutex<ControlPlane>,
+    live: Mutex<Live>,
     store: StateStore,
     clock: Arc<dyn Clock>,
     fleet_token: blake3::Hash,
@@ -124,32 +153,60 @@ pub struct Hub {
     leases_issued: AtomicU64,
 }
 
+/// What changes with every call, under one lock.
+struct Live {
+    core: ControlPlane,
+    /// Where the journal stands: it advances with the core.
+    journal: Journal,
+    /// Set when a call could not be saved (see the module documentation).
+    stopped: bool,
+}
+
 impl Hub {
     /// Opens the state database, restoring the core saved there or starting a fresh
     /// one from `config.control`.
     ///
-    /// The restored core carries on at the clock's current time: leases whose deadline
-    /// passed while the hub was down expire now, the others keep their deadlines, and
-    /// the actors' silence during the outage is forgiven (they could not reach it).
+    /// The core is rebuilt from the checkpoint and the journal, and then carries on at
+    /// the clock's current time: leases whose deadline passed while the hub was down
+    /// expire now, the others keep their deadlines, and the actors' silence during the
+    /// outage is forgiven (they could not reach it).
     pub fn open(config: HubConfig) -> Result<Hub, OpenError> {
         if config.token.is_empty() {
             return Err(OpenError::EmptyToken);
         }
         let (store, stored) = StateStore::open(&config.db_path)?;
-        let core = match stored.snapshot {
-            Some(snapshot) => ControlPlane::restore(snapshot, config.clock.now())
-                .map_err(|error| OpenError::Load(LoadError::Restore(error)))?,
+        let Stored {
+            snapshot,
+            records,
+            journal,
+            tokens,
+        } = stored;
+        let core = match snapshot {
+            Some(snapshot) => replay(snapshot, &records)?,
             None => ControlPlane::new(config.control)?,
         };
-        Ok(Hub {
-            core: Mutex::new(core),
+        let hub = Hub {
+            live: Mutex::new(Live {
+                core,
+                journal,
+                stopped: false,
+            }),
             store,
             clock: config.clock,
             fleet_token: hash_token(config.token.as_bytes()),
-            actor_tokens: RwLock::new(stored.tokens),
+            actor_tokens: RwLock::new(tokens),
             tick_interval_max: config.tick_interval_max,
             leases_issued: AtomicU64::new(0),
-        })
+        };
+        // Resuming changes the state, so it is journaled like any call: a later replay
+        // must repeat it to reach the state the following calls were made on.
+        {
+            // Nobody else holds the new hub, so the lock is free and unpoisoned.
+            let mut live = hub.live.lock().unwrap_or_else(PoisonError::into_inner);
+            hub.execute_locked(&mut live, Resume, no_changes)
+                .map_err(OpenError::Resume)?;
+        }
+        Ok(hub)
     }
 
     /// Publishes the trainer's `version` with h(version).
@@ -158,20 +215,22 @@ impl Hub {
         version: Version,
         weights_hash: WeightsHash,
     ) -> Result<(), CallError> {
-        self.apply(|core, _| core.publish_version(version, weights_hash))??;
-        Ok(())
+        let command = PublishVersion {
+            version,
+            weights_hash,
+        };
+        Ok(self.execute(command, no_changes)??)
     }
 
     /// Opens a step on the latest version. The stored payloads of earlier steps are
     /// dropped in the same transaction: the trainer has consumed them.
     pub fn open_step(&self, prompts: &[PromptId]) -> Result<StepId, CallError> {
-        Ok(self.apply_with(|core, now| {
-            let opened = core.open_step(prompts, now);
-            let changes = Changes {
-                drop_rollouts_before: opened.as_ref().ok().copied(),
-                ..Changes::default()
-            };
-            (opened, changes)
+        let command = OpenStep {
+            prompts: prompts.to_vec(),
+        };
+        Ok(self.execute(command, |opened| Changes {
+            drop_rollouts_before: opened.as_ref().ok().copied(),
+            ..Changes::default()
         })??)
     }
 
@@ -180,9 +239,8 @@ impl Hub {
     /// [`ControlPlane::take_step_outcome`]). Nothing is taken if the payloads cannot
     /// be read or do not match the accepted results.
     pub fn take_step_outcome(&self) -> Result<Option<StepResults>, CallError> {
-        let mut core = self.lock();
-        let mut next = core.clone();
-        let Some(outcome) = next.take_step_outcome() else {
+        let mut live = self.live()?;
+        let Some(outcome) = live.core.step_outcome() else {
             return Ok(None);
         };
         let rollouts = self.rollouts(outcome.step)?;
@@ -199,7 +257,7 @@ impl Hub {
             }
             .into());
         }
-        self.commit_locked(&mut core, next, Changes::default())?;
+        self.execute_locked(&mut live, TakeStepOutcome, no_changes)?;
         Ok(Some(StepResults { outcome, rollouts }))
     }
 
@@ -218,20 +276,20 @@ impl Hub {
         registration: Registration,
     ) -> Result<(Readiness, ActorToken), CallError> {
         let token = ActorToken::generate(actor).map_err(CallError::Entropy)?;
-        let readiness = self.apply_with(|core, now| {
-            let readiness = core.register(actor, registration, now);
-            let changes = Changes {
-                issued_token: readiness.is_ok().then(|| (actor, token.hash())),
-                ..Changes::default()
-            };
-            (readiness, changes)
+        let command = Register {
+            actor,
+            registration,
+        };
+        let readiness = self.execute(command, |readiness| Changes {
+            issued_token: readiness.is_ok().then(|| (actor, token.hash())),
+            ..Changes::default()
         })??;
         Ok((readiness, token))
     }
 
     /// Records a heartbeat.
     pub fn heartbeat(&self, actor: ActorId) -> Result<(), CallError> {
-        Ok(self.apply(|core, now| core.heartbeat(actor, now))??)
+        Ok(self.execute(Heartbeat { actor }, no_changes)??)
     }
 
     /// Records the versions an actor has active and staged.
@@ -241,13 +299,18 @@ impl Hub {
         active: Version,
         staged: Option<Version>,
     ) -> Result<Readiness, CallError> {
-        Ok(self.apply(|core, now| core.report_versions(actor, active, staged, now))??)
+        let command = ReportVersions {
+            actor,
+            active,
+            staged,
+        };
+        Ok(self.execute(command, no_changes)??)
     }
 
     /// Hands out work, with the time the claim was handled (lease expiries are on the
     /// hub's clock; the wire expresses them relative to this time).
     pub fn claim(&self, actor: ActorId) -> Result<(Assignment, Millis), CallError> {
-        let (assignment, now) = self.apply(|core, now| (core.claim(actor, now), now))?;
+        let (assignment, now) = self.execute(Claim { actor }, no_changes)?;
         let assignment = assignment?;
         if let Assignment::Work { leases, .. } = &assignment {
             let issued = u64::try_from(leases.len()).unwrap_or(u64::MAX);
@@ -263,10 +326,9 @@ impl Hub {
         actor: ActorId,
         results: &[RolloutResult],
     ) -> Result<Vec<Result<Accepted, Rejection>>, CallError> {
-        let reports: Vec<RolloutReport> = results.iter().map(|result| result.report).collect();
-        Ok(self.apply_with(|core, now| {
-            let outcomes = core.submit(actor, &reports, now);
-            let accepted = match &outcomes {
+        let reports = results.iter().map(|result| result.report).collect();
+        Ok(self.execute(Submit { actor, reports }, |outcomes| {
+            let accepted = match outcomes {
                 Ok(outcomes) => outcomes
                     .iter()
                     .zip(results)
@@ -278,53 +340,68 @@ impl Hub {
                     .collect(),
                 Err(_) => Vec::new(),
             };
-            let changes = Changes {
+            Changes {
                 accepted,
                 ..Changes::default()
-            };
-            (outcomes, changes)
+            }
         })??)
     }
 
     /// A graceful leave.
     pub fn leave(&self, actor: ActorId) -> Result<(), CallError> {
-        Ok(self.apply(|core, _| core.leave(actor))??)
+        Ok(self.execute(Leave { actor }, no_changes)??)
     }
 
     /// A preemption notice.
     pub fn preempt(&self, actor: ActorId) -> Result<(), CallError> {
-        Ok(self.apply(|core, now| core.preempt(actor, now))??)
+        Ok(self.execute(Preempt { actor }, no_changes)??)
     }
 
     /// Applies what is due (expired leases, silent actors, ended preemption windows);
     /// returns whether anything was. Nothing is written when nothing is due, so an idle
-    /// hub does not rewrite its state on every timer.
-    pub fn tick(&self) -> Result<bool, PersistError> {
-        let mut core = self.lock();
+    /// hub does not write on every timer.
+    pub fn tick(&self) -> Result<bool, CallError> {
+        let mut live = self.live()?;
         let now = self.clock.now();
-        if core.next_deadline().is_none_or(|deadline| deadline > now) {
+        if live
+            .core
+            .next_deadline()
+            .is_none_or(|deadline| deadline > now)
+        {
             return Ok(false);
         }
-        let mut next = core.clone();
-        next.tick(now);
-        self.commit_locked(&mut core, next, Changes::default())?;
+        self.execute_locked(&mut live, Tick, no_changes)?;
         Ok(true)
     }
 
     /// How long until [`Hub::tick`] has something to do, at most the configured
     /// `tick_interval_max`.
     pub fn until_next_tick(&self) -> Duration {
-        let core = self.lock();
         let now = self.clock.now();
-        core.next_deadline()
+        self.inspect(ControlPlane::next_deadline)
             .map_or(self.tick_interval_max, |deadline| {
                 Duration::from_millis(deadline.saturating_since(now)).min(self.tick_interval_max)
             })
     }
 
-    /// Reads the core (for status and metrics).
+    /// Reads the core as it is in memory, also after the hub stopped (see
+    /// [`CallError::Stopped`]), when it may show a call that was not saved: for the
+    /// in-process trainer and tests. The API serves [`Hub::read`] instead.
     pub fn inspect<T>(&self, read: impl FnOnce(&ControlPlane) -> T) -> T {
-        read(&self.lock())
+        // A poisoned lock has stopped the hub, but reading plain data stays safe.
+        read(
+            &self
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .core,
+        )
+    }
+
+    /// Reads the core unless the hub has stopped, so that what it shows is on disk
+    /// (for status and metrics).
+    pub fn read<T>(&self, read: impl FnOnce(&ControlPlane) -> T) -> Result<T, CallError> {
+        Ok(read(&self.live()?.core))
     }
 
     /// Leases handed out since this hub process started.
@@ -359,55 +436,65 @@ impl Hub {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, ControlPlane> {
-        // See the module documentation: the live core is never left half-mutated.
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The live state, unless the hub has stopped.
+    fn live(&self) -> Result<MutexGuard<'_, Live>, CallError> {
+        let live = self.live.lock().map_err(|_| CallError::Stopped)?;
+        if live.stopped {
+            return Err(CallError::Stopped);
+        }
+        Ok(live)
     }
 
-    fn apply<T>(
+    /// Runs `command` on the live core at the clock's time and saves it with the
+    /// changes `changes` derives from its answer.
+    fn execute<'a, C: Command>(
         &self,
-        call: impl FnOnce(&mut ControlPlane, Millis) -> T,
-    ) -> Result<T, PersistError> {
-        self.apply_with(|core, now| (call(core, now), Changes::default()))
+        command: C,
+        changes: impl FnOnce(&C::Output) -> Changes<'a>,
+    ) -> Result<C::Output, CallError> {
+        Ok(self.execute_locked(&mut *self.live()?, command, changes)?)
     }
 
-    /// Runs `call` on a copy of the core at the clock's time and commits the copy with
-    /// the changes `call` returns.
-    fn apply_with<'a, T>(
+    /// [`Hub::execute`] with the lock held: applies the command, then commits its
+    /// record and `changes`, revoking the tokens of actors that are no longer members.
+    /// A failed commit stops the hub (see the module documentation).
+    fn execute_locked<'a, C: Command>(
         &self,
-        call: impl FnOnce(&mut ControlPlane, Millis) -> (T, Changes<'a>),
-    ) -> Result<T, PersistError> {
-        let mut core = self.lock();
-        // Read under the lock so that calls reach the core in clock order.
+        live: &mut Live,
+        command: C,
+        changes: impl FnOnce(&C::Output) -> Changes<'a>,
+    ) -> Result<C::Output, PersistError> {
+        // Read under the lock so that calls reach the core, and the journal, in clock
+        // order.
         let now = self.clock.now();
-        let mut next = core.clone();
-        let (value, changes) = call(&mut next, now);
-        self.commit_locked(&mut core, next, changes)?;
-        Ok(value)
-    }
-
-    /// Commits `next` and `changes`, revoking the tokens of actors that are no longer
-    /// members, then installs `next` as the live core.
-    fn commit_locked(
-        &self,
-        core: &mut ControlPlane,
-        mut next: ControlPlane,
-        mut changes: Changes<'_>,
-    ) -> Result<(), PersistError> {
+        let output = command.apply(&mut live.core, now);
         // Events only notify (the state is authoritative), so the log is their sink;
-        // draining them before the save keeps the stored queue empty.
-        while let Some(event) = next.poll_event() {
+        // draining them after every call keeps the queue empty between calls, in the
+        // checkpoints and in a replay alike.
+        while let Some(event) = live.core.poll_event() {
             tracing::info!(?event, "control event");
         }
+        let mut changes = changes(&output);
         changes.revoked_tokens = self
             .actor_tokens
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .keys()
             .copied()
-            .filter(|actor| next.member(*actor).is_none())
+            .filter(|actor| live.core.member(*actor).is_none())
             .collect();
-        self.store.commit(&next, &changes)?;
+        let record = Record {
+            at: now,
+            call: command.into(),
+        };
+        if let Err(error) = self
+            .store
+            .commit(&mut live.journal, &live.core, &record, &changes)
+        {
+            live.stopped = true;
+            tracing::error!(%error, "a call could not be saved; the hub has stopped");
+            return Err(error);
+        }
         let mut tokens = self
             .actor_tokens
             .write()
@@ -418,9 +505,24 @@ impl Hub {
         if let Some((actor, hash)) = changes.issued_token {
             tokens.insert(actor, hash);
         }
-        *core = next;
-        Ok(())
+        Ok(output)
     }
+}
+
+/// For commands that change nothing besides the core.
+fn no_changes<'a, T>(_: &T) -> Changes<'a> {
+    Changes::default()
+}
+
+/// Rebuilds the core from a checkpoint and the records saved after it, checking the
+/// checkpoint and the result against every invariant of the core.
+fn replay(snapshot: Snapshot, records: &[Record]) -> Result<ControlPlane, LoadError> {
+    let mut core = ControlPlane::from_snapshot(snapshot)?;
+    for record in records {
+        record.replay(&mut core);
+    }
+    core.check_invariants()?;
+    Ok(core)
 }
 
 /// The smallest prompt on which two lists of (prompt, actor) differ.

@@ -19,23 +19,34 @@
 //!
 //! # Persistence, and why an acknowledged acceptance survives a crash
 //!
-//! One redb database holds the whole core as a serde_json snapshot, the payload of
-//! every accepted result and the hashes of the actor tokens (module `store`). Each
-//! mutating call, under the core's lock:
+//! One redb database holds a checkpoint of the core (a serde_json snapshot), the
+//! journal of the calls made since, the payload of every accepted result and the
+//! hashes of the actor tokens (modules `store` and `journal`). Each mutating call,
+//! under the core's lock:
 //!
-//! 1. runs the core method on a copy of the core, at the hub's clock;
+//! 1. runs the core method on the live core, at the hub's clock;
 //! 2. drains the core's events into the log;
-//! 3. commits the copy, the payloads it accepted and the tokens it issued or revoked
-//!    in one redb write transaction, whose commit fsyncs;
-//! 4. only then installs the copy as the live core and lets the handler respond.
+//! 3. commits the call's journal record (the call, its arguments and the clock time),
+//!    the payloads it accepted and the tokens it issued or revoked in one redb write
+//!    transaction, whose commit fsyncs;
+//! 4. only then lets the handler respond.
 //!
-//! A client therefore sees an acceptance only after the state recording it, payload
-//! included, is on disk: a crash before step 3 completes loses a call nobody was told
-//! about (the actor retries), a crash after it loses nothing, and nothing is accepted
-//! twice. If the commit fails, the live core stays equal to the stored one and the
-//! client gets a 500. On start, [`Hub::open`] restores the saved state through
-//! [`aurora_control::ControlPlane::restore`], which re-checks every invariant, so a
-//! corrupt database is a typed [`OpenError`], never a panic.
+//! A call thus writes what it changed, not the whole state: the state is written
+//! whole only as a checkpoint, when the journal since the last one has grown to its
+//! size, so whole-state writes cost at most as much again as the records.
+//!
+//! A client sees an acceptance only after the record of it, payload included, is on
+//! disk: a crash before step 3 completes loses a call nobody was told about (the
+//! actor retries), a crash after it loses nothing, and nothing is accepted twice. If
+//! the commit fails, memory is ahead of disk, so the hub stops: the client gets a 500
+//! and every later call a 503 until the hub is restarted (module `hub` explains why
+//! it does not try to undo the call). On start, [`Hub::open`] checks the checkpoint
+//! with [`aurora_control::ControlPlane::from_snapshot`], replays the journal through
+//! the same code the live calls ran (the core is deterministic, so the replay ends in
+//! the state the calls left), checks every invariant again, and carries on at the
+//! clock's time ([`aurora_control::ControlPlane::resume`], itself journaled). A
+//! corrupt database, a damaged record included, is a typed [`OpenError`] naming what
+//! is wrong, never a panic.
 //!
 //! The trainer side is in-process: [`Hub::publish_version`], [`Hub::open_step`] and
 //! [`Hub::take_step_outcome`], which hands over a completed step's accepted results
@@ -54,6 +65,7 @@ mod auth;
 mod clock;
 mod http;
 mod hub;
+mod journal;
 mod metrics;
 mod store;
 pub mod wire;

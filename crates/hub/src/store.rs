@@ -1,33 +1,53 @@
-//! The hub's durable state: the serialized [`ControlPlane`], the payloads of accepted
-//! rollouts and the hashes of actor tokens, in one redb database.
+//! The hub's durable state, in one redb database: a checkpoint of the core, the
+//! journal of the calls made since, the payloads of accepted rollouts and the hashes
+//! of actor tokens.
 //!
 //! Tables:
 //!
-//! * `control_state: u64 -> &[u8]`: the core's snapshot (serde_json text) under key
-//!   [`STATE_KEY`].
+//! * `control_state: u64 -> &[u8]`: the checkpoint, a single entry: the core's
+//!   snapshot (serde_json text), keyed by the sequence number of the first journal
+//!   record it does not include.
+//! * `journal: u64 -> &[u8]`: the calls made since the checkpoint, by sequence number,
+//!   each a [`Record`] (serde_json text): the command and the time it ran at. The
+//!   sequence numbers run on from the checkpoint's key without a gap.
 //! * `rollouts: (step, prompt) -> (actor, payload)`: the payload (JSON text) of each
-//!   accepted result, written in the same transaction as the acceptance. A step's
-//!   payloads stay until the next step opens (in that transaction), so a trainer that
-//!   stopped between taking a step and opening the next can read them again.
+//!   accepted result, written in the same transaction as the record of the call that
+//!   accepted it. A step's payloads stay until the next step opens (in that
+//!   transaction), so a trainer that stopped between taking a step and opening the
+//!   next can read them again.
 //! * `actor_tokens: actor -> hash`: the BLAKE3 hash of each member's current token.
 //!
-//! Every change is one write transaction committed with redb's default durability
+//! Every call is one write transaction committed with redb's default durability
 //! (fsync before `commit` returns), so a reader after a crash sees the state before
-//! the change or after it, never a torn one, and never an acceptance without its
-//! payload.
+//! the call or after it, never a torn one, and never an acceptance without its
+//! payload. The transaction holds the call's record, the payloads it accepted and the
+//! tokens it issued or revoked: what the call changed, not the whole state.
+//!
+//! # Checkpoints
+//!
+//! When the records since the checkpoint would reach the checkpoint's own size, the
+//! transaction writes a new checkpoint (the state after the call, which then needs no
+//! record) and empties the journal instead. Whole-state writes therefore never cost
+//! more bytes than the records they retire (at most twice the bytes of the records
+//! alone, amortized, whatever the size of the state), and a restart replays at most
+//! about one checkpoint's worth of records. The rule has no setting to tune: a small
+//! state is checkpointed often because it is cheap, a large one rarely.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use aurora_control::{ActorId, ControlPlane, PromptId, RestoreError, Snapshot, StepId};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde_json::value::RawValue;
 use thiserror::Error;
 
-/// The table holding the snapshot.
+use crate::journal::Record;
+
+/// The checkpoint, keyed by the sequence number of the first record it does not
+/// include.
 const STATE: TableDefinition<u64, &[u8]> = TableDefinition::new("control_state");
-/// The snapshot's key: there is one state per database.
-const STATE_KEY: u64 = 0;
+/// The records since the checkpoint, by sequence number.
+const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 /// Accepted payloads by (step, prompt), with the actor that generated them.
 const ROLLOUTS: TableDefinition<(u64, u64), (u64, &[u8])> = TableDefinition::new("rollouts");
 /// Token hashes by actor.
@@ -39,9 +59,13 @@ pub enum PersistError {
     /// The database refused the write.
     #[error("state database: {0}")]
     Database(#[from] redb::Error),
-    /// The core could not be serialized (a bug: its state is plain data).
-    #[error("serializing the state: {0}")]
+    /// The core or a record could not be serialized (a bug: both are plain data).
+    #[error("serializing the state or a journal record: {0}")]
     Encode(#[from] serde_json::Error),
+    /// The journal's sequence numbers have run out (only a corrupt checkpoint key
+    /// can bring them near the end).
+    #[error("the journal's sequence numbers are exhausted")]
+    SequenceExhausted,
 }
 
 /// The stored state could not be read.
@@ -53,6 +77,29 @@ pub enum LoadError {
     /// The stored bytes are not a snapshot.
     #[error("stored state is not a valid snapshot: {0}")]
     Corrupt(#[source] serde_json::Error),
+    /// The state table holds more than one checkpoint.
+    #[error("the state table holds {0} checkpoints, not one")]
+    Checkpoints(u64),
+    /// A journal record is not a valid call.
+    #[error("journal record {seq} is not a valid call: {source}")]
+    CorruptRecord {
+        /// Its sequence number.
+        seq: u64,
+        /// What the parser said.
+        source: serde_json::Error,
+    },
+    /// The journal's sequence numbers do not run on from the checkpoint without a
+    /// gap: a record is missing, or one is left from before the checkpoint.
+    #[error("journal record {found} where record {expected} was expected")]
+    JournalGap {
+        /// The sequence number that should come next.
+        expected: u64,
+        /// The one found.
+        found: u64,
+    },
+    /// The journal holds records but there is no checkpoint to replay them on.
+    #[error("the journal starts at record {0} but there is no checkpoint")]
+    NoCheckpoint(u64),
     /// The stored snapshot breaks an invariant of the core.
     #[error("stored state refused: {0}")]
     Restore(#[from] RestoreError),
@@ -103,10 +150,26 @@ pub(crate) struct Changes<'a> {
     pub(crate) drop_rollouts_before: Option<StepId>,
 }
 
+/// Where the journal stands; kept with the live core, under the hub's lock, and
+/// advanced only by a successful commit.
+#[derive(Debug, Default)]
+pub(crate) struct Journal {
+    /// The sequence number of the next call.
+    next: u64,
+    /// Bytes of the records since the checkpoint.
+    bytes: u64,
+    /// Bytes of the checkpoint; zero before the first, so the first call writes one.
+    checkpoint_bytes: u64,
+}
+
 /// What [`StateStore::open`] found.
 pub(crate) struct Stored {
-    /// The core's snapshot, if one was saved (still to be restored and checked).
+    /// The checkpoint's snapshot, if one was saved (still to be checked).
     pub(crate) snapshot: Option<Snapshot>,
+    /// The records since the checkpoint, in order, to replay on it.
+    pub(crate) records: Vec<Record>,
+    /// Where the journal stands after them.
+    pub(crate) journal: Journal,
     /// Token hashes by actor.
     pub(crate) tokens: BTreeMap<ActorId, blake3::Hash>,
 }
@@ -123,15 +186,43 @@ impl StateStore {
         let db = Database::create(path).map_err(redb::Error::from)?;
         let store = StateStore { db };
         let txn = store.db.begin_read().map_err(redb::Error::from)?;
-        let snapshot = match open_if_exists(&txn, STATE)? {
-            None => None,
-            Some(table) => match table.get(STATE_KEY).map_err(redb::Error::from)? {
-                None => None,
-                Some(bytes) => {
-                    Some(serde_json::from_slice(bytes.value()).map_err(LoadError::Corrupt)?)
+        let mut journal = Journal::default();
+        let mut snapshot = None;
+        if let Some(table) = open_if_exists(&txn, STATE)? {
+            let count = table.len().map_err(redb::Error::from)?;
+            if count > 1 {
+                return Err(LoadError::Checkpoints(count));
+            }
+            if let Some((next, bytes)) = table.first().map_err(redb::Error::from)? {
+                let bytes = bytes.value();
+                snapshot = Some(serde_json::from_slice(bytes).map_err(LoadError::Corrupt)?);
+                journal.next = next.value();
+                journal.checkpoint_bytes = byte_count(bytes);
+            }
+        }
+        let mut records = Vec::new();
+        if let Some(table) = open_if_exists(&txn, JOURNAL)? {
+            for entry in table.iter().map_err(redb::Error::from)? {
+                let (seq, bytes) = entry.map_err(redb::Error::from)?;
+                let (seq, bytes) = (seq.value(), bytes.value());
+                if snapshot.is_none() {
+                    return Err(LoadError::NoCheckpoint(seq));
                 }
-            },
-        };
+                if seq != journal.next {
+                    return Err(LoadError::JournalGap {
+                        expected: journal.next,
+                        found: seq,
+                    });
+                }
+                let record = serde_json::from_slice(bytes)
+                    .map_err(|source| LoadError::CorruptRecord { seq, source })?;
+                records.push(record);
+                // Keys are unique, so a saturated `next` meets no further record;
+                // the next commit then refuses to go on (`SequenceExhausted`).
+                journal.next = journal.next.saturating_add(1);
+                journal.bytes = journal.bytes.saturating_add(byte_count(bytes));
+            }
+        }
         let mut tokens = BTreeMap::new();
         if let Some(table) = open_if_exists(&txn, ACTOR_TOKENS)? {
             for entry in table.iter().map_err(redb::Error::from)? {
@@ -143,23 +234,55 @@ impl StateStore {
             }
         }
         drop(txn);
-        Ok((store, Stored { snapshot, tokens }))
+        let stored = Stored {
+            snapshot,
+            records,
+            journal,
+            tokens,
+        };
+        Ok((store, stored))
     }
 
-    /// Writes `core` and `changes` in one transaction: when this returns `Ok`, a crash
-    /// cannot lose them.
+    /// Saves one call in one transaction: its `record` (or, when the journal has
+    /// grown to the checkpoint's size, a checkpoint of `core`, the state after the
+    /// call) and its `changes`. When this returns `Ok`, a crash cannot lose them.
     pub(crate) fn commit(
         &self,
+        journal: &mut Journal,
         core: &ControlPlane,
+        record: &Record,
         changes: &Changes<'_>,
     ) -> Result<(), PersistError> {
-        let bytes = serde_json::to_vec(core)?;
+        let record = serde_json::to_vec(record)?;
+        let seq = journal.next;
+        let next = seq.checked_add(1).ok_or(PersistError::SequenceExhausted)?;
+        let journal_bytes = journal.bytes.saturating_add(byte_count(&record));
+        let checkpoint = if journal_bytes >= journal.checkpoint_bytes {
+            Some(serde_json::to_vec(core)?)
+        } else {
+            None
+        };
         let txn = self.db.begin_write().map_err(redb::Error::from)?;
         {
-            let mut state = txn.open_table(STATE).map_err(redb::Error::from)?;
-            state
-                .insert(STATE_KEY, bytes.as_slice())
-                .map_err(redb::Error::from)?;
+            let mut records = txn.open_table(JOURNAL).map_err(redb::Error::from)?;
+            match &checkpoint {
+                Some(state) => {
+                    let mut checkpoints = txn.open_table(STATE).map_err(redb::Error::from)?;
+                    checkpoints
+                        .retain(|_, _| false)
+                        .map_err(redb::Error::from)?;
+                    // The checkpoint includes this call: the journal restarts after it.
+                    checkpoints
+                        .insert(next, state.as_slice())
+                        .map_err(redb::Error::from)?;
+                    records.retain(|_, _| false).map_err(redb::Error::from)?;
+                }
+                None => {
+                    records
+                        .insert(seq, record.as_slice())
+                        .map_err(redb::Error::from)?;
+                }
+            }
             let mut rollouts = txn.open_table(ROLLOUTS).map_err(redb::Error::from)?;
             if let Some(step) = changes.drop_rollouts_before {
                 rollouts
@@ -182,6 +305,14 @@ impl StateStore {
             }
         }
         txn.commit().map_err(redb::Error::from)?;
+        journal.next = next;
+        match checkpoint {
+            Some(state) => {
+                journal.bytes = 0;
+                journal.checkpoint_bytes = byte_count(&state);
+            }
+            None => journal.bytes = journal_bytes,
+        }
         Ok(())
     }
 
@@ -227,4 +358,9 @@ fn open_if_exists<K: redb::Key + 'static, V: redb::Value + 'static>(
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
         Err(error) => Err(LoadError::Database(error.into())),
     }
+}
+
+/// A length as the journal counts bytes.
+fn byte_count(bytes: &[u8]) -> u64 {
+    u64::try_from(bytes.len()).unwrap_or(u64::MAX)
 }

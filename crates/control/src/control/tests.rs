@@ -1028,6 +1028,21 @@ fn resuming_after_an_outage_forgives_the_silence_but_not_the_leases() {
 }
 
 #[test]
+fn from_snapshot_keeps_the_state_exactly_and_resume_does_the_rest_of_restore() {
+    let mut hub = Hub::with_actors(&[1, 2]);
+    hub.open(4, 0);
+    hub.claim(1, 0);
+    let json = serde_json::to_string(&hub.core).unwrap();
+    let snapshot: Snapshot = serde_json::from_str(&json).unwrap();
+    let mut exact = ControlPlane::from_snapshot(snapshot.clone()).unwrap();
+    assert_eq!(exact, hub.core);
+    // 12 s later: past the leases and the heartbeat timeout.
+    exact.resume(at(12_000));
+    assert_ne!(exact, hub.core);
+    assert_eq!(exact, ControlPlane::restore(snapshot, at(12_000)).unwrap());
+}
+
+#[test]
 fn new_refuses_an_invalid_config() {
     let mut invalid = config();
     invalid.limits.max_batch_size = 0;
@@ -1300,7 +1315,11 @@ fn a_completed_steps_outcome_is_handed_over_before_the_next_step() {
         hub.core.open_step(&[PromptId(20)], at(1_600)),
         Err(OpenStepError::OutcomeNotTaken(step))
     );
+    let peeked = hub.core.step_outcome();
+    assert_eq!(hub.core.step_outcome(), peeked, "looking takes nothing");
     let outcome = hub.core.take_step_outcome().unwrap();
+    assert_eq!(peeked.as_ref(), Some(&outcome));
+    assert_eq!(hub.core.step_outcome(), None, "taken");
     assert_eq!(outcome.step, step);
     assert_eq!(
         outcome.accepted,

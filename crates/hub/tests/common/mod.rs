@@ -149,9 +149,27 @@ impl StoppedHub {
         txn.commit().unwrap();
     }
 
+    /// The clock the hub ran on, which keeps going while it is stopped.
+    pub fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    /// Reads the stopped hub's database in one transaction.
+    pub fn read_db<T>(&self, read: impl FnOnce(&redb::ReadTransaction) -> T) -> T {
+        use redb::ReadableDatabase;
+        let db = redb::Database::create(self.dir.path().join("hub.redb")).unwrap();
+        read(&db.begin_read().unwrap())
+    }
+
+    /// Opens a hub on the stopped hub's database and clock, leaving the database to
+    /// the stopped hub once the returned one is dropped.
+    pub fn open(&self) -> Result<Hub, aurora_hub::OpenError> {
+        Hub::open(hub_config(&self.dir, &self.clock, &self.control))
+    }
+
     /// Opens the hub again on the same database and clock.
     pub fn reopen(self) -> Result<TestHub, aurora_hub::OpenError> {
-        let hub = Hub::open(hub_config(&self.dir, &self.clock, &self.control))?;
+        let hub = self.open()?;
         Ok(TestHub {
             hub: Arc::new(hub),
             clock: self.clock,
