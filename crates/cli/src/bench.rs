@@ -13,7 +13,7 @@ use aurora_delta::{
     Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, OwnedTensor, check_base,
     count_changed, decode, owned_checkpoint, safetensors_layout,
 };
-use aurora_synth::{Synth, SynthConfig, preset};
+use aurora_synth::{ModelShape, Synth, SynthConfig, preset};
 use clap::Subcommand;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -162,16 +162,7 @@ fn codec(
     let shape = preset(preset_name).with_context(|| format!("unknown preset '{preset_name}'"))?;
     let mut results = Vec::new();
     for &density in densities {
-        let learning_rate = learning_rate_for(density) as f32;
-        tracing::info!(density, learning_rate, "generating base and target");
-        let mut synth = Synth::new(SynthConfig {
-            learning_rate,
-            ..SynthConfig::new(shape, seed)
-        });
-        let base = synth.export();
-        synth.step();
-        let target = synth.export();
-        drop(synth);
+        let (base, target, learning_rate) = checkpoint_pair(shape, density, seed);
         let result = measure(preset_name, density, learning_rate, &base, &target)?;
         print_result(&result);
         results.push(result);
@@ -181,6 +172,30 @@ fn codec(
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// A synthetic base checkpoint and one Adam-style step from it, at the learning rate
+/// that aims at `density_percent` of the BF16 elements changing; returns that rate too.
+pub(crate) fn checkpoint_pair(
+    shape: ModelShape,
+    density_percent: f64,
+    seed: u64,
+) -> (Vec<OwnedTensor>, Vec<OwnedTensor>, f32) {
+    let learning_rate = learning_rate_for(density_percent) as f32;
+    tracing::info!(
+        parameters = shape.parameters(),
+        density_percent,
+        learning_rate,
+        "generating base and target"
+    );
+    let mut synth = Synth::new(SynthConfig {
+        learning_rate,
+        ..SynthConfig::new(shape, seed)
+    });
+    let base = synth.export();
+    synth.step();
+    let target = synth.export();
+    (base, target, learning_rate)
 }
 
 fn pool(threads: usize) -> Result<rayon::ThreadPool> {

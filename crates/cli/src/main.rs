@@ -10,6 +10,7 @@ mod run;
 mod store_cmd;
 mod synth_cmd;
 mod wan_cmd;
+mod wan_transfer;
 
 use std::process::ExitCode;
 

@@ -1,7 +1,8 @@
 //! `aurora wan`: WAN emulation in network namespaces (needs root). `check` validates
 //! scenario files; `capacity` measures what this machine sustains through a plain veth
 //! and through the emulator; `bench` runs multi-stream TCP transfers across a scenario;
-//! `probe` measures its RTT and loss; `cleanup` removes namespaces of dead runs.
+//! `probe` measures its RTT and loss; `transfer` runs the segment transport across it
+//! (`crate::wan_transfer`); `cleanup` removes namespaces of dead runs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,6 +52,10 @@ pub enum WanCommand {
         #[arg(long, default_value_t = 10_000)]
         datagrams: usize,
     },
+    /// The segment transport (hub, relays, actors) across a scenario, on a synthetic
+    /// checkpoint pair: step time by encoding, stream counts, fan-out, cut-through.
+    #[command(subcommand)]
+    Transfer(crate::wan_transfer::TransferCommand),
     /// Remove the namespaces of runs whose process died.
     Cleanup,
 }
@@ -89,6 +94,7 @@ pub fn run(command: WanCommand) -> Result<()> {
             round_trips,
             datagrams,
         } => probe(&scenario, from, to, round_trips, datagrams),
+        WanCommand::Transfer(command) => crate::wan_transfer::run(command),
         WanCommand::Cleanup => {
             let removed = aurora_wan::remove_leftovers()?;
             crate::print_stdout(&format!("removed {} namespaces\n", removed.len()))
@@ -159,12 +165,7 @@ fn row(
     report: TransferReport,
 ) -> Row {
     let after = network.counters();
-    let delta = |field: fn(&Counters) -> u64| -> u64 {
-        let total = |all: &[DirectionCounters]| -> u64 {
-            all.iter().map(|direction| field(&direction.counters)).sum()
-        };
-        total(&after) - total(before)
-    };
+    let delta = |field: fn(&Counters) -> u64| growth(before, &after, |d| field(&d.counters));
     let rates: Vec<f64> = report.streams.iter().map(|s| s.goodput_mbps).collect();
     let rtts: Vec<f64> = report
         .streams
@@ -194,6 +195,17 @@ fn row(
         emulator_dropped: delta(|c| c.overflowed + c.send_failed),
         report,
     }
+}
+
+/// How much `field` grew between two readings of a network's counters, summed over
+/// every direction.
+pub(crate) fn growth(
+    before: &[DirectionCounters],
+    after: &[DirectionCounters],
+    field: impl Fn(&DirectionCounters) -> u64,
+) -> u64 {
+    let total = |all: &[DirectionCounters]| -> u64 { all.iter().map(&field).sum() };
+    total(after) - total(before)
 }
 
 fn print_header() -> Result<()> {
@@ -286,8 +298,18 @@ fn capacity(args: &TransferArgs) -> Result<()> {
     write_json(args.json.as_deref(), &rows)
 }
 
+/// Loads a scenario with every rate multiplied by `rate_scale`.
+pub(crate) fn load_scaled(path: &Path, rate_scale: f64) -> Result<Scenario> {
+    let scenario = Scenario::load(path)?;
+    if rate_scale == 1.0 {
+        return Ok(scenario);
+    }
+    tracing::warn!(rate_scale, "every rate of the scenario is scaled");
+    Ok(scenario.scale_rates(rate_scale)?)
+}
+
 /// The regions to measure between: as given, else the first and second.
-fn endpoints(
+pub(crate) fn endpoints(
     scenario: &Scenario,
     from: Option<String>,
     to: Option<String>,
@@ -320,11 +342,7 @@ fn bench(
     rate_scale: f64,
     args: &TransferArgs,
 ) -> Result<()> {
-    let mut scenario = Scenario::load(path)?;
-    if rate_scale != 1.0 {
-        scenario = scenario.scale_rates(rate_scale)?;
-        tracing::warn!(rate_scale, "every rate of the scenario is scaled");
-    }
+    let scenario = load_scaled(path, rate_scale)?;
     let (from, to) = endpoints(&scenario, from, to)?;
     let points = match scenario.sweep_points() {
         points if points.is_empty() => vec![scenario],

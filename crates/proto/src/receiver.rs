@@ -379,6 +379,17 @@ impl Receiver {
         self.tuner.current()
     }
 
+    /// Streams of the current session the upstream has welcomed: a benchmark starts
+    /// its clock once they are all up, so connection set-up is not timed.
+    pub fn welcomed_streams(&self) -> u8 {
+        self.session.as_ref().map_or(0, |s| {
+            s.streams
+                .iter()
+                .filter(|st| st.conn.is_some() && st.welcomed)
+                .count() as u8
+        })
+    }
+
     /// Opens or closes streams to reach `target` (at most the configured count).
     fn retarget(&mut self, target: u8) {
         let Some(s) = self.session.as_mut() else {

@@ -11,6 +11,8 @@ use aurora_delta::{
 use crate::frame::VersionRef;
 
 /// A checkpoint held as a safetensors image, with its version and verified hash.
+/// Cloning copies the image without hashing it again.
+#[derive(Clone)]
 pub struct Weights {
     image: Vec<u8>,
     layout: Vec<TensorLayout>,

@@ -1,16 +1,32 @@
-//! A measurable transfer: one delta from a hub to N receivers over S streams each.
-//! Benchmarks (and the WAN emulator's scenarios) call [`transfer`] with addresses of
-//! their choosing; connection set-up is not timed.
+//! Measurable transfers of one delta: [`transfer`] from a hub to N collectors over S
+//! streams (bytes, time, goodput as it goes), and a [`Fleet`] (a hub, relays and actors
+//! in regions) timed until every actor has staged.
+//!
+//! Benchmarks choose the addresses and the runtime every node runs on: across emulated
+//! regions each region has a runtime whose threads live in its network namespace, since
+//! a socket belongs to the namespace of the thread that creates it. All clocks are this
+//! process's, and connection set-up is never timed.
 
-use std::net::SocketAddr;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use aurora_delta::DeltaFile;
-use aurora_proto::{Identity, ReceiverStats, Role, SenderStats};
+use aurora_proto::{Identity, ReceiverStats, Role, SenderStats, Weights};
 use bytes::Bytes;
+use tokio::runtime::Handle;
 
 use crate::conn::SocketOptions;
-use crate::node::{NodeConfig, TransportError, spawn_collector, spawn_hub};
+use crate::engine::IdleEngine;
+use crate::node::{
+    NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector, spawn_hub,
+    spawn_relay,
+};
+
+/// How often [`transfer`] samples the bytes its receivers have read.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
+
+const TOKEN: &[u8] = b"bench";
 
 #[derive(Debug, Clone)]
 pub struct TransferSpec {
@@ -25,8 +41,14 @@ pub struct TransferSpec {
     pub socket: SocketOptions,
     /// Let receivers tune their stream count (`streams` is then the upper bound).
     pub tune_interval: Option<Duration>,
+    /// Stop after this long and report what each receiver holds by then (the goodput of
+    /// a transfer too slow to finish); `None` waits for every receiver.
+    pub time_limit: Option<Duration>,
     /// Give up after this long.
     pub timeout: Duration,
+    /// The runtimes the hub and the receivers run on; `None`: the caller's.
+    pub hub_runtime: Option<Handle>,
+    pub receiver_runtime: Option<Handle>,
 }
 
 impl TransferSpec {
@@ -39,104 +61,420 @@ impl TransferSpec {
             connect: None,
             socket: SocketOptions::default(),
             tune_interval: None,
+            time_limit: None,
             timeout: Duration::from_secs(600),
+            hub_runtime: None,
+            receiver_runtime: None,
         }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct ReceiverReport {
-    /// From publication to this receiver holding the verified artifact.
-    pub elapsed: Duration,
+    /// From publication to this receiver holding the verified artifact; `None` if it
+    /// did not within the time limit.
+    pub elapsed: Option<Duration>,
     pub stats: ReceiverStats,
+    /// Streams welcomed at the end (the tuner's choice when tuning).
+    pub streams: u8,
+    /// Bytes read from the hub by the end ([`NodeHandle::upstream_bytes`]).
+    pub bytes_read: u64,
 }
 
 #[derive(Debug, Clone)]
 pub struct TransferReport {
     pub artifact_bytes: u64,
     pub streams: u8,
-    /// From publication to the last receiver done.
+    /// From publication to the last receiver done, or to the time limit.
     pub elapsed: Duration,
     pub receivers: Vec<ReceiverReport>,
     pub sender: SenderStats,
+    /// Bytes all receivers had read from the hub, every [`PROGRESS_INTERVAL`] from
+    /// publication on.
+    pub progress: Vec<(Duration, u64)>,
 }
 
 impl TransferReport {
-    /// Artifact bytes delivered per second, summed over receivers.
+    /// Whether every receiver got the whole artifact.
+    pub fn complete(&self) -> bool {
+        self.receivers.iter().all(|r| r.elapsed.is_some())
+    }
+
+    /// The artifact once per receiver that got it, plus what the others had read by
+    /// the time limit (segments can be megabytes each, so counting only whole ones
+    /// would make a slow transfer's goodput jump in steps).
+    pub fn delivered_bytes(&self) -> u64 {
+        self.receivers
+            .iter()
+            .map(|r| match r.elapsed {
+                Some(_) => self.artifact_bytes,
+                None => r.bytes_read,
+            })
+            .sum()
+    }
+
+    /// Bytes delivered per second, summed over receivers.
     pub fn goodput_bytes_per_second(&self) -> f64 {
-        self.artifact_bytes as f64 * self.receivers.len() as f64 / self.elapsed.as_secs_f64()
+        self.delivered_bytes() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The network's goodput once the first `warmup` is over (slow start, a tuner's
+    /// first probes): the bytes read from the first sample at or after `warmup` to the
+    /// last sample that saw bytes arrive, over that time. It leaves out the start and
+    /// the verification and assembly of the artifact after its last byte. `None` when
+    /// no byte arrived after `warmup`.
+    pub fn steady_goodput(&self, warmup: Duration) -> Option<f64> {
+        let &(from, held) = self.progress.iter().find(|(at, _)| *at >= warmup)?;
+        let &(to, read) = self
+            .progress
+            .windows(2)
+            .rev()
+            .find(|pair| pair[1].1 > pair[0].1)
+            .map(|pair| &pair[1])?;
+        let span = to.checked_sub(from)?.as_secs_f64();
+        (span > 0.0).then(|| (read - held) as f64 / span)
     }
 }
 
+/// Runs `start` (a node's start) on `runtime`, so the node's sockets and tasks live
+/// there; on the caller's runtime when `None`.
+async fn start_on<T: Send + 'static>(
+    runtime: Option<&Handle>,
+    start: impl Future<Output = Result<T, TransportError>> + Send + 'static,
+) -> Result<T, TransportError> {
+    let Some(runtime) = runtime else {
+        return start.await;
+    };
+    match runtime.spawn(start).await {
+        Ok(result) => result,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => Err(TransportError::Stopped),
+    }
+}
+
+fn identity(role: Role, peer_id: String, region: &str) -> Identity {
+    Identity {
+        role,
+        peer_id,
+        region: region.into(),
+    }
+}
+
+/// Waits until the node has every one of its `streams` welcomed by its upstream.
+async fn all_streams_up(node: &NodeHandle, streams: u8) -> Result<NodeStatus, TransportError> {
+    node.wait_for(|s| s.connected && s.streams == streams).await
+}
+
 /// Publishes `spec.artifact` on a fresh hub and waits until every receiver holds it,
-/// verified. Receivers connect before the clock starts.
+/// verified, or the time limit. Receivers have all their streams up before the clock
+/// starts.
 pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportError> {
     let version = DeltaFile::parse(&spec.artifact)
         .map_err(TransportError::Extraction)?
         .header()
         .target_version;
-    let token = b"bench".to_vec();
-    let identity = |role, name: String| Identity {
-        role,
-        peer_id: name,
-        region: "bench".into(),
-    };
-    let mut hub_config = NodeConfig::new(identity(Role::Hub, "hub".into()), token.clone());
+    let mut hub_config =
+        NodeConfig::new(identity(Role::Hub, "hub".into(), "bench"), TOKEN.to_vec());
     hub_config.listen = Some(spec.listen);
     hub_config.socket = spec.socket.clone();
     hub_config.retain_versions = 1;
-    let hub = spawn_hub(hub_config, None).await?;
+    let hub = start_on(spec.hub_runtime.as_ref(), spawn_hub(hub_config, None)).await?;
     let address = spec
         .connect
         .unwrap_or(hub.local_addr().expect("the hub listens"));
     let mut receivers = Vec::with_capacity(spec.receivers);
     for index in 0..spec.receivers {
-        let mut config = NodeConfig::new(identity(Role::Actor, format!("r{index}")), token.clone());
+        let mut config = NodeConfig::new(
+            identity(Role::Actor, format!("r{index}"), "bench"),
+            TOKEN.to_vec(),
+        );
         config.upstreams = vec![address];
         config.streams = spec.streams;
         config.socket = spec.socket.clone();
         config.tune_interval = spec.tune_interval;
-        receivers.push(spawn_collector(config, version).await?);
+        let receiver = start_on(
+            spec.receiver_runtime.as_ref(),
+            spawn_collector(config, version),
+        )
+        .await;
+        match receiver {
+            Ok(receiver) => receivers.push(receiver),
+            Err(error) => {
+                hub.kill();
+                receivers.iter().for_each(NodeHandle::kill);
+                return Err(error);
+            }
+        }
     }
     let outcome = tokio::time::timeout(spec.timeout, async {
         for receiver in &receivers {
-            receiver.wait_for(|s| s.connected).await?;
+            all_streams_up(receiver, spec.streams).await?;
         }
         let start = Instant::now();
         hub.publish(spec.artifact.clone()).await?;
         let mut waits = tokio::task::JoinSet::new();
-        for receiver in &receivers {
+        for (index, receiver) in receivers.iter().enumerate() {
             let mut watch = receiver.watch();
             waits.spawn(async move {
-                let status = watch
+                watch
                     .wait_for(|s| s.completed.contains(&version))
                     .await
-                    .map_err(|_| TransportError::Stopped)?
-                    .clone();
-                Ok::<_, TransportError>(ReceiverReport {
-                    elapsed: start.elapsed(),
-                    stats: status.receiver.unwrap_or_default(),
-                })
+                    .map_err(|_| TransportError::Stopped)?;
+                Ok::<_, TransportError>((index, start.elapsed()))
             });
         }
-        let mut reports = Vec::new();
-        while let Some(done) = waits.join_next().await {
-            reports.push(done.expect("the wait does not panic")?);
+        let mut finished = vec![None; receivers.len()];
+        let mut progress = Vec::new();
+        let mut ticks = tokio::time::interval(PROGRESS_INTERVAL);
+        let deadline = spec.time_limit.map(|limit| start + limit);
+        loop {
+            let limit = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                done = waits.join_next() => match done {
+                    Some(done) => {
+                        let (index, elapsed) = done.expect("the wait does not panic")?;
+                        finished[index] = Some(elapsed);
+                    }
+                    None => break,
+                },
+                _ = ticks.tick() => {
+                    let read = receivers.iter().map(NodeHandle::upstream_bytes).sum();
+                    progress.push((start.elapsed(), read));
+                }
+                () = limit => break,
+            }
         }
-        Ok::<_, TransportError>((start.elapsed(), reports))
+        Ok::<_, TransportError>((start.elapsed(), finished, progress))
     })
     .await;
     let sender = hub.status().sender.unwrap_or_default();
     hub.kill();
-    for receiver in &receivers {
-        receiver.kill();
-    }
-    let (elapsed, receivers) = outcome.map_err(|_| TransportError::TimedOut(spec.timeout))??;
+    let statuses: Vec<(NodeStatus, u64)> = receivers
+        .iter()
+        .map(|r| (r.status(), r.upstream_bytes()))
+        .collect();
+    receivers.iter().for_each(NodeHandle::kill);
+    let (elapsed, finished, progress) =
+        outcome.map_err(|_| TransportError::TimedOut(spec.timeout))??;
+    let receivers = statuses
+        .into_iter()
+        .zip(finished)
+        .map(|((status, bytes_read), elapsed)| ReceiverReport {
+            elapsed,
+            stats: status.receiver.unwrap_or_default(),
+            streams: status.streams,
+            bytes_read,
+        })
+        .collect();
     Ok(TransferReport {
         artifact_bytes: spec.artifact.len() as u64,
         streams: spec.streams,
         elapsed,
         receivers,
         sender,
+        progress,
     })
+}
+
+/// One region of a [`Fleet`].
+#[derive(Debug, Clone)]
+pub struct FleetRegion {
+    pub name: String,
+    /// Actors in the region; with relays, the relay is one of them.
+    pub actors: usize,
+    /// The region's address; its relay listens there.
+    pub address: IpAddr,
+    /// The runtime its nodes run on; `None`: the caller's.
+    pub runtime: Option<Handle>,
+}
+
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    pub regions: Vec<FleetRegion>,
+    /// Each region's first actor is a relay the others subscribe to (falling back to
+    /// the hub); without relays every actor subscribes to the hub.
+    pub relays: bool,
+    /// Where the hub listens (port 0 picks one).
+    pub hub_listen: SocketAddr,
+    pub hub_runtime: Option<Handle>,
+    pub streams: u8,
+    pub socket: SocketOptions,
+    pub tune_interval: Option<Duration>,
+    /// Give up starting or waiting after this long.
+    pub timeout: Duration,
+}
+
+/// A relay or an actor of a [`Fleet`].
+pub struct Member {
+    pub region: String,
+    pub name: String,
+    pub role: Role,
+    pub node: NodeHandle,
+}
+
+/// When a member held a version and when it had staged it.
+#[derive(Debug, Clone)]
+pub struct StagedReport {
+    pub region: String,
+    pub name: String,
+    pub role: Role,
+    /// The version received and verified (observed at the latest when staged).
+    pub received: Duration,
+    pub staged: Duration,
+}
+
+/// A hub and, in every region, actors, maybe behind a relay. Dropping it kills every
+/// node.
+pub struct Fleet {
+    pub hub: NodeHandle,
+    pub members: Vec<Member>,
+    timeout: Duration,
+}
+
+impl Fleet {
+    /// Starts the hub and every region's relay and actors, each with a copy of
+    /// `weights` (the base of what will be published); returns once every member has
+    /// all its streams up, so what follows times transfers, not connections.
+    pub async fn start(spec: &FleetSpec, weights: &Weights) -> Result<Fleet, TransportError> {
+        let mut hub_config =
+            NodeConfig::new(identity(Role::Hub, "hub".into(), "hub"), TOKEN.to_vec());
+        hub_config.listen = Some(spec.hub_listen);
+        hub_config.socket = spec.socket.clone();
+        let hub = start_on(spec.hub_runtime.as_ref(), spawn_hub(hub_config, None)).await?;
+        let hub_address = hub.local_addr().expect("the hub listens");
+        let mut fleet = Fleet {
+            hub,
+            members: Vec::new(),
+            timeout: spec.timeout,
+        };
+        let config = |role, name: &str, region: &str, upstreams| {
+            let mut config = NodeConfig::new(identity(role, name.into(), region), TOKEN.to_vec());
+            config.upstreams = upstreams;
+            config.streams = spec.streams;
+            config.socket = spec.socket.clone();
+            config.tune_interval = spec.tune_interval;
+            config
+        };
+        for region in &spec.regions {
+            let runtime = region.runtime.as_ref();
+            let mut upstreams = vec![hub_address];
+            for index in 0..region.actors {
+                let relay = spec.relays && index == 0;
+                let (role, name) = if relay {
+                    (Role::Relay, format!("{}-relay", region.name))
+                } else {
+                    (Role::Actor, format!("{}-actor{index}", region.name))
+                };
+                let weights = weights.clone();
+                let node = if relay {
+                    let mut config = config(role, &name, &region.name, vec![hub_address]);
+                    config.listen = Some(SocketAddr::new(region.address, 0));
+                    let relay = start_on(runtime, spawn_relay(config, weights)).await?;
+                    upstreams.insert(0, relay.local_addr().expect("a relay listens"));
+                    relay
+                } else {
+                    let config = config(role, &name, &region.name, upstreams.clone());
+                    let engine = std::sync::Arc::new(IdleEngine::default());
+                    start_on(runtime, spawn_actor(config, weights, engine)).await?
+                };
+                fleet.members.push(Member {
+                    region: region.name.clone(),
+                    name,
+                    role,
+                    node,
+                });
+            }
+        }
+        tokio::time::timeout(spec.timeout, async {
+            for member in &fleet.members {
+                all_streams_up(&member.node, spec.streams).await?;
+            }
+            Ok::<_, TransportError>(())
+        })
+        .await
+        .map_err(|_| TransportError::TimedOut(spec.timeout))??;
+        Ok(fleet)
+    }
+
+    /// Waits until every member has staged `version` (or activated it); times are from
+    /// `start`, in members' order.
+    pub async fn staged(
+        &self,
+        version: u64,
+        start: Instant,
+    ) -> Result<Vec<StagedReport>, TransportError> {
+        let mut waits = tokio::task::JoinSet::new();
+        for (index, member) in self.members.iter().enumerate() {
+            let mut watch = member.node.watch();
+            waits.spawn(async move {
+                let mut received = None;
+                loop {
+                    let status = watch.borrow_and_update().clone();
+                    if received.is_none() && status.completed.contains(&version) {
+                        received = Some(start.elapsed());
+                    }
+                    let staged = status.staged == Some(version)
+                        || status.active.is_some_and(|a| a.version >= version);
+                    if staged {
+                        let staged = start.elapsed();
+                        return Ok((index, received.unwrap_or(staged), staged));
+                    }
+                    if status.diverged {
+                        return Err(TransportError::Diverged(version));
+                    }
+                    watch.changed().await.map_err(|_| TransportError::Stopped)?;
+                }
+            });
+        }
+        let mut reports: Vec<Option<StagedReport>> = vec![None; self.members.len()];
+        tokio::time::timeout(self.timeout, async {
+            while let Some(done) = waits.join_next().await {
+                let (index, received, staged) = done.expect("the wait does not panic")?;
+                let member = &self.members[index];
+                reports[index] = Some(StagedReport {
+                    region: member.region.clone(),
+                    name: member.name.clone(),
+                    role: member.role,
+                    received,
+                    staged,
+                });
+            }
+            Ok::<_, TransportError>(())
+        })
+        .await
+        .map_err(|_| TransportError::TimedOut(self.timeout))??;
+        Ok(reports.into_iter().flatten().collect())
+    }
+
+    /// Kills every node, downstream first so that none sees its upstream go and falls
+    /// back, and waits until each has let go of its weights and sockets.
+    pub async fn stop(mut self) {
+        // Members are in region order, each relay before its actors.
+        let members = std::mem::take(&mut self.members);
+        let nodes = members.iter().rev().map(|m| &m.node);
+        for node in nodes.chain(std::iter::once(&self.hub)) {
+            node.kill();
+            let mut watch = node.watch();
+            // The status channel closes when the node's task is gone.
+            while watch.changed().await.is_ok() {}
+        }
+    }
+
+    fn kill(&self) {
+        self.hub.kill();
+        for member in &self.members {
+            member.node.kill();
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

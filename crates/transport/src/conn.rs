@@ -2,12 +2,16 @@
 //! move frames between a socket and the node's event loop.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use aurora_proto::frame::{PREFIX_BYTES, peek_prefix};
 use aurora_proto::{ConnId, Frame, FrameError};
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
@@ -27,11 +31,18 @@ pub enum ConnError {
     Io(#[from] std::io::Error),
 }
 
+/// The congestion control a socket gets when [`SocketOptions::congestion`] names none.
+/// Random loss caps a CUBIC stream far below a long link's rate (the Mathis bound:
+/// about 13 Mbps at 0.1% loss and 50 ms RTT), while BBR keeps such a link nearly full
+/// on one stream (BENCHMARKS.md, "WAN emulation").
+pub const DEFAULT_CONGESTION: &str = "bbr";
+
 /// Socket options for every connection a node opens or accepts.
 #[derive(Debug, Clone, Default)]
 pub struct SocketOptions {
-    /// TCP congestion control algorithm (`cubic`, `bbr`, ...); the system default when
-    /// unset. Linux only.
+    /// TCP congestion control algorithm (`cubic`, `bbr`, ...), which must be available.
+    /// When unset, [`DEFAULT_CONGESTION`] where the kernel offers it, else the system
+    /// default (logged once). Linux only.
     pub congestion: Option<String>,
 }
 
@@ -39,8 +50,20 @@ impl SocketOptions {
     pub(crate) fn apply(&self, stream: &TcpStream) -> std::io::Result<()> {
         // Segments are large and written whole; small control frames must not wait.
         stream.set_nodelay(true)?;
-        if let Some(algorithm) = &self.congestion {
-            set_congestion(stream, algorithm)?;
+        match &self.congestion {
+            Some(algorithm) => set_congestion(stream, algorithm)?,
+            None => {
+                if let Err(error) = set_congestion(stream, DEFAULT_CONGESTION) {
+                    static LOGGED: std::sync::Once = std::sync::Once::new();
+                    LOGGED.call_once(|| {
+                        tracing::warn!(
+                            %error,
+                            "{DEFAULT_CONGESTION} congestion control unavailable; \
+                             sockets keep the system default"
+                        );
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -120,16 +143,22 @@ pub(crate) enum WriteCmd {
 /// Starts the reader and writer tasks of a connected socket. Frames read go to
 /// `events`; frames to write come through the returned sender, whose capacity is the
 /// window the state machine already respects (plus room for a few control frames).
-/// The abort handle stops the reader when the node closes the connection.
+/// Every byte read is added to `read_bytes` as it arrives. The abort handle stops the
+/// reader when the node closes the connection.
 pub(crate) fn spawn_conn(
     tasks: &mut tokio::task::JoinSet<()>,
     conn: ConnId,
     stream: TcpStream,
     window: usize,
     events: mpsc::Sender<Event>,
+    read_bytes: Option<Arc<AtomicU64>>,
 ) -> (mpsc::Sender<WriteCmd>, tokio::task::AbortHandle) {
     let (reader, writer) = stream.into_split();
     let (tx, rx) = mpsc::channel(window.max(1) + CONTROL_ROOM);
+    let reader = Counted {
+        inner: reader,
+        bytes: read_bytes,
+    };
     let reader = tasks.spawn(read_loop(conn, reader, events.clone()));
     tasks.spawn(write_loop(conn, writer, rx, events));
     (tx, reader)
@@ -139,7 +168,30 @@ pub(crate) fn spawn_conn(
 /// on its outbound connections.
 const CONTROL_ROOM: usize = 16;
 
-async fn read_loop(conn: ConnId, mut reader: OwnedReadHalf, events: mpsc::Sender<Event>) {
+/// A reader that counts what it reads as it arrives: one frame may take seconds to
+/// arrive whole, and a benchmark samples progress in between.
+struct Counted<R> {
+    inner: R,
+    bytes: Option<Arc<AtomicU64>>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Some(bytes) = &this.bytes {
+            bytes.fetch_add((buf.filled().len() - before) as u64, Ordering::Relaxed);
+        }
+        poll
+    }
+}
+
+async fn read_loop(conn: ConnId, mut reader: Counted<OwnedReadHalf>, events: mpsc::Sender<Event>) {
     loop {
         match read_frame(&mut reader).await {
             Ok(frame) => {
@@ -267,6 +319,29 @@ mod tests {
             read_frame(&mut cut_prefix).await,
             Err(ConnError::Truncated)
         ));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn sockets_use_bbr_unless_told_otherwise_where_the_kernel_has_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let stream = dial(address, Duration::from_secs(5), &SocketOptions::default())
+            .await
+            .unwrap();
+        // Any process may choose an algorithm of this list (root any available one).
+        let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+            .unwrap_or_default();
+        let used = congestion_of(&stream).unwrap();
+        if allowed
+            .split_whitespace()
+            .any(|name| name == DEFAULT_CONGESTION)
+        {
+            assert_eq!(used, DEFAULT_CONGESTION);
+        } else {
+            // The fallback: the socket still connects, on the system default.
+            assert!(!used.is_empty());
+        }
     }
 
     #[cfg(target_os = "linux")]

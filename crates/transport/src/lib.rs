@@ -5,7 +5,11 @@
 //!   node and return a [`NodeHandle`] (publish, commit, status, kill).
 //! - [`Engine`] is the boundary to a rollout engine; [`IdleEngine`] is the built-in one.
 //! - [`bench::transfer`] moves one delta to N receivers over S streams and reports
-//!   bytes, time and per-stream statistics.
+//!   bytes, time, goodput and per-stream statistics; [`bench::Fleet`] times a hub,
+//!   relays and actors until every actor has staged. Each node can run on a runtime of
+//!   the caller's choosing (one per emulated region).
+//! - Every socket uses [`DEFAULT_CONGESTION`] (BBR) unless told otherwise, and the
+//!   system default where the kernel refuses it.
 //!
 //! The driver stays thin: every protocol decision is made in `aurora-proto`; this crate
 //! only moves frames, runs heavy work on blocking threads and keeps time.
@@ -17,7 +21,7 @@ mod node;
 
 #[cfg(target_os = "linux")]
 pub use conn::congestion_of;
-pub use conn::{ConnError, SocketOptions, read_frame, write_frame};
+pub use conn::{ConnError, DEFAULT_CONGESTION, SocketOptions, read_frame, write_frame};
 pub use engine::{Engine, IdleEngine};
 pub use node::{
     MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector,

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aurora_delta::{DeltaError, Extraction, Hash, Manifest, Patch, Segment};
@@ -113,6 +114,8 @@ pub enum TransportError {
     NoUpstream(&'static str),
     #[error("gave up after {0:?}")]
     TimedOut(Duration),
+    #[error("an actor refused the chain to version {0} from every upstream")]
+    Diverged(u64),
 }
 
 /// Where a node stands; published after every event it handles.
@@ -127,6 +130,8 @@ pub struct NodeStatus {
     /// The upstream of the current session.
     pub upstream: Option<SocketAddr>,
     pub connected: bool,
+    /// Streams of the upstream session its upstream has welcomed.
+    pub streams: u8,
     pub upstream_switches: u64,
     pub receiver: Option<ReceiverStats>,
     pub sender: Option<SenderStats>,
@@ -218,6 +223,7 @@ pub struct NodeHandle {
     status: watch::Receiver<NodeStatus>,
     local_addr: Option<SocketAddr>,
     task: tokio::task::JoinHandle<()>,
+    upstream_bytes: Arc<AtomicU64>,
 }
 
 impl NodeHandle {
@@ -228,6 +234,13 @@ impl NodeHandle {
 
     pub fn status(&self) -> NodeStatus {
         self.status.borrow().clone()
+    }
+
+    /// Bytes read from upstream connections so far, frames of every kind, counted as
+    /// they arrive rather than per complete frame: the live progress of a transfer whose
+    /// segments take seconds each.
+    pub fn upstream_bytes(&self) -> u64 {
+        self.upstream_bytes.load(Ordering::Relaxed)
     }
 
     /// A receiver of every status update.
@@ -311,9 +324,20 @@ impl NodeHandle {
     /// the encoder finishes it, the manifest last. Blocks the calling thread, which must
     /// not be an async task's (use `spawn_blocking`).
     pub fn publish_extraction(&self, extraction: &Extraction) -> Result<Manifest, TransportError> {
+        self.publish_extraction_observed(extraction, |_| {})
+    }
+
+    /// [`NodeHandle::publish_extraction`], calling `observe` with each segment as it
+    /// leaves the encoder, before it is published (benchmarks time the first one).
+    pub fn publish_extraction_observed(
+        &self,
+        extraction: &Extraction,
+        mut observe: impl FnMut(&Segment) + Send,
+    ) -> Result<Manifest, TransportError> {
         let descriptor = Bytes::from(extraction.header().encode());
         let version = block_on_reply(&self.commands, |reply| Command::Begin { descriptor, reply })?;
         let manifest = extraction.run(|segment: Segment| {
+            observe(&segment);
             block_on_reply(&self.commands, |reply| Command::Segment {
                 version,
                 segment,
@@ -456,7 +480,9 @@ async fn spawn<E: Engine>(
         ..NodeStatus::default()
     };
     let (status_tx, status) = watch::channel(initial);
+    let upstream_bytes = Arc::new(AtomicU64::new(0));
     let mut driver = Driver {
+        upstream_bytes: upstream_bytes.clone(),
         config,
         node,
         weights,
@@ -488,6 +514,7 @@ async fn spawn<E: Engine>(
         status,
         local_addr,
         task,
+        upstream_bytes,
     })
 }
 
@@ -543,6 +570,8 @@ struct Driver<E: Engine> {
     events_tx: mpsc::Sender<Event>,
     status_tx: watch::Sender<NodeStatus>,
     status: NodeStatus,
+    /// Bytes read from upstream connections (see [`NodeHandle::upstream_bytes`]).
+    upstream_bytes: Arc<AtomicU64>,
 }
 
 impl<E: Engine> Driver<E> {
@@ -732,6 +761,7 @@ impl<E: Engine> Driver<E> {
             stream,
             self.config.window_frames,
             self.events_tx.clone(),
+            (!inbound).then(|| self.upstream_bytes.clone()),
         );
         self.conns.insert(
             conn,
@@ -1017,6 +1047,7 @@ impl<E: Engine> Driver<E> {
         }
         status.diverged = self.node.actor_diverged();
         status.receiver = self.node.receiver().map(|r| r.stats().clone());
+        status.streams = self.node.receiver().map_or(0, Receiver::welcomed_streams);
         status.sender = self.node.sender().map(|s| s.stats().clone());
         status.subscribers = self.node.sender().map_or(0, Sender::sessions);
         let snapshot = status.clone();

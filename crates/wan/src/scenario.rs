@@ -738,7 +738,13 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            ["bandwidth-sweep", "four-regions", "lossy-50ms", "us-canada"]
+            [
+                "bandwidth-sweep",
+                "four-regions",
+                "lossy-50ms",
+                "two-regions",
+                "us-canada"
+            ]
         );
     }
 }

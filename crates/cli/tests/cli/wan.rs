@@ -165,3 +165,77 @@ fn bench_writes_one_row_per_transfer() {
         assert_eq!(row["report"]["streams"].as_array().unwrap().len(), streams);
     }
 }
+
+#[test]
+fn transfer_fan_out_crosses_each_region_link_once_through_relays() {
+    if let Some(reason) = skip_reason() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let directory = tempfile::tempdir().unwrap();
+    let scenario = directory.path().join("fan.toml");
+    std::fs::write(
+        &scenario,
+        r#"
+        name = "fan"
+        [[regions]]
+        name = "hub"
+        [[regions]]
+        name = "a"
+        [[regions]]
+        name = "b"
+        [[links]]
+        between = ["hub", "a"]
+        rate_mbps = 200
+        rtt_ms = 10
+        [[links]]
+        between = ["hub", "b"]
+        rate_mbps = 200
+        rtt_ms = 10
+        "#,
+    )
+    .unwrap();
+    let json = directory.path().join("fan.json");
+    succeeds(&[
+        "wan",
+        "transfer",
+        "fan-out",
+        scenario.to_str().unwrap(),
+        "--preset",
+        "small",
+        "--actors",
+        "2",
+        "--streams",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let output: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = output["rows"].as_array().unwrap();
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["direct", "relays", "cut-through"]);
+    for row in rows {
+        let members = row["members"].as_array().unwrap();
+        assert_eq!(members.len(), 4, "{row}");
+        for member in members {
+            let (received, staged) = (member["received_s"].as_f64(), member["staged_s"].as_f64());
+            assert!(
+                received.unwrap() > 0.0 && staged.unwrap() >= received.unwrap(),
+                "{row}"
+            );
+        }
+        // The emulator's counters of the hub's two links: two copies each when every
+        // actor subscribes to the hub, one (plus TCP/IP headers) through a relay.
+        let links = row["links"].as_array().unwrap();
+        assert_eq!(links.len(), 2, "{row}");
+        for link in links {
+            let copies = link["copies"].as_f64().unwrap();
+            if row["mode"] == "direct" {
+                assert!((1.9..2.5).contains(&copies), "{row}");
+            } else {
+                assert!((0.95..1.3).contains(&copies), "{row}");
+            }
+        }
+    }
+}

@@ -285,7 +285,9 @@ fn a_silent_upstream_is_lost_after_the_idle_timeout() {
 #[test]
 fn a_lost_stream_is_redialled_and_reported_in_the_next_want() {
     let mut r = connected(3);
+    assert_eq!(r.welcomed_streams(), 3);
     r.closed(2);
+    assert_eq!(r.welcomed_streams(), 2);
     let (events, out) = drain(&mut r);
     assert!(events.contains(&ReceiverEvent::Dial {
         session: 5,
@@ -306,6 +308,7 @@ fn a_lost_stream_is_redialled_and_reported_in_the_next_want() {
             .iter()
             .any(|e| matches!(e, ReceiverEvent::UpstreamLost { .. }))
     );
+    assert_eq!(r.welcomed_streams(), 0);
 }
 
 #[test]
