@@ -2,7 +2,7 @@
 //! (`aurora run --config FILE`); the effective settings are written to the run directory
 //! and every node reads them from there, so all processes agree.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
 use aurora_engine::{ModelConfig, RlConfig, SamplingConfig, Task, WarmupConfig};
@@ -48,6 +48,18 @@ impl Fault {
     }
 }
 
+/// Runs the nodes across an emulated WAN (network namespaces, see `crates/wan`) instead
+/// of loopback: the trainer in one region of the scenario, each run region's relay and
+/// actors in the scenario region of the same name. Needs root.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// A scenario file (`wan/scenarios/*.toml`), relative to the working directory.
+    pub scenario: PathBuf,
+    /// The scenario region of the trainer (control plane, transport hub, store).
+    pub trainer_region: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunConfig {
@@ -72,20 +84,23 @@ pub struct RunConfig {
     pub sampling: SamplingConfig,
     pub regions: Vec<RegionConfig>,
     pub faults: Vec<Fault>,
+    /// Loopback when absent.
+    pub network: Option<NetworkConfig>,
 }
 
 impl Default for RunConfig {
-    /// The README's run: the engine's default model on three-digit addition, with the
-    /// engine's tuned warm-up and GRPO settings, two regions of two actors.
+    /// The README's run: the engine's default model on two-digit addition, with the
+    /// engine's tuned warm-up and GRPO settings (80 steps of 32 prompts), two regions of
+    /// two actors.
     fn default() -> Self {
-        let task = Task::addition(3, 1);
+        let task = Task::addition(2, 1);
         let rl = RlConfig::default();
         RunConfig {
-            steps: 30,
+            steps: 80,
             seed: 1,
             sync: SyncMode::Delta,
-            prompts_per_step: 16,
-            eval_every: 5,
+            prompts_per_step: 32,
+            eval_every: 10,
             held_out: 200,
             streams: 4,
             model: ModelConfig::default(),
@@ -110,6 +125,7 @@ impl Default for RunConfig {
                 },
             ],
             faults: Vec::new(),
+            network: None,
         }
     }
 }

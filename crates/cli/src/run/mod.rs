@@ -14,15 +14,16 @@ mod warmup;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
 use aurora_proto::{Identity, Role, Weights};
 use aurora_transport::{NodeConfig, spawn_relay};
+use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -59,10 +60,15 @@ pub enum NodeCommand {
     Trainer {
         #[arg(long)]
         dir: PathBuf,
+        /// The address its control API and transport hub listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: IpAddr,
     },
     Relay {
         #[arg(long)]
         dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: IpAddr,
         #[arg(long)]
         region: String,
         #[arg(long)]
@@ -100,12 +106,13 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
     let token = std::env::var(TOKEN_VARIABLE)
         .with_context(|| format!("set the token in {TOKEN_VARIABLE}"))?;
     match command {
-        NodeCommand::Trainer { dir } => trainer::run(&dir, token),
+        NodeCommand::Trainer { dir, bind } => trainer::run(&dir, bind, token),
         NodeCommand::Relay {
             dir,
+            bind,
             region,
             upstream,
-        } => relay(&dir, region, upstream, token),
+        } => relay(&dir, bind, region, upstream, token),
         NodeCommand::Actor {
             dir,
             id,
@@ -123,7 +130,13 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
     }
 }
 
-fn relay(run_dir: &Path, region: String, upstream: SocketAddr, token: String) -> Result<()> {
+fn relay(
+    run_dir: &Path,
+    bind: IpAddr,
+    region: String,
+    upstream: SocketAddr,
+    token: String,
+) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
     crate::runtime(Some(1))?.block_on(async move {
         let (version, image) = actor::latest_snapshot(run_dir)?;
@@ -135,7 +148,7 @@ fn relay(run_dir: &Path, region: String, upstream: SocketAddr, token: String) ->
             },
             token.into_bytes(),
         );
-        node.listen = Some("127.0.0.1:0".parse()?);
+        node.listen = Some(SocketAddr::new(bind, 0));
         node.upstreams = vec![upstream];
         node.streams = config.streams;
         let handle = spawn_relay(node, Weights::new(image, version)?).await?;
@@ -159,7 +172,88 @@ fn node_env(token: &str) -> [(&str, &str); 3] {
 }
 
 /// The processes of a run, by role.
-struct Fleet {
+/// Where the nodes run: on loopback, or in the namespaces of an emulated WAN, which stays
+/// up while this lives (dropping it takes the namespaces down).
+struct Placement {
+    network: Option<Network>,
+    trainer_region: String,
+}
+
+impl Placement {
+    fn new(config: &RunConfig) -> Result<Placement> {
+        let Some(wan) = &config.network else {
+            return Ok(Placement {
+                network: None,
+                trainer_region: "hub".into(),
+            });
+        };
+        let scenario = Scenario::load(&wan.scenario)?;
+        let names: Vec<&str> = scenario.regions.iter().map(|r| r.name.as_str()).collect();
+        let needed =
+            std::iter::once(&wan.trainer_region).chain(config.regions.iter().map(|r| &r.name));
+        for region in needed {
+            ensure!(
+                scenario.region_index(region).is_some(),
+                "region '{region}' is not a region of scenario {} ({})",
+                scenario.name,
+                names.join(", ")
+            );
+        }
+        if let Some(reason) = aurora_wan::unavailable_reason() {
+            bail!("cannot emulate scenario {}: {reason}", scenario.name);
+        }
+        let network = Network::up(&scenario)
+            .with_context(|| format!("bringing up scenario {}", scenario.name))?;
+        tracing::info!(scenario = %scenario.name, "nodes run in the emulated WAN");
+        Ok(Placement {
+            network: Some(network),
+            trainer_region: wan.trainer_region.clone(),
+        })
+    }
+
+    /// Where each region's nodes run, for the run's output; None on loopback.
+    fn describe(&self, config: &RunConfig) -> Result<Option<String>> {
+        let Some(network) = &self.network else {
+            return Ok(None);
+        };
+        let mut placed = vec![format!(
+            "trainer in {} ({})",
+            self.trainer_region,
+            network.address(&self.trainer_region)?
+        )];
+        for region in &config.regions {
+            placed.push(format!(
+                "region {} at {}",
+                region.name,
+                network.address(&region.name)?
+            ));
+        }
+        Ok(Some(format!(
+            "emulated WAN {}: {}",
+            network.scenario().name,
+            placed.join(", ")
+        )))
+    }
+
+    fn trainer_region(&self) -> &str {
+        &self.trainer_region
+    }
+
+    fn netns(&self, region: &str) -> Option<&str> {
+        self.network.as_ref()?.netns(region).ok()
+    }
+
+    /// The address a listening node of `region` binds.
+    fn bind(&self, region: &str) -> Result<IpAddr> {
+        Ok(match &self.network {
+            Some(network) => network.address(region)?.into(),
+            None => Ipv4Addr::LOCALHOST.into(),
+        })
+    }
+}
+
+struct Fleet<'a> {
+    placement: &'a Placement,
     run_dir: PathBuf,
     token: String,
     lines: mpsc::Sender<Line>,
@@ -170,7 +264,7 @@ struct Fleet {
     next_actor: u64,
 }
 
-impl Fleet {
+impl Fleet<'_> {
     fn env(&self) -> [(&str, &str); 3] {
         node_env(&self.token)
     }
@@ -199,6 +293,7 @@ impl Fleet {
             &args,
             &self.env(),
             &self.run_dir,
+            self.placement.netns(region),
             self.lines.clone(),
         )?;
         self.actors.insert(id, (node, region.to_string()));
@@ -229,19 +324,33 @@ pub fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let (sender, lines) = mpsc::channel();
     let env = node_env(&token);
+    let placement = Placement::new(&config)?;
+    let trainer_region = placement.trainer_region();
     let trainer_args: Vec<String> = vec![
         "run-node".into(),
         "trainer".into(),
         "--dir".into(),
         run_dir.display().to_string(),
+        "--bind".into(),
+        placement.bind(trainer_region)?.to_string(),
     ];
-    let mut trainer = Node::spawn("trainer", &trainer_args, &env, &run_dir, sender.clone())?;
+    let mut trainer = Node::spawn(
+        "trainer",
+        &trainer_args,
+        &env,
+        &run_dir,
+        placement.netns(trainer_region),
+        sender.clone(),
+    )?;
     let progress = ProgressBar::new(config.steps);
     progress.set_style(ProgressStyle::with_template(
         "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
     )?);
     progress.enable_steady_tick(Duration::from_millis(200));
     progress.set_message("warm-up");
+    if let Some(placed) = placement.describe(&config)? {
+        say(&progress, placed);
+    }
     let show_warmup = |line: Line| {
         if let Some(rest) = line.text.strip_prefix("warmup ") {
             progress.set_message(format!("warm-up {rest}"));
@@ -258,6 +367,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         START_TIMEOUT,
         |_| {},
     )?)?;
+    let training_started = Instant::now();
     say(
         &progress,
         format!(
@@ -270,6 +380,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     );
 
     let mut fleet = Fleet {
+        placement: &placement,
         run_dir: run_dir.clone(),
         token: token.clone(),
         lines: sender.clone(),
@@ -286,12 +397,21 @@ pub fn run(args: RunArgs) -> Result<()> {
             "relay".into(),
             "--dir".into(),
             run_dir.display().to_string(),
+            "--bind".into(),
+            placement.bind(&region.name)?.to_string(),
             "--region".into(),
             region.name.clone(),
             "--upstream".into(),
             hub_transport.to_string(),
         ];
-        let node = Node::spawn(&name, &relay_args, &env, &run_dir, sender.clone())?;
+        let node = Node::spawn(
+            &name,
+            &relay_args,
+            &env,
+            &run_dir,
+            placement.netns(&region.name),
+            sender.clone(),
+        )?;
         let address: SocketAddr =
             expect_line(&lines, &name, "transport ", START_TIMEOUT, |_| {})?.parse()?;
         fleet.relays.insert(region.name.clone(), (node, address));
@@ -386,7 +506,30 @@ pub fn run(args: RunArgs) -> Result<()> {
             .map_or("n/a".into(), |a| format!("{:.1}%", 100.0 * a)),
         run_dir.join("report.html").display()
     );
+    if let Some(sync) = sync_summary(&records, training_started.elapsed()) {
+        println!("{sync}");
+    }
     Ok(())
+}
+
+/// The weights' path to the actors as a share of the step time: the mean step is the
+/// RL part of the run (warm-up excluded) over its steps.
+fn sync_summary(records: &[StepRecord], training: Duration) -> Option<String> {
+    let steps = records.len() as f64;
+    if steps == 0.0 {
+        return None;
+    }
+    let mean = |time: fn(&StepRecord) -> f64| records.iter().map(time).sum::<f64>() / steps;
+    let step_s = training.as_secs_f64() / steps;
+    let transfer_s = mean(|r| r.times.transfer_s);
+    let activation_s = mean(|r| r.times.activation_s);
+    let bytes = mean(|r| r.sync_bytes as f64);
+    Some(format!(
+        "sync per version: {:.0} KB, extraction to staged everywhere {transfer_s:.3} s, \
+         activation {activation_s:.3} s: {:.1}% of the mean step ({step_s:.2} s)",
+        bytes / 1e3,
+        100.0 * (transfer_s + activation_s) / step_s
+    ))
 }
 
 /// Creates the run directory, keeping only its warm-up cache from an earlier run.
@@ -411,7 +554,7 @@ fn prepare(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn apply_fault(fleet: &mut Fleet, fault: &Fault) -> Result<String> {
+fn apply_fault(fleet: &mut Fleet<'_>, fault: &Fault) -> Result<String> {
     Ok(match fault {
         Fault::KillActor { actor, .. } => {
             let (mut node, region) = fleet
@@ -448,7 +591,7 @@ fn describe(record: &StepRecord) -> String {
         record.step,
         record.version,
         record.trained_version,
-        record.mean_reward,
+        record.train.mean_reward,
         record
             .accuracy
             .map_or(String::new(), |a| format!(" acc {:.1}%", 100.0 * a)),

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -27,13 +28,15 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts `aurora <args>` with the run's environment; every stdout line goes to
-    /// `lines`, stderr to `<run_dir>/logs/<name>.log`.
+    /// Starts `aurora <args>` with the run's environment, inside the network namespace
+    /// `netns` if given; every stdout line goes to `lines`, stderr to
+    /// `<run_dir>/logs/<name>.log`.
     pub fn spawn(
         name: &str,
         args: &[String],
         env: &[(&str, &str)],
         run_dir: &Path,
+        netns: Option<&str>,
         lines: mpsc::Sender<Line>,
     ) -> Result<Node> {
         let exe = std::env::current_exe().context("locating the aurora binary")?;
@@ -42,7 +45,16 @@ impl Node {
         let log_path = logs.join(format!("{name}.log"));
         let log =
             File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        let mut command = Command::new(exe);
+        // `ip netns exec` execs the program, so the child's pid stays the node's own and
+        // killing the child kills the node.
+        let mut command = match netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns]).arg(exe);
+                command
+            }
+            None => Command::new(exe),
+        };
         command
             .args(args)
             .stdin(Stdio::null())
@@ -50,6 +62,18 @@ impl Node {
             .stderr(Stdio::from(log));
         for (key, value) in env {
             command.env(key, value);
+        }
+        // A node must not outlive the run that started it, also when the run is killed
+        // without the chance to drop its nodes. `ip netns exec` keeps the setting: it is
+        // not set-user-ID.
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
         let mut child = command
             .spawn()

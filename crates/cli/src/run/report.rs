@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use aurora_engine::TrainStats;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +18,8 @@ pub struct StepTimes {
     pub training_s: f64,
     /// Extracting the delta (or, with `--sync full`, serialising the checkpoint).
     pub extraction_s: f64,
-    /// From the first byte published to the last actor having staged the version.
+    /// From the start of the extraction (its segments stream as they are made, so this
+    /// includes `extraction_s`) to the last actor having staged the version.
     pub transfer_s: f64,
     /// The slowest actor's activation (apply and hash check) of the version.
     pub activation_s: f64,
@@ -43,7 +45,8 @@ pub struct StepRecord {
     pub trained_version: u64,
     /// BLAKE3 weights hash of `trained_version` (docs/delta-format.md §2).
     pub weights_hash: String,
-    pub mean_reward: f64,
+    /// The trainer's statistics of the step (reward, loss, clipping, KL, gradient).
+    pub train: TrainStats,
     /// Held-out accuracy of `trained_version`, on the steps where it is evaluated.
     pub accuracy: Option<f64>,
     pub tokens: u64,
@@ -81,7 +84,10 @@ pub fn write_report(path: &Path, title: &str, steps: &[StepRecord]) -> Result<()
 
 fn render(title: &str, steps: &[StepRecord]) -> Result<String> {
     let x = |s: &StepRecord| s.step as f64;
-    let reward: Vec<(f64, f64)> = steps.iter().map(|s| (x(s), s.mean_reward)).collect();
+    let reward: Vec<(f64, f64)> = steps
+        .iter()
+        .map(|s| (x(s), f64::from(s.train.mean_reward)))
+        .collect();
     let accuracy: Vec<(f64, f64)> = steps
         .iter()
         .filter_map(|s| s.accuracy.map(|a| (x(s), a)))
@@ -155,8 +161,8 @@ fn summary(steps: &[StepRecord]) -> String {
          <tr><th>bytes sent per receiver (all steps)</th><td>{:.2} MB of {:.2} MB dense ({:.1}x less)</td></tr>\
          <tr><th>final weights hash</th><td>{}</td></tr></table>",
         steps.len(),
-        first.mean_reward,
-        last.mean_reward,
+        first.train.mean_reward,
+        last.train.mean_reward,
         percent(first_accuracy),
         percent(last_accuracy),
         sync as f64 / 1e6,
@@ -252,7 +258,10 @@ mod tests {
             version: step,
             trained_version: step + 1,
             weights_hash: format!("{step:064x}"),
-            mean_reward: reward,
+            train: TrainStats {
+                mean_reward: reward as f32,
+                ..TrainStats::default()
+            },
             accuracy,
             tokens: 1000,
             tokens_per_s: 500.0,

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,9 +32,9 @@ const SNAPSHOT_EVERY: u64 = 5;
 /// How often the trainer looks at the control plane while it waits.
 const POLL: Duration = Duration::from_millis(20);
 
-pub fn run(run_dir: &Path, token: String) -> Result<()> {
+pub fn run(run_dir: &Path, bind: IpAddr, token: String) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    crate::runtime(Some(2))?.block_on(train(run_dir, config, token))
+    crate::runtime(Some(2))?.block_on(train(run_dir, bind, config, token))
 }
 
 /// Every exported version the trainer may still need: the behaviour policy of the
@@ -62,7 +63,7 @@ impl Exports {
     }
 }
 
-async fn train(run_dir: &Path, config: RunConfig, token: String) -> Result<()> {
+async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -> Result<()> {
     let started = Instant::now();
     let warm = {
         let (config, run_dir) = (config.clone(), run_dir.to_path_buf());
@@ -80,7 +81,7 @@ async fn train(run_dir: &Path, config: RunConfig, token: String) -> Result<()> {
         })
         .context("opening the control plane")?,
     );
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let http = tokio::net::TcpListener::bind(SocketAddr::new(bind, 0)).await?;
     let control_address = http.local_addr()?;
     tokio::spawn(aurora_hub::run(hub.clone(), http));
 
@@ -92,7 +93,7 @@ async fn train(run_dir: &Path, config: RunConfig, token: String) -> Result<()> {
         },
         token.into_bytes(),
     );
-    node.listen = Some("127.0.0.1:0".parse()?);
+    node.listen = Some(SocketAddr::new(bind, 0));
     node.streams = config.streams;
     let transport = Arc::new(spawn_hub(node, Some(store.clone())).await?);
     let transport_address = transport
@@ -197,7 +198,7 @@ async fn train(run_dir: &Path, config: RunConfig, token: String) -> Result<()> {
                 version: behaviour_version,
                 trained_version: trained,
                 weights_hash: hash.to_hex(),
-                mean_reward: f64::from(stats.mean_reward),
+                train: stats,
                 accuracy,
                 tokens,
                 tokens_per_s: tokens as f64 / generation_s.max(1e-3),
