@@ -13,8 +13,9 @@
 //! copying the state. If the commit then fails, memory is ahead of disk, and the hub
 //! stops: it answers that call with the error and every later call with
 //! [`CallError::Stopped`], until it is restarted, which rebuilds the core from the
-//! database (checkpoint and journal) as it does after a crash. Nothing unsaved is
-//! ever acknowledged. The alternatives were worse: undoing the call needs a copy made
+//! database (checkpoint and journal) as it does after a crash; [`crate::serve`] (so
+//! `aurora hub`) returns at that point, so the process exits for its supervisor to
+//! restart. Nothing unsaved is ever acknowledged. The alternatives were worse: undoing the call needs a copy made
 //! before it (the O(state) cost this design removes), and rebuilding in place needs
 //! the database, which redb refuses to use after an I/O error until it is reopened
 //! ("Previous I/O error occurred"), so a hub that carried on would fail every later
@@ -151,6 +152,8 @@ pub struct Hub {
     /// Leases handed out by this process. Not part of the core's state, so the metric
     /// restarts at zero with the process, as Prometheus counters may.
     leases_issued: AtomicU64,
+    /// Becomes true once the hub has stopped, for whoever serves it to exit on.
+    stopped: tokio::sync::watch::Sender<bool>,
 }
 
 /// What changes with every call, under one lock.
@@ -197,6 +200,7 @@ impl Hub {
             actor_tokens: RwLock::new(tokens),
             tick_interval_max: config.tick_interval_max,
             leases_issued: AtomicU64::new(0),
+            stopped: tokio::sync::watch::Sender::new(false),
         };
         // Resuming changes the state, so it is journaled like any call: a later replay
         // must repeat it to reach the state the following calls were made on.
@@ -438,11 +442,24 @@ impl Hub {
 
     /// The live state, unless the hub has stopped.
     fn live(&self) -> Result<MutexGuard<'_, Live>, CallError> {
-        let live = self.live.lock().map_err(|_| CallError::Stopped)?;
+        let stopped = |_| {
+            // A poisoned lock stops the hub too; the first call to find it says so.
+            self.stopped.send_replace(true);
+            CallError::Stopped
+        };
+        let live = self.live.lock().map_err(stopped)?;
         if live.stopped {
             return Err(CallError::Stopped);
         }
         Ok(live)
+    }
+
+    /// Resolves once the hub has stopped (see [`CallError::Stopped`]): a process serving
+    /// it should then exit, so that its supervisor restarts it from the database.
+    pub async fn wait_stopped(&self) {
+        let mut stopped = self.stopped.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this waits.
+        let _ = stopped.wait_for(|&stopped| stopped).await;
     }
 
     /// Runs `command` on the live core at the clock's time and saves it with the
@@ -492,6 +509,7 @@ impl Hub {
             .commit(&mut live.journal, &live.core, &record, &changes)
         {
             live.stopped = true;
+            self.stopped.send_replace(true);
             tracing::error!(%error, "a call could not be saved; the hub has stopped");
             return Err(error);
         }

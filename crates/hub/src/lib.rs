@@ -93,12 +93,19 @@ pub enum ServeError {
     /// The task opening the hub failed.
     #[error("opening the hub: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// A call could not be saved (see [`CallError::Stopped`]).
+    #[error("{}", CallError::Stopped)]
+    Stopped,
 }
 
-/// Opens the hub described by `config` and serves its API on `listener`; returns only
-/// if the hub cannot start.
+/// Opens the hub described by `config` and serves its API on `listener`; returns if the
+/// hub cannot start, or once it has stopped, so that the process exits and its
+/// supervisor restarts it from the database rather than leaving it answering 503.
 pub async fn serve(config: HubConfig, listener: TcpListener) -> Result<Infallible, ServeError> {
     // Opening reads and may restore the whole state from disk.
-    let hub = tokio::task::spawn_blocking(move || Hub::open(config)).await??;
-    Ok(run(Arc::new(hub), listener).await)
+    let hub = Arc::new(tokio::task::spawn_blocking(move || Hub::open(config)).await??);
+    tokio::select! {
+        never = run(Arc::clone(&hub), listener) => match never {},
+        () = hub.wait_stopped() => Err(ServeError::Stopped),
+    }
 }

@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use aurora_control::{
     ActorId, Assignment, Capabilities, Config, ControlPlane, LeaseGrant, PromptId, Region,
     Registration, RolloutReport, Version, WeightsHash,
@@ -351,9 +353,13 @@ async fn a_call_that_cannot_be_saved_stops_the_hub_until_it_restarts() {
         }
     });
     let hub = stopped.reopen().unwrap();
+    // `aurora_hub::serve` exits when this resolves: not before the failure, at once after.
+    let stopped_now = || tokio::time::timeout(Duration::ZERO, hub.hub.wait_stopped());
+    assert!(stopped_now().await.is_err(), "the hub is serving");
 
     let (status, body) = hub.post("/v1/heartbeat", &token, r#"{"actor":1}"#).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(stopped_now().await.is_ok(), "the hub has stopped");
     assert_eq!(
         error_message(&body),
         "the journal's sequence numbers are exhausted; the hub has stopped: restart it to \
