@@ -59,7 +59,7 @@ pub enum TransferCommand {
         streams: Vec<u8>,
         #[arg(long = "cc", value_delimiter = ',', default_value = "cubic,bbr")]
         congestion: Vec<Congestion>,
-        /// Where the tuned stream count starts, and its upper bound; one adaptive
+        /// The tuned stream count's upper bound (it starts at one); one adaptive
         /// transfer per value.
         #[arg(long, value_delimiter = ',', default_value = "4,16")]
         adaptive_max: Vec<u8>,
@@ -660,7 +660,7 @@ fn print_stream_verdict(rows: &[StreamRow], link_mbps: Option<f64>) -> Result<()
     let mut text = String::new();
     for adaptive in rows.iter().filter(|row| row.mode == "adaptive") {
         text += &format!(
-            "adaptive ({}, tuned from {} streams, {} at the end), target >= {:.0}% of {link} \
+            "adaptive ({}, tuned up to {} streams, {} at the end), target >= {:.0}% of {link} \
              Mbps: whole transfer {}, steady state {}\n",
             adaptive.congestion,
             adaptive.streams,

@@ -10,13 +10,12 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
-use aurora_delta::{DeltaHeader, Hash};
-use bytes::Bytes;
+use aurora_delta::Hash;
 
 use crate::ConnId;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
 use crate::frame::{Frame, Role, VersionRef, Welcome};
-use crate::receiver::{Receiver, ReceiverEvent};
+use crate::receiver::{Artifact, Receiver, ReceiverEvent};
 use crate::sender::{Sender, SenderEvent};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +48,7 @@ pub enum Output {
     /// Decode `artifact` against the active weights, then call [`Node::staged`].
     Stage {
         version: u64,
-        artifact: Bytes,
+        artifact: Artifact,
     },
     /// Wait for the engine's safe point, then call [`Node::safe_point`].
     AwaitSafePoint,
@@ -92,7 +91,7 @@ pub struct Node {
     receiver: Option<Receiver>,
     actor: Option<ActorCore>,
     /// Complete artifacts waiting to be staged and activated.
-    artifacts: BTreeMap<u64, Bytes>,
+    artifacts: BTreeMap<u64, Artifact>,
     outputs: VecDeque<Output>,
 }
 
@@ -285,10 +284,8 @@ impl Node {
                 self.outputs
                     .push_back(Output::Notice(Notice::Complete { version }));
                 if let Some(actor) = &mut self.actor {
-                    let (header, _) =
-                        DeltaHeader::decode(&artifact).expect("the receiver verified it");
+                    actor.artifact(artifact.header());
                     self.artifacts.insert(version, artifact);
-                    actor.artifact(&header);
                 }
             }
             ReceiverEvent::Commit(commit) => {

@@ -39,8 +39,8 @@ pub struct ReceiverConfig {
     pub max_segment_failures: u32,
     /// An upstream that sends nothing (not even a keepalive) for this long is lost.
     pub idle_timeout: Duration,
-    /// When set, the stream count is tuned ([`StreamTuner`]) at this interval, with
-    /// `streams` as the start and upper bound.
+    /// When set, the stream count is tuned ([`StreamTuner`]) at this interval: each
+    /// session starts with one stream and opens more, up to `streams`, while they pay.
     pub tune_interval: Option<Duration>,
 }
 
@@ -106,7 +106,7 @@ pub enum ReceiverEvent {
     /// `version` is complete and verified: the whole artifact, in version order.
     Complete {
         version: u64,
-        artifact: Bytes,
+        artifact: Artifact,
     },
     Commit(VersionRef),
 }
@@ -194,7 +194,8 @@ pub struct Receiver {
     out: VecDeque<(ConnId, Frame, bool)>,
     events: VecDeque<ReceiverEvent>,
     stats: ReceiverStats,
-    tuner: StreamTuner,
+    /// Present when tuning is on.
+    tuner: Option<StreamTuner>,
     /// Next tuning instant and the byte count at the last one.
     tune_at: Option<Instant>,
     tune_bytes: u64,
@@ -221,7 +222,7 @@ impl Receiver {
                 stream_bytes: vec![0; streams],
                 ..ReceiverStats::default()
             },
-            tuner: StreamTuner::new(streams as u8),
+            tuner: None,
             tune_at: None,
             tune_bytes: 0,
         }
@@ -258,9 +259,14 @@ impl Receiver {
             upstream: None,
             last_heard: now,
         });
+        // A new session may run to another upstream over another path: tune afresh.
+        self.tuner = self
+            .config
+            .tune_interval
+            .map(|_| StreamTuner::new(self.config.streams));
         self.tune_at = self.config.tune_interval.map(|interval| now + interval);
         self.tune_bytes = self.stats.segment_bytes;
-        for stream in 0..self.tuner.current() {
+        for stream in 0..self.stream_count() {
             self.events
                 .push_back(ReceiverEvent::Dial { session, stream });
         }
@@ -366,7 +372,7 @@ impl Receiver {
         for (version, index) in lost {
             self.nack(version, index);
         }
-        if index < self.tuner.current() as usize {
+        if index < self.stream_count() as usize {
             self.events.push_back(ReceiverEvent::Dial {
                 session: id,
                 stream: index as u8,
@@ -376,7 +382,9 @@ impl Receiver {
 
     /// The number of streams the session uses now.
     pub fn stream_count(&self) -> u8 {
-        self.tuner.current()
+        self.tuner
+            .as_ref()
+            .map_or(self.config.streams, StreamTuner::current)
     }
 
     /// Streams of the current session the upstream has welcomed: a benchmark starts
@@ -390,29 +398,18 @@ impl Receiver {
         })
     }
 
-    /// Opens or closes streams to reach `target` (at most the configured count).
-    fn retarget(&mut self, target: u8) {
-        let Some(s) = self.session.as_mut() else {
+    /// Dials the streams the tuner added. It never lowers the count, so no stream is
+    /// closed with segments in flight; the streams below `from` are open or being
+    /// dialled already (a lost one is dialled again by [`Receiver::closed`]).
+    fn open_streams(&mut self, from: u8, to: u8) {
+        let Some(s) = self.session.as_ref() else {
             return;
         };
-        let id = s.id;
-        let mut closed = false;
-        for (index, stream) in s.streams.iter_mut().enumerate() {
-            if index >= target as usize {
-                if let Some(conn) = stream.conn.take() {
-                    self.events.push_back(ReceiverEvent::Close { conn });
-                    closed = true;
-                }
-                stream.welcomed = false;
-            } else if stream.conn.is_none() {
-                self.events.push_back(ReceiverEvent::Dial {
-                    session: id,
-                    stream: index as u8,
-                });
-            }
-        }
-        if closed {
-            self.queue_want();
+        for stream in from..to {
+            self.events.push_back(ReceiverEvent::Dial {
+                session: s.id,
+                stream,
+            });
         }
     }
 
@@ -719,7 +716,7 @@ impl Receiver {
                 .remove(&self.next_version)
                 .expect("checked above");
             self.held_bytes -= assembly.held_bytes;
-            let artifact = assemble(assembly);
+            let artifact = Artifact::from_assembly(assembly);
             self.events.push_back(ReceiverEvent::Complete {
                 version: self.next_version,
                 artifact,
@@ -830,18 +827,19 @@ impl Receiver {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let (Some(at), Some(interval)) = (self.tune_at, self.config.tune_interval)
+        if let (Some(at), Some(interval), Some(tuner)) =
+            (self.tune_at, self.config.tune_interval, self.tuner.as_mut())
             && now >= at
         {
             let bytes = self.stats.segment_bytes - self.tune_bytes;
             let elapsed = (now - at + interval).as_secs_f64();
             self.tune_bytes = self.stats.segment_bytes;
             self.tune_at = Some(now + interval);
-            let before = self.tuner.current();
-            let after = self.tuner.observe(bytes as f64 / elapsed);
+            let before = tuner.current();
+            let after = tuner.observe(bytes as f64 / elapsed);
             if after != before {
                 tracing::debug!(before, after, "stream count tuned");
-                self.retarget(after);
+                self.open_streams(before, after);
             }
         }
         if self
@@ -863,23 +861,63 @@ fn truncated(reason: &str) -> String {
     reason[..end].to_string()
 }
 
-/// The artifact's bytes: descriptor, segments in order, then table and trailer.
-fn assemble(assembly: Assembly) -> Bytes {
-    let (descriptor, header) = assembly.descriptor.expect("complete");
-    let (_, entries) = assembly.table.expect("complete");
-    let manifest = Manifest {
-        header,
-        segments: entries,
-    };
-    let tail = manifest.encode_tail();
-    let total = descriptor.len() + manifest.payload_bytes() as usize + tail.len();
-    let mut out = BytesMut::with_capacity(total);
-    out.extend_from_slice(&descriptor);
-    for (_, bytes) in assembly.segments.into_iter().flatten() {
-        out.extend_from_slice(&bytes);
+/// A complete, verified artifact, held as its parts: the descriptor, the segments in
+/// order (the buffers they arrived in), then table and trailer.
+///
+/// Delivery copies nothing: joining a full checkpoint's gigabyte on the event loop
+/// held up everything else for the better part of a second (BENCHMARKS.md). A
+/// consumer that needs the bytes contiguous calls [`Artifact::to_bytes`] where it may
+/// take its time (a relay forwards segments as they arrive and never needs it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    header: DeltaHeader,
+    descriptor: Bytes,
+    segments: Vec<Bytes>,
+    tail: Bytes,
+}
+
+impl Artifact {
+    fn from_assembly(assembly: Assembly) -> Artifact {
+        let (descriptor, header) = assembly.descriptor.expect("complete");
+        let (_, entries) = assembly.table.expect("complete");
+        let segments = assembly
+            .segments
+            .into_iter()
+            .map(|held| held.expect("complete").1)
+            .collect();
+        let tail = Manifest {
+            header: header.clone(),
+            segments: entries,
+        }
+        .encode_tail();
+        Artifact {
+            header,
+            descriptor,
+            segments,
+            tail: Bytes::from(tail),
+        }
     }
-    out.extend_from_slice(&tail);
-    out.freeze()
+
+    /// The header its descriptor carries (decoded and checked on arrival).
+    pub fn header(&self) -> &DeltaHeader {
+        &self.header
+    }
+
+    /// The artifact's bytes, contiguous: descriptor, segments in order, then table and
+    /// trailer. Copies every byte.
+    pub fn to_bytes(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.parts().map(Bytes::len).sum());
+        for part in self.parts() {
+            out.extend_from_slice(part);
+        }
+        out.freeze()
+    }
+
+    fn parts(&self) -> impl Iterator<Item = &Bytes> {
+        std::iter::once(&self.descriptor)
+            .chain(&self.segments)
+            .chain(std::iter::once(&self.tail))
+    }
 }
 
 #[cfg(test)]

@@ -154,7 +154,9 @@ impl Pair {
         self.events
             .iter()
             .filter_map(|e| match e {
-                ReceiverEvent::Complete { version, artifact } => Some((*version, artifact.clone())),
+                ReceiverEvent::Complete { version, artifact } => {
+                    Some((*version, artifact.to_bytes()))
+                }
                 _ => None,
             })
             .collect()

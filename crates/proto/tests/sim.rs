@@ -742,7 +742,7 @@ impl Sim {
             Output::Stage { version, artifact } => {
                 let peer = &mut self.peers[node];
                 let weights = peer.weights.as_ref().unwrap();
-                match weights.stage(&artifact) {
+                match weights.stage(&artifact.to_bytes()) {
                     Ok(patch) => {
                         peer.patches.insert(version, patch);
                     }

@@ -39,7 +39,8 @@ pub struct TransferSpec {
     /// Where receivers connect; `None` uses the hub's bound address.
     pub connect: Option<SocketAddr>,
     pub socket: SocketOptions,
-    /// Let receivers tune their stream count (`streams` is then the upper bound).
+    /// Let receivers tune their stream count (`streams` is then the upper bound; they
+    /// start with one).
     pub tune_interval: Option<Duration>,
     /// Stop after this long and report what each receiver holds by then (the goodput of
     /// a transfer too slow to finish); `None` waits for every receiver.
@@ -160,9 +161,11 @@ fn identity(role: Role, peer_id: String, region: &str) -> Identity {
     }
 }
 
-/// Waits until the node has every one of its `streams` welcomed by its upstream.
-async fn all_streams_up(node: &NodeHandle, streams: u8) -> Result<NodeStatus, TransportError> {
-    node.wait_for(|s| s.connected && s.streams == streams).await
+/// Waits until the node has every stream its session uses welcomed by its upstream
+/// (a tuned session's first one; more open while it runs).
+async fn all_streams_up(node: &NodeHandle) -> Result<NodeStatus, TransportError> {
+    node.wait_for(|s| s.connected && s.streams > 0 && s.streams == s.target_streams)
+        .await
 }
 
 /// Publishes `spec.artifact` on a fresh hub and waits until every receiver holds it,
@@ -208,7 +211,7 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
     }
     let outcome = tokio::time::timeout(spec.timeout, async {
         for receiver in &receivers {
-            all_streams_up(receiver, spec.streams).await?;
+            all_streams_up(receiver).await?;
         }
         let start = Instant::now();
         hub.publish(spec.artifact.clone()).await?;
@@ -392,7 +395,7 @@ impl Fleet {
         }
         tokio::time::timeout(spec.timeout, async {
             for member in &fleet.members {
-                all_streams_up(&member.node, spec.streams).await?;
+                all_streams_up(&member.node).await?;
             }
             Ok::<_, TransportError>(())
         })

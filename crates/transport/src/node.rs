@@ -41,7 +41,7 @@ pub struct NodeConfig {
     pub upstreams: Vec<SocketAddr>,
     /// Token presented to upstreams.
     pub token: Vec<u8>,
-    /// Parallel streams per upstream session (start and upper bound when tuned).
+    /// Parallel streams per upstream session (the upper bound when tuned).
     pub streams: u8,
     /// Tune the stream count from measured goodput at this interval.
     pub tune_interval: Option<Duration>,
@@ -132,6 +132,8 @@ pub struct NodeStatus {
     pub connected: bool,
     /// Streams of the upstream session its upstream has welcomed.
     pub streams: u8,
+    /// Streams the upstream session uses now (one at first when tuned).
+    pub target_streams: u8,
     pub upstream_switches: u64,
     pub receiver: Option<ReceiverStats>,
     pub sender: Option<SenderStats>,
@@ -959,7 +961,9 @@ impl<E: Engine> Driver<E> {
                 let weights = self.weights.take().expect("staging needs the weights");
                 let events = self.events_tx.clone();
                 self.tasks.spawn_blocking(move || {
-                    let result = weights.stage(&artifact);
+                    // Joining the received segments copies the artifact: here, off the
+                    // event loop, and only on an actor that stages it.
+                    let result = weights.stage(&artifact.to_bytes());
                     let _ = events.blocking_send(Event::Staged {
                         version,
                         weights,
@@ -1048,6 +1052,7 @@ impl<E: Engine> Driver<E> {
         status.diverged = self.node.actor_diverged();
         status.receiver = self.node.receiver().map(|r| r.stats().clone());
         status.streams = self.node.receiver().map_or(0, Receiver::welcomed_streams);
+        status.target_streams = self.node.receiver().map_or(0, Receiver::stream_count);
         status.sender = self.node.sender().map(|s| s.stats().clone());
         status.subscribers = self.node.sender().map_or(0, Sender::sessions);
         let snapshot = status.clone();

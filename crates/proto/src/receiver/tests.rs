@@ -36,6 +36,17 @@ fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
     )
 }
 
+/// The versions delivered, with their bytes.
+fn completed(events: &[ReceiverEvent]) -> Vec<(u64, Bytes)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ReceiverEvent::Complete { version, artifact } => Some((*version, artifact.to_bytes())),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The frames a sender would send for `bytes`: offer, table, segments.
 fn frames(bytes: &Bytes) -> Vec<Frame> {
     let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
@@ -95,10 +106,7 @@ fn a_corrupted_segment_is_nacked_and_never_delivered() {
     assert_eq!(r.stats().corrupt, 1);
     r.handle_frame(now, 1, good);
     let (events, _) = drain(&mut r);
-    assert!(events.contains(&ReceiverEvent::Complete {
-        version: 1,
-        artifact: bytes
-    }));
+    assert_eq!(completed(&events), [(1, bytes)]);
 }
 
 #[test]
@@ -137,10 +145,7 @@ fn a_segment_that_matches_its_frame_but_not_the_table_is_revoked() {
         r.handle_frame(now, 1, frame.clone());
     }
     let (events, _) = drain(&mut r);
-    assert!(events.contains(&ReceiverEvent::Complete {
-        version: 1,
-        artifact: bytes
-    }));
+    assert_eq!(completed(&events), [(1, bytes)]);
 }
 
 #[test]
@@ -373,22 +378,55 @@ fn a_new_session_after_a_lost_upstream_resumes_without_duplicates() {
 }
 
 #[test]
-fn the_stream_count_follows_the_tuner() {
-    let mut r = connected(4);
+fn the_stream_count_follows_the_tuner_and_never_closes_a_stream() {
+    let mut r = receiver(4, 1);
     r.config.tune_interval = Some(Duration::from_secs(1));
-    let now = Instant::now();
-    r.tune_at = Some(now);
-    // Goodput flat whatever the count: the tuner sheds streams one at a time.
-    for step in 0..3u32 {
-        r.stats.segment_bytes += 1000;
-        r.handle_timeout(now + Duration::from_secs(step.into()));
-    }
-    assert!(r.stream_count() < 4);
-    let (events, out) = drain(&mut r);
-    assert!(
+    let start = Instant::now();
+    r.start_session(start, 5);
+    let dials = |events: &[ReceiverEvent]| -> Vec<u8> {
         events
             .iter()
-            .any(|e| matches!(e, ReceiverEvent::Close { .. }))
+            .filter_map(|e| match e {
+                ReceiverEvent::Dial { stream, .. } => Some(*stream),
+                _ => None,
+            })
+            .collect()
+    };
+    let (events, _) = drain(&mut r);
+    assert_eq!(
+        dials(&events),
+        [0],
+        "a tuned session starts with one stream"
     );
-    assert!(out.iter().any(|(_, f)| matches!(f, Frame::Want { .. })));
+    r.connected(start, 5, 0, 1);
+    // Goodput that doubles with each stream, then stays flat: warm-up, baseline, two
+    // streams that pay, one that does not.
+    let mut opened = Vec::new();
+    for (second, bytes) in [(1u64, 100u64), (2, 1000), (3, 2000), (4, 4000), (5, 4000)] {
+        r.stats.segment_bytes += bytes;
+        r.handle_timeout(start + Duration::from_secs(second));
+        let (events, _) = drain(&mut r);
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, ReceiverEvent::Close { .. })),
+            "{events:?}"
+        );
+        opened.extend(dials(&events));
+    }
+    assert_eq!(opened, [1, 2, 3]);
+    assert_eq!(r.stream_count(), 4);
+}
+
+#[test]
+fn an_untuned_session_opens_every_stream() {
+    let mut r = receiver(3, 1);
+    r.start_session(Instant::now(), 5);
+    let (events, _) = drain(&mut r);
+    let dials = events
+        .iter()
+        .filter(|e| matches!(e, ReceiverEvent::Dial { .. }))
+        .count();
+    assert_eq!(dials, 3);
+    assert_eq!(r.stream_count(), 3);
 }
