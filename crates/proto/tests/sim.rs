@@ -16,9 +16,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{
-    DeltaFile, Encoding, ExtractOptions, Extraction, Hash, Patch, owned_checkpoint,
-};
+use aurora_delta::{DeltaFile, Hash, Patch};
 use aurora_proto::{
     Auth, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig, Role, Sender,
     SenderConfig, VersionRef, Weights,
@@ -43,42 +41,11 @@ fn chain() -> &'static Chain {
         let mut config = aurora_synth::SynthConfig::new(shape, 11);
         // A larger step than real training, so each delta spans several segments.
         config.learning_rate = 2e-5;
-        let mut synth = aurora_synth::Synth::new(config);
-        let mut exports = vec![synth.export()];
-        for _ in 0..VERSIONS {
-            synth.step();
-            exports.push(synth.export());
-        }
-        let images: Vec<Vec<u8>> = exports
-            .iter()
-            .map(|t| aurora_checkpoint::safetensors_bytes(t).unwrap())
-            .collect();
-        let hashes = exports
-            .iter()
-            .map(|t| owned_checkpoint(t).unwrap().weights_hash())
-            .collect();
-        let deltas = (1..=VERSIONS as usize)
-            .map(|v| {
-                let base = owned_checkpoint(&exports[v - 1]).unwrap();
-                let target = owned_checkpoint(&exports[v]).unwrap();
-                let options = ExtractOptions {
-                    encoding: Encoding::Aurora,
-                    base_version: v as u64 - 1,
-                    target_version: v as u64,
-                    segment_target_bytes: 2048,
-                    ..ExtractOptions::default()
-                };
-                let (_, bytes) = Extraction::new(&base, &target, options)
-                    .unwrap()
-                    .to_bytes()
-                    .unwrap();
-                Bytes::from(bytes)
-            })
-            .collect();
+        let chain = aurora_synth::DeltaChain::new(config, VERSIONS, 2048);
         Chain {
-            images,
-            hashes,
-            deltas,
+            images: chain.images,
+            hashes: chain.hashes,
+            deltas: chain.deltas.into_iter().map(Bytes::from).collect(),
         }
     })
 }

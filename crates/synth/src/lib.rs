@@ -20,7 +20,10 @@
 
 use rayon::prelude::*;
 
-use aurora_delta::{Dtype, OwnedTensor};
+use aurora_checkpoint::safetensors_bytes;
+use aurora_delta::{
+    Dtype, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor, owned_checkpoint,
+};
 
 /// Architecture sizes of a Qwen3-style decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,6 +368,59 @@ fn gaussian(h: u64) -> f32 {
     let u1 = ((h >> 32) as f32 + 1.0) / 4_294_967_296.0;
     let u2 = (h & 0xFFFF_FFFF) as f32 / 4_294_967_296.0;
     (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+}
+
+/// Checkpoints 0..=n of a synthetic model, as safetensors images with their weights
+/// hashes, and the `aurora` deltas between consecutive ones: the published history the
+/// protocol's and the transport's tests replay.
+pub struct DeltaChain {
+    pub images: Vec<Vec<u8>>,
+    pub hashes: Vec<Hash>,
+    /// `deltas[v - 1]` turns version v-1 into v.
+    pub deltas: Vec<Vec<u8>>,
+}
+
+impl DeltaChain {
+    /// `versions` steps of `config`, each delta cut into segments of about
+    /// `segment_target_bytes`.
+    pub fn new(config: SynthConfig, versions: u64, segment_target_bytes: usize) -> DeltaChain {
+        let mut synth = Synth::new(config);
+        let mut exports = vec![synth.export()];
+        for _ in 0..versions {
+            synth.step();
+            exports.push(synth.export());
+        }
+        let checkpoint = |tensors| owned_checkpoint(tensors).expect("a synthetic checkpoint");
+        let deltas = exports
+            .windows(2)
+            .zip(1u64..)
+            .map(|(pair, version)| {
+                let options = ExtractOptions {
+                    encoding: Encoding::Aurora,
+                    base_version: version - 1,
+                    target_version: version,
+                    segment_target_bytes,
+                    ..ExtractOptions::default()
+                };
+                let (_, bytes) =
+                    Extraction::new(&checkpoint(&pair[0]), &checkpoint(&pair[1]), options)
+                        .and_then(|extraction| extraction.to_bytes())
+                        .expect("extracting a synthetic delta");
+                bytes
+            })
+            .collect();
+        DeltaChain {
+            images: exports
+                .iter()
+                .map(|tensors| safetensors_bytes(tensors).expect("a synthetic checkpoint"))
+                .collect(),
+            hashes: exports
+                .iter()
+                .map(|tensors| checkpoint(tensors).weights_hash())
+                .collect(),
+            deltas,
+        }
+    }
 }
 
 #[cfg(test)]

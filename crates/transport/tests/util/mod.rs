@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use aurora_delta::{DeltaFile, Encoding, ExtractOptions, Extraction, Hash, owned_checkpoint};
+use aurora_delta::{DeltaFile, Hash};
 use aurora_proto::{Frame, Identity, Role, VersionRef, Weights};
 use aurora_transport::{NodeConfig, NodeHandle, NodeStatus, read_frame, write_frame};
 use bytes::Bytes;
@@ -29,40 +29,11 @@ impl Chain {
         let mut config = aurora_synth::SynthConfig::new(shape, seed);
         // Larger steps than real training, so every delta spans many segments.
         config.learning_rate = 3e-5;
-        let mut synth = aurora_synth::Synth::new(config);
-        let mut exports = vec![synth.export()];
-        for _ in 0..versions {
-            synth.step();
-            exports.push(synth.export());
-        }
-        let deltas = (1..exports.len())
-            .map(|v| {
-                let base = owned_checkpoint(&exports[v - 1]).unwrap();
-                let target = owned_checkpoint(&exports[v]).unwrap();
-                let options = ExtractOptions {
-                    encoding: Encoding::Aurora,
-                    base_version: v as u64 - 1,
-                    target_version: v as u64,
-                    segment_target_bytes: 1024,
-                    ..ExtractOptions::default()
-                };
-                let (_, bytes) = Extraction::new(&base, &target, options)
-                    .unwrap()
-                    .to_bytes()
-                    .unwrap();
-                Bytes::from(bytes)
-            })
-            .collect();
+        let chain = aurora_synth::DeltaChain::new(config, versions, 1024);
         Chain {
-            images: exports
-                .iter()
-                .map(|t| aurora_checkpoint::safetensors_bytes(t).unwrap())
-                .collect(),
-            hashes: exports
-                .iter()
-                .map(|t| owned_checkpoint(t).unwrap().weights_hash())
-                .collect(),
-            deltas,
+            images: chain.images,
+            hashes: chain.hashes,
+            deltas: chain.deltas.into_iter().map(Bytes::from).collect(),
         }
     }
 
