@@ -140,14 +140,17 @@ fn the_rate_limit_caps_a_tcp_transfer() {
     );
     assert_eq!(report.streams.len(), 2);
     // Every packet TCP retransmitted was dropped at the link's queue (there is no
-    // random loss on this link), and the emulator counted each drop.
+    // random loss on this link), and the emulator counted each drop; except that a
+    // tail loss probe may resend a segment that was only late (seen once in CI: 162
+    // retransmitted, 161 dropped), so each stream may have a couple more.
     let queue_full: u64 = network
         .counters()
         .iter()
         .map(|direction| direction.counters.queue_full + direction.counters.send_failed)
         .sum();
+    let probes_allowed = 2 * report.streams.len() as u64;
     assert!(
-        report.retransmitted_segments() <= queue_full,
+        report.retransmitted_segments() <= queue_full + probes_allowed,
         "{} retransmitted, {queue_full} dropped",
         report.retransmitted_segments()
     );

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -239,8 +240,20 @@ impl Placement {
         &self.trainer_region
     }
 
-    fn netns(&self, region: &str) -> Option<&str> {
-        self.network.as_ref()?.netns(region).ok()
+    /// The command that starts a node of `region`: this binary, inside the region's
+    /// namespace when there is a network (`ip netns exec` execs it, so the child's pid
+    /// is the node's own and killing the child kills the node).
+    fn command(&self, region: &str) -> Result<Command> {
+        let exe = std::env::current_exe().context("locating the aurora binary")?;
+        Ok(match &self.network {
+            Some(network) => {
+                let exe = exe
+                    .to_str()
+                    .context("the aurora binary's path is not UTF-8")?;
+                network.command(region, exe)?
+            }
+            None => Command::new(exe),
+        })
     }
 
     /// The address a listening node of `region` binds.
@@ -290,10 +303,10 @@ impl Fleet<'_> {
         args.extend(["--upstream".into(), self.hub_transport.to_string()]);
         let node = Node::spawn(
             &format!("actor-{id}"),
+            self.placement.command(region)?,
             &args,
             &self.env(),
             &self.run_dir,
-            self.placement.netns(region),
             self.lines.clone(),
         )?;
         self.actors.insert(id, (node, region.to_string()));
@@ -336,10 +349,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     ];
     let mut trainer = Node::spawn(
         "trainer",
+        placement.command(trainer_region)?,
         &trainer_args,
         &env,
         &run_dir,
-        placement.netns(trainer_region),
         sender.clone(),
     )?;
     let progress = ProgressBar::new(config.steps);
@@ -406,10 +419,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         ];
         let node = Node::spawn(
             &name,
+            placement.command(&region.name)?,
             &relay_args,
             &env,
             &run_dir,
-            placement.netns(&region.name),
             sender.clone(),
         )?;
         let address: SocketAddr =

@@ -28,33 +28,22 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts `aurora <args>` with the run's environment, inside the network namespace
-    /// `netns` if given; every stdout line goes to `lines`, stderr to
+    /// Starts `command` (the `aurora` binary, directly or through `ip netns exec`) with
+    /// `args` and the run's environment; every stdout line goes to `lines`, stderr to
     /// `<run_dir>/logs/<name>.log`.
     pub fn spawn(
         name: &str,
+        mut command: Command,
         args: &[String],
         env: &[(&str, &str)],
         run_dir: &Path,
-        netns: Option<&str>,
         lines: mpsc::Sender<Line>,
     ) -> Result<Node> {
-        let exe = std::env::current_exe().context("locating the aurora binary")?;
         let logs = run_dir.join("logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let log_path = logs.join(format!("{name}.log"));
         let log =
             File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        // `ip netns exec` execs the program, so the child's pid stays the node's own and
-        // killing the child kills the node.
-        let mut command = match netns {
-            Some(netns) => {
-                let mut command = Command::new("ip");
-                command.args(["netns", "exec", netns]).arg(exe);
-                command
-            }
-            None => Command::new(exe),
-        };
         command
             .args(args)
             .stdin(Stdio::null())
