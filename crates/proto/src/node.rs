@@ -8,9 +8,11 @@
 //! drain [`Node::poll`].
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
-use aurora_delta::Hash;
+use aurora_delta::{DeltaHeader, Hash, Patch, PatchChunk};
+use bytes::Bytes;
 
 use crate::ConnId;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
@@ -45,14 +47,21 @@ pub enum Output {
     Load {
         version: u64,
     },
-    /// Decode `artifact` against the active weights, then call [`Node::staged`].
-    Stage {
+    /// Decode segment `index` of `version` (verified, with `hash`) against the active
+    /// weights ([`crate::Weights::decode_segment`]), then call [`Node::decoded`]. Each
+    /// segment of the next version is decoded as it arrives, while later ones are still
+    /// on the wire; the decodes of one version may run in parallel.
+    Decode {
         version: u64,
-        artifact: Artifact,
+        index: u32,
+        hash: Hash,
+        header: Arc<DeltaHeader>,
+        bytes: Bytes,
     },
     /// Wait for the engine's safe point, then call [`Node::safe_point`].
     AwaitSafePoint,
-    /// Apply the staged patch of `version`, then call [`Node::activated`].
+    /// Apply the staged patch of `version` ([`Node::take_patch`]), then call
+    /// [`Node::activated`]. No decode is outstanding: the weights are free to change.
     Activate {
         version: u64,
     },
@@ -92,7 +101,30 @@ pub struct Node {
     actor: Option<ActorCore>,
     /// Complete artifacts waiting to be staged and activated.
     artifacts: BTreeMap<u64, Artifact>,
+    /// The version being decoded against the active weights, at most one: only the
+    /// next version's base is the active weights.
+    staging: Option<Staging>,
+    /// The staged patch, until it is activated.
+    patch: Option<(u64, Patch)>,
+    /// Decodes handed to the driver and not yet reported, of any version: while one is
+    /// out the weights are being read, so an activation waits for them.
+    decodes_out: usize,
+    activation_waiting: Option<u64>,
     outputs: VecDeque<Output>,
+}
+
+/// One version decoded segment by segment (docs/wire-protocol.md §7). Results are kept
+/// with the hash of the bytes they came from: once the artifact is complete, each of
+/// its segments must have been decoded from exactly the bytes its table names, so a
+/// segment revoked or resent on the way is decoded again, never used stale.
+struct Staging {
+    version: u64,
+    header: Arc<DeltaHeader>,
+    decoded: BTreeMap<u32, (Hash, Result<Vec<PatchChunk>, String>)>,
+    /// Decodes out, by index, with the hash of the bytes sent.
+    decoding: BTreeMap<u32, Hash>,
+    /// The complete artifact, once the actor core asked to stage it.
+    artifact: Option<Artifact>,
 }
 
 impl Node {
@@ -122,6 +154,10 @@ impl Node {
             receiver,
             actor,
             artifacts: BTreeMap::new(),
+            staging: None,
+            patch: None,
+            decodes_out: 0,
+            activation_waiting: None,
             outputs: VecDeque::new(),
         }
     }
@@ -158,9 +194,38 @@ impl Node {
         }
     }
 
-    pub fn staged(&mut self, version: u64, outcome: Result<(), String>) {
-        if let Some(actor) = &mut self.actor {
-            actor.staged(version, outcome);
+    /// The driver decoded segment `index` of `version` from the bytes with `hash`.
+    pub fn decoded(
+        &mut self,
+        version: u64,
+        index: u32,
+        hash: Hash,
+        outcome: Result<Vec<PatchChunk>, String>,
+    ) {
+        self.decodes_out = self.decodes_out.saturating_sub(1);
+        if let Some(staging) = &mut self.staging
+            && staging.version == version
+            && staging.decoding.get(&index) == Some(&hash)
+        {
+            staging.decoding.remove(&index);
+            staging.decoded.insert(index, (hash, outcome));
+            self.finish_staging();
+        }
+        if self.decodes_out == 0
+            && let Some(version) = self.activation_waiting.take()
+        {
+            self.outputs.push_back(Output::Activate { version });
+        }
+    }
+
+    /// The staged patch of `version`, for [`Output::Activate`].
+    pub fn take_patch(&mut self, version: u64) -> Option<Patch> {
+        match self.patch.take() {
+            Some((staged, patch)) if staged == version => Some(patch),
+            other => {
+                self.patch = other;
+                None
+            }
         }
     }
 
@@ -243,14 +308,16 @@ impl Node {
                 self.outputs.push_back(Output::UpstreamLost { reason })
             }
             ReceiverEvent::Offered {
-                version: _,
+                version,
                 descriptor,
+                header,
             } => {
                 if let Some(sender) = &mut self.sender
                     && let Err(e) = sender.begin_artifact(descriptor)
                 {
                     self.outputs.push_back(relay_error(e));
                 }
+                self.begin_staging(version, header);
             }
             ReceiverEvent::Segment {
                 version,
@@ -258,6 +325,7 @@ impl Node {
                 hash,
                 bytes,
             } => {
+                self.decode(version, index, hash, &bytes);
                 if let Some(sender) = &mut self.sender
                     && let Err(e) = sender.add_segment(version, index, hash, bytes)
                 {
@@ -265,6 +333,12 @@ impl Node {
                 }
             }
             ReceiverEvent::Revoked { version, index } => {
+                if let Some(staging) = &mut self.staging
+                    && staging.version == version
+                {
+                    staging.decoded.remove(&index);
+                    staging.decoding.remove(&index);
+                }
                 if let Some(sender) = &mut self.sender {
                     sender.revoke_segment(version, index);
                 }
@@ -298,6 +372,110 @@ impl Node {
                     sender.commit(commit);
                 }
             }
+        }
+    }
+
+    /// Starts decoding `version` as its segments arrive when its base is the active
+    /// weights: then nothing it could change is in use, and by the time the artifact is
+    /// complete most of it is decoded.
+    fn begin_staging(&mut self, version: u64, header: Arc<DeltaHeader>) {
+        let Some(actor) = &self.actor else { return };
+        let status = actor.status();
+        let fits = header.base_version == status.active.version
+            && header.base_hash == status.active.hash
+            && version == status.active.version + 1;
+        if fits && self.patch.is_none() && self.staging.is_none() {
+            self.staging = Some(Staging {
+                version,
+                header,
+                decoded: BTreeMap::new(),
+                decoding: BTreeMap::new(),
+                artifact: None,
+            });
+        }
+    }
+
+    /// Hands a segment of the version being staged to the driver, unless the same bytes
+    /// are already decoded or out.
+    fn decode(&mut self, version: u64, index: u32, hash: Hash, bytes: &Bytes) {
+        let Some(staging) = &mut self.staging else {
+            return;
+        };
+        if staging.version != version
+            || staging.decoding.get(&index) == Some(&hash)
+            || staging.decoded.get(&index).is_some_and(|d| d.0 == hash)
+        {
+            return;
+        }
+        staging.decoded.remove(&index);
+        staging.decoding.insert(index, hash);
+        self.decodes_out += 1;
+        self.outputs.push_back(Output::Decode {
+            version,
+            index,
+            hash,
+            header: staging.header.clone(),
+            bytes: bytes.clone(),
+        });
+    }
+
+    /// The actor core asks for `version`, now complete: decode what is not decoded yet
+    /// from exactly the artifact's segments.
+    fn stage(&mut self, version: u64) {
+        let artifact = self.artifacts[&version].clone();
+        let reuse = self
+            .staging
+            .as_ref()
+            .is_some_and(|s| s.version == version && s.header == *artifact.header());
+        if !reuse {
+            self.staging = Some(Staging {
+                version,
+                header: artifact.header().clone(),
+                decoded: BTreeMap::new(),
+                decoding: BTreeMap::new(),
+                artifact: None,
+            });
+        }
+        for (index, hash, bytes) in artifact.segments() {
+            self.decode(version, index, hash, bytes);
+        }
+        self.staging.as_mut().expect("set above").artifact = Some(artifact);
+        self.finish_staging();
+    }
+
+    /// Once every segment of the complete artifact is decoded from its table's bytes,
+    /// the patch is staged (or the first failure reported).
+    fn finish_staging(&mut self) {
+        let Some(staging) = &self.staging else { return };
+        let Some(artifact) = &staging.artifact else {
+            return;
+        };
+        let complete = artifact.segments().all(|(index, hash, _)| {
+            staging
+                .decoded
+                .get(&index)
+                .is_some_and(|(decoded, _)| *decoded == hash)
+        });
+        if !complete {
+            return;
+        }
+        let mut staging = self.staging.take().expect("checked above");
+        let version = staging.version;
+        let artifact = staging.artifact.take().expect("checked above");
+        let outcome = artifact
+            .segments()
+            .map(|(index, _, _)| {
+                let (_, outcome) = staging.decoded.remove(&index).expect("checked above");
+                outcome.map_err(|reason| format!("segment {index}: {reason}"))
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .and_then(|segments| {
+                let chunks = segments.into_iter().flatten().collect();
+                Patch::new(DeltaHeader::clone(&staging.header), chunks).map_err(|e| e.to_string())
+            })
+            .map(|patch| self.patch = Some((version, patch)));
+        if let Some(actor) = &mut self.actor {
+            actor.staged(version, outcome);
         }
     }
 
@@ -338,16 +516,23 @@ impl Node {
 
     fn on_actor_action(&mut self, action: ActorAction) {
         match action {
-            ActorAction::Stage { version } => {
-                let artifact = self.artifacts[&version].clone();
-                self.outputs.push_back(Output::Stage { version, artifact });
-            }
+            ActorAction::Stage { version } => self.stage(version),
             ActorAction::AwaitSafePoint => self.outputs.push_back(Output::AwaitSafePoint),
             ActorAction::Activate { version } => {
-                self.outputs.push_back(Output::Activate { version })
+                if self.decodes_out == 0 {
+                    self.outputs.push_back(Output::Activate { version });
+                } else {
+                    self.activation_waiting = Some(version);
+                }
             }
             ActorAction::Discard { version } => {
                 self.artifacts.remove(&version);
+                if self.staging.as_ref().is_some_and(|s| s.version == version) {
+                    self.staging = None;
+                }
+                if self.patch.as_ref().is_some_and(|p| p.0 == version) {
+                    self.patch = None;
+                }
             }
             ActorAction::Rewind { version } => {
                 if let Some(receiver) = &mut self.receiver {
@@ -371,3 +556,6 @@ impl Node {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

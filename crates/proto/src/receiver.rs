@@ -13,6 +13,7 @@
 //! missing segments travel again.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aurora_delta::{DeltaHeader, Hash, Manifest, SegmentEntry};
@@ -79,10 +80,12 @@ pub enum ReceiverEvent {
     UpstreamLost {
         reason: String,
     },
-    /// The delta descriptor of `version` arrived (relays publish it downstream).
+    /// The delta descriptor of `version` arrived (relays publish it downstream; actors
+    /// may start decoding its segments against their weights).
     Offered {
         version: u64,
         descriptor: Bytes,
+        header: Arc<DeltaHeader>,
     },
     /// A verified segment (relays forward it at once); never before its version's
     /// `Offered`.
@@ -133,7 +136,7 @@ const SLOT_BYTES: u64 = 48;
 
 #[derive(Default)]
 struct Assembly {
-    descriptor: Option<(Bytes, DeltaHeader)>,
+    descriptor: Option<(Bytes, Arc<DeltaHeader>)>,
     segments: Vec<Option<(Hash, Bytes)>>,
     table: Option<(Hash, Vec<SegmentEntry>)>,
     verified_table: bool,
@@ -526,10 +529,12 @@ impl Receiver {
             Some(_) => return Err(format!("two different offers for version {version}")),
             None => {}
         }
-        assembly.descriptor = Some((descriptor.clone(), header));
+        let header = Arc::new(header);
+        assembly.descriptor = Some((descriptor.clone(), header.clone()));
         self.events.push_back(ReceiverEvent::Offered {
             version,
             descriptor,
+            header,
         });
         // Segments that overtook the offer on another stream are announced now, so a
         // relay republishes them after the descriptor.
@@ -657,7 +662,7 @@ impl Receiver {
             return Ok(());
         }
         let computed = Manifest {
-            header: header.clone(),
+            header: DeltaHeader::clone(header),
             segments: entries.clone(),
         }
         .id();
@@ -870,9 +875,10 @@ fn truncated(reason: &str) -> String {
 /// take its time (a relay forwards segments as they arrive and never needs it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
-    header: DeltaHeader,
+    header: Arc<DeltaHeader>,
     descriptor: Bytes,
     segments: Vec<Bytes>,
+    entries: Vec<SegmentEntry>,
     tail: Bytes,
 }
 
@@ -886,21 +892,31 @@ impl Artifact {
             .map(|held| held.expect("complete").1)
             .collect();
         let tail = Manifest {
-            header: header.clone(),
-            segments: entries,
+            header: DeltaHeader::clone(&header),
+            segments: entries.clone(),
         }
         .encode_tail();
         Artifact {
             header,
             descriptor,
             segments,
+            entries,
             tail: Bytes::from(tail),
         }
     }
 
     /// The header its descriptor carries (decoded and checked on arrival).
-    pub fn header(&self) -> &DeltaHeader {
+    pub fn header(&self) -> &Arc<DeltaHeader> {
         &self.header
+    }
+
+    /// The verified segments in order, each with its hash from the table.
+    pub fn segments(&self) -> impl Iterator<Item = (u32, Hash, &Bytes)> {
+        self.entries
+            .iter()
+            .zip(&self.segments)
+            .enumerate()
+            .map(|(index, (entry, bytes))| (index as u32, entry.hash, bytes))
     }
 
     /// The artifact's bytes, contiguous: descriptor, segments in order, then table and

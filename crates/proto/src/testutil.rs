@@ -6,7 +6,7 @@ use std::time::Instant;
 use aurora_delta::{DeltaHeader, Encoding, Hash, Manifest, assemble};
 use bytes::Bytes;
 
-use crate::frame::{Frame, Role, VersionRef};
+use crate::frame::{Frame, PROTOCOL_VERSION, Role, VersionRef, Welcome};
 use crate::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
 use crate::sender::{Auth, Sender, SenderConfig};
 use crate::{ConnId, Identity};
@@ -161,4 +161,56 @@ impl Pair {
             })
             .collect()
     }
+}
+
+/// A receiver for version 1 with a welcomed session on `streams` streams (conns 1..).
+pub fn connected(streams: u8) -> Receiver {
+    let now = Instant::now();
+    let mut r = receiver(streams, 1);
+    r.start_session(now, 5);
+    for stream in 0..streams {
+        r.connected(now, 5, stream, u64::from(stream) + 1);
+        r.handle_frame(
+            now,
+            u64::from(stream) + 1,
+            Frame::Welcome(Welcome {
+                protocol_version: PROTOCOL_VERSION,
+                role: Role::Hub,
+                peer_id: "hub".into(),
+                region: "eu".into(),
+                latest: None,
+                commit: None,
+            }),
+        );
+    }
+    while r.poll_event().is_some() || r.poll_transmit().is_some() {}
+    r
+}
+
+/// The frames a sender would send for `bytes`: offer, table, segments.
+pub fn frames(bytes: &Bytes) -> Vec<Frame> {
+    let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
+    let version = file.header().target_version;
+    let mut out = vec![
+        Frame::Offer {
+            version,
+            kind: crate::frame::ArtifactKind::Delta,
+            descriptor: Bytes::from(file.header().encode()),
+        },
+        Frame::Seal {
+            version,
+            id: file.id,
+            segments: file.manifest.segments.clone(),
+        },
+    ];
+    for index in 0..file.segment_count() {
+        let segment = file.verify_segment(index).unwrap();
+        out.push(Frame::Segment {
+            version,
+            index: index as u32,
+            hash: Hash::of(segment),
+            bytes: Bytes::copy_from_slice(segment),
+        });
+    }
+    out
 }

@@ -1,11 +1,11 @@
-//! An actor's weights in memory and the two heavy steps of [`crate::ActorAction`]:
-//! staging (decode a verified delta against the active weights) and activation (apply
-//! the staged patch in place and check the target hash). Pure computation: drivers run
+//! An actor's weights in memory and the two heavy steps of staging and activation:
+//! decoding each verified segment against the active weights, and applying the staged
+//! patch in place and checking the target hash. Pure computation: drivers run
 //! it off their event loop.
 
 use aurora_delta::{
-    Checkpoint, DeltaError, DeltaFile, Hash, Patch, TensorLayout, check_base, decode,
-    safetensors_layout,
+    Checkpoint, DeltaError, DeltaHeader, Hash, Patch, PatchChunk, TensorLayout, check_base,
+    decode_segment, safetensors_layout,
 };
 
 use crate::frame::VersionRef;
@@ -40,21 +40,25 @@ impl Weights {
         &self.image
     }
 
-    /// Decodes `artifact` against these weights: checks that it is a valid delta whose
-    /// base is exactly these weights (by the cached, verified hash) and that every
-    /// segment decodes. Nothing is written.
-    pub fn stage(&self, artifact: &[u8]) -> Result<Patch, DeltaError> {
-        let delta = DeltaFile::parse(artifact)?;
-        let base = Checkpoint::from_layout(&self.image, &self.layout)?;
-        if delta.header().base_version != self.active.version {
+    /// Decodes one verified segment of the delta `header` describes against these
+    /// weights, after checking that they are exactly the delta's base (by the cached,
+    /// verified hash). Nothing is written; segments may be decoded in any order, in
+    /// parallel, and their chunks joined into a [`Patch`].
+    pub fn decode_segment(
+        &self,
+        header: &DeltaHeader,
+        index: u32,
+        segment: &[u8],
+    ) -> Result<Vec<PatchChunk>, DeltaError> {
+        if header.base_version != self.active.version {
             return Err(DeltaError::BaseMismatch(format!(
                 "the delta starts from version {}, these weights are version {}",
-                delta.header().base_version,
-                self.active.version
+                header.base_version, self.active.version
             )));
         }
-        check_base(delta.header(), &base, Some(self.active.hash))?;
-        decode(&delta, &base)
+        let base = Checkpoint::from_layout(&self.image, &self.layout)?;
+        check_base(header, &base, Some(self.active.hash))?;
+        decode_segment(header, index, segment, &base)
     }
 
     /// Applies a staged patch in place. On a target hash mismatch the weights are

@@ -12,11 +12,11 @@
 //! end every live relay and actor is at the last version with byte-identical weights.
 //! A failure prints its seed; `AURORA_SIM_SEED=n` replays one.
 
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaFile, Hash, Patch};
+use aurora_delta::{DeltaFile, Hash, PatchChunk};
 use aurora_proto::{
     Auth, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig, Role, Sender,
     SenderConfig, VersionRef, Weights,
@@ -107,9 +107,12 @@ enum Event {
     NewSession {
         node: usize,
     },
-    Staged {
+    Decoded {
         node: usize,
         version: u64,
+        index: u32,
+        hash: Hash,
+        outcome: Result<Vec<PatchChunk>, String>,
     },
     SafePoint {
         node: usize,
@@ -173,7 +176,6 @@ struct Peer {
     upstreams: Vec<usize>,
     upstream: usize,
     weights: Option<Weights>,
-    patches: HashMap<u64, Patch>,
     timer: Option<Instant>,
 }
 
@@ -479,10 +481,16 @@ impl Sim {
                 }
                 self.drain(node);
             }
-            Event::Staged { node, version } => {
-                // The patch was decoded when staging began; this is when it is done.
+            Event::Decoded {
+                node,
+                version,
+                index,
+                hash,
+                outcome,
+            } => {
+                // The segment was decoded when the node asked; this is when it is done.
                 if let Some(n) = self.node(node) {
-                    n.staged(version, Ok(()));
+                    n.decoded(version, index, hash, outcome);
                 }
                 self.drain(node);
             }
@@ -537,7 +545,6 @@ impl Sim {
                     receiver(Role::Actor, &peer.name.clone(), streams, active),
                     active,
                 ));
-                peer.patches.clear();
                 peer.upstream = 0;
                 self.at(Duration::ZERO, Event::NewSession { node });
             }
@@ -637,7 +644,7 @@ impl Sim {
                     text.truncate(120);
                     format!("on {conn}: {text}")
                 }
-                Output::Stage { version, .. } => format!("stage {version}"),
+                Output::Decode { version, index, .. } => format!("decode {version}/{index}"),
                 other => format!("{other:?}"),
             };
             eprintln!(
@@ -706,20 +713,36 @@ impl Sim {
                 let after = self.rng.millis(1, 20);
                 self.at(after, Event::Loaded { version });
             }
-            Output::Stage { version, artifact } => {
-                let peer = &mut self.peers[node];
+            Output::Decode {
+                version,
+                index,
+                hash,
+                header,
+                bytes,
+            } => {
+                let peer = &self.peers[node];
                 let weights = peer.weights.as_ref().unwrap();
-                match weights.stage(&artifact.to_bytes()) {
-                    Ok(patch) => {
-                        peer.patches.insert(version, patch);
-                    }
-                    Err(error) => panic!(
-                        "seed {}: {} could not stage verified version {version}: {error}",
-                        self.seed, peer.name
-                    ),
-                }
+                // Only segments verified against the table reach the decoder, and only
+                // for the version whose base is the active weights: a failure is a bug.
+                let outcome = weights
+                    .decode_segment(&header, index, &bytes)
+                    .unwrap_or_else(|error| {
+                        panic!(
+                            "seed {}: {} could not decode segment {index} of verified version {version}: {error}",
+                            self.seed, peer.name
+                        )
+                    });
                 let after = self.rng.millis(1, 50);
-                self.at(after, Event::Staged { node, version });
+                self.at(
+                    after,
+                    Event::Decoded {
+                        node,
+                        version,
+                        index,
+                        hash,
+                        outcome: Ok(outcome),
+                    },
+                );
             }
             Output::AwaitSafePoint => {
                 let after = self.rng.millis(1, 300);
@@ -727,7 +750,12 @@ impl Sim {
             }
             Output::Activate { version } => {
                 let peer = &mut self.peers[node];
-                let patch = peer.patches.remove(&version).expect("staged before");
+                let patch = peer
+                    .node
+                    .as_mut()
+                    .unwrap()
+                    .take_patch(version)
+                    .expect("staged before");
                 let outcome = peer.weights.as_mut().unwrap().activate(patch);
                 let expected = chain().hashes[version as usize];
                 match &outcome {
@@ -757,7 +785,6 @@ impl Peer {
             upstreams,
             upstream: 0,
             weights: version.map(|v| Weights::new(chain().images[v as usize].clone(), v).unwrap()),
-            patches: HashMap::new(),
             timer: None,
         }
     }

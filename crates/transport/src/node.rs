@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaError, Extraction, Hash, Manifest, Patch, Segment};
+use aurora_delta::{DeltaError, Extraction, Hash, Manifest, PatchChunk, Segment};
 use aurora_proto::{
     Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig, ReceiverStats, Sender,
     SenderConfig, SenderError, SenderStats, VersionRef, Weights,
@@ -54,6 +54,11 @@ pub struct NodeConfig {
     pub retain_versions: usize,
     /// Frames in flight per connection (the sender's window).
     pub window_frames: usize,
+    /// Threads of a pool of the node's own for decoding and applying deltas; `None`
+    /// uses the process-wide pool. Nodes sharing a process (benchmarks) each get their
+    /// own so that they share the machine's cores as separate processes would, rather
+    /// than queueing behind each other's work in one pool.
+    pub decode_threads: Option<usize>,
 }
 
 impl NodeConfig {
@@ -73,6 +78,7 @@ impl NodeConfig {
             stall_timeout: Duration::from_secs(30),
             retain_versions: 4,
             window_frames: 4,
+            decode_threads: None,
         }
     }
 
@@ -95,6 +101,14 @@ impl NodeConfig {
     }
 }
 
+/// Runs `work` on the node's own pool, or on the process-wide one.
+fn on_pool<T: Send>(pool: Option<&rayon::ThreadPool>, work: impl FnOnce() -> T + Send) -> T {
+    match pool {
+        Some(pool) => pool.install(work),
+        None => work(),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     #[error("the node has stopped")]
@@ -110,6 +124,8 @@ pub enum TransportError {
     Store(#[from] StoreError),
     #[error("extraction failed")]
     Extraction(#[from] DeltaError),
+    #[error("building the decode thread pool: {0}")]
+    Pool(String),
     #[error("{0} needs at least one upstream")]
     NoUpstream(&'static str),
     #[error("gave up after {0:?}")]
@@ -175,10 +191,11 @@ pub(crate) enum Event {
         stream: u8,
         result: Result<TcpStream, String>,
     },
-    Staged {
+    Decoded {
         version: u64,
-        weights: Weights,
-        result: Result<Patch, DeltaError>,
+        index: u32,
+        hash: Hash,
+        result: Result<Vec<PatchChunk>, DeltaError>,
     },
     SafePoint,
     Activated {
@@ -483,12 +500,22 @@ async fn spawn<E: Engine>(
     };
     let (status_tx, status) = watch::channel(initial);
     let upstream_bytes = Arc::new(AtomicU64::new(0));
+    let pool = match config.decode_threads {
+        Some(threads) => Some(Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("decode-{i}"))
+                .build()
+                .map_err(|e| TransportError::Pool(e.to_string()))?,
+        )),
+        None => None,
+    };
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
         node,
-        weights,
-        patch: None,
+        weights: weights.map(Arc::new),
+        pool,
         engine,
         store,
         live: BTreeMap::new(),
@@ -556,8 +583,9 @@ struct Live {
 struct Driver<E: Engine> {
     config: NodeConfig,
     node: Node,
-    weights: Option<Weights>,
-    patch: Option<(u64, Patch)>,
+    /// Shared with the decodes out; the node starts an activation only when none is.
+    weights: Option<Arc<Weights>>,
+    pool: Option<Arc<rayon::ThreadPool>>,
     engine: Option<Arc<E>>,
     store: Option<Arc<Store>>,
     live: BTreeMap<u64, Live>,
@@ -695,20 +723,14 @@ impl<E: Engine> Driver<E> {
                     }
                 }
             },
-            Event::Staged {
+            Event::Decoded {
                 version,
-                weights,
+                index,
+                hash,
                 result,
             } => {
-                self.weights = Some(weights);
-                let outcome = match result {
-                    Ok(patch) => {
-                        self.patch = Some((version, patch));
-                        Ok(())
-                    }
-                    Err(error) => Err(error.to_string()),
-                };
-                self.node.staged(version, outcome);
+                let outcome = result.map_err(|e| e.to_string());
+                self.node.decoded(version, index, hash, outcome);
             }
             Event::SafePoint => self.node.safe_point(),
             Event::Activated {
@@ -726,7 +748,7 @@ impl<E: Engine> Driver<E> {
                     self.status.failed_activations += 1;
                 }
                 tracing::info!(version, ok = result.is_ok(), "activation");
-                self.weights = Some(weights);
+                self.weights = Some(Arc::new(weights));
                 self.node.activated(version, result);
             }
             Event::Stored { version } => {
@@ -957,16 +979,24 @@ impl<E: Engine> Driver<E> {
                     let _ = events.blocking_send(Event::Loaded { version, result });
                 });
             }
-            Output::Stage { version, artifact } => {
-                let weights = self.weights.take().expect("staging needs the weights");
+            Output::Decode {
+                version,
+                index,
+                hash,
+                header,
+                bytes,
+            } => {
+                let weights = self.weights.clone().expect("decoding needs the weights");
+                let pool = self.pool.clone();
                 let events = self.events_tx.clone();
                 self.tasks.spawn_blocking(move || {
-                    // Joining the received segments copies the artifact: here, off the
-                    // event loop, and only on an actor that stages it.
-                    let result = weights.stage(&artifact.to_bytes());
-                    let _ = events.blocking_send(Event::Staged {
+                    let result = on_pool(pool.as_deref(), || {
+                        weights.decode_segment(&header, index, &bytes)
+                    });
+                    let _ = events.blocking_send(Event::Decoded {
                         version,
-                        weights,
+                        index,
+                        hash,
                         result,
                     });
                 });
@@ -980,14 +1010,22 @@ impl<E: Engine> Driver<E> {
                 });
             }
             Output::Activate { version } => {
-                let mut weights = self.weights.take().expect("activation needs the weights");
-                let patch = match self.patch.take() {
-                    Some((staged, patch)) if staged == version => patch,
-                    _ => unreachable!("the actor core activates only what it staged"),
-                };
+                let shared = self.weights.take().expect("activation needs the weights");
+                let (mut weights, patch) =
+                    match (Arc::try_unwrap(shared), self.node.take_patch(version)) {
+                        (Ok(weights), Some(patch)) => (weights, patch),
+                        (shared, _) => {
+                            // The node activates only a staged patch with no decode out.
+                            self.weights = Some(shared.map_or_else(|arc| arc, Arc::new));
+                            self.node
+                                .activated(version, Err("the staged patch is not ready".into()));
+                            return;
+                        }
+                    };
+                let pool = self.pool.clone();
                 let events = self.events_tx.clone();
                 self.tasks.spawn_blocking(move || {
-                    let result = weights.activate(patch);
+                    let result = on_pool(pool.as_deref(), || weights.activate(patch));
                     let _ = events.blocking_send(Event::Activated {
                         version,
                         weights,

@@ -1,31 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::testutil::{Pair, artifact, receiver, sender};
-
-/// A receiver with a welcomed session on one stream (conn 1).
-fn connected(streams: u8) -> Receiver {
-    let now = Instant::now();
-    let mut r = receiver(streams, 1);
-    r.start_session(now, 5);
-    for stream in 0..streams {
-        r.connected(now, 5, stream, u64::from(stream) + 1);
-        r.handle_frame(
-            now,
-            u64::from(stream) + 1,
-            Frame::Welcome(Welcome {
-                protocol_version: PROTOCOL_VERSION,
-                role: Role::Hub,
-                peer_id: "hub".into(),
-                region: "eu".into(),
-                latest: None,
-                commit: None,
-            }),
-        );
-    }
-    drain(&mut r);
-    r
-}
+use crate::testutil::{Pair, artifact, connected, frames, receiver, sender};
 
 fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
     (
@@ -45,34 +21,6 @@ fn completed(events: &[ReceiverEvent]) -> Vec<(u64, Bytes)> {
             _ => None,
         })
         .collect()
-}
-
-/// The frames a sender would send for `bytes`: offer, table, segments.
-fn frames(bytes: &Bytes) -> Vec<Frame> {
-    let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
-    let version = file.header().target_version;
-    let mut out = vec![
-        Frame::Offer {
-            version,
-            kind: crate::frame::ArtifactKind::Delta,
-            descriptor: Bytes::from(file.header().encode()),
-        },
-        Frame::Seal {
-            version,
-            id: file.id,
-            segments: file.manifest.segments.clone(),
-        },
-    ];
-    for index in 0..file.segment_count() {
-        let segment = file.verify_segment(index).unwrap();
-        out.push(Frame::Segment {
-            version,
-            index: index as u32,
-            hash: Hash::of(segment),
-            bytes: Bytes::copy_from_slice(segment),
-        });
-    }
-    out
 }
 
 #[test]

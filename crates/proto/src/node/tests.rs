@@ -1,0 +1,155 @@
+//! Staging while segments arrive: the node asks for each segment of the next version
+//! as it is verified, stages once the artifact is complete and every segment was
+//! decoded from exactly the bytes its table names, and activates only when no decode
+//! still reads the weights.
+
+use super::*;
+use crate::testutil::{artifact, connected, frames, weights};
+
+fn actor() -> Node {
+    Node::actor(
+        connected(1),
+        VersionRef {
+            version: 0,
+            hash: weights(0),
+        },
+    )
+}
+
+fn poll(node: &mut Node) -> Vec<Output> {
+    let now = Instant::now();
+    std::iter::from_fn(|| node.poll(now)).collect()
+}
+
+/// The decodes asked for, as (version, index, hash).
+fn decodes(outputs: &[Output]) -> Vec<(u64, u32, Hash)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Decode {
+                version,
+                index,
+                hash,
+                ..
+            } => Some((*version, *index, *hash)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn feed(node: &mut Node, frame: Frame) -> Vec<Output> {
+    node.receiver_mut()
+        .unwrap()
+        .handle_frame(Instant::now(), 1, frame);
+    poll(node)
+}
+
+fn segment_frame(version: u64, index: u32, bytes: &'static [u8]) -> Frame {
+    Frame::Segment {
+        version,
+        index,
+        hash: Hash::of(bytes),
+        bytes: Bytes::from_static(bytes),
+    }
+}
+
+#[test]
+fn segments_are_decoded_as_they_arrive_and_staged_once_complete() {
+    let mut node = actor();
+    let (bytes, _) = artifact(1, 3);
+    let all = frames(&bytes);
+    let (offer, seal, segments) = (&all[0], &all[1], &all[2..]);
+    assert!(decodes(&feed(&mut node, offer.clone())).is_empty());
+    let first = decodes(&feed(&mut node, segments[0].clone()));
+    assert_eq!(
+        first.len(),
+        1,
+        "the first segment is decoded before the rest arrive"
+    );
+    let (_, _, hash) = first[0];
+    node.decoded(1, 0, hash, Ok(Vec::new()));
+    assert!(decodes(&feed(&mut node, seal.clone())).is_empty());
+    let mut asked = Vec::new();
+    for segment in &segments[1..] {
+        asked.extend(decodes(&feed(&mut node, segment.clone())));
+    }
+    assert_eq!(asked.iter().map(|d| d.1).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(node.actor_status().unwrap().staged, None);
+    for (version, index, hash) in asked {
+        node.decoded(version, index, hash, Ok(Vec::new()));
+    }
+    poll(&mut node);
+    assert_eq!(node.actor_status().unwrap().staged, Some(1));
+    assert!(node.take_patch(1).is_some());
+}
+
+#[test]
+fn a_revoked_segment_is_decoded_again_and_activation_waits_for_the_stale_decode() {
+    let mut node = actor();
+    let (bytes, _) = artifact(1, 2);
+    let all = frames(&bytes);
+    feed(&mut node, all[0].clone());
+    // Consistent with its frame, not with the table that follows.
+    let forged = decodes(&feed(&mut node, segment_frame(1, 0, b"forged")));
+    assert_eq!(forged.len(), 1);
+    feed(&mut node, all[1].clone());
+    let mut asked = Vec::new();
+    for segment in &all[2..] {
+        asked.extend(decodes(&feed(&mut node, segment.clone())));
+    }
+    assert_eq!(asked.iter().map(|d| d.1).collect::<Vec<_>>(), [0, 1]);
+    assert_ne!(asked[0].2, forged[0].2);
+    for (version, index, hash) in asked {
+        node.decoded(version, index, hash, Ok(Vec::new()));
+    }
+    let outputs = poll(&mut node);
+    assert_eq!(node.actor_status().unwrap().staged, Some(1));
+
+    node.receiver_mut().unwrap().handle_frame(
+        Instant::now(),
+        1,
+        Frame::Commit(VersionRef {
+            version: 1,
+            hash: weights(1),
+        }),
+    );
+    let outputs = [outputs, poll(&mut node)].concat();
+    assert!(outputs.contains(&Output::AwaitSafePoint));
+    node.safe_point();
+    assert!(
+        !poll(&mut node).contains(&Output::Activate { version: 1 }),
+        "the forged segment's decode still reads the weights"
+    );
+    // Its result comes back late and is not used.
+    node.decoded(1, 0, forged[0].2, Err("garbage".into()));
+    assert!(poll(&mut node).contains(&Output::Activate { version: 1 }));
+    assert!(node.take_patch(1).is_some());
+}
+
+#[test]
+fn a_segment_that_does_not_decode_refuses_the_version() {
+    let mut node = actor();
+    let (bytes, _) = artifact(1, 2);
+    let mut asked = Vec::new();
+    for frame in frames(&bytes) {
+        asked.extend(decodes(&feed(&mut node, frame)));
+    }
+    assert_eq!(asked.len(), 2);
+    node.decoded(1, 0, asked[0].2, Ok(Vec::new()));
+    node.decoded(1, 1, asked[1].2, Err("chunk 3 is truncated".into()));
+    poll(&mut node);
+    let status = node.actor_status().unwrap();
+    assert_eq!((status.active.version, status.staged), (0, None));
+    assert!(node.take_patch(1).is_none());
+}
+
+#[test]
+fn a_version_whose_base_is_not_active_is_not_decoded_early() {
+    let mut node = actor();
+    let (bytes, _) = artifact(2, 2);
+    let mut outputs = Vec::new();
+    for frame in frames(&bytes) {
+        outputs.extend(feed(&mut node, frame));
+    }
+    assert!(decodes(&outputs).is_empty());
+}
