@@ -13,10 +13,22 @@
 //! remaining flows take about a second to claim its share (BENCHMARKS.md, "Stream counts
 //! and congestion control on the lossy link"), which costs more than the one stream too
 //! many a probe that did not pay leaves open.
+//!
+//! A long session's path changes (a loss episode, competing flows), and what did not pay
+//! when probing may pay then. Once settled, the tuner probes again when goodput stays
+//! below the settled level by more than [`REPROBE_DROP`] for [`REPROBE_INTERVALS`] busy
+//! intervals in a row. Only consecutive busy intervals count: the intervals at either
+//! end of a transfer are partly idle and would look like a drop. A probe that does not
+//! pay makes the lower goodput the new reference, so a path that stays slower costs one
+//! probe, not a stream per interval.
 
 /// Relative goodput gain an added stream must bring to be followed by another; smaller
 /// changes are noise.
 pub const TUNER_TOLERANCE: f64 = 0.05;
+/// Relative fall of goodput below the settled reference that may start a new probe.
+pub const REPROBE_DROP: f64 = 0.25;
+/// Busy intervals in a row below the reference before probing again.
+pub const REPROBE_INTERVALS: u8 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
@@ -27,8 +39,9 @@ enum State {
     Measuring,
     /// One stream was just added; `baseline` is the goodput of the count before.
     Probing { baseline: f64 },
-    /// Probing is over.
-    Settled,
+    /// Probing is over; `reference` is the goodput it settled at (raised by any better
+    /// interval since), `below` the busy intervals in a row short of it.
+    Settled { reference: f64, below: u8 },
 }
 
 #[derive(Debug, Clone)]
@@ -55,9 +68,13 @@ impl StreamTuner {
 
     /// Takes the goodput (bytes per second) of the last interval, run at
     /// [`StreamTuner::current`] streams, and returns the count for the next one, never
-    /// lower. An idle interval (zero goodput) says nothing and changes nothing.
+    /// lower. An idle interval (zero goodput) measures nothing; it only breaks a run of
+    /// slow intervals.
     pub fn observe(&mut self, goodput: f64) -> u8 {
         if goodput <= 0.0 {
+            if let State::Settled { below, .. } = &mut self.state {
+                *below = 0;
+            }
             return self.current;
         }
         self.state = match self.state {
@@ -66,7 +83,24 @@ impl StreamTuner {
             State::Probing { baseline } if goodput > baseline * (1.0 + TUNER_TOLERANCE) => {
                 self.probe(goodput)
             }
-            State::Probing { .. } | State::Settled => State::Settled,
+            State::Probing { baseline } => State::Settled {
+                reference: baseline.max(goodput),
+                below: 0,
+            },
+            State::Settled { reference, below } if goodput < reference * (1.0 - REPROBE_DROP) => {
+                if below + 1 >= REPROBE_INTERVALS {
+                    self.probe(goodput)
+                } else {
+                    State::Settled {
+                        reference,
+                        below: below + 1,
+                    }
+                }
+            }
+            State::Settled { reference, .. } => State::Settled {
+                reference: reference.max(goodput),
+                below: 0,
+            },
         };
         self.current
     }
@@ -77,7 +111,10 @@ impl StreamTuner {
             self.current += 1;
             State::Probing { baseline }
         } else {
-            State::Settled
+            State::Settled {
+                reference: baseline,
+                below: 0,
+            }
         }
     }
 }
@@ -131,7 +168,8 @@ mod tests {
 
     #[test]
     fn never_sheds_a_stream() {
-        // Goodput that falls after the probing (a competing flow arrives).
+        // Goodput that falls after the probing (a competing flow arrives), in bursts
+        // too short to probe again.
         let mut tuner = StreamTuner::new(8);
         for goodput in [10.0, 100.0, 200.0, 300.0, 310.0] {
             tuner.observe(goodput);
@@ -139,6 +177,52 @@ mod tests {
         assert_eq!(tuner.current(), 4);
         for goodput in [50.0, 20.0, 400.0, 5.0] {
             assert_eq!(tuner.observe(goodput), 4);
+        }
+    }
+
+    #[test]
+    fn a_sustained_drop_probes_again_while_streams_pay() {
+        // Settled on a link one stream fills; then loss caps each stream at 20.
+        let mut tuner = StreamTuner::new(8);
+        for goodput in [10.0, 100.0, 100.0] {
+            tuner.observe(goodput);
+        }
+        assert_eq!(tuner.current(), 2);
+        let lossy = |n: u8| (20.0 * f64::from(n)).min(100.0);
+        let counts: Vec<u8> = (0..12)
+            .map(|_| tuner.observe(lossy(tuner.current())))
+            .collect();
+        // Two intervals below, the third probes; then every stream pays up to 5.
+        assert_eq!(&counts[..3], [2, 2, 3]);
+        assert_eq!(*counts.last().unwrap(), 6, "{counts:?}");
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn a_path_that_stays_slower_costs_one_probe() {
+        let mut tuner = StreamTuner::new(8);
+        for goodput in [10.0, 100.0, 100.0] {
+            tuner.observe(goodput);
+        }
+        assert_eq!(tuner.current(), 2);
+        // The link now gives 50 whatever the count.
+        let counts: Vec<u8> = (0..20).map(|_| tuner.observe(50.0)).collect();
+        assert_eq!(counts[2], 3);
+        assert!(counts[3..].iter().all(|&n| n == 3), "{counts:?}");
+    }
+
+    #[test]
+    fn partly_idle_intervals_between_transfers_do_not_probe() {
+        // Short transfers: each shows one slow interval between idle ones.
+        let mut tuner = StreamTuner::new(8);
+        for goodput in [10.0, 100.0, 100.0] {
+            tuner.observe(goodput);
+        }
+        for _ in 0..20 {
+            assert_eq!(tuner.observe(30.0), 2);
+            assert_eq!(tuner.observe(0.0), 2);
+            assert_eq!(tuner.observe(10.0), 2);
+            assert_eq!(tuner.observe(0.0), 2);
         }
     }
 
