@@ -14,7 +14,7 @@
 //! element.
 
 use super::entropy::{
-    ALPHABET, GolombDecoder, Model, RansDecoder, RansEncoder, golomb_parameter, write_golomb,
+    ALPHABET, GolombDecoder, GolombEncoder, Model, RansDecoder, RansEncoder, golomb_parameter,
 };
 use super::scan::{
     Classes, MAX_CLASSES, Word, apply_step, changed_mask, max_step_value, select_bit, step_value,
@@ -29,10 +29,19 @@ use crate::error::{DeltaError, Result};
 const ESCAPE: u64 = ALPHABET as u64 - 1;
 /// The class search samples about this many 64-element blocks per chunk...
 const SAMPLED_BLOCKS: usize = 512;
-/// ...but at least one block in this many.
+/// ...but at least one block in this many...
 const MAX_SAMPLE_STRIDE: usize = 32;
+/// ...in runs of this many consecutive blocks: a lone block every few KiB costs a cache
+/// miss on each side, while a run lets the hardware prefetcher stream.
+const SAMPLE_RUN: usize = 64;
+/// Populations are a hundred times denser than changes, and the costlier to count per
+/// element, so they are counted in one sampled run in this many.
+const POPULATION_RUNS: usize = 4;
 /// Relative size a chunk may give up for fewer classes (a faster decoder scan).
 const CLASS_TOLERANCE: f64 = 0.01;
+/// The size, in bits per element of a chunk, that one more class must save to pay for
+/// its cost in the extraction and decoding scans.
+const SCAN_BITS_PER_CLASS: f64 = 0.0007;
 /// Exponent values are merged into at most this many bins before the class search, which
 /// bounds its cost on chunks whose values span every exponent.
 const MAX_BINS: usize = 24;
@@ -75,55 +84,48 @@ fn encode_body<W: Word>(
     let classes = choose_classes::<W>(base, target, len, layout);
     let class_count = classes.count();
 
-    let ClassChanges {
-        ranks,
-        steps: class_steps,
-        populations,
-    } = with_threshold_count!(classes.thresholds.len(), T => {
+    let changes = with_threshold_count!(classes.thresholds.len(), T => {
         find_changes::<W, T>(base, target, len, &classes)
     });
-    if ranks.iter().all(Vec::is_empty) {
+    if changes.iter().all(Vec::is_empty) {
         return false;
     }
 
     out.push(class_count as u8);
     out.extend(classes.thresholds.iter().map(|&t| t as u8));
+    let mut bits = BitWriter::new();
     let mut models = Vec::with_capacity(class_count);
-    let mut parameters = Vec::with_capacity(class_count);
-    for class in 0..class_count {
-        write_leb128(out, ranks[class].len() as u64);
-        if ranks[class].is_empty() {
+    for class_changes in &changes {
+        write_leb128(out, class_changes.len() as u64);
+        let Some(last) = class_changes.last() else {
             models.push(None);
-            parameters.push(1);
             continue;
-        }
-        let parameter = golomb_parameter(ranks[class].len() as u64, populations[class]);
+        };
+        // Gaps after a class's last change are never coded, so its density is measured
+        // up to it.
+        let parameter = golomb_parameter(class_changes.len() as u64, u64::from(last.rank) + 1);
         write_leb128(out, parameter);
-        let model = Model::from_counts(&symbol_counts(&class_steps[class]));
+        let model = Model::from_counts(&symbol_counts(class_changes));
         model.write(out);
         models.push(Some(model));
-        parameters.push(parameter);
-    }
 
-    let mut bits = BitWriter::new();
-    for class in 0..class_count {
-        let mut previous: Option<u64> = None;
-        for &rank in &ranks[class] {
-            let gap = previous.map_or(rank, |p| rank - p - 1);
-            write_golomb(&mut bits, gap, parameters[class]);
-            previous = Some(rank);
+        let golomb = GolombEncoder::new(parameter);
+        let mut next_rank = 0;
+        for change in class_changes {
+            golomb.write(&mut bits, u64::from(change.rank - next_rank));
+            next_rank = change.rank + 1;
         }
     }
-    for steps in &class_steps {
-        for &step in steps.iter().filter(|&&s| s >= ESCAPE) {
-            bits.write_exp_golomb(step - ESCAPE);
+    for class_changes in &changes {
+        for change in class_changes.iter().filter(|c| u64::from(c.step) >= ESCAPE) {
+            bits.write_exp_golomb(u64::from(change.step) - ESCAPE);
         }
     }
     let mut rans = RansEncoder::default();
-    for class in (0..class_count).rev() {
-        if let Some(model) = &models[class] {
-            for &step in class_steps[class].iter().rev() {
-                rans.put(model, step.min(ESCAPE) as usize);
+    for (model, class_changes) in models.iter().zip(&changes).rev() {
+        if let Some(model) = model {
+            for change in class_changes.iter().rev() {
+                rans.put(model, u64::from(change.step).min(ESCAPE) as usize);
             }
         }
     }
@@ -134,74 +136,53 @@ fn encode_body<W: Word>(
     true
 }
 
-/// The changed elements of a chunk by class: ranks, step values, and each class's
-/// population up to the block of the last change (gaps after it are never coded, so
-/// density is measured up to it).
-struct ClassChanges {
-    ranks: Vec<Vec<u64>>,
-    steps: Vec<Vec<u64>>,
-    populations: [u64; MAX_CLASSES],
+/// A changed element: its rank in its class and its step value (both fit 32 bits: ranks
+/// are bounded by `MAX_CHUNK_ELEMENTS`, steps by the 32-bit word).
+#[derive(Clone, Copy)]
+struct Change {
+    rank: u32,
+    step: u32,
 }
 
 /// One pass over the chunk finds each changed element, its class, rank and step while
-/// its block is in cache.
+/// its block is in cache. Returns the changes of each class in rank order.
 #[inline(always)]
 fn find_changes<W: Word, const T: usize>(
     base: &[u8],
     target: &[u8],
     len: usize,
     classes: &Classes,
-) -> ClassChanges {
-    let mut ranks: Vec<Vec<u64>> = vec![Vec::new(); T + 1];
-    let mut steps: Vec<Vec<u64>> = vec![Vec::new(); T + 1];
-    let mut populations = [0u64; MAX_CLASSES];
-    let mut populations_to_last_change = [0u64; MAX_CLASSES];
+) -> Vec<Vec<Change>> {
+    let mut changes: Vec<Vec<Change>> = vec![Vec::new(); T + 1];
+    // Elements before the current block in each entry of `Classes::at_least`, so the
+    // rank of a change in class c is the difference of entries c and c + 1, whatever c is.
+    let mut at_least_before = [0u32; MAX_CLASSES + 1];
     let mut block = 0;
     while block < len {
         let block_len = (len - block).min(64);
         let mut changed = changed_mask::<W>(base, target, block, block_len);
-        let masks = if T == 0 {
-            [u64::MAX >> (64 - block_len), 0, 0, 0, 0, 0, 0, 0]
-        } else {
-            classes.masks::<W, T>(base, block, block_len)
-        };
-        if changed != 0 {
-            while changed != 0 {
-                let bit = changed.trailing_zeros();
-                let position = block + bit as usize;
-                // Masks partition the block, so exactly one term is non-zero; summing
-                // avoids a branch on a data-dependent class.
-                let class = (1..=T)
-                    .map(|c| c * ((masks[c] >> bit) & 1) as usize)
-                    .sum::<usize>();
-                let below = (1u64 << bit) - 1;
-                ranks[class]
-                    .push(populations[class] + u64::from((masks[class] & below).count_ones()));
-                steps[class].push(step_value(
-                    W::load(base, position),
-                    W::load(target, position),
-                ));
-                changed &= changed - 1;
-            }
-            // Element by element, not as an array copy: a vector load of the array just
-            // written by scalar stores would stall on store forwarding in every block.
-            for c in 0..=T {
-                let population = populations[c] + u64::from(masks[c].count_ones());
-                populations[c] = population;
-                populations_to_last_change[c] = population;
-            }
-        } else {
-            for c in 0..=T {
-                populations[c] += u64::from(masks[c].count_ones());
-            }
+        let at_least = classes.at_least::<W, T>(base, block, block_len);
+        while changed != 0 {
+            let bit = changed.trailing_zeros();
+            let position = block + bit as usize;
+            let old = W::load(base, position);
+            let class = classes.class_of(old);
+            let below = (1u64 << bit) - 1;
+            let from_class = at_least_before[class] + (at_least[class] & below).count_ones();
+            let above_class =
+                at_least_before[class + 1] + (at_least[class + 1] & below).count_ones();
+            changes[class].push(Change {
+                rank: from_class - above_class,
+                step: step_value(old, W::load(target, position)) as u32,
+            });
+            changed &= changed - 1;
+        }
+        for k in 0..=T {
+            at_least_before[k] += at_least[k].count_ones();
         }
         block += block_len;
     }
-    ClassChanges {
-        ranks,
-        steps,
-        populations: populations_to_last_change,
-    }
+    changes
 }
 
 /// The header of an `aurora` payload and its two streams.
@@ -502,7 +483,8 @@ fn locate_classes<W: Word, const T: usize>(
     let mut block = 0;
     while located.positions.len() < total && block < len {
         let block_len = (len - block).min(64);
-        let masks = classes.masks::<W, T>(base, block, block_len);
+        let at_least = classes.at_least::<W, T>(base, block, block_len);
+        let masks: [u64; MAX_CLASSES] = std::array::from_fn(|c| at_least[c] & !at_least[c + 1]);
         let populations: [u64; MAX_CLASSES] =
             std::array::from_fn(|c| u64::from(masks[c].count_ones()));
         // Classes with a change in this block, as bits: most blocks have none, and the
@@ -538,12 +520,20 @@ fn locate_classes<W: Word, const T: usize>(
     }
 }
 
-fn symbol_counts(steps: &[u64]) -> [u64; ALPHABET] {
-    let mut counts = [0u64; ALPHABET];
-    for &step in steps {
-        counts[step.min(ESCAPE) as usize] += 1;
+fn symbol_counts(changes: &[Change]) -> [u64; ALPHABET] {
+    // Most steps are one of two symbols: four tables let consecutive increments of the
+    // same symbol proceed without waiting on each other.
+    let mut counts = [[0u64; ALPHABET]; 4];
+    let mut quads = changes.chunks_exact(4);
+    for quad in &mut quads {
+        for (table, change) in counts.iter_mut().zip(quad) {
+            table[u64::from(change.step).min(ESCAPE) as usize] += 1;
+        }
     }
-    counts
+    for change in quads.remainder() {
+        counts[0][u64::from(change.step).min(ESCAPE) as usize] += 1;
+    }
+    std::array::from_fn(|s| counts.iter().map(|table| table[s]).sum())
 }
 
 /// Per-exponent statistics of a chunk that the class search works from.
@@ -565,29 +555,51 @@ fn choose_classes<W: Word>(base: &[u8], target: &[u8], len: usize, layout: Float
     let exponents = (layout.exponent_mask >> layout.exponent_shift) as usize + 1;
     let blocks = len.div_ceil(64);
     let stride = (blocks / SAMPLED_BLOCKS).clamp(1, MAX_SAMPLE_STRIDE);
-    let mut population = vec![0u64; exponents];
+    // Counted per sampled element and scaled to the chunk at the end. Most elements share
+    // a handful of exponents: four tables let consecutive increments of the same count
+    // proceed without waiting on each other.
+    let mut populations = vec![[0u64; 4]; exponents];
+    let mut population_sampled = 0u64;
     let mut changed = vec![0u64; exponents];
     let mut symbols = vec![[0u64; ALPHABET]; exponents];
     let mut escape_bits = vec![0u64; exponents];
     let mut sampled_changes = 0u64;
-    for block in (0..blocks).step_by(stride) {
-        let first = block * 64;
-        let block_len = (len - first).min(64);
-        for index in first..first + block_len {
-            population[single.exponent(W::load(base, index)) as usize] += stride as u64;
-        }
-        let mut mask = changed_mask::<W>(base, target, first, block_len);
-        while mask != 0 {
-            let position = first + mask.trailing_zeros() as usize;
-            let exponent = single.exponent(W::load(base, position)) as usize;
-            let step = step_value(W::load(base, position), W::load(target, position));
-            changed[exponent] += stride as u64;
-            symbols[exponent][step.min(ESCAPE) as usize] += stride as u64;
-            if step >= ESCAPE {
-                escape_bits[exponent] += stride as u64 * exp_golomb_len(step - ESCAPE);
+    for run in (0..blocks.div_ceil(SAMPLE_RUN)).step_by(stride) {
+        let first = run * SAMPLE_RUN * 64;
+        let end = (first + SAMPLE_RUN * 64).min(len);
+        if run % (POPULATION_RUNS * stride) == 0 {
+            population_sampled += (end - first) as u64;
+            for index in first..end {
+                let exponent = single.exponent(W::load(base, index)) as usize;
+                populations[exponent][index % 4] += 1;
             }
-            sampled_changes += 1;
-            mask &= mask - 1;
+        }
+        for block in (first..end).step_by(64) {
+            let mut mask = changed_mask::<W>(base, target, block, (end - block).min(64));
+            while mask != 0 {
+                let position = block + mask.trailing_zeros() as usize;
+                let exponent = single.exponent(W::load(base, position)) as usize;
+                let step = step_value(W::load(base, position), W::load(target, position));
+                changed[exponent] += 1;
+                symbols[exponent][step.min(ESCAPE) as usize] += 1;
+                if step >= ESCAPE {
+                    escape_bits[exponent] += exp_golomb_len(step - ESCAPE);
+                }
+                sampled_changes += 1;
+                mask &= mask - 1;
+            }
+        }
+    }
+    let population: Vec<u64> = populations
+        .iter()
+        .map(|counts| counts.iter().sum::<u64>() * len as u64 / population_sampled.max(1))
+        .collect();
+    let weight = stride as u64;
+    for e in 0..exponents {
+        changed[e] *= weight;
+        escape_bits[e] *= weight;
+        for count in &mut symbols[e] {
+            *count *= weight;
         }
     }
     // Classes only pay off with enough changes to amortise their headers.
@@ -657,13 +669,13 @@ fn choose_classes<W: Word>(base: &[u8], target: &[u8], len: usize, layout: Float
             }
         }
     }
-    // Every class adds a compare to the decoder's scan, so take the fewest classes whose
-    // estimated size is within CLASS_TOLERANCE of the best.
-    let smallest = (0..MAX_CLASSES)
-        .map(|k| best[k][n - 1].0)
-        .fold(f64::INFINITY, f64::min);
+    // Every class adds work per element to both scans (a compare, a mask and a count per
+    // 64 elements), so each is charged SCAN_BITS_PER_CLASS per element of the chunk,
+    // then the fewest classes whose charged size is within CLASS_TOLERANCE of the best.
+    let charged = |k: usize| best[k][n - 1].0 + (k * len) as f64 * SCAN_BITS_PER_CLASS;
+    let smallest = (0..MAX_CLASSES).map(charged).fold(f64::INFINITY, f64::min);
     let classes_minus_one = (0..MAX_CLASSES)
-        .find(|&k| best[k][n - 1].0 <= smallest * (1.0 + CLASS_TOLERANCE))
+        .find(|&k| charged(k) <= smallest * (1.0 + CLASS_TOLERANCE))
         .expect("the best class count qualifies");
     let mut thresholds = Vec::with_capacity(classes_minus_one);
     let mut end = n - 1;

@@ -22,6 +22,41 @@ pub struct Model {
     freq: [u16; ALPHABET],
     start: [u16; ALPHABET],
     slot_to_symbol: Box<[u8; TOTAL as usize]>,
+    encode: [EncodeSymbol; ALPHABET],
+}
+
+/// How the encoder pushes one symbol. The state update divides by the symbol's frequency,
+/// and each update waits on the previous one, so a hardware divide would sit on the
+/// encoder's critical path once per change: the division is a multiply by a 64-bit
+/// reciprocal instead, exact for every 32-bit state (Lemire, Kaser and Kurz, "Faster
+/// remainder by direct computation", 2019), with the update written as
+/// `x + bias + q * complement` as in Giesen's rANS coders.
+#[derive(Clone, Copy, Default)]
+struct EncodeSymbol {
+    /// States at or above this emit a word before the symbol is pushed.
+    renormalise_at: u64,
+    /// `ceil(2^64 / freq)`, or `2^64 - 1` for a frequency of 1 (the quotient then comes
+    /// out one short, which `bias` makes up).
+    reciprocal: u64,
+    bias: u32,
+    complement: u32,
+}
+
+impl EncodeSymbol {
+    fn new(freq: u16, start: u16) -> EncodeSymbol {
+        let freq = u32::from(freq);
+        let (reciprocal, bias) = match freq {
+            0 => return EncodeSymbol::default(),
+            1 => (u64::MAX, u32::from(start) + TOTAL - 1),
+            _ => (u64::MAX / u64::from(freq) + 1, u32::from(start)),
+        };
+        EncodeSymbol {
+            renormalise_at: u64::from((RANS_L >> SCALE_BITS) << 16) * u64::from(freq),
+            reciprocal,
+            bias,
+            complement: TOTAL - freq,
+        }
+    }
 }
 
 impl std::fmt::Debug for Model {
@@ -70,6 +105,7 @@ impl Model {
             freq,
             start,
             slot_to_symbol,
+            encode: std::array::from_fn(|s| EncodeSymbol::new(freq[s], start[s])),
         })
     }
 
@@ -121,7 +157,9 @@ impl Model {
 /// Encodes symbols in reverse order of decoding (rANS is last-in, first-out).
 pub struct RansEncoder {
     state: u32,
+    /// Emitted words, valid up to `len`; the slot at `len` is scratch (see `put`).
     words: Vec<u16>,
+    len: usize,
 }
 
 impl Default for RansEncoder {
@@ -129,33 +167,39 @@ impl Default for RansEncoder {
         RansEncoder {
             state: RANS_L,
             words: Vec::new(),
+            len: 0,
         }
     }
 }
 
 impl RansEncoder {
     /// Pushes `symbol`; callers push the decode order reversed.
+    #[inline]
     pub fn put(&mut self, model: &Model, symbol: usize) {
-        let freq = u32::from(model.freq[symbol]);
-        debug_assert!(freq > 0, "symbol {symbol} has no frequency in its model");
-        let limit = u64::from((RANS_L >> SCALE_BITS) << 16) * u64::from(freq);
-        if u64::from(self.state) >= limit {
-            self.words.push(self.state as u16);
-            self.state >>= 16;
+        let coder = model.encode[symbol];
+        debug_assert!(coder.renormalise_at > 0, "symbol {symbol} has no frequency");
+        if self.len == self.words.len() {
+            self.words.resize(2 * self.len + 64, 0);
         }
-        self.state = ((self.state / freq) << SCALE_BITS)
-            + (self.state % freq)
-            + u32::from(model.start[symbol]);
+        // Whether a word is emitted is as random as the data: the word is always stored
+        // and kept only when emitted, so there is no branch to mispredict. At most one
+        // word per symbol: a state shifted by 16 bits is below every threshold.
+        let emit = u64::from(self.state) >= coder.renormalise_at;
+        self.words[self.len] = self.state as u16;
+        self.len += usize::from(emit);
+        let state = if emit { self.state >> 16 } else { self.state };
+        let quotient = ((u128::from(state) * u128::from(coder.reciprocal)) >> 64) as u32;
+        self.state = state + coder.bias + quotient * coder.complement;
     }
 
-    pub fn finish(mut self) -> Vec<u8> {
-        self.words.push(self.state as u16);
-        self.words.push((self.state >> 16) as u16);
-        self.words
-            .iter()
-            .rev()
-            .flat_map(|w| w.to_le_bytes())
-            .collect()
+    pub fn finish(self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(2 * self.len + 4);
+        bytes.extend_from_slice(&((self.state >> 16) as u16).to_le_bytes());
+        bytes.extend_from_slice(&(self.state as u16).to_le_bytes());
+        for word in self.words[..self.len].iter().rev() {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        bytes
     }
 }
 
@@ -194,13 +238,22 @@ impl<'a> RansDecoder<'a> {
         let symbol = model.slot_to_symbol[slot as usize] as usize;
         self.state = u32::from(model.freq[symbol]) * (self.state >> SCALE_BITS) + slot
             - u32::from(model.start[symbol]);
-        while self.state < RANS_L {
-            let Some(word) = self.words.get(self.position..self.position + 2) else {
+        // One word brings any state back above the bound. Whether one is needed is as
+        // random as the data, so the word is read either way and kept by a select.
+        let renormalise = self.state < RANS_L;
+        let word = match self.words.get(self.position..self.position + 2) {
+            Some(word) => u32::from(u16::from_le_bytes([word[0], word[1]])),
+            None if renormalise => {
                 return Err(DeltaError::Malformed("rANS stream ends early".into()));
-            };
-            self.state = (self.state << 16) | u32::from(u16::from_le_bytes([word[0], word[1]]));
-            self.position += 2;
-        }
+            }
+            None => 0,
+        };
+        self.state = if renormalise {
+            (self.state << 16) | word
+        } else {
+            self.state
+        };
+        self.position += 2 * usize::from(renormalise);
         Ok(symbol)
     }
 
@@ -232,22 +285,68 @@ pub fn golomb_parameter(changed: u64, population: u64) -> u64 {
     }
 }
 
-/// Golomb code: quotient in unary, remainder in truncated binary, high bits first so
-/// the decoder can tell the short codes from the long ones.
-#[inline]
-pub fn write_golomb(writer: &mut BitWriter, value: u64, m: u64) {
-    writer.write_unary(value / m);
-    let remainder = value % m;
-    let (width, short_codes) = truncated_binary(m);
-    if width == 0 {
-        return;
+/// Writes Golomb codes with one parameter: quotient in unary, remainder in truncated
+/// binary, high bits first so the decoder can tell the short codes from the long ones.
+pub struct GolombEncoder {
+    m: u64,
+    /// `ceil(2^64 / m)` when `m` is in 2..2^32, so the quotient of a 32-bit value is a
+    /// multiply-high (exact, see [`EncodeSymbol`]) instead of a divide per change; zero
+    /// otherwise.
+    reciprocal: u64,
+    /// Bits of the long remainder codes (zero when `m` is 1: no remainder).
+    width: u32,
+    short_codes: u64,
+}
+
+impl GolombEncoder {
+    pub fn new(m: u64) -> GolombEncoder {
+        let (width, short_codes) = truncated_binary(m);
+        let reciprocal = if (2..1 << 32).contains(&m) {
+            u64::MAX / m + 1
+        } else {
+            0
+        };
+        GolombEncoder {
+            m,
+            reciprocal,
+            width,
+            short_codes,
+        }
     }
-    if remainder < short_codes {
-        writer.write(remainder, width - 1);
-    } else {
-        let code = remainder + short_codes;
-        writer.write(code >> 1, width - 1);
-        writer.write(code & 1, 1);
+
+    #[inline(always)]
+    pub fn write(&self, writer: &mut BitWriter, value: u64) {
+        let quotient = if self.reciprocal != 0 && value >> 32 == 0 {
+            ((u128::from(value) * u128::from(self.reciprocal)) >> 64) as u64
+        } else {
+            value / self.m
+        };
+        let remainder = value - quotient * self.m;
+        // Short or long remainder code is as random as the data, so it is chosen
+        // arithmetically; the long code's last bit goes on top of its high bits.
+        let (code, code_bits) = if self.width == 0 {
+            (0, 0)
+        } else {
+            let long = remainder >= self.short_codes;
+            let long_code = remainder + self.short_codes;
+            let short_bits = self.width - 1;
+            let code = if long {
+                (long_code >> 1) | ((long_code & 1) << short_bits)
+            } else {
+                remainder
+            };
+            (code, short_bits + u32::from(long))
+        };
+        // Most codes fit one write: the unary stop bit, then the remainder.
+        if quotient + 1 + u64::from(code_bits) <= 32 {
+            writer.write(
+                (1 << quotient) | (code << (quotient + 1)),
+                quotient as u32 + 1 + code_bits,
+            );
+        } else {
+            writer.write_unary(quotient);
+            writer.write(code, code_bits);
+        }
     }
 }
 
@@ -255,6 +354,8 @@ pub fn write_golomb(writer: &mut BitWriter, value: u64, m: u64) {
 pub struct GolombDecoder {
     m: u64,
     limit: u64,
+    /// Bound on the unary quotient, `limit / m`, divided once rather than per code.
+    quotient_limit: u64,
     /// Bits of the long remainder codes (zero when `m` is 1: no remainder).
     width: u32,
     short_codes: u64,
@@ -266,6 +367,7 @@ impl GolombDecoder {
         GolombDecoder {
             m,
             limit,
+            quotient_limit: limit / m,
             width,
             short_codes,
         }
@@ -273,7 +375,7 @@ impl GolombDecoder {
 
     #[inline(always)]
     pub fn read(&self, reader: &mut BitReader<'_>) -> Result<u64> {
-        let quotient = reader.read_unary(self.limit / self.m)?;
+        let quotient = reader.read_unary(self.quotient_limit)?;
         // Short and long remainder codes are told apart arithmetically: which one comes
         // next is as random as the data, so a branch would mispredict half the time.
         let remainder = if self.width == 0 {
@@ -357,6 +459,28 @@ mod tests {
     }
 
     #[test]
+    fn encoder_reciprocals_divide_exactly() {
+        for f in 1..=TOTAL {
+            // The last symbol of a model: the largest start its frequency allows.
+            let start = (TOTAL - f) as u16;
+            let coder = EncodeSymbol::new(f as u16, start);
+            let renormalise_at = coder.renormalise_at.min(1 << 32);
+            // States the encoder can hold before this symbol: [2^16, renormalise_at) once
+            // renormalised; the extremes and a spread between them.
+            let states = (0..64u64)
+                .map(|i| RANS_L as u64 + (renormalise_at - 1 - RANS_L as u64) * i / 63)
+                .chain([RANS_L as u64 + 1, renormalise_at - 2]);
+            for x in states {
+                let x = x as u32;
+                let quotient = ((u128::from(x) * u128::from(coder.reciprocal)) >> 64) as u32;
+                let fast = x + coder.bias + quotient * coder.complement;
+                let exact = ((x / f) << SCALE_BITS) + x % f + u32::from(start);
+                assert_eq!(fast, exact, "state {x}, frequency {f}");
+            }
+        }
+    }
+
+    #[test]
     fn rans_detects_corruption_at_the_end() {
         let mut counts = [0u64; ALPHABET];
         counts[0] = 10;
@@ -411,11 +535,39 @@ mod tests {
         }
 
         #[test]
+        fn golomb_round_trips_wide_values_and_parameters(
+            values in proptest::collection::vec(any::<u64>(), 1..50),
+            m_bits in 0u32..41,
+            m_low in any::<u64>(),
+        ) {
+            // Parameters up to the format's 2^40 and values beyond 32 bits take the
+            // encoder's divide path; the unary part stays short enough to write.
+            let m = (1u64 << m_bits).max(m_low & ((1u64 << m_bits) - 1)).max(1);
+            let values: Vec<u64> = values.iter().map(|v| v % (m.saturating_mul(64))).collect();
+            let mut writer = BitWriter::new();
+            let mut bits = 0;
+            let encoder = GolombEncoder::new(m);
+            for &v in &values {
+                encoder.write(&mut writer, v);
+                bits += golomb_len(v, m);
+            }
+            prop_assert_eq!(writer.bit_len(), bits);
+            let bytes = writer.finish();
+            let mut reader = BitReader::new(&bytes);
+            let decoder = GolombDecoder::new(m, u64::MAX);
+            for &v in &values {
+                prop_assert_eq!(decoder.read(&mut reader).unwrap(), v);
+            }
+            prop_assert!(reader.finish().is_ok());
+        }
+
+        #[test]
         fn golomb_round_trips(values in proptest::collection::vec(0u64..100_000, 1..300), m in 1u64..5000) {
             let mut writer = BitWriter::new();
             let mut bits = 0;
+            let encoder = GolombEncoder::new(m);
             for &v in &values {
-                write_golomb(&mut writer, v, m);
+                encoder.write(&mut writer, v);
                 bits += golomb_len(v, m);
             }
             prop_assert_eq!(writer.bit_len(), bits);

@@ -38,7 +38,7 @@ impl Word for u16 {
     const BITS: u32 = 16;
     #[inline(always)]
     fn load(bytes: &[u8], index: usize) -> Self {
-        u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])
+        u16::from_le_bytes(bytes[2 * index..2 * index + 2].try_into().expect("2 bytes"))
     }
     #[inline(always)]
     fn store(self, bytes: &mut [u8], index: usize) {
@@ -139,7 +139,7 @@ pub(crate) fn for_each_changed(
 }
 
 /// Bit `i` set when element `first + i` differs, for up to 64 elements.
-#[inline]
+#[inline(always)]
 pub(crate) fn changed_mask<W: Word>(old: &[u8], new: &[u8], first: usize, len: usize) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if len == 64 {
@@ -154,6 +154,7 @@ pub(crate) fn changed_mask<W: Word>(old: &[u8], new: &[u8], first: usize, len: u
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
+#[inline]
 unsafe fn changed_mask_sse2(old: &[u8], new: &[u8], element_bytes: usize) -> u64 {
     use std::arch::x86_64::*;
     debug_assert_eq!(old.len(), 64 * element_bytes);
@@ -203,6 +204,9 @@ pub(crate) struct Classes {
     /// exponent for BF16, the exponent and three mantissa bits for F16), so each threshold
     /// becomes one byte compare: 16 or 32 elements per SIMD instruction.
     threshold_bytes: [u8; MAX_CLASSES],
+    /// The class of each exponent: one load per changed element instead of a compare
+    /// per threshold.
+    class_by_exponent: [u8; 256],
     kernel: Kernel,
 }
 
@@ -225,6 +229,10 @@ impl Classes {
             thresholds.len() < MAX_CLASSES,
             "at most {MAX_CLASSES} classes"
         );
+        assert!(
+            layout.exponent_mask >> layout.exponent_shift < 256,
+            "exponents fit a byte"
+        );
         let mut threshold_bytes = [0u8; MAX_CLASSES];
         let kernel = if fits_a_byte {
             let shift = byte_shift.expect("checked");
@@ -235,10 +243,13 @@ impl Classes {
         } else {
             Kernel::Scalar
         };
+        let class_by_exponent =
+            std::array::from_fn(|e| thresholds.iter().filter(|&&t| t as usize <= e).count() as u8);
         Classes {
             layout,
             thresholds,
             threshold_bytes,
+            class_by_exponent,
             kernel,
         }
     }
@@ -254,49 +265,44 @@ impl Classes {
 
     #[inline]
     pub fn class_of<W: Word>(&self, word: W) -> usize {
-        let exponent = self.exponent(word);
-        self.thresholds
-            .iter()
-            .take_while(|&&t| t <= exponent)
-            .count()
+        usize::from(self.class_by_exponent[self.exponent(word) as usize & 0xFF])
     }
 
-    /// Per-class bit masks of up to 64 elements starting at `first`. `T` is the number of
-    /// thresholds, fixed at compile time (see [`with_threshold_count`]) so the per-class
-    /// loops unroll and the masks stay in registers.
+    /// Bit masks of up to 64 elements starting at `first`: entry 0 marks every element,
+    /// entry `k + 1` (k < T) those whose exponent is at least `thresholds[k]`, and the
+    /// entries after T none, so class `c` is entry `c` without entry `c + 1`, and a class's
+    /// count is the difference of two running counts. One compare per threshold. `T` is
+    /// the number of thresholds, fixed at compile time (see [`with_threshold_count`]) so
+    /// the loops over thresholds unroll and the masks stay in registers.
     #[inline(always)]
-    pub fn masks<W: Word, const T: usize>(
+    pub fn at_least<W: Word, const T: usize>(
         &self,
         base: &[u8],
         first: usize,
         len: usize,
-    ) -> [u64; MAX_CLASSES] {
+    ) -> [u64; MAX_CLASSES + 1] {
         debug_assert_eq!(T, self.thresholds.len());
         #[cfg(target_arch = "x86_64")]
         if W::BYTES == 2 && len == 64 && self.kernel != Kernel::Scalar {
             let block = &base[2 * first..2 * first + 128];
             // SAFETY: the kernel was chosen by runtime feature detection (SSE2 is part of
             // the x86_64 baseline) and the block holds exactly 64 elements.
-            let at_least = unsafe {
+            return unsafe {
                 match self.kernel {
                     Kernel::Avx2 => at_least_avx2::<T>(block, &self.threshold_bytes),
                     _ => at_least_sse2::<T>(block, &self.threshold_bytes),
                 }
             };
-            let mut masks = [0u64; MAX_CLASSES];
-            let mut previous = u64::MAX;
-            for (class, mask) in masks.iter_mut().enumerate().take(T + 1) {
-                let next = if class < T { at_least[class] } else { 0 };
-                *mask = previous & !next;
-                previous = next;
-            }
-            return masks;
         }
-        let mut masks = [0u64; MAX_CLASSES];
+        let mut at_least = [0u64; MAX_CLASSES + 1];
+        at_least[0] = u64::MAX >> (64 - len);
         for bit in 0..len {
-            masks[self.class_of(W::load(base, first + bit))] |= 1 << bit;
+            let exponent = self.exponent(W::load(base, first + bit));
+            for (mask, &threshold) in at_least[1..].iter_mut().zip(&self.thresholds) {
+                *mask |= u64::from(exponent >= threshold) << bit;
+            }
         }
-        masks
+        at_least
     }
 }
 
@@ -356,14 +362,15 @@ fn simd_kernel() -> Kernel {
     Kernel::Scalar
 }
 
-/// `at_least[k]` bit i: the exponent byte of element i is >= `thresholds[k]`, k < T.
+/// `at_least[k + 1]` bit i: the exponent byte of element i is >= `thresholds[k]`, k < T;
+/// `at_least[0]`: every element (see [`Classes::at_least`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
 #[inline]
 unsafe fn at_least_sse2<const T: usize>(
     block: &[u8],
     thresholds: &[u8; MAX_CLASSES],
-) -> [u64; MAX_CLASSES] {
+) -> [u64; MAX_CLASSES + 1] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
     // byte >= t as a signed compare (one instruction): byte ^ 0x80 > (t - 1) ^ 0x80;
@@ -371,7 +378,8 @@ unsafe fn at_least_sse2<const T: usize>(
     let bounds: [__m128i; MAX_CLASSES] =
         std::array::from_fn(|k| _mm_set1_epi8((thresholds[k].wrapping_sub(1) ^ 0x80) as i8));
     let bias = _mm_set1_epi8(i8::MIN);
-    let mut at_least = [0u64; MAX_CLASSES];
+    let mut at_least = [0u64; MAX_CLASSES + 1];
+    at_least[0] = u64::MAX;
     for j in 0..4 {
         // SAFETY: 32 bytes at 32*j lie inside the 128-byte block.
         let (a, b) = unsafe {
@@ -385,7 +393,7 @@ unsafe fn at_least_sse2<const T: usize>(
         let bytes = _mm_xor_si128(_mm_packus_epi16(byte(a), byte(b)), bias);
         for k in 0..T {
             let ge = _mm_cmpgt_epi8(bytes, bounds[k]);
-            at_least[k] |= u64::from(_mm_movemask_epi8(ge) as u32 as u16) << (16 * j);
+            at_least[k + 1] |= u64::from(_mm_movemask_epi8(ge) as u32 as u16) << (16 * j);
         }
     }
     at_least
@@ -397,14 +405,15 @@ unsafe fn at_least_sse2<const T: usize>(
 unsafe fn at_least_avx2<const T: usize>(
     block: &[u8],
     thresholds: &[u8; MAX_CLASSES],
-) -> [u64; MAX_CLASSES] {
+) -> [u64; MAX_CLASSES + 1] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
     // byte >= t as a signed compare (see `at_least_sse2`).
     let bounds: [__m256i; MAX_CLASSES] =
         std::array::from_fn(|k| _mm256_set1_epi8((thresholds[k].wrapping_sub(1) ^ 0x80) as i8));
     let bias = _mm256_set1_epi8(i8::MIN);
-    let mut at_least = [0u64; MAX_CLASSES];
+    let mut at_least = [0u64; MAX_CLASSES + 1];
+    at_least[0] = u64::MAX;
     for j in 0..2 {
         // SAFETY: 64 bytes at 64*j lie inside the 128-byte block.
         let (a, b) = unsafe {
@@ -422,7 +431,7 @@ unsafe fn at_least_avx2<const T: usize>(
         );
         for k in 0..T {
             let ge = _mm256_cmpgt_epi8(bytes, bounds[k]);
-            at_least[k] |= u64::from(_mm256_movemask_epi8(ge) as u32) << (32 * j);
+            at_least[k + 1] |= u64::from(_mm256_movemask_epi8(ge) as u32) << (32 * j);
         }
     }
     at_least
@@ -513,9 +522,11 @@ mod tests {
                 .skip(6)
                 .collect();
             let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-            let mut slow = [0u64; MAX_CLASSES];
+            let mut slow = [0u64; MAX_CLASSES + 1];
             for (bit, word) in words.iter().enumerate() {
-                slow[classes.class_of(*word)] |= 1 << bit;
+                for mask in &mut slow[..=classes.class_of(*word)] {
+                    *mask |= 1 << bit;
+                }
             }
             let mut kernels = vec![Kernel::Scalar];
             #[cfg(target_arch = "x86_64")]
@@ -530,9 +541,19 @@ mod tests {
                     kernel,
                     ..classes.clone()
                 };
-                let fast = with_threshold_count!(forced.thresholds.len(), T => forced.masks::<u16, T>(&bytes, 0, 64));
+                let fast = with_threshold_count!(forced.thresholds.len(), T => forced.at_least::<u16, T>(&bytes, 0, 64));
                 assert_eq!(fast, slow, "{kernel:?}");
             }
+        }
+    }
+
+    #[test]
+    fn class_table_matches_the_thresholds() {
+        let classes = Classes::new(BF16, vec![100, 118, 121]);
+        for exponent in 0..256u16 {
+            let word = exponent << 7 | 0x8055;
+            let expected = [100, 118, 121].iter().filter(|&&t| t <= exponent).count();
+            assert_eq!(classes.class_of(word), expected, "exponent {exponent}");
         }
     }
 
