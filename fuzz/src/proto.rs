@@ -3,8 +3,9 @@
 //! - [`check_frames`]: arbitrary bytes as a stream of frames. Nothing may panic; every
 //!   frame that decodes re-encodes to exactly the bytes it came from (the encoding is
 //!   canonical), and a frame the decoder calls incomplete really is cut short.
-//! - [`check_state`]: arbitrary bytes as frames fed to the receiver (first byte even) or
-//!   the sender (odd) state machines, on two streams. Nothing may panic, and whatever the
+//! - [`check_state`]: arbitrary bytes as frames fed to the receiver (first byte 0 mod 4),
+//!   a receiver joining with no weights (2 mod 4) or the sender (odd) state machines, on
+//!   two streams. Nothing may panic, and whatever the
 //!   receiver delivers as complete must be a valid artifact whose every segment verifies.
 
 use std::time::{Duration, Instant};
@@ -80,18 +81,24 @@ pub fn check_state(data: &[u8]) {
         return;
     };
     let frames = frames(rest);
-    if selector % 2 == 0 {
-        receiver_state(&frames);
-    } else {
-        sender_state(&frames);
+    match selector % 4 {
+        0 => receiver_state(&frames, false),
+        2 => receiver_state(&frames, true),
+        _ => sender_state(&frames),
     }
 }
 
-fn receiver_state(frames: &[Frame]) {
+/// A receiver from version 1 on, or one joining with no weights (its upstream offers
+/// snapshot 1).
+fn receiver_state(frames: &[Frame], joining: bool) {
     let mut config = ReceiverConfig::new(identity(Role::Actor, "a"), TOKEN.to_vec());
     config.streams = 2;
     config.max_held_bytes = 1 << 20;
-    let mut receiver = Receiver::new(config, 1, VersionRef::default());
+    let mut receiver = if joining {
+        Receiver::joining(config)
+    } else {
+        Receiver::new(config, 1, VersionRef::default())
+    };
     let mut now = Instant::now();
     receiver.start_session(now, 7);
     for stream in 0..2 {
@@ -103,6 +110,7 @@ fn receiver_state(frames: &[Frame]) {
             region: "fuzz".into(),
             latest: None,
             commit: None,
+            snapshot: joining.then_some(1),
         };
         receiver.handle_frame(now, u64::from(stream) + 1, Frame::Welcome(welcome));
     }
@@ -112,7 +120,8 @@ fn receiver_state(frames: &[Frame]) {
         receiver.handle_timeout(now);
         while let Some(event) = receiver.poll_event() {
             if let ReceiverEvent::Complete { version, artifact } = event {
-                let file = DeltaFile::parse(&artifact).expect("a delivered artifact parses");
+                let bytes = artifact.to_bytes();
+                let file = DeltaFile::parse(&bytes).expect("a delivered artifact parses");
                 assert_eq!(file.header().target_version, version);
                 for index in 0..file.segment_count() {
                     file.verify_segment(index)
@@ -208,6 +217,7 @@ pub fn seed_streams() -> Vec<(&'static str, Vec<u8>)> {
     Frame::Want {
         seq: 1,
         next_version: 1,
+        snapshot: false,
         live_streams: 0b11,
         epochs: vec![1, 1],
         progress: vec![Progress {

@@ -1,12 +1,13 @@
 //! `aurora actor`: a rollout actor's transport with the built-in idle engine: it stages
-//! every delta and activates committed versions (docs/wire-protocol.md §7). The RL
-//! engine of `aurora run` plugs into the same boundary.
+//! every delta and activates committed versions (docs/wire-protocol.md §7), from weights
+//! on disk or, with `--join`, from a snapshot taken over the wire. The RL engine of
+//! `aurora run` plugs into the same boundary.
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use aurora_proto::Role;
-use aurora_transport::{IdleEngine, spawn_actor};
+use aurora_transport::{IdleEngine, spawn_actor, spawn_joining_actor};
 use clap::Args;
 
 use crate::relay_cmd::{Node, NodeArgs, report_activations};
@@ -20,7 +21,11 @@ pub struct ActorArgs {
 pub fn run(args: ActorArgs) -> Result<()> {
     let Node { config, weights } = args.node.resolve(Role::Actor)?;
     crate::runtime(None)?.block_on(async {
-        let actor = spawn_actor(config, weights, Arc::new(IdleEngine::default())).await?;
+        let engine = Arc::new(IdleEngine::default());
+        let actor = match weights {
+            Some(weights) => spawn_actor(config, weights, engine).await?,
+            None => spawn_joining_actor(config, engine).await?,
+        };
         report_activations(&actor).await
     })
 }

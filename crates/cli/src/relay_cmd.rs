@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use aurora_proto::{Identity, Role, Weights};
-use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_relay};
+use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_joining_relay, spawn_relay};
 use clap::Args;
 use serde::Deserialize;
 
@@ -40,6 +40,12 @@ pub struct NodeArgs {
     /// ... and their version.
     #[arg(long)]
     version: Option<u64>,
+    /// Start with no weights: take the newest snapshot an upstream (a hub with a store)
+    /// offers over the wire, then follow the deltas after it. Instead of --weights and
+    /// --version.
+    #[arg(long)]
+    #[serde(default)]
+    join: bool,
     /// Parallel TCP streams per upstream session (the upper bound when tuned).
     #[arg(long)]
     streams: Option<u8>,
@@ -53,7 +59,8 @@ pub struct NodeArgs {
 
 pub(crate) struct Node {
     pub config: NodeConfig,
-    pub weights: Weights,
+    /// None: the node joins over the wire (--join).
+    pub weights: Option<Weights>,
 }
 
 impl NodeArgs {
@@ -76,14 +83,19 @@ impl NodeArgs {
         if upstreams.is_empty() {
             bail!("at least one --upstream is required");
         }
-        let weights_path = self
-            .weights
-            .or(file.weights)
-            .context("--weights is required")?;
-        let version = self
-            .version
-            .or(file.version)
-            .context("--version is required")?;
+        let weights_path = self.weights.or(file.weights);
+        let version = self.version.or(file.version);
+        let start = if self.join || file.join {
+            if weights_path.is_some() || version.is_some() {
+                bail!("--join takes the weights from an upstream: drop --weights and --version");
+            }
+            None
+        } else {
+            let path = weights_path.context(
+                "--weights is required (or --join, to take a snapshot from an upstream)",
+            )?;
+            Some((path, version.context("--version is required")?))
+        };
         let token = std::env::var(TOKEN_VARIABLE)
             .with_context(|| format!("set the transport token in {TOKEN_VARIABLE}"))?;
         let identity = Identity {
@@ -103,10 +115,14 @@ impl NodeArgs {
         config.socket = SocketOptions {
             congestion: self.congestion.or(file.congestion),
         };
-        let image = std::fs::read(&weights_path)
-            .with_context(|| format!("reading {}", weights_path.display()))?;
-        let weights = Weights::new(image, version)
-            .with_context(|| format!("{} is not a checkpoint", weights_path.display()))?;
+        let weights = start
+            .map(|(path, version)| {
+                let image =
+                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                Weights::new(image, version)
+                    .with_context(|| format!("{} is not a checkpoint", path.display()))
+            })
+            .transpose()?;
         Ok(Node { config, weights })
     }
 }
@@ -133,7 +149,10 @@ pub fn run(args: RelayArgs) -> Result<()> {
     } = args.node.resolve(Role::Relay)?;
     config.listen = Some(args.listen);
     crate::runtime(None)?.block_on(async {
-        let relay = spawn_relay(config, weights).await?;
+        let relay = match weights {
+            Some(weights) => spawn_relay(config, weights).await?,
+            None => spawn_joining_relay(config).await?,
+        };
         let address = relay.local_addr().context("the relay listens")?;
         // One line on stdout announces readiness to scripts and tests; logs go to stderr.
         println!("listening on {address}");

@@ -74,6 +74,11 @@ pub enum TransferCommand {
         /// assembly).
         #[arg(long, default_value_t = 2.0)]
         warmup_seconds: f64,
+        /// Time each transfer on warm sessions: the streams first carry the step before
+        /// (a full checkpoint too), then stay idle this long, as between the steps of a
+        /// long session.
+        #[arg(long)]
+        warm_idle_seconds: Option<f64>,
     },
     /// An `aurora` delta from the hub (first region) to the actors of every other
     /// region: directly, through one relay per region, and through relays cut-through
@@ -146,6 +151,7 @@ pub fn run(command: TransferCommand) -> Result<()> {
             tune_ms,
             seconds,
             warmup_seconds,
+            warm_idle_seconds,
         } => {
             check_streams(&streams)?;
             check_streams(&adaptive_max)?;
@@ -160,6 +166,9 @@ pub fn run(command: TransferCommand) -> Result<()> {
                 tune_interval: Duration::from_millis(tune_ms),
                 time_limit: duration(seconds, "seconds")?,
                 warmup: duration(warmup_seconds, "warmup-seconds")?,
+                warm_idle: warm_idle_seconds
+                    .map(|idle| duration(idle, "warm-idle-seconds"))
+                    .transpose()?,
             };
             streams_bench(&common, &modes)
         }
@@ -212,6 +221,30 @@ fn artifacts(common: &CommonArgs, encodings: &[Encoding]) -> Result<(u64, Vec<By
         artifacts.push(Bytes::from(bytes));
     }
     Ok((target.total_bytes(), artifacts))
+}
+
+/// Full-checkpoint steps: D(1 -> 2) from the target back to the base's weights, and
+/// when asked the step before it, D(0 -> 1) from the base to the target: a chain any
+/// receiver could apply.
+fn full_steps(common: &CommonArgs, with_step_before: bool) -> Result<(Option<Bytes>, Bytes)> {
+    let (base, target) = checkpoint_pair(common)?;
+    let (base, target) = (owned_checkpoint(&base)?, owned_checkpoint(&target)?);
+    let step = |from, to, base_version| -> Result<Bytes> {
+        let options = ExtractOptions {
+            encoding: Encoding::Dense,
+            base_version,
+            target_version: base_version + 1,
+            ..ExtractOptions::default()
+        };
+        let (_, bytes) = Extraction::new(from, to, options)?
+            .to_bytes()
+            .with_context(|| format!("extracting the full step to version {}", base_version + 1))?;
+        Ok(Bytes::from(bytes))
+    };
+    let before = with_step_before
+        .then(|| step(&base, &target, 0))
+        .transpose()?;
+    Ok((before, step(&target, &base, 1)?))
 }
 
 fn encoding_name(encoding: Encoding) -> &'static str {
@@ -450,6 +483,8 @@ struct StreamModes {
     tune_interval: Duration,
     time_limit: Duration,
     warmup: Duration,
+    /// Idle time after a warm-up transfer on the same sessions; `None`: cold sessions.
+    warm_idle: Option<Duration>,
 }
 
 /// One transfer of `streams`: a mode's name, how its congestion control is shown and
@@ -493,14 +528,16 @@ struct StreamsOutput {
     artifact_bytes: u64,
     time_limit_s: f64,
     warmup_s: f64,
+    /// Idle seconds between the warm-up transfer and the timed one; absent: cold.
+    warm_idle_s: Option<f64>,
     tune_interval_ms: u128,
     rows: Vec<StreamRow>,
 }
 
 fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
     let scenario = load_scaled(&common.scenario, common.rate_scale)?;
-    let (_, full) = artifacts(common, &[Encoding::Dense])?;
-    let artifact = full.into_iter().next().expect("one encoding asked");
+    let (warm_up, artifact) = full_steps(common, modes.warm_idle.is_some())?;
+    let warm_up = warm_up.zip(modes.warm_idle);
     let mut runs: Vec<StreamRun> = Vec::new();
     for congestion in &modes.congestion {
         for &streams in &modes.streams {
@@ -523,9 +560,13 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
         });
     }
     let net = PointToPoint::up(&scenario)?;
+    let sessions = match modes.warm_idle {
+        Some(idle) => format!("warm sessions (a first checkpoint, then {idle:?} idle)"),
+        None => "cold sessions".into(),
+    };
     crate::print_stdout(&format!(
-        "{}: a full checkpoint of {} bytes, each transfer stopped after {:?}; steady = from \
-         {:?} to the last byte read\n{:<9} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>13} {:>14}\n",
+        "{}: a full checkpoint of {} bytes on {sessions}, each transfer stopped after {:?}; \
+         steady = from {:?} to the last byte read\n{:<9} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>13} {:>14}\n",
         scenario.name,
         artifact.len(),
         modes.time_limit,
@@ -552,6 +593,7 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
         };
         spec.tune_interval = run.tune_interval;
         spec.time_limit = Some(modes.time_limit);
+        spec.warm_up = warm_up.clone();
         tracing::info!(mode = run.mode, streams = run.streams, "transfer");
         let before = net.network.counters();
         let report = main.block_on(bench::transfer(spec)).with_context(|| {
@@ -580,6 +622,7 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
             artifact_bytes: artifact.len() as u64,
             time_limit_s: modes.time_limit.as_secs_f64(),
             warmup_s: modes.warmup.as_secs_f64(),
+            warm_idle_s: modes.warm_idle.map(|idle| idle.as_secs_f64()),
             tune_interval_ms: modes.tune_interval.as_millis(),
             rows,
         },

@@ -9,7 +9,9 @@
 //!   from the active version (catch-up);
 //! - a staged version is activated once a Commit covers it, at the engine's next safe
 //!   point, so rollouts never see a mix of versions;
-//! - versions activate one after another, never skipping one.
+//! - versions activate one after another, never skipping one;
+//! - an actor that joins with no weights ([`ActorCore::joining`]) stages its snapshot
+//!   first and activates it at once: its engine has nothing to run before it.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -24,14 +26,17 @@ pub enum ActorAction {
     Stage { version: u64 },
     /// Ask the engine for its next safe point and report [`ActorCore::safe_point`].
     AwaitSafePoint,
-    /// Apply the staged patch of `version` (the engine is paused at its safe point),
-    /// check the target hash, hand the weights to the engine, then report
-    /// [`ActorCore::activated`].
+    /// Apply the staged patch of `version` (the engine is paused at its safe point, or
+    /// not running yet), check the target hash, hand the weights to the engine, then
+    /// report [`ActorCore::activated`].
     Activate { version: u64 },
     /// Forget the artifact of `version` (refused, or older than the active version).
     Discard { version: u64 },
     /// Fetch the chain again from `version` on (after a refusal).
     Rewind { version: u64 },
+    /// Fetch a snapshot again, from another upstream (a joining actor refused its
+    /// snapshot).
+    Rejoin,
     /// Tell the upstream where this actor stands.
     Report { note: String },
 }
@@ -39,7 +44,8 @@ pub enum ActorAction {
 /// Where an actor stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ActorStatus {
-    pub active: VersionRef,
+    /// None while an actor that joined with no weights has not activated its snapshot.
+    pub active: Option<VersionRef>,
     pub staged: Option<u64>,
     pub committed: Option<u64>,
 }
@@ -47,6 +53,8 @@ pub struct ActorStatus {
 struct Pending {
     base: VersionRef,
     target_hash: Hash,
+    /// A whole checkpoint (docs/wire-protocol.md §4.4), not a delta from `base`.
+    snapshot: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +67,8 @@ enum Stage {
 }
 
 pub struct ActorCore {
-    active: VersionRef,
+    /// None until a joining actor's snapshot is active.
+    active: Option<VersionRef>,
     verified: BTreeMap<u64, Pending>,
     stage: Stage,
     committed: Option<VersionRef>,
@@ -75,6 +84,15 @@ pub const MAX_REFUSALS: u32 = 3;
 
 impl ActorCore {
     pub fn new(active: VersionRef) -> ActorCore {
+        ActorCore::starting(Some(active))
+    }
+
+    /// An actor with no weights: it waits for a snapshot ([`ActorCore::snapshot`]).
+    pub fn joining() -> ActorCore {
+        ActorCore::starting(None)
+    }
+
+    fn starting(active: Option<VersionRef>) -> ActorCore {
         ActorCore {
             active,
             verified: BTreeMap::new(),
@@ -106,10 +124,23 @@ impl ActorCore {
         self.actions.pop_front()
     }
 
-    /// A verified artifact arrived.
+    /// A verified delta arrived.
     pub fn artifact(&mut self, header: &DeltaHeader) {
+        let stale = self
+            .active
+            .is_some_and(|a| header.target_version <= a.version);
+        self.receive(header, false, stale);
+    }
+
+    /// A verified snapshot arrived (its header checked by the receiver). Only an actor
+    /// with no weights has a use for it.
+    pub fn snapshot(&mut self, header: &DeltaHeader) {
+        self.receive(header, true, self.active.is_some());
+    }
+
+    fn receive(&mut self, header: &DeltaHeader, snapshot: bool, discard: bool) {
         let version = header.target_version;
-        if version <= self.active.version {
+        if discard {
             self.actions.push_back(ActorAction::Discard { version });
             return;
         }
@@ -121,6 +152,7 @@ impl ActorCore {
                     hash: header.base_hash,
                 },
                 target_hash: header.target_hash,
+                snapshot,
             },
         );
         self.advance();
@@ -131,12 +163,15 @@ impl ActorCore {
             return;
         }
         self.committed = Some(commit);
-        if commit.version > self.active.version && self.verified.is_empty() {
+        if let Some(active) = self.active
+            && commit.version > active.version
+            && self.verified.is_empty()
+        {
             // Behind with nothing on the way: say so, the upstream's status shows it.
             self.actions.push_back(ActorAction::Report {
                 note: format!(
                     "committed version {} but active is {} with nothing staged",
-                    commit.version, self.active.version
+                    commit.version, active.version
                 ),
             });
         }
@@ -177,8 +212,15 @@ impl ActorCore {
         let expected = self.verified.remove(&version).map(|p| p.target_hash);
         match outcome {
             Ok(hash) if expected.is_none_or(|e| e == hash) => {
-                self.active = VersionRef { version, hash };
+                self.active = Some(VersionRef { version, hash });
                 self.refusals = 0;
+                // A snapshot lands ahead of anything older still queued.
+                let behind: Vec<u64> = self.verified.range(..version).map(|(v, _)| *v).collect();
+                for old in behind {
+                    self.verified.remove(&old);
+                    self.actions
+                        .push_back(ActorAction::Discard { version: old });
+                }
                 self.actions.push_back(ActorAction::Discard { version });
                 self.actions.push_back(ActorAction::Report {
                     note: format!("activated version {version}"),
@@ -186,7 +228,7 @@ impl ActorCore {
             }
             Ok(hash) => self.refuse(
                 version,
-                format!("activation produced weights {hash}, not the delta's target"),
+                format!("activation produced weights {hash}, not the artifact's target"),
             ),
             Err(reason) => self.refuse(version, format!("activation failed: {reason}")),
         }
@@ -196,9 +238,9 @@ impl ActorCore {
     fn refuse(&mut self, version: u64, reason: String) {
         tracing::warn!(
             version,
-            active = self.active.version,
+            active = ?self.active.map(|a| a.version),
             reason,
-            "refusing a delta"
+            "refusing an artifact"
         );
         self.refusals += 1;
         let mut discarded: Vec<u64> = self.verified.keys().copied().collect();
@@ -213,47 +255,67 @@ impl ActorCore {
             note: format!("refused version {version}: {reason}"),
         });
         if !self.diverged() {
-            self.actions.push_back(ActorAction::Rewind {
-                version: self.active.version + 1,
+            self.actions.push_back(match self.active {
+                Some(active) => ActorAction::Rewind {
+                    version: active.version + 1,
+                },
+                None => ActorAction::Rejoin,
             });
         }
     }
 
     fn advance(&mut self) {
         if self.stage == Stage::Idle {
-            let next = self.active.version + 1;
-            if let Some((&version, pending)) = self.verified.first_key_value() {
-                if version == next && pending.base == self.active {
-                    self.stage = Stage::Staging(version);
-                    self.actions.push_back(ActorAction::Stage { version });
-                } else if version == next || self.chain_broken() {
-                    let base = pending.base;
-                    self.refuse(
-                        version,
-                        format!(
-                            "its base is version {} with weights {}, the active weights are version {} with {}",
-                            base.version, base.hash, self.active.version, self.active.hash
-                        ),
-                    );
+            match self.active {
+                // Nothing but a snapshot can start an actor with no weights; a delta
+                // still queued from before a refused snapshot waits or goes.
+                None => {
+                    if let Some((&version, _)) = self.verified.iter().find(|(_, p)| p.snapshot) {
+                        self.stage = Stage::Staging(version);
+                        self.actions.push_back(ActorAction::Stage { version });
+                    }
+                }
+                Some(active) => {
+                    if let Some((&version, pending)) = self.verified.first_key_value() {
+                        let next = active.version + 1;
+                        if version == next && pending.base == active && !pending.snapshot {
+                            self.stage = Stage::Staging(version);
+                            self.actions.push_back(ActorAction::Stage { version });
+                        } else if version == next || self.chain_broken(active) {
+                            let base = pending.base;
+                            self.refuse(
+                                version,
+                                format!(
+                                    "its base is version {} with weights {}, the active weights are version {} with {}",
+                                    base.version, base.hash, active.version, active.hash
+                                ),
+                            );
+                        }
+                    }
                 }
             }
         }
-        if let Stage::Staged(version) = self.stage
-            && self.committed.is_some_and(|c| c.version >= version)
-            && !self.safe_point_requested
-        {
-            self.safe_point_requested = true;
-            self.actions.push_back(ActorAction::AwaitSafePoint);
+        if let Stage::Staged(version) = self.stage {
+            if self.active.is_none() {
+                // A joining actor's engine runs nothing yet: no safe point to wait for.
+                self.stage = Stage::Activating(version);
+                self.actions.push_back(ActorAction::Activate { version });
+            } else if self.committed.is_some_and(|c| c.version >= version)
+                && !self.safe_point_requested
+            {
+                self.safe_point_requested = true;
+                self.actions.push_back(ActorAction::AwaitSafePoint);
+            }
         }
     }
 
     /// A delta that cannot follow the active version however long we wait: it starts
     /// at or before the active version but is not the next one.
-    fn chain_broken(&self) -> bool {
+    fn chain_broken(&self, active: VersionRef) -> bool {
         self.verified
             .values()
             .next()
-            .is_some_and(|p| p.base.version <= self.active.version)
+            .is_some_and(|p| p.base.version <= active.version)
     }
 }
 
@@ -301,7 +363,7 @@ mod tests {
         core.safe_point();
         assert_eq!(drain(&mut core), [ActorAction::Activate { version: 4 }]);
         core.activated(4, Ok(hash(4)));
-        assert_eq!(core.status().active, at(4));
+        assert_eq!(core.status().active, Some(at(4)));
         assert_eq!(
             drain(&mut core),
             [
@@ -333,7 +395,7 @@ mod tests {
                 assert_eq!(actions.last(), Some(&ActorAction::Stage { version: 2 }));
             }
         }
-        assert_eq!(core.status().active, at(2));
+        assert_eq!(core.status().active, Some(at(2)));
     }
 
     #[test]
@@ -351,7 +413,7 @@ mod tests {
             matches!(&actions[1], ActorAction::Report { note } if note.contains("refused version 4"))
         );
         assert_eq!(actions[2], ActorAction::Rewind { version: 4 });
-        assert_eq!(core.status().active, at(3), "never activated");
+        assert_eq!(core.status().active, Some(at(3)), "never activated");
     }
 
     #[test]
@@ -389,7 +451,7 @@ mod tests {
         core.activated(2, Err("target hash mismatch; weights restored".into()));
         let actions = drain(&mut core);
         assert!(actions.contains(&ActorAction::Rewind { version: 2 }));
-        assert_eq!(core.status().active, at(1));
+        assert_eq!(core.status().active, Some(at(1)));
     }
 
     #[test]
@@ -408,5 +470,70 @@ mod tests {
             .filter(|a| matches!(a, ActorAction::Rewind { .. }))
             .count();
         assert_eq!(rewinds as u32, MAX_REFUSALS - 1);
+    }
+
+    fn snapshot(version: u64) -> DeltaHeader {
+        DeltaHeader {
+            base_version: version,
+            target_version: version,
+            base_hash: crate::snapshot::empty_weights_hash(),
+            target_hash: hash(version as u8),
+            encoding: Encoding::Dense,
+            tensors: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_joining_actor_activates_its_snapshot_at_once_then_follows_deltas() {
+        let mut core = ActorCore::joining();
+        assert_eq!(core.status().active, None);
+        core.commit(at(6));
+        assert_eq!(
+            drain(&mut core),
+            [],
+            "nothing to report before the snapshot"
+        );
+        core.snapshot(&snapshot(5));
+        assert_eq!(drain(&mut core), [ActorAction::Stage { version: 5 }]);
+        core.artifact(&header(at(5), 6));
+        assert_eq!(drain(&mut core), [], "the delta waits for the snapshot");
+        core.staged(5, Ok(()));
+        assert_eq!(
+            drain(&mut core),
+            [ActorAction::Activate { version: 5 }],
+            "no safe point: the engine runs nothing yet"
+        );
+        core.activated(5, Ok(hash(5)));
+        assert_eq!(core.status().active, Some(at(5)));
+        let actions = drain(&mut core);
+        assert_eq!(actions.last(), Some(&ActorAction::Stage { version: 6 }));
+        core.staged(6, Ok(()));
+        assert_eq!(drain(&mut core), [ActorAction::AwaitSafePoint]);
+    }
+
+    #[test]
+    fn a_joining_actor_waits_for_a_snapshot_and_refetches_a_bad_one() {
+        let mut core = ActorCore::joining();
+        core.artifact(&header(at(2), 3));
+        assert_eq!(drain(&mut core), [], "a delta cannot start an actor");
+        core.snapshot(&snapshot(4));
+        assert_eq!(drain(&mut core), [ActorAction::Stage { version: 4 }]);
+        core.staged(4, Ok(()));
+        drain(&mut core);
+        core.activated(4, Ok(hash(99)));
+        let actions = drain(&mut core);
+        assert!(actions.contains(&ActorAction::Rejoin), "{actions:?}");
+        assert!(
+            actions.contains(&ActorAction::Discard { version: 3 }),
+            "what was queued behind it goes too: {actions:?}"
+        );
+        assert_eq!(core.status().active, None);
+    }
+
+    #[test]
+    fn an_actor_with_weights_discards_a_snapshot() {
+        let mut core = ActorCore::new(at(3));
+        core.snapshot(&snapshot(5));
+        assert_eq!(drain(&mut core), [ActorAction::Discard { version: 5 }]);
     }
 }

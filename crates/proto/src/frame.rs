@@ -43,6 +43,8 @@ pub const MAX_WANT_VERSIONS: usize = 16;
 /// Ranges in one version's have-set; a receiver with a more fragmented set reports a
 /// subset, which costs duplicates but never loses a segment.
 pub const MAX_HAVE_RANGES: usize = 4096;
+/// Bit 0 of a Want's flags: its next version is wanted as a snapshot.
+const WANT_SNAPSHOT: u8 = 1;
 /// Segments of one artifact on the wire: its Seal frame must fit [`MAX_FRAME_BYTES`].
 /// The delta format allows more (2^22); a writer at the default 256 KiB segments needs
 /// 256 GiB of payload to reach this.
@@ -217,6 +219,9 @@ pub struct Welcome {
     pub latest: Option<u64>,
     /// The newest version committed so far, if any.
     pub commit: Option<VersionRef>,
+    /// The newest version a downstream holding no weights can join from, as a snapshot
+    /// (docs/wire-protocol.md §5.10); None where the upstream cannot serve one (a relay).
+    pub snapshot: Option<u64>,
 }
 
 /// What a receiver holds of one version it is receiving.
@@ -236,6 +241,29 @@ pub struct Progress {
 pub enum ArtifactKind {
     /// A delta artifact (docs/delta-format.md); the descriptor is its preamble and header.
     Delta = 1,
+    /// A whole checkpoint in the delta format: the delta from the empty checkpoint to
+    /// version v, every tensor added, with base and target version both v
+    /// ([`crate::snapshot`]).
+    Snapshot = 2,
+}
+
+impl ArtifactKind {
+    fn from_code(code: u8) -> Option<ArtifactKind> {
+        match code {
+            1 => Some(ArtifactKind::Delta),
+            2 => Some(ArtifactKind::Snapshot),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ArtifactKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ArtifactKind::Delta => "a delta",
+            ArtifactKind::Snapshot => "a snapshot",
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,6 +281,9 @@ pub enum Frame {
         /// and may overtake each other; only the latest counts.
         seq: u64,
         next_version: u64,
+        /// `next_version` is wanted as a snapshot: the downstream holds no weights
+        /// (flags bit 0).
+        snapshot: bool,
         live_streams: u64,
         /// The epoch of every stream of the session as the receiver knows it, by index.
         epochs: Vec<u32>,
@@ -419,6 +450,7 @@ impl Frame {
                         put_version_ref(out, commit);
                     }
                 }
+                put_option_u64(out, w.snapshot);
             }
             Frame::Reject { code, reason } => {
                 out.put_u16_le(*code as u16);
@@ -427,12 +459,14 @@ impl Frame {
             Frame::Want {
                 seq,
                 next_version,
+                snapshot,
                 live_streams,
                 epochs,
                 progress,
             } => {
                 out.put_u64_le(*seq);
                 out.put_u64_le(*next_version);
+                out.put_u8(u8::from(*snapshot));
                 out.put_u64_le(*live_streams);
                 out.put_u8(epochs.len() as u8);
                 for epoch in epochs {
@@ -614,6 +648,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 1 => Some(r.version_ref()?),
                 other => return Err(r.malformed(format!("commit flag {other} is not 0 or 1"))),
             };
+            let snapshot = r.option_u64("snapshot version")?;
             Frame::Welcome(Welcome {
                 protocol_version,
                 role,
@@ -621,6 +656,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 region,
                 latest,
                 commit,
+                snapshot,
             })
         }
         FrameType::Reject => {
@@ -635,6 +671,10 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
         FrameType::Want => {
             let seq = r.u64("sequence number")?;
             let next_version = r.u64("next version")?;
+            let flags = r.u8("want flags")?;
+            if flags & !WANT_SNAPSHOT != 0 {
+                return Err(r.malformed(format!("unknown want flags {flags:#x}")));
+            }
             let live_streams = r.u64("live streams")?;
             let epoch_count = r.u8("epoch count")?;
             r.limit(
@@ -683,6 +723,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
             Frame::Want {
                 seq,
                 next_version,
+                snapshot: flags & WANT_SNAPSHOT != 0,
                 live_streams,
                 epochs,
                 progress,
@@ -690,10 +731,9 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
         }
         FrameType::Offer => {
             let version = r.u64("version")?;
-            let kind = match r.u8("artifact kind")? {
-                1 => ArtifactKind::Delta,
-                other => return Err(r.malformed(format!("unknown artifact kind {other}"))),
-            };
+            let code = r.u8("artifact kind")?;
+            let kind = ArtifactKind::from_code(code)
+                .ok_or_else(|| r.malformed(format!("unknown artifact kind {code}")))?;
             let len = r.u32("descriptor length")? as usize;
             Frame::Offer {
                 version,

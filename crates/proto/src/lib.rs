@@ -14,6 +14,8 @@
 //! - [`Receiver`]: a downstream session verifying every segment, nacking bad ones and
 //!   delivering complete, verified artifacts in version order.
 //! - [`ActorCore`]: staging and activation rules; [`Weights`] does the heavy work.
+//! - [`snapshot`]: a whole checkpoint as an artifact, for a peer that joins with no
+//!   weights.
 //! - [`Node`]: hub, relay or actor: the parts wired together (a relay forwards each
 //!   verified segment as it arrives).
 //! - [`StreamTuner`]: chooses how many streams a session uses from measured goodput.
@@ -24,13 +26,14 @@ pub mod node;
 pub mod ranges;
 pub mod receiver;
 pub mod sender;
+pub mod snapshot;
 #[cfg(test)]
 mod testutil;
 pub mod tuner;
 pub mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
-pub use frame::{Frame, FrameError, Role, VersionRef};
+pub use frame::{ArtifactKind, Frame, FrameError, Role, VersionRef};
 pub use node::{Node, Notice, Output};
 pub use receiver::{Artifact, Receiver, ReceiverConfig, ReceiverEvent, ReceiverStats};
 pub use sender::{Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, Transmit};

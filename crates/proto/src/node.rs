@@ -2,6 +2,10 @@
 //! a relay (receiver, sender and actor: it forwards every verified segment downstream
 //! as it arrives and activates versions itself) or an actor (receiver and actor).
 //!
+//! A relay or an actor may also start with no weights ([`Node::joining_actor`],
+//! [`Node::joining_relay`]): it takes a snapshot over the wire, decodes it segment by
+//! segment against the empty checkpoint, activates it at once, then goes on as any other.
+//!
 //! The node wires its parts together and hands the driver one stream of [`Output`]s.
 //! Drivers feed inputs to the parts directly ([`Node::sender_mut`],
 //! [`Node::receiver_mut`]) or through the node's methods for the actor's work, then
@@ -16,7 +20,7 @@ use bytes::Bytes;
 
 use crate::ConnId;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
-use crate::frame::{Frame, Role, VersionRef, Welcome};
+use crate::frame::{ArtifactKind, Frame, Role, VersionRef, Welcome};
 use crate::receiver::{Artifact, Receiver, ReceiverEvent};
 use crate::sender::{Sender, SenderEvent};
 
@@ -47,8 +51,14 @@ pub enum Output {
     Load {
         version: u64,
     },
+    /// Build the snapshot artifact of `version` from the store
+    /// ([`crate::Sender::insert_snapshot`]).
+    LoadSnapshot {
+        version: u64,
+    },
     /// Decode segment `index` of `version` (verified, with `hash`) against the active
-    /// weights ([`crate::Weights::decode_segment`]), then call [`Node::decoded`]. Each
+    /// weights ([`crate::Weights::decode_segment`]; a joining node's are
+    /// [`crate::Weights::empty`]), then call [`Node::decoded`]. Each
     /// segment of the next version is decoded as it arrives, while later ones are still
     /// on the wire; the decodes of one version may run in parallel.
     Decode {
@@ -61,7 +71,8 @@ pub enum Output {
     /// Wait for the engine's safe point, then call [`Node::safe_point`].
     AwaitSafePoint,
     /// Apply the staged patch of `version` ([`Node::take_patch`]), then call
-    /// [`Node::activated`]. No decode is outstanding: the weights are free to change.
+    /// [`Node::activated`]. No decode is outstanding: the weights are free to change. A
+    /// joining node's snapshot comes without a safe point: its engine runs nothing yet.
     Activate {
         version: u64,
     },
@@ -73,6 +84,12 @@ pub enum Output {
 pub enum Notice {
     Connected(Welcome),
     Complete {
+        version: u64,
+    },
+    /// A joining node received its snapshot of `version`; what follows are deltas. Its
+    /// region's relay serves no snapshots, so the snapshot came from further up: a
+    /// driver may move back to its first upstream for the deltas.
+    Joined {
         version: u64,
     },
     Committed(VersionRef),
@@ -101,6 +118,9 @@ pub struct Node {
     actor: Option<ActorCore>,
     /// Complete artifacts waiting to be staged and activated.
     artifacts: BTreeMap<u64, Artifact>,
+    /// The version a joining node takes as a snapshot: staged, never republished (a
+    /// relay serves deltas only).
+    snapshot: Option<u64>,
     /// The version being decoded against the active weights, at most one: only the
     /// next version's base is the active weights.
     staging: Option<Staging>,
@@ -143,6 +163,17 @@ impl Node {
         Node::new(None, Some(receiver), Some(ActorCore::new(active)))
     }
 
+    /// An actor with no weights: `receiver` is [`Receiver::joining`].
+    pub fn joining_actor(receiver: Receiver) -> Node {
+        Node::new(None, Some(receiver), Some(ActorCore::joining()))
+    }
+
+    /// A relay with no weights: `receiver` is [`Receiver::joining`]. It serves the
+    /// versions after its snapshot.
+    pub fn joining_relay(receiver: Receiver, sender: Sender) -> Node {
+        Node::new(Some(sender), Some(receiver), Some(ActorCore::joining()))
+    }
+
     /// A receiver that only collects artifacts (benchmarks): no staging.
     pub fn collector(receiver: Receiver) -> Node {
         Node::new(None, Some(receiver), None)
@@ -154,6 +185,7 @@ impl Node {
             receiver,
             actor,
             artifacts: BTreeMap::new(),
+            snapshot: None,
             staging: None,
             patch: None,
             decodes_out: 0,
@@ -309,15 +341,30 @@ impl Node {
             }
             ReceiverEvent::Offered {
                 version,
+                kind,
                 descriptor,
                 header,
             } => {
-                if let Some(sender) = &mut self.sender
-                    && let Err(e) = sender.begin_artifact(descriptor)
-                {
-                    self.outputs.push_back(relay_error(e));
+                match kind {
+                    ArtifactKind::Snapshot => {
+                        self.snapshot = Some(version);
+                        // Nothing before the snapshot will ever be held here.
+                        if let Some(sender) = &mut self.sender {
+                            sender.set_floor(version + 1);
+                        }
+                    }
+                    ArtifactKind::Delta => {
+                        if self.snapshot == Some(version) {
+                            self.snapshot = None;
+                        }
+                        if let Some(sender) = &mut self.sender
+                            && let Err(e) = sender.begin_artifact(descriptor)
+                        {
+                            self.outputs.push_back(relay_error(e));
+                        }
+                    }
                 }
-                self.begin_staging(version, header);
+                self.begin_staging(version, kind, header);
             }
             ReceiverEvent::Segment {
                 version,
@@ -326,7 +373,7 @@ impl Node {
                 bytes,
             } => {
                 self.decode(version, index, hash, &bytes);
-                if let Some(sender) = &mut self.sender
+                if let Some(sender) = self.republisher(version)
                     && let Err(e) = sender.add_segment(version, index, hash, bytes)
                 {
                     self.outputs.push_back(relay_error(e));
@@ -339,7 +386,7 @@ impl Node {
                     staging.decoded.remove(&index);
                     staging.decoding.remove(&index);
                 }
-                if let Some(sender) = &mut self.sender {
+                if let Some(sender) = self.republisher(version) {
                     sender.revoke_segment(version, index);
                 }
             }
@@ -348,7 +395,7 @@ impl Node {
                 id,
                 segments,
             } => {
-                if let Some(sender) = &mut self.sender
+                if let Some(sender) = self.republisher(version)
                     && let Err(e) = sender.seal_artifact(version, id, segments)
                 {
                     self.outputs.push_back(relay_error(e));
@@ -357,8 +404,15 @@ impl Node {
             ReceiverEvent::Complete { version, artifact } => {
                 self.outputs
                     .push_back(Output::Notice(Notice::Complete { version }));
+                if artifact.kind() == ArtifactKind::Snapshot {
+                    self.outputs
+                        .push_back(Output::Notice(Notice::Joined { version }));
+                }
                 if let Some(actor) = &mut self.actor {
-                    actor.artifact(artifact.header());
+                    match artifact.kind() {
+                        ArtifactKind::Snapshot => actor.snapshot(artifact.header()),
+                        ArtifactKind::Delta => actor.artifact(artifact.header()),
+                    }
                     self.artifacts.insert(version, artifact);
                 }
             }
@@ -375,15 +429,30 @@ impl Node {
         }
     }
 
+    /// The sender that republishes `version` (a relay's), unless it is the snapshot
+    /// this node joins from.
+    fn republisher(&mut self, version: u64) -> Option<&mut Sender> {
+        self.sender
+            .as_mut()
+            .filter(|_| self.snapshot != Some(version))
+    }
+
     /// Starts decoding `version` as its segments arrive when its base is the active
-    /// weights: then nothing it could change is in use, and by the time the artifact is
-    /// complete most of it is decoded.
-    fn begin_staging(&mut self, version: u64, header: Arc<DeltaHeader>) {
+    /// weights (for a joining node, a snapshot against no weights): then nothing it
+    /// could change is in use, and by the time the artifact is complete most of it is
+    /// decoded.
+    fn begin_staging(&mut self, version: u64, kind: ArtifactKind, header: Arc<DeltaHeader>) {
         let Some(actor) = &self.actor else { return };
-        let status = actor.status();
-        let fits = header.base_version == status.active.version
-            && header.base_hash == status.active.hash
-            && version == status.active.version + 1;
+        let fits = match (kind, actor.status().active) {
+            // The receiver checked the header: a snapshot of `version`.
+            (ArtifactKind::Snapshot, None) => true,
+            (ArtifactKind::Delta, Some(active)) => {
+                header.base_version == active.version
+                    && header.base_hash == active.hash
+                    && version == active.version + 1
+            }
+            _ => false,
+        };
         if fits && self.patch.is_none() && self.staging.is_none() {
             self.staging = Some(Staging {
                 version,
@@ -482,6 +551,7 @@ impl Node {
     fn on_sender_event(&mut self, event: SenderEvent) {
         let output = match event {
             SenderEvent::Load { version } => Output::Load { version },
+            SenderEvent::LoadSnapshot { version } => Output::LoadSnapshot { version },
             SenderEvent::Close { conn, reason } => {
                 tracing::debug!(conn, reason, "closing a downstream connection");
                 Output::Close { conn }
@@ -542,6 +612,13 @@ impl Node {
                     receiver.abandon("served a delta that does not fit the active weights");
                 }
             }
+            ActorAction::Rejoin => {
+                self.snapshot = None;
+                if let Some(receiver) = &mut self.receiver {
+                    receiver.rejoin();
+                    receiver.abandon("served a snapshot that does not activate");
+                }
+            }
             ActorAction::Report { note } => {
                 let status = self
                     .actor
@@ -549,7 +626,8 @@ impl Node {
                     .expect("actions come from the actor")
                     .status();
                 if let Some(receiver) = &mut self.receiver {
-                    receiver.set_local(status.active, status.staged);
+                    // No weights yet: version 0 with the all-zero hash, as its Hellos say.
+                    receiver.set_local(status.active.unwrap_or_default(), status.staged);
                     receiver.report(note);
                 }
             }

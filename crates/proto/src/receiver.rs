@@ -11,6 +11,10 @@
 //! segment matches it, and versions are delivered in order. What the receiver holds
 //! survives a lost stream or a lost upstream: the next session's Want reports it, so only
 //! missing segments travel again.
+//!
+//! A receiver that holds no weights ([`Receiver::joining`]) starts from the newest
+//! snapshot an upstream offers in its Welcome, wants it with the snapshot flag, and
+//! continues with the deltas after it like any other receiver.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -20,7 +24,8 @@ use aurora_delta::{DeltaHeader, Hash, Manifest, SegmentEntry};
 use bytes::{Bytes, BytesMut};
 
 use crate::frame::{
-    Frame, Hello, MAX_WANT_VERSIONS, PROTOCOL_VERSION, Progress, Role, VersionRef, Welcome,
+    ArtifactKind, Frame, Hello, MAX_WANT_VERSIONS, PROTOCOL_VERSION, Progress, Role, VersionRef,
+    Welcome,
 };
 use crate::tuner::StreamTuner;
 use crate::{ConnId, Identity, ranges};
@@ -80,10 +85,11 @@ pub enum ReceiverEvent {
     UpstreamLost {
         reason: String,
     },
-    /// The delta descriptor of `version` arrived (relays publish it downstream; actors
+    /// The descriptor of `version` arrived (relays publish a delta's downstream; actors
     /// may start decoding its segments against their weights).
     Offered {
         version: u64,
+        kind: ArtifactKind,
         descriptor: Bytes,
         header: Arc<DeltaHeader>,
     },
@@ -166,6 +172,16 @@ impl Assembly {
     }
 }
 
+/// What the receiver starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// The weights of `next_version - 1`: every version arrives as a delta.
+    Weights,
+    /// No weights: the first version arrives as a snapshot, of the version an upstream
+    /// offered (None until a Welcome did), then the deltas after it.
+    Snapshot(Option<u64>),
+}
+
 #[derive(Clone, Copy, Default)]
 struct Stream {
     conn: Option<ConnId>,
@@ -184,6 +200,7 @@ struct Session {
 
 pub struct Receiver {
     config: ReceiverConfig,
+    start: Start,
     next_version: u64,
     active: VersionRef,
     staged: Option<u64>,
@@ -212,6 +229,7 @@ impl Receiver {
         let streams = config.streams as usize;
         Receiver {
             config,
+            start: Start::Weights,
             next_version,
             active,
             staged: None,
@@ -231,11 +249,27 @@ impl Receiver {
         }
     }
 
+    /// A receiver that holds no weights: it takes the newest snapshot an upstream
+    /// offers, then every delta after it. Its Hellos report version 0 with the all-zero
+    /// hash (docs/wire-protocol.md §4.1).
+    pub fn joining(config: ReceiverConfig) -> Receiver {
+        let mut receiver = Receiver::new(config, 0, VersionRef::default());
+        receiver.start = Start::Snapshot(None);
+        receiver
+    }
+
+    /// Whether the receiver still waits for its snapshot.
+    #[cfg(test)]
+    pub(crate) fn is_joining(&self) -> bool {
+        matches!(self.start, Start::Snapshot(_))
+    }
+
     pub fn stats(&self) -> &ReceiverStats {
         &self.stats
     }
 
-    /// The lowest version not yet delivered.
+    /// The lowest version not yet delivered (0 for a joining receiver before it knows
+    /// its snapshot).
     pub fn next_version(&self) -> u64 {
         self.next_version
     }
@@ -440,9 +474,9 @@ impl Receiver {
         let outcome = match frame {
             Frame::Offer {
                 version,
+                kind,
                 descriptor,
-                ..
-            } => self.on_offer(version, descriptor),
+            } => self.on_offer(version, kind, descriptor),
             Frame::Segment {
                 version,
                 index,
@@ -484,6 +518,26 @@ impl Receiver {
         if welcome.role == Role::Actor {
             return self.lose_upstream("an actor cannot be an upstream".into());
         }
+        let first = self.session.as_ref().is_some_and(|s| s.upstream.is_none());
+        if first && let Start::Snapshot(held) = self.start {
+            let Some(offered) = welcome.snapshot else {
+                return self.lose_upstream(format!(
+                    "{} {} offers no snapshot to join from",
+                    welcome.role, welcome.peer_id
+                ));
+            };
+            if held.is_some_and(|held| held != offered) {
+                // Parts of one snapshot never meet parts of another.
+                tracing::info!(
+                    held,
+                    offered,
+                    "the upstream offers another snapshot; starting over"
+                );
+                self.forget_held();
+            }
+            self.start = Start::Snapshot(Some(offered));
+            self.next_version = offered;
+        }
         let s = self.session.as_mut().expect("caller checked");
         s.streams[stream].welcomed = true;
         if s.upstream.is_none() {
@@ -510,9 +564,29 @@ impl Receiver {
         Ok(true)
     }
 
-    fn on_offer(&mut self, version: u64, descriptor: Bytes) -> Result<(), String> {
+    /// How `version` must arrive: the snapshot a joining receiver took, or a delta.
+    fn kind_of(&self, version: u64) -> ArtifactKind {
+        if self.start == Start::Snapshot(Some(version)) {
+            ArtifactKind::Snapshot
+        } else {
+            ArtifactKind::Delta
+        }
+    }
+
+    fn on_offer(
+        &mut self,
+        version: u64,
+        kind: ArtifactKind,
+        descriptor: Bytes,
+    ) -> Result<(), String> {
         if !self.window_check(version)? {
             return Ok(());
+        }
+        let wanted = self.kind_of(version);
+        if kind != wanted {
+            return Err(format!(
+                "protocol violation: version {version} offered as {kind}, wanted as {wanted}"
+            ));
         }
         let (header, used) = DeltaHeader::decode(&descriptor)
             .map_err(|e| format!("offer of version {version}: {e}"))?;
@@ -522,6 +596,10 @@ impl Receiver {
                 header.target_version,
                 descriptor.len() - used
             ));
+        }
+        if kind == ArtifactKind::Snapshot {
+            crate::snapshot::check_header(&header, version)
+                .map_err(|reason| format!("offer of version {version}: {reason}"))?;
         }
         let assembly = self.assemblies.entry(version).or_default();
         match &assembly.descriptor {
@@ -533,6 +611,7 @@ impl Receiver {
         assembly.descriptor = Some((descriptor.clone(), header.clone()));
         self.events.push_back(ReceiverEvent::Offered {
             version,
+            kind,
             descriptor,
             header,
         });
@@ -721,7 +800,11 @@ impl Receiver {
                 .remove(&self.next_version)
                 .expect("checked above");
             self.held_bytes -= assembly.held_bytes;
-            let artifact = Artifact::from_assembly(assembly);
+            let kind = self.kind_of(self.next_version);
+            if kind == ArtifactKind::Snapshot {
+                self.start = Start::Weights;
+            }
+            let artifact = Artifact::from_assembly(assembly, kind);
             self.events.push_back(ReceiverEvent::Complete {
                 version: self.next_version,
                 artifact,
@@ -741,10 +824,22 @@ impl Receiver {
     /// An actor calls this after refusing a delta, to fetch the chain again.
     pub fn rewind(&mut self, version: u64) {
         self.next_version = version;
+        self.forget_held();
+        self.queue_want();
+    }
+
+    /// Starts over as a receiver with no weights: the next Welcome's snapshot is taken
+    /// afresh. An actor calls this after refusing its snapshot.
+    pub fn rejoin(&mut self) {
+        self.start = Start::Snapshot(None);
+        self.next_version = 0;
+        self.forget_held();
+    }
+
+    fn forget_held(&mut self) {
         self.assemblies.clear();
         self.nacks.clear();
         self.held_bytes = 0;
-        self.queue_want();
     }
 
     /// Sends a Status report to the upstream.
@@ -760,7 +855,8 @@ impl Receiver {
 
     fn queue_want(&mut self) {
         let Some(s) = &mut self.session else { return };
-        if s.upstream.is_none() {
+        // A joining receiver says nothing until a Welcome named its snapshot.
+        if s.upstream.is_none() || self.start == Start::Snapshot(None) {
             return;
         }
         s.wants += 1;
@@ -783,6 +879,7 @@ impl Receiver {
         let frame = Frame::Want {
             seq,
             next_version: self.next_version,
+            snapshot: self.start == Start::Snapshot(Some(self.next_version)),
             live_streams,
             epochs,
             progress,
@@ -875,6 +972,7 @@ fn truncated(reason: &str) -> String {
 /// take its time (a relay forwards segments as they arrive and never needs it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
+    kind: ArtifactKind,
     header: Arc<DeltaHeader>,
     descriptor: Bytes,
     segments: Vec<Bytes>,
@@ -883,7 +981,7 @@ pub struct Artifact {
 }
 
 impl Artifact {
-    fn from_assembly(assembly: Assembly) -> Artifact {
+    fn from_assembly(assembly: Assembly, kind: ArtifactKind) -> Artifact {
         let (descriptor, header) = assembly.descriptor.expect("complete");
         let (_, entries) = assembly.table.expect("complete");
         let segments = assembly
@@ -897,12 +995,18 @@ impl Artifact {
         }
         .encode_tail();
         Artifact {
+            kind,
             header,
             descriptor,
             segments,
             entries,
             tail: Bytes::from(tail),
         }
+    }
+
+    /// A delta, or the snapshot a joining receiver started from.
+    pub fn kind(&self) -> ArtifactKind {
+        self.kind
     }
 
     /// The header its descriptor carries (decoded and checked on arrival).

@@ -14,6 +14,10 @@
 //!
 //! Segments are striped: a stream with room takes the next segment its session still
 //! needs, so equal streams alternate round-robin and a slower stream carries less.
+//!
+//! A store-backed sender also serves peers that join with no weights: a Want with the
+//! snapshot flag gets its next version as a snapshot artifact (loaded on demand, held
+//! while a session needs it: it is a whole checkpoint), then the deltas after it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -72,8 +76,9 @@ pub struct SenderConfig {
     pub versions_ahead: u64,
     /// Artifacts kept in memory beyond those a subscriber still needs.
     pub retain_versions: usize,
-    /// Whether older versions can be loaded on request ([`SenderEvent::Load`]); a relay
-    /// answers Unavailable instead.
+    /// Whether older versions and snapshots can be loaded on request
+    /// ([`SenderEvent::Load`], [`SenderEvent::LoadSnapshot`]); a relay answers
+    /// Unavailable instead.
     pub store_backed: bool,
     pub max_sessions: usize,
     /// Control frames queued per session; a session that lets more pile up is dropped.
@@ -118,6 +123,10 @@ pub enum SenderEvent {
     /// Load the stored artifact of `version` and pass it to [`Sender::insert_artifact`],
     /// or report [`Sender::load_failed`].
     Load { version: u64 },
+    /// Load the stored snapshot of `version` as an artifact (docs/wire-protocol.md
+    /// §4.4) and pass it to [`Sender::insert_snapshot`], or report
+    /// [`Sender::snapshot_load_failed`].
+    LoadSnapshot { version: u64 },
     /// Close `conn` now, without writing anything more.
     Close { conn: ConnId, reason: String },
     /// A session finished its handshake.
@@ -225,6 +234,8 @@ struct Session {
     streams: Vec<Option<ConnId>>,
     /// None until the first Want: nothing is sent before the subscriber says what it has.
     next_version: Option<u64>,
+    /// The version the latest Want asked for as a snapshot (its next version).
+    snapshot: Option<u64>,
     last_want: Option<u64>,
     versions: BTreeMap<u64, SendVersion>,
     control: VecDeque<Frame>,
@@ -256,6 +267,13 @@ pub struct Sender {
     floor: u64,
     loading: BTreeSet<u64>,
     unavailable: BTreeMap<u64, String>,
+    /// Snapshot artifacts, kept apart from the deltas (a snapshot of v is not D(v)) and
+    /// only while a session wants one: each is a whole checkpoint.
+    snapshots: BTreeMap<u64, Artifact>,
+    /// The newest snapshot a load can provide (the store's newest).
+    snapshot_loadable: Option<u64>,
+    snapshots_loading: BTreeSet<u64>,
+    snapshots_unavailable: BTreeMap<u64, String>,
     commit: Option<VersionRef>,
     sessions: HashMap<u64, Session>,
     conns: BTreeMap<ConnId, Conn>,
@@ -278,6 +296,10 @@ impl Sender {
             floor: 0,
             loading: BTreeSet::new(),
             unavailable: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
+            snapshot_loadable: None,
+            snapshots_loading: BTreeSet::new(),
+            snapshots_unavailable: BTreeMap::new(),
             commit: None,
             sessions: HashMap::new(),
             conns: BTreeMap::new(),
@@ -316,6 +338,23 @@ impl Sender {
         self.loadable_max = latest;
     }
 
+    /// Tells a store-backed sender the newest snapshot its store holds: every Welcome
+    /// offers it to peers that join with no weights.
+    pub fn set_snapshot_loadable(&mut self, newest: Option<u64>) {
+        self.snapshot_loadable = newest;
+    }
+
+    /// The snapshot a Welcome offers: none where there is no store to build one from.
+    fn snapshot_offer(&self) -> Option<u64> {
+        self.snapshot_loadable.filter(|_| self.config.store_backed)
+    }
+
+    /// Snapshot artifacts held now (they are evicted once no session wants them).
+    #[cfg(test)]
+    pub(crate) fn snapshots_held(&self) -> usize {
+        self.snapshots.len()
+    }
+
     // ---------------------------------------------------------------------------------
     // Artifacts
     // ---------------------------------------------------------------------------------
@@ -332,6 +371,12 @@ impl Sender {
     fn begin(&mut self, descriptor: Bytes) -> Result<u64, SenderError> {
         let header = parse_descriptor(&descriptor)?;
         let version = header.target_version;
+        if header.base_version >= version {
+            return Err(SenderError::InvalidArtifact(format!(
+                "version {version} starts from version {}: not a delta (a snapshot goes to insert_snapshot)",
+                header.base_version
+            )));
+        }
         if let Some(existing) = self.artifacts.get(&version) {
             if existing.descriptor == descriptor {
                 return Ok(version);
@@ -449,7 +494,6 @@ impl Sender {
     pub fn insert_artifact(&mut self, bytes: Bytes) -> Result<u64, SenderError> {
         let file =
             DeltaFile::parse(&bytes).map_err(|e| SenderError::InvalidArtifact(e.to_string()))?;
-        let head_len = file.header().encode().len();
         let version = file.header().target_version;
         self.loading.remove(&version);
         if self
@@ -459,21 +503,52 @@ impl Sender {
         {
             return Ok(version);
         }
-        let mut offset = head_len;
-        let mut segments = Vec::with_capacity(file.segment_count());
-        for entry in &file.manifest.segments {
-            let end = offset + entry.len as usize;
-            segments.push(Some((entry.hash, bytes.slice(offset..end))));
-            offset = end;
-        }
+        let (descriptor, segments) = stored_parts(&bytes, &file);
         let id = file.id;
         let entries = file.manifest.segments.clone();
-        self.begin(bytes.slice(..head_len))?;
+        self.begin(descriptor)?;
         let artifact = self.artifacts.get_mut(&version).expect("just begun");
         artifact.segments = segments;
         self.seal_artifact(version, id, entries)?;
         self.evict();
         Ok(version)
+    }
+
+    /// Holds a snapshot artifact (from a store, [`SenderEvent::LoadSnapshot`]) for the
+    /// sessions that want it; its structure and manifest hash are checked here, its
+    /// segment hashes by the store that built it.
+    pub fn insert_snapshot(&mut self, bytes: Bytes) -> Result<u64, SenderError> {
+        let file =
+            DeltaFile::parse(&bytes).map_err(|e| SenderError::InvalidArtifact(e.to_string()))?;
+        let version = file.header().target_version;
+        self.snapshots_loading.remove(&version);
+        crate::snapshot::check_header(file.header(), version)
+            .map_err(SenderError::InvalidArtifact)?;
+        if file.segment_count() > MAX_TRANSFER_SEGMENTS as usize {
+            return Err(SenderError::InvalidArtifact(format!(
+                "{} segments exceed the protocol's limit of {MAX_TRANSFER_SEGMENTS}",
+                file.segment_count()
+            )));
+        }
+        let (descriptor, segments) = stored_parts(&bytes, &file);
+        self.snapshots_unavailable.remove(&version);
+        self.snapshots.insert(
+            version,
+            Artifact {
+                descriptor,
+                segments,
+                seal: Some((file.id, file.manifest.segments.clone())),
+            },
+        );
+        self.evict_snapshots();
+        Ok(version)
+    }
+
+    /// The driver could not load the snapshot of `version`: the sessions that want it
+    /// are told it is unavailable.
+    pub fn snapshot_load_failed(&mut self, version: u64, reason: String) {
+        self.snapshots_loading.remove(&version);
+        self.snapshots_unavailable.insert(version, reason);
     }
 
     /// The driver could not load `version`: its subscribers are told it is unavailable.
@@ -507,6 +582,13 @@ impl Sender {
             self.artifacts.remove(&oldest);
             self.floor = self.floor.max(oldest + 1);
         }
+    }
+
+    /// A snapshot is a whole checkpoint: it goes as soon as no session wants it.
+    fn evict_snapshots(&mut self) {
+        let sessions = &self.sessions;
+        self.snapshots
+            .retain(|version, _| sessions.values().any(|s| s.snapshot == Some(*version)));
     }
 
     // ---------------------------------------------------------------------------------
@@ -556,6 +638,7 @@ impl Sender {
         if session.streams.iter().all(Option::is_none) {
             self.sessions.remove(&id);
             self.evict();
+            self.evict_snapshots();
         }
     }
 
@@ -584,6 +667,7 @@ impl Sender {
             Frame::Want {
                 seq,
                 next_version,
+                snapshot,
                 live_streams,
                 epochs,
                 progress,
@@ -594,7 +678,15 @@ impl Sender {
                     return;
                 }
                 session.last_want = Some(seq);
-                self.on_want(session_id, next_version, live_streams, &epochs, progress);
+                let snapshot = snapshot.then_some(next_version);
+                self.on_want(
+                    session_id,
+                    next_version,
+                    snapshot,
+                    live_streams,
+                    &epochs,
+                    progress,
+                );
             }
             Frame::Nack { version, index } => self.on_nack(session_id, version, index),
             Frame::Status {
@@ -706,6 +798,7 @@ impl Sender {
                 peer_id: hello.peer_id.clone(),
                 streams: vec![None; hello.streams as usize],
                 next_version: None,
+                snapshot: None,
                 last_want: None,
                 versions: BTreeMap::new(),
                 control: VecDeque::new(),
@@ -728,6 +821,7 @@ impl Sender {
             region: self.config.identity.region.clone(),
             latest: self.latest(),
             commit: self.commit,
+            snapshot: self.snapshot_offer(),
         });
         let c = self.conns.get_mut(&conn).expect("handle_frame checked");
         c.session = Some(hello.session);
@@ -741,11 +835,20 @@ impl Sender {
         &mut self,
         id: u64,
         next_version: u64,
+        snapshot: Option<u64>,
         live_streams: u64,
         epochs: &[u32],
         progress: Vec<Progress>,
     ) {
         let session = self.sessions.get_mut(&id).expect("caller checked");
+        if session.snapshot != snapshot {
+            // What was sent of these versions belongs to the other kind of artifact: the
+            // Want's progress alone says what the subscriber holds now.
+            for version in [session.snapshot, snapshot].into_iter().flatten() {
+                session.versions.remove(&version);
+            }
+            session.snapshot = snapshot;
+        }
         // A segment written on a connection is lost if the Want knows that connection
         // and says it is gone (replaced by a later epoch, or not live). A Want written
         // before the connection existed says nothing about it (it crossed the Hello).
@@ -793,6 +896,7 @@ impl Sender {
             state.cursor = 0;
         }
         self.evict();
+        self.evict_snapshots();
     }
 
     fn on_nack(&mut self, id: u64, version: u64, index: u32) {
@@ -803,8 +907,12 @@ impl Sender {
             let limit = self.config.max_nacks;
             return self.drop_session(id, format!("more than {limit} nacks"));
         }
-        let held = self
-            .artifacts
+        let source = if session.snapshot == Some(version) {
+            &self.snapshots
+        } else {
+            &self.artifacts
+        };
+        let held = source
             .get(&version)
             .is_some_and(|a| a.present(index as usize));
         // A nack for a segment this sender never had is ignored, whatever its index.
@@ -841,6 +949,7 @@ impl Sender {
             peer_id: session.peer_id,
             reason,
         });
+        self.evict_snapshots();
     }
 
     // ---------------------------------------------------------------------------------
@@ -892,47 +1001,73 @@ impl Sender {
         }
         let next_version = session.next_version.filter(|_| !session.blocked)?;
         for version in next_version..next_version + self.config.versions_ahead {
-            let Some(artifact) = self.artifacts.get(&version) else {
-                if let Some(reason) = self.unavailable.get(&version) {
-                    session.blocked = true;
-                    return Some((
-                        Frame::Unavailable {
-                            version,
-                            reason: reason.clone(),
-                        },
-                        false,
-                    ));
-                }
-                let loadable = self.config.store_backed
-                    && self.loadable_max.is_some_and(|latest| version <= latest);
-                if loadable {
+            let as_snapshot = session.snapshot == Some(version);
+            let held = if as_snapshot {
+                self.snapshots.get(&version)
+            } else {
+                self.artifacts.get(&version)
+            };
+            let Some(artifact) = held else {
+                let unavailable = if as_snapshot {
+                    if !self.config.store_backed {
+                        Some(format!(
+                            "version {version} is wanted as a snapshot and this {} has no store to build one from",
+                            self.config.identity.role
+                        ))
+                    } else if let Some(reason) = self.snapshots_unavailable.get(&version) {
+                        Some(reason.clone())
+                    } else if self
+                        .snapshot_loadable
+                        .is_some_and(|newest| version <= newest)
+                    {
+                        if self.snapshots_loading.insert(version) {
+                            self.events.push_back(SenderEvent::LoadSnapshot { version });
+                        }
+                        None
+                    } else {
+                        Some(format!(
+                            "no snapshot of version {version} here (the newest is {:?})",
+                            self.snapshot_loadable
+                        ))
+                    }
+                } else if let Some(reason) = self.unavailable.get(&version) {
+                    Some(reason.clone())
+                } else if self.config.store_backed
+                    && self.loadable_max.is_some_and(|latest| version <= latest)
+                {
                     if self.loading.insert(version) {
                         self.events.push_back(SenderEvent::Load { version });
                     }
+                    None
                 } else if version < self.floor {
+                    Some(format!(
+                        "version {version} is not held here (versions from {} are)",
+                        self.floor
+                    ))
+                } else {
+                    // Not published yet, or not begun yet by a relay that began a later
+                    // one first (offers of consecutive versions travel on different
+                    // streams).
+                    None
+                };
+                if let Some(reason) = unavailable {
                     session.blocked = true;
-                    return Some((
-                        Frame::Unavailable {
-                            version,
-                            reason: format!(
-                                "version {version} is not held here (versions from {} are)",
-                                self.floor
-                            ),
-                        },
-                        false,
-                    ));
+                    return Some((Frame::Unavailable { version, reason }, false));
                 }
-                // Not published yet, or not begun yet by a relay that began a later one
-                // first (offers of consecutive versions travel on different streams).
                 return None;
             };
             let state = session.versions.entry(version).or_default();
             if !state.offer_sent {
                 state.offer_sent = true;
+                let kind = if as_snapshot {
+                    ArtifactKind::Snapshot
+                } else {
+                    ArtifactKind::Delta
+                };
                 return Some((
                     Frame::Offer {
                         version,
-                        kind: ArtifactKind::Delta,
+                        kind,
                         descriptor: artifact.descriptor.clone(),
                     },
                     false,
@@ -1032,6 +1167,19 @@ impl Sender {
             self.drop_session(id, format!("no write completed for {timeout:?}: too slow"));
         }
     }
+}
+
+/// A stored artifact's descriptor and segments, as slices of its bytes.
+fn stored_parts(bytes: &Bytes, file: &DeltaFile<'_>) -> (Bytes, Vec<Option<(Hash, Bytes)>>) {
+    let head_len = file.header().encode().len();
+    let mut offset = head_len;
+    let mut segments = Vec::with_capacity(file.segment_count());
+    for entry in &file.manifest.segments {
+        let end = offset + entry.len as usize;
+        segments.push(Some((entry.hash, bytes.slice(offset..end))));
+        offset = end;
+    }
+    (bytes.slice(..head_len), segments)
 }
 
 fn parse_descriptor(descriptor: &[u8]) -> Result<DeltaHeader, SenderError> {

@@ -43,6 +43,35 @@ pub fn artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
     (Bytes::from(bytes), manifest)
 }
 
+/// The snapshot artifact of `version` (docs/wire-protocol.md §4.4) with `segments`
+/// segments of arbitrary bytes.
+pub fn snapshot_artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
+    let header = DeltaHeader {
+        base_version: version,
+        target_version: version,
+        base_hash: crate::snapshot::empty_weights_hash(),
+        target_hash: weights(version),
+        encoding: Encoding::Dense,
+        tensors: Vec::new(),
+    };
+    let bodies: Vec<Vec<u8>> = (0..segments)
+        .map(|i| format!("segment {i} of snapshot {version}").into_bytes())
+        .collect();
+    let (manifest, bytes) = assemble(&header, &bodies);
+    (Bytes::from(bytes), manifest)
+}
+
+/// A hub with a store: it loads deltas up to `latest` and offers the snapshot of
+/// `snapshot` to joiners.
+pub fn store_sender(latest: u64, snapshot: u64) -> Sender {
+    let mut config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
+    config.store_backed = true;
+    let mut sender = Sender::new(config);
+    sender.set_loadable(Some(latest));
+    sender.set_snapshot_loadable(Some(snapshot));
+    sender
+}
+
 pub fn sender() -> Sender {
     Sender::new(SenderConfig::new(
         identity(Role::Hub, "hub"),
@@ -63,6 +92,13 @@ pub fn receiver(streams: u8, next_version: u64) -> Receiver {
     )
 }
 
+/// A receiver with no weights (it joins from a snapshot).
+pub fn joining_receiver(streams: u8) -> Receiver {
+    let mut config = ReceiverConfig::new(identity(Role::Actor, "a1"), TOKEN.to_vec());
+    config.streams = streams;
+    Receiver::joining(config)
+}
+
 /// A sender and a receiver joined by perfect in-memory streams.
 pub struct Pair {
     pub now: Instant,
@@ -76,6 +112,9 @@ pub struct Pair {
     pub sender_events: Vec<crate::SenderEvent>,
     /// Frames the sender wrote, by connection, in order.
     pub written: Vec<(ConnId, Frame)>,
+    /// Segment frames the sender may still write (None: no limit): a transfer stopped
+    /// halfway.
+    pub segment_budget: Option<usize>,
 }
 
 impl Pair {
@@ -91,6 +130,7 @@ impl Pair {
             events: Vec::new(),
             sender_events: Vec::new(),
             written: Vec::new(),
+            segment_budget: None,
         };
         pair.receiver.start_session(pair.now, pair.session);
         pair.pump();
@@ -137,8 +177,19 @@ impl Pair {
                 }
                 self.sender_events.push(event);
             }
+            if self.segment_budget == Some(0) {
+                if !moved {
+                    return;
+                }
+                continue;
+            }
             if let Some(transmit) = self.sender.poll_transmit(self.now) {
                 moved = true;
+                if matches!(transmit.frame, Frame::Segment { .. })
+                    && let Some(budget) = &mut self.segment_budget
+                {
+                    *budget -= 1;
+                }
                 self.sender.on_sent(self.now, transmit.conn);
                 self.written.push((transmit.conn, transmit.frame.clone()));
                 self.receiver
@@ -165,36 +216,39 @@ impl Pair {
 
 /// A receiver for version 1 with a welcomed session on `streams` streams (conns 1..).
 pub fn connected(streams: u8) -> Receiver {
+    welcomed(receiver(streams, 1), None)
+}
+
+/// A joining receiver welcomed by a hub that offers the snapshot of `snapshot`.
+pub fn connected_joining(streams: u8, snapshot: u64) -> Receiver {
+    welcomed(joining_receiver(streams), Some(snapshot))
+}
+
+fn welcomed(mut r: Receiver, snapshot: Option<u64>) -> Receiver {
     let now = Instant::now();
-    let mut r = receiver(streams, 1);
+    let streams = r.stream_count();
     r.start_session(now, 5);
     for stream in 0..streams {
         r.connected(now, 5, stream, u64::from(stream) + 1);
-        r.handle_frame(
-            now,
-            u64::from(stream) + 1,
-            Frame::Welcome(Welcome {
-                protocol_version: PROTOCOL_VERSION,
-                role: Role::Hub,
-                peer_id: "hub".into(),
-                region: "eu".into(),
-                latest: None,
-                commit: None,
-            }),
-        );
+        r.handle_frame(now, u64::from(stream) + 1, hub_welcome(snapshot));
     }
     while r.poll_event().is_some() || r.poll_transmit().is_some() {}
     r
 }
 
-/// The frames a sender would send for `bytes`: offer, table, segments.
+/// The frames a sender would send for the delta `bytes`: offer, table, segments.
 pub fn frames(bytes: &Bytes) -> Vec<Frame> {
+    frames_of(bytes, crate::frame::ArtifactKind::Delta)
+}
+
+/// The frames a sender would send for `bytes` offered as `kind`.
+pub fn frames_of(bytes: &Bytes, kind: crate::frame::ArtifactKind) -> Vec<Frame> {
     let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
     let version = file.header().target_version;
     let mut out = vec![
         Frame::Offer {
             version,
-            kind: crate::frame::ArtifactKind::Delta,
+            kind,
             descriptor: Bytes::from(file.header().encode()),
         },
         Frame::Seal {
@@ -213,4 +267,17 @@ pub fn frames(bytes: &Bytes) -> Vec<Frame> {
         });
     }
     out
+}
+
+/// A hub's Welcome, offering `snapshot` to peers that join with no weights.
+pub fn hub_welcome(snapshot: Option<u64>) -> Frame {
+    Frame::Welcome(Welcome {
+        protocol_version: PROTOCOL_VERSION,
+        role: Role::Hub,
+        peer_id: "hub".into(),
+        region: "eu".into(),
+        latest: None,
+        commit: None,
+        snapshot,
+    })
 }

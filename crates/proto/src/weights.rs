@@ -1,7 +1,7 @@
 //! An actor's weights in memory and the two heavy steps of staging and activation:
 //! decoding each verified segment against the active weights, and applying the staged
-//! patch in place and checking the target hash. Pure computation: drivers run
-//! it off their event loop.
+//! patch and checking the target hash. Pure computation: drivers run it off their event
+//! loop.
 
 use aurora_delta::{
     Checkpoint, DeltaError, DeltaHeader, Hash, Patch, PatchChunk, TensorLayout, check_base,
@@ -31,6 +31,24 @@ impl Weights {
         })
     }
 
+    /// No tensors at all: what a peer that joins over the wire holds until its snapshot
+    /// is activated. Only a snapshot decodes against it.
+    pub fn empty() -> Weights {
+        Weights {
+            image: Vec::new(),
+            layout: Vec::new(),
+            active: VersionRef {
+                version: 0,
+                hash: crate::snapshot::empty_weights_hash(),
+            },
+        }
+    }
+
+    /// Whether these are the weights of [`Weights::empty`]: nothing an engine can run.
+    pub fn is_empty(&self) -> bool {
+        self.layout.is_empty()
+    }
+
     pub fn active(&self) -> VersionRef {
         self.active
     }
@@ -50,7 +68,10 @@ impl Weights {
         index: u32,
         segment: &[u8],
     ) -> Result<Vec<PatchChunk>, DeltaError> {
-        if header.base_version != self.active.version {
+        // A snapshot names its own version as its base: the base check below (no
+        // tensors, the empty checkpoint's hash) is what makes it fit.
+        let snapshot = header.base_version == header.target_version;
+        if !snapshot && header.base_version != self.active.version {
             return Err(DeltaError::BaseMismatch(format!(
                 "the delta starts from version {}, these weights are version {}",
                 header.base_version, self.active.version
@@ -61,12 +82,106 @@ impl Weights {
         decode_segment(header, index, segment, &base)
     }
 
-    /// Applies a staged patch in place. On a target hash mismatch the weights are
-    /// restored and the error returned; on success the weights are the target version.
+    /// Applies a staged patch. A patch that keeps every tensor's dtype and shape is
+    /// applied in place; one that adds, removes or reshapes tensors (a snapshot) is
+    /// materialised into a new image. On a target hash mismatch the weights are left as
+    /// they were and the error returned; on success they are the target version.
     pub fn activate(&mut self, mut patch: Patch) -> Result<Hash, DeltaError> {
         let version = patch.header.target_version;
-        let hash = patch.apply_in_place(&mut self.image, &self.layout)?;
-        self.active = VersionRef { version, hash };
-        Ok(hash)
+        if patch.preserves_layout() {
+            let hash = patch.apply_in_place(&mut self.image, &self.layout)?;
+            self.active = VersionRef { version, hash };
+            return Ok(hash);
+        }
+        let expected = patch.header.target_hash;
+        let base = Checkpoint::from_layout(&self.image, &self.layout)?;
+        let tensors = patch.materialize(&base)?;
+        let image =
+            aurora_checkpoint::safetensors_bytes(&tensors).map_err(DeltaError::Checkpoint)?;
+        drop(tensors);
+        // The image is what the engine loads: its own hash is the one that must match.
+        let materialized = Weights::new(image, version)?;
+        if materialized.active.hash != expected {
+            return Err(DeltaError::TargetMismatch {
+                expected,
+                actual: materialized.active.hash,
+            });
+        }
+        *self = materialized;
+        Ok(expected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aurora_delta::{DeltaFile, Encoding, ExtractOptions, Extraction};
+
+    /// A synthetic checkpoint's image and the snapshot artifact of it as version 7.
+    fn snapshot() -> (Vec<u8>, Vec<u8>) {
+        let shape = aurora_synth::preset("tiny").unwrap();
+        let synth = aurora_synth::Synth::new(aurora_synth::SynthConfig::new(shape, 3));
+        let image = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+        let target = Checkpoint::from_safetensors(&image).unwrap();
+        let options = ExtractOptions {
+            encoding: Encoding::Dense,
+            base_version: 7,
+            target_version: 7,
+            segment_target_bytes: 4096,
+            ..ExtractOptions::default()
+        };
+        let (_, artifact) = Extraction::new(&Checkpoint::default(), &target, options)
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        (image, artifact)
+    }
+
+    fn patch(weights: &Weights, file: &DeltaFile<'_>) -> Patch {
+        let chunks = (0..file.segment_count())
+            .flat_map(|index| {
+                let segment = file.verify_segment(index).unwrap();
+                weights
+                    .decode_segment(file.header(), index as u32, segment)
+                    .unwrap()
+            })
+            .collect();
+        Patch::new(file.header().clone(), chunks).unwrap()
+    }
+
+    #[test]
+    fn a_snapshot_decoded_against_no_weights_activates_into_the_exported_image() {
+        let (image, artifact) = snapshot();
+        let file = DeltaFile::parse(&artifact).unwrap();
+        assert!(file.segment_count() > 1);
+        let mut weights = Weights::empty();
+        assert!(weights.is_empty());
+        let patch = patch(&weights, &file);
+        let hash = weights.activate(patch).unwrap();
+        assert_eq!(hash, file.header().target_hash);
+        assert_eq!(weights.active(), VersionRef { version: 7, hash });
+        assert!(weights.image() == image.as_slice(), "byte for byte");
+        assert!(!weights.is_empty());
+
+        // Weights that hold tensors are no base for a snapshot.
+        let error = weights
+            .decode_segment(file.header(), 0, file.verify_segment(0).unwrap())
+            .unwrap_err();
+        assert!(matches!(error, DeltaError::BaseMismatch(_)), "{error}");
+    }
+
+    #[test]
+    fn a_snapshot_that_does_not_reach_its_target_leaves_the_weights_empty() {
+        let (_, artifact) = snapshot();
+        let file = DeltaFile::parse(&artifact).unwrap();
+        let mut weights = Weights::empty();
+        let mut patch = patch(&weights, &file);
+        patch.header.target_hash = Hash([1; 32]);
+        let error = weights.activate(patch).unwrap_err();
+        assert!(
+            matches!(error, DeltaError::TargetMismatch { .. }),
+            "{error}"
+        );
+        assert!(weights.is_empty());
     }
 }

@@ -6,7 +6,10 @@
 //! with frames in flight, segment bytes flipped in transit, a relay that crashes for
 //! good, actors that crash and restart from the weights they had. The hub publishes
 //! ten versions of a small synthetic model as live extractions (segments one by one,
-//! the table last) and commits each.
+//! the table last) and commits each; its store holds a snapshot every third version.
+//! A seventh actor joins mid-run with no weights: its region's relay offers no snapshot,
+//! so it falls back to the hub, takes the newest snapshot over the wire (resuming it
+//! across cuts and crashes of its upstream like any delta), then follows the deltas.
 //!
 //! Checkers: no activation ever produces weights other than the published ones; in the
 //! end every live relay and actor is at the last version with byte-identical weights.
@@ -16,7 +19,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaFile, Hash, PatchChunk};
+use aurora_delta::{Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, PatchChunk};
 use aurora_proto::{
     Auth, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig, Role, Sender,
     SenderConfig, VersionRef, Weights,
@@ -25,13 +28,17 @@ use bytes::Bytes;
 
 const VERSIONS: u64 = 10;
 const SEEDS: u64 = 40;
+/// The hub's store holds a snapshot of every version divisible by this.
+const SNAPSHOT_EVERY: u64 = 3;
 const TOKEN: &[u8] = b"sim-secret";
 
-/// The published chain: weights images of every version and the deltas between them.
+/// The published chain: weights images of every version and the deltas between them,
+/// and the snapshot artifacts a store builds for joiners.
 struct Chain {
     images: Vec<Vec<u8>>,
     hashes: Vec<Hash>,
     deltas: Vec<Bytes>,
+    snapshots: BTreeMap<u64, Bytes>,
 }
 
 fn chain() -> &'static Chain {
@@ -42,10 +49,29 @@ fn chain() -> &'static Chain {
         // A larger step than real training, so each delta spans several segments.
         config.learning_rate = 2e-5;
         let chain = aurora_synth::DeltaChain::new(config, VERSIONS, 2048);
+        let snapshots = (0..=VERSIONS)
+            .step_by(SNAPSHOT_EVERY as usize)
+            .map(|version| {
+                let target = Checkpoint::from_safetensors(&chain.images[version as usize]).unwrap();
+                let options = ExtractOptions {
+                    encoding: Encoding::Dense,
+                    base_version: version,
+                    target_version: version,
+                    segment_target_bytes: 4096,
+                    ..ExtractOptions::default()
+                };
+                let (_, bytes) = Extraction::new(&Checkpoint::default(), &target, options)
+                    .unwrap()
+                    .to_bytes()
+                    .unwrap();
+                (version, Bytes::from(bytes))
+            })
+            .collect();
         Chain {
             images: chain.images,
             hashes: chain.hashes,
             deltas: chain.deltas.into_iter().map(Bytes::from).collect(),
+            snapshots,
         }
     })
 }
@@ -120,11 +146,22 @@ enum Event {
     Loaded {
         version: u64,
     },
+    LoadedSnapshot {
+        version: u64,
+    },
+    /// A peer with no weights starts.
+    Join {
+        node: usize,
+    },
     Publish {
         version: u64,
         step: usize,
     },
     CutConnection,
+    /// Every connection of `node` is cut: its session is lost.
+    CutPeer {
+        node: usize,
+    },
     CrashRelay {
         node: usize,
     },
@@ -204,10 +241,19 @@ struct Faults {
     upstream_switches: u64,
     /// Segments that reached a receiver holding them already.
     duplicates: u64,
+    /// Snapshots activated by peers that joined with no weights.
+    joins: u64,
+    /// Sessions of a joining peer lost before its snapshot was active (a relay that
+    /// offers none, a cut, a crashed upstream).
+    join_sessions_lost: u64,
+    /// Of those, sessions lost with segments in hand: the next one resumes the snapshot.
+    join_resumes: u64,
 }
 
 const HUB: usize = 0;
 const RELAYS: [usize; 2] = [1, 2];
+/// The peer that joins mid-run with no weights.
+const JOINER: usize = 9;
 
 fn sender_config(role: Role, name: &str, store_backed: bool) -> SenderConfig {
     let mut config = SenderConfig::new(identity(role, name), Auth::Shared(TOKEN.to_vec()));
@@ -226,11 +272,28 @@ fn identity(role: Role, name: &str) -> Identity {
     }
 }
 
-fn receiver(role: Role, name: &str, streams: u8, active: VersionRef) -> Receiver {
+fn receiver_config(role: Role, name: &str, streams: u8) -> ReceiverConfig {
     let mut config = ReceiverConfig::new(identity(role, name), TOKEN.to_vec());
     config.streams = streams;
     config.idle_timeout = Duration::from_secs(1);
-    Receiver::new(config, active.version + 1, active)
+    config
+}
+
+fn receiver(role: Role, name: &str, streams: u8, active: VersionRef) -> Receiver {
+    Receiver::new(
+        receiver_config(role, name, streams),
+        active.version + 1,
+        active,
+    )
+}
+
+/// A peer with no weights, as it starts (or restarts before its snapshot is active).
+fn joiner(name: &str, streams: u8) -> Node {
+    Node::joining_actor(Receiver::joining(receiver_config(
+        Role::Actor,
+        name,
+        streams,
+    )))
 }
 
 fn version_ref(version: u64) -> VersionRef {
@@ -247,6 +310,7 @@ impl Sim {
         let mut peers = Vec::new();
         let mut hub = Sender::new(sender_config(Role::Hub, "hub", true));
         hub.set_loadable(None);
+        hub.set_snapshot_loadable(Some(0));
         peers.push(Peer::new(Node::hub(hub), "hub", vec![], None));
         for (i, _) in RELAYS.iter().enumerate() {
             let name = format!("relay{i}");
@@ -272,6 +336,15 @@ impl Sim {
                 Some(0),
             ));
         }
+        // Joins later (node None until then), its region's relay first.
+        peers.push(Peer {
+            node: None,
+            name: "joiner".into(),
+            upstreams: vec![RELAYS[0], HUB, RELAYS[1]],
+            upstream: 0,
+            weights: None,
+            timer: None,
+        });
         let mut sim = Sim {
             seed,
             corrupt_percent: rng.below(4),
@@ -307,6 +380,18 @@ impl Sim {
             let actor = 3 + sim.rng.below(6) as usize;
             let when = sim.rng.millis(300, 6000);
             sim.at(when, Event::CrashActor { node: actor });
+        }
+        let join = sim.rng.millis(200, 7000);
+        sim.at(join, Event::Join { node: JOINER });
+        if sim.rng.chance(70) {
+            // Often while its snapshot is on the wire: the next session resumes it.
+            let when = join + sim.rng.millis(80, 500);
+            sim.at(when, Event::CutPeer { node: JOINER });
+        }
+        if sim.rng.chance(40) {
+            // Often while its snapshot is on the wire.
+            let when = join + sim.rng.millis(50, 1500);
+            sim.at(when, Event::CrashActor { node: JOINER });
         }
         sim
     }
@@ -346,7 +431,7 @@ impl Sim {
         self.peers[1..].iter().all(|p| {
             p.node.as_ref().is_none_or(|n| {
                 n.actor_status()
-                    .is_some_and(|s| s.active.version == VERSIONS)
+                    .is_some_and(|s| s.active.is_some_and(|a| a.version == VERSIONS))
             })
         }) && self.peers[3..].iter().all(|p| p.node.is_some())
     }
@@ -510,6 +595,24 @@ impl Sim {
                     .unwrap();
                 self.drain(HUB);
             }
+            Event::LoadedSnapshot { version } => {
+                let bytes = chain().snapshots[&version].clone();
+                self.node(HUB)
+                    .unwrap()
+                    .sender_mut()
+                    .unwrap()
+                    .insert_snapshot(bytes)
+                    .unwrap();
+                self.drain(HUB);
+            }
+            Event::Join { node } => {
+                let peer = &mut self.peers[node];
+                if peer.node.is_none() && peer.weights.is_none() {
+                    peer.node = Some(joiner(&peer.name.clone(), 2));
+                    peer.weights = Some(Weights::empty());
+                    self.at(Duration::ZERO, Event::NewSession { node });
+                }
+            }
             Event::Publish { version, step } => self.publish(version, step),
             Event::CutConnection => {
                 let open: Vec<ConnId> = self
@@ -521,6 +624,18 @@ impl Sim {
                 if !open.is_empty() {
                     let conn = open[self.rng.below(open.len() as u64) as usize];
                     self.faults.cuts += 1;
+                    self.close(conn);
+                }
+            }
+            Event::CutPeer { node } => {
+                let open: Vec<ConnId> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.open && c.client == node)
+                    .map(|(id, _)| *id)
+                    .collect();
+                self.faults.cuts += open.len() as u64;
+                for conn in open {
                     self.close(conn);
                 }
             }
@@ -538,13 +653,21 @@ impl Sim {
             }
             Event::RestartActor { node } => {
                 let peer = &mut self.peers[node];
-                let weights = peer.weights.as_ref().expect("actors keep their weights");
-                let active = weights.active();
+                // Not joined yet: the Join event starts it.
+                let Some(weights) = &peer.weights else {
+                    return;
+                };
                 let streams = 1 + (node as u8 % 3);
-                peer.node = Some(Node::actor(
-                    receiver(Role::Actor, &peer.name.clone(), streams, active),
-                    active,
-                ));
+                peer.node = Some(if weights.is_empty() {
+                    // Crashed before its snapshot was active: it holds nothing.
+                    joiner(&peer.name.clone(), streams)
+                } else {
+                    let active = weights.active();
+                    Node::actor(
+                        receiver(Role::Actor, &peer.name.clone(), streams, active),
+                        active,
+                    )
+                });
                 peer.upstream = 0;
                 self.at(Duration::ZERO, Event::NewSession { node });
             }
@@ -575,6 +698,9 @@ impl Sim {
                 .seal_artifact(version, file.id, file.manifest.segments.clone())
                 .unwrap();
             sender.set_loadable(Some(version));
+            if version.is_multiple_of(SNAPSHOT_EVERY) {
+                sender.set_snapshot_loadable(Some(version));
+            }
             sender.commit(version_ref(version));
         }
         if step <= count {
@@ -705,6 +831,14 @@ impl Sim {
             }
             Output::UpstreamLost { reason: _ } => {
                 self.faults.upstream_switches += 1;
+                if let Some(n) = &self.peers[node].node
+                    && n.actor_status().is_some_and(|s| s.active.is_none())
+                {
+                    self.faults.join_sessions_lost += 1;
+                    if n.receiver().is_some_and(|r| r.stats().segments > 0) {
+                        self.faults.join_resumes += 1;
+                    }
+                }
                 self.peers[node].upstream += 1;
                 let backoff = self.rng.millis(10, 100);
                 self.at(backoff, Event::NewSession { node });
@@ -712,6 +846,10 @@ impl Sim {
             Output::Load { version } => {
                 let after = self.rng.millis(1, 20);
                 self.at(after, Event::Loaded { version });
+            }
+            Output::LoadSnapshot { version } => {
+                let after = self.rng.millis(5, 60);
+                self.at(after, Event::LoadedSnapshot { version });
             }
             Output::Decode {
                 version,
@@ -756,8 +894,12 @@ impl Sim {
                     .unwrap()
                     .take_patch(version)
                     .expect("staged before");
+                let joining = peer.weights.as_ref().unwrap().is_empty();
                 let outcome = peer.weights.as_mut().unwrap().activate(patch);
                 let expected = chain().hashes[version as usize];
+                if joining {
+                    self.faults.joins += 1;
+                }
                 match &outcome {
                     Ok(hash) => assert_eq!(
                         *hash, expected,
@@ -805,10 +947,10 @@ fn run(seed: u64) -> Sim {
         let status = node.actor_status().unwrap();
         assert_eq!(
             status.active,
-            version_ref(VERSIONS),
-            "seed {seed}: {} ended at version {} (t = {:?})",
+            Some(version_ref(VERSIONS)),
+            "seed {seed}: {} ended at version {:?} (t = {:?})",
             peer.name,
-            status.active.version,
+            status.active.map(|a| a.version),
             sim.now - sim.start
         );
         assert!(
@@ -851,6 +993,13 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
         total.actor_restarts += f.actor_restarts;
         total.upstream_switches += f.upstream_switches;
         total.duplicates += f.duplicates;
+        assert!(
+            f.joins >= 1,
+            "seed {seed}: the joiner never activated a snapshot"
+        );
+        total.joins += f.joins;
+        total.join_sessions_lost += f.join_sessions_lost;
+        total.join_resumes += f.join_resumes;
     }
     assert!(total.duplicates <= total.corruptions, "{total:?}");
     if seeds.len() > 1 {
@@ -859,7 +1008,9 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
                 && total.cuts > 0
                 && total.relay_crashes > 0
                 && total.actor_restarts > 0
-                && total.upstream_switches > 0,
+                && total.upstream_switches > 0
+                && total.join_sessions_lost > seeds.len() as u64
+                && total.join_resumes > 0,
             "the seeds must exercise every fault: {total:?}"
         );
     }

@@ -23,6 +23,8 @@ pub enum StoreError {
     InvalidDelta(#[source] DeltaError),
     #[error("snapshot for version {version} refused: it is not a valid checkpoint")]
     InvalidSnapshot { version: u64, source: DeltaError },
+    #[error("the snapshot of version {version} cannot travel as an artifact")]
+    SnapshotArtifact { version: u64, source: DeltaError },
     #[error(
         "delta for version {version} starts from version {base_version}; the store accepts only D(v) from v-1"
     )]

@@ -44,6 +44,10 @@
 //! against the record. A corrupted artifact is an error naming the version and the file,
 //! and is never served.
 //!
+//! A snapshot travels to a peer with no weights as an artifact in the delta format
+//! ([`Store::snapshot_artifact`]): the delta from the empty checkpoint to it, every tensor
+//! added, base and target version both its version (docs/wire-protocol.md §4.4).
+//!
 //! # Acceptance rule
 //!
 //! A delta for version v must start from v-1 (`base_version == v-1`). If version v-1 is
@@ -69,7 +73,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use aurora_checkpoint::{FileError, MappedFile, write_atomically};
-use aurora_delta::{Checkpoint, DeltaFile, Hash};
+use aurora_delta::{Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 pub use error::{Result, StoreError};
@@ -339,6 +343,11 @@ impl Store {
 
     /// The snapshot of `version`, memory-mapped, with its weights hash verified.
     pub fn snapshot(&self, version: u64) -> Result<MappedFile> {
+        Ok(self.verified_snapshot(version)?.0)
+    }
+
+    /// [`Store::snapshot`] with the record whose weights hash it was checked against.
+    fn verified_snapshot(&self, version: u64) -> Result<(MappedFile, SnapshotRecord)> {
         let record = self
             .records()?
             .1
@@ -364,7 +373,38 @@ impl Store {
                 record.weights_hash
             )));
         }
-        Ok(file)
+        Ok((file, record))
+    }
+
+    /// The newest snapshot's version: where a new Actor starts.
+    pub fn newest_snapshot(&self) -> Result<Option<u64>> {
+        Ok(self.records()?.1.keys().next_back().copied())
+    }
+
+    /// The snapshot of `version` as an artifact for a peer with no weights: the delta
+    /// from the empty checkpoint to it (every tensor added, in dense chunks), whose base
+    /// and target version are both `version`, cut into segments of about
+    /// `segment_target_bytes`. The snapshot is verified as it is read; the artifact is
+    /// the same bytes for the same snapshot and segment size, whoever builds it, so a
+    /// transfer resumes across upstreams.
+    pub fn snapshot_artifact(&self, version: u64, segment_target_bytes: usize) -> Result<Vec<u8>> {
+        let (file, record) = self.verified_snapshot(version)?;
+        let target = Checkpoint::from_safetensors(file.bytes())
+            .map_err(|source| StoreError::InvalidSnapshot { version, source })?;
+        let empty = Checkpoint::default();
+        let options = ExtractOptions {
+            encoding: Encoding::Dense,
+            base_version: version,
+            target_version: version,
+            segment_target_bytes,
+            // Verified just above: no second pass over the weights.
+            target_hash: Some(record.weights_hash),
+            ..ExtractOptions::default()
+        };
+        let (_, bytes) = Extraction::new(&empty, &target, options)
+            .and_then(|extraction| extraction.to_bytes())
+            .map_err(|source| StoreError::SnapshotArtifact { version, source })?;
+        Ok(bytes)
     }
 
     /// The cheapest way by bytes for an Actor at `actor_version` to reach the latest

@@ -377,3 +377,50 @@ fn snapshot_policy() {
     check(10, 5, true);
     check(11, 5, false);
 }
+
+#[test]
+fn a_snapshot_travels_as_the_delta_from_the_empty_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 4);
+    assert_eq!(store.newest_snapshot().unwrap(), Some(0));
+    let record = store.put_snapshot(3, &snapshot(3)).unwrap();
+    assert_eq!(store.newest_snapshot().unwrap(), Some(3));
+
+    let bytes = store.snapshot_artifact(3, 64).unwrap();
+    let file = DeltaFile::parse(&bytes).unwrap();
+    let header = file.header();
+    assert_eq!((header.base_version, header.target_version), (3, 3));
+    assert_eq!(header.base_hash, Checkpoint::default().weights_hash());
+    assert_eq!(header.target_hash, record.weights_hash);
+    assert_eq!(header.encoding, Encoding::Dense);
+    assert!(
+        header
+            .tensors
+            .iter()
+            .all(|t| matches!(t.change, aurora_delta::TensorChange::Added(_)))
+    );
+    let applied = aurora_delta::apply(&file, &Checkpoint::default(), None).unwrap();
+    assert_eq!(applied, weights(0.0, 3), "it rebuilds the snapshot exactly");
+    assert_eq!(
+        store.snapshot_artifact(3, 64).unwrap(),
+        bytes,
+        "the same snapshot always gives the same artifact"
+    );
+
+    assert!(matches!(
+        store.snapshot_artifact(2, 64),
+        Err(StoreError::NotFound {
+            kind: "snapshot",
+            version: 2
+        })
+    ));
+    let path = dir
+        .path()
+        .join(SNAPSHOTS)
+        .join(format!("3-{}.safetensors", record.weights_hash));
+    flip_byte_in_middle(&path);
+    assert!(matches!(
+        store.snapshot_artifact(3, 64),
+        Err(StoreError::Corrupted { version: 3, .. })
+    ));
+}

@@ -45,6 +45,11 @@ pub struct TransferSpec {
     /// Stop after this long and report what each receiver holds by then (the goodput of
     /// a transfer too slow to finish); `None` waits for every receiver.
     pub time_limit: Option<Duration>,
+    /// An artifact of the version before `artifact`'s, sent over the same sessions
+    /// before the clock starts and followed by this much idle time: the timed transfer
+    /// then runs on connections that have carried data before, as each step's does in a
+    /// long session (congestion control past its start-up).
+    pub warm_up: Option<(Bytes, Duration)>,
     /// Give up after this long.
     pub timeout: Duration,
     /// The runtimes the hub and the receivers run on; `None`: the caller's.
@@ -63,6 +68,7 @@ impl TransferSpec {
             socket: SocketOptions::default(),
             tune_interval: None,
             time_limit: None,
+            warm_up: None,
             timeout: Duration::from_secs(600),
             hub_runtime: None,
             receiver_runtime: None,
@@ -75,10 +81,12 @@ pub struct ReceiverReport {
     /// From publication to this receiver holding the verified artifact; `None` if it
     /// did not within the time limit.
     pub elapsed: Option<Duration>,
+    /// The session's counters, warm-up included.
     pub stats: ReceiverStats,
     /// Streams welcomed at the end (the tuner's choice when tuning).
     pub streams: u8,
-    /// Bytes read from the hub by the end ([`NodeHandle::upstream_bytes`]).
+    /// Bytes read from the hub by the end since the clock started
+    /// ([`NodeHandle::upstream_bytes`]).
     pub bytes_read: u64,
 }
 
@@ -172,10 +180,16 @@ async fn all_streams_up(node: &NodeHandle) -> Result<NodeStatus, TransportError>
 /// verified, or the time limit. Receivers have all their streams up before the clock
 /// starts.
 pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportError> {
-    let version = DeltaFile::parse(&spec.artifact)
-        .map_err(TransportError::Extraction)?
-        .header()
-        .target_version;
+    let version_of = |artifact: &Bytes| {
+        DeltaFile::parse(artifact)
+            .map(|file| file.header().target_version)
+            .map_err(TransportError::Extraction)
+    };
+    let version = version_of(&spec.artifact)?;
+    let first_version = match &spec.warm_up {
+        Some((warm_up, _)) => version_of(warm_up)?,
+        None => version,
+    };
     let mut hub_config =
         NodeConfig::new(identity(Role::Hub, "hub".into(), "bench"), TOKEN.to_vec());
     hub_config.listen = Some(spec.listen);
@@ -197,7 +211,7 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
         config.tune_interval = spec.tune_interval;
         let receiver = start_on(
             spec.receiver_runtime.as_ref(),
-            spawn_collector(config, version),
+            spawn_collector(config, first_version),
         )
         .await;
         match receiver {
@@ -213,7 +227,19 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
         for receiver in &receivers {
             all_streams_up(receiver).await?;
         }
+        if let Some((warm_up, idle)) = &spec.warm_up {
+            hub.publish(warm_up.clone()).await?;
+            for receiver in &receivers {
+                receiver
+                    .wait_for(|s| s.completed.contains(&first_version))
+                    .await?;
+            }
+            tokio::time::sleep(*idle).await;
+        }
         let start = Instant::now();
+        // Bytes of the warm-up are not the timed transfer's.
+        let read_before: Vec<u64> = receivers.iter().map(NodeHandle::upstream_bytes).collect();
+        let warm_up_bytes: u64 = read_before.iter().sum();
         hub.publish(spec.artifact.clone()).await?;
         let mut waits = tokio::task::JoinSet::new();
         for (index, receiver) in receivers.iter().enumerate() {
@@ -246,13 +272,13 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
                     None => break,
                 },
                 _ = ticks.tick() => {
-                    let read = receivers.iter().map(NodeHandle::upstream_bytes).sum();
-                    progress.push((start.elapsed(), read));
+                    let read: u64 = receivers.iter().map(NodeHandle::upstream_bytes).sum();
+                    progress.push((start.elapsed(), read - warm_up_bytes));
                 }
                 () = limit => break,
             }
         }
-        Ok::<_, TransportError>((start.elapsed(), finished, progress))
+        Ok::<_, TransportError>((start.elapsed(), finished, progress, read_before))
     })
     .await;
     let sender = hub.status().sender.unwrap_or_default();
@@ -262,16 +288,17 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
         .map(|r| (r.status(), r.upstream_bytes()))
         .collect();
     receivers.iter().for_each(NodeHandle::kill);
-    let (elapsed, finished, progress) =
+    let (elapsed, finished, progress, read_before) =
         outcome.map_err(|_| TransportError::TimedOut(spec.timeout))??;
     let receivers = statuses
         .into_iter()
         .zip(finished)
-        .map(|((status, bytes_read), elapsed)| ReceiverReport {
+        .zip(read_before)
+        .map(|(((status, bytes_read), elapsed), before)| ReceiverReport {
             elapsed,
             stats: status.receiver.unwrap_or_default(),
             streams: status.streams,
-            bytes_read,
+            bytes_read: bytes_read - before,
         })
         .collect();
     Ok(TransferReport {

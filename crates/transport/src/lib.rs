@@ -2,7 +2,9 @@
 //! tasks and the store around the sans-IO state machines of `aurora-proto`.
 //!
 //! - [`spawn_hub`], [`spawn_relay`], [`spawn_actor`] and [`spawn_collector`] start a
-//!   node and return a [`NodeHandle`] (publish, commit, status, kill).
+//!   node and return a [`NodeHandle`] (publish, commit, status, kill);
+//!   [`spawn_joining_relay`] and [`spawn_joining_actor`] start one with no weights, which
+//!   takes a snapshot over the wire from a hub with a store.
 //! - [`Engine`] is the boundary to a rollout engine; [`IdleEngine`] is the built-in one.
 //! - [`bench::transfer`] moves one delta to N receivers over S streams and reports
 //!   bytes, time, goodput and per-stream statistics; [`bench::Fleet`] times a hub,
@@ -25,5 +27,5 @@ pub use conn::{ConnError, DEFAULT_CONGESTION, SocketOptions, read_frame, write_f
 pub use engine::{Engine, IdleEngine};
 pub use node::{
     MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector,
-    spawn_hub, spawn_relay,
+    spawn_hub, spawn_joining_actor, spawn_joining_relay, spawn_relay,
 };

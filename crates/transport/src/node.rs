@@ -3,8 +3,8 @@
 //!
 //! Every socket has a reader and a writer task; they and the listener report to the loop
 //! through one bounded channel, so the loop is the only place where protocol state
-//! changes. Heavy work (staging, activation, store reads and writes) runs on blocking
-//! threads and reports back the same way. Everything a node spawns lives in one
+//! changes. Heavy work (staging, activation, store reads and writes, building snapshot
+//! artifacts) runs on blocking threads and reports back the same way. Everything a node spawns lives in one
 //! `JoinSet`, so killing the loop's task closes every socket at once, as a crash would.
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{DeltaError, Extraction, Hash, Manifest, PatchChunk, Segment};
 use aurora_proto::{
-    Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig, ReceiverStats, Sender,
-    SenderConfig, SenderError, SenderStats, VersionRef, Weights,
+    ArtifactKind, Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig,
+    ReceiverStats, Sender, SenderConfig, SenderError, SenderStats, VersionRef, Weights,
 };
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
@@ -54,6 +54,10 @@ pub struct NodeConfig {
     pub retain_versions: usize,
     /// Frames in flight per connection (the sender's window).
     pub window_frames: usize,
+    /// Segment size of the snapshot artifacts a hub builds from its store for peers that
+    /// join with no weights. Hubs that serve one store must agree on it: the same
+    /// snapshot then gives the same artifact, and a join resumes across them.
+    pub snapshot_segment_bytes: usize,
     /// Threads of a pool of the node's own for decoding and applying deltas; `None`
     /// uses the process-wide pool. Nodes sharing a process (benchmarks) each get their
     /// own so that they share the machine's cores as separate processes would, rather
@@ -78,6 +82,7 @@ impl NodeConfig {
             stall_timeout: Duration::from_secs(30),
             retain_versions: 4,
             window_frames: 4,
+            snapshot_segment_bytes: 256 << 10,
             decode_threads: None,
         }
     }
@@ -92,13 +97,33 @@ impl NodeConfig {
         config
     }
 
-    fn receiver(&self, active: VersionRef) -> Receiver {
+    fn receiver_config(&self) -> ReceiverConfig {
         let mut config = ReceiverConfig::new(self.identity.clone(), self.token.clone());
         config.streams = self.streams;
         config.idle_timeout = self.idle_timeout;
         config.tune_interval = self.tune_interval;
-        Receiver::new(config, active.version + 1, active)
+        config
     }
+
+    /// A receiver from `active` on, or one that joins from a snapshot (no weights).
+    fn receiver(&self, active: Option<VersionRef>) -> Receiver {
+        match active {
+            Some(active) => Receiver::new(self.receiver_config(), active.version + 1, active),
+            None => Receiver::joining(self.receiver_config()),
+        }
+    }
+}
+
+/// An error and its sources on one line: what a downstream is told in an Unavailable.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Runs `work` on the node's own pool, or on the process-wide one.
@@ -205,6 +230,7 @@ pub(crate) enum Event {
     },
     Loaded {
         version: u64,
+        kind: ArtifactKind,
         result: Result<Bytes, String>,
     },
     /// The store now holds `version`.
@@ -233,6 +259,9 @@ enum Command {
         reply: oneshot::Sender<Result<u64, TransportError>>,
     },
     Commit(VersionRef),
+    StoreChanged {
+        reply: oneshot::Sender<Result<(), TransportError>>,
+    },
 }
 
 /// A running node. Dropping the handle leaves the node running; [`NodeHandle::kill`]
@@ -331,6 +360,13 @@ impl NodeHandle {
             .await
     }
 
+    /// The store was written behind the hub's back (a snapshot put by the trainer): the
+    /// hub serves what the store holds now, and offers its newest snapshot to peers that
+    /// join with no weights. Returns once the hub has read the catalog.
+    pub async fn store_changed(&self) -> Result<(), TransportError> {
+        self.call(|reply| Command::StoreChanged { reply }).await
+    }
+
     /// Announces a commit to every subscriber.
     pub async fn commit(&self, commit: VersionRef) -> Result<(), TransportError> {
         self.commands
@@ -393,6 +429,7 @@ pub async fn spawn_hub(
     let mut sender = Sender::new(config.sender(store.is_some()));
     if let Some(store) = &store {
         sender.set_loadable(store.latest_version()?);
+        sender.set_snapshot_loadable(store.newest_snapshot()?);
     }
     spawn(
         config,
@@ -410,20 +447,36 @@ pub async fn spawn_relay(
     config: NodeConfig,
     weights: Weights,
 ) -> Result<NodeHandle, TransportError> {
+    start_relay(config, Some(weights)).await
+}
+
+/// Starts a relay with no weights (a new region's): it takes the newest snapshot an
+/// upstream offers over the wire, activates it, then serves the versions after it as
+/// [`spawn_relay`] does.
+pub async fn spawn_joining_relay(config: NodeConfig) -> Result<NodeHandle, TransportError> {
+    start_relay(config, None).await
+}
+
+async fn start_relay(
+    config: NodeConfig,
+    weights: Option<Weights>,
+) -> Result<NodeHandle, TransportError> {
     if config.upstreams.is_empty() {
         return Err(TransportError::NoUpstream("a relay"));
     }
-    let active = weights.active();
-    let node = Node::relay(
-        config.receiver(active),
-        Sender::new(config.sender(false)),
-        active,
-    );
+    let active = weights.as_ref().map(Weights::active);
+    let receiver = config.receiver(active);
+    let sender = Sender::new(config.sender(false));
+    let node = match active {
+        Some(active) => Node::relay(receiver, sender, active),
+        None => Node::joining_relay(receiver, sender),
+    };
+    let engine = Arc::new(IdleEngine::default());
     spawn(
         config,
         node,
-        Some(weights),
-        Some(Arc::new(IdleEngine::default())),
+        Some(weights.unwrap_or_else(Weights::empty)),
+        Some(engine),
         None,
     )
     .await
@@ -436,11 +489,35 @@ pub async fn spawn_actor<E: Engine>(
     weights: Weights,
     engine: Arc<E>,
 ) -> Result<NodeHandle, TransportError> {
+    start_actor(config, Some(weights), engine).await
+}
+
+/// Starts an actor with no weights (a newcomer on another machine): it takes the newest
+/// snapshot an upstream offers over the wire, activates it at once (the engine gets its
+/// weights through [`Engine::activate`] before any safe point), then goes on as
+/// [`spawn_actor`] does. Its status has no active version until then.
+pub async fn spawn_joining_actor<E: Engine>(
+    config: NodeConfig,
+    engine: Arc<E>,
+) -> Result<NodeHandle, TransportError> {
+    start_actor(config, None, engine).await
+}
+
+async fn start_actor<E: Engine>(
+    config: NodeConfig,
+    weights: Option<Weights>,
+    engine: Arc<E>,
+) -> Result<NodeHandle, TransportError> {
     if config.upstreams.is_empty() {
         return Err(TransportError::NoUpstream("an actor"));
     }
-    let active = weights.active();
-    let node = Node::actor(config.receiver(active), active);
+    let active = weights.as_ref().map(Weights::active);
+    let receiver = config.receiver(active);
+    let node = match active {
+        Some(active) => Node::actor(receiver, active),
+        None => Node::joining_actor(receiver),
+    };
+    let weights = weights.unwrap_or_else(Weights::empty);
     spawn(config, node, Some(weights), Some(engine), None).await
 }
 
@@ -457,7 +534,7 @@ pub async fn spawn_collector(
         version: first_version.saturating_sub(1),
         hash: Hash::default(),
     };
-    let receiver = config.receiver(start);
+    let receiver = config.receiver(Some(start));
     spawn(
         config,
         Node::collector(receiver),
@@ -495,7 +572,7 @@ async fn spawn<E: Engine>(
     }
     let (commands_tx, commands) = mpsc::channel(64);
     let initial = NodeStatus {
-        active: weights.as_ref().map(Weights::active),
+        active: node.actor_status().and_then(|s| s.active),
         ..NodeStatus::default()
     };
     let (status_tx, status) = watch::channel(initial);
@@ -523,6 +600,7 @@ async fn spawn<E: Engine>(
         next_conn: 1,
         upstream: 0,
         failures: 0,
+        back_to_first: false,
         new_session_at: None,
         tasks,
         events_tx,
@@ -595,6 +673,9 @@ struct Driver<E: Engine> {
     upstream: usize,
     /// Upstream sessions lost in a row, for the backoff.
     failures: u32,
+    /// The session is being left on purpose for the first upstream (a joiner, once its
+    /// snapshot is in).
+    back_to_first: bool,
     new_session_at: Option<Instant>,
     tasks: JoinSet<()>,
     events_tx: mpsc::Sender<Event>,
@@ -739,9 +820,12 @@ impl<E: Engine> Driver<E> {
                 result,
             } => {
                 let result = result.map_err(|e| e.to_string());
-                if let Some(engine) = &self.engine {
-                    // The engine resumes on the new weights, or on the old ones if the
-                    // patch did not reproduce the target (they were restored).
+                // The engine resumes on the new weights, or on the old ones if the patch
+                // did not reproduce the target (they were restored). A joining node's
+                // engine, whose snapshot failed, was never paused and has nothing to run.
+                if let Some(engine) = &self.engine
+                    && !weights.is_empty()
+                {
                     engine.activate(weights.image(), weights.active());
                 }
                 if result.is_err() {
@@ -751,28 +835,47 @@ impl<E: Engine> Driver<E> {
                 self.weights = Some(Arc::new(weights));
                 self.node.activated(version, result);
             }
-            Event::Stored { version } => {
-                if let (Some(sender), Some(store)) = (self.node.sender_mut(), &self.store) {
-                    // Reading the catalog is cheap next to the put that just finished.
-                    let latest = store.latest_version().ok().flatten();
-                    sender.set_loadable(latest.max(Some(version)));
-                }
-            }
-            Event::Loaded { version, result } => {
+            // Reading the catalog is cheap next to the put that just finished.
+            Event::Stored { version } => self.read_store(Some(version)),
+            Event::Loaded {
+                version,
+                kind,
+                result,
+            } => {
                 let Some(sender) = self.node.sender_mut() else {
                     return;
                 };
                 let outcome = result.and_then(|bytes| {
-                    sender
-                        .insert_artifact(bytes)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
+                    let inserted = match kind {
+                        ArtifactKind::Delta => sender.insert_artifact(bytes),
+                        ArtifactKind::Snapshot => sender.insert_snapshot(bytes),
+                    };
+                    inserted.map(|_| ()).map_err(|e| e.to_string())
                 });
                 if let Err(reason) = outcome {
-                    tracing::warn!(version, reason, "cannot serve a stored version");
-                    sender.load_failed(version, reason);
+                    tracing::warn!(version, %kind, reason, "cannot serve a stored version");
+                    match kind {
+                        ArtifactKind::Delta => sender.load_failed(version, reason),
+                        ArtifactKind::Snapshot => sender.snapshot_load_failed(version, reason),
+                    }
                 }
             }
+        }
+    }
+
+    /// Tells the sender what the store holds now: the newest version (at least `stored`,
+    /// just put) and the newest snapshot.
+    fn read_store(&mut self, stored: Option<u64>) {
+        let (Some(sender), Some(store)) = (self.node.sender_mut(), &self.store) else {
+            return;
+        };
+        match store.records() {
+            Ok((deltas, snapshots)) => {
+                let latest = deltas.keys().chain(snapshots.keys()).max().copied();
+                sender.set_loadable(latest.max(stored));
+                sender.set_snapshot_loadable(snapshots.keys().next_back().copied());
+            }
+            Err(error) => tracing::warn!(%error, "cannot read the store's catalog"),
         }
     }
 
@@ -879,6 +982,10 @@ impl<E: Engine> Driver<E> {
                     sender.commit(commit);
                 }
             }
+            Command::StoreChanged { reply } => {
+                self.read_store(None);
+                let _ = reply.send(Ok(()));
+            }
         }
     }
 
@@ -904,6 +1011,40 @@ impl<E: Engine> Driver<E> {
                 let _ = events.blocking_send(Event::Stored { version });
             }
             answer(stored.map_err(Into::into));
+        });
+    }
+
+    /// Reads D(version) from the store, or builds the snapshot artifact of `version`, on
+    /// a blocking thread.
+    fn load(&mut self, version: u64, kind: ArtifactKind) {
+        let Some(store) = self.store.clone() else {
+            if let Some(sender) = self.node.sender_mut() {
+                match kind {
+                    ArtifactKind::Delta => sender.load_failed(version, "no store".into()),
+                    ArtifactKind::Snapshot => {
+                        sender.snapshot_load_failed(version, "no store".into())
+                    }
+                }
+            }
+            return;
+        };
+        let segment_bytes = self.config.snapshot_segment_bytes;
+        let events = self.events_tx.clone();
+        self.tasks.spawn_blocking(move || {
+            let loaded = match kind {
+                ArtifactKind::Delta => store
+                    .delta(version)
+                    .map(|file| Bytes::copy_from_slice(file.bytes())),
+                ArtifactKind::Snapshot => store
+                    .snapshot_artifact(version, segment_bytes)
+                    .map(Bytes::from),
+            };
+            let result = loaded.map_err(|e| error_chain(&e));
+            let _ = events.blocking_send(Event::Loaded {
+                version,
+                kind,
+                result,
+            });
         });
     }
 
@@ -955,30 +1096,22 @@ impl<E: Engine> Driver<E> {
             }
             Output::UpstreamLost { reason } => {
                 let from = self.current_upstream();
-                self.upstream += 1;
-                self.failures += 1;
                 self.status.upstream_switches += 1;
                 self.status.connected = false;
+                if std::mem::take(&mut self.back_to_first) {
+                    self.upstream = 0;
+                    tracing::info!(%from, next = %self.current_upstream(), reason, "switching upstream");
+                    self.new_session_at = Some(Instant::now());
+                    return;
+                }
+                self.upstream += 1;
+                self.failures += 1;
                 tracing::warn!(%from, next = %self.current_upstream(), reason, "upstream lost; falling back");
                 let backoff = (Duration::from_millis(50) * self.failures).min(BACKOFF_MAX);
                 self.new_session_at = Some(Instant::now() + backoff);
             }
-            Output::Load { version } => {
-                let Some(store) = self.store.clone() else {
-                    if let Some(sender) = self.node.sender_mut() {
-                        sender.load_failed(version, "no store".into());
-                    }
-                    return;
-                };
-                let events = self.events_tx.clone();
-                self.tasks.spawn_blocking(move || {
-                    let result = store
-                        .delta(version)
-                        .map(|file| Bytes::copy_from_slice(file.bytes()))
-                        .map_err(|e| format!("{e}"));
-                    let _ = events.blocking_send(Event::Loaded { version, result });
-                });
-            }
+            Output::Load { version } => self.load(version, ArtifactKind::Delta),
+            Output::LoadSnapshot { version } => self.load(version, ArtifactKind::Snapshot),
             Output::Decode {
                 version,
                 index,
@@ -993,6 +1126,10 @@ impl<E: Engine> Driver<E> {
                     let result = on_pool(pool.as_deref(), || {
                         weights.decode_segment(&header, index, &bytes)
                     });
+                    // Let go of the weights before reporting: once the last decode is
+                    // in, the loop takes them for activation, and a share still held
+                    // here would fail it as "not ready".
+                    drop(weights);
                     let _ = events.blocking_send(Event::Decoded {
                         version,
                         index,
@@ -1048,6 +1185,17 @@ impl<E: Engine> Driver<E> {
                 tracing::debug!(version, "version received and verified");
                 self.status.completed.push(version);
             }
+            Notice::Joined { version } => {
+                tracing::info!(version, "received the snapshot to join from");
+                // Only a hub serves snapshots: the deltas after it come cheaper from the
+                // first upstream, the region's relay, as for every other actor.
+                if self.current_upstream() != self.config.upstreams[0]
+                    && let Some(receiver) = self.node.receiver_mut()
+                {
+                    self.back_to_first = true;
+                    receiver.abandon("joined; the deltas come from the first upstream");
+                }
+            }
             Notice::Committed(commit) => tracing::debug!(version = commit.version, "commit"),
             Notice::Subscribed {
                 peer_id,
@@ -1083,7 +1231,7 @@ impl<E: Engine> Driver<E> {
     fn publish_status(&mut self) {
         let status = &mut self.status;
         if let Some(actor) = self.node.actor_status() {
-            status.active = Some(actor.active);
+            status.active = actor.active;
             status.staged = actor.staged;
             status.committed = actor.committed;
         }

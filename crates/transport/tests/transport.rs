@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use aurora_proto::Role;
 use aurora_store::Store;
-use aurora_transport::{IdleEngine, NodeHandle, bench, spawn_actor, spawn_hub, spawn_relay};
+use aurora_transport::{
+    IdleEngine, NodeHandle, bench, spawn_actor, spawn_hub, spawn_joining_actor, spawn_relay,
+};
 use util::{Chain, Fault, Proxy, active_at, config, within};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -268,6 +270,126 @@ async fn a_restarted_actor_catches_up_from_its_old_version_through_the_store() {
         "the relay no longer had version 4"
     );
     assert_eq!(store.latest_version().unwrap(), Some(8));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_keeps_up() {
+    const VERSIONS: u64 = 8;
+    const SNAPSHOT_SEGMENT_BYTES: usize = 16 << 10;
+    let chain = Chain::new(VERSIONS, 21);
+    let root = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(root.path()).unwrap());
+    store.put_snapshot(0, &chain.images[0]).unwrap();
+    let mut hub_config = config(Role::Hub, "hub", &[]);
+    hub_config.snapshot_segment_bytes = SNAPSHOT_SEGMENT_BYTES;
+    let hub = spawn_hub(hub_config, Some(store.clone())).await.unwrap();
+    let hub_address = hub.local_addr().unwrap();
+    let relay = spawn_relay(
+        config(Role::Relay, "relay", &[hub_address]),
+        chain.weights(0),
+    )
+    .await
+    .unwrap();
+    let relay_address = relay.local_addr().unwrap();
+    let veteran = spawn_actor(
+        config(Role::Actor, "veteran", &[relay_address, hub_address]),
+        chain.weights(0),
+        Arc::new(IdleEngine::default()),
+    )
+    .await
+    .unwrap();
+    within(LIMIT, "connect", veteran.wait_for(|s| s.connected))
+        .await
+        .unwrap();
+    for version in 1..=3 {
+        chain.publish_live(&hub, version).await;
+    }
+    active_at(&veteran, 3, "the veteran").await;
+    // A snapshot put behind the hub's back, as the trainer does.
+    store.put_snapshot(3, &chain.images[3]).unwrap();
+    hub.store_changed().await.unwrap();
+
+    let snapshot_segments = aurora_delta::DeltaFile::parse(
+        &store.snapshot_artifact(3, SNAPSHOT_SEGMENT_BYTES).unwrap(),
+    )
+    .unwrap()
+    .segment_count();
+    assert!(snapshot_segments >= 4, "{snapshot_segments} segments");
+    let cut_at = snapshot_segments / 2;
+    let proxy = Proxy::start(hub_address, Fault::CutInSegment { nth: cut_at }).await;
+    // The region's relay first: it serves no snapshots, so the newcomer falls back to
+    // the hub (through a proxy that cuts its only stream once, mid-snapshot), then
+    // returns to the relay for the deltas.
+    let mut newcomer_config = config(Role::Actor, "newcomer", &[relay_address, proxy.address]);
+    newcomer_config.streams = 1;
+    let engine = Arc::new(IdleEngine::default());
+    let newcomer = spawn_joining_actor(newcomer_config, engine.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        newcomer.status().active,
+        None,
+        "no weights until the snapshot"
+    );
+    // The relay turned it away, then the cut ended its session with the hub; it comes
+    // back (after the relay again, and backoffs) with a new session.
+    within(
+        LIMIT,
+        "the cut",
+        newcomer.wait_for(|s| s.upstream_switches >= 2),
+    )
+    .await
+    .unwrap();
+    assert!(proxy.fired.load(std::sync::atomic::Ordering::SeqCst));
+    within(
+        LIMIT,
+        "the hub drops the cut session",
+        hub.wait_for(|s| s.subscribers == 1),
+    )
+    .await
+    .unwrap();
+    let held = newcomer.status().receiver.unwrap().segments as usize;
+    assert!(held < snapshot_segments, "the cut came mid-snapshot");
+    let sent_before = hub.status().sender.unwrap().segments_sent;
+    active_at(&newcomer, 3, "the newcomer joins").await;
+    assert_eq!(
+        hub.status().sender.unwrap().segments_sent - sent_before,
+        (snapshot_segments - held) as u64,
+        "the new session sent only the segments it did not hold"
+    );
+
+    for version in 4..=VERSIONS {
+        chain.publish_live(&hub, version).await;
+    }
+    for (node, name) in [
+        (&relay, "relay"),
+        (&veteran, "veteran"),
+        (&newcomer, "newcomer"),
+    ] {
+        let status = active_at(node, VERSIONS, name).await;
+        assert_eq!(status.active, Some(chain.at(VERSIONS)), "{name}");
+        assert_eq!(status.failed_activations, 0, "{name}");
+    }
+    assert_eq!(
+        engine.activations(),
+        (3..=VERSIONS).map(|v| chain.at(v)).collect::<Vec<_>>(),
+        "the snapshot of 3 first, then every delta after it"
+    );
+    let status = newcomer.status();
+    assert_eq!(status.upstream, Some(relay_address), "back on its relay");
+    assert!(
+        status.upstream_switches >= 4,
+        "the relay, the cut, the relay again, back to the relay: {}",
+        status.upstream_switches
+    );
+    let deltas: usize = (4..=VERSIONS).map(|v| chain.segments(v)).sum();
+    let received = status.receiver.unwrap();
+    assert_eq!(
+        received.segments,
+        (snapshot_segments + deltas) as u64,
+        "every segment accepted once"
+    );
+    assert_eq!(received.duplicates, 0, "nothing it held was sent again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,22 +1,23 @@
 //! The actor node of `aurora run`: a rollout engine on the built-in policy, a transport
 //! actor that stages deltas behind generation and activates them at batch boundaries,
-//! and a client of the control plane's HTTP API (docs/control-api.md).
+//! and a client of the control plane's HTTP API (docs/control-api.md). It starts with
+//! no weights, as one on another machine would: the hub's newest snapshot comes over the
+//! wire, and it registers once that is active.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use aurora_delta::Checkpoint;
+use anyhow::{Context, Result};
 use aurora_engine::{Policy, Problem};
 use aurora_hub::wire::{
     ActorRequest, ClaimResponse, RegisterRequest, RegisterResponse, SubmitRequest, SubmitResponse,
     VersionsRequest, WireLease, WireResult,
 };
-use aurora_proto::{Identity, Role, VersionRef, Weights};
-use aurora_transport::{Engine, NodeConfig, spawn_actor};
+use aurora_proto::{Identity, Role, VersionRef};
+use aurora_transport::{Engine, NodeConfig, spawn_joining_actor};
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use super::client::Client;
@@ -30,6 +31,8 @@ const HEARTBEAT: Duration = Duration::from_millis(1000);
 const RETRY: Duration = Duration::from_millis(200);
 /// Longest wait for the transport to activate a committed version.
 const ACTIVATION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest wait for the snapshot an actor joins from.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct ActorArgs {
     pub run_dir: PathBuf,
@@ -58,31 +61,31 @@ pub struct RlEngine {
     config: aurora_engine::ModelConfig,
     gate: Arc<tokio::sync::Mutex<()>>,
     parked: Mutex<Option<OwnedMutexGuard<()>>>,
-    current: RwLock<Current>,
-    activated: watch::Sender<u64>,
+    /// None until the transport activates the snapshot the actor joins from.
+    current: RwLock<Option<Current>>,
+    activated: watch::Sender<Option<u64>>,
     tokens_per_s_bits: AtomicU64,
 }
 
 impl RlEngine {
-    fn new(
-        config: aurora_engine::ModelConfig,
-        version: VersionRef,
-        weights: &[u8],
-    ) -> Result<RlEngine> {
-        let policy = Arc::new(Policy::from_safetensors(&config, weights)?);
-        Ok(RlEngine {
+    /// An engine with no weights: the transport's first activation brings them.
+    fn joining(config: aurora_engine::ModelConfig) -> RlEngine {
+        RlEngine {
             config,
             gate: Arc::new(tokio::sync::Mutex::new(())),
             parked: Mutex::new(None),
-            current: RwLock::new(Current { version, policy }),
-            activated: watch::channel(version.version).0,
+            current: RwLock::new(None),
+            activated: watch::channel(None).0,
             tokens_per_s_bits: AtomicU64::new(0f64.to_bits()),
-        })
+        }
     }
 
-    fn current(&self) -> (VersionRef, Arc<Policy>) {
+    fn current(&self) -> Result<(VersionRef, Arc<Policy>)> {
         let current = self.current.read().unwrap_or_else(|p| p.into_inner());
-        (current.version, current.policy.clone())
+        let current = current
+            .as_ref()
+            .context("the engine has no weights: nothing was activated yet")?;
+        Ok((current.version, current.policy.clone()))
     }
 }
 
@@ -95,11 +98,11 @@ impl Engine for RlEngine {
     fn activate(&self, weights: &[u8], version: VersionRef) {
         match Policy::from_safetensors(&self.config, weights) {
             Ok(policy) => {
-                *self.current.write().unwrap_or_else(|p| p.into_inner()) = Current {
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Current {
                     version,
                     policy: Arc::new(policy),
-                };
-                self.activated.send_replace(version.version);
+                });
+                self.activated.send_replace(Some(version.version));
                 tracing::info!(version = version.version, "activated");
             }
             // The transport verified the weights hash, so this is a bug, not bad input.
@@ -116,56 +119,8 @@ impl Engine for RlEngine {
     }
 }
 
-/// The newest snapshot in the store directory, checked against the hash in its name
-/// (`snapshots/<version>-<hash>.safetensors`).
-pub fn latest_snapshot(run_dir: &Path) -> Result<(u64, Vec<u8>)> {
-    let directory = run_dir.join("store").join("snapshots");
-    let mut newest: Option<(u64, PathBuf, String)> = None;
-    for entry in
-        std::fs::read_dir(&directory).with_context(|| format!("listing {}", directory.display()))?
-    {
-        let path = entry?.path();
-        let Some(stem) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".safetensors"))
-        else {
-            continue;
-        };
-        let Some((version, hash)) = stem.split_once('-') else {
-            continue;
-        };
-        let Ok(version) = version.parse::<u64>() else {
-            continue;
-        };
-        if newest.as_ref().is_none_or(|(v, _, _)| version > *v) {
-            newest = Some((version, path.clone(), hash.to_string()));
-        }
-    }
-    let (version, path, hash) =
-        newest.with_context(|| format!("no snapshot in {}", directory.display()))?;
-    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let actual = Checkpoint::from_safetensors(&bytes)
-        .with_context(|| format!("parsing {}", path.display()))?
-        .weights_hash();
-    if actual.to_hex() != hash {
-        bail!(
-            "{} has weights hash {}, not the one in its name",
-            path.display(),
-            actual.to_hex()
-        );
-    }
-    Ok((version, bytes))
-}
-
 async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
-    let (snapshot_version, image) = latest_snapshot(&args.run_dir)?;
-    let weights = Weights::new(image, snapshot_version)?;
-    let engine = Arc::new(RlEngine::new(
-        config.model,
-        weights.active(),
-        weights.image(),
-    )?);
+    let engine = Arc::new(RlEngine::joining(config.model));
     let mut node = NodeConfig::new(
         Identity {
             role: Role::Actor,
@@ -176,7 +131,16 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
     );
     node.upstreams = args.upstreams.clone();
     node.streams = config.streams;
-    let transport = spawn_actor(node, weights, engine.clone()).await?;
+    let transport = spawn_joining_actor(node, engine.clone()).await?;
+    let joined = tokio::time::timeout(
+        JOIN_TIMEOUT,
+        transport.wait_for(|status| status.active.is_some()),
+    )
+    .await
+    .with_context(|| format!("no snapshot activated within {JOIN_TIMEOUT:?}"))??;
+    let active = joined
+        .active
+        .context("the transport stopped before joining")?;
 
     let fleet = Client::new(args.control, args.token.clone());
     let registered: RegisterResponse = fleet
@@ -186,12 +150,12 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
                 actor: args.id,
                 region: args.region.clone(),
                 can_relay: false,
-                active: snapshot_version,
+                active: active.version,
                 staged: None,
             },
         )
         .await?;
-    tracing::info!(actor = args.id, version = snapshot_version, readiness = ?registered.readiness, "registered");
+    tracing::info!(actor = args.id, version = active.version, readiness = ?registered.readiness, "registered");
     let client = Arc::new(Client::new(args.control, registered.token));
 
     // Heartbeats, and the versions the transport reaches, go to the control plane.
@@ -278,15 +242,18 @@ async fn generate_forever(
             }
         };
         if let Some(version) = commit {
-            tokio::time::timeout(ACTIVATION_TIMEOUT, activated.wait_for(|v| *v >= version))
-                .await
-                .with_context(|| {
-                    format!("version {version} was not activated within {ACTIVATION_TIMEOUT:?}")
-                })??;
+            tokio::time::timeout(
+                ACTIVATION_TIMEOUT,
+                activated.wait_for(|v| v.is_some_and(|v| v >= version)),
+            )
+            .await
+            .with_context(|| {
+                format!("version {version} was not activated within {ACTIVATION_TIMEOUT:?}")
+            })??;
         }
         // A batch: no activation until it is generated.
         let batch = engine.gate.clone().lock_owned().await;
-        let (version, policy) = engine.current();
+        let (version, policy) = engine.current()?;
         let (usable, stale): (Vec<WireLease>, Vec<WireLease>) = leases
             .into_iter()
             .partition(|lease| lease.version == version.version);

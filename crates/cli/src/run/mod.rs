@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
-use aurora_proto::{Identity, Role, Weights};
-use aurora_transport::{NodeConfig, spawn_relay};
+use aurora_proto::{Identity, Role};
+use aurora_transport::{NodeConfig, spawn_joining_relay};
 use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -140,7 +140,6 @@ fn relay(
 ) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
     crate::runtime(Some(1))?.block_on(async move {
-        let (version, image) = actor::latest_snapshot(run_dir)?;
         let mut node = NodeConfig::new(
             Identity {
                 role: Role::Relay,
@@ -152,7 +151,8 @@ fn relay(
         node.listen = Some(SocketAddr::new(bind, 0));
         node.upstreams = vec![upstream];
         node.streams = config.streams;
-        let handle = spawn_relay(node, Weights::new(image, version)?).await?;
+        // It holds no weights: it takes the hub's newest snapshot over the wire.
+        let handle = spawn_joining_relay(node).await?;
         let address = handle.local_addr().context("the relay has no address")?;
         println!("transport {address}");
         std::io::stdout().flush()?;

@@ -27,7 +27,8 @@ use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
 use super::config::{RunConfig, SyncMode};
 use super::report::{ActorRecord, StepRecord, StepTimes};
 
-/// Full snapshots are stored every this many versions, for newcomers to start from.
+/// Full snapshots are stored every this many versions; the hub sends the newest to every
+/// actor and relay that starts (they hold no weights).
 const SNAPSHOT_EVERY: u64 = 5;
 /// How often the trainer looks at the control plane while it waits.
 const POLL: Duration = Duration::from_millis(20);
@@ -107,6 +108,7 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
     let base = trainer.export_bf16()?;
     let base_hash = exports.insert(0, base.clone())?;
     store.put_snapshot(0, &base)?;
+    transport.store_changed().await?;
     hub.publish_version(Version(0), WeightsHash(base_hash.0))?;
     let base_accuracy = evaluate(&config, &base)?;
     announce(&format!("control {control_address}"))?;
@@ -187,6 +189,7 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
             times.extraction_s = extraction.elapsed().as_secs_f64();
             if trained % SNAPSHOT_EVERY == 0 {
                 store.put_snapshot(trained, &exports.get(trained)?)?;
+                transport.store_changed().await?;
             }
             times.transfer_s = wait_until_staged(&hub, trained, extraction).await;
             let accuracy = (trained % config.eval_every == 0 || trained == config.steps)

@@ -1,5 +1,6 @@
 //! `aurora hub --transport-listen`, `aurora relay` and `aurora actor` as real processes on
-//! loopback: a store's deltas reach an actor through a relay, verified and activated.
+//! loopback: a store's deltas reach an actor through a relay, verified and activated, and
+//! an actor with no weights (`--join`) takes the store's snapshot over the wire.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -132,6 +133,25 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let expected = weights_hash(&steps[3]).to_hex();
     assert_eq!(actor.expect("active 3 "), expected);
     assert_eq!(relay.expect("active 3 "), expected);
+
+    // No weights on this machine: the relay serves no snapshot, the hub's store does.
+    let newcomer = Process::start(
+        "newcomer",
+        &[
+            os("actor"),
+            os("--join"),
+            os("--id"),
+            os("a2"),
+            os("--region"),
+            os("eu"),
+            os("--upstream"),
+            os(&relay_address),
+            os("--upstream"),
+            os(&hub_address),
+        ],
+    );
+    // From the store's only snapshot (version 0), then the deltas.
+    assert_eq!(newcomer.expect("active 3 "), expected);
 }
 
 #[test]
@@ -142,6 +162,20 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         .arg(&steps[0])
         .fails();
     crate::util::assert_error_mentions(&run, &["--upstream"]);
+    let run = aurora(&["actor", "--id", "a1", "--upstream", "127.0.0.1:9"]).fails();
+    crate::util::assert_error_mentions(&run, &["--weights is required", "--join"]);
+    let run = aurora(&[
+        "actor",
+        "--join",
+        "--id",
+        "a1",
+        "--upstream",
+        "127.0.0.1:9",
+        "--version",
+        "0",
+    ])
+    .fails();
+    crate::util::assert_error_mentions(&run, &["--join takes the weights from an upstream"]);
     let bad = s.write("bad.toml", b"id = \"a1\"\nstreams = \"many\"\n");
     let run = aurora(&["actor", "--config"]).arg(&bad).fails();
     crate::util::assert_error_mentions(&run, &["parsing", "bad.toml"]);

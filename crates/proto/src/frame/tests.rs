@@ -89,9 +89,10 @@ fn welcome_and_reject_golden_bytes() {
             region: "".into(),
             latest: Some(9),
             commit: None,
+            snapshot: Some(5),
         }),
         &[
-            &[17, 0, 0, 0],
+            &[26, 0, 0, 0],
             &[0x02],                      // type Welcome
             &[1, 0],                      // protocol version
             &[1],                         // role hub
@@ -99,6 +100,34 @@ fn welcome_and_reject_golden_bytes() {
             &[0],                         // region ""
             &[1, 9, 0, 0, 0, 0, 0, 0, 0], // latest: some(9)
             &[0],                         // commit: none
+            &[1, 5, 0, 0, 0, 0, 0, 0, 0], // snapshot: some(5), for a peer with no weights
+        ],
+    );
+    golden(
+        Frame::Welcome(Welcome {
+            protocol_version: 1,
+            role: Role::Relay,
+            peer_id: "r".into(),
+            region: "".into(),
+            latest: None,
+            commit: Some(VersionRef {
+                version: 2,
+                hash: Hash([0x44; 32]),
+            }),
+            snapshot: None,
+        }),
+        &[
+            &[50, 0, 0, 0],
+            &[0x02],                   // type Welcome
+            &[1, 0],                   // protocol version
+            &[2],                      // role relay
+            &[1, b'r'],                // peer id
+            &[0],                      // region ""
+            &[0],                      // latest: none
+            &[1],                      // commit: some
+            &[2, 0, 0, 0, 0, 0, 0, 0], // version 2
+            &[0x44; 32],               // its weights hash
+            &[0],                      // snapshot: none (a relay serves none)
         ],
     );
     golden(
@@ -121,6 +150,7 @@ fn want_golden_bytes() {
         Frame::Want {
             seq: 3,
             next_version: 5,
+            snapshot: true,
             live_streams: 0b1011,
             epochs: vec![1, 2, 0, 1],
             progress: vec![Progress {
@@ -131,10 +161,11 @@ fn want_golden_bytes() {
             }],
         },
         &[
-            &[72, 0, 0, 0],
+            &[73, 0, 0, 0],
             &[0x04],                                           // type Want
             &[3, 0, 0, 0, 0, 0, 0, 0],                         // sequence number
             &[5, 0, 0, 0, 0, 0, 0, 0],                         // next version
+            &[0b1],                                            // flags: 5 as a snapshot
             &[0b1011, 0, 0, 0, 0, 0, 0, 0],                    // live streams 0, 1, 3
             &[4],                                              // four stream epochs
             &[1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], // 1, 2, 0 (never connected), 1
@@ -161,6 +192,21 @@ fn transfer_frames_golden_bytes() {
             &[0x05],                   // type Offer
             &[7, 0, 0, 0, 0, 0, 0, 0], // version
             &[1],                      // kind delta
+            &[3, 0, 0, 0],             // descriptor length
+            b"HDR",
+        ],
+    );
+    golden(
+        Frame::Offer {
+            version: 7,
+            kind: ArtifactKind::Snapshot,
+            descriptor: Bytes::from_static(b"HDR"),
+        },
+        &[
+            &[17, 0, 0, 0],
+            &[0x05],                   // type Offer
+            &[7, 0, 0, 0, 0, 0, 0, 0], // version
+            &[2],                      // kind snapshot
             &[3, 0, 0, 0],             // descriptor length
             b"HDR",
         ],
@@ -468,6 +514,7 @@ fn want_limits_and_range_rules() {
     let want = |progress: Vec<Progress>| Frame::Want {
         seq: 1,
         next_version: 1,
+        snapshot: false,
         live_streams: 1,
         epochs: vec![1],
         progress,
@@ -516,6 +563,7 @@ fn want_limits_and_range_rules() {
     let too_many = Frame::Want {
         seq: 1,
         next_version: 1,
+        snapshot: false,
         live_streams: 1,
         epochs: vec![1; MAX_STREAMS as usize + 1],
         progress: vec![],
@@ -598,6 +646,99 @@ fn hostile_values_are_named() {
     );
 }
 
+#[test]
+fn the_join_fields_are_bounded() {
+    // Want: the flags byte follows the next version; only bit 0 has a meaning.
+    let want = Frame::Want {
+        seq: 1,
+        next_version: 4,
+        snapshot: true,
+        live_streams: 1,
+        epochs: vec![1],
+        progress: vec![],
+    };
+    let flags_at = PREFIX_BYTES + 8 + 8;
+    for flags in [0b10, 0x80, 0xFF] {
+        let mut bytes = want.to_bytes();
+        bytes[flags_at] = flags;
+        assert_eq!(
+            decode(&bytes).unwrap_err().to_string(),
+            format!("Want frame is malformed: unknown want flags {flags:#x}")
+        );
+    }
+    let mut cleared = want.to_bytes();
+    cleared[flags_at] = 0;
+    let Frame::Want { snapshot, .. } = decode(&cleared).unwrap().0 else {
+        unreachable!()
+    };
+    assert!(!snapshot);
+    // A Want that stops inside its flags is malformed, not incomplete.
+    let mut short = want.to_bytes()[..flags_at].to_vec();
+    short[..4].copy_from_slice(&((flags_at - 4) as u32).to_le_bytes());
+    assert!(
+        decode(&short)
+            .unwrap_err()
+            .to_string()
+            .contains("want flags needs 1 bytes but 0 remain")
+    );
+
+    // Welcome: the snapshot is an opt64 like `latest`, last in the frame.
+    let welcome = Frame::Welcome(Welcome {
+        protocol_version: 1,
+        role: Role::Hub,
+        peer_id: "h".into(),
+        region: "".into(),
+        latest: None,
+        commit: None,
+        snapshot: Some(3),
+    });
+    let bytes = welcome.to_bytes();
+    let flag_at = bytes.len() - 9;
+    let mut bad = bytes.clone();
+    bad[flag_at] = 2;
+    assert!(
+        decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("snapshot version flag 2 is not 0 or 1")
+    );
+    let mut cut = bytes[..flag_at + 1].to_vec();
+    cut[..4].copy_from_slice(&((flag_at + 1 - 4) as u32).to_le_bytes());
+    assert!(matches!(
+        decode(&cut).unwrap_err(),
+        FrameError::Malformed {
+            frame: "Welcome",
+            ..
+        }
+    ));
+    let mut longer = bytes.clone();
+    longer.push(0);
+    longer[..4].copy_from_slice(&((bytes.len() + 1 - 4) as u32).to_le_bytes());
+    assert!(
+        decode(&longer)
+            .unwrap_err()
+            .to_string()
+            .contains("1 bytes left after the last field")
+    );
+
+    // Offer: kinds 1 and 2 exist, no other.
+    for code in [0u8, 3, 0xFF] {
+        let mut bytes = Frame::Offer {
+            version: 1,
+            kind: ArtifactKind::Snapshot,
+            descriptor: Bytes::new(),
+        }
+        .to_bytes();
+        bytes[PREFIX_BYTES + 8] = code;
+        assert!(
+            decode(&bytes)
+                .unwrap_err()
+                .to_string()
+                .contains(&format!("unknown artifact kind {code}"))
+        );
+    }
+}
+
 fn arb_hash() -> impl Strategy<Value = Hash> {
     any::<[u8; 32]>().prop_map(Hash)
 }
@@ -678,9 +819,10 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             arb_name(),
             arb_name(),
             any::<Option<u64>>(),
-            prop::option::of(arb_version_ref())
+            prop::option::of(arb_version_ref()),
+            any::<Option<u64>>()
         )
-            .prop_map(|(role, peer_id, region, latest, commit)| {
+            .prop_map(|(role, peer_id, region, latest, commit, snapshot)| {
                 Frame::Welcome(Welcome {
                     protocol_version: 1,
                     role,
@@ -688,6 +830,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                     region,
                     latest,
                     commit,
+                    snapshot,
                 })
             }),
         (1u16..=4, arb_text()).prop_map(|(code, reason)| Frame::Reject {
@@ -704,6 +847,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 |(next_version, live_streams, epochs, entries)| Frame::Want {
                     seq: next_version * 3,
                     next_version,
+                    snapshot: next_version % 2 == 1,
                     live_streams,
                     epochs,
                     progress: entries
@@ -718,13 +862,20 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                         .collect(),
                 }
             ),
-        (any::<u64>(), prop::collection::vec(any::<u8>(), 0..200)).prop_map(
-            |(version, descriptor)| Frame::Offer {
+        (
+            any::<u64>(),
+            any::<bool>(),
+            prop::collection::vec(any::<u8>(), 0..200)
+        )
+            .prop_map(|(version, snapshot, descriptor)| Frame::Offer {
                 version,
-                kind: ArtifactKind::Delta,
+                kind: if snapshot {
+                    ArtifactKind::Snapshot
+                } else {
+                    ArtifactKind::Delta
+                },
                 descriptor: Bytes::from(descriptor)
-            }
-        ),
+            }),
         (
             any::<u64>(),
             0..MAX_TRANSFER_SEGMENTS,

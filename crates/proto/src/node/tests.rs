@@ -4,7 +4,11 @@
 //! still reads the weights.
 
 use super::*;
-use crate::testutil::{artifact, connected, frames, weights};
+use crate::sender::{Sender, SenderConfig};
+use crate::testutil::{
+    TOKEN, artifact, connected, connected_joining, frames, frames_of, identity, snapshot_artifact,
+    weights,
+};
 
 fn actor() -> Node {
     Node::actor(
@@ -139,7 +143,10 @@ fn a_segment_that_does_not_decode_refuses_the_version() {
     node.decoded(1, 1, asked[1].2, Err("chunk 3 is truncated".into()));
     poll(&mut node);
     let status = node.actor_status().unwrap();
-    assert_eq!((status.active.version, status.staged), (0, None));
+    assert_eq!(
+        (status.active.map(|a| a.version), status.staged),
+        (Some(0), None)
+    );
     assert!(node.take_patch(1).is_none());
 }
 
@@ -152,4 +159,73 @@ fn a_version_whose_base_is_not_active_is_not_decoded_early() {
         outputs.extend(feed(&mut node, frame));
     }
     assert!(decodes(&outputs).is_empty());
+}
+
+#[test]
+fn a_joining_actor_stages_its_snapshot_as_it_arrives_and_activates_it_without_a_safe_point() {
+    let mut node = Node::joining_actor(connected_joining(1, 3));
+    assert_eq!(node.actor_status().unwrap().active, None);
+    let (bytes, _) = snapshot_artifact(3, 3);
+    let all = frames_of(&bytes, ArtifactKind::Snapshot);
+    feed(&mut node, all[0].clone());
+    let first = decodes(&feed(&mut node, all[2].clone()));
+    assert_eq!(
+        first.len(),
+        1,
+        "decoded against no weights before the rest arrive"
+    );
+    let mut asked = first;
+    for frame in &all[3..] {
+        asked.extend(decodes(&feed(&mut node, frame.clone())));
+    }
+    let mut outputs = feed(&mut node, all[1].clone());
+    for (version, index, hash) in asked {
+        node.decoded(version, index, hash, Ok(Vec::new()));
+    }
+    outputs.extend(poll(&mut node));
+    assert!(
+        outputs.contains(&Output::Activate { version: 3 }),
+        "{outputs:?}"
+    );
+    assert!(!outputs.contains(&Output::AwaitSafePoint));
+    assert!(node.take_patch(3).is_some());
+    node.activated(3, Ok(weights(3)));
+    poll(&mut node);
+    assert_eq!(
+        node.actor_status().unwrap().active,
+        Some(VersionRef {
+            version: 3,
+            hash: weights(3)
+        })
+    );
+}
+
+#[test]
+fn a_joining_relay_never_republishes_its_snapshot_and_serves_what_follows() {
+    let sender = Sender::new(SenderConfig::new(
+        identity(Role::Relay, "relay"),
+        crate::Auth::Shared(TOKEN.to_vec()),
+    ));
+    let mut node = Node::joining_relay(connected_joining(1, 3), sender);
+    let (bytes, _) = snapshot_artifact(3, 2);
+    let mut outputs = Vec::new();
+    for frame in frames_of(&bytes, ArtifactKind::Snapshot) {
+        outputs.extend(feed(&mut node, frame));
+    }
+    assert!(
+        !outputs
+            .iter()
+            .any(|o| matches!(o, Output::Notice(Notice::RelayError(_)))),
+        "{outputs:?}"
+    );
+    assert_eq!(
+        node.sender().unwrap().latest(),
+        None,
+        "nothing to serve yet"
+    );
+    let (delta, _) = artifact(4, 2);
+    for frame in frames(&delta) {
+        feed(&mut node, frame);
+    }
+    assert_eq!(node.sender().unwrap().latest(), Some(4));
 }

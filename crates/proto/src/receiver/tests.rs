@@ -1,7 +1,10 @@
 use std::time::Duration;
 
 use super::*;
-use crate::testutil::{Pair, artifact, connected, frames, receiver, sender};
+use crate::testutil::{
+    Pair, artifact, connected, connected_joining, frames, frames_of, hub_welcome, joining_receiver,
+    receiver, sender, snapshot_artifact,
+};
 
 fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
     (
@@ -164,6 +167,7 @@ fn protocol_violations_give_the_upstream_up() {
         Frame::Want {
             seq: 1,
             next_version: 1,
+            snapshot: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![],
@@ -377,4 +381,154 @@ fn an_untuned_session_opens_every_stream() {
         .count();
     assert_eq!(dials, 3);
     assert_eq!(r.stream_count(), 3);
+}
+
+#[track_caller]
+fn lost(r: &mut Receiver, needle: &str) {
+    let (events, _) = drain(r);
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            ReceiverEvent::UpstreamLost { reason } if reason.contains(needle)
+        )),
+        "{needle}: {events:?}"
+    );
+}
+
+#[test]
+fn a_joining_receiver_wants_the_offered_snapshot_with_the_flag() {
+    let mut r = connected_joining(1, 4);
+    assert!(r.is_joining());
+    assert_eq!(r.next_version(), 4);
+    // The Want that followed the Welcome was drained by the helper; the stream's next
+    // connection makes another.
+    let now = Instant::now();
+    r.connected(now, 5, 0, 1);
+    r.handle_frame(now, 1, hub_welcome(Some(4)));
+    let (_, out) = drain(&mut r);
+    assert!(
+        out.iter().any(|(_, f)| matches!(
+            f,
+            Frame::Want {
+                next_version: 4,
+                snapshot: true,
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+    let (bytes, _) = snapshot_artifact(4, 3);
+    for frame in frames_of(&bytes, ArtifactKind::Snapshot) {
+        r.handle_frame(now, 1, frame);
+    }
+    let (events, out) = drain(&mut r);
+    let complete: Vec<(u64, ArtifactKind)> = events
+        .iter()
+        .filter_map(|e| match e {
+            ReceiverEvent::Complete { version, artifact } => Some((*version, artifact.kind())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(complete, [(4, ArtifactKind::Snapshot)]);
+    assert!(!r.is_joining());
+    assert!(
+        out.iter().any(|(_, f)| matches!(
+            f,
+            Frame::Want {
+                next_version: 5,
+                snapshot: false,
+                ..
+            }
+        )),
+        "then deltas, as any receiver: {out:?}"
+    );
+    // The first Hello of a joining receiver says it holds nothing.
+    let mut fresh = joining_receiver(1);
+    fresh.start_session(now, 9);
+    fresh.connected(now, 9, 0, 1);
+    let (_, out) = drain(&mut fresh);
+    assert!(
+        matches!(&out[0], (1, Frame::Hello(h)) if h.active == VersionRef::default() && h.staged.is_none())
+    );
+}
+
+#[test]
+fn a_wrong_kind_for_a_version_is_a_protocol_violation() {
+    let (snapshot, _) = snapshot_artifact(1, 1);
+    let (delta, _) = artifact(1, 1);
+    let offer = |bytes: &Bytes, kind| frames_of(bytes, kind).remove(0);
+
+    let mut r = connected_joining(1, 1);
+    r.handle_frame(Instant::now(), 1, offer(&delta, ArtifactKind::Delta));
+    lost(&mut r, "version 1 offered as a delta, wanted as a snapshot");
+
+    let mut r = connected(1);
+    r.handle_frame(Instant::now(), 1, offer(&snapshot, ArtifactKind::Snapshot));
+    lost(&mut r, "version 1 offered as a snapshot, wanted as a delta");
+
+    // The descriptor must be a snapshot's: from the empty checkpoint, every tensor added.
+    let mut r = connected_joining(1, 1);
+    r.handle_frame(Instant::now(), 1, offer(&delta, ArtifactKind::Snapshot));
+    lost(&mut r, "must name it as base and target");
+
+    // Versions after the snapshot are deltas.
+    let (next, _) = snapshot_artifact(2, 1);
+    let mut r = connected_joining(1, 1);
+    r.handle_frame(Instant::now(), 1, offer(&next, ArtifactKind::Snapshot));
+    lost(&mut r, "version 2 offered as a snapshot, wanted as a delta");
+}
+
+#[test]
+fn a_joining_receiver_gives_up_an_upstream_that_offers_no_snapshot() {
+    let now = Instant::now();
+    let mut r = joining_receiver(2);
+    r.start_session(now, 5);
+    r.connected(now, 5, 0, 1);
+    r.handle_frame(
+        now,
+        1,
+        Frame::Welcome(Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            role: Role::Relay,
+            peer_id: "relay-eu".into(),
+            region: "eu".into(),
+            latest: Some(9),
+            commit: None,
+            snapshot: None,
+        }),
+    );
+    let (events, out) = drain(&mut r);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason == "relay relay-eu offers no snapshot to join from"
+    )));
+    assert!(
+        !out.iter().any(|(_, f)| matches!(f, Frame::Want { .. })),
+        "it asks nothing of it: {out:?}"
+    );
+    assert!(r.is_joining());
+}
+
+#[test]
+fn rejoining_forgets_the_snapshot_and_takes_the_next_offer() {
+    let mut s = crate::testutil::store_sender(3, 3);
+    let (bytes, _) = snapshot_artifact(3, 4);
+    let mut pair = Pair::new(s, joining_receiver(1));
+    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.pump();
+    assert_eq!(pair.complete(), [(3, bytes.clone())]);
+    // The actor refused it (its weights did not hash to the target): start over.
+    pair.receiver.rejoin();
+    assert!(pair.receiver.is_joining());
+    pair.receiver.abandon("refused");
+    pair.pump();
+    s = crate::testutil::store_sender(3, 3);
+    s.insert_snapshot(bytes.clone()).unwrap();
+    pair.sender = s;
+    pair.receiver.start_session(pair.now, 90);
+    pair.pump();
+    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.pump();
+    assert_eq!(pair.complete(), [(3, bytes.clone()), (3, bytes)]);
+    assert_eq!(pair.sender.stats().segments_sent, 4, "all of it again");
 }

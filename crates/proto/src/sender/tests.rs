@@ -6,7 +6,10 @@ use std::time::Duration;
 use super::*;
 use crate::frame::Hello;
 use crate::receiver::ReceiverEvent;
-use crate::testutil::{Pair, TOKEN, artifact, identity, receiver, sender, weights};
+use crate::testutil::{
+    Pair, TOKEN, artifact, identity, joining_receiver, receiver, sender, snapshot_artifact,
+    store_sender, weights,
+};
 
 fn hello(session: u64, stream: u8, streams: u8) -> Hello {
     Hello {
@@ -172,6 +175,7 @@ fn a_window_bounds_what_the_driver_holds_and_a_stalled_session_is_dropped() {
         Frame::Want {
             seq: 1,
             next_version: 1,
+            snapshot: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![],
@@ -227,6 +231,7 @@ fn a_want_resumes_with_only_the_missing_segments() {
         Frame::Want {
             seq: 1,
             next_version: 1,
+            snapshot: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![Progress {
@@ -262,6 +267,7 @@ fn a_want_overtaken_by_a_later_one_is_ignored() {
     let want = |seq, have| Frame::Want {
         seq,
         next_version: 1,
+        snapshot: false,
         live_streams: 1,
         epochs: vec![1],
         progress: vec![Progress {
@@ -294,6 +300,7 @@ fn a_nack_resends_that_segment() {
     let want = Frame::Want {
         seq: 1,
         next_version: 1,
+        snapshot: false,
         live_streams: 1,
         epochs: vec![1],
         progress: vec![],
@@ -339,6 +346,7 @@ fn a_nack_for_a_segment_never_held_is_ignored_whatever_its_index() {
         Frame::Want {
             seq: 1,
             next_version: 1,
+            snapshot: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![Progress {
@@ -493,4 +501,274 @@ fn commits_reach_every_session_and_later_handshakes() {
         other => panic!("{other:?}"),
     }
     let _ = Duration::ZERO;
+}
+
+/// The Offers the sender wrote, as (version, kind).
+fn offers(pair: &Pair) -> Vec<(u64, ArtifactKind)> {
+    pair.written
+        .iter()
+        .filter_map(|(_, f)| match f {
+            Frame::Offer { version, kind, .. } => Some((*version, *kind)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn kinds(pair: &Pair) -> Vec<(u64, ArtifactKind)> {
+    pair.events
+        .iter()
+        .filter_map(|e| match e {
+            ReceiverEvent::Complete { version, artifact } => Some((*version, artifact.kind())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_join_session_gets_the_snapshot_then_the_deltas_after_it() {
+    let mut hub = store_sender(4, 2);
+    for version in 1..=4 {
+        hub.insert_artifact(artifact(version, 3).0).unwrap();
+    }
+    let mut pair = Pair::new(hub, joining_receiver(2));
+    assert!(
+        pair.sender_events
+            .contains(&SenderEvent::LoadSnapshot { version: 2 }),
+        "the snapshot is built on demand"
+    );
+    assert!(pair.complete().is_empty(), "waits for the load");
+    let (bytes, _) = snapshot_artifact(2, 6);
+    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.pump();
+    assert_eq!(
+        kinds(&pair),
+        [
+            (2, ArtifactKind::Snapshot),
+            (3, ArtifactKind::Delta),
+            (4, ArtifactKind::Delta)
+        ]
+    );
+    assert_eq!(pair.complete()[0], (2, bytes), "the snapshot, not D(2)");
+    assert_eq!(
+        offers(&pair),
+        [
+            (2, ArtifactKind::Snapshot),
+            (3, ArtifactKind::Delta),
+            (4, ArtifactKind::Delta)
+        ]
+    );
+    assert_eq!(
+        pair.sender.snapshots_held(),
+        0,
+        "a whole checkpoint is dropped once no session wants it"
+    );
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+    assert_eq!(pair.sender.stats().segments_sent, 6 + 3 + 3);
+}
+
+#[test]
+fn the_welcome_offers_the_store_s_newest_snapshot_and_a_relay_none() {
+    let welcome = |sender: &mut Sender| match handshake(sender, 1, hello(5, 0, 1)).frame {
+        Frame::Welcome(welcome) => welcome.snapshot,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(welcome(&mut store_sender(9, 5)), Some(5));
+    let mut relay = sender();
+    relay.set_snapshot_loadable(Some(5));
+    assert_eq!(welcome(&mut relay), None, "no store to build one from");
+}
+
+#[test]
+fn a_relay_answers_a_snapshot_want_with_unavailable() {
+    let mut relay = sender();
+    relay.insert_artifact(artifact(3, 2).0).unwrap();
+    let now = Instant::now();
+    handshake(&mut relay, 1, hello(5, 0, 1));
+    relay.on_sent(now, 1);
+    relay.handle_frame(
+        now,
+        1,
+        Frame::Want {
+            seq: 1,
+            next_version: 3,
+            snapshot: true,
+            live_streams: 1,
+            epochs: vec![1],
+            progress: vec![],
+        },
+    );
+    match relay.poll_transmit(now).map(|t| t.frame) {
+        Some(Frame::Unavailable { version: 3, reason }) => {
+            assert!(reason.contains("no store"), "{reason}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    relay.on_sent(now, 1);
+    assert_eq!(
+        relay.poll_transmit(now),
+        None,
+        "D(3) is not a snapshot of 3"
+    );
+
+    // A joining receiver does not even ask: the Welcome offers nothing.
+    let pair = Pair::new(sender(), joining_receiver(1));
+    assert!(pair.events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("offers no snapshot to join from")
+    )));
+}
+
+#[test]
+fn a_snapshot_the_store_cannot_build_is_unavailable() {
+    let mut pair = Pair::new(store_sender(4, 2), joining_receiver(1));
+    pair.sender.snapshot_load_failed(2, "pruned".into());
+    pair.pump();
+    assert!(pair.events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::UpstreamLost { reason } if reason.contains("version 2 is unavailable there: pruned")
+    )));
+}
+
+#[test]
+fn a_resumed_join_sends_only_the_missing_segments_of_the_snapshot() {
+    let (bytes, _) = snapshot_artifact(2, 12);
+    let mut pair = Pair::new(store_sender(2, 2), joining_receiver(2));
+    pair.segment_budget = Some(5);
+    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.pump();
+    assert_eq!(pair.receiver.stats().segments, 5);
+    pair.receiver.abandon("test");
+    pair.pump();
+
+    // Another hub, serving the same snapshot.
+    let mut other = store_sender(2, 2);
+    other.insert_snapshot(bytes.clone()).unwrap();
+    assert_eq!(other.snapshots_held(), 0, "nobody wants it yet");
+    pair.sender = other;
+    pair.segment_budget = None;
+    pair.receiver.start_session(pair.now, 78);
+    pair.pump();
+    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.pump();
+    assert_eq!(pair.complete(), [(2, bytes)]);
+    assert_eq!(pair.receiver.stats().segments, 12);
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+    assert_eq!(
+        pair.sender.stats().segments_sent,
+        7,
+        "only the segments it did not hold"
+    );
+}
+
+#[test]
+fn a_new_upstream_with_another_snapshot_starts_the_join_over() {
+    let (old, _) = snapshot_artifact(2, 8);
+    let mut pair = Pair::new(store_sender(2, 2), joining_receiver(1));
+    pair.segment_budget = Some(4);
+    pair.sender.insert_snapshot(old).unwrap();
+    pair.pump();
+    pair.receiver.abandon("test");
+    pair.pump();
+
+    let (new, _) = snapshot_artifact(3, 8);
+    let mut hub = store_sender(4, 3);
+    hub.insert_artifact(artifact(4, 2).0).unwrap();
+    pair.sender = hub;
+    pair.segment_budget = None;
+    pair.receiver.start_session(pair.now, 78);
+    pair.pump();
+    pair.sender.insert_snapshot(new.clone()).unwrap();
+    pair.pump();
+    assert_eq!(
+        kinds(&pair),
+        [(3, ArtifactKind::Snapshot), (4, ArtifactKind::Delta)]
+    );
+    assert_eq!(pair.complete()[0], (3, new));
+    assert_eq!(
+        pair.sender.stats().segments_sent,
+        8 + 2,
+        "nothing of the other snapshot counts"
+    );
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+}
+
+#[test]
+fn a_nack_on_a_snapshot_resends_from_the_snapshot() {
+    let mut hub = store_sender(3, 3);
+    hub.insert_artifact(artifact(3, 2).0).unwrap();
+    let (bytes, _) = snapshot_artifact(3, 3);
+    let now = Instant::now();
+    handshake(&mut hub, 1, hello(5, 0, 1));
+    hub.on_sent(now, 1);
+    hub.handle_frame(
+        now,
+        1,
+        Frame::Want {
+            seq: 1,
+            next_version: 3,
+            snapshot: true,
+            live_streams: 1,
+            epochs: vec![1],
+            progress: vec![Progress {
+                version: 3,
+                has_offer: true,
+                has_seal: true,
+                have: vec![0..2],
+            }],
+        },
+    );
+    hub.insert_snapshot(bytes).unwrap();
+    let mut sent = Vec::new();
+    while let Some(t) = hub.poll_transmit(now) {
+        hub.on_sent(now, 1);
+        sent.push(t.frame);
+    }
+    assert!(
+        matches!(
+            &sent[..],
+            [Frame::Segment {
+                version: 3,
+                index: 2,
+                ..
+            }]
+        ),
+        "{sent:?}"
+    );
+    hub.handle_frame(
+        now,
+        1,
+        Frame::Nack {
+            version: 3,
+            index: 2,
+        },
+    );
+    match hub.poll_transmit(now).map(|t| t.frame) {
+        Some(Frame::Segment {
+            version: 3,
+            index: 2,
+            bytes,
+            ..
+        }) => assert_eq!(&bytes[..], b"segment 2 of snapshot 3"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(hub.stats().segments_resent, 1);
+}
+
+#[test]
+fn snapshots_and_deltas_do_not_mix() {
+    let (snapshot, _) = snapshot_artifact(2, 2);
+    let mut hub = sender();
+    assert!(
+        hub.insert_artifact(snapshot)
+            .unwrap_err()
+            .to_string()
+            .contains("not a delta")
+    );
+    let error = hub.insert_snapshot(artifact(2, 2).0).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("must name it as base and target"),
+        "{error}"
+    );
 }
