@@ -74,9 +74,9 @@ pub enum TransferCommand {
         /// assembly).
         #[arg(long, default_value_t = 2.0)]
         warmup_seconds: f64,
-        /// Time each transfer on warm sessions: the streams first carry the step before
-        /// (a full checkpoint too), then stay idle this long, as between the steps of a
-        /// long session.
+        /// Time each mode on warm sessions too, next to the cold ones: the streams
+        /// first carry the step before (a full checkpoint too), then stay idle this long,
+        /// as between the steps of a long session.
         #[arg(long)]
         warm_idle_seconds: Option<f64>,
     },
@@ -483,7 +483,8 @@ struct StreamModes {
     tune_interval: Duration,
     time_limit: Duration,
     warmup: Duration,
-    /// Idle time after a warm-up transfer on the same sessions; `None`: cold sessions.
+    /// Idle time after a warm-up transfer on the same sessions, for a second, warm
+    /// transfer of every mode; `None`: cold sessions only.
     warm_idle: Option<Duration>,
 }
 
@@ -501,6 +502,8 @@ struct StreamRun {
 struct StreamRow {
     /// A congestion control with a fixed stream count, or `adaptive`.
     mode: String,
+    /// `cold`: fresh connections; `warm`: connections that carried the step before.
+    session: &'static str,
     congestion: String,
     streams: u8,
     streams_at_end: u8,
@@ -528,7 +531,7 @@ struct StreamsOutput {
     artifact_bytes: u64,
     time_limit_s: f64,
     warmup_s: f64,
-    /// Idle seconds between the warm-up transfer and the timed one; absent: cold.
+    /// Idle seconds between the warm-up transfer and the timed one of the warm rows.
     warm_idle_s: Option<f64>,
     tune_interval_ms: u128,
     rows: Vec<StreamRow>,
@@ -560,18 +563,21 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
         });
     }
     let net = PointToPoint::up(&scenario)?;
-    let sessions = match modes.warm_idle {
-        Some(idle) => format!("warm sessions (a first checkpoint, then {idle:?} idle)"),
-        None => "cold sessions".into(),
+    let warm_sessions = match modes.warm_idle {
+        Some(idle) => {
+            format!("; warm: on sessions that carried a first checkpoint, then {idle:?} idle")
+        }
+        None => String::new(),
     };
     crate::print_stdout(&format!(
-        "{}: a full checkpoint of {} bytes on {sessions}, each transfer stopped after {:?}; \
-         steady = from {:?} to the last byte read\n{:<9} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>13} {:>14}\n",
+        "{}: a full checkpoint of {} bytes, each transfer stopped after {:?}; steady = from \
+         {:?} to the last byte read{warm_sessions}\n{:<9} {:<5} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>13} {:>14}\n",
         scenario.name,
         artifact.len(),
         modes.time_limit,
         modes.warmup,
         "mode",
+        "",
         "congestion",
         "streams",
         "end",
@@ -586,7 +592,13 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
     ))?;
     let main = crate::runtime(Some(1))?;
     let mut rows = Vec::new();
-    for run in runs {
+    let sessions: Vec<(&'static str, Option<(Bytes, Duration)>)> = std::iter::once(("cold", None))
+        .chain(warm_up.map(|warm_up| ("warm", Some(warm_up))))
+        .collect();
+    for (run, (session, warm_up)) in runs
+        .iter()
+        .flat_map(|run| sessions.iter().map(move |session| (run, session)))
+    {
         let mut spec = net.spec(&artifact, run.streams)?;
         spec.socket = SocketOptions {
             congestion: run.congestion.clone(),
@@ -594,7 +606,7 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
         spec.tune_interval = run.tune_interval;
         spec.time_limit = Some(modes.time_limit);
         spec.warm_up = warm_up.clone();
-        tracing::info!(mode = run.mode, streams = run.streams, "transfer");
+        tracing::info!(mode = run.mode, streams = run.streams, session, "transfer");
         let before = net.network.counters();
         let report = main.block_on(bench::transfer(spec)).with_context(|| {
             format!(
@@ -607,7 +619,7 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
             growth(&before, &after, |d| d.counters.lost),
             growth(&before, &after, |d| d.counters.queue_full),
         );
-        let row = stream_row(run, &report, modes.warmup, net.link_mbps, drops);
+        let row = stream_row(run, session, &report, modes.warmup, net.link_mbps, drops);
         print_stream_row(&row)?;
         rows.push(row);
     }
@@ -630,7 +642,8 @@ fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<()> {
 }
 
 fn stream_row(
-    run: StreamRun,
+    run: &StreamRun,
+    session: &'static str,
     report: &TransferReport,
     warmup: Duration,
     link_mbps: Option<f64>,
@@ -639,8 +652,9 @@ fn stream_row(
     let seconds = report.elapsed.as_secs_f64();
     let goodput_mbps = mbps(report.delivered_bytes(), seconds);
     StreamRow {
-        mode: run.mode,
-        congestion: run.label,
+        mode: run.mode.clone(),
+        session,
+        congestion: run.label.clone(),
         streams: run.streams,
         streams_at_end: report
             .receivers
@@ -667,8 +681,9 @@ fn stream_row(
 
 fn print_stream_row(row: &StreamRow) -> Result<()> {
     crate::print_stdout(&format!(
-        "{:<9} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8.2} {:>9.1} {:>10} {:>7} {:>13} {:>14}\n",
+        "{:<9} {:<5} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8.2} {:>9.1} {:>10} {:>7} {:>13} {:>14}\n",
         row.mode,
+        row.session,
         row.congestion,
         row.streams,
         row.streams_at_end,
@@ -703,8 +718,9 @@ fn print_stream_verdict(rows: &[StreamRow], link_mbps: Option<f64>) -> Result<()
     let mut text = String::new();
     for adaptive in rows.iter().filter(|row| row.mode == "adaptive") {
         text += &format!(
-            "adaptive ({}, tuned up to {} streams, {} at the end), target >= {:.0}% of {link} \
-             Mbps: whole transfer {}, steady state {}\n",
+            "adaptive, {} ({}, tuned up to {} streams, {} at the end), target >= {:.0}% of \
+             {link} Mbps: whole transfer {}, steady state {}\n",
+            adaptive.session,
             adaptive.congestion,
             adaptive.streams,
             adaptive.streams_at_end,
@@ -713,10 +729,9 @@ fn print_stream_verdict(rows: &[StreamRow], link_mbps: Option<f64>) -> Result<()
             adaptive.steady_mbps.map_or("-".into(), judge),
         );
     }
-    if let Some(baseline) = rows
-        .iter()
-        .find(|row| row.mode == Congestion::Cubic.name() && row.streams == 1)
-    {
+    if let Some(baseline) = rows.iter().find(|row| {
+        row.mode == Congestion::Cubic.name() && row.streams == 1 && row.session == "cold"
+    }) {
         text += &format!(
             "baseline, one CUBIC stream: {:.1} Mbps ({:.1}%)\n",
             baseline.goodput_mbps,
