@@ -218,12 +218,14 @@ pub fn seed_streams() -> Vec<(&'static str, Vec<u8>)> {
         seq: 1,
         next_version: 1,
         snapshot: false,
+        composed: false,
         live_streams: 0b11,
         epochs: vec![1, 1],
         progress: vec![Progress {
             version: 1,
             has_offer: true,
             has_seal: false,
+            composed: false,
             // A have-set of one range.
             have: vec![std::ops::Range { start: 1, end: 2 }],
         }],

@@ -127,7 +127,8 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 Plan::Composed {
                     base_version,
                     target_version,
-                } => println!("compose {base_version} -> {target_version}"),
+                    bytes,
+                } => println!("compose {base_version} -> {target_version} ({bytes} bytes)"),
             }
         }
         StoreCommand::Prune {

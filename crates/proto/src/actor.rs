@@ -9,7 +9,9 @@
 //!   from the active version (catch-up);
 //! - a staged version is activated once a Commit covers it, at the engine's next safe
 //!   point, so rollouts never see a mix of versions;
-//! - versions activate one after another, never skipping one;
+//! - versions activate one after another, never skipping one, except through a
+//!   composed delta ([`ActorCore::composed`]): one delta from the active version straight
+//!   to a later one, staged and activated like the next delta;
 //! - an actor that joins with no weights ([`ActorCore::joining`]) stages its snapshot
 //!   first and activates it at once: its engine has nothing to run before it.
 
@@ -17,7 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use aurora_delta::{DeltaHeader, Hash};
 
-use crate::frame::VersionRef;
+use crate::frame::{ArtifactKind, VersionRef};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ActorAction {
@@ -53,8 +55,7 @@ pub struct ActorStatus {
 struct Pending {
     base: VersionRef,
     target_hash: Hash,
-    /// A whole checkpoint (docs/wire-protocol.md §4.4), not a delta from `base`.
-    snapshot: bool,
+    kind: ArtifactKind,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,16 +130,26 @@ impl ActorCore {
         let stale = self
             .active
             .is_some_and(|a| header.target_version <= a.version);
-        self.receive(header, false, stale);
+        self.receive(header, ArtifactKind::Delta, stale);
+    }
+
+    /// A verified composed delta arrived (the receiver checked that it starts from the
+    /// version before the one it expected next): staged once its base is the active
+    /// version, like the next delta.
+    pub fn composed(&mut self, header: &DeltaHeader) {
+        let stale = self
+            .active
+            .is_some_and(|a| header.target_version <= a.version);
+        self.receive(header, ArtifactKind::Composed, stale);
     }
 
     /// A verified snapshot arrived (its header checked by the receiver). Only an actor
     /// with no weights has a use for it.
     pub fn snapshot(&mut self, header: &DeltaHeader) {
-        self.receive(header, true, self.active.is_some());
+        self.receive(header, ArtifactKind::Snapshot, self.active.is_some());
     }
 
-    fn receive(&mut self, header: &DeltaHeader, snapshot: bool, discard: bool) {
+    fn receive(&mut self, header: &DeltaHeader, kind: ArtifactKind, discard: bool) {
         let version = header.target_version;
         if discard {
             self.actions.push_back(ActorAction::Discard { version });
@@ -152,7 +163,7 @@ impl ActorCore {
                     hash: header.base_hash,
                 },
                 target_hash: header.target_hash,
-                snapshot,
+                kind,
             },
         );
         self.advance();
@@ -214,7 +225,8 @@ impl ActorCore {
             Ok(hash) if expected.is_none_or(|e| e == hash) => {
                 self.active = Some(VersionRef { version, hash });
                 self.refusals = 0;
-                // A snapshot lands ahead of anything older still queued.
+                // A snapshot or a composed delta lands ahead of anything older still
+                // queued.
                 let behind: Vec<u64> = self.verified.range(..version).map(|(v, _)| *v).collect();
                 for old in behind {
                     self.verified.remove(&old);
@@ -270,7 +282,11 @@ impl ActorCore {
                 // Nothing but a snapshot can start an actor with no weights; a delta
                 // still queued from before a refused snapshot waits or goes.
                 None => {
-                    if let Some((&version, _)) = self.verified.iter().find(|(_, p)| p.snapshot) {
+                    if let Some((&version, _)) = self
+                        .verified
+                        .iter()
+                        .find(|(_, p)| p.kind == ArtifactKind::Snapshot)
+                    {
                         self.stage = Stage::Staging(version);
                         self.actions.push_back(ActorAction::Stage { version });
                     }
@@ -278,7 +294,14 @@ impl ActorCore {
                 Some(active) => {
                     if let Some((&version, pending)) = self.verified.first_key_value() {
                         let next = active.version + 1;
-                        if version == next && pending.base == active && !pending.snapshot {
+                        // A composed delta skips versions: only its base must be the
+                        // active one.
+                        let follows = match pending.kind {
+                            ArtifactKind::Delta => version == next,
+                            ArtifactKind::Composed => version > active.version,
+                            ArtifactKind::Snapshot => false,
+                        };
+                        if follows && pending.base == active {
                             self.stage = Stage::Staging(version);
                             self.actions.push_back(ActorAction::Stage { version });
                         } else if version == next || self.chain_broken(active) {
@@ -372,6 +395,43 @@ mod tests {
                     note: "activated version 4".into()
                 }
             ]
+        );
+    }
+
+    #[test]
+    fn a_composed_delta_from_the_active_version_skips_to_its_target() {
+        let mut core = ActorCore::new(at(3));
+        core.commit(at(8));
+        drain(&mut core);
+        core.composed(&header(at(3), 8));
+        assert_eq!(drain(&mut core), [ActorAction::Stage { version: 8 }]);
+        core.staged(8, Ok(()));
+        assert_eq!(drain(&mut core), [ActorAction::AwaitSafePoint]);
+        core.safe_point();
+        assert_eq!(drain(&mut core), [ActorAction::Activate { version: 8 }]);
+        core.activated(8, Ok(hash(8)));
+        assert_eq!(core.status().active, Some(at(8)));
+
+        // One from another base is refused, and the chain fetched again.
+        let mut core = ActorCore::new(at(3));
+        core.composed(&header(at(2), 8));
+        let actions = drain(&mut core);
+        assert!(
+            actions.contains(&ActorAction::Rewind { version: 4 }),
+            "{actions:?}"
+        );
+        let mut core = ActorCore::new(at(3));
+        core.composed(&header(
+            VersionRef {
+                version: 3,
+                hash: hash(99),
+            },
+            8,
+        ));
+        let actions = drain(&mut core);
+        assert!(
+            actions.contains(&ActorAction::Rewind { version: 4 }),
+            "{actions:?}"
         );
     }
 

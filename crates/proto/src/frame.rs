@@ -45,6 +45,13 @@ pub const MAX_WANT_VERSIONS: usize = 16;
 pub const MAX_HAVE_RANGES: usize = 4096;
 /// Bit 0 of a Want's flags: its next version is wanted as a snapshot.
 const WANT_SNAPSHOT: u8 = 1;
+/// Bit 1 of a Want's flags: the downstream accepts a composed delta for catch-up.
+const WANT_COMPOSED: u8 = 2;
+/// Progress flags: holds the Offer, holds a verified Seal, the artifact is a composed
+/// delta.
+const PROGRESS_OFFER: u8 = 1;
+const PROGRESS_SEAL: u8 = 2;
+const PROGRESS_COMPOSED: u8 = 4;
 /// Segments of one artifact on the wire: its Seal frame must fit [`MAX_FRAME_BYTES`].
 /// The delta format allows more (2^22); a writer at the default 256 KiB segments needs
 /// 256 GiB of payload to reach this.
@@ -230,6 +237,9 @@ pub struct Progress {
     pub version: u64,
     pub has_offer: bool,
     pub has_seal: bool,
+    /// What it holds is of a composed delta to this version, not of D(version): the two
+    /// are different artifacts, and a sender resumes only the kind it serves.
+    pub composed: bool,
     /// Indices of the verified segments it holds: sorted, disjoint, non-empty and
     /// non-adjacent half-open ranges.
     pub have: Vec<Range<u32>>,
@@ -245,6 +255,10 @@ pub enum ArtifactKind {
     /// version v, every tensor added, with base and target version both v
     /// ([`crate::snapshot`]).
     Snapshot = 2,
+    /// A delta from the weights of `next_version - 1` straight to this version, which
+    /// may be several versions later (docs/wire-protocol.md §5.11): one artifact in
+    /// place of the deltas in between, for a downstream catching up.
+    Composed = 3,
 }
 
 impl ArtifactKind {
@@ -252,6 +266,7 @@ impl ArtifactKind {
         match code {
             1 => Some(ArtifactKind::Delta),
             2 => Some(ArtifactKind::Snapshot),
+            3 => Some(ArtifactKind::Composed),
             _ => None,
         }
     }
@@ -262,6 +277,7 @@ impl std::fmt::Display for ArtifactKind {
         f.write_str(match self {
             ArtifactKind::Delta => "a delta",
             ArtifactKind::Snapshot => "a snapshot",
+            ArtifactKind::Composed => "a composed delta",
         })
     }
 }
@@ -284,6 +300,10 @@ pub enum Frame {
         /// `next_version` is wanted as a snapshot: the downstream holds no weights
         /// (flags bit 0).
         snapshot: bool,
+        /// The downstream accepts a composed delta from `next_version - 1` to a later
+        /// version in place of the deltas in between (flags bit 1; never with
+        /// `snapshot`).
+        composed: bool,
         live_streams: u64,
         /// The epoch of every stream of the session as the receiver knows it, by index.
         epochs: Vec<u32>,
@@ -460,13 +480,17 @@ impl Frame {
                 seq,
                 next_version,
                 snapshot,
+                composed,
                 live_streams,
                 epochs,
                 progress,
             } => {
                 out.put_u64_le(*seq);
                 out.put_u64_le(*next_version);
-                out.put_u8(u8::from(*snapshot));
+                out.put_u8(
+                    if *snapshot { WANT_SNAPSHOT } else { 0 }
+                        | if *composed { WANT_COMPOSED } else { 0 },
+                );
                 out.put_u64_le(*live_streams);
                 out.put_u8(epochs.len() as u8);
                 for epoch in epochs {
@@ -475,7 +499,11 @@ impl Frame {
                 out.put_u8(progress.len() as u8);
                 for p in progress {
                     out.put_u64_le(p.version);
-                    out.put_u8(u8::from(p.has_offer) | u8::from(p.has_seal) << 1);
+                    out.put_u8(
+                        if p.has_offer { PROGRESS_OFFER } else { 0 }
+                            | if p.has_seal { PROGRESS_SEAL } else { 0 }
+                            | if p.composed { PROGRESS_COMPOSED } else { 0 },
+                    );
                     out.put_u32_le(p.have.len() as u32);
                     for range in &p.have {
                         out.put_u32_le(range.start);
@@ -672,8 +700,13 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
             let seq = r.u64("sequence number")?;
             let next_version = r.u64("next version")?;
             let flags = r.u8("want flags")?;
-            if flags & !WANT_SNAPSHOT != 0 {
+            if flags & !(WANT_SNAPSHOT | WANT_COMPOSED) != 0 {
                 return Err(r.malformed(format!("unknown want flags {flags:#x}")));
+            }
+            if flags == WANT_SNAPSHOT | WANT_COMPOSED {
+                return Err(r.malformed(
+                    "a Want cannot ask for a snapshot and composed catch-up at once".into(),
+                ));
             }
             let live_streams = r.u64("live streams")?;
             let epoch_count = r.u8("epoch count")?;
@@ -696,7 +729,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                     )));
                 }
                 let flags = r.u8("progress flags")?;
-                if flags & !0b11 != 0 {
+                if flags & !(PROGRESS_OFFER | PROGRESS_SEAL | PROGRESS_COMPOSED) != 0 {
                     return Err(r.malformed(format!("unknown progress flags {flags:#x}")));
                 }
                 let ranges = r.u32("range count")? as usize;
@@ -715,8 +748,9 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 }
                 progress.push(Progress {
                     version,
-                    has_offer: flags & 1 != 0,
-                    has_seal: flags & 2 != 0,
+                    has_offer: flags & PROGRESS_OFFER != 0,
+                    has_seal: flags & PROGRESS_SEAL != 0,
+                    composed: flags & PROGRESS_COMPOSED != 0,
                     have,
                 });
             }
@@ -724,6 +758,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 seq,
                 next_version,
                 snapshot: flags & WANT_SNAPSHOT != 0,
+                composed: flags & WANT_COMPOSED != 0,
                 live_streams,
                 epochs,
                 progress,

@@ -56,6 +56,13 @@ pub enum Output {
     LoadSnapshot {
         version: u64,
     },
+    /// Plan the catch-up of a subscriber at `base` to `target`; if a composed delta is
+    /// the cheapest by bytes, pass it to [`crate::Sender::insert_composed`], otherwise
+    /// report [`crate::Sender::composed_declined`] (it replays the deltas).
+    LoadComposed {
+        base: u64,
+        target: u64,
+    },
     /// Decode segment `index` of `version` (verified, with `hash`) against the active
     /// weights ([`crate::Weights::decode_segment`]; a joining node's are
     /// [`crate::Weights::empty`]), then call [`Node::decoded`]. Each
@@ -159,12 +166,16 @@ impl Node {
         Node::new(Some(sender), Some(receiver), Some(ActorCore::new(active)))
     }
 
-    pub fn actor(receiver: Receiver, active: VersionRef) -> Node {
+    /// An actor: it accepts composed catch-up (it stages what it receives and
+    /// republishes nothing).
+    pub fn actor(mut receiver: Receiver, active: VersionRef) -> Node {
+        receiver.accept_composed();
         Node::new(None, Some(receiver), Some(ActorCore::new(active)))
     }
 
     /// An actor with no weights: `receiver` is [`Receiver::joining`].
-    pub fn joining_actor(receiver: Receiver) -> Node {
+    pub fn joining_actor(mut receiver: Receiver) -> Node {
+        receiver.accept_composed();
         Node::new(None, Some(receiver), Some(ActorCore::joining()))
     }
 
@@ -363,6 +374,9 @@ impl Node {
                             self.outputs.push_back(relay_error(e));
                         }
                     }
+                    // Only an actor's receiver accepts one, and an actor republishes
+                    // nothing.
+                    ArtifactKind::Composed => {}
                 }
                 self.begin_staging(version, kind, header);
             }
@@ -412,6 +426,7 @@ impl Node {
                     match artifact.kind() {
                         ArtifactKind::Snapshot => actor.snapshot(artifact.header()),
                         ArtifactKind::Delta => actor.artifact(artifact.header()),
+                        ArtifactKind::Composed => actor.composed(artifact.header()),
                     }
                     self.artifacts.insert(version, artifact);
                 }
@@ -450,6 +465,9 @@ impl Node {
                 header.base_version == active.version
                     && header.base_hash == active.hash
                     && version == active.version + 1
+            }
+            (ArtifactKind::Composed, Some(active)) => {
+                header.base_version == active.version && header.base_hash == active.hash
             }
             _ => false,
         };
@@ -552,6 +570,7 @@ impl Node {
         let output = match event {
             SenderEvent::Load { version } => Output::Load { version },
             SenderEvent::LoadSnapshot { version } => Output::LoadSnapshot { version },
+            SenderEvent::LoadComposed { base, target } => Output::LoadComposed { base, target },
             SenderEvent::Close { conn, reason } => {
                 tracing::debug!(conn, reason, "closing a downstream connection");
                 Output::Close { conn }

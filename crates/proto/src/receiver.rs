@@ -15,6 +15,13 @@
 //! A receiver that holds no weights ([`Receiver::joining`]) starts from the newest
 //! snapshot an upstream offers in its Welcome, wants it with the snapshot flag, and
 //! continues with the deltas after it like any other receiver.
+//!
+//! An actor's receiver accepts composed catch-up ([`Receiver::accept_composed`]): its
+//! Wants say so, and an upstream may answer one that is behind with a single composed
+//! delta from the weights of `next_version - 1` to a later version v (Offer kind 3,
+//! docs/wire-protocol.md §6.7) instead of the deltas in between; once it is delivered
+//! the receiver goes on from v + 1. Its version may lie beyond the window: the one
+//! version beyond it that an upstream sends is taken as that composed delta.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -143,6 +150,8 @@ const SLOT_BYTES: u64 = 48;
 #[derive(Default)]
 struct Assembly {
     descriptor: Option<(Bytes, Arc<DeltaHeader>)>,
+    /// The kind its Offer named (set with the descriptor).
+    kind: Option<ArtifactKind>,
     segments: Vec<Option<(Hash, Bytes)>>,
     table: Option<(Hash, Vec<SegmentEntry>)>,
     verified_table: bool,
@@ -167,6 +176,7 @@ impl Assembly {
             version,
             has_offer: self.descriptor.is_some(),
             has_seal: self.table.is_some() && self.verified_table,
+            composed: self.kind == Some(ArtifactKind::Composed),
             have: ranges::have_ranges(self.segments.iter().map(Option::is_some)),
         }
     }
@@ -202,6 +212,12 @@ pub struct Receiver {
     config: ReceiverConfig,
     start: Start,
     next_version: u64,
+    /// The weights of `next_version - 1` where known: the base a composed delta must
+    /// start from.
+    tip: Option<VersionRef>,
+    /// Whether Wants accept a composed delta for catch-up (an actor's receiver; a relay
+    /// republishes deltas and takes none).
+    accepts_composed: bool,
     active: VersionRef,
     staged: Option<u64>,
     session: Option<Session>,
@@ -231,6 +247,8 @@ impl Receiver {
             config,
             start: Start::Weights,
             next_version,
+            tip: (active.version + 1 == next_version).then_some(active),
+            accepts_composed: false,
             active,
             staged: None,
             session: None,
@@ -258,6 +276,23 @@ impl Receiver {
         receiver
     }
 
+    /// Lets Wants accept a composed delta for catch-up (docs/wire-protocol.md §6.7). Only
+    /// a peer that stages what it receives takes one: a relay would have to republish a
+    /// composed delta as the delta of its version, which it is not.
+    pub fn accept_composed(&mut self) {
+        self.accepts_composed = true;
+    }
+
+    /// Whether the next Want accepts a composed delta: the receiver holds weights and
+    /// knows them as the base such a delta starts from.
+    fn wants_composed(&self) -> bool {
+        self.accepts_composed
+            && self.start == Start::Weights
+            && self
+                .tip
+                .is_some_and(|tip| tip.version + 1 == self.next_version)
+    }
+
     /// Whether the receiver still waits for its snapshot.
     #[cfg(test)]
     pub(crate) fn is_joining(&self) -> bool {
@@ -282,6 +317,9 @@ impl Receiver {
     pub fn set_local(&mut self, active: VersionRef, staged: Option<u64>) {
         self.active = active;
         self.staged = staged;
+        if self.tip.is_none() && active.version + 1 == self.next_version {
+            self.tip = Some(active);
+        }
     }
 
     /// Starts a session (after [`ReceiverEvent::UpstreamLost`], or the first time):
@@ -551,17 +589,43 @@ impl Receiver {
         self.queue_want();
     }
 
-    fn window_check(&self, version: u64) -> Result<bool, String> {
+    fn window_check(&mut self, version: u64) -> Result<bool, String> {
         if version < self.next_version {
             return Ok(false);
         }
-        if version > self.next_version + self.config.versions_ahead {
+        let end = self.next_version + self.config.versions_ahead;
+        if version <= end {
+            return Ok(true);
+        }
+        if !self.wants_composed() {
             return Err(format!(
                 "protocol violation: version {version} is beyond the window (next {}, {} ahead)",
                 self.next_version, self.config.versions_ahead
             ));
         }
+        // Beyond the window only a composed delta travels, and nothing after it until
+        // it is delivered: its segments may overtake its Offer, so the one version out
+        // there is held as that composed delta. Another one means the upstream now
+        // serves a different composed delta (another hub, a newer target): the old one
+        // is dropped, so at most one version is ever held beyond the window.
+        let stale: Vec<u64> = self
+            .assemblies
+            .range(end + 1..)
+            .map(|(v, _)| *v)
+            .filter(|v| *v != version)
+            .collect();
+        self.drop_assemblies(&stale);
         Ok(true)
+    }
+
+    /// Forgets what is held of `versions` (stale: they will never be delivered).
+    fn drop_assemblies(&mut self, versions: &[u64]) {
+        for version in versions {
+            if let Some(assembly) = self.assemblies.remove(version) {
+                self.held_bytes -= assembly.held_bytes;
+            }
+            self.nacks.retain(|(v, _), _| v != version);
+        }
     }
 
     /// How `version` must arrive: the snapshot a joining receiver took, or a delta.
@@ -583,9 +647,15 @@ impl Receiver {
             return Ok(());
         }
         let wanted = self.kind_of(version);
-        if kind != wanted {
+        let composed_ok = kind == ArtifactKind::Composed && wanted == ArtifactKind::Delta;
+        if kind != wanted && !composed_ok {
             return Err(format!(
                 "protocol violation: version {version} offered as {kind}, wanted as {wanted}"
+            ));
+        }
+        if composed_ok && !self.wants_composed() {
+            return Err(format!(
+                "protocol violation: version {version} offered as a composed delta, which this receiver did not accept"
             ));
         }
         let (header, used) = DeltaHeader::decode(&descriptor)
@@ -601,6 +671,30 @@ impl Receiver {
             crate::snapshot::check_header(&header, version)
                 .map_err(|reason| format!("offer of version {version}: {reason}"))?;
         }
+        if composed_ok {
+            self.check_composed(&header)
+                .map_err(|reason| format!("protocol violation: {reason}"))?;
+        }
+        let held_kind = self.assemblies.get(&version).and_then(|a| a.kind);
+        if held_kind.is_some_and(|held| held != kind) {
+            // Parts of D(v) and of a composed delta to v are different artifacts, and
+            // segments that overtook this Offer may have joined the wrong one: drop
+            // what is held and start a session whose Want says what is held now.
+            self.drop_assemblies(&[version]);
+            return Err(format!(
+                "version {version} is now offered as {kind}: dropped what was held of it"
+            ));
+        }
+        if composed_ok {
+            // One composed delta at a time: one to another version is stale now.
+            let others: Vec<u64> = self
+                .assemblies
+                .iter()
+                .filter(|(v, a)| **v != version && a.kind == Some(ArtifactKind::Composed))
+                .map(|(v, _)| *v)
+                .collect();
+            self.drop_assemblies(&others);
+        }
         let assembly = self.assemblies.entry(version).or_default();
         match &assembly.descriptor {
             Some((held, _)) if *held == descriptor => return Ok(()),
@@ -609,6 +703,7 @@ impl Receiver {
         }
         let header = Arc::new(header);
         assembly.descriptor = Some((descriptor.clone(), header.clone()));
+        assembly.kind = Some(kind);
         self.events.push_back(ReceiverEvent::Offered {
             version,
             kind,
@@ -726,6 +821,29 @@ impl Receiver {
         self.check_table(version)
     }
 
+    /// A composed delta must go from the weights of `next_version - 1` (version and
+    /// hash) to a later version than the next one.
+    fn check_composed(&self, header: &DeltaHeader) -> Result<(), String> {
+        let version = header.target_version;
+        let base = self
+            .tip
+            .filter(|tip| tip.version + 1 == self.next_version)
+            .ok_or_else(|| format!("composed delta to {version} offered, but the weights of version {} are not known here", self.next_version.wrapping_sub(1)))?;
+        if version <= self.next_version {
+            return Err(format!(
+                "composed delta to version {version} does not go past the next version {}",
+                self.next_version
+            ));
+        }
+        if header.base_version != base.version || header.base_hash != base.hash {
+            return Err(format!(
+                "composed delta to version {version} starts from version {} with weights {}, but this receiver is at version {} with {}",
+                header.base_version, header.base_hash, base.version, base.hash
+            ));
+        }
+        Ok(())
+    }
+
     /// Once both descriptor and table are in: the table must hash to the id with the
     /// header, and every segment already held must match it.
     fn check_table(&mut self, version: u64) -> Result<(), String> {
@@ -746,6 +864,12 @@ impl Receiver {
         }
         .id();
         if computed != *id {
+            let id = *id;
+            // Descriptor and table belong to different artifacts (a table that overtook
+            // its Offer may be of the other kind, D(v) or a composed delta to v): what is
+            // held of the version cannot be told apart, so all of it goes, and the next
+            // session's Want asks for it afresh.
+            self.drop_assemblies(&[version]);
             return Err(format!(
                 "the table of version {version} does not hash to its artifact id {id}"
             ));
@@ -788,29 +912,47 @@ impl Receiver {
     }
 
     /// Hands out complete versions in order and tells the upstream the window moved.
+    /// A complete composed delta from `next_version - 1` is delivered as its version,
+    /// and what is held of the versions it skips is dropped.
     fn deliver(&mut self) {
         let mut moved = false;
-        while self
-            .assemblies
-            .get(&self.next_version)
-            .is_some_and(Assembly::is_complete)
-        {
-            let assembly = self
-                .assemblies
-                .remove(&self.next_version)
-                .expect("checked above");
+        while let Some(version) = self.deliverable() {
+            let assembly = self.assemblies.remove(&version).expect("deliverable");
             self.held_bytes -= assembly.held_bytes;
-            let kind = self.kind_of(self.next_version);
+            let kind = match assembly.kind {
+                Some(ArtifactKind::Composed) => ArtifactKind::Composed,
+                _ => self.kind_of(version),
+            };
             if kind == ArtifactKind::Snapshot {
                 self.start = Start::Weights;
             }
             let artifact = Artifact::from_assembly(assembly, kind);
-            self.events.push_back(ReceiverEvent::Complete {
-                version: self.next_version,
-                artifact,
+            self.tip = Some(VersionRef {
+                version,
+                hash: artifact.header().target_hash,
             });
-            self.next_version += 1;
+            self.events
+                .push_back(ReceiverEvent::Complete { version, artifact });
+            self.next_version = version + 1;
+            let skipped: Vec<u64> = self.assemblies.range(..=version).map(|(v, _)| *v).collect();
+            self.drop_assemblies(&skipped);
             moved = true;
+        }
+        if moved {
+            // A composed delta from a version now passed can never be delivered.
+            let base = self.next_version - 1;
+            let stale: Vec<u64> = self
+                .assemblies
+                .iter()
+                .filter(|(_, a)| {
+                    a.kind == Some(ArtifactKind::Composed)
+                        && a.descriptor
+                            .as_ref()
+                            .is_some_and(|(_, h)| h.base_version != base)
+                })
+                .map(|(v, _)| *v)
+                .collect();
+            self.drop_assemblies(&stale);
         }
         let next_version = self.next_version;
         self.nacks
@@ -820,10 +962,28 @@ impl Receiver {
         }
     }
 
+    /// The version to deliver next: `next_version` when complete, else a complete
+    /// composed delta (its base was checked against `next_version - 1` on arrival, and
+    /// one whose base passed is dropped).
+    fn deliverable(&self) -> Option<u64> {
+        if self
+            .assemblies
+            .get(&self.next_version)
+            .is_some_and(Assembly::is_complete)
+        {
+            return Some(self.next_version);
+        }
+        self.assemblies
+            .iter()
+            .find(|(_, a)| a.kind == Some(ArtifactKind::Composed) && a.is_complete())
+            .map(|(v, _)| *v)
+    }
+
     /// Starts over from `version`: what is held of it and later versions is dropped.
     /// An actor calls this after refusing a delta, to fetch the chain again.
     pub fn rewind(&mut self, version: u64) {
         self.next_version = version;
+        self.tip = (self.active.version + 1 == version).then_some(self.active);
         self.forget_held();
         self.queue_want();
     }
@@ -833,6 +993,7 @@ impl Receiver {
     pub fn rejoin(&mut self) {
         self.start = Start::Snapshot(None);
         self.next_version = 0;
+        self.tip = None;
         self.forget_held();
     }
 
@@ -880,6 +1041,7 @@ impl Receiver {
             seq,
             next_version: self.next_version,
             snapshot: self.start == Start::Snapshot(Some(self.next_version)),
+            composed: self.wants_composed(),
             live_streams,
             epochs,
             progress,
@@ -1004,7 +1166,7 @@ impl Artifact {
         }
     }
 
-    /// A delta, or the snapshot a joining receiver started from.
+    /// A delta, a composed delta, or the snapshot a joining receiver started from.
     pub fn kind(&self) -> ArtifactKind {
         self.kind
     }

@@ -18,6 +18,12 @@
 //! A store-backed sender also serves peers that join with no weights: a Want with the
 //! snapshot flag gets its next version as a snapshot artifact (loaded on demand, held
 //! while a session needs it: it is a whole checkpoint), then the deltas after it.
+//!
+//! It also serves catch-up in one artifact: a session at least two versions behind the
+//! store's latest version v whose Want accepts composed catch-up gets, if the driver's
+//! plan finds it cheaper by bytes ([`SenderEvent::LoadComposed`]), the composed delta
+//! from `next_version - 1` to v (Offer kind 3) in place of the deltas in between, and
+//! nothing after it until its next Want moves past v. Otherwise it replays the deltas.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -76,9 +82,9 @@ pub struct SenderConfig {
     pub versions_ahead: u64,
     /// Artifacts kept in memory beyond those a subscriber still needs.
     pub retain_versions: usize,
-    /// Whether older versions and snapshots can be loaded on request
-    /// ([`SenderEvent::Load`], [`SenderEvent::LoadSnapshot`]); a relay answers
-    /// Unavailable instead.
+    /// Whether older versions, snapshots and composed catch-up deltas can be loaded on
+    /// request ([`SenderEvent::Load`], [`SenderEvent::LoadSnapshot`],
+    /// [`SenderEvent::LoadComposed`]); a relay answers Unavailable instead, and replays.
     pub store_backed: bool,
     pub max_sessions: usize,
     /// Control frames queued per session; a session that lets more pile up is dropped.
@@ -127,6 +133,11 @@ pub enum SenderEvent {
     /// §4.4) and pass it to [`Sender::insert_snapshot`], or report
     /// [`Sender::snapshot_load_failed`].
     LoadSnapshot { version: u64 },
+    /// A session at `base + 1` accepts a composed delta to `target`: if the catch-up
+    /// plan says it costs fewer bytes than replaying the deltas, pass C(base -> target)
+    /// to [`Sender::insert_composed`]; otherwise (or when it cannot be built) report
+    /// [`Sender::composed_declined`], and the session replays the deltas.
+    LoadComposed { base: u64, target: u64 },
     /// Close `conn` now, without writing anything more.
     Close { conn: ConnId, reason: String },
     /// A session finished its handshake.
@@ -166,6 +177,8 @@ pub struct SenderStats {
     pub segments_resent: u64,
     pub nacks: u64,
     pub sessions_dropped: u64,
+    /// Offers of composed deltas (a catch-up served in one artifact).
+    pub composed_offers: u64,
 }
 
 struct Artifact {
@@ -236,6 +249,9 @@ struct Session {
     next_version: Option<u64>,
     /// The version the latest Want asked for as a snapshot (its next version).
     snapshot: Option<u64>,
+    /// The composed delta (base, target) this session is served in place of the deltas
+    /// from `base + 1` to `target`.
+    composed: Option<(u64, u64)>,
     last_want: Option<u64>,
     versions: BTreeMap<u64, SendVersion>,
     control: VecDeque<Frame>,
@@ -274,6 +290,12 @@ pub struct Sender {
     snapshot_loadable: Option<u64>,
     snapshots_loading: BTreeSet<u64>,
     snapshots_unavailable: BTreeMap<u64, String>,
+    /// Composed deltas by (base, target), held only while a session is served one.
+    composed: BTreeMap<(u64, u64), Artifact>,
+    composed_loading: BTreeSet<(u64, u64)>,
+    /// Composed deltas the driver declined (replaying is cheaper, or it could not build
+    /// one), with why: their sessions replay the deltas.
+    composed_declined: BTreeMap<(u64, u64), String>,
     commit: Option<VersionRef>,
     sessions: HashMap<u64, Session>,
     conns: BTreeMap<ConnId, Conn>,
@@ -300,6 +322,9 @@ impl Sender {
             snapshot_loadable: None,
             snapshots_loading: BTreeSet::new(),
             snapshots_unavailable: BTreeMap::new(),
+            composed: BTreeMap::new(),
+            composed_loading: BTreeSet::new(),
+            composed_declined: BTreeMap::new(),
             commit: None,
             sessions: HashMap::new(),
             conns: BTreeMap::new(),
@@ -336,6 +361,9 @@ impl Sender {
     /// Tells a store-backed sender the newest version its store holds.
     pub fn set_loadable(&mut self, latest: Option<u64>) {
         self.loadable_max = latest;
+        // Only composed deltas to the latest version are ever asked for again.
+        self.composed_declined
+            .retain(|(_, target), _| latest.is_none_or(|latest| *target >= latest));
     }
 
     /// Tells a store-backed sender the newest snapshot its store holds: every Welcome
@@ -524,24 +552,40 @@ impl Sender {
         self.snapshots_loading.remove(&version);
         crate::snapshot::check_header(file.header(), version)
             .map_err(SenderError::InvalidArtifact)?;
-        if file.segment_count() > MAX_TRANSFER_SEGMENTS as usize {
-            return Err(SenderError::InvalidArtifact(format!(
-                "{} segments exceed the protocol's limit of {MAX_TRANSFER_SEGMENTS}",
-                file.segment_count()
-            )));
-        }
-        let (descriptor, segments) = stored_parts(&bytes, &file);
+        let artifact = sealed_artifact(&bytes, &file)?;
         self.snapshots_unavailable.remove(&version);
-        self.snapshots.insert(
-            version,
-            Artifact {
-                descriptor,
-                segments,
-                seal: Some((file.id, file.manifest.segments.clone())),
-            },
-        );
+        self.snapshots.insert(version, artifact);
         self.evict_snapshots();
         Ok(version)
+    }
+
+    /// Holds a composed delta (from a store, [`SenderEvent::LoadComposed`]) for the
+    /// sessions it was built for; its structure and manifest hash are checked here, its
+    /// segment hashes by the store that built it.
+    pub fn insert_composed(&mut self, bytes: Bytes) -> Result<(u64, u64), SenderError> {
+        let file =
+            DeltaFile::parse(&bytes).map_err(|e| SenderError::InvalidArtifact(e.to_string()))?;
+        let header = file.header();
+        let key = (header.base_version, header.target_version);
+        self.composed_loading.remove(&key);
+        if key.0 >= key.1 {
+            return Err(SenderError::InvalidArtifact(format!(
+                "a composed delta goes forward, not from version {} to {}",
+                key.0, key.1
+            )));
+        }
+        let artifact = sealed_artifact(&bytes, &file)?;
+        self.composed_declined.remove(&key);
+        self.composed.insert(key, artifact);
+        self.evict_composed();
+        Ok(key)
+    }
+
+    /// The driver will not serve C(base -> target) (replaying the deltas costs fewer
+    /// bytes, or it could not be built): its sessions replay the deltas.
+    pub fn composed_declined(&mut self, base: u64, target: u64, reason: String) {
+        self.composed_loading.remove(&(base, target));
+        self.composed_declined.insert((base, target), reason);
     }
 
     /// The driver could not load the snapshot of `version`: the sessions that want it
@@ -584,11 +628,25 @@ impl Sender {
         }
     }
 
-    /// A snapshot is a whole checkpoint: it goes as soon as no session wants it.
+    /// A snapshot is a whole checkpoint: it goes as soon as no session wants it. So does
+    /// a composed delta: it serves only the sessions at its base.
     fn evict_snapshots(&mut self) {
         let sessions = &self.sessions;
         self.snapshots
             .retain(|version, _| sessions.values().any(|s| s.snapshot == Some(*version)));
+        self.evict_composed();
+    }
+
+    fn evict_composed(&mut self) {
+        let sessions = &self.sessions;
+        self.composed
+            .retain(|key, _| sessions.values().any(|s| s.composed == Some(*key)));
+    }
+
+    /// Composed delta artifacts held now.
+    #[cfg(test)]
+    pub(crate) fn composed_held(&self) -> usize {
+        self.composed.len()
     }
 
     // ---------------------------------------------------------------------------------
@@ -668,6 +726,7 @@ impl Sender {
                 seq,
                 next_version,
                 snapshot,
+                composed,
                 live_streams,
                 epochs,
                 progress,
@@ -679,10 +738,11 @@ impl Sender {
                 }
                 session.last_want = Some(seq);
                 let snapshot = snapshot.then_some(next_version);
+                let composed = self.composed_choice(next_version, composed, &progress);
                 self.on_want(
                     session_id,
                     next_version,
-                    snapshot,
+                    (snapshot, composed),
                     live_streams,
                     &epochs,
                     progress,
@@ -799,6 +859,7 @@ impl Sender {
                 streams: vec![None; hello.streams as usize],
                 next_version: None,
                 snapshot: None,
+                composed: None,
                 last_want: None,
                 versions: BTreeMap::new(),
                 control: VecDeque::new(),
@@ -831,16 +892,59 @@ impl Sender {
         c.direct.push_back((welcome, false));
     }
 
+    /// The composed delta a Want at `next_version` is served, if any: a store-backed
+    /// sender, a Want that accepts one, and at least two versions to go (one behind,
+    /// it would be the stored delta itself). Its target is the one the subscriber holds
+    /// parts of (a transfer resumes), else the store's latest; a target the driver
+    /// declined from this base or an earlier one is replayed instead.
+    fn composed_choice(
+        &self,
+        next_version: u64,
+        accepted: bool,
+        progress: &[Progress],
+    ) -> Option<(u64, u64)> {
+        let latest = self
+            .loadable_max
+            .filter(|_| accepted && self.config.store_backed)?;
+        let held = progress
+            .iter()
+            .find(|p| p.composed)
+            .map(|p| p.version)
+            .filter(|&t| t <= latest);
+        let target = held.unwrap_or(latest);
+        if progress.iter().any(|p| p.version == target && !p.composed) {
+            // It holds parts of D(target): it is replaying already, and parts of two
+            // artifacts for one version would only be dropped.
+            return None;
+        }
+        let key = (next_version.checked_sub(1)?, target);
+        // Declined from an earlier base: replaying to the same target from a later one
+        // is cheaper still, so the plan is not asked again at every delivered version.
+        let declined = self
+            .composed_declined
+            .keys()
+            .any(|&(base, t)| t == target && base <= key.0);
+        (target > next_version && !declined).then_some(key)
+    }
+
     fn on_want(
         &mut self,
         id: u64,
         next_version: u64,
-        snapshot: Option<u64>,
+        (snapshot, composed): (Option<u64>, Option<(u64, u64)>),
         live_streams: u64,
         epochs: &[u32],
         progress: Vec<Progress>,
     ) {
         let session = self.sessions.get_mut(&id).expect("caller checked");
+        // A session this sender is already sending deltas past its next version keeps
+        // replaying: switching mid-stream would waste what is in flight (a Want may lag
+        // behind the deltas sent since it was written).
+        let serving = session.composed.map(|(_, target)| target);
+        let replaying = session.versions.iter().any(|(v, state)| {
+            *v >= next_version && Some(*v) != serving && !state.ever_sent.is_empty()
+        });
+        let composed = composed.filter(|_| !replaying);
         if session.snapshot != snapshot {
             // What was sent of these versions belongs to the other kind of artifact: the
             // Want's progress alone says what the subscriber holds now.
@@ -849,6 +953,14 @@ impl Sender {
             }
             session.snapshot = snapshot;
         }
+        if session.composed != composed {
+            // The same: D(target) and a composed delta to target are different artifacts.
+            for (_, target) in [session.composed, composed].into_iter().flatten() {
+                session.versions.remove(&target);
+            }
+            session.composed = composed;
+        }
+        let composed_target = composed.map(|(_, target)| target);
         // A segment written on a connection is lost if the Want knows that connection
         // and says it is gone (replaced by a later epoch, or not live). A Want written
         // before the connection existed says nothing about it (it crossed the Hello).
@@ -879,7 +991,11 @@ impl Sender {
             .collect();
         for version in versions {
             let state = session.versions.entry(version).or_default();
-            let report = reported.remove(&version).unwrap_or_default();
+            let mut report = reported.remove(&version).unwrap_or_default();
+            if report.composed != (composed_target == Some(version)) {
+                // Progress of the kind of artifact not served: none of it is held.
+                report = Progress::default();
+            }
             state.offer_sent = report.has_offer;
             state.seal_sent = report.has_seal;
             for index in 0..state.segs.len() {
@@ -907,14 +1023,12 @@ impl Sender {
             let limit = self.config.max_nacks;
             return self.drop_session(id, format!("more than {limit} nacks"));
         }
-        let source = if session.snapshot == Some(version) {
-            &self.snapshots
-        } else {
-            &self.artifacts
-        };
-        let held = source
-            .get(&version)
-            .is_some_and(|a| a.present(index as usize));
+        let held = match session.composed {
+            Some(key) if key.1 == version => self.composed.get(&key),
+            _ if session.snapshot == Some(version) => self.snapshots.get(&version),
+            _ => self.artifacts.get(&version),
+        }
+        .is_some_and(|a| a.present(index as usize));
         // A nack for a segment this sender never had is ignored, whatever its index.
         if held && let Some(state) = session.versions.get_mut(&version) {
             state.set(index as usize, SegState::Unsent);
@@ -1000,6 +1114,41 @@ impl Sender {
             return Some((frame, false));
         }
         let next_version = session.next_version.filter(|_| !session.blocked)?;
+        if let Some(key) = session.composed {
+            if let Some(artifact) = self.composed.get(&key) {
+                // Nothing after it until the next Want moves past it: the subscriber
+                // holds only one version beyond its window, this one.
+                let state = session.versions.entry(key.1).or_default();
+                let frame = next_artifact_frame(
+                    state,
+                    artifact,
+                    key.1,
+                    ArtifactKind::Composed,
+                    (c_stream, c_epoch),
+                    &mut self.stats,
+                );
+                return frame.map(|frame| (frame, false));
+            }
+            if let Some(reason) = self.composed_declined.get(&key) {
+                tracing::info!(
+                    peer = session.peer_id,
+                    base = key.0,
+                    target = key.1,
+                    reason,
+                    "catch-up replays the deltas"
+                );
+                session.composed = None;
+                session.versions.remove(&key.1);
+            } else {
+                if self.composed_loading.insert(key) {
+                    self.events.push_back(SenderEvent::LoadComposed {
+                        base: key.0,
+                        target: key.1,
+                    });
+                }
+                return None;
+            }
+        }
         for version in next_version..next_version + self.config.versions_ahead {
             let as_snapshot = session.snapshot == Some(version);
             let held = if as_snapshot {
@@ -1057,60 +1206,21 @@ impl Sender {
                 return None;
             };
             let state = session.versions.entry(version).or_default();
-            if !state.offer_sent {
-                state.offer_sent = true;
-                let kind = if as_snapshot {
-                    ArtifactKind::Snapshot
-                } else {
-                    ArtifactKind::Delta
-                };
-                return Some((
-                    Frame::Offer {
-                        version,
-                        kind,
-                        descriptor: artifact.descriptor.clone(),
-                    },
-                    false,
-                ));
-            }
-            if let Some((id, entries)) = &artifact.seal
-                && !state.seal_sent
-            {
-                state.seal_sent = true;
-                return Some((
-                    Frame::Seal {
-                        version,
-                        id: *id,
-                        segments: entries.clone(),
-                    },
-                    false,
-                ));
-            }
-            while state.cursor < artifact.segments.len()
-                && state.state(state.cursor) != SegState::Unsent
-            {
-                state.cursor += 1;
-            }
-            let next = (state.cursor..artifact.segments.len())
-                .find(|&i| state.state(i) == SegState::Unsent && artifact.present(i));
-            if let Some(index) = next {
-                let (hash, bytes) = artifact.segments[index].clone().expect("present");
-                let (stream, epoch) = (c_stream, c_epoch);
-                state.set(index, SegState::Sent { stream, epoch });
-                self.stats.segments_sent += 1;
-                self.stats.segment_bytes_sent += bytes.len() as u64;
-                if !state.ever_sent.insert(index as u32) {
-                    self.stats.segments_resent += 1;
-                }
-                return Some((
-                    Frame::Segment {
-                        version,
-                        index: index as u32,
-                        hash,
-                        bytes,
-                    },
-                    false,
-                ));
+            let kind = if as_snapshot {
+                ArtifactKind::Snapshot
+            } else {
+                ArtifactKind::Delta
+            };
+            let frame = next_artifact_frame(
+                state,
+                artifact,
+                version,
+                kind,
+                (c_stream, c_epoch),
+                &mut self.stats,
+            );
+            if let Some(frame) = frame {
+                return Some((frame, false));
             }
         }
         None
@@ -1167,6 +1277,75 @@ impl Sender {
             self.drop_session(id, format!("no write completed for {timeout:?}: too slow"));
         }
     }
+}
+
+/// The next frame of `artifact` (sent as `version` of `kind`) that a session whose
+/// state is `state` needs, written on stream (index, epoch) `on`: its Offer, its Seal
+/// once known, then each segment it does not hold, lowest index first.
+fn next_artifact_frame(
+    state: &mut SendVersion,
+    artifact: &Artifact,
+    version: u64,
+    kind: ArtifactKind,
+    (stream, epoch): (u8, u32),
+    stats: &mut SenderStats,
+) -> Option<Frame> {
+    if !state.offer_sent {
+        state.offer_sent = true;
+        if kind == ArtifactKind::Composed {
+            stats.composed_offers += 1;
+        }
+        return Some(Frame::Offer {
+            version,
+            kind,
+            descriptor: artifact.descriptor.clone(),
+        });
+    }
+    if let Some((id, entries)) = &artifact.seal
+        && !state.seal_sent
+    {
+        state.seal_sent = true;
+        return Some(Frame::Seal {
+            version,
+            id: *id,
+            segments: entries.clone(),
+        });
+    }
+    while state.cursor < artifact.segments.len() && state.state(state.cursor) != SegState::Unsent {
+        state.cursor += 1;
+    }
+    let index = (state.cursor..artifact.segments.len())
+        .find(|&i| state.state(i) == SegState::Unsent && artifact.present(i))?;
+    let (hash, bytes) = artifact.segments[index].clone().expect("present");
+    state.set(index, SegState::Sent { stream, epoch });
+    stats.segments_sent += 1;
+    stats.segment_bytes_sent += bytes.len() as u64;
+    if !state.ever_sent.insert(index as u32) {
+        stats.segments_resent += 1;
+    }
+    Some(Frame::Segment {
+        version,
+        index: index as u32,
+        hash,
+        bytes,
+    })
+}
+
+/// A complete stored artifact held apart from the deltas (a snapshot or a composed
+/// delta), after checking that it can travel over the protocol.
+fn sealed_artifact(bytes: &Bytes, file: &DeltaFile<'_>) -> Result<Artifact, SenderError> {
+    if file.segment_count() > MAX_TRANSFER_SEGMENTS as usize {
+        return Err(SenderError::InvalidArtifact(format!(
+            "{} segments exceed the protocol's limit of {MAX_TRANSFER_SEGMENTS}",
+            file.segment_count()
+        )));
+    }
+    let (descriptor, segments) = stored_parts(bytes, file);
+    Ok(Artifact {
+        descriptor,
+        segments,
+        seal: Some((file.id, file.manifest.segments.clone())),
+    })
 }
 
 /// A stored artifact's descriptor and segments, as slices of its bytes.

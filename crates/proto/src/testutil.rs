@@ -28,34 +28,58 @@ pub fn weights(version: u64) -> Hash {
 /// A delta artifact D(version) with `segments` segments of arbitrary bytes (the
 /// protocol never decodes them).
 pub fn artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
-    let header = DeltaHeader {
-        base_version: version - 1,
-        target_version: version,
-        base_hash: weights(version - 1),
-        target_hash: weights(version),
-        encoding: Encoding::Aurora,
-        tensors: Vec::new(),
-    };
-    let bodies: Vec<Vec<u8>> = (0..segments)
-        .map(|i| format!("segment {i} of version {version}").into_bytes())
-        .collect();
-    let (manifest, bytes) = assemble(&header, &bodies);
-    (Bytes::from(bytes), manifest)
+    let base = (version - 1, weights(version - 1));
+    let label = format!("version {version}");
+    synthetic(base, version, Encoding::Aurora, segments, &label)
+}
+
+/// A composed delta from `base` straight to `target` with `segments` segments of
+/// arbitrary bytes.
+pub fn composed_artifact(base: u64, target: u64, segments: usize) -> (Bytes, Manifest) {
+    let label = format!("{base} -> {target}");
+    synthetic(
+        (base, weights(base)),
+        target,
+        Encoding::Aurora,
+        segments,
+        &label,
+    )
+}
+
+/// An actor's receiver for `next_version`: it accepts composed catch-up.
+pub fn composed_receiver(streams: u8, next_version: u64) -> Receiver {
+    let mut r = receiver(streams, next_version);
+    r.accept_composed();
+    r
 }
 
 /// The snapshot artifact of `version` (docs/wire-protocol.md §4.4) with `segments`
 /// segments of arbitrary bytes.
 pub fn snapshot_artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
+    let base = (version, crate::snapshot::empty_weights_hash());
+    let label = format!("snapshot {version}");
+    synthetic(base, version, Encoding::Dense, segments, &label)
+}
+
+/// An artifact from `base` (version and weights hash) to `target` whose segments are
+/// arbitrary bytes: "segment i of `label`".
+fn synthetic(
+    (base, base_hash): (u64, Hash),
+    target: u64,
+    encoding: Encoding,
+    segments: usize,
+    label: &str,
+) -> (Bytes, Manifest) {
     let header = DeltaHeader {
-        base_version: version,
-        target_version: version,
-        base_hash: crate::snapshot::empty_weights_hash(),
-        target_hash: weights(version),
-        encoding: Encoding::Dense,
+        base_version: base,
+        target_version: target,
+        base_hash,
+        target_hash: weights(target),
+        encoding,
         tensors: Vec::new(),
     };
     let bodies: Vec<Vec<u8>> = (0..segments)
-        .map(|i| format!("segment {i} of snapshot {version}").into_bytes())
+        .map(|i| format!("segment {i} of {label}").into_bytes())
         .collect();
     let (manifest, bytes) = assemble(&header, &bodies);
     (Bytes::from(bytes), manifest)
@@ -217,6 +241,11 @@ impl Pair {
 /// A receiver for version 1 with a welcomed session on `streams` streams (conns 1..).
 pub fn connected(streams: u8) -> Receiver {
     welcomed(receiver(streams, 1), None)
+}
+
+/// [`composed_receiver`] with a welcomed session on one stream (conn 1).
+pub fn connected_composed(next_version: u64) -> Receiver {
+    welcomed(composed_receiver(1, next_version), None)
 }
 
 /// A joining receiver welcomed by a hub that offers the snapshot of `snapshot`.

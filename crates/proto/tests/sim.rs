@@ -10,6 +10,9 @@
 //! A seventh actor joins mid-run with no weights: its region's relay offers no snapshot,
 //! so it falls back to the hub, takes the newest snapshot over the wire (resuming it
 //! across cuts and crashes of its upstream like any delta), then follows the deltas.
+//! A restarted actor often asks the hub first: its store plans the catch-up by bytes and
+//! serves one composed delta from the actor's version to the latest when that is
+//! cheaper than replaying the deltas.
 //!
 //! Checkers: no activation ever produces weights other than the published ones; in the
 //! end every live relay and actor is at the last version with byte-identical weights.
@@ -74,6 +77,27 @@ fn chain() -> &'static Chain {
             snapshots,
         }
     })
+}
+
+/// The composed delta from `base` to `target`, as a store builds it: `target` extracted
+/// against `base` (what `aurora_delta::compose` of the deltas in between yields).
+fn composed(base: u64, target: u64) -> Bytes {
+    let chain = chain();
+    let from = Checkpoint::from_safetensors(&chain.images[base as usize]).unwrap();
+    let to = Checkpoint::from_safetensors(&chain.images[target as usize]).unwrap();
+    let options = ExtractOptions {
+        base_version: base,
+        target_version: target,
+        segment_target_bytes: 2048,
+        base_hash: Some(chain.hashes[base as usize]),
+        target_hash: Some(chain.hashes[target as usize]),
+        ..ExtractOptions::default()
+    };
+    let (_, bytes) = Extraction::new(&from, &to, options)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    Bytes::from(bytes)
 }
 
 /// splitmix64: a seeded, dependency-free generator, stable forever.
@@ -148,6 +172,10 @@ enum Event {
     },
     LoadedSnapshot {
         version: u64,
+    },
+    LoadedComposed {
+        base: u64,
+        target: u64,
     },
     /// A peer with no weights starts.
     Join {
@@ -229,6 +257,8 @@ struct Sim {
     peers: Vec<Peer>,
     corrupt_percent: u64,
     faults: Faults,
+    /// Composed deltas the hub's "store" built, by (base, target).
+    composed: BTreeMap<(u64, u64), Bytes>,
 }
 
 /// What a run went through, so the seeds can be checked to cover every fault.
@@ -248,6 +278,8 @@ struct Faults {
     join_sessions_lost: u64,
     /// Of those, sessions lost with segments in hand: the next one resumes the snapshot.
     join_resumes: u64,
+    /// Activations of a composed delta: an actor skipped versions in one step.
+    composed_activations: u64,
 }
 
 const HUB: usize = 0;
@@ -358,6 +390,7 @@ impl Sim {
             next_session: 1,
             peers,
             faults: Faults::default(),
+            composed: BTreeMap::new(),
         };
         for node in 1..sim.peers.len() {
             sim.at(Duration::ZERO, Event::NewSession { node });
@@ -605,6 +638,25 @@ impl Sim {
                     .unwrap();
                 self.drain(HUB);
             }
+            Event::LoadedComposed { base, target } => {
+                // The store's catch-up plan: one composed delta if it needs fewer bytes
+                // than replaying D(base+1..=target).
+                let bytes = self
+                    .composed
+                    .entry((base, target))
+                    .or_insert_with(|| composed(base, target))
+                    .clone();
+                let replay: usize = (base + 1..=target)
+                    .map(|v| chain().deltas[v as usize - 1].len())
+                    .sum();
+                let sender = self.node(HUB).unwrap().sender_mut().unwrap();
+                if bytes.len() < replay {
+                    sender.insert_composed(bytes).unwrap();
+                } else {
+                    sender.composed_declined(base, target, "replaying is cheaper".into());
+                }
+                self.drain(HUB);
+            }
             Event::Join { node } => {
                 let peer = &mut self.peers[node];
                 if peer.node.is_none() && peer.weights.is_none() {
@@ -668,7 +720,9 @@ impl Sim {
                         active,
                     )
                 });
-                peer.upstream = 0;
+                // Often the hub first: its store serves the catch-up, as one composed
+                // delta when that is cheaper.
+                peer.upstream = usize::from(self.rng.chance(60));
                 self.at(Duration::ZERO, Event::NewSession { node });
             }
         }
@@ -851,6 +905,10 @@ impl Sim {
                 let after = self.rng.millis(5, 60);
                 self.at(after, Event::LoadedSnapshot { version });
             }
+            Output::LoadComposed { base, target } => {
+                let after = self.rng.millis(5, 60);
+                self.at(after, Event::LoadedComposed { base, target });
+            }
             Output::Decode {
                 version,
                 index,
@@ -895,6 +953,9 @@ impl Sim {
                     .take_patch(version)
                     .expect("staged before");
                 let joining = peer.weights.as_ref().unwrap().is_empty();
+                if !joining && version > peer.weights.as_ref().unwrap().active().version + 1 {
+                    self.faults.composed_activations += 1;
+                }
                 let outcome = peer.weights.as_mut().unwrap().activate(patch);
                 let expected = chain().hashes[version as usize];
                 if joining {
@@ -1000,6 +1061,7 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
         total.joins += f.joins;
         total.join_sessions_lost += f.join_sessions_lost;
         total.join_resumes += f.join_resumes;
+        total.composed_activations += f.composed_activations;
     }
     assert!(total.duplicates <= total.corruptions, "{total:?}");
     if seeds.len() > 1 {
@@ -1010,7 +1072,8 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
                 && total.actor_restarts > 0
                 && total.upstream_switches > 0
                 && total.join_sessions_lost > seeds.len() as u64
-                && total.join_resumes > 0,
+                && total.join_resumes > 0
+                && total.composed_activations > 0,
             "the seeds must exercise every fault: {total:?}"
         );
     }

@@ -23,6 +23,20 @@ pub enum StoreError {
     InvalidDelta(#[source] DeltaError),
     #[error("snapshot for version {version} refused: it is not a valid checkpoint")]
     InvalidSnapshot { version: u64, source: DeltaError },
+    #[error("the composed delta from version {base} to {target} cannot be built")]
+    ComposedArtifact {
+        base: u64,
+        target: u64,
+        source: DeltaError,
+    },
+    #[error(
+        "no composed delta from version {base} to {target}: it must go forward to a stored version (latest {latest:?})"
+    )]
+    NoComposed {
+        base: u64,
+        target: u64,
+        latest: Option<u64>,
+    },
     #[error("the snapshot of version {version} cannot travel as an artifact")]
     SnapshotArtifact { version: u64, source: DeltaError },
     #[error(

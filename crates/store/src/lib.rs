@@ -7,6 +7,7 @@
 //!   catalog.redb                                  the catalog (redb; also the store's lock)
 //!   deltas/<target_version>-<id hex>.adelta       D(v): turns version v-1 into v
 //!   snapshots/<version>-<weights hash hex>.safetensors
+//!   composed/<base>-<target>-<id hex>.adelta      C(base -> target), built on demand
 //!   rollouts/                                     reserved for the engine
 //! ```
 //!
@@ -19,6 +20,8 @@
 //! - `deltas`: version (u64) → (base version, id, base weights hash, target weights hash,
 //!   file size in bytes).
 //! - `snapshots`: version (u64) → (weights hash, file size in bytes).
+//! - `composed`: (base version, target version) → (id, base weights hash, target weights
+//!   hash, file size in bytes).
 //!
 //! The catalog is the truth: a file is part of the store only while a record names it.
 //!
@@ -30,7 +33,7 @@
 //!   unreferenced file or a temporary file, never a record without its file.
 //! - **Prune**: the records are removed and committed first, the files deleted after. A
 //!   crash in between leaves unreferenced files, never a record without its file.
-//! - **Open**: every file in `deltas/` and `snapshots/` that no record names (orphans of
+//! - **Open**: every file in `deltas/`, `snapshots/` and `composed/` that no record names (orphans of
 //!   the two crashes above, and temporary files) is deleted. Only one process can hold
 //!   the catalog open (redb locks it), so no other writer's temporary file is touched.
 //!
@@ -39,8 +42,8 @@
 //!
 //! # Reads
 //!
-//! Every read is verified before it is returned: a delta's manifest hash and every
-//! segment hash, and its id and version against the record; a snapshot's weights hash
+//! Every read is verified before it is returned: a delta's (or composed delta's) manifest
+//! hash and every segment hash, and its id and versions against the record; a snapshot's weights hash
 //! against the record. A corrupted artifact is an error naming the version and the file,
 //! and is never served.
 //!
@@ -57,12 +60,29 @@
 //! A second, different artifact for a version already stored is refused; the same one
 //! again is accepted and changes nothing.
 //!
+//! # Composed deltas
+//!
+//! [`Store::composed_artifact`] builds C(a -> v), one exact delta from version a to v,
+//! the first time it is asked for: the weights of a are rebuilt from the newest snapshot
+//! at or below a whose chain of deltas reaches v (applying the deltas up to a, each
+//! verified by its target hash), then `aurora_delta::compose` applies D(a+1..=v) and
+//! extracts v against a with the `aurora` encoding. Applied to the weights of a, it
+//! reproduces v's weights hash bit for bit (compose checks every link's target hash).
+//! It is stored like a delta (crash-safe write, then the record) and re-verified on
+//! every read; being deterministic, building it again gives the same artifact.
+//! Pruning keeps only the composed deltas whose target is the latest version: any other
+//! one is never served again, since an Actor always catches up to the latest.
+//!
 //! # Catch-up rule
 //!
-//! An Actor at version a catches up to the latest version v by whichever needs fewer
-//! bytes: replaying D(a+1..=v), or loading a snapshot s <= v and replaying D(s+1..=v).
-//! See [`Plan`] and [`Store::catch_up_plan`]; composed deltas are produced on demand by
-//! the hub ([`Plan::Composed`]).
+//! An Actor at version a catches up to version v (the latest) by whichever needs fewest
+//! bytes: replaying D(a+1..=v), loading a snapshot s <= v and replaying D(s+1..=v), or
+//! one composed delta C(a -> v). A composed delta is considered only when the Actor is at
+//! least two versions behind (one behind, it would be D(v) itself), and its size is
+//! known only once it is built: [`Store::composed_catch_up_plan`] (the hub's, when it
+//! serves a lagging Actor) builds it once and stores it; [`Store::catch_up_plan`] (a
+//! cheap read, also used by pruning) counts one only if it is already stored. On equal bytes replay wins, then the composed delta, then the
+//! later snapshot. See [`Plan`] and `plan::choose`, which is pure: sizes in, plan out.
 
 mod error;
 mod plan;
@@ -73,7 +93,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use aurora_checkpoint::{FileError, MappedFile, write_atomically};
-use aurora_delta::{Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash};
+use aurora_delta::{
+    Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor, apply, compose,
+    owned_checkpoint,
+};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 pub use error::{Result, StoreError};
@@ -100,11 +123,24 @@ pub struct SnapshotRecord {
     pub size_bytes: u64,
 }
 
+/// The catalog record of a stored composed delta C(base_version -> target_version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComposedRecord {
+    pub base_version: u64,
+    pub target_version: u64,
+    pub id: Hash,
+    pub base_hash: Hash,
+    pub target_hash: Hash,
+    pub size_bytes: u64,
+}
+
 /// What [`Store::prune`] removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PruneReport {
     pub deltas: Vec<u64>,
     pub snapshots: Vec<u64>,
+    /// (base, target) of each composed delta removed.
+    pub composed: Vec<(u64, u64)>,
     pub bytes_freed: u64,
 }
 
@@ -125,15 +161,16 @@ impl Store {
     /// Opens (or creates) the store at `root` and deletes files no record names.
     pub fn open(root: impl AsRef<Path>) -> Result<Store> {
         let root = root.as_ref().to_path_buf();
-        for dir in [DELTAS, SNAPSHOTS, ROLLOUTS] {
+        for dir in [DELTAS, SNAPSHOTS, COMPOSED, ROLLOUTS] {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(|source| StoreError::Io { path, source })?;
         }
         let db = Database::create(root.join(CATALOG)).map_err(catalog)?;
-        // Create both tables now so that readers never meet a missing table.
+        // Create every table now so that readers never meet a missing table.
         let txn = db.begin_write().map_err(catalog)?;
         txn.open_table(DELTA_TABLE).map_err(catalog)?;
         txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
+        txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
         txn.commit().map_err(catalog)?;
         let store = Store { root, db };
         store.remove_orphans()?;
@@ -317,28 +354,149 @@ impl Store {
                 version,
             })?;
         let path = self.delta_path(&record);
-        let file = open_artifact("delta", version, &path, record.size_bytes)?;
-        let corrupted = |reason: String| StoreError::Corrupted {
-            kind: "delta",
-            version,
-            path: path.clone(),
-            reason,
+        open_delta_artifact(
+            "delta",
+            &path,
+            record.size_bytes,
+            record.id,
+            (record.base_version, version),
+        )
+    }
+
+    /// Every composed delta record, by (base version, target version).
+    pub fn composed_records(&self) -> Result<BTreeMap<(u64, u64), ComposedRecord>> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        let mut records = BTreeMap::new();
+        for entry in txn
+            .open_table(COMPOSED_TABLE)
+            .map_err(catalog)?
+            .iter()
+            .map_err(catalog)?
+        {
+            let (key, value) = entry.map_err(catalog)?;
+            let record = composed_record(key.value(), value.value());
+            records.insert(key.value(), record);
+        }
+        Ok(records)
+    }
+
+    /// C(base -> target): one exact delta from version `base` to `target`, read fully
+    /// verified from the cache or built and stored first (see the module docs).
+    pub fn composed_artifact(&self, base: u64, target: u64) -> Result<Vec<u8>> {
+        let record = self.ensure_composed(base, target)?;
+        let file = open_delta_artifact(
+            "composed delta",
+            &self.composed_path(&record),
+            record.size_bytes,
+            record.id,
+            (base, target),
+        )?;
+        Ok(file.bytes().to_vec())
+    }
+
+    /// The record of C(base -> target), building and storing the artifact if the
+    /// catalog has none.
+    fn ensure_composed(&self, base: u64, target: u64) -> Result<ComposedRecord> {
+        if let Some(record) = self.composed_records()?.remove(&(base, target)) {
+            return Ok(record);
+        }
+        let bytes = self.build_composed(base, target)?;
+        let file = DeltaFile::parse(&bytes).map_err(|source| StoreError::ComposedArtifact {
+            base,
+            target,
+            source,
+        })?;
+        let header = file.header();
+        let record = ComposedRecord {
+            base_version: base,
+            target_version: target,
+            id: file.id,
+            base_hash: header.base_hash,
+            target_hash: header.target_hash,
+            size_bytes: bytes.len() as u64,
         };
-        let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
-        for index in 0..delta.segment_count() {
-            delta
-                .verify_segment(index)
-                .map_err(|e| corrupted(e.to_string()))?;
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let table = txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
+            if let Some(existing) = table.get((base, target)).map_err(catalog)? {
+                // Built by another call meanwhile: composing is deterministic, so it is
+                // the same artifact.
+                return Ok(composed_record((base, target), existing.value()));
+            }
         }
-        if delta.id != record.id || delta.header().target_version != version {
-            return Err(corrupted(format!(
-                "it is artifact {} for version {}, the catalog records {} for version {version}",
-                delta.id,
-                delta.header().target_version,
-                record.id
-            )));
+        commit_with_file(txn, &self.composed_path(&record), &bytes, |txn| {
+            txn.open_table(COMPOSED_TABLE)
+                .map_err(catalog)?
+                .insert((base, target), composed_value(&record))
+                .map_err(catalog)?;
+            Ok(())
+        })?;
+        tracing::info!(base, target, id = %record.id, bytes = record.size_bytes, "stored a composed delta");
+        Ok(record)
+    }
+
+    /// Composes D(base+1..=target) against the weights of `base`, rebuilt from the
+    /// newest snapshot at or below `base` whose chain of deltas reaches `target`.
+    fn build_composed(&self, base: u64, target: u64) -> Result<Vec<u8>> {
+        let (deltas, snapshots) = self.records()?;
+        let latest = deltas.keys().chain(snapshots.keys()).max().copied();
+        if base >= target || latest.is_none_or(|latest| target > latest) {
+            return Err(StoreError::NoComposed {
+                base,
+                target,
+                latest,
+            });
         }
-        Ok(file)
+        let start = snapshots
+            .range(..=base)
+            .rev()
+            .map(|(&s, _)| s)
+            .find(|&s| (s + 1..=target).all(|v| deltas.contains_key(&v)))
+            .ok_or(StoreError::NoRoute {
+                actor: base,
+                latest: target,
+            })?;
+        let snapshot = self.snapshot(start)?;
+        let files = (start + 1..=target)
+            .map(|version| self.delta(version))
+            .collect::<Result<Vec<MappedFile>>>()?;
+        let failed = |source| StoreError::ComposedArtifact {
+            base,
+            target,
+            source,
+        };
+        let chain = files
+            .iter()
+            .map(|file| DeltaFile::parse(file.bytes()))
+            .collect::<Result<Vec<DeltaFile<'_>>, _>>()
+            .map_err(failed)?;
+        let start_weights = Checkpoint::from_safetensors(snapshot.bytes()).map_err(|source| {
+            StoreError::InvalidSnapshot {
+                version: start,
+                source,
+            }
+        })?;
+        let (to_base, to_target) = chain.split_at((base - start) as usize);
+        // The weights of `base`: the snapshot, then the deltas up to `base`, each
+        // verified by its target hash as it is applied.
+        let mut rebuilt: Option<Vec<OwnedTensor>> = None;
+        for delta in to_base {
+            let next = {
+                let view = match &rebuilt {
+                    Some(tensors) => owned_checkpoint(tensors).map_err(failed)?,
+                    None => start_weights.clone(),
+                };
+                apply(delta, &view, None).map_err(failed)?
+            };
+            rebuilt = Some(next);
+        }
+        let base_weights = match &rebuilt {
+            Some(tensors) => owned_checkpoint(tensors).map_err(failed)?,
+            None => start_weights,
+        };
+        let (_, bytes) =
+            compose(&base_weights, to_target, ExtractOptions::default()).map_err(failed)?;
+        Ok(bytes)
     }
 
     /// The snapshot of `version`, memory-mapped, with its weights hash verified.
@@ -408,33 +566,81 @@ impl Store {
     }
 
     /// The cheapest way by bytes for an Actor at `actor_version` to reach the latest
-    /// version (see the catch-up rule in the module docs).
+    /// version (see the catch-up rule in the module docs). A composed delta counts only
+    /// if it is already stored: this is a cheap read; [`Store::composed_catch_up_plan`]
+    /// builds one.
     pub fn catch_up_plan(&self, actor_version: u64) -> Result<Plan> {
+        let Some(target) = self.latest_version()? else {
+            return Err(StoreError::ActorAhead {
+                actor: actor_version,
+                latest: None,
+            });
+        };
+        let composed = self
+            .composed_records()?
+            .get(&(actor_version, target))
+            .map(|c| c.size_bytes);
+        self.plan_to(actor_version, target, composed)
+    }
+
+    /// The cheapest way by bytes for an Actor at `actor_version` to reach `target` (the
+    /// version a hub serves, which a newer put may have passed), building and storing
+    /// the composed delta first when the Actor is at least two versions behind, so its
+    /// size is known. Building costs a decode of the chain; it happens once per (base,
+    /// target), since the result is stored.
+    pub fn composed_catch_up_plan(&self, actor_version: u64, target: u64) -> Result<Plan> {
+        let composed = if actor_version + 2 <= target {
+            match self.ensure_composed(actor_version, target) {
+                Ok(record) => Some(record.size_bytes),
+                // No snapshot and chain rebuild the base: the other plans decide. (A
+                // target the store lacks is reported by `plan_to`.)
+                Err(StoreError::NoRoute { .. } | StoreError::NoComposed { .. }) => None,
+                Err(error) => return Err(error),
+            }
+        } else {
+            None
+        };
+        self.plan_to(actor_version, target, composed)
+    }
+
+    /// [`plan::choose`] over the catalog's sizes, after checking that the Actor is not
+    /// past `target` and `target` is stored.
+    fn plan_to(&self, actor_version: u64, target: u64, composed: Option<u64>) -> Result<Plan> {
         let (deltas, snapshots) = self.records()?;
         let latest = deltas.keys().chain(snapshots.keys()).max().copied();
-        let latest = match latest {
-            Some(latest) if actor_version <= latest => latest,
-            _ => {
-                return Err(StoreError::ActorAhead {
-                    actor: actor_version,
-                    latest,
-                });
-            }
-        };
-        let (delta_sizes, snapshot_sizes) = sizes(&deltas, &snapshots);
-        plan::choose(actor_version, latest, &delta_sizes, &snapshot_sizes).ok_or(
-            StoreError::NoRoute {
+        if latest.is_none_or(|latest| target > latest) {
+            return Err(StoreError::NotFound {
+                kind: "version",
+                version: target,
+            });
+        }
+        if actor_version > target {
+            return Err(StoreError::ActorAhead {
                 actor: actor_version,
-                latest,
-            },
+                latest: Some(target),
+            });
+        }
+        let (delta_sizes, snapshot_sizes) = sizes(&deltas, &snapshots);
+        plan::choose(
+            actor_version,
+            target,
+            &delta_sizes,
+            &snapshot_sizes,
+            composed,
         )
+        .ok_or(StoreError::NoRoute {
+            actor: actor_version,
+            latest: target,
+        })
     }
 
     /// Removes artifacts older than `keep_versions_from` that nobody needs. Kept:
     /// - every delta and snapshot of version `keep_versions_from` or later;
     /// - the newest snapshot and every delta after it, so a new Actor can always join;
     /// - for each live Actor at version a: the deltas after a and the snapshot its
-    ///   current catch-up plan starts from, so its plan is unchanged by the prune.
+    ///   current catch-up plan starts from, so its plan is unchanged by the prune;
+    /// - the composed deltas whose target is the latest version (no other is served
+    ///   again: Actors catch up to the latest).
     ///
     /// Records are removed in one committed transaction before any file is deleted (see
     /// the module docs for why this order is crash-safe).
@@ -444,6 +650,7 @@ impl Store {
         live_actor_versions: &[u64],
     ) -> Result<PruneReport> {
         let (deltas, snapshots) = self.records()?;
+        let composed = self.composed_records()?;
         let Some(latest) = deltas.keys().chain(snapshots.keys()).max().copied() else {
             return Ok(PruneReport::default());
         };
@@ -461,8 +668,9 @@ impl Store {
         // An Actor ahead of the store has nothing here to lose.
         for &actor in live_actor_versions.iter().filter(|&&a| a <= latest) {
             keep_deltas.extend(deltas.range(actor + 1..).map(|d| *d.0));
+            let composed_size = composed.get(&(actor, latest)).map(|c| c.size_bytes);
             if let Some(Plan::Snapshot { snapshot, .. }) =
-                plan::choose(actor, latest, &delta_sizes, &snapshot_sizes)
+                plan::choose(actor, latest, &delta_sizes, &snapshot_sizes, composed_size)
             {
                 keep_snapshots.insert(snapshot);
             }
@@ -475,6 +683,10 @@ impl Store {
             .values()
             .filter(|s| !keep_snapshots.contains(&s.version))
             .collect();
+        let doomed_composed: Vec<&ComposedRecord> = composed
+            .values()
+            .filter(|c| c.target_version != latest)
+            .collect();
 
         let txn = self.db.begin_write().map_err(catalog)?;
         {
@@ -486,21 +698,33 @@ impl Store {
             for record in &doomed_snapshots {
                 table.remove(record.version).map_err(catalog)?;
             }
+            let mut table = txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
+            for record in &doomed_composed {
+                table
+                    .remove((record.base_version, record.target_version))
+                    .map_err(catalog)?;
+            }
         }
         txn.commit().map_err(catalog)?;
 
         let paths = doomed_deltas
             .iter()
             .map(|d| self.delta_path(d))
-            .chain(doomed_snapshots.iter().map(|s| self.snapshot_path(s)));
+            .chain(doomed_snapshots.iter().map(|s| self.snapshot_path(s)))
+            .chain(doomed_composed.iter().map(|c| self.composed_path(c)));
         for path in paths {
             remove_unreferenced(&path)?;
         }
         let report = PruneReport {
             deltas: doomed_deltas.iter().map(|d| d.version).collect(),
             snapshots: doomed_snapshots.iter().map(|s| s.version).collect(),
+            composed: doomed_composed
+                .iter()
+                .map(|c| (c.base_version, c.target_version))
+                .collect(),
             bytes_freed: doomed_deltas.iter().map(|d| d.size_bytes).sum::<u64>()
-                + doomed_snapshots.iter().map(|s| s.size_bytes).sum::<u64>(),
+                + doomed_snapshots.iter().map(|s| s.size_bytes).sum::<u64>()
+                + doomed_composed.iter().map(|c| c.size_bytes).sum::<u64>(),
         };
         tracing::info!(?report, "pruned the store");
         Ok(report)
@@ -512,6 +736,13 @@ impl Store {
             .join(format!("{}-{}.adelta", record.version, record.id))
     }
 
+    fn composed_path(&self, record: &ComposedRecord) -> PathBuf {
+        self.root.join(COMPOSED).join(format!(
+            "{}-{}-{}.adelta",
+            record.base_version, record.target_version, record.id
+        ))
+    }
+
     fn snapshot_path(&self, record: &SnapshotRecord) -> PathBuf {
         self.root.join(SNAPSHOTS).join(format!(
             "{}-{}.safetensors",
@@ -519,7 +750,7 @@ impl Store {
         ))
     }
 
-    /// Deletes every file in `deltas/` and `snapshots/` that no record names: the
+    /// Deletes every file in `deltas/`, `snapshots/` and `composed/` that no record names: the
     /// leftovers of a crash between a file write and its commit, or between a prune's
     /// commit and its deletions, and temporary files of interrupted writes.
     fn remove_orphans(&self) -> Result<()> {
@@ -528,8 +759,13 @@ impl Store {
             .values()
             .map(|d| self.delta_path(d))
             .chain(snapshots.values().map(|s| self.snapshot_path(s)))
+            .chain(
+                self.composed_records()?
+                    .values()
+                    .map(|c| self.composed_path(c)),
+            )
             .collect();
-        for dir in [DELTAS, SNAPSHOTS] {
+        for dir in [DELTAS, SNAPSHOTS, COMPOSED] {
             let dir = self.root.join(dir);
             let io = |source| StoreError::Io {
                 path: dir.clone(),
@@ -550,15 +786,20 @@ impl Store {
 const CATALOG: &str = "catalog.redb";
 const DELTAS: &str = "deltas";
 const SNAPSHOTS: &str = "snapshots";
+const COMPOSED: &str = "composed";
 const ROLLOUTS: &str = "rollouts";
 
 /// (base version, id, base hash, target hash, size in bytes)
 type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
 /// (weights hash, size in bytes)
 type SnapshotValue = ([u8; 32], u64);
+/// (id, base hash, target hash, size in bytes)
+type ComposedValue = ([u8; 32], [u8; 32], [u8; 32], u64);
 
 const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
 const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> = TableDefinition::new("snapshots");
+/// (base version, target version) → (id, base hash, target hash, size in bytes)
+const COMPOSED_TABLE: TableDefinition<(u64, u64), ComposedValue> = TableDefinition::new("composed");
 
 fn delta_value(r: &DeltaRecord) -> DeltaValue {
     (
@@ -578,6 +819,21 @@ fn delta_record(version: u64, v: DeltaValue) -> DeltaRecord {
         base_hash: Hash(v.2),
         target_hash: Hash(v.3),
         size_bytes: v.4,
+    }
+}
+
+fn composed_value(r: &ComposedRecord) -> ComposedValue {
+    (r.id.0, r.base_hash.0, r.target_hash.0, r.size_bytes)
+}
+
+fn composed_record((base_version, target_version): (u64, u64), v: ComposedValue) -> ComposedRecord {
+    ComposedRecord {
+        base_version,
+        target_version,
+        id: Hash(v.0),
+        base_hash: Hash(v.1),
+        target_hash: Hash(v.2),
+        size_bytes: v.3,
     }
 }
 
@@ -691,6 +947,42 @@ fn open_artifact(
         });
     }
     Ok(MappedFile::open(path)?)
+}
+
+/// Maps a recorded delta-format artifact (a delta or a composed delta) and verifies it:
+/// its length, manifest hash and every segment hash, and its id, base and target
+/// versions against the record. Reported under `kind` and the target version.
+fn open_delta_artifact(
+    kind: &'static str,
+    path: &Path,
+    size_bytes: u64,
+    id: Hash,
+    (base_version, target_version): (u64, u64),
+) -> Result<MappedFile> {
+    let file = open_artifact(kind, target_version, path, size_bytes)?;
+    let corrupted = |reason: String| StoreError::Corrupted {
+        kind,
+        version: target_version,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
+    for index in 0..delta.segment_count() {
+        delta
+            .verify_segment(index)
+            .map_err(|e| corrupted(e.to_string()))?;
+    }
+    let header = delta.header();
+    if delta.id != id
+        || header.base_version != base_version
+        || header.target_version != target_version
+    {
+        return Err(corrupted(format!(
+            "it is artifact {} from version {} to {}, the catalog records {id} from {base_version} to {target_version}",
+            delta.id, header.base_version, header.target_version
+        )));
+    }
+    Ok(file)
 }
 
 /// Deletes a file no record names; one already gone is fine (a crash may have come after

@@ -18,28 +18,33 @@ pub enum Plan {
         deltas: Range<u64>,
         bytes: u64,
     },
-    /// One delta from `base_version` straight to `target_version`, made by
-    /// `aurora_delta::compose`. The store never chooses it: composing needs the base
-    /// weights in memory and a full decode of the chain, so its size is unknown until the
-    /// work is done. The hub produces it on demand when a caller asks for this variant
-    /// (worth it when many Actors share one old version).
+    /// One exact delta from `base_version` straight to `target_version`
+    /// (`Store::composed_artifact`): changes that cancel out along the chain vanish, so
+    /// it can be far smaller than the deltas it replaces. Considered only for an Actor at
+    /// least two versions behind, and only once its size is known (it has been built).
     Composed {
         base_version: u64,
         target_version: u64,
+        bytes: u64,
     },
 }
 
 /// The cheapest plan by bytes, from the artifact sizes the catalog lists (`deltas` and
-/// `snapshots` map a version to its file size). `None` when no complete chain reaches
-/// `latest` from the Actor or from any snapshot. Requires `actor <= latest`.
+/// `snapshots` map a version to its file size; `composed` is the size of the composed
+/// delta from `actor` to `latest` where one is known). `None` when no complete chain
+/// reaches `latest` from the Actor or from any snapshot and no composed delta does.
+/// Requires `actor <= latest`.
 ///
-/// On equal bytes replay wins (the Actor keeps its weights and no full reload happens),
-/// then the later snapshot (fewer deltas to apply).
+/// A composed delta counts only for an Actor at least two versions behind: one version
+/// behind, it would be the stored delta itself. On equal bytes replay wins (the Actor
+/// keeps its weights and applies stored artifacts), then the composed delta (one
+/// artifact, no full reload), then the later snapshot (fewer deltas to apply).
 pub(crate) fn choose(
     actor: u64,
     latest: u64,
     deltas: &BTreeMap<u64, u64>,
     snapshots: &BTreeMap<u64, u64>,
+    composed: Option<u64>,
 ) -> Option<Plan> {
     assert!(
         actor <= latest,
@@ -61,6 +66,15 @@ pub(crate) fn choose(
         deltas: actor + 1..latest + 1,
         bytes,
     });
+    if let Some(bytes) = composed.filter(|_| actor + 2 <= latest)
+        && best.as_ref().is_none_or(|b| bytes < b.bytes())
+    {
+        best = Some(Plan::Composed {
+            base_version: actor,
+            target_version: latest,
+            bytes,
+        });
+    }
     for (&snapshot, &size) in snapshots.range(..=latest).rev() {
         let Some(&chain) = tail.get(&snapshot) else {
             continue;
@@ -78,11 +92,13 @@ pub(crate) fn choose(
 }
 
 impl Plan {
-    /// Bytes to transfer; zero for plans the store does not size.
+    /// Bytes to transfer.
     pub fn bytes(&self) -> u64 {
         match self {
-            Plan::Replay { bytes, .. } | Plan::Snapshot { bytes, .. } => *bytes,
-            Plan::UpToDate { .. } | Plan::Composed { .. } => 0,
+            Plan::Replay { bytes, .. }
+            | Plan::Snapshot { bytes, .. }
+            | Plan::Composed { bytes, .. } => *bytes,
+            Plan::UpToDate { .. } => 0,
         }
     }
 }
@@ -96,9 +112,19 @@ mod tests {
     }
 
     fn check(actor: u64, deltas: &[(u64, u64)], snapshots: &[(u64, u64)], expected: Option<Plan>) {
+        check_composed(actor, deltas, snapshots, None, expected);
+    }
+
+    fn check_composed(
+        actor: u64,
+        deltas: &[(u64, u64)],
+        snapshots: &[(u64, u64)],
+        composed: Option<u64>,
+        expected: Option<Plan>,
+    ) {
         let latest = deltas.iter().chain(snapshots).map(|p| p.0).max().unwrap();
         assert_eq!(
-            choose(actor, latest, &sizes(deltas), &sizes(snapshots)),
+            choose(actor, latest, &sizes(deltas), &sizes(snapshots), composed),
             expected
         );
     }
@@ -192,5 +218,74 @@ mod tests {
     #[test]
     fn an_actor_at_the_latest_version_is_up_to_date() {
         check(4, &[(4, 1)], &[], Some(Plan::UpToDate { version: 4 }));
+    }
+
+    #[test]
+    fn a_composed_delta_wins_when_it_is_the_smallest() {
+        let deltas = [(1, 100), (2, 100), (3, 100), (4, 100)];
+        check_composed(
+            1,
+            &deltas,
+            &[(0, 1000)],
+            Some(120),
+            Some(Plan::Composed {
+                base_version: 1,
+                target_version: 4,
+                bytes: 120,
+            }),
+        );
+        // Replaying 300 bytes beats a composed delta of 300 (a tie) or more.
+        check_composed(
+            1,
+            &deltas,
+            &[(0, 1000)],
+            Some(300),
+            Some(Plan::Replay {
+                deltas: 2..5,
+                bytes: 300,
+            }),
+        );
+        // A snapshot smaller than the composed delta still wins.
+        check_composed(
+            0,
+            &deltas,
+            &[(0, 1000), (4, 150)],
+            Some(200),
+            Some(Plan::Snapshot {
+                snapshot: 4,
+                deltas: 5..5,
+                bytes: 150,
+            }),
+        );
+    }
+
+    #[test]
+    fn one_version_behind_is_never_composed() {
+        check_composed(
+            3,
+            &[(4, 100)],
+            &[],
+            Some(1),
+            Some(Plan::Replay {
+                deltas: 4..5,
+                bytes: 100,
+            }),
+        );
+    }
+
+    #[test]
+    fn a_composed_delta_bridges_a_pruned_chain() {
+        // D(2) is gone and no snapshot remains, but the composed delta from 0 reaches 4.
+        check_composed(
+            0,
+            &[(1, 1), (3, 1), (4, 1)],
+            &[],
+            Some(50),
+            Some(Plan::Composed {
+                base_version: 0,
+                target_version: 4,
+                bytes: 50,
+            }),
+        );
     }
 }

@@ -424,3 +424,154 @@ fn a_snapshot_travels_as_the_delta_from_the_empty_checkpoint() {
         Err(StoreError::Corrupted { version: 3, .. })
     ));
 }
+
+#[test]
+fn a_composed_delta_rebuilds_the_target_exactly_from_the_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 6);
+    store.put_snapshot(2, &snapshot(2)).unwrap();
+    // Base 3 is rebuilt from the snapshot at 2 and D(3); base 2 is the snapshot itself.
+    for base in [2, 3] {
+        let bytes = store.composed_artifact(base, 6).unwrap();
+        let file = DeltaFile::parse(&bytes).unwrap();
+        let header = file.header();
+        assert_eq!((header.base_version, header.target_version), (base, 6));
+        let base_weights = weights(0.0, base);
+        let applied =
+            aurora_delta::apply(&file, &owned_checkpoint(&base_weights).unwrap(), None).unwrap();
+        assert_eq!(applied, weights(0.0, 6), "bit for bit");
+        assert_eq!(
+            owned_checkpoint(&applied).unwrap().weights_hash(),
+            store.records().unwrap().0[&6].target_hash
+        );
+    }
+    // Cached: asking again reads the stored artifact, the same bytes.
+    let record = store.composed_records().unwrap()[&(3, 6)];
+    assert_eq!(
+        store.composed_artifact(3, 6).unwrap().len() as u64,
+        record.size_bytes
+    );
+    assert_eq!(files(&dir.path().join(COMPOSED)).len(), 2);
+    // Only forward, to a stored version.
+    assert!(matches!(
+        store.composed_artifact(6, 6),
+        Err(StoreError::NoComposed { .. })
+    ));
+    assert!(matches!(
+        store.composed_artifact(3, 9),
+        Err(StoreError::NoComposed { .. })
+    ));
+
+    // A damaged cached artifact is an error, never served, and survives no reopen
+    // as anything else.
+    let path = dir
+        .path()
+        .join(COMPOSED)
+        .join(format!("3-6-{}.adelta", record.id));
+    flip_byte_in_middle(&path);
+    assert!(matches!(
+        store.composed_artifact(3, 6),
+        Err(StoreError::Corrupted {
+            kind: "composed delta",
+            version: 6,
+            ..
+        })
+    ));
+    fs::remove_file(&path).unwrap();
+    assert!(matches!(
+        store.composed_artifact(3, 6),
+        Err(StoreError::Missing { version: 6, .. })
+    ));
+}
+
+#[test]
+fn catch_up_plans_consider_a_composed_delta_by_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every step of this lineage nudges a different element, so the composed delta
+    // from 1 to 6 carries five changes in one artifact: far less than five deltas.
+    let store = store_with(dir.path(), 6);
+    let deltas = store.records().unwrap().0;
+    let replay: u64 = (2..=6).map(|v| deltas[&v].size_bytes).sum();
+    // Not built yet: the cheap plan does not know its size.
+    assert_eq!(
+        store.catch_up_plan(1).unwrap(),
+        Plan::Replay {
+            deltas: 2..7,
+            bytes: replay
+        }
+    );
+    let plan = store.composed_catch_up_plan(1, 6).unwrap();
+    let composed = store.composed_records().unwrap()[&(1, 6)].size_bytes;
+    assert!(composed < replay, "{composed} vs {replay}");
+    assert_eq!(
+        plan,
+        Plan::Composed {
+            base_version: 1,
+            target_version: 6,
+            bytes: composed
+        }
+    );
+    // Now stored, the cheap plan sees it too.
+    assert_eq!(store.catch_up_plan(1).unwrap(), plan);
+    // One version behind is a single delta: replayed, nothing composed.
+    assert_eq!(
+        store.composed_catch_up_plan(5, 6).unwrap(),
+        Plan::Replay {
+            deltas: 6..7,
+            bytes: deltas[&6].size_bytes
+        }
+    );
+    assert!(!store.composed_records().unwrap().contains_key(&(5, 6)));
+    // A snapshot of the target, smaller than the composed delta, wins.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.put_snapshot(0, &snapshot(0)).unwrap();
+    for version in 1..=3 {
+        store.put_delta(&delta(version)).unwrap();
+    }
+    let plan = store.composed_catch_up_plan(0, 3).unwrap();
+    let composed = store.composed_records().unwrap()[&(0, 3)].size_bytes;
+    let snap = store.put_snapshot(3, &snapshot(3)).unwrap();
+    let expected = if snap.size_bytes < composed {
+        Plan::Snapshot {
+            snapshot: 3,
+            deltas: 4..4,
+            bytes: snap.size_bytes,
+        }
+    } else {
+        plan
+    };
+    assert_eq!(store.catch_up_plan(0).unwrap(), expected);
+    assert!(matches!(
+        store.composed_catch_up_plan(0, 9),
+        Err(StoreError::NotFound { version: 9, .. })
+    ));
+}
+
+#[test]
+fn prune_keeps_only_composed_deltas_to_the_latest_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 5);
+    store.composed_artifact(1, 4).unwrap();
+    let before = store.composed_catch_up_plan(1, 5).unwrap();
+    assert!(matches!(before, Plan::Composed { .. }), "{before:?}");
+
+    let report = store.prune(0, &[1]).unwrap();
+    assert_eq!(report.composed, vec![(1, 4)]);
+    assert!(report.deltas.is_empty() && report.snapshots.is_empty());
+    // The live actor's plan is unchanged and still served.
+    assert_eq!(store.catch_up_plan(1).unwrap(), before);
+    store.composed_artifact(1, 5).unwrap();
+    assert_eq!(files(&dir.path().join(COMPOSED)).len(), 1);
+
+    // Once a newer version is stored, the old composed delta goes with the next prune.
+    store.put_delta(&delta(6)).unwrap();
+    let report = store.prune(0, &[1]).unwrap();
+    assert_eq!(report.composed, vec![(1, 5)]);
+    assert!(files(&dir.path().join(COMPOSED)).is_empty());
+    // An unrecorded file in composed/ (a crash before the commit) goes at open.
+    fs::write(dir.path().join(COMPOSED).join("1-6-orphan.adelta"), b"x").unwrap();
+    drop(store);
+    Store::open(dir.path()).unwrap();
+    assert!(files(&dir.path().join(COMPOSED)).is_empty());
+}

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{DeltaError, Extraction, Hash, Manifest, PatchChunk, Segment};
 use aurora_proto::{
-    ArtifactKind, Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig,
-    ReceiverStats, Sender, SenderConfig, SenderError, SenderStats, VersionRef, Weights,
+    Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig, ReceiverStats, Sender,
+    SenderConfig, SenderError, SenderStats, VersionRef, Weights,
 };
-use aurora_store::{Store, StoreError};
+use aurora_store::{Plan, Store, StoreError};
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -230,7 +230,15 @@ pub(crate) enum Event {
     },
     Loaded {
         version: u64,
-        kind: ArtifactKind,
+        /// The snapshot artifact of `version`, not D(version).
+        snapshot: bool,
+        result: Result<Bytes, String>,
+    },
+    /// The catch-up plan from `base` to `target` chose a composed delta (its bytes), or
+    /// not (why: the plan it chose, or what failed).
+    LoadedComposed {
+        base: u64,
+        target: u64,
         result: Result<Bytes, String>,
     },
     /// The store now holds `version`.
@@ -839,25 +847,45 @@ impl<E: Engine> Driver<E> {
             Event::Stored { version } => self.read_store(Some(version)),
             Event::Loaded {
                 version,
-                kind,
+                snapshot,
                 result,
             } => {
                 let Some(sender) = self.node.sender_mut() else {
                     return;
                 };
                 let outcome = result.and_then(|bytes| {
-                    let inserted = match kind {
-                        ArtifactKind::Delta => sender.insert_artifact(bytes),
-                        ArtifactKind::Snapshot => sender.insert_snapshot(bytes),
+                    let inserted = if snapshot {
+                        sender.insert_snapshot(bytes)
+                    } else {
+                        sender.insert_artifact(bytes)
                     };
                     inserted.map(|_| ()).map_err(|e| e.to_string())
                 });
                 if let Err(reason) = outcome {
-                    tracing::warn!(version, %kind, reason, "cannot serve a stored version");
-                    match kind {
-                        ArtifactKind::Delta => sender.load_failed(version, reason),
-                        ArtifactKind::Snapshot => sender.snapshot_load_failed(version, reason),
+                    tracing::warn!(version, snapshot, reason, "cannot serve a stored version");
+                    if snapshot {
+                        sender.snapshot_load_failed(version, reason);
+                    } else {
+                        sender.load_failed(version, reason);
                     }
+                }
+            }
+            Event::LoadedComposed {
+                base,
+                target,
+                result,
+            } => {
+                let Some(sender) = self.node.sender_mut() else {
+                    return;
+                };
+                let outcome = result.and_then(|bytes| {
+                    sender
+                        .insert_composed(bytes)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                });
+                if let Err(reason) = outcome {
+                    sender.composed_declined(base, target, reason);
                 }
             }
         }
@@ -1016,14 +1044,13 @@ impl<E: Engine> Driver<E> {
 
     /// Reads D(version) from the store, or builds the snapshot artifact of `version`, on
     /// a blocking thread.
-    fn load(&mut self, version: u64, kind: ArtifactKind) {
+    fn load(&mut self, version: u64, snapshot: bool) {
         let Some(store) = self.store.clone() else {
             if let Some(sender) = self.node.sender_mut() {
-                match kind {
-                    ArtifactKind::Delta => sender.load_failed(version, "no store".into()),
-                    ArtifactKind::Snapshot => {
-                        sender.snapshot_load_failed(version, "no store".into())
-                    }
+                if snapshot {
+                    sender.snapshot_load_failed(version, "no store".into());
+                } else {
+                    sender.load_failed(version, "no store".into());
                 }
             }
             return;
@@ -1031,18 +1058,54 @@ impl<E: Engine> Driver<E> {
         let segment_bytes = self.config.snapshot_segment_bytes;
         let events = self.events_tx.clone();
         self.tasks.spawn_blocking(move || {
-            let loaded = match kind {
-                ArtifactKind::Delta => store
-                    .delta(version)
-                    .map(|file| Bytes::copy_from_slice(file.bytes())),
-                ArtifactKind::Snapshot => store
+            let loaded = if snapshot {
+                store
                     .snapshot_artifact(version, segment_bytes)
-                    .map(Bytes::from),
+                    .map(Bytes::from)
+            } else {
+                store
+                    .delta(version)
+                    .map(|file| Bytes::copy_from_slice(file.bytes()))
             };
             let result = loaded.map_err(|e| error_chain(&e));
             let _ = events.blocking_send(Event::Loaded {
                 version,
-                kind,
+                snapshot,
+                result,
+            });
+        });
+    }
+
+    /// Plans the catch-up of a subscriber at `base` to `target` on a blocking thread
+    /// (building the composed delta, once, to learn its size) and hands the sender the
+    /// composed delta if it is the cheapest by bytes; otherwise the subscriber replays.
+    fn load_composed(&mut self, base: u64, target: u64) {
+        let Some(store) = self.store.clone() else {
+            if let Some(sender) = self.node.sender_mut() {
+                sender.composed_declined(base, target, "no store".into());
+            }
+            return;
+        };
+        let events = self.events_tx.clone();
+        self.tasks.spawn_blocking(move || {
+            let result = store
+                .composed_catch_up_plan(base, target)
+                .map_err(|e| error_chain(&e))
+                .and_then(|plan| {
+                    tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
+                    match plan {
+                        Plan::Composed { .. } => store
+                            .composed_artifact(base, target)
+                            .map(Bytes::from)
+                            .map_err(|e| error_chain(&e)),
+                        // A snapshot would replace weights this subscriber holds: it
+                        // replays, the cheapest plan the wire serves it after this one.
+                        other => Err(format!("the catch-up plan is {other:?}")),
+                    }
+                });
+            let _ = events.blocking_send(Event::LoadedComposed {
+                base,
+                target,
                 result,
             });
         });
@@ -1110,8 +1173,9 @@ impl<E: Engine> Driver<E> {
                 let backoff = (Duration::from_millis(50) * self.failures).min(BACKOFF_MAX);
                 self.new_session_at = Some(Instant::now() + backoff);
             }
-            Output::Load { version } => self.load(version, ArtifactKind::Delta),
-            Output::LoadSnapshot { version } => self.load(version, ArtifactKind::Snapshot),
+            Output::Load { version } => self.load(version, false),
+            Output::LoadSnapshot { version } => self.load(version, true),
+            Output::LoadComposed { base, target } => self.load_composed(base, target),
             Output::Decode {
                 version,
                 index,

@@ -213,7 +213,7 @@ async fn a_byte_flipped_in_flight_is_detected_re_requested_and_never_staged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_actor_catches_up_from_its_old_version_through_the_store() {
+async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     let chain = Chain::new(8, 11);
     let root = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(root.path()).unwrap());
@@ -234,9 +234,20 @@ async fn a_restarted_actor_catches_up_from_its_old_version_through_the_store() {
     )
     .await
     .unwrap();
-    within(LIMIT, "connect", actor.wait_for(|s| s.connected))
-        .await
-        .unwrap();
+    // Another actor of the relay that stays up throughout.
+    let steady_engine = Arc::new(IdleEngine::default());
+    let steady = spawn_actor(
+        config(Role::Actor, "a2", &[relay_address, hub_address]),
+        chain.weights(0),
+        steady_engine.clone(),
+    )
+    .await
+    .unwrap();
+    for node in [&actor, &steady] {
+        within(LIMIT, "connect", node.wait_for(|s| s.connected))
+            .await
+            .unwrap();
+    }
     for version in 1..=3 {
         chain.publish_live(&hub, version).await;
     }
@@ -245,7 +256,7 @@ async fn a_restarted_actor_catches_up_from_its_old_version_through_the_store() {
     within(
         LIMIT,
         "the relay sees the crash",
-        relay.wait_for(|s| s.subscribers == 0),
+        relay.wait_for(|s| s.subscribers == 1),
     )
     .await
     .unwrap();
@@ -254,7 +265,8 @@ async fn a_restarted_actor_catches_up_from_its_old_version_through_the_store() {
     }
     active_at(&relay, 8, "relay").await;
     // The actor comes back with the weights it had: version 3. Neither the relay nor the
-    // hub hold version 4 in memory any more; the hub loads it from the store.
+    // hub hold version 4 in memory any more. The hub's store plans the catch-up by
+    // bytes: one composed delta from 3 to 8 costs less than D(4..=8).
     let engine = Arc::new(IdleEngine::default());
     let restarted = spawn_actor(actor_config, chain.weights(3), engine.clone())
         .await
@@ -263,13 +275,27 @@ async fn a_restarted_actor_catches_up_from_its_old_version_through_the_store() {
     assert_eq!(status.active, Some(chain.at(8)));
     assert_eq!(
         engine.activations(),
-        (4..=8).map(|v| chain.at(v)).collect::<Vec<_>>()
+        [chain.at(8)],
+        "versions 4 to 7 are skipped"
     );
+    assert_eq!(status.completed, [8], "one artifact: the composed delta");
     assert!(
         status.upstream_switches >= 1,
         "the relay no longer had version 4"
     );
+    let hub_status = hub.status();
+    assert_eq!(hub_status.sender.unwrap().composed_offers, 1);
+    let composed = store.composed_records().unwrap();
+    let replay: u64 = (4..=8).map(|v| chain.delta(v).len() as u64).sum();
+    assert!(composed[&(3, 8)].size_bytes < replay);
     assert_eq!(store.latest_version().unwrap(), Some(8));
+    // The relay's other actor followed every version as before.
+    let steady_status = active_at(&steady, 8, "steady").await;
+    assert_eq!(steady_status.active, Some(chain.at(8)));
+    assert_eq!(
+        steady_engine.activations(),
+        (1..=8).map(|v| chain.at(v)).collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

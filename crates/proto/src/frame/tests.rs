@@ -151,12 +151,14 @@ fn want_golden_bytes() {
             seq: 3,
             next_version: 5,
             snapshot: true,
+            composed: false,
             live_streams: 0b1011,
             epochs: vec![1, 2, 0, 1],
             progress: vec![Progress {
                 version: 5,
                 has_offer: true,
                 has_seal: false,
+                composed: false,
                 have: vec![0..2, 5..6],
             }],
         },
@@ -175,6 +177,57 @@ fn want_golden_bytes() {
             &[2, 0, 0, 0],                                     // two ranges
             &[0, 0, 0, 0, 2, 0, 0, 0],                         // 0..2
             &[5, 0, 0, 0, 6, 0, 0, 0],                         // 5..6
+        ],
+    );
+}
+
+#[test]
+fn composed_catch_up_golden_bytes() {
+    golden(
+        Frame::Want {
+            seq: 2,
+            next_version: 4,
+            snapshot: false,
+            composed: true,
+            live_streams: 0b1,
+            epochs: vec![1],
+            progress: vec![Progress {
+                version: 8,
+                has_offer: true,
+                has_seal: true,
+                composed: true,
+                have: vec![0..3],
+            }],
+        },
+        &[
+            &[53, 0, 0, 0],
+            &[0x04],                     // type Want
+            &[2, 0, 0, 0, 0, 0, 0, 0],   // sequence number
+            &[4, 0, 0, 0, 0, 0, 0, 0],   // next version
+            &[0b10],                     // flags: composed catch-up accepted
+            &[0b1, 0, 0, 0, 0, 0, 0, 0], // live streams 0
+            &[1],                        // one stream epoch
+            &[1, 0, 0, 0],               // 1
+            &[1],                        // one version
+            &[8, 0, 0, 0, 0, 0, 0, 0],   // version 8
+            &[0b111],                    // offer, seal, of a composed delta
+            &[1, 0, 0, 0],               // one range
+            &[0, 0, 0, 0, 3, 0, 0, 0],   // 0..3
+        ],
+    );
+    golden(
+        Frame::Offer {
+            version: 8,
+            kind: ArtifactKind::Composed,
+            descriptor: Bytes::from_static(b"HDR"),
+        },
+        &[
+            &[17, 0, 0, 0],
+            &[0x05],                   // type Offer
+            &[8, 0, 0, 0, 0, 0, 0, 0], // version
+            &[3],                      // kind composed delta
+            &[3, 0, 0, 0],             // descriptor length
+            b"HDR",
         ],
     );
 }
@@ -515,6 +568,7 @@ fn want_limits_and_range_rules() {
         seq: 1,
         next_version: 1,
         snapshot: false,
+        composed: false,
         live_streams: 1,
         epochs: vec![1],
         progress,
@@ -523,6 +577,7 @@ fn want_limits_and_range_rules() {
         version: v,
         has_offer: false,
         has_seal: false,
+        composed: false,
         have,
     };
     let many: Vec<Progress> = (1..=MAX_WANT_VERSIONS as u64 + 1)
@@ -564,6 +619,7 @@ fn want_limits_and_range_rules() {
         seq: 1,
         next_version: 1,
         snapshot: false,
+        composed: false,
         live_streams: 1,
         epochs: vec![1; MAX_STREAMS as usize + 1],
         progress: vec![],
@@ -648,17 +704,19 @@ fn hostile_values_are_named() {
 
 #[test]
 fn the_join_fields_are_bounded() {
-    // Want: the flags byte follows the next version; only bit 0 has a meaning.
+    // Want: the flags byte follows the next version; only bits 0 and 1 have a meaning,
+    // and not together.
     let want = Frame::Want {
         seq: 1,
         next_version: 4,
         snapshot: true,
+        composed: false,
         live_streams: 1,
         epochs: vec![1],
         progress: vec![],
     };
     let flags_at = PREFIX_BYTES + 8 + 8;
-    for flags in [0b10, 0x80, 0xFF] {
+    for flags in [0b100, 0x80, 0xFF] {
         let mut bytes = want.to_bytes();
         bytes[flags_at] = flags;
         assert_eq!(
@@ -666,6 +724,14 @@ fn the_join_fields_are_bounded() {
             format!("Want frame is malformed: unknown want flags {flags:#x}")
         );
     }
+    let mut both = want.to_bytes();
+    both[flags_at] = 0b11;
+    assert!(
+        decode(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("a snapshot and composed catch-up at once")
+    );
     let mut cleared = want.to_bytes();
     cleared[flags_at] = 0;
     let Frame::Want { snapshot, .. } = decode(&cleared).unwrap().0 else {
@@ -721,8 +787,8 @@ fn the_join_fields_are_bounded() {
             .contains("1 bytes left after the last field")
     );
 
-    // Offer: kinds 1 and 2 exist, no other.
-    for code in [0u8, 3, 0xFF] {
+    // Offer: kinds 1, 2 and 3 exist, no other.
+    for code in [0u8, 4, 0xFF] {
         let mut bytes = Frame::Offer {
             version: 1,
             kind: ArtifactKind::Snapshot,
@@ -847,7 +913,8 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 |(next_version, live_streams, epochs, entries)| Frame::Want {
                     seq: next_version * 3,
                     next_version,
-                    snapshot: next_version % 2 == 1,
+                    snapshot: next_version % 3 == 1,
+                    composed: next_version % 3 == 2,
                     live_streams,
                     epochs,
                     progress: entries
@@ -857,6 +924,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                             version: next_version + 2 * i as u64,
                             has_offer,
                             has_seal,
+                            composed: has_offer && i == 0,
                             have,
                         })
                         .collect(),

@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::testutil::{
-    Pair, artifact, connected, connected_joining, frames, frames_of, hub_welcome, joining_receiver,
-    receiver, sender, snapshot_artifact,
+    Pair, artifact, composed_artifact, connected, connected_composed, connected_joining, frames,
+    frames_of, hub_welcome, joining_receiver, receiver, sender, snapshot_artifact,
 };
 
 fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
@@ -168,6 +168,7 @@ fn protocol_violations_give_the_upstream_up() {
             seq: 1,
             next_version: 1,
             snapshot: false,
+            composed: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![],
@@ -412,6 +413,7 @@ fn a_joining_receiver_wants_the_offered_snapshot_with_the_flag() {
             Frame::Want {
                 next_version: 4,
                 snapshot: true,
+                composed: false,
                 ..
             }
         )),
@@ -437,6 +439,7 @@ fn a_joining_receiver_wants_the_offered_snapshot_with_the_flag() {
             Frame::Want {
                 next_version: 5,
                 snapshot: false,
+                composed: false,
                 ..
             }
         )),
@@ -531,4 +534,95 @@ fn rejoining_forgets_the_snapshot_and_takes_the_next_offer() {
     pair.pump();
     assert_eq!(pair.complete(), [(3, bytes.clone()), (3, bytes)]);
     assert_eq!(pair.sender.stats().segments_sent, 4, "all of it again");
+}
+
+#[test]
+fn a_composed_delta_from_the_version_before_the_next_is_delivered_as_its_target() {
+    let mut r = connected_composed(4);
+    let now = Instant::now();
+    // Beyond the window (4 + 4 ahead), its segments and table overtaking its Offer.
+    let (bytes, _) = composed_artifact(3, 12, 3);
+    let mut all = frames_of(&bytes, ArtifactKind::Composed);
+    all.rotate_left(1);
+    for frame in all {
+        r.handle_frame(now, 1, frame);
+    }
+    let (events, out) = drain(&mut r);
+    assert_eq!(completed(&events), [(12, bytes)]);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::Complete { artifact, .. } if artifact.kind() == ArtifactKind::Composed
+    )));
+    assert_eq!(r.next_version(), 13);
+    // The next Want goes on from 13, still accepting one.
+    assert!(out.iter().any(|(_, f)| matches!(
+        f,
+        Frame::Want {
+            next_version: 13,
+            composed: true,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn a_composed_delta_with_the_wrong_base_is_a_protocol_violation() {
+    let offer = |bytes: &Bytes| frames_of(bytes, ArtifactKind::Composed).remove(0);
+    let now = Instant::now();
+    // The receiver is at 3 (next 4): a composed delta must start from 3.
+    let mut r = connected_composed(4);
+    r.handle_frame(now, 1, offer(&composed_artifact(2, 8, 1).0));
+    lost(&mut r, "starts from version 2");
+    // The right version with other weights.
+    let (mut bytes, _) = composed_artifact(3, 8, 1);
+    let file = aurora_delta::DeltaFile::parse(&bytes).unwrap();
+    let mut header = file.header().clone();
+    header.base_hash = aurora_delta::Hash([9; 32]);
+    let (_, rebuilt) = aurora_delta::assemble(&header, &[b"x".to_vec()]);
+    bytes = Bytes::from(rebuilt);
+    let mut r = connected_composed(4);
+    r.handle_frame(now, 1, offer(&bytes));
+    lost(&mut r, "but this receiver is at version 3");
+    // Not past the next version.
+    let mut r = connected_composed(4);
+    r.handle_frame(now, 1, offer(&composed_artifact(3, 4, 1).0));
+    lost(&mut r, "does not go past the next version 4");
+    // A receiver that did not accept composed catch-up (a relay's).
+    let mut r = connected(1);
+    r.handle_frame(now, 1, offer(&composed_artifact(0, 3, 1).0));
+    lost(&mut r, "which this receiver did not accept");
+}
+
+#[test]
+fn only_one_version_beyond_the_window_is_held() {
+    let mut r = connected_composed(4);
+    let now = Instant::now();
+    let old = frames_of(&composed_artifact(3, 12, 2).0, ArtifactKind::Composed);
+    r.handle_frame(now, 1, old[2].clone());
+    let held = r.held_bytes;
+    assert!(held > 0);
+    // Another target: the old one is dropped, not added to.
+    let new = frames_of(&composed_artifact(3, 14, 2).0, ArtifactKind::Composed);
+    r.handle_frame(now, 1, new[2].clone());
+    assert_eq!(r.assemblies.keys().copied().collect::<Vec<_>>(), [14]);
+    assert_eq!(r.held_bytes, held);
+    // A receiver that did not accept composed catch-up keeps its window.
+    let mut r = connected(1);
+    r.handle_frame(now, 1, new[2].clone());
+    lost(&mut r, "version 14 is beyond the window");
+}
+
+#[test]
+fn an_offer_of_the_other_kind_for_a_held_version_drops_it_and_ends_the_session() {
+    let mut r = connected_composed(4);
+    let now = Instant::now();
+    let delta = frames(&artifact(8, 2).0);
+    r.handle_frame(now, 1, delta[0].clone());
+    r.handle_frame(now, 1, delta[2].clone());
+    assert!(r.assemblies.contains_key(&8));
+    let composed = frames_of(&composed_artifact(3, 8, 2).0, ArtifactKind::Composed);
+    r.handle_frame(now, 1, composed[0].clone());
+    lost(&mut r, "version 8 is now offered as a composed delta");
+    assert!(!r.assemblies.contains_key(&8), "parts of D(8) are dropped");
+    assert_eq!(r.held_bytes, 0);
 }

@@ -7,8 +7,8 @@ use super::*;
 use crate::frame::Hello;
 use crate::receiver::ReceiverEvent;
 use crate::testutil::{
-    Pair, TOKEN, artifact, identity, joining_receiver, receiver, sender, snapshot_artifact,
-    store_sender, weights,
+    Pair, TOKEN, artifact, composed_artifact, composed_receiver, identity, joining_receiver,
+    receiver, sender, snapshot_artifact, store_sender, weights,
 };
 
 fn hello(session: u64, stream: u8, streams: u8) -> Hello {
@@ -176,6 +176,7 @@ fn a_window_bounds_what_the_driver_holds_and_a_stalled_session_is_dropped() {
             seq: 1,
             next_version: 1,
             snapshot: false,
+            composed: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![],
@@ -232,12 +233,14 @@ fn a_want_resumes_with_only_the_missing_segments() {
             seq: 1,
             next_version: 1,
             snapshot: false,
+            composed: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![Progress {
                 version: 1,
                 has_offer: true,
                 has_seal: true,
+                composed: false,
                 have: vec![0..3, 5..7],
             }],
         },
@@ -268,12 +271,14 @@ fn a_want_overtaken_by_a_later_one_is_ignored() {
         seq,
         next_version: 1,
         snapshot: false,
+        composed: false,
         live_streams: 1,
         epochs: vec![1],
         progress: vec![Progress {
             version: 1,
             has_offer: true,
             has_seal: true,
+            composed: false,
             have,
         }],
     };
@@ -301,6 +306,7 @@ fn a_nack_resends_that_segment() {
         seq: 1,
         next_version: 1,
         snapshot: false,
+        composed: false,
         live_streams: 1,
         epochs: vec![1],
         progress: vec![],
@@ -347,12 +353,14 @@ fn a_nack_for_a_segment_never_held_is_ignored_whatever_its_index() {
             seq: 1,
             next_version: 1,
             snapshot: false,
+            composed: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![Progress {
                 version: 1,
                 has_offer: true,
                 has_seal: true,
+                composed: false,
                 have: vec![0..2, MAX_TRANSFER_SEGMENTS - 1..MAX_TRANSFER_SEGMENTS],
             }],
         },
@@ -592,6 +600,7 @@ fn a_relay_answers_a_snapshot_want_with_unavailable() {
             seq: 1,
             next_version: 3,
             snapshot: true,
+            composed: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![],
@@ -707,12 +716,14 @@ fn a_nack_on_a_snapshot_resends_from_the_snapshot() {
             seq: 1,
             next_version: 3,
             snapshot: true,
+            composed: false,
             live_streams: 1,
             epochs: vec![1],
             progress: vec![Progress {
                 version: 3,
                 has_offer: true,
                 has_seal: true,
+                composed: false,
                 have: vec![0..2],
             }],
         },
@@ -771,4 +782,129 @@ fn snapshots_and_deltas_do_not_mix() {
             .contains("must name it as base and target"),
         "{error}"
     );
+}
+
+fn composed_loads(pair: &Pair) -> Vec<(u64, u64)> {
+    pair.sender_events
+        .iter()
+        .filter_map(|e| match e {
+            SenderEvent::LoadComposed { base, target } => Some((*base, *target)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_session_three_behind_is_served_one_composed_delta() {
+    // The actor is at 5; the store's latest is 8; D(9) is being published.
+    let mut hub = store_sender(8, 0);
+    hub.insert_artifact(artifact(9, 2).0).unwrap();
+    let mut pair = Pair::new(hub, composed_receiver(2, 6));
+    assert_eq!(composed_loads(&pair), [(5, 8)]);
+    assert!(
+        pair.written
+            .iter()
+            .all(|(_, f)| !matches!(f, Frame::Offer { .. }))
+    );
+    let (composed, _) = composed_artifact(5, 8, 6);
+    assert_eq!(
+        pair.sender.insert_composed(composed.clone()).unwrap(),
+        (5, 8)
+    );
+    pair.pump();
+    assert_eq!(
+        offers(&pair),
+        [(8, ArtifactKind::Composed), (9, ArtifactKind::Delta)]
+    );
+    assert_eq!(
+        kinds(&pair),
+        [(8, ArtifactKind::Composed), (9, ArtifactKind::Delta)]
+    );
+    assert_eq!(pair.complete()[0], (8, composed));
+    assert_eq!(pair.receiver.next_version(), 10);
+    assert_eq!(pair.sender.stats().composed_offers, 1);
+    assert_eq!(pair.sender.stats().segments_sent, 6 + 2);
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+    assert_eq!(
+        pair.sender.composed_held(),
+        0,
+        "dropped once no session is at its base"
+    );
+    assert!(
+        !pair
+            .sender_events
+            .iter()
+            .any(|e| matches!(e, SenderEvent::Load { .. })),
+        "no delta of 6..=8 is loaded"
+    );
+}
+
+#[test]
+fn a_declined_composed_delta_replays_the_deltas() {
+    let mut pair = Pair::new(store_sender(8, 0), composed_receiver(1, 6));
+    assert_eq!(composed_loads(&pair), [(5, 8)]);
+    pair.sender
+        .composed_declined(5, 8, "replaying is cheaper".into());
+    pair.pump();
+    for version in 6..=8 {
+        pair.sender.insert_artifact(artifact(version, 2).0).unwrap();
+        pair.pump();
+    }
+    assert_eq!(
+        kinds(&pair),
+        [
+            (6, ArtifactKind::Delta),
+            (7, ArtifactKind::Delta),
+            (8, ArtifactKind::Delta)
+        ]
+    );
+    assert_eq!(pair.sender.stats().composed_offers, 0);
+    // One version behind, or a receiver that does not accept one: no composed delta.
+    let pair = Pair::new(store_sender(8, 0), composed_receiver(1, 8));
+    assert!(composed_loads(&pair).is_empty());
+    let pair = Pair::new(store_sender(8, 0), receiver(1, 6));
+    assert!(composed_loads(&pair).is_empty());
+    // A relay has no store to build one from.
+    let mut relay = sender();
+    relay.insert_artifact(artifact(6, 1).0).unwrap();
+    relay.insert_artifact(artifact(7, 1).0).unwrap();
+    let pair = Pair::new(relay, composed_receiver(1, 6));
+    assert!(composed_loads(&pair).is_empty());
+    assert_eq!(
+        kinds(&pair),
+        [(6, ArtifactKind::Delta), (7, ArtifactKind::Delta)]
+    );
+}
+
+#[test]
+fn a_resumed_composed_transfer_sends_only_the_missing_segments() {
+    let (composed, _) = composed_artifact(5, 8, 10);
+    let mut pair = Pair::new(store_sender(8, 0), composed_receiver(2, 6));
+    pair.segment_budget = Some(4);
+    pair.sender.insert_composed(composed.clone()).unwrap();
+    pair.pump();
+    assert_eq!(pair.receiver.stats().segments, 4);
+    pair.receiver.abandon("test");
+    pair.pump();
+    assert_eq!(pair.sender.composed_held(), 0, "no session is at its base");
+
+    // The store's latest moved on meanwhile; the new session resumes the same target,
+    // which its Want reports parts of.
+    pair.sender.set_loadable(Some(9));
+    pair.segment_budget = None;
+    pair.receiver.start_session(pair.now, 78);
+    pair.pump();
+    assert_eq!(composed_loads(&pair), [(5, 8), (5, 8)]);
+    pair.sender.insert_composed(composed.clone()).unwrap();
+    pair.pump();
+    assert_eq!(pair.complete(), [(8, composed)]);
+    assert_eq!(pair.receiver.stats().segments, 10);
+    assert_eq!(pair.receiver.stats().duplicates, 0);
+    assert_eq!(
+        pair.sender.stats().segments_sent,
+        10,
+        "only the segments it did not hold"
+    );
+    // Then D(9), as a delta.
+    assert_eq!(pair.receiver.next_version(), 9);
 }
