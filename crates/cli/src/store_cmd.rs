@@ -80,6 +80,7 @@ pub fn run(command: StoreCommand) -> Result<()> {
         StoreCommand::Verify { root } => {
             let store = Store::open(&root)?;
             let (deltas, snapshots) = store.records()?;
+            let composed = store.composed_records()?;
             let mut failures = Vec::new();
             for &version in deltas.keys() {
                 if let Err(error) = store.delta(version) {
@@ -91,6 +92,12 @@ pub fn run(command: StoreCommand) -> Result<()> {
                     failures.push(format!("{error:#}"));
                 }
             }
+            // Listed records only: reading a catalogued composed delta never builds one.
+            for &(base, target) in composed.keys() {
+                if let Err(error) = store.composed_artifact(base, target) {
+                    failures.push(format!("{error:#}"));
+                }
+            }
             for failure in &failures {
                 eprintln!("{failure}");
             }
@@ -98,13 +105,14 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 bail!(
                     "{} of {} artifacts failed verification",
                     failures.len(),
-                    deltas.len() + snapshots.len()
+                    deltas.len() + snapshots.len() + composed.len()
                 );
             }
             println!(
-                "{} deltas and {} snapshots verified",
+                "{} deltas, {} snapshots and {} composed deltas verified",
                 deltas.len(),
-                snapshots.len()
+                snapshots.len(),
+                composed.len()
             );
         }
         StoreCommand::Plan { root, version } => {
