@@ -259,7 +259,18 @@ impl<'a> BitReader<'a> {
         self.acc & ((1u64 << count) - 1)
     }
 
-    /// Consumes `count` bits that a [`BitReader::peek`] of at least as many made available.
+    /// The bits held, at least 56 of them unless the stream is nearly exhausted, and
+    /// how many there are; bits above that count are not part of the stream yet.
+    #[inline(always)]
+    pub fn fill(&mut self) -> (u64, u32) {
+        if self.available < 56 {
+            self.refill();
+        }
+        (self.acc, self.available)
+    }
+
+    /// Consumes `count` bits that a [`BitReader::peek`] or [`BitReader::fill`] of at least
+    /// as many made available.
     #[inline]
     pub fn skip(&mut self, count: u32) {
         debug_assert!(count <= self.available);

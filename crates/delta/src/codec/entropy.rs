@@ -20,8 +20,10 @@ pub const ALPHABET: usize = 16;
 #[derive(Clone)]
 pub struct Model {
     freq: [u16; ALPHABET],
-    start: [u16; ALPHABET],
-    slot_to_symbol: Box<[u8; TOTAL as usize]>,
+    /// Everything the decoder needs for a slot in one load, so each symbol waits on one
+    /// memory access instead of three dependent ones: the symbol's frequency (bits 16..),
+    /// the symbol (bits 12..16) and the slot's offset from the symbol's start (bits 0..12).
+    slots: Box<[u32; TOTAL as usize]>,
     encode: [EncodeSymbol; ALPHABET],
 }
 
@@ -93,18 +95,22 @@ impl Model {
             )));
         }
         let mut start = [0u16; ALPHABET];
-        let mut slot_to_symbol = Box::new([0u8; TOTAL as usize]);
+        let mut slots = Box::new([0u32; TOTAL as usize]);
         let mut cumulative = 0u32;
         for symbol in 0..ALPHABET {
             start[symbol] = cumulative as u16;
             let end = cumulative + u32::from(freq[symbol]);
-            slot_to_symbol[cumulative as usize..end as usize].fill(symbol as u8);
+            for (offset, slot) in slots[cumulative as usize..end as usize]
+                .iter_mut()
+                .enumerate()
+            {
+                *slot = u32::from(freq[symbol]) << 16 | (symbol as u32) << 12 | offset as u32;
+            }
             cumulative = end;
         }
         Ok(Model {
             freq,
-            start,
-            slot_to_symbol,
+            slots,
             encode: std::array::from_fn(|s| EncodeSymbol::new(freq[s], start[s])),
         })
     }
@@ -234,12 +240,12 @@ impl<'a> RansDecoder<'a> {
 
     #[inline]
     pub fn get(&mut self, model: &Model) -> Result<usize> {
-        let slot = self.state & (TOTAL - 1);
-        let symbol = model.slot_to_symbol[slot as usize] as usize;
-        self.state = u32::from(model.freq[symbol]) * (self.state >> SCALE_BITS) + slot
-            - u32::from(model.start[symbol]);
+        let entry = model.slots[(self.state & (TOTAL - 1)) as usize];
+        let symbol = ((entry >> 12) & 0xF) as usize;
+        self.state = (entry >> 16) * (self.state >> SCALE_BITS) + (entry & (TOTAL - 1));
         // One word brings any state back above the bound. Whether one is needed is as
-        // random as the data, so the word is read either way and kept by a select.
+        // random as the data, so the word is read either way and kept by a mask (a
+        // conditional here compiles to a branch that mispredicts on one symbol in eight).
         let renormalise = self.state < RANS_L;
         let word = match self.words.get(self.position..self.position + 2) {
             Some(word) => u32::from(u16::from_le_bytes([word[0], word[1]])),
@@ -248,11 +254,8 @@ impl<'a> RansDecoder<'a> {
             }
             None => 0,
         };
-        self.state = if renormalise {
-            (self.state << 16) | word
-        } else {
-            self.state
-        };
+        let keep = 0u32.wrapping_sub(u32::from(renormalise));
+        self.state = (self.state << (16 & keep)) | (word & keep);
         self.position += 2 * usize::from(renormalise);
         Ok(symbol)
     }
@@ -375,21 +378,44 @@ impl GolombDecoder {
 
     #[inline(always)]
     pub fn read(&self, reader: &mut BitReader<'_>) -> Result<u64> {
+        // Nearly every code is a short unary prefix and its remainder inside the bits
+        // already held: read from them directly, without the general unary loop.
+        let (held, available) = reader.fill();
+        let quotient = held.trailing_zeros();
+        if quotient + 1 + self.width <= available && u64::from(quotient) <= self.quotient_limit {
+            // The stop bit may be the 64th bit held.
+            let code = held.checked_shr(quotient + 1).unwrap_or(0);
+            let (remainder, bits) = self.remainder(code);
+            reader.skip(quotient + 1 + bits);
+            return self.bounded(u64::from(quotient) * self.m + remainder);
+        }
         let quotient = reader.read_unary(self.quotient_limit)?;
+        let (remainder, bits) = self.remainder(reader.peek(self.width));
+        reader.skip(bits);
+        self.bounded(quotient * self.m + remainder)
+    }
+
+    /// The truncated-binary remainder at the bottom of `code` (which holds at least
+    /// `width` bits) and its length in bits.
+    #[inline(always)]
+    fn remainder(&self, code: u64) -> (u64, u32) {
+        if self.width == 0 {
+            return (0, 0);
+        }
         // Short and long remainder codes are told apart arithmetically: which one comes
         // next is as random as the data, so a branch would mispredict half the time.
-        let remainder = if self.width == 0 {
-            0
-        } else {
-            let short_bits = self.width - 1;
-            let code = reader.peek(self.width);
-            let high = code & ((1u64 << short_bits) - 1);
-            let long = high >= self.short_codes;
-            let long_value = ((high << 1) | (code >> short_bits)).wrapping_sub(self.short_codes);
-            reader.skip(short_bits + u32::from(long));
-            if long { long_value } else { high }
-        };
-        let value = quotient * self.m + remainder;
+        let short_bits = self.width - 1;
+        let high = code & ((1u64 << short_bits) - 1);
+        let long = high >= self.short_codes;
+        let long_value = ((high << 1) | ((code >> short_bits) & 1)).wrapping_sub(self.short_codes);
+        (
+            if long { long_value } else { high },
+            short_bits + u32::from(long),
+        )
+    }
+
+    #[inline(always)]
+    fn bounded(&self, value: u64) -> Result<u64> {
         if value > self.limit {
             return Err(DeltaError::Malformed(format!(
                 "gap {value} exceeds the chunk bound {}",
@@ -506,6 +532,21 @@ mod tests {
             }
         }
         assert!(failed || decoded != symbols || decoder.finish().is_err());
+    }
+
+    #[test]
+    fn golomb_bounds_hold_when_the_code_is_read_from_held_bits() {
+        let encoder = GolombEncoder::new(4);
+        let mut writer = BitWriter::new();
+        for value in [13, 1, 1, 1, 1, 1, 1, 1] {
+            encoder.write(&mut writer, value);
+        }
+        let bytes = writer.finish();
+        let read = |limit| GolombDecoder::new(4, limit).read(&mut BitReader::new(&bytes));
+        assert_eq!(read(13).unwrap(), 13);
+        // The value bound, then the quotient bound (3 > 11 / 4).
+        assert!(read(12).is_err());
+        assert!(read(11).is_err());
     }
 
     proptest! {
