@@ -382,17 +382,12 @@ impl Fleet {
             members: Vec::new(),
             timeout: spec.timeout,
         };
-        // Members share this process; in a deployment each is a machine of its own. A
-        // decode pool per member at least makes them share the cores fairly, as
-        // processes would, instead of finishing one after another in one pool.
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let config = |role, name: &str, region: &str, upstreams| {
             let mut config = NodeConfig::new(identity(role, name.into(), region), TOKEN.to_vec());
             config.upstreams = upstreams;
             config.streams = spec.streams;
             config.socket = spec.socket.clone();
             config.tune_interval = spec.tune_interval;
-            config.decode_threads = Some(cores);
             config
         };
         for region in &spec.regions {

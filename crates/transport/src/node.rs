@@ -58,10 +58,11 @@ pub struct NodeConfig {
     /// join with no weights. Hubs that serve one store must agree on it: the same
     /// snapshot then gives the same artifact, and a join resumes across them.
     pub snapshot_segment_bytes: usize,
-    /// Threads of a pool of the node's own for decoding and applying deltas; `None`
-    /// uses the process-wide pool. Nodes sharing a process (benchmarks) each get their
-    /// own so that they share the machine's cores as separate processes would, rather
-    /// than queueing behind each other's work in one pool.
+    /// Threads decoding and applying deltas (`None`: one per core). They form a pool
+    /// of the node's own and run at a lower priority than the rest of the process
+    /// (nice +10 on Linux), so a node answers its sockets, a relay forwards and the
+    /// engine generates before a delta is decoded; nodes sharing a process (benchmarks)
+    /// share the cores as separate processes would instead of queueing in one pool.
     pub decode_threads: Option<usize>,
 }
 
@@ -126,11 +127,33 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Runs `work` on the node's own pool, or on the process-wide one.
-fn on_pool<T: Send>(pool: Option<&rayon::ThreadPool>, work: impl FnOnce() -> T + Send) -> T {
-    match pool {
-        Some(pool) => pool.install(work),
-        None => work(),
+/// The node's decode pool: `threads` (one per core when `None`) at a lower priority.
+fn decode_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, TransportError> {
+    let threads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("decode-{i}"))
+        .start_handler(|_| lower_this_threads_priority())
+        .build()
+        .map_err(|e| TransportError::Pool(e.to_string()))
+}
+
+/// Decoding is throughput work that must never delay the node's latency-bound work;
+/// the scheduler still gives it every idle cycle.
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        const DECODE_NICE: libc::c_int = 10;
+        // Linux keeps a nice value per thread: this changes the calling one only.
+        // SAFETY: plain system calls on the calling thread, no memory is passed.
+        let outcome = unsafe {
+            let thread = libc::gettid() as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, thread, DECODE_NICE)
+        };
+        if outcome != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "decode threads keep their priority");
+        }
     }
 }
 
@@ -585,16 +608,7 @@ async fn spawn<E: Engine>(
     };
     let (status_tx, status) = watch::channel(initial);
     let upstream_bytes = Arc::new(AtomicU64::new(0));
-    let pool = match config.decode_threads {
-        Some(threads) => Some(Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|i| format!("decode-{i}"))
-                .build()
-                .map_err(|e| TransportError::Pool(e.to_string()))?,
-        )),
-        None => None,
-    };
+    let pool = Arc::new(decode_pool(config.decode_threads)?);
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
@@ -671,7 +685,7 @@ struct Driver<E: Engine> {
     node: Node,
     /// Shared with the decodes out; the node starts an activation only when none is.
     weights: Option<Arc<Weights>>,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Arc<rayon::ThreadPool>,
     engine: Option<Arc<E>>,
     store: Option<Arc<Store>>,
     live: BTreeMap<u64, Live>,
@@ -1187,9 +1201,7 @@ impl<E: Engine> Driver<E> {
                 let pool = self.pool.clone();
                 let events = self.events_tx.clone();
                 self.tasks.spawn_blocking(move || {
-                    let result = on_pool(pool.as_deref(), || {
-                        weights.decode_segment(&header, index, &bytes)
-                    });
+                    let result = pool.install(|| weights.decode_segment(&header, index, &bytes));
                     // Let go of the weights before reporting: once the last decode is
                     // in, the loop takes them for activation, and a share still held
                     // here would fail it as "not ready".
@@ -1226,7 +1238,7 @@ impl<E: Engine> Driver<E> {
                 let pool = self.pool.clone();
                 let events = self.events_tx.clone();
                 self.tasks.spawn_blocking(move || {
-                    let result = on_pool(pool.as_deref(), || weights.activate(patch));
+                    let result = pool.install(|| weights.activate(patch));
                     let _ = events.blocking_send(Event::Activated {
                         version,
                         weights,
