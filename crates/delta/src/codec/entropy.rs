@@ -585,40 +585,33 @@ mod tests {
             // encoder's divide path; the unary part stays short enough to write.
             let m = (1u64 << m_bits).max(m_low & ((1u64 << m_bits) - 1)).max(1);
             let values: Vec<u64> = values.iter().map(|v| v % (m.saturating_mul(64))).collect();
-            let mut writer = BitWriter::new();
-            let mut bits = 0;
-            let encoder = GolombEncoder::new(m);
-            for &v in &values {
-                encoder.write(&mut writer, v);
-                bits += golomb_len(v, m);
-            }
-            prop_assert_eq!(writer.bit_len(), bits);
-            let bytes = writer.finish();
-            let mut reader = BitReader::new(&bytes);
-            let decoder = GolombDecoder::new(m, u64::MAX);
-            for &v in &values {
-                prop_assert_eq!(decoder.read(&mut reader).unwrap(), v);
-            }
-            prop_assert!(reader.finish().is_ok());
+            golomb_round_trip(&values, m, u64::MAX)?;
         }
 
         #[test]
         fn golomb_round_trips(values in proptest::collection::vec(0u64..100_000, 1..300), m in 1u64..5000) {
-            let mut writer = BitWriter::new();
-            let mut bits = 0;
-            let encoder = GolombEncoder::new(m);
-            for &v in &values {
-                encoder.write(&mut writer, v);
-                bits += golomb_len(v, m);
-            }
-            prop_assert_eq!(writer.bit_len(), bits);
-            let bytes = writer.finish();
-            let mut reader = BitReader::new(&bytes);
-            let decoder = GolombDecoder::new(m, 100_000);
-            for &v in &values {
-                prop_assert_eq!(decoder.read(&mut reader).unwrap(), v);
-            }
-            prop_assert!(reader.finish().is_ok());
+            golomb_round_trip(&values, m, 100_000)?;
         }
+    }
+
+    /// Writes `values` with parameter `m` (checking the predicted lengths) and reads
+    /// them back with a decoder that allows values up to `limit`.
+    fn golomb_round_trip(values: &[u64], m: u64, limit: u64) -> Result<(), TestCaseError> {
+        let mut writer = BitWriter::new();
+        let mut bits = 0;
+        let encoder = GolombEncoder::new(m);
+        for &v in values {
+            encoder.write(&mut writer, v);
+            bits += golomb_len(v, m);
+        }
+        prop_assert_eq!(writer.bit_len(), bits);
+        let bytes = writer.finish();
+        let mut reader = BitReader::new(&bytes);
+        let decoder = GolombDecoder::new(m, limit);
+        for &v in values {
+            prop_assert_eq!(decoder.read(&mut reader).unwrap(), v);
+        }
+        prop_assert!(reader.finish().is_ok());
+        Ok(())
     }
 }
