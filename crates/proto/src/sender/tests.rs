@@ -36,6 +36,46 @@ fn handshake(sender: &mut Sender, conn: ConnId, hello: Hello) -> Transmit {
     sender.poll_transmit(now).expect("an answer")
 }
 
+/// Opens session 5, one stream, on connection 1 and writes its Welcome.
+fn welcomed(sender: &mut Sender, now: Instant) {
+    handshake(sender, 1, hello(5, 0, 1));
+    sender.on_sent(now, 1);
+}
+
+/// A Want on one live stream at epoch 1, from `next_version` on.
+fn want(seq: u64, next_version: u64, snapshot: bool, progress: Vec<Progress>) -> Frame {
+    Frame::Want {
+        seq,
+        next_version,
+        snapshot,
+        composed: false,
+        live_streams: 1,
+        epochs: vec![1],
+        progress,
+    }
+}
+
+/// Progress on a delta of `version` whose offer and table arrived, holding `have`.
+fn holding(version: u64, have: Vec<std::ops::Range<u32>>) -> Progress {
+    Progress {
+        version,
+        has_offer: true,
+        has_seal: true,
+        composed: false,
+        have,
+    }
+}
+
+/// Writes everything queued on connection 1 and returns it.
+fn drain(sender: &mut Sender, now: Instant) -> Vec<Frame> {
+    let mut sent = Vec::new();
+    while let Some(t) = sender.poll_transmit(now) {
+        sender.on_sent(now, 1);
+        sent.push(t.frame);
+    }
+    sent
+}
+
 #[track_caller]
 fn refused(transmit: Transmit, code: RejectCode, needle: &str) {
     match transmit.frame {
@@ -167,21 +207,8 @@ fn a_window_bounds_what_the_driver_holds_and_a_stalled_session_is_dropped() {
     let mut s = sender();
     s.insert_artifact(artifact(1, 20).0).unwrap();
     let now = Instant::now();
-    s.accepted(now, 1);
-    s.handle_frame(now, 1, Frame::Hello(hello(5, 0, 1)));
-    s.handle_frame(
-        now,
-        1,
-        Frame::Want {
-            seq: 1,
-            next_version: 1,
-            snapshot: false,
-            composed: false,
-            live_streams: 1,
-            epochs: vec![1],
-            progress: vec![],
-        },
-    );
+    welcomed(&mut s, now);
+    s.handle_frame(now, 1, want(1, 1, false, vec![]));
     let mut handed = 0;
     while s.poll_transmit(now).is_some() {
         handed += 1;
@@ -208,10 +235,7 @@ fn a_window_bounds_what_the_driver_holds_and_a_stalled_session_is_dropped() {
 fn idle_connections_get_keepalives() {
     let mut s = sender();
     let now = Instant::now();
-    s.accepted(now, 1);
-    s.handle_frame(now, 1, Frame::Hello(hello(5, 0, 1)));
-    s.poll_transmit(now).unwrap();
-    s.on_sent(now, 1);
+    welcomed(&mut s, now);
     let later = now + s.config.keepalive_interval;
     s.handle_timeout(later);
     assert_eq!(s.poll_transmit(later).unwrap().frame, Frame::Keepalive);
@@ -222,35 +246,13 @@ fn a_want_resumes_with_only_the_missing_segments() {
     let mut s = sender();
     s.insert_artifact(artifact(1, 8).0).unwrap();
     let now = Instant::now();
-    s.accepted(now, 1);
-    s.handle_frame(now, 1, Frame::Hello(hello(5, 0, 1)));
-    s.poll_transmit(now).unwrap();
-    s.on_sent(now, 1);
+    welcomed(&mut s, now);
     s.handle_frame(
         now,
         1,
-        Frame::Want {
-            seq: 1,
-            next_version: 1,
-            snapshot: false,
-            composed: false,
-            live_streams: 1,
-            epochs: vec![1],
-            progress: vec![Progress {
-                version: 1,
-                has_offer: true,
-                has_seal: true,
-                composed: false,
-                have: vec![0..3, 5..7],
-            }],
-        },
+        want(1, 1, false, vec![holding(1, vec![0..3, 5..7])]),
     );
-    let mut sent = Vec::new();
-    while let Some(t) = s.poll_transmit(now) {
-        s.on_sent(now, 1);
-        sent.push(t.frame);
-    }
-    let indices: Vec<u32> = sent
+    let indices: Vec<u32> = drain(&mut s, now)
         .iter()
         .map(|f| match f {
             Frame::Segment { index, .. } => *index,
@@ -265,30 +267,10 @@ fn a_want_overtaken_by_a_later_one_is_ignored() {
     let mut s = sender();
     s.insert_artifact(artifact(1, 4).0).unwrap();
     let now = Instant::now();
-    handshake(&mut s, 1, hello(5, 0, 1));
-    s.on_sent(now, 1);
-    let want = |seq, have| Frame::Want {
-        seq,
-        next_version: 1,
-        snapshot: false,
-        composed: false,
-        live_streams: 1,
-        epochs: vec![1],
-        progress: vec![Progress {
-            version: 1,
-            has_offer: true,
-            has_seal: true,
-            composed: false,
-            have,
-        }],
-    };
-    s.handle_frame(now, 1, want(2, vec![0..3]));
-    s.handle_frame(now, 1, want(1, vec![]));
-    let mut sent = Vec::new();
-    while let Some(t) = s.poll_transmit(now) {
-        s.on_sent(now, 1);
-        sent.push(t.frame);
-    }
+    welcomed(&mut s, now);
+    s.handle_frame(now, 1, want(2, 1, false, vec![holding(1, vec![0..3])]));
+    s.handle_frame(now, 1, want(1, 1, false, vec![holding(1, vec![])]));
+    let sent = drain(&mut s, now);
     assert!(
         matches!(&sent[..], [Frame::Segment { index: 3, .. }]),
         "the stale Want must not undo the later one: {sent:?}"
@@ -300,25 +282,15 @@ fn a_nack_resends_that_segment() {
     let mut s = sender();
     s.insert_artifact(artifact(1, 3).0).unwrap();
     let now = Instant::now();
-    handshake(&mut s, 1, hello(5, 0, 1));
-    s.on_sent(now, 1);
-    let want = Frame::Want {
-        seq: 1,
-        next_version: 1,
-        snapshot: false,
-        composed: false,
-        live_streams: 1,
-        epochs: vec![1],
-        progress: vec![],
-    };
-    s.handle_frame(now, 1, want);
-    let mut segments = Vec::new();
-    while let Some(t) = s.poll_transmit(now) {
-        s.on_sent(now, 1);
-        if let Frame::Segment { index, .. } = t.frame {
-            segments.push(index);
-        }
-    }
+    welcomed(&mut s, now);
+    s.handle_frame(now, 1, want(1, 1, false, vec![]));
+    let segments: Vec<u32> = drain(&mut s, now)
+        .iter()
+        .filter_map(|f| match f {
+            Frame::Segment { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect();
     assert_eq!(segments, [0, 1, 2]);
     s.handle_frame(
         now,
@@ -344,27 +316,9 @@ fn a_nack_for_a_segment_never_held_is_ignored_whatever_its_index() {
     let mut s = sender();
     s.insert_artifact(artifact(1, 2).0).unwrap();
     let now = Instant::now();
-    handshake(&mut s, 1, hello(5, 0, 1));
-    s.on_sent(now, 1);
-    s.handle_frame(
-        now,
-        1,
-        Frame::Want {
-            seq: 1,
-            next_version: 1,
-            snapshot: false,
-            composed: false,
-            live_streams: 1,
-            epochs: vec![1],
-            progress: vec![Progress {
-                version: 1,
-                has_offer: true,
-                has_seal: true,
-                composed: false,
-                have: vec![0..2, MAX_TRANSFER_SEGMENTS - 1..MAX_TRANSFER_SEGMENTS],
-            }],
-        },
-    );
+    welcomed(&mut s, now);
+    let have = vec![0..2, MAX_TRANSFER_SEGMENTS - 1..MAX_TRANSFER_SEGMENTS];
+    s.handle_frame(now, 1, want(1, 1, false, vec![holding(1, have)]));
     for index in [2, MAX_TRANSFER_SEGMENTS - 1, u32::MAX] {
         s.handle_frame(now, 1, Frame::Nack { version: 1, index });
     }
@@ -591,21 +545,8 @@ fn a_relay_answers_a_snapshot_want_with_unavailable() {
     let mut relay = sender();
     relay.insert_artifact(artifact(3, 2).0).unwrap();
     let now = Instant::now();
-    handshake(&mut relay, 1, hello(5, 0, 1));
-    relay.on_sent(now, 1);
-    relay.handle_frame(
-        now,
-        1,
-        Frame::Want {
-            seq: 1,
-            next_version: 3,
-            snapshot: true,
-            composed: false,
-            live_streams: 1,
-            epochs: vec![1],
-            progress: vec![],
-        },
-    );
+    welcomed(&mut relay, now);
+    relay.handle_frame(now, 1, want(1, 3, true, vec![]));
     match relay.poll_transmit(now).map(|t| t.frame) {
         Some(Frame::Unavailable { version: 3, reason }) => {
             assert!(reason.contains("no store"), "{reason}")
@@ -707,33 +648,10 @@ fn a_nack_on_a_snapshot_resends_from_the_snapshot() {
     hub.insert_artifact(artifact(3, 2).0).unwrap();
     let (bytes, _) = snapshot_artifact(3, 3);
     let now = Instant::now();
-    handshake(&mut hub, 1, hello(5, 0, 1));
-    hub.on_sent(now, 1);
-    hub.handle_frame(
-        now,
-        1,
-        Frame::Want {
-            seq: 1,
-            next_version: 3,
-            snapshot: true,
-            composed: false,
-            live_streams: 1,
-            epochs: vec![1],
-            progress: vec![Progress {
-                version: 3,
-                has_offer: true,
-                has_seal: true,
-                composed: false,
-                have: vec![0..2],
-            }],
-        },
-    );
+    welcomed(&mut hub, now);
+    hub.handle_frame(now, 1, want(1, 3, true, vec![holding(3, vec![0..2])]));
     hub.insert_snapshot(bytes).unwrap();
-    let mut sent = Vec::new();
-    while let Some(t) = hub.poll_transmit(now) {
-        hub.on_sent(now, 1);
-        sent.push(t.frame);
-    }
+    let sent = drain(&mut hub, now);
     assert!(
         matches!(
             &sent[..],
