@@ -437,10 +437,44 @@ unsafe fn at_least_avx2<const T: usize>(
     at_least
 }
 
+/// Whether PDEP is a single fast instruction: on Intel since Haswell and on AMD since
+/// Zen 3. Zen 1 and 2 (and Hygon's Dhyana) microcode it at up to hundreds of cycles.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn fast_pdep() -> bool {
+    use std::sync::OnceLock;
+    static FAST: OnceLock<bool> = OnceLock::new();
+    *FAST.get_or_init(|| {
+        // CPUID leaves 0 and 1 exist on every x86-64 processor.
+        let vendor = std::arch::x86_64::__cpuid(0);
+        let signature = std::arch::x86_64::__cpuid(1).eax;
+        let base_family = (signature >> 8) & 0xF;
+        let family = match base_family {
+            0xF => base_family + ((signature >> 20) & 0xFF),
+            _ => base_family,
+        };
+        // "GenuineIntel" and "AuthenticAMD", as CPUID spreads them over EBX, EDX, ECX.
+        let intel = (vendor.ebx, vendor.edx, vendor.ecx) == (0x756E_6547, 0x4965_6E69, 0x6C65_746E);
+        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
+        std::arch::is_x86_feature_detected!("bmi2") && (intel || (amd && family >= 0x19))
+    })
+}
+
+/// Position of the `rank`-th set bit of `mask`: one PDEP where that is fast, else the
+/// portable [`select_bit`].
+#[inline(always)]
+pub(crate) fn select<const PDEP: bool>(mask: u64, rank: u32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if PDEP {
+        // SAFETY: callers pass `PDEP` true only on a CPU with BMI2 (see `fast_pdep`).
+        return unsafe { std::arch::x86_64::_pdep_u64(1 << rank, mask) }.trailing_zeros();
+    }
+    select_bit(mask, rank)
+}
+
 /// Position of the `rank`-th set bit of `mask` (rank counted from zero). Narrows to a
 /// byte by halving with popcounts (selected arithmetically, not by branches), then looks
 /// the bit up in a table: constant time and branch-free on every x86-64, unlike PDEP,
-/// which is slow on older AMD cores.
+/// which is slow on older AMD cores (see [`select`]).
 #[inline(always)]
 pub(crate) fn select_bit(mut mask: u64, mut rank: u32) -> u32 {
     let mut base = 0;
@@ -598,6 +632,11 @@ mod tests {
             let bit = select_bit(mask, rank);
             prop_assert!(mask & (1 << bit) != 0);
             prop_assert_eq!((mask & ((1u64 << bit) - 1)).count_ones(), rank);
+            prop_assert_eq!(select::<false>(mask, rank), bit);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("bmi2") {
+                prop_assert_eq!(select::<true>(mask, rank), bit);
+            }
         }
     }
 }
