@@ -59,7 +59,7 @@ pub(crate) fn encode<W: Word>(
         // SAFETY: the CPU supports every feature the variant is compiled for.
         return unsafe { encode_v3::<W>(base, target, layout, out) };
     }
-    encode_body::<W>(base, target, layout, out)
+    encode_body::<W, false>(base, target, layout, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -70,22 +70,23 @@ unsafe fn encode_v3<W: Word>(
     layout: FloatLayout,
     out: &mut Vec<u8>,
 ) -> bool {
-    encode_body::<W>(base, target, layout, out)
+    encode_body::<W, true>(base, target, layout, out)
 }
 
+/// `V3`: compiled for x86-64-v3 and running on it.
 #[inline(always)]
-fn encode_body<W: Word>(
+fn encode_body<W: Word, const V3: bool>(
     base: &[u8],
     target: &[u8],
     layout: FloatLayout,
     out: &mut Vec<u8>,
 ) -> bool {
     let len = base.len() / W::BYTES;
-    let classes = choose_classes::<W>(base, target, len, layout);
+    let classes = choose_classes::<W, V3>(base, target, len, layout);
     let class_count = classes.count();
 
     let changes = with_threshold_count!(classes.thresholds.len(), T => {
-        find_changes::<W, T>(base, target, len, &classes)
+        find_changes::<W, T, V3>(base, target, len, &classes)
     });
     if changes.iter().all(Vec::is_empty) {
         return false;
@@ -147,7 +148,7 @@ struct Change {
 /// One pass over the chunk finds each changed element, its class, rank and step while
 /// its block is in cache. Returns the changes of each class in rank order.
 #[inline(always)]
-fn find_changes<W: Word, const T: usize>(
+fn find_changes<W: Word, const T: usize, const V3: bool>(
     base: &[u8],
     target: &[u8],
     len: usize,
@@ -160,7 +161,7 @@ fn find_changes<W: Word, const T: usize>(
     let mut block = 0;
     while block < len {
         let block_len = (len - block).min(64);
-        let mut changed = changed_mask::<W>(base, target, block, block_len);
+        let mut changed = changed_mask::<W, V3>(base, target, block, block_len);
         let at_least = classes.at_least::<W, T>(base, block, block_len);
         while changed != 0 {
             let bit = changed.trailing_zeros();
@@ -616,7 +617,12 @@ struct Bin {
 /// and each class pays for its header and table. Statistics come from a sample of
 /// 64-element blocks (every block of small chunks), which is plenty to place boundaries
 /// and keeps this pre-pass a fraction of the encoding pass.
-fn choose_classes<W: Word>(base: &[u8], target: &[u8], len: usize, layout: FloatLayout) -> Classes {
+fn choose_classes<W: Word, const V3: bool>(
+    base: &[u8],
+    target: &[u8],
+    len: usize,
+    layout: FloatLayout,
+) -> Classes {
     let single = Classes::new(layout, Vec::new());
     let exponents = (layout.exponent_mask >> layout.exponent_shift) as usize + 1;
     let blocks = len.div_ceil(64);
@@ -641,7 +647,7 @@ fn choose_classes<W: Word>(base: &[u8], target: &[u8], len: usize, layout: Float
             }
         }
         for block in (first..end).step_by(64) {
-            let mut mask = changed_mask::<W>(base, target, block, (end - block).min(64));
+            let mut mask = changed_mask::<W, V3>(base, target, block, (end - block).min(64));
             while mask != 0 {
                 let position = block + mask.trailing_zeros() as usize;
                 let exponent = single.exponent(W::load(base, position)) as usize;
@@ -866,7 +872,7 @@ mod tests {
     fn context_classes_beat_a_single_class_on_realistic_data() {
         let (base, target, positions) = realistic(1 << 18, 7);
         let bytes = round_trip(&base, &target, &positions);
-        let classes = choose_classes::<u16>(&base, &target, base.len() / 2, BF16);
+        let classes = choose_classes::<u16, false>(&base, &target, base.len() / 2, BF16);
         assert!(
             classes.count() > 1,
             "expected several classes, got {classes:?}"
