@@ -76,6 +76,13 @@ fn drain(sender: &mut Sender, now: Instant) -> Vec<Frame> {
     sent
 }
 
+/// Whether the receiver gave up on its upstream for a reason containing `needle`.
+fn lost_upstream(pair: &Pair, needle: &str) -> bool {
+    pair.events
+        .iter()
+        .any(|e| matches!(e, ReceiverEvent::UpstreamLost { reason } if reason.contains(needle)))
+}
+
 #[track_caller]
 fn refused(transmit: Transmit, code: RejectCode, needle: &str) {
     match transmit.frame {
@@ -334,10 +341,10 @@ fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
         relay.insert_artifact(artifact(version, 2).0).unwrap();
     }
     let pair = Pair::new(relay, receiver(1, 1));
-    assert!(pair.events.iter().any(|e| matches!(
-        e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("version 1 is unavailable there: version 1 is not held here (versions from 3 are)")
-    )));
+    assert!(lost_upstream(
+        &pair,
+        "version 1 is unavailable there: version 1 is not held here (versions from 3 are)"
+    ));
 
     let mut hub = sender();
     hub.config.store_backed = true;
@@ -370,10 +377,7 @@ fn a_failed_load_is_reported_unavailable() {
     let mut pair = Pair::new(hub, receiver(1, 1));
     pair.sender.load_failed(1, "pruned".into());
     pair.pump();
-    assert!(pair.events.iter().any(|e| matches!(
-        e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("pruned")
-    )));
+    assert!(lost_upstream(&pair, "pruned"));
 }
 
 #[test]
@@ -562,10 +566,7 @@ fn a_relay_answers_a_snapshot_want_with_unavailable() {
 
     // A joining receiver does not even ask: the Welcome offers nothing.
     let pair = Pair::new(sender(), joining_receiver(1));
-    assert!(pair.events.iter().any(|e| matches!(
-        e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("offers no snapshot to join from")
-    )));
+    assert!(lost_upstream(&pair, "offers no snapshot to join from"));
 }
 
 #[test]
@@ -573,10 +574,10 @@ fn a_snapshot_the_store_cannot_build_is_unavailable() {
     let mut pair = Pair::new(store_sender(4, 2), joining_receiver(1));
     pair.sender.snapshot_load_failed(2, "pruned".into());
     pair.pump();
-    assert!(pair.events.iter().any(|e| matches!(
-        e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("version 2 is unavailable there: pruned")
-    )));
+    assert!(lost_upstream(
+        &pair,
+        "version 2 is unavailable there: pruned"
+    ));
 }
 
 #[test]
