@@ -16,6 +16,8 @@
 use super::entropy::{
     ALPHABET, GolombDecoder, GolombEncoder, Model, RansDecoder, RansEncoder, golomb_parameter,
 };
+#[cfg(target_arch = "x86_64")]
+use super::scan::fast_pdep;
 use super::scan::{
     Classes, MAX_CLASSES, Word, apply_step, changed_mask, max_step_value, select, step_value,
     with_threshold_count,
@@ -406,7 +408,7 @@ fn locate<W: Word>(
     if x86_64_v3() {
         // SAFETY: the CPU supports every feature the variant is compiled for.
         return unsafe {
-            if super::scan::fast_pdep() {
+            if fast_pdep() {
                 locate_v3::<W, true>(base, len, classes, changes, starts)
             } else {
                 locate_v3::<W, false>(base, len, classes, changes, starts)
@@ -487,13 +489,13 @@ struct Located<W: Word> {
 
 impl<W: Word> Located<W> {
     /// Records the change at `position`, computing its value while the base is in cache.
-    #[inline(always)]
     ///
     /// Writes straight into room reserved for every change the header declared:
     /// `Vec::push` and `extend_from_slice` test for growth and copy through a slice on
     /// every call, which measured a tenth of the decoder's time. A change is pushed at
     /// most once, so the room never runs out; the assertion makes that a panic rather
     /// than a write out of bounds should the reasoning ever break.
+    #[inline(always)]
     fn push(&mut self, base: &[u8], position: usize, step: u32) {
         let value = apply_step(W::load(base, position), u64::from(step)).to_u64();
         let count = self.positions.len();
