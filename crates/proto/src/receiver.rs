@@ -564,6 +564,18 @@ impl Receiver {
                     welcome.role, welcome.peer_id
                 ));
             };
+            // Versions up to the window's end and the one composed target beyond it
+            // must stay countable.
+            if offered
+                .checked_add(self.config.versions_ahead.saturating_add(2))
+                .is_none()
+            {
+                return self.lose_upstream(format!(
+                    "{} {} offers snapshot version {offered}, too close to the last \
+                     version number",
+                    welcome.role, welcome.peer_id
+                ));
+            }
             if held.is_some_and(|held| held != offered) {
                 // Parts of one snapshot never meet parts of another.
                 tracing::info!(

@@ -397,6 +397,23 @@ fn lost(r: &mut Receiver, needle: &str) {
 }
 
 #[test]
+fn a_snapshot_version_at_the_end_of_the_numbers_is_refused() {
+    let mut r = joining_receiver(1);
+    let now = Instant::now();
+    r.start_session(now, 5);
+    r.connected(now, 5, 0, 1);
+    r.handle_frame(now, 1, hub_welcome(Some(u64::MAX - 1)));
+    let (events, _) = drain(&mut r);
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            ReceiverEvent::UpstreamLost { reason } if reason.contains("too close to the last version number")
+        )),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn a_joining_receiver_wants_the_offered_snapshot_with_the_flag() {
     let mut r = connected_joining(1, 4);
     assert!(r.is_joining());
