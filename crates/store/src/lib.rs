@@ -580,14 +580,16 @@ impl Store {
             .composed_records()?
             .get(&(actor_version, target))
             .map(|c| c.size_bytes);
-        self.plan_to(actor_version, target, composed)
+        self.plan_to(actor_version, target, composed, true)
     }
 
-    /// The cheapest way by bytes for an Actor at `actor_version` to reach `target` (the
-    /// version a hub serves, which a newer put may have passed), building and storing
-    /// the composed delta first when the Actor is at least two versions behind, so its
-    /// size is known. Building costs a decode of the chain; it happens once per (base,
-    /// target), since the result is stored.
+    /// The cheapest way by bytes for an Actor that holds the weights of `actor_version`
+    /// to reach `target` (the version a hub serves, which a newer put may have passed)
+    /// over the wire: replaying the deltas or one composed delta. Snapshots are left
+    /// out, since the wire serves them only to peers joining without weights (a smaller
+    /// snapshot must not turn down a composed delta that beats replaying). Builds and
+    /// stores the composed delta first when the Actor is at least two versions behind,
+    /// so its size is known; that costs a decode of the chain, once per (base, target).
     pub fn composed_catch_up_plan(&self, actor_version: u64, target: u64) -> Result<Plan> {
         let composed = if actor_version + 2 <= target {
             match self.ensure_composed(actor_version, target) {
@@ -600,12 +602,18 @@ impl Store {
         } else {
             None
         };
-        self.plan_to(actor_version, target, composed)
+        self.plan_to(actor_version, target, composed, false)
     }
 
-    /// [`plan::choose`] over the catalog's sizes, after checking that the Actor is not
-    /// past `target` and `target` is stored.
-    fn plan_to(&self, actor_version: u64, target: u64, composed: Option<u64>) -> Result<Plan> {
+    /// [`plan::choose`] over the catalog's sizes (snapshots only `with_snapshots`), after
+    /// checking that the Actor is not past `target` and `target` is stored.
+    fn plan_to(
+        &self,
+        actor_version: u64,
+        target: u64,
+        composed: Option<u64>,
+        with_snapshots: bool,
+    ) -> Result<Plan> {
         let (deltas, snapshots) = self.records()?;
         let latest = deltas.keys().chain(snapshots.keys()).max().copied();
         if latest.is_none_or(|latest| target > latest) {
@@ -620,7 +628,10 @@ impl Store {
                 latest: Some(target),
             });
         }
-        let (delta_sizes, snapshot_sizes) = sizes(&deltas, &snapshots);
+        let (delta_sizes, mut snapshot_sizes) = sizes(&deltas, &snapshots);
+        if !with_snapshots {
+            snapshot_sizes.clear();
+        }
         plan::choose(
             actor_version,
             target,

@@ -539,9 +539,13 @@ fn catch_up_plans_consider_a_composed_delta_by_its_size() {
             bytes: snap.size_bytes,
         }
     } else {
-        plan
+        plan.clone()
     };
     assert_eq!(store.catch_up_plan(0).unwrap(), expected);
+    // Over the wire a peer holding weights is never sent a snapshot: its plan weighs
+    // only the composed delta against replaying. (This data's snapshot is the larger,
+    // so the line checks the contract, not the case of a smaller snapshot.)
+    assert_eq!(store.composed_catch_up_plan(0, 3).unwrap(), plan);
     assert!(matches!(
         store.composed_catch_up_plan(0, 9),
         Err(StoreError::NotFound { version: 9, .. })

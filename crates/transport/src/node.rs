@@ -1112,8 +1112,7 @@ impl<E: Engine> Driver<E> {
                             .composed_artifact(base, target)
                             .map(Bytes::from)
                             .map_err(|e| error_chain(&e)),
-                        // A snapshot would replace weights this subscriber holds: it
-                        // replays, the cheapest plan the wire serves it after this one.
+                        // Replaying is no dearer: the subscriber gets the deltas.
                         other => Err(format!("the catch-up plan is {other:?}")),
                     }
                 });
