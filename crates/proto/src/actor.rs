@@ -125,22 +125,15 @@ impl ActorCore {
         self.actions.pop_front()
     }
 
-    /// A verified delta arrived.
-    pub fn artifact(&mut self, header: &DeltaHeader) {
+    /// A verified delta, or composed delta (the receiver checked that it starts from the
+    /// version before the one it expected next), arrived: staged once its base is the
+    /// active version.
+    pub fn delta(&mut self, kind: ArtifactKind, header: &DeltaHeader) {
+        debug_assert_ne!(kind, ArtifactKind::Snapshot, "snapshots come by `snapshot`");
         let stale = self
             .active
             .is_some_and(|a| header.target_version <= a.version);
-        self.receive(header, ArtifactKind::Delta, stale);
-    }
-
-    /// A verified composed delta arrived (the receiver checked that it starts from the
-    /// version before the one it expected next): staged once its base is the active
-    /// version, like the next delta.
-    pub fn composed(&mut self, header: &DeltaHeader) {
-        let stale = self
-            .active
-            .is_some_and(|a| header.target_version <= a.version);
-        self.receive(header, ArtifactKind::Composed, stale);
+        self.receive(header, kind, stale);
     }
 
     /// A verified snapshot arrived (its header checked by the receiver). Only an actor
@@ -376,7 +369,7 @@ mod tests {
     #[test]
     fn stages_then_activates_on_commit_at_a_safe_point() {
         let mut core = ActorCore::new(at(3));
-        core.artifact(&header(at(3), 4));
+        core.delta(ArtifactKind::Delta, &header(at(3), 4));
         assert_eq!(drain(&mut core), [ActorAction::Stage { version: 4 }]);
         core.staged(4, Ok(()));
         assert_eq!(drain(&mut core), [], "no commit yet: stays staged");
@@ -403,7 +396,7 @@ mod tests {
         let mut core = ActorCore::new(at(3));
         core.commit(at(8));
         drain(&mut core);
-        core.composed(&header(at(3), 8));
+        core.delta(ArtifactKind::Composed, &header(at(3), 8));
         assert_eq!(drain(&mut core), [ActorAction::Stage { version: 8 }]);
         core.staged(8, Ok(()));
         assert_eq!(drain(&mut core), [ActorAction::AwaitSafePoint]);
@@ -414,20 +407,23 @@ mod tests {
 
         // One from another base is refused, and the chain fetched again.
         let mut core = ActorCore::new(at(3));
-        core.composed(&header(at(2), 8));
+        core.delta(ArtifactKind::Composed, &header(at(2), 8));
         let actions = drain(&mut core);
         assert!(
             actions.contains(&ActorAction::Rewind { version: 4 }),
             "{actions:?}"
         );
         let mut core = ActorCore::new(at(3));
-        core.composed(&header(
-            VersionRef {
-                version: 3,
-                hash: hash(99),
-            },
-            8,
-        ));
+        core.delta(
+            ArtifactKind::Composed,
+            &header(
+                VersionRef {
+                    version: 3,
+                    hash: hash(99),
+                },
+                8,
+            ),
+        );
         let actions = drain(&mut core);
         assert!(
             actions.contains(&ActorAction::Rewind { version: 4 }),
@@ -440,9 +436,9 @@ mod tests {
         let mut core = ActorCore::new(at(0));
         core.commit(at(2));
         drain(&mut core);
-        core.artifact(&header(at(1), 2));
+        core.delta(ArtifactKind::Delta, &header(at(1), 2));
         assert_eq!(drain(&mut core), [], "version 2 waits for version 1");
-        core.artifact(&header(at(0), 1));
+        core.delta(ArtifactKind::Delta, &header(at(0), 1));
         assert_eq!(drain(&mut core), [ActorAction::Stage { version: 1 }]);
         for version in 1..=2 {
             core.staged(version, Ok(()));
@@ -466,7 +462,7 @@ mod tests {
             version: 3,
             hash: hash(99),
         };
-        core.artifact(&header(foreign, 4));
+        core.delta(ArtifactKind::Delta, &header(foreign, 4));
         let actions = drain(&mut core);
         assert_eq!(actions[0], ActorAction::Discard { version: 4 });
         assert!(
@@ -483,19 +479,19 @@ mod tests {
         drain(&mut core);
         // D(10) starts from 9: it can never follow version 3 directly, but 4..9 may
         // still come, so the actor waits rather than refusing.
-        core.artifact(&header(at(9), 10));
+        core.delta(ArtifactKind::Delta, &header(at(9), 10));
         assert_eq!(drain(&mut core), []);
         // D(5) over base 4 arrives before D(4): still waiting.
-        core.artifact(&header(at(4), 5));
+        core.delta(ArtifactKind::Delta, &header(at(4), 5));
         assert_eq!(drain(&mut core), []);
-        core.artifact(&header(at(3), 4));
+        core.delta(ArtifactKind::Delta, &header(at(3), 4));
         assert_eq!(drain(&mut core), [ActorAction::Stage { version: 4 }]);
     }
 
     #[test]
     fn a_delta_older_than_the_active_version_is_discarded() {
         let mut core = ActorCore::new(at(5));
-        core.artifact(&header(at(4), 5));
+        core.delta(ArtifactKind::Delta, &header(at(4), 5));
         assert_eq!(drain(&mut core), [ActorAction::Discard { version: 5 }]);
     }
 
@@ -503,7 +499,7 @@ mod tests {
     fn a_failed_activation_keeps_the_weights_and_refetches() {
         let mut core = ActorCore::new(at(1));
         core.commit(at(2));
-        core.artifact(&header(at(1), 2));
+        core.delta(ArtifactKind::Delta, &header(at(1), 2));
         drain(&mut core);
         core.staged(2, Ok(()));
         core.safe_point();
@@ -522,7 +518,7 @@ mod tests {
             hash: hash(77),
         };
         for _ in 0..MAX_REFUSALS {
-            core.artifact(&header(foreign, 2));
+            core.delta(ArtifactKind::Delta, &header(foreign, 2));
         }
         assert!(core.diverged());
         let rewinds = drain(&mut core)
@@ -555,7 +551,7 @@ mod tests {
         );
         core.snapshot(&snapshot(5));
         assert_eq!(drain(&mut core), [ActorAction::Stage { version: 5 }]);
-        core.artifact(&header(at(5), 6));
+        core.delta(ArtifactKind::Delta, &header(at(5), 6));
         assert_eq!(drain(&mut core), [], "the delta waits for the snapshot");
         core.staged(5, Ok(()));
         assert_eq!(
@@ -574,7 +570,7 @@ mod tests {
     #[test]
     fn a_joining_actor_waits_for_a_snapshot_and_refetches_a_bad_one() {
         let mut core = ActorCore::joining();
-        core.artifact(&header(at(2), 3));
+        core.delta(ArtifactKind::Delta, &header(at(2), 3));
         assert_eq!(drain(&mut core), [], "a delta cannot start an actor");
         core.snapshot(&snapshot(4));
         assert_eq!(drain(&mut core), [ActorAction::Stage { version: 4 }]);

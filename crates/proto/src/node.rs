@@ -425,8 +425,7 @@ impl Node {
                 if let Some(actor) = &mut self.actor {
                     match artifact.kind() {
                         ArtifactKind::Snapshot => actor.snapshot(artifact.header()),
-                        ArtifactKind::Delta => actor.artifact(artifact.header()),
-                        ArtifactKind::Composed => actor.composed(artifact.header()),
+                        kind => actor.delta(kind, artifact.header()),
                     }
                     self.artifacts.insert(version, artifact);
                 }
