@@ -58,8 +58,8 @@ pub struct NodeConfig {
     /// join with no weights. Hubs that serve one store must agree on it: the same
     /// snapshot then gives the same artifact, and a join resumes across them.
     pub snapshot_segment_bytes: usize,
-    /// Threads decoding and applying deltas (`None`: one per core). They form a pool
-    /// of the node's own and run at a lower priority than the rest of the process
+    /// Threads decoding deltas as their segments arrive (`None`: one per core). They
+    /// form a pool of the node's own and run at a lower priority than the process
     /// (nice +10 on Linux), so a node answers its sockets, a relay forwards and the
     /// engine generates before a delta is decoded; nodes sharing a process (benchmarks)
     /// share the cores as separate processes would instead of queueing in one pool.
@@ -1234,10 +1234,11 @@ impl<E: Engine> Driver<E> {
                             return;
                         }
                     };
-                let pool = self.pool.clone();
                 let events = self.events_tx.clone();
+                // Not on the decode pool: the engine is paused at its safe point until
+                // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
-                    let result = pool.install(|| weights.activate(patch));
+                    let result = weights.activate(patch);
                     let _ = events.blocking_send(Event::Activated {
                         version,
                         weights,
