@@ -138,9 +138,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
     )
     .await
     .with_context(|| format!("no snapshot activated within {JOIN_TIMEOUT:?}"))??;
-    let active = joined
-        .active
-        .context("the transport stopped before joining")?;
+    let active = joined.active.expect("waited for an active version");
 
     let fleet = Client::new(args.control, args.token.clone());
     let registered: RegisterResponse = fleet

@@ -580,6 +580,7 @@ fn locate_classes<W: Word, const T: usize, const PDEP: bool>(
         class!(5);
         class!(6);
         class!(7);
+        const _: () = assert!(MAX_CLASSES == 8, "one `class!` per class");
         while found != 0 {
             let bit = found.trailing_zeros() as usize;
             located.push(base, block + bit, steps[bit]);
