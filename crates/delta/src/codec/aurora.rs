@@ -19,8 +19,8 @@ use super::entropy::{
 #[cfg(target_arch = "x86_64")]
 use super::scan::fast_pdep;
 use super::scan::{
-    Classes, MAX_CLASSES, Word, apply_step, changed_mask, max_step_value, select, step_value,
-    with_threshold_count,
+    Classes, MAX_CLASSES, Word, apply_step, changed_mask, count_ones, max_step_value, select,
+    step_value, with_threshold_count,
 };
 use crate::bits::{BitReader, BitWriter, ByteReader, leb128_len, write_leb128};
 use crate::dtype::FloatLayout;
@@ -159,35 +159,37 @@ fn find_changes<W: Word, const T: usize, const V3: bool>(
     let mut changes: Vec<Vec<Change>> = vec![Vec::new(); T + 1];
     // Elements before the current block in each entry of `Classes::at_least`, so the
     // rank of a change in class c is the difference of entries c and c + 1, whatever c is.
+    // Indexed only by constants, so it stays in registers; a block with changes copies
+    // it (and its masks) to the stack to index them by class.
     let mut at_least_before = [0u32; MAX_CLASSES + 1];
     let mut block = 0;
     while block < len {
         let block_len = (len - block).min(64);
         let mut changed = changed_mask::<W, V3>(base, target, block, block_len);
-        let at_least = classes.at_least::<W, T>(base, block, block_len);
-        while changed != 0 {
-            let bit = changed.trailing_zeros();
-            let position = block + bit as usize;
-            let old = W::load(base, position);
-            let class = classes.class_of(old);
-            let below = (1u64 << bit) - 1;
-            let from_class = at_least_before[class] + (at_least[class] & below).count_ones();
-            let above_class =
-                at_least_before[class + 1] + (at_least[class + 1] & below).count_ones();
-            changes[class].push(Change {
-                rank: from_class - above_class,
-                step: step_value(old, W::load(target, position)) as u32,
-            });
-            changed &= changed - 1;
-        }
-        for k in 0..T + 1 {
-            // Left to itself the compiler turns these few popcounts into one AVX2
-            // popcount over the masks reloaded from the stack, and the reload stalls on
-            // the scalar stores that built them: 7% of extraction. The hint keeps them
-            // scalar.
-            at_least_before[k] += std::hint::black_box(at_least[k].count_ones());
+        let at_least = classes.at_least::<W, T, V3>(base, block, block_len);
+        if changed != 0 {
+            let (before, masks) = (at_least_before, at_least);
+            while changed != 0 {
+                let bit = changed.trailing_zeros();
+                let position = block + bit as usize;
+                let old = W::load(base, position);
+                let class = classes.class_of(old);
+                let below = (1u64 << bit) - 1;
+                let from_class = before[class] + (masks[class] & below).count_ones();
+                let above_class = before[class + 1] + (masks[class + 1] & below).count_ones();
+                changes[class].push(Change {
+                    rank: from_class - above_class,
+                    step: step_value(old, W::load(target, position)) as u32,
+                });
+                changed &= changed - 1;
+            }
         }
         block += block_len;
+        // Entry 0 marks every element.
+        at_least_before[0] = block as u32;
+        for k in 1..T + 1 {
+            at_least_before[k] += count_ones::<V3>(at_least[k]);
+        }
     }
     changes
 }
@@ -293,7 +295,7 @@ pub(crate) fn decode<W: Word>(
         // SAFETY: the CPU supports every feature the variant is compiled for.
         return unsafe { decode_v3::<W>(payload, base, layout) };
     }
-    decode_body::<W>(payload, base, layout)
+    decode_body::<W>(payload, base, layout, locate_body::<W, false, false>)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -303,14 +305,32 @@ unsafe fn decode_v3<W: Word>(
     base: &[u8],
     layout: FloatLayout,
 ) -> Result<(Vec<u32>, Vec<u8>)> {
-    decode_body::<W>(payload, base, layout)
+    // The scan is a function of its own: inlined here it loses registers to the entropy
+    // decoding and runs a quarter more instructions.
+    let locate = if fast_pdep() {
+        locate_v3::<W, true>
+    } else {
+        locate_v3::<W, false>
+    };
+    // SAFETY: the CPU supports every feature `locate_v3` is compiled for.
+    decode_body::<W>(
+        payload,
+        base,
+        layout,
+        |base, len, classes, changes, starts| unsafe {
+            locate(base, len, classes, changes, starts)
+        },
+    )
 }
 
+/// Reads both streams of a chunk, then hands the per-class changes to `locate`, which
+/// maps ranks to positions (a variant of [`locate_body`]).
 #[inline(always)]
 fn decode_body<W: Word>(
     payload: &[u8],
     base: &[u8],
     layout: FloatLayout,
+    locate: impl FnOnce(&[u8], usize, &Classes, &[ClassChange], &[usize]) -> Result<(Vec<u32>, Vec<u8>)>,
 ) -> Result<(Vec<u32>, Vec<u8>)> {
     let len = base.len() / W::BYTES;
     let Parsed {
@@ -372,7 +392,7 @@ fn decode_body<W: Word>(
     }
     bits.finish()?;
 
-    locate::<W>(base, len, &classes, &changes, &starts[..class_count])
+    locate(base, len, &classes, &changes, &starts[..class_count])
 }
 
 /// A decoded change of one class: its rank gap and step value (both fit 32 bits: ranks
@@ -395,41 +415,6 @@ fn bad(reason: String) -> DeltaError {
     DeltaError::Malformed(reason)
 }
 
-/// Maps per-class ranks to positions and computes each new value while the base block
-/// holding it is in cache. Returns ascending positions and the new values' bytes.
-fn locate<W: Word>(
-    base: &[u8],
-    len: usize,
-    classes: &Classes,
-    changes: &[ClassChange],
-    starts: &[usize],
-) -> Result<(Vec<u32>, Vec<u8>)> {
-    #[cfg(target_arch = "x86_64")]
-    if x86_64_v3() {
-        // SAFETY: the CPU supports every feature the variant is compiled for.
-        return unsafe {
-            if fast_pdep() {
-                locate_v3::<W, true>(base, len, classes, changes, starts)
-            } else {
-                locate_v3::<W, false>(base, len, classes, changes, starts)
-            }
-        };
-    }
-    locate_body::<W, false>(base, len, classes, changes, starts)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,popcnt,lzcnt")]
-unsafe fn locate_v3<W: Word, const PDEP: bool>(
-    base: &[u8],
-    len: usize,
-    classes: &Classes,
-    changes: &[ClassChange],
-    starts: &[usize],
-) -> Result<(Vec<u32>, Vec<u8>)> {
-    locate_body::<W, PDEP>(base, len, classes, changes, starts)
-}
-
 /// The hot loops are compiled twice: for the baseline target and, selected at run time,
 /// for x86-64-v3, whose POPCNT, TZCNT and AVX2 instructions they lean on.
 #[cfg(target_arch = "x86_64")]
@@ -445,8 +430,24 @@ fn x86_64_v3() -> bool {
     })
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,popcnt,lzcnt")]
+unsafe fn locate_v3<W: Word, const PDEP: bool>(
+    base: &[u8],
+    len: usize,
+    classes: &Classes,
+    changes: &[ClassChange],
+    starts: &[usize],
+) -> Result<(Vec<u32>, Vec<u8>)> {
+    locate_body::<W, true, PDEP>(base, len, classes, changes, starts)
+}
+
+/// Maps per-class ranks to positions and computes each new value while the base block
+/// holding it is in cache. Returns ascending positions and the new values' bytes. `V3`:
+/// compiled for x86-64-v3 and running on it; `PDEP`: the CPU's PDEP is fast (see
+/// [`select`]).
 #[inline(always)]
-fn locate_body<W: Word, const PDEP: bool>(
+fn locate_body<W: Word, const V3: bool, const PDEP: bool>(
     base: &[u8],
     len: usize,
     classes: &Classes,
@@ -469,7 +470,7 @@ fn locate_body<W: Word, const PDEP: bool>(
         return Ok((located.positions, located.values));
     }
     with_threshold_count!(classes.thresholds.len(), T => {
-        locate_classes::<W, T, PDEP>(base, len, classes, changes, starts, &mut located)
+        locate_classes::<W, T, V3, PDEP>(base, len, classes, changes, starts, &mut located)
     });
     let missing = total - located.positions.len();
     if missing > 0 {
@@ -523,7 +524,7 @@ impl<W: Word> Located<W> {
 
 /// The scan of [`locate`] for `T` thresholds.
 #[inline(always)]
-fn locate_classes<W: Word, const T: usize, const PDEP: bool>(
+fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     base: &[u8],
     len: usize,
     classes: &Classes,
@@ -546,7 +547,7 @@ fn locate_classes<W: Word, const T: usize, const PDEP: bool>(
     let mut block = 0;
     while located.positions.len() < total && block < len {
         let block_len = (len - block).min(64);
-        let at_least = classes.at_least::<W, T>(base, block, block_len);
+        let at_least = classes.at_least::<W, T, V3>(base, block, block_len);
         // Changes are marked in the block's bit mask with their steps beside it, so they
         // come out in position order without sorting.
         let mut found = 0u64;
@@ -862,6 +863,17 @@ mod tests {
         }
         let (decoded, values) = decode::<u16>(&payload, base, BF16).unwrap();
         assert_eq!(decoded, positions);
+        // The portable variants, which this machine may not dispatch to, agree.
+        let mut portable = Vec::new();
+        encode_body::<u16, false>(base, target, BF16, &mut portable);
+        assert_eq!(portable, payload, "portable encoder");
+        let portable =
+            decode_body::<u16>(&payload, base, BF16, locate_body::<u16, false, false>).unwrap();
+        assert_eq!(
+            portable,
+            (decoded.clone(), values.clone()),
+            "portable decoder"
+        );
         for (i, &p) in decoded.iter().enumerate() {
             assert_eq!(
                 values[2 * i..2 * i + 2],

@@ -284,29 +284,27 @@ pub(crate) struct Classes {
     pub thresholds: Vec<u32>,
     /// For 16-bit floats, `(word >> 7) & 0xFF` orders like the exponent (it is the
     /// exponent for BF16, the exponent and three mantissa bits for F16), so each threshold
-    /// becomes one byte compare: 16 or 32 elements per SIMD instruction.
-    threshold_bytes: [u8; MAX_CLASSES],
+    /// becomes one byte compare: 16 or 32 elements per SIMD instruction. False for 32-bit
+    /// floats, whose masks are built element by element.
+    byte_compare: bool,
+    /// Each threshold as the signed bound of that byte compare, repeated across a 256-bit
+    /// register: prepared once per chunk, so a block's compares read their bounds from
+    /// memory instead of rebuilding them.
+    bounds: ByteBounds,
     /// The class of each exponent: one load per changed element instead of a compare
     /// per threshold.
     class_by_exponent: [u8; 256],
-    kernel: Kernel,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kernel {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Sse2,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-}
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(align(32))]
+struct ByteBounds([[u8; 32]; MAX_CLASSES]);
 
 pub(crate) const MAX_CLASSES: usize = 8;
 
 impl Classes {
     pub fn new(layout: FloatLayout, thresholds: Vec<u32>) -> Classes {
         let byte_shift = layout.exponent_shift.checked_sub(7);
-        let fits_a_byte = layout.exponent_mask <= 0x7FFF && byte_shift.is_some();
         assert!(
             thresholds.len() < MAX_CLASSES,
             "at most {MAX_CLASSES} classes"
@@ -315,24 +313,23 @@ impl Classes {
             layout.exponent_mask >> layout.exponent_shift < 256,
             "exponents fit a byte"
         );
-        let mut threshold_bytes = [0u8; MAX_CLASSES];
-        let kernel = if fits_a_byte {
-            let shift = byte_shift.expect("checked");
-            for (byte, &t) in threshold_bytes.iter_mut().zip(&thresholds) {
-                *byte = (t << shift) as u8;
+        let byte_compare = layout.exponent_mask <= 0x7FFF && byte_shift.is_some();
+        let mut bounds = ByteBounds([[0; 32]; MAX_CLASSES]);
+        if let Some(shift) = byte_shift.filter(|_| byte_compare) {
+            // byte >= t as a signed compare (one instruction): byte ^ 0x80 > (t - 1) ^ 0x80;
+            // thresholds are at least 1.
+            for (bound, &t) in bounds.0.iter_mut().zip(&thresholds) {
+                *bound = [((t << shift) as u8).wrapping_sub(1) ^ 0x80; 32];
             }
-            simd_kernel()
-        } else {
-            Kernel::Scalar
-        };
+        }
         let class_by_exponent =
             std::array::from_fn(|e| thresholds.iter().filter(|&&t| t as usize <= e).count() as u8);
         Classes {
             layout,
             thresholds,
-            threshold_bytes,
+            byte_compare,
+            bounds,
             class_by_exponent,
-            kernel,
         }
     }
 
@@ -355,9 +352,11 @@ impl Classes {
     /// entries after T none, so class `c` is entry `c` without entry `c + 1`, and a class's
     /// count is the difference of two running counts. One compare per threshold. `T` is
     /// the number of thresholds, fixed at compile time (see [`with_threshold_count`]) so
-    /// the loops over thresholds unroll and the masks stay in registers.
+    /// the loops over thresholds unroll and the masks stay in registers. `AVX2` is true
+    /// only in code compiled for AVX2 and run on a CPU that has it (as for
+    /// [`changed_mask`]); otherwise 16-bit blocks use SSE2, part of every x86-64.
     #[inline(always)]
-    pub fn at_least<W: Word, const T: usize>(
+    pub fn at_least<W: Word, const T: usize, const AVX2: bool>(
         &self,
         base: &[u8],
         first: usize,
@@ -365,14 +364,15 @@ impl Classes {
     ) -> [u64; MAX_CLASSES + 1] {
         debug_assert_eq!(T, self.thresholds.len());
         #[cfg(target_arch = "x86_64")]
-        if W::BYTES == 2 && len == 64 && self.kernel != Kernel::Scalar {
+        if W::BYTES == 2 && len == 64 && self.byte_compare {
             let block = &base[2 * first..2 * first + 128];
-            // SAFETY: the kernel was chosen by runtime feature detection (SSE2 is part of
-            // the x86_64 baseline) and the block holds exactly 64 elements.
+            // SAFETY: SSE2 is part of the x86_64 baseline, AVX2 is vouched for by the
+            // caller; the block holds exactly 64 elements.
             return unsafe {
-                match self.kernel {
-                    Kernel::Avx2 => at_least_avx2::<T>(block, &self.threshold_bytes),
-                    _ => at_least_sse2::<T>(block, &self.threshold_bytes),
+                if AVX2 {
+                    at_least_avx2::<T>(block, &self.bounds)
+                } else {
+                    at_least_sse2::<T>(block, &self.bounds)
                 }
             };
         }
@@ -431,19 +431,6 @@ macro_rules! with_threshold_count {
 }
 pub(crate) use with_threshold_count;
 
-fn simd_kernel() -> Kernel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            Kernel::Avx2
-        } else {
-            Kernel::Sse2
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    Kernel::Scalar
-}
-
 /// `at_least[k + 1]` bit i: the exponent byte of element i is >= `thresholds[k]`, k < T;
 /// `at_least[0]`: every element (see [`Classes::at_least`]).
 #[cfg(target_arch = "x86_64")]
@@ -451,14 +438,13 @@ fn simd_kernel() -> Kernel {
 #[inline]
 unsafe fn at_least_sse2<const T: usize>(
     block: &[u8],
-    thresholds: &[u8; MAX_CLASSES],
+    bounds: &ByteBounds,
 ) -> [u64; MAX_CLASSES + 1] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
-    // byte >= t as a signed compare (one instruction): byte ^ 0x80 > (t - 1) ^ 0x80;
-    // thresholds are at least 1.
+    // SAFETY: each bound is 32 bytes aligned to 32.
     let bounds: [__m128i; MAX_CLASSES] =
-        std::array::from_fn(|k| _mm_set1_epi8((thresholds[k].wrapping_sub(1) ^ 0x80) as i8));
+        std::array::from_fn(|k| unsafe { _mm_load_si128(bounds.0[k].as_ptr() as *const __m128i) });
     let bias = _mm_set1_epi8(i8::MIN);
     let mut at_least = [0u64; MAX_CLASSES + 1];
     at_least[0] = u64::MAX;
@@ -486,13 +472,14 @@ unsafe fn at_least_sse2<const T: usize>(
 #[inline]
 unsafe fn at_least_avx2<const T: usize>(
     block: &[u8],
-    thresholds: &[u8; MAX_CLASSES],
+    bounds: &ByteBounds,
 ) -> [u64; MAX_CLASSES + 1] {
     use std::arch::x86_64::*;
     debug_assert_eq!(block.len(), 128);
-    // byte >= t as a signed compare (see `at_least_sse2`).
-    let bounds: [__m256i; MAX_CLASSES] =
-        std::array::from_fn(|k| _mm256_set1_epi8((thresholds[k].wrapping_sub(1) ^ 0x80) as i8));
+    // SAFETY: each bound is 32 bytes aligned to 32.
+    let bounds: [__m256i; MAX_CLASSES] = std::array::from_fn(|k| unsafe {
+        _mm256_load_si256(bounds.0[k].as_ptr() as *const __m256i)
+    });
     let bias = _mm256_set1_epi8(i8::MIN);
     let mut at_least = [0u64; MAX_CLASSES + 1];
     at_least[0] = u64::MAX;
@@ -517,6 +504,30 @@ unsafe fn at_least_avx2<const T: usize>(
         }
     }
     at_least
+}
+
+/// Set bits of `mask`. With `POPCNT` (true only in code that runs on a CPU with the
+/// instruction) it is the instruction itself, out of the optimiser's sight: a few counts
+/// added to neighbouring integers are otherwise turned into a vector popcount over the
+/// masks stored to the stack and loaded back, several times slower than the scalar one.
+#[inline(always)]
+pub(crate) fn count_ones<const POPCNT: bool>(mask: u64) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if POPCNT {
+        let count: u64;
+        // SAFETY: the caller vouches for POPCNT; the instruction only writes `count` and
+        // the flags.
+        unsafe {
+            std::arch::asm!(
+                "popcnt {count}, {mask}",
+                mask = in(reg) mask,
+                count = lateout(reg) count,
+                options(pure, nomem, nostack),
+            );
+        }
+        return count as u32;
+    }
+    mask.count_ones()
 }
 
 /// Whether PDEP is a single fast instruction: on Intel since Haswell and on AMD since
@@ -644,21 +655,24 @@ mod tests {
                     *mask |= 1 << bit;
                 }
             }
-            let mut kernels = vec![Kernel::Scalar];
+            let masks = |classes: &Classes, avx2: bool| {
+                with_threshold_count!(classes.thresholds.len(), T => if avx2 {
+                    classes.at_least::<u16, T, true>(&bytes, 0, 64)
+                } else {
+                    classes.at_least::<u16, T, false>(&bytes, 0, 64)
+                })
+            };
+            let element_by_element = Classes {
+                byte_compare: false,
+                ..classes.clone()
+            };
+            assert_eq!(masks(&element_by_element, false), slow, "scalar");
             #[cfg(target_arch = "x86_64")]
             {
-                kernels.push(Kernel::Sse2);
+                assert_eq!(masks(&classes, false), slow, "SSE2");
                 if std::arch::is_x86_feature_detected!("avx2") {
-                    kernels.push(Kernel::Avx2);
+                    assert_eq!(masks(&classes, true), slow, "AVX2");
                 }
-            }
-            for kernel in kernels {
-                let forced = Classes {
-                    kernel,
-                    ..classes.clone()
-                };
-                let fast = with_threshold_count!(forced.thresholds.len(), T => forced.at_least::<u16, T>(&bytes, 0, 64));
-                assert_eq!(fast, slow, "{kernel:?}");
             }
         }
     }
