@@ -7,13 +7,14 @@
 //! ordinary delta from the target back to the base.
 
 use crate::apply::{OwnedTensor, apply, owned_checkpoint};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Hash};
 use crate::error::{DeltaError, Result};
 use crate::extract::{ExtractOptions, Extraction};
 use crate::format::{DeltaFile, Manifest};
 
 /// Composes `chain` (consecutive deltas starting at `base`) into one delta from `base`
-/// to the chain's last target.
+/// to the chain's last target. `options.base_hash`, when given, is the caller's word for
+/// the weights hash of `base` (checked against the chain, not recomputed).
 pub fn compose(
     base: &Checkpoint<'_>,
     chain: &[DeltaFile<'_>],
@@ -23,6 +24,27 @@ pub fn compose(
         (Some(first), Some(last)) => (first.header(), last.header()),
         _ => return Err(DeltaError::BrokenChain("the chain is empty".into())),
     };
+    let end = replay(base, chain, options.base_hash)?.expect("the chain is not empty");
+    let end_view = owned_checkpoint(&end)?;
+    let options = ExtractOptions {
+        base_version: first.base_version,
+        target_version: last.target_version,
+        base_hash: Some(first.base_hash),
+        target_hash: Some(last.target_hash),
+        ..options
+    };
+    Extraction::new(base, &end_view, options)?.to_bytes()
+}
+
+/// Applies `chain` (consecutive deltas starting at `base`) link by link, each link
+/// verified by its target hash, and returns the weights after the last one (`None` for
+/// an empty chain). `base_hash`: the weights hash of `base` when the caller has verified
+/// it already; otherwise it is computed once.
+pub fn replay(
+    base: &Checkpoint<'_>,
+    chain: &[DeltaFile<'_>],
+    base_hash: Option<Hash>,
+) -> Result<Option<Vec<OwnedTensor>>> {
     for (i, pair) in chain.windows(2).enumerate() {
         let (a, b) = (pair[0].header(), pair[1].header());
         if a.target_version != b.base_version || a.target_hash != b.base_hash {
@@ -46,21 +68,15 @@ pub fn compose(
             };
             // Each link after the first starts from weights whose hash the previous link
             // has just verified.
-            let known = current.as_ref().map(|_| delta.header().base_hash);
+            let known = match current {
+                Some(_) => Some(delta.header().base_hash),
+                None => base_hash,
+            };
             apply(delta, &view, known)?
         };
         current = Some(next);
     }
-    let end = current.expect("chain is not empty");
-    let end_view = owned_checkpoint(&end)?;
-    let options = ExtractOptions {
-        base_version: first.base_version,
-        target_version: last.target_version,
-        base_hash: Some(first.base_hash),
-        target_hash: Some(last.target_hash),
-        ..options
-    };
-    Extraction::new(base, &end_view, options)?.to_bytes()
+    Ok(current)
 }
 
 /// The inverse of `delta`: applied to its target it yields `base` exactly.

@@ -31,7 +31,7 @@ pub use apply::{
 pub use checkpoint::{Checkpoint, Hash, TensorLayout, TensorView, safetensors_layout};
 pub use codec::scan::count_changed;
 pub use codec::{Changes, ChunkEncoding, Encoding};
-pub use compose::{compose, invert};
+pub use compose::{compose, invert, replay};
 pub use dtype::Dtype;
 pub use error::{DeltaError, Result};
 pub use extract::{CHUNK_BYTES, ExtractOptions, Extraction, Segment};

@@ -570,6 +570,26 @@ fn composed_and_inverted_deltas_are_exact() {
         .sum();
     assert!(decode(&composed, &first).unwrap().changed_elements() < chain_changes);
 
+    // Replaying the chain reaches the last version; a caller's word for the base hash
+    // is checked against the chain, not trusted.
+    let replayed = aurora_delta::replay(&first, &chain, Some(first.weights_hash()))
+        .unwrap()
+        .expect("a chain of four");
+    assert_eq!(
+        owned_checkpoint(&replayed).unwrap().weights_hash(),
+        last.weights_hash()
+    );
+    assert!(aurora_delta::replay(&first, &[], None).unwrap().is_none());
+    let claimed = ExtractOptions {
+        base_hash: Some(last.weights_hash()),
+        ..ExtractOptions::default()
+    };
+    let error = aurora_delta::compose(&first, &chain, claimed).unwrap_err();
+    assert!(
+        matches!(error, aurora_delta::DeltaError::WrongBase { .. }),
+        "{error}"
+    );
+
     // A gap in the chain is refused and named.
     let gapped = [chain[0].clone(), chain[2].clone()];
     let error = aurora_delta::compose(&first, &gapped, ExtractOptions::default()).unwrap_err();

@@ -94,8 +94,8 @@ use std::path::{Path, PathBuf};
 
 use aurora_checkpoint::{FileError, MappedFile, write_atomically};
 use aurora_delta::{
-    Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor, apply, compose,
-    owned_checkpoint,
+    Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, compose, owned_checkpoint,
+    replay,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
@@ -380,10 +380,23 @@ impl Store {
         Ok(records)
     }
 
+    /// The record of the stored composed delta C(base -> target), if there is one.
+    pub fn composed_record(&self, base: u64, target: u64) -> Result<Option<ComposedRecord>> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        let table = txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
+        Ok(table
+            .get((base, target))
+            .map_err(catalog)?
+            .map(|value| composed_record((base, target), value.value())))
+    }
+
     /// C(base -> target): one exact delta from version `base` to `target`, read fully
     /// verified from the cache or built and stored first (see the module docs).
     pub fn composed_artifact(&self, base: u64, target: u64) -> Result<Vec<u8>> {
-        let record = self.ensure_composed(base, target)?;
+        let (record, built) = self.ensure_composed(base, target)?;
+        if let Some(bytes) = built {
+            return Ok(bytes);
+        }
         let file = open_delta_artifact(
             "composed delta",
             &self.composed_path(&record),
@@ -395,10 +408,11 @@ impl Store {
     }
 
     /// The record of C(base -> target), building and storing the artifact if the
-    /// catalog has none.
-    fn ensure_composed(&self, base: u64, target: u64) -> Result<ComposedRecord> {
-        if let Some(record) = self.composed_records()?.remove(&(base, target)) {
-            return Ok(record);
+    /// catalog has none; then also the bytes just built (and verified by the build), so
+    /// a caller that wants them need not read them back.
+    fn ensure_composed(&self, base: u64, target: u64) -> Result<(ComposedRecord, Option<Vec<u8>>)> {
+        if let Some(record) = self.composed_record(base, target)? {
+            return Ok((record, None));
         }
         let bytes = self.build_composed(base, target)?;
         let file = DeltaFile::parse(&bytes).map_err(|source| StoreError::ComposedArtifact {
@@ -421,7 +435,10 @@ impl Store {
             if let Some(existing) = table.get((base, target)).map_err(catalog)? {
                 // Built by another call meanwhile: composing is deterministic, so it is
                 // the same artifact.
-                return Ok(composed_record((base, target), existing.value()));
+                return Ok((
+                    composed_record((base, target), existing.value()),
+                    Some(bytes),
+                ));
             }
         }
         commit_with_file(txn, &self.composed_path(&record), &bytes, |txn| {
@@ -432,7 +449,7 @@ impl Store {
             Ok(())
         })?;
         tracing::info!(base, target, id = %record.id, bytes = record.size_bytes, "stored a composed delta");
-        Ok(record)
+        Ok((record, Some(bytes)))
     }
 
     /// Composes D(base+1..=target) against the weights of `base`, rebuilt from the
@@ -456,7 +473,7 @@ impl Store {
                 actor: base,
                 latest: target,
             })?;
-        let snapshot = self.snapshot(start)?;
+        let (snapshot, snapshot_record) = self.verified_snapshot(start)?;
         let files = (start + 1..=target)
             .map(|version| self.delta(version))
             .collect::<Result<Vec<MappedFile>>>()?;
@@ -477,25 +494,24 @@ impl Store {
             }
         })?;
         let (to_base, to_target) = chain.split_at((base - start) as usize);
-        // The weights of `base`: the snapshot, then the deltas up to `base`, each
-        // verified by its target hash as it is applied.
-        let mut rebuilt: Option<Vec<OwnedTensor>> = None;
-        for delta in to_base {
-            let next = {
-                let view = match &rebuilt {
-                    Some(tensors) => owned_checkpoint(tensors).map_err(failed)?,
-                    None => start_weights.clone(),
-                };
-                apply(delta, &view, None).map_err(failed)?
-            };
-            rebuilt = Some(next);
-        }
+        // The weights of `base`: the snapshot (its hash verified on reading), then the
+        // deltas up to `base`, each verified by its target hash as it is applied.
+        let rebuilt =
+            replay(&start_weights, to_base, Some(snapshot_record.weights_hash)).map_err(failed)?;
         let base_weights = match &rebuilt {
             Some(tensors) => owned_checkpoint(tensors).map_err(failed)?,
             None => start_weights,
         };
-        let (_, bytes) =
-            compose(&base_weights, to_target, ExtractOptions::default()).map_err(failed)?;
+        let base_hash = to_base
+            .last()
+            .map_or(snapshot_record.weights_hash, |delta| {
+                delta.header().target_hash
+            });
+        let options = ExtractOptions {
+            base_hash: Some(base_hash),
+            ..ExtractOptions::default()
+        };
+        let (_, bytes) = compose(&base_weights, to_target, options).map_err(failed)?;
         Ok(bytes)
     }
 
@@ -577,8 +593,7 @@ impl Store {
             });
         };
         let composed = self
-            .composed_records()?
-            .get(&(actor_version, target))
+            .composed_record(actor_version, target)?
             .map(|c| c.size_bytes);
         self.plan_to(actor_version, target, composed, true)
     }
@@ -593,7 +608,7 @@ impl Store {
     pub fn composed_catch_up_plan(&self, actor_version: u64, target: u64) -> Result<Plan> {
         let composed = if actor_version + 2 <= target {
             match self.ensure_composed(actor_version, target) {
-                Ok(record) => Some(record.size_bytes),
+                Ok((record, _)) => Some(record.size_bytes),
                 // No snapshot and chain rebuild the base: the other plans decide. (A
                 // target the store lacks is reported by `plan_to`.)
                 Err(StoreError::NoRoute { .. } | StoreError::NoComposed { .. }) => None,
