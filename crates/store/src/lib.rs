@@ -312,8 +312,8 @@ impl Store {
 
     /// The highest version the store holds, as a delta's target or a snapshot.
     pub fn latest_version(&self) -> Result<Option<u64>> {
-        let (deltas, snapshots) = self.records()?;
-        Ok(deltas.keys().chain(snapshots.keys()).max().copied())
+        let txn = self.db.begin_read().map_err(catalog)?;
+        Ok(last_version(&txn, DELTA_TABLE)?.max(last_version(&txn, SNAPSHOT_TABLE)?))
     }
 
     /// Every delta and snapshot record, by version.
@@ -552,7 +552,8 @@ impl Store {
 
     /// The newest snapshot's version: where a new Actor starts.
     pub fn newest_snapshot(&self) -> Result<Option<u64>> {
-        Ok(self.records()?.1.keys().next_back().copied())
+        let txn = self.db.begin_read().map_err(catalog)?;
+        last_version(&txn, SNAPSHOT_TABLE)
     }
 
     /// The snapshot of `version` as an artifact for a peer with no weights: the delta
@@ -826,6 +827,16 @@ const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("delt
 const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> = TableDefinition::new("snapshots");
 /// (base version, target version) → (id, base hash, target hash, size in bytes)
 const COMPOSED_TABLE: TableDefinition<(u64, u64), ComposedValue> = TableDefinition::new("composed");
+
+/// The highest version in `table`: a lookup at the end of its key order, not a read of
+/// the table.
+fn last_version<V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<u64, V>,
+) -> Result<Option<u64>> {
+    let table = txn.open_table(table).map_err(catalog)?;
+    Ok(table.last().map_err(catalog)?.map(|(key, _)| key.value()))
+}
 
 fn delta_value(r: &DeltaRecord) -> DeltaValue {
     (

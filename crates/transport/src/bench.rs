@@ -190,6 +190,15 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
         Some((warm_up, _)) => version_of(warm_up)?,
         None => version,
     };
+    // Receivers take versions in order: any other warm-up would leave them waiting for
+    // the version between until the timeout.
+    if spec.warm_up.is_some() && first_version.checked_add(1) != Some(version) {
+        return Err(TransportError::InvalidSpec(format!(
+            "the warm-up is version {first_version}, not {}, the one before the timed \
+             artifact's {version}",
+            version.wrapping_sub(1)
+        )));
+    }
     let mut hub_config =
         NodeConfig::new(identity(Role::Hub, "hub".into(), "bench"), TOKEN.to_vec());
     hub_config.listen = Some(spec.listen);

@@ -174,6 +174,8 @@ pub enum TransportError {
     Extraction(#[from] DeltaError),
     #[error("building the decode thread pool: {0}")]
     Pool(String),
+    #[error("invalid benchmark: {0}")]
+    InvalidSpec(String),
     #[error("{0} needs at least one upstream")]
     NoUpstream(&'static str),
     #[error("gave up after {0:?}")]
@@ -251,23 +253,74 @@ pub(crate) enum Event {
         weights: Weights,
         result: Result<Hash, DeltaError>,
     },
+    /// The artifact `load` asked for, or why there is none.
     Loaded {
-        version: u64,
-        /// The snapshot artifact of `version`, not D(version).
-        snapshot: bool,
-        result: Result<Bytes, String>,
-    },
-    /// The catch-up plan from `base` to `target` chose a composed delta (its bytes), or
-    /// not (why: the plan it chose, or what failed).
-    LoadedComposed {
-        base: u64,
-        target: u64,
+        load: Load,
         result: Result<Bytes, String>,
     },
     /// The store now holds `version`.
     Stored {
         version: u64,
     },
+}
+
+/// An artifact the sender asked the store for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Load {
+    Delta(u64),
+    /// The snapshot of a version as an artifact for a peer with no weights.
+    Snapshot(u64),
+    /// The composed delta from `base` to `target`, if the catch-up plan chooses it.
+    Composed {
+        base: u64,
+        target: u64,
+    },
+}
+
+impl Load {
+    /// The artifact's bytes (blocking: reads, and may build, from the store), or why
+    /// there are none. A composed delta is refused when replaying is no dearer.
+    fn read(self, store: &Store, snapshot_segment_bytes: usize) -> Result<Bytes, String> {
+        let chain = |e: StoreError| error_chain(&e);
+        match self {
+            Load::Delta(version) => store
+                .delta(version)
+                .map(|file| Bytes::copy_from_slice(file.bytes()))
+                .map_err(chain),
+            Load::Snapshot(version) => store
+                .snapshot_artifact(version, snapshot_segment_bytes)
+                .map(Bytes::from)
+                .map_err(chain),
+            Load::Composed { base, target } => {
+                let plan = store.composed_catch_up_plan(base, target).map_err(chain)?;
+                tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
+                match plan {
+                    Plan::Composed { .. } => store
+                        .composed_artifact(base, target)
+                        .map(Bytes::from)
+                        .map_err(chain),
+                    other => Err(format!("the catch-up plan is {other:?}")),
+                }
+            }
+        }
+    }
+
+    fn insert(self, sender: &mut Sender, bytes: Bytes) -> Result<(), String> {
+        let inserted = match self {
+            Load::Delta(_) => sender.insert_artifact(bytes).map(drop),
+            Load::Snapshot(_) => sender.insert_snapshot(bytes).map(drop),
+            Load::Composed { .. } => sender.insert_composed(bytes).map(drop),
+        };
+        inserted.map_err(|e| e.to_string())
+    }
+
+    fn failed(self, sender: &mut Sender, reason: String) {
+        match self {
+            Load::Delta(version) => sender.load_failed(version, reason),
+            Load::Snapshot(version) => sender.snapshot_load_failed(version, reason),
+            Load::Composed { base, target } => sender.composed_declined(base, target, reason),
+        }
+    }
 }
 
 enum Command {
@@ -608,7 +661,11 @@ async fn spawn<E: Engine>(
     };
     let (status_tx, status) = watch::channel(initial);
     let upstream_bytes = Arc::new(AtomicU64::new(0));
-    let pool = Arc::new(decode_pool(config.decode_threads)?);
+    // Only nodes that hold weights decode: a hub or a collector needs no pool.
+    let pool = match weights {
+        Some(_) => Some(Arc::new(decode_pool(config.decode_threads)?)),
+        None => None,
+    };
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
@@ -685,7 +742,7 @@ struct Driver<E: Engine> {
     node: Node,
     /// Shared with the decodes out; the node starts an activation only when none is.
     weights: Option<Arc<Weights>>,
-    pool: Arc<rayon::ThreadPool>,
+    pool: Option<Arc<rayon::ThreadPool>>,
     engine: Option<Arc<E>>,
     store: Option<Arc<Store>>,
     live: BTreeMap<u64, Live>,
@@ -859,47 +916,19 @@ impl<E: Engine> Driver<E> {
             }
             // Reading the catalog is cheap next to the put that just finished.
             Event::Stored { version } => self.read_store(Some(version)),
-            Event::Loaded {
-                version,
-                snapshot,
-                result,
-            } => {
+            Event::Loaded { load, result } => {
                 let Some(sender) = self.node.sender_mut() else {
                     return;
                 };
-                let outcome = result.and_then(|bytes| {
-                    let inserted = if snapshot {
-                        sender.insert_snapshot(bytes)
-                    } else {
-                        sender.insert_artifact(bytes)
-                    };
-                    inserted.map(|_| ()).map_err(|e| e.to_string())
-                });
-                if let Err(reason) = outcome {
-                    tracing::warn!(version, snapshot, reason, "cannot serve a stored version");
-                    if snapshot {
-                        sender.snapshot_load_failed(version, reason);
-                    } else {
-                        sender.load_failed(version, reason);
+                if let Err(reason) = result.and_then(|bytes| load.insert(sender, bytes)) {
+                    match load {
+                        // Declining a composed delta for replaying is the plan working.
+                        Load::Composed { .. } => {
+                            tracing::debug!(?load, reason, "no composed delta")
+                        }
+                        _ => tracing::warn!(?load, reason, "cannot serve a stored artifact"),
                     }
-                }
-            }
-            Event::LoadedComposed {
-                base,
-                target,
-                result,
-            } => {
-                let Some(sender) = self.node.sender_mut() else {
-                    return;
-                };
-                let outcome = result.and_then(|bytes| {
-                    sender
-                        .insert_composed(bytes)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                });
-                if let Err(reason) = outcome {
-                    sender.composed_declined(base, target, reason);
+                    load.failed(sender, reason);
                 }
             }
         }
@@ -911,11 +940,13 @@ impl<E: Engine> Driver<E> {
         let (Some(sender), Some(store)) = (self.node.sender_mut(), &self.store) else {
             return;
         };
-        match store.records() {
-            Ok((deltas, snapshots)) => {
-                let latest = deltas.keys().chain(snapshots.keys()).max().copied();
+        match store
+            .latest_version()
+            .and_then(|latest| Ok((latest, store.newest_snapshot()?)))
+        {
+            Ok((latest, newest_snapshot)) => {
                 sender.set_loadable(latest.max(stored));
-                sender.set_snapshot_loadable(snapshots.keys().next_back().copied());
+                sender.set_snapshot_loadable(newest_snapshot);
             }
             Err(error) => tracing::warn!(%error, "cannot read the store's catalog"),
         }
@@ -1058,69 +1089,20 @@ impl<E: Engine> Driver<E> {
 
     /// Reads D(version) from the store, or builds the snapshot artifact of `version`, on
     /// a blocking thread.
-    fn load(&mut self, version: u64, snapshot: bool) {
+    /// Reads (or builds) what `load` names from the store on a blocking thread and
+    /// reports it as [`Event::Loaded`].
+    fn load(&mut self, load: Load) {
         let Some(store) = self.store.clone() else {
             if let Some(sender) = self.node.sender_mut() {
-                if snapshot {
-                    sender.snapshot_load_failed(version, "no store".into());
-                } else {
-                    sender.load_failed(version, "no store".into());
-                }
+                load.failed(sender, "no store".into());
             }
             return;
         };
         let segment_bytes = self.config.snapshot_segment_bytes;
         let events = self.events_tx.clone();
         self.tasks.spawn_blocking(move || {
-            let loaded = if snapshot {
-                store
-                    .snapshot_artifact(version, segment_bytes)
-                    .map(Bytes::from)
-            } else {
-                store
-                    .delta(version)
-                    .map(|file| Bytes::copy_from_slice(file.bytes()))
-            };
-            let result = loaded.map_err(|e| error_chain(&e));
-            let _ = events.blocking_send(Event::Loaded {
-                version,
-                snapshot,
-                result,
-            });
-        });
-    }
-
-    /// Plans the catch-up of a subscriber at `base` to `target` on a blocking thread
-    /// (building the composed delta, once, to learn its size) and hands the sender the
-    /// composed delta if it is the cheapest by bytes; otherwise the subscriber replays.
-    fn load_composed(&mut self, base: u64, target: u64) {
-        let Some(store) = self.store.clone() else {
-            if let Some(sender) = self.node.sender_mut() {
-                sender.composed_declined(base, target, "no store".into());
-            }
-            return;
-        };
-        let events = self.events_tx.clone();
-        self.tasks.spawn_blocking(move || {
-            let result = store
-                .composed_catch_up_plan(base, target)
-                .map_err(|e| error_chain(&e))
-                .and_then(|plan| {
-                    tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
-                    match plan {
-                        Plan::Composed { .. } => store
-                            .composed_artifact(base, target)
-                            .map(Bytes::from)
-                            .map_err(|e| error_chain(&e)),
-                        // Replaying is no dearer: the subscriber gets the deltas.
-                        other => Err(format!("the catch-up plan is {other:?}")),
-                    }
-                });
-            let _ = events.blocking_send(Event::LoadedComposed {
-                base,
-                target,
-                result,
-            });
+            let result = load.read(&store, segment_bytes);
+            let _ = events.blocking_send(Event::Loaded { load, result });
         });
     }
 
@@ -1186,9 +1168,9 @@ impl<E: Engine> Driver<E> {
                 let backoff = (Duration::from_millis(50) * self.failures).min(BACKOFF_MAX);
                 self.new_session_at = Some(Instant::now() + backoff);
             }
-            Output::Load { version } => self.load(version, false),
-            Output::LoadSnapshot { version } => self.load(version, true),
-            Output::LoadComposed { base, target } => self.load_composed(base, target),
+            Output::Load { version } => self.load(Load::Delta(version)),
+            Output::LoadSnapshot { version } => self.load(Load::Snapshot(version)),
+            Output::LoadComposed { base, target } => self.load(Load::Composed { base, target }),
             Output::Decode {
                 version,
                 index,
@@ -1197,7 +1179,10 @@ impl<E: Engine> Driver<E> {
                 bytes,
             } => {
                 let weights = self.weights.clone().expect("decoding needs the weights");
-                let pool = self.pool.clone();
+                let pool = self
+                    .pool
+                    .clone()
+                    .expect("a node with weights has a decode pool");
                 let events = self.events_tx.clone();
                 self.tasks.spawn_blocking(move || {
                     let result = pool.install(|| weights.decode_segment(&header, index, &bytes));

@@ -509,3 +509,19 @@ async fn the_bench_transfer_reports_bytes_time_and_streams() {
     assert_eq!(report.sender.segment_bytes_sent, 3 * payload);
     assert!(report.goodput_bytes_per_second() > 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_warm_up_that_is_not_the_version_before_is_refused_at_once() {
+    let chain = Chain::new(2, 19);
+    let mut spec = bench::TransferSpec::new(chain.delta(1).clone(), 1, 2);
+    spec.warm_up = Some((chain.delta(2).clone(), std::time::Duration::ZERO));
+    let error = within(LIMIT, "transfer", bench::transfer(spec))
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("the warm-up is version 2, not 0"),
+        "{error}"
+    );
+}
