@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use crate::bits::ByteReader;
-use crate::checkpoint::{Checkpoint, Hash, TensorLayout, TensorView};
+use crate::checkpoint::{Checkpoint, Hash, TensorLayout, TensorView, safetensors_layout};
 use crate::codec::{Changes, ChunkEncoding, ChunkRecord, decode_changes};
 use crate::error::{DeltaError, Result};
 use crate::format::{
@@ -348,12 +348,25 @@ impl Patch {
                         .into(),
             });
         }
+        self.swap_into_target_layout(buffer, layout)
+    }
+
+    /// [`Patch::swap_in_place`] into a buffer whose tensors have the target's names,
+    /// dtypes and shapes, whatever the base's were.
+    fn swap_into_target_layout(
+        &mut self,
+        buffer: &mut [u8],
+        layout: &[TensorLayout],
+    ) -> Result<()> {
         let by_name: HashMap<&str, &TensorLayout> =
             layout.iter().map(|l| (l.name.as_str(), l)).collect();
         let mut regions = Vec::with_capacity(self.chunks.len());
         for chunk in &self.chunks {
             let entry = &self.header.tensors[chunk.tensor as usize];
-            let spec = entry.change.target().expect("patched");
+            let spec = entry
+                .change
+                .target()
+                .expect("chunks belong to target tensors");
             let place = by_name.get(entry.name.as_str()).ok_or_else(|| {
                 DeltaError::BaseMismatch(format!("tensor '{}' is not in the buffer", entry.name))
             })?;
@@ -375,6 +388,47 @@ impl Patch {
         Ok(())
     }
 
+    /// Builds the target as a safetensors image, the same bytes `safetensors::serialize`
+    /// writes for the target's tensors (what an engine loads), for deltas that change
+    /// the layout: each tensor is written into the image once, from the base (patched)
+    /// or as zeros (added, reshaped), then the changes go in place. One copy of the
+    /// model, not tensors and then their image. Checks the image's weights hash.
+    pub fn materialize_image(
+        mut self,
+        base: &Checkpoint<'_>,
+    ) -> Result<(Vec<u8>, Vec<TensorLayout>)> {
+        let initial = self
+            .header
+            .tensors
+            .iter()
+            .filter_map(|entry| entry.change.target().map(|spec| (entry, spec)))
+            .map(|(entry, spec)| {
+                let data = initial_data(entry, base)?;
+                Ok((
+                    entry.name.clone(),
+                    InitialTensor {
+                        dtype: spec.dtype.to_safetensors(),
+                        shape: spec.shape.iter().map(|&d| d as usize).collect(),
+                        data,
+                        len: spec.byte_len() as usize,
+                    },
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut image = safetensors::serialize(initial, None)
+            .map_err(|e| DeltaError::Checkpoint(format!("writing the target image: {e}")))?;
+        let layout = safetensors_layout(&image)?;
+        self.swap_into_target_layout(&mut image, &layout)?;
+        let actual = Checkpoint::from_layout(&image, &layout)?.weights_hash();
+        if actual != self.header.target_hash {
+            return Err(DeltaError::TargetMismatch {
+                expected: self.header.target_hash,
+                actual,
+            });
+        }
+        Ok((image, layout))
+    }
+
     /// Builds the target checkpoint from `base` (copying it), for deltas that change the
     /// layout or when the base must stay untouched. Checks the target weights hash.
     pub fn materialize(mut self, base: &Checkpoint<'_>) -> Result<Vec<OwnedTensor>> {
@@ -384,15 +438,9 @@ impl Patch {
             let Some(spec) = entry.change.target() else {
                 continue;
             };
-            let mut data = match &entry.change {
-                TensorChange::Patched(_) => base
-                    .get(&entry.name)
-                    .ok_or_else(|| {
-                        DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name))
-                    })?
-                    .data
-                    .to_vec(),
-                _ => vec![0u8; spec.byte_len() as usize],
+            let mut data = match initial_data(entry, base)? {
+                Some(data) => data.to_vec(),
+                None => vec![0u8; spec.byte_len() as usize],
             };
             let element_bytes = spec.dtype.size_bytes();
             while let Some(mut chunk) = chunks.next_if(|c| c.tensor as usize == index) {
@@ -421,6 +469,48 @@ impl Patch {
 }
 
 /// Verifies, decodes and materialises `delta` on top of `base` in one call.
+/// What a target tensor starts from before its changes: the base's values for a patched
+/// tensor, zeros (`None`) for one added or reshaped.
+fn initial_data<'a>(entry: &TensorEntry, base: &Checkpoint<'a>) -> Result<Option<&'a [u8]>> {
+    match &entry.change {
+        TensorChange::Patched(_) => base
+            .get(&entry.name)
+            .map(|tensor| Some(tensor.data))
+            .ok_or_else(|| DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name))),
+        _ => Ok(None),
+    }
+}
+
+/// A target tensor as `safetensors::serialize` reads it: borrowed from the base, or
+/// zeros made only while it is copied into the image.
+struct InitialTensor<'a> {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: Option<&'a [u8]>,
+    len: usize,
+}
+
+impl safetensors::View for InitialTensor<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.data {
+            Some(data) => std::borrow::Cow::Borrowed(data),
+            None => std::borrow::Cow::Owned(vec![0; self.len]),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.len
+    }
+}
+
 pub fn apply(
     delta: &DeltaFile<'_>,
     base: &Checkpoint<'_>,

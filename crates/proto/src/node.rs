@@ -72,6 +72,7 @@ pub enum Output {
         version: u64,
         index: u32,
         hash: Hash,
+        kind: ArtifactKind,
         header: Arc<DeltaHeader>,
         bytes: Bytes,
     },
@@ -146,6 +147,7 @@ pub struct Node {
 /// segment revoked or resent on the way is decoded again, never used stale.
 struct Staging {
     version: u64,
+    kind: ArtifactKind,
     header: Arc<DeltaHeader>,
     decoded: BTreeMap<u32, (Hash, Result<Vec<PatchChunk>, String>)>,
     /// Decodes out, by index, with the hash of the bytes sent.
@@ -473,6 +475,7 @@ impl Node {
         if fits && self.patch.is_none() && self.staging.is_none() {
             self.staging = Some(Staging {
                 version,
+                kind,
                 header,
                 decoded: BTreeMap::new(),
                 decoding: BTreeMap::new(),
@@ -500,6 +503,7 @@ impl Node {
             version,
             index,
             hash,
+            kind: staging.kind,
             header: staging.header.clone(),
             bytes: bytes.clone(),
         });
@@ -509,13 +513,13 @@ impl Node {
     /// from exactly the artifact's segments.
     fn stage(&mut self, version: u64) {
         let artifact = self.artifacts[&version].clone();
-        let reuse = self
-            .staging
-            .as_ref()
-            .is_some_and(|s| s.version == version && s.header == *artifact.header());
+        let reuse = self.staging.as_ref().is_some_and(|s| {
+            s.version == version && s.kind == artifact.kind() && s.header == *artifact.header()
+        });
         if !reuse {
             self.staging = Some(Staging {
                 version,
+                kind: artifact.kind(),
                 header: artifact.header().clone(),
                 decoded: BTreeMap::new(),
                 decoding: BTreeMap::new(),

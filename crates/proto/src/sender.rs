@@ -1102,6 +1102,53 @@ impl Sender {
         None
     }
 
+    /// Why `version` (as a snapshot, or as a delta) cannot be sent from here, or `None`
+    /// while it may yet come: loading from the store (asked for here) or not published.
+    fn why_unavailable(&mut self, version: u64, as_snapshot: bool) -> Option<String> {
+        if as_snapshot {
+            if !self.config.store_backed {
+                return Some(format!(
+                    "version {version} is wanted as a snapshot and this {} has no store to build one from",
+                    self.config.identity.role
+                ));
+            }
+            if let Some(reason) = self.snapshots_unavailable.get(&version) {
+                return Some(reason.clone());
+            }
+            if self
+                .snapshot_loadable
+                .is_some_and(|newest| version <= newest)
+            {
+                if self.snapshots_loading.insert(version) {
+                    self.events.push_back(SenderEvent::LoadSnapshot { version });
+                }
+                return None;
+            }
+            return Some(format!(
+                "no snapshot of version {version} here (the newest is {:?})",
+                self.snapshot_loadable
+            ));
+        }
+        if let Some(reason) = self.unavailable.get(&version) {
+            return Some(reason.clone());
+        }
+        if self.config.store_backed && self.loadable_max.is_some_and(|latest| version <= latest) {
+            if self.loading.insert(version) {
+                self.events.push_back(SenderEvent::Load { version });
+            }
+            return None;
+        }
+        if version < self.floor {
+            return Some(format!(
+                "version {version} is not held here (versions from {} are)",
+                self.floor
+            ));
+        }
+        // Not published yet, or not begun yet by a relay that began a later one first
+        // (offers of consecutive versions travel on different streams).
+        None
+    }
+
     fn next_frame(&mut self, conn: ConnId) -> Option<(Frame, bool)> {
         let c = self.conns.get_mut(&conn)?;
         if let Some(direct) = c.direct.pop_front() {
@@ -1157,53 +1204,10 @@ impl Sender {
                 self.artifacts.get(&version)
             };
             let Some(artifact) = held else {
-                let unavailable = if as_snapshot {
-                    if !self.config.store_backed {
-                        Some(format!(
-                            "version {version} is wanted as a snapshot and this {} has no store to build one from",
-                            self.config.identity.role
-                        ))
-                    } else if let Some(reason) = self.snapshots_unavailable.get(&version) {
-                        Some(reason.clone())
-                    } else if self
-                        .snapshot_loadable
-                        .is_some_and(|newest| version <= newest)
-                    {
-                        if self.snapshots_loading.insert(version) {
-                            self.events.push_back(SenderEvent::LoadSnapshot { version });
-                        }
-                        None
-                    } else {
-                        Some(format!(
-                            "no snapshot of version {version} here (the newest is {:?})",
-                            self.snapshot_loadable
-                        ))
-                    }
-                } else if let Some(reason) = self.unavailable.get(&version) {
-                    Some(reason.clone())
-                } else if self.config.store_backed
-                    && self.loadable_max.is_some_and(|latest| version <= latest)
-                {
-                    if self.loading.insert(version) {
-                        self.events.push_back(SenderEvent::Load { version });
-                    }
-                    None
-                } else if version < self.floor {
-                    Some(format!(
-                        "version {version} is not held here (versions from {} are)",
-                        self.floor
-                    ))
-                } else {
-                    // Not published yet, or not begun yet by a relay that began a later
-                    // one first (offers of consecutive versions travel on different
-                    // streams).
-                    None
-                };
-                if let Some(reason) = unavailable {
-                    session.blocked = true;
-                    return Some((Frame::Unavailable { version, reason }, false));
-                }
-                return None;
+                let reason = self.why_unavailable(version, as_snapshot)?;
+                let session = self.sessions.get_mut(&id).expect("looked up above");
+                session.blocked = true;
+                return Some((Frame::Unavailable { version, reason }, false));
             };
             let state = session.versions.entry(version).or_default();
             let kind = if as_snapshot {

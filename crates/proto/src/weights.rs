@@ -8,7 +8,7 @@ use aurora_delta::{
     decode_segment, safetensors_layout,
 };
 
-use crate::frame::VersionRef;
+use crate::frame::{ArtifactKind, VersionRef};
 
 /// A checkpoint held as a safetensors image, with its version and verified hash.
 /// Cloning copies the image without hashing it again.
@@ -64,14 +64,14 @@ impl Weights {
     /// parallel, and their chunks joined into a [`Patch`].
     pub fn decode_segment(
         &self,
+        kind: ArtifactKind,
         header: &DeltaHeader,
         index: u32,
         segment: &[u8],
     ) -> Result<Vec<PatchChunk>, DeltaError> {
         // A snapshot names its own version as its base: the base check below (no
         // tensors, the empty checkpoint's hash) is what makes it fit.
-        let snapshot = header.base_version == header.target_version;
-        if !snapshot && header.base_version != self.active.version {
+        if kind != ArtifactKind::Snapshot && header.base_version != self.active.version {
             return Err(DeltaError::BaseMismatch(format!(
                 "the delta starts from version {}, these weights are version {}",
                 header.base_version, self.active.version
@@ -84,7 +84,7 @@ impl Weights {
 
     /// Applies a staged patch. A patch that keeps every tensor's dtype and shape is
     /// applied in place; one that adds, removes or reshapes tensors (a snapshot) is
-    /// materialised into a new image. On a target hash mismatch the weights are left as
+    /// materialised into a new image, hashed once. On a target hash mismatch the weights are left as
     /// they were and the error returned; on success they are the target version.
     pub fn activate(&mut self, mut patch: Patch) -> Result<Hash, DeltaError> {
         let version = patch.header.target_version;
@@ -94,20 +94,17 @@ impl Weights {
             return Ok(hash);
         }
         let expected = patch.header.target_hash;
+        // The image is what the engine loads: its own hash is the one checked.
         let base = Checkpoint::from_layout(&self.image, &self.layout)?;
-        let tensors = patch.materialize(&base)?;
-        let image =
-            aurora_checkpoint::safetensors_bytes(&tensors).map_err(DeltaError::Checkpoint)?;
-        drop(tensors);
-        // The image is what the engine loads: its own hash is the one that must match.
-        let materialized = Weights::new(image, version)?;
-        if materialized.active.hash != expected {
-            return Err(DeltaError::TargetMismatch {
-                expected,
-                actual: materialized.active.hash,
-            });
-        }
-        *self = materialized;
+        let (image, layout) = patch.materialize_image(&base)?;
+        *self = Weights {
+            image,
+            layout,
+            active: VersionRef {
+                version,
+                hash: expected,
+            },
+        };
         Ok(expected)
     }
 }
@@ -142,7 +139,7 @@ mod tests {
             .flat_map(|index| {
                 let segment = file.verify_segment(index).unwrap();
                 weights
-                    .decode_segment(file.header(), index as u32, segment)
+                    .decode_segment(ArtifactKind::Snapshot, file.header(), index as u32, segment)
                     .unwrap()
             })
             .collect();
@@ -164,10 +161,19 @@ mod tests {
         assert!(!weights.is_empty());
 
         // Weights that hold tensors are no base for a snapshot.
+        let segment = file.verify_segment(0).unwrap();
         let error = weights
-            .decode_segment(file.header(), 0, file.verify_segment(0).unwrap())
+            .decode_segment(ArtifactKind::Snapshot, file.header(), 0, segment)
             .unwrap_err();
         assert!(matches!(error, DeltaError::BaseMismatch(_)), "{error}");
+        // Nor is a snapshot's header a delta: offered as one, it is refused by version.
+        let error = Weights::empty()
+            .decode_segment(ArtifactKind::Delta, file.header(), 0, segment)
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("starts from version 7"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -913,6 +913,7 @@ impl Sim {
                 version,
                 index,
                 hash,
+                kind,
                 header,
                 bytes,
             } => {
@@ -921,7 +922,7 @@ impl Sim {
                 // Only segments verified against the table reach the decoder, and only
                 // for the version whose base is the active weights: a failure is a bug.
                 let outcome = weights
-                    .decode_segment(&header, index, &bytes)
+                    .decode_segment(kind, &header, index, &bytes)
                     .unwrap_or_else(|error| {
                         panic!(
                             "seed {}: {} could not decode segment {index} of verified version {version}: {error}",

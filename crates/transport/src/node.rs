@@ -1175,6 +1175,7 @@ impl<E: Engine> Driver<E> {
                 version,
                 index,
                 hash,
+                kind,
                 header,
                 bytes,
             } => {
@@ -1185,7 +1186,8 @@ impl<E: Engine> Driver<E> {
                     .expect("a node with weights has a decode pool");
                 let events = self.events_tx.clone();
                 self.tasks.spawn_blocking(move || {
-                    let result = pool.install(|| weights.decode_segment(&header, index, &bytes));
+                    let result =
+                        pool.install(|| weights.decode_segment(kind, &header, index, &bytes));
                     // Let go of the weights before reporting: once the last decode is
                     // in, the loop takes them for activation, and a share still held
                     // here would fail it as "not ready".
