@@ -156,6 +156,8 @@ fn find_changes<W: Word, const T: usize, const V3: bool>(
     len: usize,
     classes: &Classes,
 ) -> Vec<Vec<Change>> {
+    // Exactly the chunk, so the compiler can see that every block lies inside.
+    let (base, target) = (&base[..len * W::BYTES], &target[..len * W::BYTES]);
     let mut changes: Vec<Vec<Change>> = vec![Vec::new(); T + 1];
     // Elements before the current block in each entry of `Classes::at_least`, so the
     // rank of a change in class c is the difference of entries c and c + 1, whatever c is.
