@@ -468,17 +468,18 @@ impl Patch {
     }
 }
 
-/// Verifies, decodes and materialises `delta` on top of `base` in one call.
 /// What a target tensor starts from before its changes: the base's values for a patched
-/// tensor, zeros (`None`) for one added or reshaped.
+/// tensor (checked against the delta's spec: a patch may reach here without
+/// `check_base`), zeros (`None`) for one added or reshaped.
 fn initial_data<'a>(entry: &TensorEntry, base: &Checkpoint<'a>) -> Result<Option<&'a [u8]>> {
-    match &entry.change {
-        TensorChange::Patched(_) => base
-            .get(&entry.name)
-            .map(|tensor| Some(tensor.data))
-            .ok_or_else(|| DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name))),
-        _ => Ok(None),
-    }
+    let TensorChange::Patched(spec) = &entry.change else {
+        return Ok(None);
+    };
+    let tensor = base
+        .get(&entry.name)
+        .ok_or_else(|| DeltaError::BaseMismatch(format!("tensor '{}' is missing", entry.name)))?;
+    ensure_spec(&entry.name, tensor.dtype, &tensor.shape, spec)?;
+    Ok(Some(tensor.data))
 }
 
 /// A target tensor as `safetensors::serialize` reads it: borrowed from the base, or
@@ -511,6 +512,7 @@ impl safetensors::View for InitialTensor<'_> {
     }
 }
 
+/// Verifies, decodes and materialises `delta` on top of `base` in one call.
 pub fn apply(
     delta: &DeltaFile<'_>,
     base: &Checkpoint<'_>,

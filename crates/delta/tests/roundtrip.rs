@@ -183,6 +183,46 @@ fn added_removed_renamed_and_reshaped_tensors_are_explicit() {
     let error = patch.apply_in_place(&mut buffer, &layout).unwrap_err();
     assert!(matches!(error, DeltaError::Unsupported { .. }), "{error}");
     assert_eq!(buffer, base_image);
+
+    // Materialised as tensors or straight into an image, the target is the same, and
+    // the image has the bytes safetensors itself writes for those tensors.
+    let view = Checkpoint::from_layout(&buffer, &layout).unwrap();
+    let tensors = decode(&delta, &view).unwrap().materialize(&view).unwrap();
+    let (written, written_layout) = decode(&delta, &view)
+        .unwrap()
+        .materialize_image(&view)
+        .unwrap();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|t| {
+            let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+            let view =
+                safetensors::tensor::TensorView::new(t.dtype.to_safetensors(), shape, &t.data)
+                    .unwrap();
+            (t.name.clone(), view)
+        })
+        .collect();
+    assert!(
+        written == safetensors::serialize(views, None).unwrap(),
+        "byte for byte"
+    );
+    assert_eq!(
+        Checkpoint::from_layout(&written, &written_layout)
+            .unwrap()
+            .weights_hash(),
+        delta.header().target_hash
+    );
+    // A base whose patched tensor does not fit the delta is named, not materialised.
+    let mut wrong = base.clone();
+    wrong[0].shape = vec![2, 2];
+    let wrong_image = image(&wrong);
+    let wrong_layout = safetensors_layout(&wrong_image).unwrap();
+    let wrong_view = Checkpoint::from_layout(&wrong_image, &wrong_layout).unwrap();
+    let error = decode(&delta, &view)
+        .unwrap()
+        .materialize_image(&wrong_view)
+        .unwrap_err();
+    assert!(error.to_string().contains("'keep'"), "{error}");
 }
 
 fn serde_json_kind(change: &aurora_delta::TensorChange) -> &'static str {

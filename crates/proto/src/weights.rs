@@ -69,8 +69,9 @@ impl Weights {
         index: u32,
         segment: &[u8],
     ) -> Result<Vec<PatchChunk>, DeltaError> {
-        // A snapshot names its own version as its base: the base check below (no
-        // tensors, the empty checkpoint's hash) is what makes it fit.
+        // A snapshot (its header checked by the receiver) names its own version as its
+        // base: the base check below (no tensors, the empty checkpoint's hash) is what
+        // makes it fit.
         if kind != ArtifactKind::Snapshot && header.base_version != self.active.version {
             return Err(DeltaError::BaseMismatch(format!(
                 "the delta starts from version {}, these weights are version {}",

@@ -346,9 +346,7 @@ impl Store {
     /// place, so the verified mapping stays valid while it is held.
     pub fn delta(&self, version: u64) -> Result<MappedFile> {
         let record = self
-            .records()?
-            .0
-            .remove(&version)
+            .lookup(DELTA_TABLE, version, |value| delta_record(version, value))?
             .ok_or(StoreError::NotFound {
                 kind: "delta",
                 version,
@@ -382,12 +380,29 @@ impl Store {
 
     /// The record of the stored composed delta C(base -> target), if there is one.
     pub fn composed_record(&self, base: u64, target: u64) -> Result<Option<ComposedRecord>> {
+        self.lookup(COMPOSED_TABLE, (base, target), |value| {
+            composed_record((base, target), value)
+        })
+    }
+
+    /// What `record` makes of the value under `key` in `table`, if there is one: a
+    /// keyed read, not a read of the whole table.
+    fn lookup<K, V, R>(
+        &self,
+        table: TableDefinition<K, V>,
+        key: K,
+        record: impl FnOnce(V::SelfType<'_>) -> R,
+    ) -> Result<Option<R>>
+    where
+        K: redb::Key + std::borrow::Borrow<K::SelfType<'static>> + 'static,
+        V: redb::Value + 'static,
+    {
         let txn = self.db.begin_read().map_err(catalog)?;
-        let table = txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
+        let table = txn.open_table(table).map_err(catalog)?;
         Ok(table
-            .get((base, target))
+            .get(key)
             .map_err(catalog)?
-            .map(|value| composed_record((base, target), value.value())))
+            .map(|value| record(value.value())))
     }
 
     /// C(base -> target): one exact delta from version `base` to `target`, read fully
@@ -523,9 +538,9 @@ impl Store {
     /// [`Store::snapshot`] with the record whose weights hash it was checked against.
     fn verified_snapshot(&self, version: u64) -> Result<(MappedFile, SnapshotRecord)> {
         let record = self
-            .records()?
-            .1
-            .remove(&version)
+            .lookup(SNAPSHOT_TABLE, version, |value| {
+                snapshot_record(version, value)
+            })?
             .ok_or(StoreError::NotFound {
                 kind: "snapshot",
                 version,
@@ -607,18 +622,43 @@ impl Store {
     /// stores the composed delta first when the Actor is at least two versions behind,
     /// so its size is known; that costs a decode of the chain, once per (base, target).
     pub fn composed_catch_up_plan(&self, actor_version: u64, target: u64) -> Result<Plan> {
-        let composed = if actor_version + 2 <= target {
+        Ok(self.plan_with_composed(actor_version, target)?.0)
+    }
+
+    /// [`Store::composed_catch_up_plan`] and, when it chooses the composed delta, its
+    /// bytes, verified: those the plan has just built, or else read from the cache.
+    pub fn composed_catch_up(
+        &self,
+        actor_version: u64,
+        target: u64,
+    ) -> Result<(Plan, Option<Vec<u8>>)> {
+        let (plan, built) = self.plan_with_composed(actor_version, target)?;
+        let bytes = match (&plan, built) {
+            (Plan::Composed { .. }, Some(bytes)) => Some(bytes),
+            (Plan::Composed { .. }, None) => Some(self.composed_artifact(actor_version, target)?),
+            _ => None,
+        };
+        Ok((plan, bytes))
+    }
+
+    /// The plan, and the composed delta's bytes if building it was part of planning.
+    fn plan_with_composed(
+        &self,
+        actor_version: u64,
+        target: u64,
+    ) -> Result<(Plan, Option<Vec<u8>>)> {
+        let (composed, built) = if actor_version + 2 <= target {
             match self.ensure_composed(actor_version, target) {
-                Ok((record, _)) => Some(record.size_bytes),
+                Ok((record, built)) => (Some(record.size_bytes), built),
                 // No snapshot and chain rebuild the base: the other plans decide. (A
                 // target the store lacks is reported by `plan_to`.)
-                Err(StoreError::NoRoute { .. } | StoreError::NoComposed { .. }) => None,
+                Err(StoreError::NoRoute { .. } | StoreError::NoComposed { .. }) => (None, None),
                 Err(error) => return Err(error),
             }
         } else {
-            None
+            (None, None)
         };
-        self.plan_to(actor_version, target, composed, false)
+        Ok((self.plan_to(actor_version, target, composed, false)?, built))
     }
 
     /// [`plan::choose`] over the catalog's sizes (snapshots only `with_snapshots`), after

@@ -193,10 +193,12 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
     // Receivers take versions in order: any other warm-up would leave them waiting for
     // the version between until the timeout.
     if spec.warm_up.is_some() && first_version.checked_add(1) != Some(version) {
+        let before = version
+            .checked_sub(1)
+            .map_or("none".into(), |v| v.to_string());
         return Err(TransportError::InvalidSpec(format!(
-            "the warm-up is version {first_version}, not {}, the one before the timed \
-             artifact's {version}",
-            version.wrapping_sub(1)
+            "the warm-up is version {first_version}, not {before}, the one before the timed \
+             artifact's {version}"
         )));
     }
     let mut hub_config =

@@ -19,7 +19,7 @@ use aurora_proto::{
     Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig, ReceiverStats, Sender,
     SenderConfig, SenderError, SenderStats, VersionRef, Weights,
 };
-use aurora_store::{Plan, Store, StoreError};
+use aurora_store::{Store, StoreError};
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -58,8 +58,9 @@ pub struct NodeConfig {
     /// join with no weights. Hubs that serve one store must agree on it: the same
     /// snapshot then gives the same artifact, and a join resumes across them.
     pub snapshot_segment_bytes: usize,
-    /// Threads decoding deltas as their segments arrive (`None`: one per core). They
-    /// form a pool of the node's own and run at a lower priority than the process
+    /// Threads of a relay or an actor decoding deltas as their segments arrive (`None`:
+    /// one per core; hubs and collectors decode nothing and start none). They form a
+    /// pool of the node's own and run at a lower priority than the process
     /// (nice +10 on Linux), so a node answers its sockets, a relay forwards and the
     /// engine generates before a delta is decoded; nodes sharing a process (benchmarks)
     /// share the cores as separate processes would instead of queueing in one pool.
@@ -292,15 +293,11 @@ impl Load {
                 .map(Bytes::from)
                 .map_err(chain),
             Load::Composed { base, target } => {
-                let plan = store.composed_catch_up_plan(base, target).map_err(chain)?;
+                let (plan, bytes) = store.composed_catch_up(base, target).map_err(chain)?;
                 tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
-                match plan {
-                    Plan::Composed { .. } => store
-                        .composed_artifact(base, target)
-                        .map(Bytes::from)
-                        .map_err(chain),
-                    other => Err(format!("the catch-up plan is {other:?}")),
-                }
+                bytes
+                    .map(Bytes::from)
+                    .ok_or_else(|| format!("the catch-up plan is {plan:?}"))
             }
         }
     }
@@ -1087,8 +1084,6 @@ impl<E: Engine> Driver<E> {
         });
     }
 
-    /// Reads D(version) from the store, or builds the snapshot artifact of `version`, on
-    /// a blocking thread.
     /// Reads (or builds) what `load` names from the store on a blocking thread and
     /// reports it as [`Event::Loaded`].
     fn load(&mut self, load: Load) {

@@ -514,14 +514,14 @@ unsafe fn at_least_avx2<const T: usize>(
 pub(crate) fn count_ones<const POPCNT: bool>(mask: u64) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if POPCNT {
-        let count: u64;
-        // SAFETY: the caller vouches for POPCNT; the instruction only writes `count` and
-        // the flags.
+        let mut count = mask;
+        // SAFETY: the caller vouches for POPCNT; the instruction only writes its register
+        // and the flags. Counting in place avoids the false dependency some Intel cores
+        // have on the destination of POPCNT.
         unsafe {
             std::arch::asm!(
-                "popcnt {count}, {mask}",
-                mask = in(reg) mask,
-                count = lateout(reg) count,
+                "popcnt {count}, {count}",
+                count = inout(reg) count,
                 options(pure, nomem, nostack),
             );
         }
