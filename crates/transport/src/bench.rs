@@ -17,6 +17,7 @@ use bytes::Bytes;
 use tokio::runtime::Handle;
 
 use crate::conn::SocketOptions;
+use crate::decode::DecodePool;
 use crate::engine::IdleEngine;
 use crate::node::{
     NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector, spawn_hub,
@@ -393,8 +394,12 @@ impl Fleet {
             members: Vec::new(),
             timeout: spec.timeout,
         };
+        // The members decode on one pool, taking turns: they progress together, as on
+        // machines of their own, and the cores see one decode thread each.
+        let decode_pool = DecodePool::new(None)?;
         let config = |role, name: &str, region: &str, upstreams| {
             let mut config = NodeConfig::new(identity(role, name.into(), region), TOKEN.to_vec());
+            config.decode_pool = Some(decode_pool.clone());
             config.upstreams = upstreams;
             config.streams = spec.streams;
             config.socket = spec.socket.clone();

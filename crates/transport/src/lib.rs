@@ -18,12 +18,14 @@
 
 pub mod bench;
 mod conn;
+mod decode;
 mod engine;
 mod node;
 
 #[cfg(target_os = "linux")]
 pub use conn::congestion_of;
 pub use conn::{ConnError, DEFAULT_CONGESTION, SocketOptions, read_frame, write_frame};
+pub use decode::DecodePool;
 pub use engine::{Engine, IdleEngine};
 pub use node::{
     MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector,

@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::conn::{SocketOptions, WriteCmd, dial, spawn_conn};
+use crate::decode::DecodePool;
 use crate::engine::{Engine, IdleEngine};
 
 /// Settings shared by every kind of node.
@@ -58,13 +59,11 @@ pub struct NodeConfig {
     /// join with no weights. Hubs that serve one store must agree on it: the same
     /// snapshot then gives the same artifact, and a join resumes across them.
     pub snapshot_segment_bytes: usize,
-    /// Threads of a relay or an actor decoding deltas as their segments arrive (`None`:
-    /// one per core; hubs and collectors decode nothing and start none). They form a
-    /// pool of the node's own and run at a lower priority than the process
-    /// (nice +10 on Linux), so a node answers its sockets, a relay forwards and the
-    /// engine generates before a delta is decoded; nodes sharing a process (benchmarks)
-    /// share the cores as separate processes would instead of queueing in one pool.
-    pub decode_threads: Option<usize>,
+    /// Where a relay or an actor decodes deltas as their segments arrive, at a lower
+    /// priority than the process ([`DecodePool`]). `None`: a pool of its own, one
+    /// thread per core. Nodes of one process may share a pool: they then take turns,
+    /// one segment each. Hubs and collectors decode nothing.
+    pub decode_pool: Option<Arc<DecodePool>>,
 }
 
 impl NodeConfig {
@@ -85,7 +84,7 @@ impl NodeConfig {
             retain_versions: 4,
             window_frames: 4,
             snapshot_segment_bytes: 256 << 10,
-            decode_threads: None,
+            decode_pool: None,
         }
     }
 
@@ -126,36 +125,6 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// The node's decode pool: `threads` (one per core when `None`) at a lower priority.
-fn decode_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, TransportError> {
-    let threads =
-        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("decode-{i}"))
-        .start_handler(|_| lower_this_threads_priority())
-        .build()
-        .map_err(|e| TransportError::Pool(e.to_string()))
-}
-
-/// Decoding is throughput work that must never delay the node's latency-bound work;
-/// the scheduler still gives it every idle cycle.
-fn lower_this_threads_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        const DECODE_NICE: libc::c_int = 10;
-        // Linux keeps a nice value per thread: this changes the calling one only.
-        // SAFETY: plain system calls on the calling thread, no memory is passed.
-        let outcome = unsafe {
-            let thread = libc::gettid() as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, thread, DECODE_NICE)
-        };
-        if outcome != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "decode threads keep their priority");
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -659,16 +628,21 @@ async fn spawn<E: Engine>(
     let (status_tx, status) = watch::channel(initial);
     let upstream_bytes = Arc::new(AtomicU64::new(0));
     // Only nodes that hold weights decode: a hub or a collector needs no pool.
-    let pool = match weights {
-        Some(_) => Some(Arc::new(decode_pool(config.decode_threads)?)),
-        None => None,
-    };
+    let decoder = match (&weights, &config.decode_pool) {
+        (None, _) => None,
+        (Some(_), Some(shared)) => Some(shared.clone()),
+        (Some(_), None) => Some(DecodePool::new(None)?),
+    }
+    .map(|pool| {
+        let member = pool.member();
+        (pool, member)
+    });
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
         node,
         weights: weights.map(Arc::new),
-        pool,
+        decoder,
         engine,
         store,
         live: BTreeMap::new(),
@@ -739,7 +713,8 @@ struct Driver<E: Engine> {
     node: Node,
     /// Shared with the decodes out; the node starts an activation only when none is.
     weights: Option<Arc<Weights>>,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    /// The pool this node decodes on and its member key there.
+    decoder: Option<(Arc<DecodePool>, u64)>,
     engine: Option<Arc<E>>,
     store: Option<Arc<Store>>,
     live: BTreeMap<u64, Live>,
@@ -1175,14 +1150,13 @@ impl<E: Engine> Driver<E> {
                 bytes,
             } => {
                 let weights = self.weights.clone().expect("decoding needs the weights");
-                let pool = self
-                    .pool
+                let (pool, member) = self
+                    .decoder
                     .clone()
                     .expect("a node with weights has a decode pool");
                 let events = self.events_tx.clone();
-                self.tasks.spawn_blocking(move || {
-                    let result =
-                        pool.install(|| weights.decode_segment(kind, &header, index, &bytes));
+                pool.submit(member, move || {
+                    let result = weights.decode_segment(kind, &header, index, &bytes);
                     // Let go of the weights before reporting: once the last decode is
                     // in, the loop takes them for activation, and a share still held
                     // here would fail it as "not ready".
