@@ -15,7 +15,7 @@ pub enum StoreCommand {
         version: u64,
         checkpoint: PathBuf,
     },
-    /// List the stored versions, deltas and snapshots.
+    /// List the stored versions: snapshots, deltas and the rollouts each was trained on.
     List { root: PathBuf },
     /// Re-verify every stored artifact against its hash.
     Verify { root: PathBuf },
@@ -76,11 +76,18 @@ pub fn run(command: StoreCommand) -> Result<()> {
                     record.version, "delta", record.size_bytes, record.target_hash
                 );
             }
+            for record in store.rollouts_records()?.values() {
+                println!(
+                    "{:>8}  {:<9} {:>12}  {}",
+                    record.version, "rollouts", record.size_bytes, record.hash
+                );
+            }
         }
         StoreCommand::Verify { root } => {
             let store = Store::open(&root)?;
             let (deltas, snapshots) = store.records()?;
             let composed = store.composed_records()?;
+            let rollouts = store.rollouts_records()?;
             let mut failures = Vec::new();
             for &version in deltas.keys() {
                 if let Err(error) = store.delta(version) {
@@ -98,6 +105,11 @@ pub fn run(command: StoreCommand) -> Result<()> {
                     failures.push(format!("{error:#}"));
                 }
             }
+            for &version in rollouts.keys() {
+                if let Err(error) = store.rollouts(version) {
+                    failures.push(format!("{error:#}"));
+                }
+            }
             for failure in &failures {
                 eprintln!("{failure}");
             }
@@ -105,14 +117,15 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 bail!(
                     "{} of {} artifacts failed verification",
                     failures.len(),
-                    deltas.len() + snapshots.len() + composed.len()
+                    deltas.len() + snapshots.len() + composed.len() + rollouts.len()
                 );
             }
             println!(
-                "{} deltas, {} snapshots and {} composed deltas verified",
+                "{} deltas, {} snapshots, {} composed deltas and {} rollouts verified",
                 deltas.len(),
                 snapshots.len(),
-                composed.len()
+                composed.len(),
+                rollouts.len()
             );
         }
         StoreCommand::Plan { root, version } => {

@@ -632,7 +632,7 @@ fn a_store_takes_a_chain_plans_catch_up_and_detects_corruption() {
     assert!(
         verified
             .stdout
-            .contains("3 deltas, 1 snapshots and 0 composed deltas verified"),
+            .contains("3 deltas, 1 snapshots, 0 composed deltas and 0 rollouts verified"),
         "{}",
         verified.stdout
     );

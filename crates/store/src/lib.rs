@@ -8,7 +8,7 @@
 //!   deltas/<target_version>-<id hex>.adelta       D(v): turns version v-1 into v
 //!   snapshots/<version>-<weights hash hex>.safetensors
 //!   composed/<base>-<target>-<id hex>.adelta      C(base -> target), built on demand
-//!   rollouts/                                     reserved for the engine
+//!   rollouts/<version>-<hash hex>.json            the rollouts version v was trained on
 //! ```
 //!
 //! File names carry the artifact's identity (a delta's id is its manifest hash, a
@@ -22,6 +22,8 @@
 //! - `snapshots`: version (u64) → (weights hash, file size in bytes).
 //! - `composed`: (base version, target version) → (id, base weights hash, target weights
 //!   hash, file size in bytes).
+//! - `rollouts`: version (u64) → (BLAKE3 hash of the file, file size in bytes): the
+//!   collected rollouts a trainer turned into that version, as it serialized them.
 //!
 //! The catalog is the truth: a file is part of the store only while a record names it.
 //!
@@ -115,6 +117,15 @@ pub struct DeltaRecord {
     pub size_bytes: u64,
 }
 
+/// The catalog record of the rollouts a version was trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RolloutsRecord {
+    pub version: u64,
+    /// BLAKE3 of the stored bytes.
+    pub hash: Hash,
+    pub size_bytes: u64,
+}
+
 /// The catalog record of a stored snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SnapshotRecord {
@@ -171,6 +182,7 @@ impl Store {
         txn.open_table(DELTA_TABLE).map_err(catalog)?;
         txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
         txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
+        txn.open_table(ROLLOUTS_TABLE).map_err(catalog)?;
         txn.commit().map_err(catalog)?;
         let store = Store { root, db };
         store.remove_orphans()?;
@@ -374,6 +386,82 @@ impl Store {
             let (key, value) = entry.map_err(catalog)?;
             let record = composed_record(key.value(), value.value());
             records.insert(key.value(), record);
+        }
+        Ok(records)
+    }
+
+    /// Stores the rollouts that `version` was trained on (opaque bytes: the trainer's
+    /// serialization). Immutable like every artifact: the same bytes again are a no-op,
+    /// other bytes for a stored version a conflict.
+    pub fn put_rollouts(&self, version: u64, bytes: &[u8]) -> Result<RolloutsRecord> {
+        let record = RolloutsRecord {
+            version,
+            hash: Hash::of(bytes),
+            size_bytes: bytes.len() as u64,
+        };
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let table = txn.open_table(ROLLOUTS_TABLE).map_err(catalog)?;
+            if let Some(existing) = table.get(version).map_err(catalog)? {
+                let existing = rollouts_record(version, existing.value());
+                if existing.hash == record.hash {
+                    return Ok(existing);
+                }
+                return Err(StoreError::Conflict {
+                    kind: "rollouts",
+                    version,
+                    existing: existing.hash,
+                    offered: record.hash,
+                });
+            }
+        }
+        commit_with_file(txn, &self.rollouts_path(&record), bytes, |txn| {
+            txn.open_table(ROLLOUTS_TABLE)
+                .map_err(catalog)?
+                .insert(version, (record.hash.0, record.size_bytes))
+                .map_err(catalog)?;
+            Ok(())
+        })?;
+        tracing::info!(version, hash = %record.hash, bytes = record.size_bytes, "stored rollouts");
+        Ok(record)
+    }
+
+    /// The rollouts `version` was trained on, verified against their hash.
+    pub fn rollouts(&self, version: u64) -> Result<Vec<u8>> {
+        let record = self
+            .lookup(ROLLOUTS_TABLE, version, |value| {
+                rollouts_record(version, value)
+            })?
+            .ok_or(StoreError::NotFound {
+                kind: "rollouts",
+                version,
+            })?;
+        let path = self.rollouts_path(&record);
+        let file = open_artifact("rollouts", version, &path, record.size_bytes)?;
+        let actual = Hash::of(file.bytes());
+        if actual != record.hash {
+            return Err(StoreError::Corrupted {
+                kind: "rollouts",
+                version,
+                path,
+                reason: format!("its hash is {actual}, the catalog says {}", record.hash),
+            });
+        }
+        Ok(file.bytes().to_vec())
+    }
+
+    /// Every rollouts record, by version.
+    pub fn rollouts_records(&self) -> Result<BTreeMap<u64, RolloutsRecord>> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        let mut records = BTreeMap::new();
+        for entry in txn
+            .open_table(ROLLOUTS_TABLE)
+            .map_err(catalog)?
+            .iter()
+            .map_err(catalog)?
+        {
+            let (key, value) = entry.map_err(catalog)?;
+            records.insert(key.value(), rollouts_record(key.value(), value.value()));
         }
         Ok(records)
     }
@@ -707,7 +795,9 @@ impl Store {
     /// - for each live Actor at version a: the deltas after a and the snapshot its
     ///   current catch-up plan starts from, so its plan is unchanged by the prune;
     /// - the composed deltas whose target is the latest version (no other is served
-    ///   again: Actors catch up to the latest).
+    ///   again: Actors catch up to the latest);
+    /// - every version's rollouts: the run's training data, which no Actor needs and
+    ///   no prune of weights should take away.
     ///
     /// Records are removed in one committed transaction before any file is deleted (see
     /// the module docs for why this order is crash-safe).
@@ -810,6 +900,12 @@ impl Store {
         ))
     }
 
+    fn rollouts_path(&self, record: &RolloutsRecord) -> PathBuf {
+        self.root
+            .join(ROLLOUTS)
+            .join(format!("{}-{}.json", record.version, record.hash))
+    }
+
     fn snapshot_path(&self, record: &SnapshotRecord) -> PathBuf {
         self.root.join(SNAPSHOTS).join(format!(
             "{}-{}.safetensors",
@@ -831,8 +927,13 @@ impl Store {
                     .values()
                     .map(|c| self.composed_path(c)),
             )
+            .chain(
+                self.rollouts_records()?
+                    .values()
+                    .map(|r| self.rollouts_path(r)),
+            )
             .collect();
-        for dir in [DELTAS, SNAPSHOTS, COMPOSED] {
+        for dir in [DELTAS, SNAPSHOTS, COMPOSED, ROLLOUTS] {
             let dir = self.root.join(dir);
             let io = |source| StoreError::Io {
                 path: dir.clone(),
@@ -865,6 +966,8 @@ type ComposedValue = ([u8; 32], [u8; 32], [u8; 32], u64);
 
 const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
 const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> = TableDefinition::new("snapshots");
+/// version → (hash of the file, size in bytes)
+const ROLLOUTS_TABLE: TableDefinition<u64, ([u8; 32], u64)> = TableDefinition::new("rollouts");
 /// (base version, target version) → (id, base hash, target hash, size in bytes)
 const COMPOSED_TABLE: TableDefinition<(u64, u64), ComposedValue> = TableDefinition::new("composed");
 
@@ -876,6 +979,14 @@ fn last_version<V: redb::Value + 'static>(
 ) -> Result<Option<u64>> {
     let table = txn.open_table(table).map_err(catalog)?;
     Ok(table.last().map_err(catalog)?.map(|(key, _)| key.value()))
+}
+
+fn rollouts_record(version: u64, (hash, size_bytes): ([u8; 32], u64)) -> RolloutsRecord {
+    RolloutsRecord {
+        version,
+        hash: Hash(hash),
+        size_bytes,
+    }
 }
 
 fn delta_value(r: &DeltaRecord) -> DeltaValue {

@@ -579,3 +579,65 @@ fn prune_keeps_only_composed_deltas_to_the_latest_version() {
     Store::open(dir.path()).unwrap();
     assert!(files(&dir.path().join(COMPOSED)).is_empty());
 }
+
+#[test]
+fn rollouts_are_stored_immutable_verified_and_kept_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let batch = br#"[{"prompt":7,"completions":["12","13"]}]"#;
+    let record = store.put_rollouts(3, batch).unwrap();
+    assert_eq!(record.hash, Hash::of(batch));
+    // The same bytes again are a no-op; others for the same version a conflict.
+    assert_eq!(store.put_rollouts(3, batch).unwrap(), record);
+    let error = store.put_rollouts(3, b"[]").unwrap_err();
+    assert!(
+        matches!(
+            error,
+            StoreError::Conflict {
+                kind: "rollouts",
+                version: 3,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(matches!(
+        store.rollouts(4).unwrap_err(),
+        StoreError::NotFound {
+            kind: "rollouts",
+            version: 4
+        }
+    ));
+    drop(store);
+
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.rollouts(3).unwrap(), batch);
+    assert_eq!(store.rollouts_records().unwrap()[&3], record);
+    let path = dir
+        .path()
+        .join("rollouts")
+        .join(format!("3-{}.json", record.hash));
+    flip_byte_in_middle(&path);
+    let error = store.rollouts(3).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            StoreError::Corrupted {
+                kind: "rollouts",
+                version: 3,
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_rollouts_file_the_catalog_does_not_list_is_removed_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    let stray = dir.path().join("rollouts").join("9-stray.json");
+    std::fs::write(&stray, b"[]").unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    assert!(!stray.exists());
+}

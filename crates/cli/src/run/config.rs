@@ -70,6 +70,10 @@ pub struct RunConfig {
     pub prompts_per_step: u64,
     /// Held-out evaluation every this many steps (and after the last).
     pub eval_every: u64,
+    /// A full snapshot goes to the checkpoint store every this many versions (and of the
+    /// initial version): what an actor or relay that joins with no weights starts from,
+    /// and where a composed catch-up rebuilds its base.
+    pub snapshot_every: u64,
     pub held_out: usize,
     /// Parallel TCP streams per transfer session.
     pub streams: u8,
@@ -101,6 +105,7 @@ impl Default for RunConfig {
             sync: SyncMode::Delta,
             prompts_per_step: 32,
             eval_every: 10,
+            snapshot_every: 5,
             held_out: 200,
             streams: 4,
             model: ModelConfig::default(),
@@ -154,6 +159,7 @@ impl RunConfig {
             "prompts_per_step must be at least 1"
         );
         ensure!(self.eval_every > 0, "eval_every must be at least 1");
+        ensure!(self.snapshot_every > 0, "snapshot_every must be at least 1");
         ensure!(
             (0.0..=1.0).contains(&self.warmup_target_accuracy),
             "warmup_target_accuracy must be within 0 to 1"

@@ -27,9 +27,6 @@ use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
 use super::config::{RunConfig, SyncMode};
 use super::report::{ActorRecord, StepRecord, StepTimes};
 
-/// Full snapshots are stored every this many versions; the hub sends the newest to every
-/// actor and relay that starts (they hold no weights).
-const SNAPSHOT_EVERY: u64 = 5;
 /// How often the trainer looks at the control plane while it waits.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -179,6 +176,8 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
             )?;
             let bytes = trainer.export_bf16()?;
             times.training_s = training.elapsed().as_secs_f64();
+            // What this version was trained on, kept beside it in the store.
+            store.put_rollouts(trained, &serde_json::to_vec(&groups)?)?;
             times.generation_s = generation_s;
             let hash = exports.insert(trained, bytes)?;
             // Published to the control plane first, so actors may report it staged.
@@ -187,7 +186,9 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
             let extraction = Instant::now();
             let (sync_bytes, density) = publish(&config, &transport, &exports, trained).await?;
             times.extraction_s = extraction.elapsed().as_secs_f64();
-            if trained % SNAPSHOT_EVERY == 0 {
+            // The hub sends the newest snapshot to every actor and relay that starts (they
+            // hold no weights).
+            if trained % config.snapshot_every == 0 {
                 store.put_snapshot(trained, &exports.get(trained)?)?;
                 transport.store_changed().await?;
             }

@@ -15,6 +15,7 @@ fn small_config(steps: u64, faults: &str) -> String {
 steps = {steps}
 prompts_per_step = 8
 eval_every = 2
+snapshot_every = 3
 held_out = 7
 warmup_target_accuracy = 0.2
 warmup_max_steps = 400
@@ -153,6 +154,17 @@ region = "us"
     let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
     assert_eq!(report.matches("<svg").count(), 4);
     assert!(report.contains("killed actor 1"));
+
+    // The store keeps every version's delta, a snapshot every third version (0, 3, 6)
+    // and the rollouts each version was trained on, all verified.
+    let store = dir.join("store");
+    let verified = aurora(&["store", "verify"]).arg(&store).ok();
+    assert!(
+        verified.stdout.contains("6 deltas, 3 snapshots")
+            && verified.stdout.contains("and 6 rollouts verified"),
+        "{}",
+        verified.stdout
+    );
 }
 
 #[test]
