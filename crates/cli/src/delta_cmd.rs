@@ -291,7 +291,7 @@ fn report_written(path: &Path, manifest: &Manifest, started: std::time::Instant)
     Ok(())
 }
 
-fn format_stats(
+pub(crate) fn format_stats(
     stats: &aurora_delta::stats::DeltaStats,
     top: usize,
 ) -> Result<String, std::fmt::Error> {

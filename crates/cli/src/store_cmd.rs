@@ -2,6 +2,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::MappedFile;
+use aurora_delta::stats::delta_stats;
 use aurora_store::{Plan, Store};
 use clap::Subcommand;
 
@@ -19,6 +20,17 @@ pub enum StoreCommand {
     List { root: PathBuf },
     /// Re-verify every stored artifact against its hash.
     Verify { root: PathBuf },
+    /// What the store holds for VERSION (delta, snapshot, composed deltas, rollouts),
+    /// each read back verified, and the delta's per-tensor statistics.
+    Inspect {
+        root: PathBuf,
+        version: u64,
+        #[arg(long)]
+        json: bool,
+        /// Tensors of the delta to list, largest first (0 lists all).
+        #[arg(long, default_value_t = 12)]
+        top: usize,
+    },
     /// How an actor at VERSION reaches the latest version, cheapest by bytes.
     Plan { root: PathBuf, version: u64 },
     /// Delete what is older than --keep-from and no live actor needs.
@@ -128,6 +140,12 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 rollouts.len()
             );
         }
+        StoreCommand::Inspect {
+            root,
+            version,
+            json,
+            top,
+        } => inspect(&Store::open(&root)?, version, json, top)?,
         StoreCommand::Plan { root, version } => {
             let store = Store::open(&root)?;
             match store.catch_up_plan(version)? {
@@ -168,4 +186,95 @@ pub fn run(command: StoreCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// [`StoreCommand::Inspect`]: every record of `version`, each artifact read back (and so
+/// verified) before it is reported.
+fn inspect(store: &Store, version: u64, json: bool, top: usize) -> Result<()> {
+    let (deltas, snapshots) = store.records()?;
+    let delta = deltas.get(&version).copied();
+    let snapshot = snapshots.get(&version).copied();
+    let rollouts = store.rollouts_records()?.get(&version).copied();
+    let composed: Vec<_> = store
+        .composed_records()?
+        .into_values()
+        .filter(|c| c.base_version == version || c.target_version == version)
+        .collect();
+    if delta.is_none() && snapshot.is_none() && rollouts.is_none() && composed.is_empty() {
+        bail!("version {version} is not in the store");
+    }
+    let stats = match delta {
+        Some(_) => {
+            let file = store.delta(version)?;
+            Some(delta_stats(
+                &aurora_delta::DeltaFile::parse(file.bytes())?,
+                file.bytes().len() as u64,
+            )?)
+        }
+        None => None,
+    };
+    if let Some(snapshot) = snapshot {
+        store.snapshot(snapshot.version)?;
+    }
+    if rollouts.is_some() {
+        store.rollouts(version)?;
+    }
+    for c in &composed {
+        store.composed_artifact(c.base_version, c.target_version)?;
+    }
+    if json {
+        let value = serde_json::json!({
+            "version": version,
+            "delta": delta.map(|d| serde_json::json!({
+                "base_version": d.base_version,
+                "id": d.id.to_hex(),
+                "base_hash": d.base_hash.to_hex(),
+                "target_hash": d.target_hash.to_hex(),
+                "bytes": d.size_bytes,
+                "stats": stats,
+            })),
+            "snapshot": snapshot.map(|s| serde_json::json!({
+                "weights_hash": s.weights_hash.to_hex(),
+                "bytes": s.size_bytes,
+            })),
+            "composed": composed.iter().map(|c| serde_json::json!({
+                "base_version": c.base_version,
+                "target_version": c.target_version,
+                "id": c.id.to_hex(),
+                "bytes": c.size_bytes,
+            })).collect::<Vec<_>>(),
+            "rollouts": rollouts.map(|r| serde_json::json!({
+                "hash": r.hash.to_hex(),
+                "bytes": r.size_bytes,
+            })),
+        });
+        return crate::print_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
+    }
+    let mut text = format!("version {version}, every artifact below verified\n");
+    if let Some(d) = delta {
+        text += &format!(
+            "  delta      from {} ({}) to {}, {} bytes, id {}\n",
+            d.base_version, d.base_hash, d.target_hash, d.size_bytes, d.id
+        );
+    }
+    if let Some(s) = snapshot {
+        text += &format!(
+            "  snapshot   weights {}, {} bytes\n",
+            s.weights_hash, s.size_bytes
+        );
+    }
+    for c in &composed {
+        text += &format!(
+            "  composed   {} -> {}, {} bytes, id {}\n",
+            c.base_version, c.target_version, c.size_bytes, c.id
+        );
+    }
+    if let Some(r) = rollouts {
+        text += &format!("  rollouts   {} bytes, hash {}\n", r.size_bytes, r.hash);
+    }
+    if let Some(stats) = &stats {
+        text += "\n";
+        text += &crate::delta_cmd::format_stats(stats, top)?;
+    }
+    crate::print_stdout(&text)
 }

@@ -628,6 +628,25 @@ fn a_store_takes_a_chain_plans_catch_up_and_detects_corruption() {
         "{}",
         plan.stdout
     );
+    let inspected = aurora(&["store", "inspect", root_arg, "2"]).ok();
+    for expected in [
+        "version 2, every artifact below verified",
+        "delta      from 1",
+        "bytes per changed element",
+    ] {
+        assert!(inspected.stdout.contains(expected), "{}", inspected.stdout);
+    }
+    let json: serde_json::Value = serde_json::from_str(
+        &aurora(&["store", "inspect", root_arg, "0", "--json"])
+            .ok()
+            .stdout,
+    )
+    .unwrap();
+    assert!(json["delta"].is_null(), "{json}");
+    assert!(json["snapshot"]["bytes"].as_u64().unwrap() > 0, "{json}");
+    let missing = aurora(&["store", "inspect", root_arg, "9"]).fails();
+    assert_error_mentions(&missing, &["version 9 is not in the store"]);
+
     let verified = aurora(&["store", "verify", root_arg]).ok();
     assert!(
         verified
