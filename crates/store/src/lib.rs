@@ -331,38 +331,18 @@ impl Store {
     /// Every delta and snapshot record, by version.
     pub fn records(&self) -> Result<(BTreeMap<u64, DeltaRecord>, BTreeMap<u64, SnapshotRecord>)> {
         let txn = self.db.begin_read().map_err(catalog)?;
-        let mut deltas = BTreeMap::new();
-        for entry in txn
-            .open_table(DELTA_TABLE)
-            .map_err(catalog)?
-            .iter()
-            .map_err(catalog)?
-        {
-            let (key, value) = entry.map_err(catalog)?;
-            deltas.insert(key.value(), delta_record(key.value(), value.value()));
-        }
-        let mut snapshots = BTreeMap::new();
-        for entry in txn
-            .open_table(SNAPSHOT_TABLE)
-            .map_err(catalog)?
-            .iter()
-            .map_err(catalog)?
-        {
-            let (key, value) = entry.map_err(catalog)?;
-            snapshots.insert(key.value(), snapshot_record(key.value(), value.value()));
-        }
-        Ok((deltas, snapshots))
+        Ok((
+            read_all(&txn, DELTA_TABLE, |v, value| (v, delta_record(v, value)))?,
+            read_all(&txn, SNAPSHOT_TABLE, |v, value| {
+                (v, snapshot_record(v, value))
+            })?,
+        ))
     }
 
     /// D(version), memory-mapped and fully verified. Artifacts are never modified in
     /// place, so the verified mapping stays valid while it is held.
     pub fn delta(&self, version: u64) -> Result<MappedFile> {
-        let record = self
-            .lookup(DELTA_TABLE, version, |value| delta_record(version, value))?
-            .ok_or(StoreError::NotFound {
-                kind: "delta",
-                version,
-            })?;
+        let record = self.stored("delta", DELTA_TABLE, version, delta_record)?;
         let path = self.delta_path(&record);
         open_delta_artifact(
             "delta",
@@ -376,18 +356,9 @@ impl Store {
     /// Every composed delta record, by (base version, target version).
     pub fn composed_records(&self) -> Result<BTreeMap<(u64, u64), ComposedRecord>> {
         let txn = self.db.begin_read().map_err(catalog)?;
-        let mut records = BTreeMap::new();
-        for entry in txn
-            .open_table(COMPOSED_TABLE)
-            .map_err(catalog)?
-            .iter()
-            .map_err(catalog)?
-        {
-            let (key, value) = entry.map_err(catalog)?;
-            let record = composed_record(key.value(), value.value());
-            records.insert(key.value(), record);
-        }
-        Ok(records)
+        read_all(&txn, COMPOSED_TABLE, |key, value| {
+            (key, composed_record(key, value))
+        })
     }
 
     /// Stores the rollouts that `version` was trained on (opaque bytes: the trainer's
@@ -428,14 +399,7 @@ impl Store {
 
     /// The rollouts `version` was trained on, verified against their hash.
     pub fn rollouts(&self, version: u64) -> Result<Vec<u8>> {
-        let record = self
-            .lookup(ROLLOUTS_TABLE, version, |value| {
-                rollouts_record(version, value)
-            })?
-            .ok_or(StoreError::NotFound {
-                kind: "rollouts",
-                version,
-            })?;
+        let record = self.stored("rollouts", ROLLOUTS_TABLE, version, rollouts_record)?;
         let path = self.rollouts_path(&record);
         let file = open_artifact("rollouts", version, &path, record.size_bytes)?;
         let actual = Hash::of(file.bytes());
@@ -453,17 +417,9 @@ impl Store {
     /// Every rollouts record, by version.
     pub fn rollouts_records(&self) -> Result<BTreeMap<u64, RolloutsRecord>> {
         let txn = self.db.begin_read().map_err(catalog)?;
-        let mut records = BTreeMap::new();
-        for entry in txn
-            .open_table(ROLLOUTS_TABLE)
-            .map_err(catalog)?
-            .iter()
-            .map_err(catalog)?
-        {
-            let (key, value) = entry.map_err(catalog)?;
-            records.insert(key.value(), rollouts_record(key.value(), value.value()));
-        }
-        Ok(records)
+        read_all(&txn, ROLLOUTS_TABLE, |v, value| {
+            (v, rollouts_record(v, value))
+        })
     }
 
     /// The record of the stored composed delta C(base -> target), if there is one.
@@ -471,6 +427,18 @@ impl Store {
         self.lookup(COMPOSED_TABLE, (base, target), |value| {
             composed_record((base, target), value)
         })
+    }
+
+    /// The record of `version` in `table` (of artifacts of `kind`), or `NotFound`.
+    fn stored<V: redb::Value + 'static, R>(
+        &self,
+        kind: &'static str,
+        table: TableDefinition<u64, V>,
+        version: u64,
+        record: impl FnOnce(u64, V::SelfType<'_>) -> R,
+    ) -> Result<R> {
+        self.lookup(table, version, |value| record(version, value))?
+            .ok_or(StoreError::NotFound { kind, version })
     }
 
     /// What `record` makes of the value under `key` in `table`, if there is one: a
@@ -625,14 +593,7 @@ impl Store {
 
     /// [`Store::snapshot`] with the record whose weights hash it was checked against.
     fn verified_snapshot(&self, version: u64) -> Result<(MappedFile, SnapshotRecord)> {
-        let record = self
-            .lookup(SNAPSHOT_TABLE, version, |value| {
-                snapshot_record(version, value)
-            })?
-            .ok_or(StoreError::NotFound {
-                kind: "snapshot",
-                version,
-            })?;
+        let record = self.stored("snapshot", SNAPSHOT_TABLE, version, snapshot_record)?;
         let path = self.snapshot_path(&record);
         let file = open_artifact("snapshot", version, &path, record.size_bytes)?;
         let corrupted = |reason: String| StoreError::Corrupted {
@@ -970,6 +931,26 @@ const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> = TableDefinition::new
 const ROLLOUTS_TABLE: TableDefinition<u64, ([u8; 32], u64)> = TableDefinition::new("rollouts");
 /// (base version, target version) → (id, base hash, target hash, size in bytes)
 const COMPOSED_TABLE: TableDefinition<(u64, u64), ComposedValue> = TableDefinition::new("composed");
+
+/// Every entry of `table`, as `entry` makes it (a map key and a record), in key order.
+fn read_all<K, V, M: Ord, R>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<K, V>,
+    entry: impl Fn(K::SelfType<'_>, V::SelfType<'_>) -> (M, R),
+) -> Result<BTreeMap<M, R>>
+where
+    K: redb::Key + 'static,
+    V: redb::Value + 'static,
+{
+    let table = txn.open_table(table).map_err(catalog)?;
+    let mut records = BTreeMap::new();
+    for item in table.iter().map_err(catalog)? {
+        let (key, value) = item.map_err(catalog)?;
+        let (key, record) = entry(key.value(), value.value());
+        records.insert(key, record);
+    }
+    Ok(records)
+}
 
 /// The highest version in `table`: a lookup at the end of its key order, not a read of
 /// the table.
