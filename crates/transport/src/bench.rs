@@ -171,8 +171,9 @@ fn identity(role: Role, peer_id: String, region: &str) -> Identity {
 }
 
 /// Waits until the node has every stream its session uses welcomed by its upstream
-/// (a tuned session's first one; more open while it runs).
-async fn all_streams_up(node: &NodeHandle) -> Result<NodeStatus, TransportError> {
+/// (a tuned session's first one; more open while it runs), so what follows times (or
+/// faults) transfers, not connection set-up.
+pub async fn all_streams_up(node: &NodeHandle) -> Result<NodeStatus, TransportError> {
     node.wait_for(|s| s.connected && s.streams > 0 && s.streams == s.target_streams)
         .await
 }

@@ -155,7 +155,8 @@ async fn a_connection_cut_mid_segment_resumes_with_only_the_missing_segments() {
     )
     .await
     .unwrap();
-    within(LIMIT, "connect", actor.wait_for(|s| s.connected))
+    // Every stream up first: the cut must leave the session others to go on with.
+    within(LIMIT, "connect", bench::all_streams_up(&actor))
         .await
         .unwrap();
     hub.publish(chain.delta(1).clone()).await.unwrap();
