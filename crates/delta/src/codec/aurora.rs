@@ -156,44 +156,43 @@ fn find_changes<W: Word, const T: usize, const V3: bool>(
     len: usize,
     classes: &Classes,
 ) -> Vec<Vec<Change>> {
+    let mut changes: [Vec<Change>; MAX_CLASSES] = Default::default();
+    // Elements before the current block in each entry of `Classes::at_least`, so the
+    // members of class c before the block are the difference of entries c and c + 1.
+    // Indexed only by constants, so it stays in registers.
+    let mut at_least_before = [0u32; MAX_CLASSES + 1];
     // Exactly the chunk, so the compiler can see that every block lies inside.
     let (base, target) = (&base[..len * W::BYTES], &target[..len * W::BYTES]);
-    let mut changes: Vec<Vec<Change>> = vec![Vec::new(); T + 1];
-    // Elements before the current block in each entry of `Classes::at_least`, so the
-    // rank of a change in class c is the difference of entries c and c + 1, whatever c is.
-    // Indexed only by constants, so it stays in registers; a block with changes copies
-    // it (and its masks) to the stack to index them by class.
-    let mut at_least_before = [0u32; MAX_CLASSES + 1];
-    let mut block = 0;
-    while block < len {
-        let block_len = (len - block).min(64);
-        let mut changed = changed_mask::<W, V3>(base, target, block, block_len);
-        let at_least = classes.at_least::<W, T, V3>(base, block, block_len);
-        if changed != 0 {
-            let (before, masks) = (at_least_before, at_least);
-            while changed != 0 {
-                let bit = changed.trailing_zeros();
-                let position = block + bit as usize;
-                let old = W::load(base, position);
-                let class = classes.class_of(old);
-                let below = (1u64 << bit) - 1;
-                let from_class = before[class] + (masks[class] & below).count_ones();
-                let above_class = before[class + 1] + (masks[class + 1] & below).count_ones();
-                changes[class].push(Change {
-                    rank: from_class - above_class,
-                    step: step_value(old, W::load(target, position)) as u32,
-                });
-                changed &= changed - 1;
-            }
+    let mut first = 0;
+    while first < len {
+        let end = (first + 64).min(len);
+        let bytes = first * W::BYTES..end * W::BYTES;
+        let (old, new) = (&base[bytes.clone()], &target[bytes]);
+        let mut changed = changed_mask::<W, V3>(old, new);
+        let at_least = classes.at_least::<W, T, V3>(old);
+        while changed != 0 {
+            let bit = changed.trailing_zeros() as usize;
+            let value = W::load(old, bit);
+            // Classes are below MAX_CLASSES; the mask lets the compiler see it.
+            let class = classes.class_of(value) & (MAX_CLASSES - 1);
+            let below = (1u64 << bit) - 1;
+            let from_class = at_least_before[class] + count_ones::<V3>(at_least[class] & below);
+            let above_class =
+                at_least_before[class + 1] + count_ones::<V3>(at_least[class + 1] & below);
+            changes[class].push(Change {
+                rank: from_class - above_class,
+                step: step_value(value, W::load(new, bit)) as u32,
+            });
+            changed &= changed - 1;
         }
-        block += block_len;
+        first = end;
         // Entry 0 marks every element.
-        at_least_before[0] = block as u32;
+        at_least_before[0] = first as u32;
         for k in 1..T + 1 {
             at_least_before[k] += count_ones::<V3>(at_least[k]);
         }
     }
-    changes
+    changes.into_iter().take(T + 1).collect()
 }
 
 /// The header of an `aurora` payload and its two streams.
@@ -551,8 +550,8 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     let mut steps = [0u32; 64];
     let mut block = 0;
     while located.positions.len() < total && block < len {
-        let block_len = (len - block).min(64);
-        let at_least = classes.at_least::<W, T, V3>(base, block, block_len);
+        let end = (block + 64).min(len);
+        let at_least = classes.at_least::<W, T, V3>(&base[block * W::BYTES..end * W::BYTES]);
         // Changes are marked in the block's bit mask with their steps beside it, so they
         // come out in position order without sorting.
         let mut found = 0u64;
@@ -592,7 +591,7 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
             located.push(base, block + bit, steps[bit]);
             found &= found - 1;
         }
-        block += block_len;
+        block = end;
     }
 }
 
@@ -656,7 +655,8 @@ fn choose_classes<W: Word, const V3: bool>(
             }
         }
         for block in (first..end).step_by(64) {
-            let mut mask = changed_mask::<W, V3>(base, target, block, (end - block).min(64));
+            let bytes = block * W::BYTES..(end.min(block + 64)) * W::BYTES;
+            let mut mask = changed_mask::<W, V3>(&base[bytes.clone()], &target[bytes]);
             while mask != 0 {
                 let position = block + mask.trailing_zeros() as usize;
                 let exponent = single.exponent(W::load(base, position)) as usize;

@@ -333,11 +333,11 @@ impl GolombEncoder {
             let long = remainder >= self.short_codes;
             let long_code = remainder + self.short_codes;
             let short_bits = self.width - 1;
-            let code = if long {
-                (long_code >> 1) | ((long_code & 1) << short_bits)
-            } else {
-                remainder
-            };
+            let code = std::hint::select_unpredictable(
+                long,
+                (long_code >> 1) | ((long_code & 1) << short_bits),
+                remainder,
+            );
             (code, short_bits + u32::from(long))
         };
         // Most codes fit one write: the unary stop bit, then the remainder.

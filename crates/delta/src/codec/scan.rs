@@ -141,44 +141,37 @@ fn for_each_changed_body<const AVX2: bool>(
     let len = old.len() / element_bytes;
     let mut first = 0;
     while first < len {
-        let block = (len - first).min(64);
+        let end = (first + 64).min(len);
+        let bytes = first * element_bytes..end * element_bytes;
+        let (old, new) = (&old[bytes.clone()], &new[bytes]);
         let mut mask = match element_bytes {
-            2 => changed_mask::<u16, AVX2>(old, new, first, block),
-            4 => changed_mask::<u32, AVX2>(old, new, first, block),
-            _ => {
-                let bytes = first * element_bytes..(first + block) * element_bytes;
-                let (a, b) = (&old[bytes.clone()], &new[bytes]);
-                (0..block)
-                    .filter(|i| {
-                        a[i * element_bytes..(i + 1) * element_bytes]
-                            != b[i * element_bytes..(i + 1) * element_bytes]
-                    })
-                    .fold(0u64, |mask, i| mask | (1 << i))
-            }
+            2 => changed_mask::<u16, AVX2>(old, new),
+            4 => changed_mask::<u32, AVX2>(old, new),
+            _ => old
+                .chunks(element_bytes)
+                .zip(new.chunks(element_bytes))
+                .enumerate()
+                .filter(|(_, (a, b))| a != b)
+                .fold(0u64, |mask, (i, _)| mask | (1 << i)),
         };
         while mask != 0 {
             found(first + mask.trailing_zeros() as usize);
             mask &= mask - 1;
         }
-        first += block;
+        first = end;
     }
 }
 
-/// Bit `i` set when element `first + i` differs, for up to 64 elements. `AVX2` is true
-/// only in code compiled for AVX2 and run on a CPU that has it: it halves the
-/// instructions of the SSE2 compare, which the encoder (compute-bound, unlike the plain
-/// scan) feels.
+/// Bit `i` set when element `i` of the block differs, for blocks of up to 64 elements
+/// (`new` at least as long as `old`). `AVX2` is true only in code compiled for AVX2 and
+/// run on a CPU that has it: it halves the instructions of the SSE2 compare, which the
+/// encoder (compute-bound, unlike the plain scan) feels.
 #[inline(always)]
-pub(crate) fn changed_mask<W: Word, const AVX2: bool>(
-    old: &[u8],
-    new: &[u8],
-    first: usize,
-    len: usize,
-) -> u64 {
+pub(crate) fn changed_mask<W: Word, const AVX2: bool>(old: &[u8], new: &[u8]) -> u64 {
+    let len = old.len() / W::BYTES;
     #[cfg(target_arch = "x86_64")]
     if len == 64 {
-        let bytes = first * W::BYTES..(first + 64) * W::BYTES;
-        let (old, new) = (&old[bytes.clone()], &new[bytes]);
+        let new = &new[..64 * W::BYTES];
         // SAFETY: SSE2 is part of the x86_64 baseline, AVX2 was checked by the caller;
         // both blocks are 64 elements long.
         return unsafe {
@@ -190,7 +183,7 @@ pub(crate) fn changed_mask<W: Word, const AVX2: bool>(
         };
     }
     (0..len)
-        .filter(|&i| W::load(old, first + i) != W::load(new, first + i))
+        .filter(|&i| W::load(old, i) != W::load(new, i))
         .fold(0u64, |mask, i| mask | (1 << i))
 }
 
@@ -291,9 +284,10 @@ pub(crate) struct Classes {
     /// register: prepared once per chunk, so a block's compares read their bounds from
     /// memory instead of rebuilding them.
     bounds: ByteBounds,
-    /// The class of each exponent: one load per changed element instead of a compare
-    /// per threshold.
-    class_by_exponent: [u8; 256],
+    /// The class of each value of the byte below the sign bit, which holds the whole
+    /// exponent in every float layout (and three mantissa bits in F16): a shift and one
+    /// load per changed element instead of a compare per threshold.
+    class_by_top_byte: [u8; 256],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,14 +316,18 @@ impl Classes {
                 *bound = [((t << shift) as u8).wrapping_sub(1) ^ 0x80; 32];
             }
         }
-        let class_by_exponent =
-            std::array::from_fn(|e| thresholds.iter().filter(|&&t| t as usize <= e).count() as u8);
+        let top_byte_shift = 24 - layout.exponent_mask.leading_zeros();
+        let class_by_top_byte = std::array::from_fn(|byte| {
+            let exponent =
+                ((byte as u32) << top_byte_shift & layout.exponent_mask) >> layout.exponent_shift;
+            thresholds.iter().filter(|&&t| t <= exponent).count() as u8
+        });
         Classes {
             layout,
             thresholds,
             byte_compare,
             bounds,
-            class_by_exponent,
+            class_by_top_byte,
         }
     }
 
@@ -344,28 +342,27 @@ impl Classes {
 
     #[inline]
     pub fn class_of<W: Word>(&self, word: W) -> usize {
-        usize::from(self.class_by_exponent[self.exponent(word) as usize & 0xFF])
+        debug_assert_eq!(W::BITS - 9, 24 - self.layout.exponent_mask.leading_zeros());
+        usize::from(self.class_by_top_byte[(word.to_u64() >> (W::BITS - 9)) as usize & 0xFF])
     }
 
-    /// Bit masks of up to 64 elements starting at `first`: entry 0 marks every element,
-    /// entry `k + 1` (k < T) those whose exponent is at least `thresholds[k]`, and the
-    /// entries after T none, so class `c` is entry `c` without entry `c + 1`, and a class's
-    /// count is the difference of two running counts. One compare per threshold. `T` is
-    /// the number of thresholds, fixed at compile time (see [`with_threshold_count`]) so
-    /// the loops over thresholds unroll and the masks stay in registers. `AVX2` is true
-    /// only in code compiled for AVX2 and run on a CPU that has it (as for
-    /// [`changed_mask`]); otherwise 16-bit blocks use SSE2, part of every x86-64.
+    /// Bit masks of a block of up to 64 elements: entry 0 marks every element, entry
+    /// `k + 1` (k < T) those whose exponent is at least `thresholds[k]`, and the entries
+    /// after T none, so class `c` is entry `c` without entry `c + 1`, and a class's count is
+    /// the difference of two running counts. One compare per threshold. `T` is the number
+    /// of thresholds, fixed at compile time (see [`with_threshold_count`]) so the loops over
+    /// thresholds unroll and the masks stay in registers. `AVX2` is true only in code
+    /// compiled for AVX2 and run on a CPU that has it (as for [`changed_mask`]); otherwise
+    /// 16-bit blocks use SSE2, part of every x86-64.
     #[inline(always)]
     pub fn at_least<W: Word, const T: usize, const AVX2: bool>(
         &self,
-        base: &[u8],
-        first: usize,
-        len: usize,
+        block: &[u8],
     ) -> [u64; MAX_CLASSES + 1] {
         debug_assert_eq!(T, self.thresholds.len());
+        let len = block.len() / W::BYTES;
         #[cfg(target_arch = "x86_64")]
         if W::BYTES == 2 && len == 64 && self.byte_compare {
-            let block = &base[2 * first..2 * first + 128];
             // SAFETY: SSE2 is part of the x86_64 baseline, AVX2 is vouched for by the
             // caller; the block holds exactly 64 elements.
             return unsafe {
@@ -379,7 +376,7 @@ impl Classes {
         let mut at_least = [0u64; MAX_CLASSES + 1];
         at_least[0] = u64::MAX >> (64 - len);
         for bit in 0..len {
-            let exponent = self.exponent(W::load(base, first + bit));
+            let exponent = self.exponent(W::load(block, bit));
             for (mask, &threshold) in at_least[1..].iter_mut().zip(&self.thresholds) {
                 *mask |= u64::from(exponent >= threshold) << bit;
             }
@@ -657,9 +654,9 @@ mod tests {
             }
             let masks = |classes: &Classes, avx2: bool| {
                 with_threshold_count!(classes.thresholds.len(), T => if avx2 {
-                    classes.at_least::<u16, T, true>(&bytes, 0, 64)
+                    classes.at_least::<u16, T, true>(&bytes)
                 } else {
-                    classes.at_least::<u16, T, false>(&bytes, 0, 64)
+                    classes.at_least::<u16, T, false>(&bytes)
                 })
             };
             let element_by_element = Classes {
