@@ -30,7 +30,7 @@ pub use apply::{
 };
 pub use checkpoint::{Checkpoint, Hash, TensorLayout, TensorView, safetensors_layout};
 pub use codec::scan::count_changed;
-pub use codec::{Changes, ChunkEncoding, Encoding};
+pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk};
 pub use compose::{compose, invert, replay};
 pub use dtype::Dtype;
 pub use error::{DeltaError, Result};

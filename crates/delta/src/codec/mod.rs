@@ -11,6 +11,7 @@ pub(crate) mod scan;
 use crate::bits::{ByteReader, write_leb128};
 use crate::dtype::Dtype;
 use crate::error::{DeltaError, Result};
+use crate::format::MAX_CHUNK_ELEMENTS;
 use scan::{Word, for_each_changed};
 
 /// How the payload of one chunk is coded.
@@ -191,6 +192,36 @@ impl Encoding {
     }
 }
 
+/// Encodes one chunk on its own: the codec without the artifact around it (extraction
+/// cuts tensors into such chunks and packs their payloads into segments), for benchmarks
+/// and tools that time or inspect the codec alone. `base` and `target` are the same range
+/// of one tensor, at most `MAX_CHUNK_ELEMENTS` elements. `None` when nothing changed.
+pub fn encode_chunk(
+    encoding: Encoding,
+    dtype: Dtype,
+    base: &[u8],
+    target: &[u8],
+) -> Result<Option<(ChunkEncoding, Vec<u8>)>> {
+    let element_bytes = dtype.size_bytes();
+    if base.len() != target.len() || !base.len().is_multiple_of(element_bytes) {
+        return Err(DeltaError::Checkpoint(format!(
+            "a chunk's base and target must be equally long whole {} elements ({} and {} bytes)",
+            dtype.name(),
+            base.len(),
+            target.len()
+        )));
+    }
+    let elements = (base.len() / element_bytes) as u64;
+    if elements > MAX_CHUNK_ELEMENTS {
+        return Err(DeltaError::LimitExceeded {
+            what: "chunk elements",
+            value: elements,
+            limit: MAX_CHUNK_ELEMENTS,
+        });
+    }
+    Ok(encode_changes(encoding, dtype, base, target))
+}
+
 /// Encodes the changes between two equally long ranges of one tensor, or returns
 /// `None` when nothing changed.
 pub(crate) fn encode_changes(
@@ -331,6 +362,38 @@ fn decode_leb128(payload: &[u8], len: u64, element_bytes: usize) -> Result<(Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunk_encoded_alone_is_checked_and_matches_extraction() {
+        let base = vec![0u8; 2 * 300];
+        let mut target = base.clone();
+        target[2 * 7] = 1;
+        assert_eq!(
+            encode_chunk(Encoding::Aurora, Dtype::Bf16, &base, &target).unwrap(),
+            encode_changes(Encoding::Aurora, Dtype::Bf16, &base, &target)
+        );
+        assert_eq!(
+            encode_chunk(Encoding::Aurora, Dtype::Bf16, &base, &base).unwrap(),
+            None
+        );
+        let uneven = encode_chunk(Encoding::Aurora, Dtype::Bf16, &base, &target[1..]);
+        assert!(
+            matches!(uneven, Err(DeltaError::Checkpoint(_))),
+            "{uneven:?}"
+        );
+        let long = vec![0u8; MAX_CHUNK_ELEMENTS as usize + 1];
+        let too_long = encode_chunk(Encoding::Aurora, Dtype::U8, &long, &long);
+        assert!(
+            matches!(
+                too_long,
+                Err(DeltaError::LimitExceeded {
+                    what: "chunk elements",
+                    ..
+                })
+            ),
+            "{too_long:?}"
+        );
+    }
 
     #[test]
     fn leb128_chunk_matches_the_published_layout() {
