@@ -676,11 +676,34 @@ mod tests {
 
     #[test]
     fn class_table_matches_the_thresholds() {
+        let expected = |thresholds: &[u32], exponent: u32| {
+            thresholds.iter().filter(|&&t| t <= exponent).count()
+        };
         let classes = Classes::new(BF16, vec![100, 118, 121]);
         for exponent in 0..256u16 {
             let word = exponent << 7 | 0x8055;
-            let expected = [100, 118, 121].iter().filter(|&&t| t <= exponent).count();
-            assert_eq!(classes.class_of(word), expected, "exponent {exponent}");
+            let want = expected(&[100, 118, 121], u32::from(exponent));
+            assert_eq!(classes.class_of(word), want, "BF16 exponent {exponent}");
+        }
+        // F16 and F32: the byte below the sign holds the exponent with mantissa bits (F16)
+        // or exactly (F32); every sign and mantissa pattern must give the exponent's class.
+        let f16 = FloatLayout {
+            exponent_mask: 0x7C00,
+            exponent_shift: 10,
+        };
+        let classes = Classes::new(f16, vec![3, 14, 15]);
+        for word in (0..=u16::MAX).step_by(7) {
+            let want = expected(&[3, 14, 15], u32::from(word >> 10 & 0x1F));
+            assert_eq!(classes.class_of(word), want, "F16 word {word:#06x}");
+        }
+        let f32 = FloatLayout {
+            exponent_mask: 0x7F80_0000,
+            exponent_shift: 23,
+        };
+        let classes = Classes::new(f32, vec![1, 120, 127, 200]);
+        for word in (0..=u32::MAX).step_by(65_537) {
+            let want = expected(&[1, 120, 127, 200], word >> 23 & 0xFF);
+            assert_eq!(classes.class_of(word), want, "F32 word {word:#010x}");
         }
     }
 
