@@ -159,7 +159,6 @@ fn find_changes<W: Word, const T: usize, const V3: bool>(
     let mut changes: [Vec<Change>; MAX_CLASSES] = Default::default();
     // Elements before the current block in each entry of `Classes::at_least`, so the
     // members of class c before the block are the difference of entries c and c + 1.
-    // Indexed only by constants, so it stays in registers.
     let mut at_least_before = [0u32; MAX_CLASSES + 1];
     // Exactly the chunk, so the compiler can see that every block lies inside.
     let (base, target) = (&base[..len * W::BYTES], &target[..len * W::BYTES]);
