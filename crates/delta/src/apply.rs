@@ -382,9 +382,34 @@ impl Patch {
             }
             regions.push((start..end, element_bytes));
         }
-        for (chunk, (range, element_bytes)) in self.chunks.iter_mut().zip(regions) {
-            chunk.changes.swap_into(&mut buffer[range], element_bytes);
+        // Chunks cover disjoint ranges, so the buffer splits into one slice per chunk and
+        // the swaps run on the current rayon pool: a large model's commit is then bound by
+        // memory bandwidth rather than one core.
+        let mut order: Vec<usize> = (0..regions.len()).collect();
+        order.sort_unstable_by_key(|&i| regions[i].0.start);
+        let mut slices: Vec<Option<&mut [u8]>> = (0..regions.len()).map(|_| None).collect();
+        let (mut rest, mut rest_start) = (buffer, 0);
+        for index in order {
+            let range = &regions[index].0;
+            let Some(skip) = range.start.checked_sub(rest_start) else {
+                let entry = &self.header.tensors[self.chunks[index].tensor as usize];
+                return Err(DeltaError::BaseMismatch(format!(
+                    "tensor '{}' overlaps another in the buffer",
+                    entry.name
+                )));
+            };
+            let (slice, tail) = std::mem::take(&mut rest)[skip..].split_at_mut(range.len());
+            slices[index] = Some(slice);
+            (rest, rest_start) = (tail, range.end);
         }
+        self.chunks
+            .par_iter_mut()
+            .zip(slices)
+            .zip(regions)
+            .for_each(|((chunk, slice), (_, element_bytes))| {
+                let slice = slice.expect("every chunk has its slice");
+                chunk.changes.swap_into(slice, element_bytes);
+            });
         Ok(())
     }
 

@@ -184,7 +184,7 @@ impl BitWriter {
 /// Reads a [`BitWriter`] stream. Reading past the end yields zero bits, which
 /// [`BitReader::finish`] reports; loops driven by decoded values must
 /// bound themselves, which the unary reader does.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BitReader<'a> {
     bytes: &'a [u8],
     next_byte: usize,
@@ -202,7 +202,7 @@ impl<'a> BitReader<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn refill(&mut self) {
         if self.next_byte + 8 <= self.bytes.len() {
             let word = u64::from_le_bytes(
@@ -215,21 +215,31 @@ impl<'a> BitReader<'a> {
             self.next_byte += taken as usize;
             self.available += taken * 8;
         } else {
-            while self.available <= 56 {
-                let byte = match self.bytes.get(self.next_byte) {
-                    Some(byte) => *byte,
-                    None => {
-                        // Past the end: count the shortfall as overrun once it is consumed.
-                        self.available += 8;
-                        self.next_byte += 1;
-                        continue;
-                    }
-                };
-                self.acc |= u64::from(byte) << self.available;
-                self.next_byte += 1;
-                self.available += 8;
-            }
+            // By value, so the reader's address never leaves a hot loop (see
+            // `GolombDecoder::read`).
+            *self = self.clone().refill_tail();
         }
+    }
+
+    /// Refills byte by byte within the last eight bytes of the stream.
+    #[cold]
+    #[inline(never)]
+    fn refill_tail(mut self) -> Self {
+        while self.available <= 56 {
+            let byte = match self.bytes.get(self.next_byte) {
+                Some(byte) => *byte,
+                None => {
+                    // Past the end: count the shortfall as overrun once it is consumed.
+                    self.available += 8;
+                    self.next_byte += 1;
+                    continue;
+                }
+            };
+            self.acc |= u64::from(byte) << self.available;
+            self.next_byte += 1;
+            self.available += 8;
+        }
+        self
     }
 
     /// Reads `count` bits (up to 56) as an integer.

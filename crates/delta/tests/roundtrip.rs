@@ -4,7 +4,7 @@
 
 use aurora_delta::{
     Checkpoint, DeltaError, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, OwnedTensor,
-    Segment, apply, check_base, decode, owned_checkpoint, safetensors_layout,
+    Segment, TensorLayout, apply, check_base, decode, owned_checkpoint, safetensors_layout,
 };
 use proptest::prelude::*;
 
@@ -291,6 +291,36 @@ fn many_training_steps_stay_bit_exact_in_place() {
         );
         assert_eq!(actor, image(&after), "step {step}");
     }
+}
+
+#[test]
+fn a_layout_whose_tensors_overlap_is_refused_before_any_write() {
+    let words =
+        |seed: u16| -> Vec<u8> { (0..512u16).flat_map(|i| (i ^ seed).to_le_bytes()).collect() };
+    let base = vec![
+        tensor("a", Dtype::Bf16, &[512], words(0)),
+        tensor("b", Dtype::Bf16, &[512], words(0x100)),
+    ];
+    let mut target = base.clone();
+    for t in &mut target {
+        for byte in t.data.iter_mut().step_by(14) {
+            *byte ^= 1;
+        }
+    }
+    let bytes = extract(&base, &target, Encoding::Aurora);
+    let delta = DeltaFile::parse(&bytes).unwrap();
+    let original = image(&base);
+    let mut buffer = original.clone();
+    let mut layout = safetensors_layout(&buffer).unwrap();
+    let mut patch = decode(&delta, &Checkpoint::from_layout(&buffer, &layout).unwrap()).unwrap();
+    // "b" moved half over "a": each range is in bounds, but they share bytes.
+    let index_of =
+        |layout: &[TensorLayout], name: &str| layout.iter().position(|l| l.name == name).unwrap();
+    let (a, b) = (index_of(&layout, "a"), index_of(&layout, "b"));
+    layout[b].bytes = layout[a].bytes.start + 512..layout[a].bytes.end + 512;
+    let error = patch.swap_in_place(&mut buffer, &layout).unwrap_err();
+    assert!(error.to_string().contains("overlaps"), "{error}");
+    assert_eq!(buffer, original);
 }
 
 /// A small stand-in for a trainer: F32 master weights drifting by about one BF16 step

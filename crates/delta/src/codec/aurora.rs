@@ -112,12 +112,16 @@ fn encode_body<W: Word, const V3: bool>(
         model.write(out);
         models.push(Some(model));
 
+        // A writer of its own for the loop: the shared one's address reaches calls that
+        // are not inlined, which would keep its accumulator in memory here too.
+        let mut writer = std::mem::take(&mut bits);
         let golomb = GolombEncoder::new(parameter);
         let mut next_rank = 0;
         for change in class_changes {
-            golomb.write(&mut bits, u64::from(change.rank - next_rank));
+            golomb.write(&mut writer, u64::from(change.rank - next_rank));
             next_rank = change.rank + 1;
         }
+        bits = writer;
     }
     for class_changes in &changes {
         for change in class_changes.iter().filter(|c| u64::from(c.step) >= ESCAPE) {
@@ -355,44 +359,76 @@ fn decode_body<W: Word>(
     // reads both streams: the bit reader's and the rANS state's dependency chains then
     // overlap instead of running one after the other.
     let mut rans = RansDecoder::new(rans_bytes)?;
-    // Steps beyond the rANS alphabet are rare: their indices, to complete from the bit
-    // stream once every gap has been read.
-    let mut escapes = Vec::new();
     for class in 0..class_count {
         starts[class] = changes.len();
         if let Some(model) = &models[class] {
             let golomb = GolombDecoder::new(parameters[class], last_index);
-            let mut next_rank = 0u64;
-            for _ in 0..counts[class] {
-                let gap = golomb.read(&mut bits)?;
-                let rank = next_rank + gap;
-                if rank > last_index {
-                    return Err(bad(format!("change rank {rank} beyond the chunk")));
-                }
-                let step = rans.get(model)? as u64;
-                if step == ESCAPE {
-                    escapes.push(changes.len());
-                }
-                changes.push(ClassChange {
-                    gap: gap as u32,
-                    step: step as u32,
-                });
-                next_rank = rank + 1;
-            }
+            decode_class(
+                &mut bits,
+                &mut rans,
+                &golomb,
+                model,
+                counts[class],
+                last_index,
+                &mut changes,
+            )?;
         }
         changes.push(ClassChange::SENTINEL);
     }
     rans.finish()?;
-    for index in escapes {
+    // Steps beyond the rANS alphabet are rare: their remainders follow every gap in the
+    // bit stream, in the same order.
+    for change in changes.iter_mut().filter(|c| c.step == ESCAPE as u32) {
         let step = ESCAPE.saturating_add(bits.read_exp_golomb()?);
         if step > max_step_value::<W>() {
             return Err(bad(format!("step value {step} too large for the dtype")));
         }
-        changes[index].step = step as u32;
+        change.step = step as u32;
     }
     bits.finish()?;
 
     locate(base, len, &classes, &changes, &starts[..class_count])
+}
+
+/// Appends the gaps and steps of a class's `count` changes to `changes`. Both decoders
+/// are copied into locals for the loop and written back after it, and the loop keeps no
+/// more state than it must: a decoder whose address reaches a call that is not inlined,
+/// or that the register allocator runs short for, lives in memory, and its state was
+/// then stored and reloaded on every code.
+#[inline(always)]
+fn decode_class(
+    bits: &mut BitReader<'_>,
+    rans: &mut RansDecoder<'_>,
+    golomb: &GolombDecoder,
+    model: &Model,
+    count: usize,
+    last_index: u64,
+    changes: &mut Vec<ClassChange>,
+) -> Result<()> {
+    let (mut reader, mut state) = (bits.clone(), rans.clone());
+    let start = changes.len();
+    changes.reserve(count);
+    // Ranks only grow within a class, so bounding the last bounds them all; each gap is
+    // bounded by the Golomb decoder, so the sum cannot overflow.
+    let mut next_rank = 0u64;
+    for slot in &mut changes.spare_capacity_mut()[..count] {
+        let gap = golomb.read(&mut reader)?;
+        next_rank += gap + 1;
+        slot.write(ClassChange {
+            gap: gap as u32,
+            step: state.get(model) as u32,
+        });
+    }
+    if next_rank > last_index + 1 {
+        return Err(bad(format!(
+            "change rank {} beyond the chunk",
+            next_rank - 1
+        )));
+    }
+    // SAFETY: the loop initialised the `count` entries after `start`.
+    unsafe { changes.set_len(start + count) };
+    (*bits, *rans) = (reader, state);
+    Ok(())
 }
 
 /// A decoded change of one class: its rank gap and step value (both fit 32 bits: ranks
