@@ -239,8 +239,8 @@ impl<'a> RansDecoder<'a> {
         })
     }
 
-    /// The next symbol. A stream that runs out keeps yielding symbols, from its last
-    /// word read again, while the position counts on past the end, which
+    /// The next symbol. A stream that runs out keeps yielding symbols, reading its last
+    /// word again, while the position counts on past the end, which
     /// [`RansDecoder::finish`] reports: no test per symbol for a stream cut short.
     #[inline]
     pub fn get(&mut self, model: &Model) -> usize {
