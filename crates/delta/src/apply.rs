@@ -385,30 +385,24 @@ impl Patch {
         // Chunks cover disjoint ranges, so the buffer splits into one slice per chunk and
         // the swaps run on the current rayon pool: a large model's commit is then bound by
         // memory bandwidth rather than one core.
-        let mut order: Vec<usize> = (0..regions.len()).collect();
-        order.sort_unstable_by_key(|&i| regions[i].0.start);
-        let mut slices: Vec<Option<&mut [u8]>> = (0..regions.len()).map(|_| None).collect();
+        let mut pieces: Vec<_> = self.chunks.iter_mut().zip(regions).collect();
+        pieces.sort_unstable_by_key(|(_, (range, _))| range.start);
+        let mut jobs = Vec::with_capacity(pieces.len());
         let (mut rest, mut rest_start) = (buffer, 0);
-        for index in order {
-            let range = &regions[index].0;
+        for (chunk, (range, element_bytes)) in pieces {
             let Some(skip) = range.start.checked_sub(rest_start) else {
-                let entry = &self.header.tensors[self.chunks[index].tensor as usize];
                 return Err(DeltaError::BaseMismatch(format!(
                     "tensor '{}' overlaps another in the buffer",
-                    entry.name
+                    self.header.tensors[chunk.tensor as usize].name
                 )));
             };
             let (slice, tail) = std::mem::take(&mut rest)[skip..].split_at_mut(range.len());
-            slices[index] = Some(slice);
+            jobs.push((chunk, slice, element_bytes));
             (rest, rest_start) = (tail, range.end);
         }
-        self.chunks
-            .par_iter_mut()
-            .zip(slices)
-            .zip(regions)
-            .for_each(|((chunk, slice), (_, element_bytes))| {
-                let slice = slice.expect("every chunk has its slice");
-                chunk.changes.swap_into(slice, element_bytes);
+        jobs.into_par_iter()
+            .for_each(|(chunk, slice, element_bytes)| {
+                chunk.changes.swap_into(slice, element_bytes)
             });
         Ok(())
     }
