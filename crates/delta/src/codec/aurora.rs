@@ -19,12 +19,13 @@ use super::entropy::{
 #[cfg(target_arch = "x86_64")]
 use super::scan::fast_pdep;
 use super::scan::{
-    Classes, MAX_CLASSES, Word, apply_step, changed_mask, count_ones, max_step_value, select,
-    step_value, with_threshold_count,
+    Classes, MAX_CLASSES, Word, apply_step, changed_mask, count_ones, max_step_value, padded_block,
+    select, step_value, with_threshold_count,
 };
 use crate::bits::{BitReader, BitWriter, ByteReader, leb128_len, write_leb128};
 use crate::dtype::FloatLayout;
 use crate::error::{DeltaError, Result};
+use crate::format::MAX_CHUNK_ELEMENTS;
 
 /// Step values below this are rANS symbols; larger ones use the escape symbol plus an
 /// exponential-Golomb remainder.
@@ -160,42 +161,70 @@ fn find_changes<W: Word, const T: usize, const V3: bool>(
     len: usize,
     classes: &Classes,
 ) -> Vec<Vec<Change>> {
-    let mut changes: [Vec<Change>; MAX_CLASSES] = Default::default();
-    // Elements before the current block in each entry of `Classes::at_least`, so the
-    // members of class c before the block are the difference of entries c and c + 1.
-    let mut at_least_before = [0u32; MAX_CLASSES + 1];
-    // Exactly the chunk, so the compiler can see that every block lies inside.
-    let (base, target) = (&base[..len * W::BYTES], &target[..len * W::BYTES]);
-    let mut first = 0;
-    while first < len {
-        let end = (first + 64).min(len);
-        let bytes = first * W::BYTES..end * W::BYTES;
-        let (old, new) = (&base[bytes.clone()], &target[bytes]);
-        let mut changed = changed_mask::<W, V3>(old, new);
+    let mut found = FoundChanges {
+        changes: Default::default(),
+        at_least_before: [0; MAX_CLASSES + 1],
+    };
+    // Exactly the chunk, so each block is a whole one.
+    let block_bytes = 64 * W::BYTES;
+    let mut old_blocks = base[..len * W::BYTES].chunks_exact(block_bytes);
+    let mut new_blocks = target[..len * W::BYTES].chunks_exact(block_bytes);
+    for (old, new) in old_blocks.by_ref().zip(new_blocks.by_ref()) {
+        let changed = changed_mask::<W, V3>(old, new);
         let at_least = classes.at_least::<W, T, V3>(old);
+        found.block::<W, T, V3>(old, new, changed, &at_least, classes);
+    }
+    let (old_tail, new_tail) = (old_blocks.remainder(), new_blocks.remainder());
+    if !old_tail.is_empty() {
+        let ((old, valid), (new, _)) = (padded_block::<W>(old_tail), padded_block::<W>(new_tail));
+        let (old, new) = (&old[..block_bytes], &new[..block_bytes]);
+        let changed = changed_mask::<W, V3>(old, new);
+        let at_least = classes.at_least::<W, T, V3>(old).map(|mask| mask & valid);
+        found.block::<W, T, V3>(old, new, changed, &at_least, classes);
+    }
+    found.changes.into_iter().take(T + 1).collect()
+}
+
+/// The changes [`find_changes`] has found so far.
+struct FoundChanges {
+    changes: [Vec<Change>; MAX_CLASSES],
+    /// Elements before the current block in each entry of `Classes::at_least`, so the
+    /// members of class c before the block are the difference of entries c and c + 1.
+    at_least_before: [u32; MAX_CLASSES + 1],
+}
+
+impl FoundChanges {
+    /// Adds the changes of a block (old and new bytes, the mask of changed elements and
+    /// the class masks of [`Classes::at_least`]) and moves past it.
+    #[inline(always)]
+    fn block<W: Word, const T: usize, const V3: bool>(
+        &mut self,
+        old: &[u8],
+        new: &[u8],
+        mut changed: u64,
+        at_least: &[u64; MAX_CLASSES + 1],
+        classes: &Classes,
+    ) {
         while changed != 0 {
             let bit = changed.trailing_zeros() as usize;
             let value = W::load(old, bit);
             // Classes are below MAX_CLASSES; the mask lets the compiler see it.
             let class = classes.class_of(value) & (MAX_CLASSES - 1);
             let below = (1u64 << bit) - 1;
-            let from_class = at_least_before[class] + count_ones::<V3>(at_least[class] & below);
+            let from_class =
+                self.at_least_before[class] + count_ones::<V3>(at_least[class] & below);
             let above_class =
-                at_least_before[class + 1] + count_ones::<V3>(at_least[class + 1] & below);
-            changes[class].push(Change {
+                self.at_least_before[class + 1] + count_ones::<V3>(at_least[class + 1] & below);
+            self.changes[class].push(Change {
                 rank: from_class - above_class,
                 step: step_value(value, W::load(new, bit)) as u32,
             });
             changed &= changed - 1;
         }
-        first = end;
-        // Entry 0 marks every element.
-        at_least_before[0] = first as u32;
-        for k in 1..T + 1 {
-            at_least_before[k] += count_ones::<V3>(at_least[k]);
+        for (before, &mask) in self.at_least_before.iter_mut().zip(at_least).take(T + 1) {
+            *before += count_ones::<V3>(mask);
         }
     }
-    changes.into_iter().take(T + 1).collect()
 }
 
 /// The header of an `aurora` payload and its two streams.
@@ -406,6 +435,7 @@ fn decode_class(
     changes: &mut Vec<ClassChange>,
 ) -> Result<()> {
     let (mut reader, mut state) = (bits.clone(), rans.clone());
+    let slots = model.slots();
     let start = changes.len();
     changes.reserve(count);
     // Ranks only grow within a class, so bounding the last bounds them all; each gap is
@@ -416,7 +446,7 @@ fn decode_class(
         next_rank += gap + 1;
         slot.write(ClassChange {
             gap: gap as u32,
-            step: state.get(model) as u32,
+            step: state.get(slots) as u32,
         });
     }
     if next_rank > last_index + 1 {
@@ -493,6 +523,8 @@ fn locate_body<W: Word, const V3: bool, const PDEP: bool>(
     changes: &[ClassChange],
     starts: &[usize],
 ) -> Result<(Vec<u32>, Vec<u8>)> {
+    // The scan's pointers rely on it (see `locate_classes`).
+    assert!(len as u64 <= MAX_CHUNK_ELEMENTS, "chunk of {len} elements");
     let total = changes.len() - starts.len();
     let mut located = Located::<W> {
         positions: Vec::with_capacity(total),
@@ -504,7 +536,8 @@ fn locate_body<W: Word, const V3: bool, const PDEP: bool>(
         let mut position = 0usize;
         for (index, change) in changes[..total].iter().enumerate() {
             position += change.gap as usize + usize::from(index > 0);
-            located.push(base, position, change.step);
+            // SAFETY: one push per change of the list.
+            unsafe { located.push(base, position, change.step) };
         }
         return Ok((located.positions, located.values));
     }
@@ -532,19 +565,22 @@ impl<W: Word> Located<W> {
     ///
     /// Writes straight into room reserved for every change the header declared:
     /// `Vec::push` and `extend_from_slice` test for growth and copy through a slice on
-    /// every call, which measured a tenth of the decoder's time. A change is pushed at
-    /// most once, so the room never runs out; the assertion makes that a panic rather
-    /// than a write out of bounds should the reasoning ever break.
+    /// every call, which measured a tenth of the decoder's time.
+    ///
+    /// # Safety
+    /// Fewer changes than the room was reserved for have been pushed. The scan pushes a
+    /// change only as it moves a class's pointer past it, never past a sentinel (see
+    /// `locate_classes`), so it pushes at most the changes in the list.
     #[inline(always)]
-    fn push(&mut self, base: &[u8], position: usize, step: u32) {
+    unsafe fn push(&mut self, base: &[u8], position: usize, step: u32) {
         let value = apply_step(W::load(base, position), u64::from(step)).to_u64();
         let count = self.positions.len();
-        assert!(
+        debug_assert!(
             count < self.positions.capacity() && (count + 1) * W::BYTES <= self.values.capacity(),
             "more changes located than declared"
         );
-        // SAFETY: both writes land inside the capacity just checked, and the lengths
-        // grow only over what was written.
+        // SAFETY: both writes land inside the room the caller vouches for, and the
+        // lengths grow only over what was written.
         unsafe {
             self.positions
                 .as_mut_ptr()
@@ -575,60 +611,89 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     // before its next change; a sentinel pushes it beyond every chunk once the class has
     // none left, so the loops below test nothing but ranks.
     let mut until = [u64::MAX / 2; MAX_CLASSES];
-    let mut next = [0usize; MAX_CLASSES];
+    // next[c]: class c's next change. Pointers rather than indices: an index costs a
+    // register for the list's base and a bounds check per change, and the scan is short
+    // of registers. They stay inside the list because each class's run ends with a
+    // sentinel whose gap lifts the rank 2^32 above any population of the rest of the
+    // chunk (at most MAX_CHUNK_ELEMENTS), so no block ever passes it.
+    const _: () = assert!(MAX_CHUNK_ELEMENTS < 1 << 31);
+    let mut next = [changes.as_ptr(); MAX_CLASSES];
     for (class, &start) in starts.iter().enumerate() {
         until[class] = u64::from(changes[start].gap);
-        next[class] = start;
+        next[class] = changes[start..].as_ptr();
     }
-    let total = changes.len() - starts.len();
     // Steps of the current block's changes by bit; only bits found in the block are read.
-    let mut steps = [0u32; 64];
-    // Blocks as chunks of the slice rather than ranges sliced out of it: the range
-    // arithmetic and its bounds checks cost 4% of the scan's instructions.
-    for (index, bytes) in base[..len * W::BYTES].chunks(64 * W::BYTES).enumerate() {
-        if located.positions.len() == total {
-            break;
-        }
-        let block = index * 64;
-        let at_least = classes.at_least::<W, T, V3>(bytes);
-        // Changes are marked in the block's bit mask with their steps beside it, so they
-        // come out in position order without sorting.
-        let mut found = 0u64;
-        // A branch per class: each class changes in few blocks, so it is well predicted
-        // and a block costs a compare per class. (Selecting every class's next bit
-        // without branches measured slower than the mispredictions.) The classes are
-        // unrolled by hand: as a loop, `until` and `next` lived on the stack and the
-        // loop's own branch mispredicted, 10% of the decoder's time.
-        macro_rules! class {
-            ($c:literal) => {
-                if $c < T + 1 {
-                    let mask = at_least[$c] & !at_least[$c + 1];
-                    let population = u64::from(mask.count_ones());
-                    let mut rank = until[$c];
-                    while rank < population {
-                        let bit = select::<PDEP>(mask, rank as u32);
-                        found |= 1 << bit;
-                        steps[bit as usize] = changes[next[$c]].step;
-                        next[$c] += 1;
-                        rank += u64::from(changes[next[$c]].gap) + 1;
+    // One entry more than bits: a selected bit is a trailing-zero count, which the
+    // compiler knows to be at most 64, so no index needs a bounds check.
+    let mut steps = [0u32; 65];
+    // Places the changes in the block starting at element `$start` with class masks
+    // `$at_least`, and evaluates to whether there were any. A macro, so the scan's state
+    // stays in locals: held by a struct or borrowed by a function, it lived in memory.
+    macro_rules! block {
+        ($start:expr, $at_least:expr) => {{
+            let at_least: [u64; MAX_CLASSES + 1] = $at_least;
+            // Changes are marked in the block's bit mask with their steps beside it, so
+            // they come out in position order without sorting.
+            let mut found = 0u64;
+            // A branch per class: each class changes in few blocks, so it is well
+            // predicted and a block costs a compare per class. (Selecting every class's
+            // next bit without branches measured slower than the mispredictions.) The
+            // classes are unrolled by hand: as a loop, `until` and `next` lived on the
+            // stack and the loop's own branch mispredicted, 10% of the decoder's time.
+            macro_rules! class {
+                ($c:literal) => {
+                    if $c < T + 1 {
+                        let mask = at_least[$c] & !at_least[$c + 1];
+                        let population = u64::from(mask.count_ones());
+                        let mut rank = until[$c];
+                        while rank < population {
+                            let bit = select::<PDEP>(mask, rank as u32);
+                            found |= 1 << bit;
+                            // SAFETY: `next[$c]` is a change of the class, not its
+                            // sentinel (its rank is below a population), so the one after
+                            // it is in the list too (see `next`).
+                            unsafe {
+                                steps[bit as usize] = (*next[$c]).step;
+                                next[$c] = next[$c].add(1);
+                                rank += u64::from((*next[$c]).gap) + 1;
+                            }
+                        }
+                        until[$c] = rank - population;
                     }
-                    until[$c] = rank - population;
-                }
-            };
-        }
-        class!(0);
-        class!(1);
-        class!(2);
-        class!(3);
-        class!(4);
-        class!(5);
-        class!(6);
-        class!(7);
-        const _: () = assert!(MAX_CLASSES == 8, "one `class!` per class");
-        while found != 0 {
-            let bit = found.trailing_zeros() as usize;
-            located.push(base, block + bit, steps[bit]);
-            found &= found - 1;
+                };
+            }
+            class!(0);
+            class!(1);
+            class!(2);
+            class!(3);
+            class!(4);
+            class!(5);
+            class!(6);
+            class!(7);
+            const _: () = assert!(MAX_CLASSES == 8, "one `class!` per class");
+            while found != 0 {
+                let bit = found.trailing_zeros() as usize;
+                // SAFETY: each bit found is a change the scan moved past (see `next`).
+                unsafe { located.push(base, $start + bit, steps[bit]) };
+                found &= found - 1;
+            }
+        }};
+    }
+    // Exactly the chunk, so each block is a whole one.
+    let mut blocks = base[..len * W::BYTES].chunks_exact(64 * W::BYTES);
+    // Every block is scanned, even after the last change: stopping there would keep the
+    // count of changes to place in a register, which the scan cannot spare.
+    for (index, bytes) in blocks.by_ref().enumerate() {
+        block!(index * 64, classes.at_least::<W, T, V3>(bytes));
+    }
+    let tail = blocks.remainder();
+    if !tail.is_empty() {
+        let (padded, valid) = padded_block::<W>(tail);
+        let at_least = classes.at_least::<W, T, V3>(&padded[..64 * W::BYTES]);
+        // The last block: what it leaves in `until` is never read.
+        #[allow(unused_assignments)]
+        {
+            block!(len / 64 * 64, at_least.map(|mask| mask & valid));
         }
     }
 }

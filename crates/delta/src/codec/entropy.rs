@@ -23,7 +23,7 @@ pub struct Model {
     /// Everything the decoder needs for a slot in one load, so each symbol waits on one
     /// memory access instead of three dependent ones: the symbol's frequency (bits 16..),
     /// the symbol (bits 12..16) and the slot's offset from the symbol's start (bits 0..12).
-    slots: Box<[u32; TOTAL as usize]>,
+    slots: Box<Slots>,
     encode: [EncodeSymbol; ALPHABET],
 }
 
@@ -68,6 +68,10 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
+    pub fn slots(&self) -> &Slots {
+        &self.slots
+    }
+
     /// Normalises symbol counts so every present symbol keeps a non-zero frequency.
     /// At least one count must be non-zero.
     pub fn from_counts(counts: &[u64; ALPHABET]) -> Model {
@@ -212,21 +216,26 @@ impl RansEncoder {
 #[derive(Clone)]
 pub struct RansDecoder<'a> {
     state: u32,
-    words: &'a [u8],
+    /// The stream as 16-bit words, the first two of them the initial state.
+    words: &'a [[u8; 2]],
+    /// Index of the next word to read; runs past the end in a stream cut short.
     position: usize,
 }
 
+/// A model's slot table: what [`RansDecoder::get`] reads per symbol.
+pub type Slots = [u32; TOTAL as usize];
+
 impl<'a> RansDecoder<'a> {
     pub fn new(bytes: &'a [u8]) -> Result<RansDecoder<'a>> {
-        if bytes.len() < 4 || !bytes.len().is_multiple_of(2) {
+        let (words, odd) = bytes.as_chunks::<2>();
+        if words.len() < 2 || !odd.is_empty() {
             return Err(DeltaError::Malformed(format!(
                 "rANS stream of {} bytes is not a whole number of words",
                 bytes.len()
             )));
         }
-        let high = u32::from(u16::from_le_bytes([bytes[0], bytes[1]]));
-        let low = u32::from(u16::from_le_bytes([bytes[2], bytes[3]]));
-        let state = (high << 16) | low;
+        let state =
+            u32::from(u16::from_le_bytes(words[0])) << 16 | u32::from(u16::from_le_bytes(words[1]));
         if state < RANS_L {
             return Err(DeltaError::Malformed(
                 "rANS initial state out of range".into(),
@@ -234,17 +243,19 @@ impl<'a> RansDecoder<'a> {
         }
         Ok(RansDecoder {
             state,
-            words: bytes,
-            position: 4,
+            words,
+            position: 2,
         })
     }
 
-    /// The next symbol. A stream that runs out keeps yielding symbols, reading its last
-    /// word again, while the position counts on past the end, which
-    /// [`RansDecoder::finish`] reports: no test per symbol for a stream cut short.
+    /// The next symbol, from its model's slot table ([`Model::slots`]: taken directly, so
+    /// a decoding loop holds the table's address rather than the model's). A stream that
+    /// runs out keeps yielding symbols, reading its last word again, while the position
+    /// counts on past the end, which [`RansDecoder::finish`] reports: no test per symbol
+    /// for a stream cut short.
     #[inline]
-    pub fn get(&mut self, model: &Model) -> usize {
-        let entry = model.slots[(self.state & (TOTAL - 1)) as usize];
+    pub fn get(&mut self, slots: &Slots) -> usize {
+        let entry = slots[(self.state & (TOTAL - 1)) as usize];
         let symbol = ((entry >> 12) & 0xF) as usize;
         self.state = (entry >> 16) * (self.state >> SCALE_BITS) + (entry & (TOTAL - 1));
         // One word brings any state back above the bound. Whether one is needed is as
@@ -252,11 +263,12 @@ impl<'a> RansDecoder<'a> {
         // conditional here compiles to a branch that mispredicts on one symbol in eight).
         let renormalise = self.state < RANS_L;
         // `new` checked that the stream holds at least two words.
-        let at = self.position.min(self.words.len() - 2);
-        let word = u32::from(u16::from_le_bytes([self.words[at], self.words[at + 1]]));
+        let word = u32::from(u16::from_le_bytes(
+            self.words[self.position.min(self.words.len() - 1)],
+        ));
         let keep = 0u32.wrapping_sub(u32::from(renormalise));
         self.state = (self.state << (16 & keep)) | (word & keep);
-        self.position += 2 * usize::from(renormalise);
+        self.position += usize::from(renormalise);
         symbol
     }
 
@@ -542,7 +554,7 @@ mod tests {
         let bytes = encoder.finish();
         let decode = |bytes: &[u8]| {
             let mut decoder = RansDecoder::new(bytes).unwrap();
-            let decoded: Vec<usize> = symbols.iter().map(|_| decoder.get(&model)).collect();
+            let decoded: Vec<usize> = symbols.iter().map(|_| decoder.get(model.slots())).collect();
             (decoded, decoder.finish())
         };
         let (decoded, end) = decode(&bytes);
@@ -604,7 +616,7 @@ mod tests {
             let bytes = encoder.finish();
             let mut decoder = RansDecoder::new(&bytes).unwrap();
             for &s in &symbols {
-                prop_assert_eq!(decoder.get(&model), s);
+                prop_assert_eq!(decoder.get(model.slots()), s);
             }
             prop_assert!(decoder.finish().is_ok());
         }

@@ -277,12 +277,11 @@ pub(crate) struct Classes {
     pub thresholds: Vec<u32>,
     /// For 16-bit floats, `(word >> 7) & 0xFF` orders like the exponent (it is the
     /// exponent for BF16, the exponent and three mantissa bits for F16), so each threshold
-    /// becomes one byte compare: 16 or 32 elements per SIMD instruction. False for 32-bit
-    /// floats, whose masks are built element by element.
-    byte_compare: bool,
-    /// Each threshold as the signed bound of that byte compare, repeated across a 256-bit
-    /// register: prepared once per chunk, so a block's compares read their bounds from
-    /// memory instead of rebuilding them.
+    /// becomes one byte compare: 16 or 32 elements per SIMD instruction. Here each
+    /// threshold is the signed bound of that compare, repeated across a 256-bit register:
+    /// prepared once per chunk, so a block's compares read their bounds from memory
+    /// instead of rebuilding them. Unused for 32-bit floats, whose masks are built element
+    /// by element.
     bounds: ByteBounds,
     /// The class of each value of the byte below the sign bit, which holds the whole
     /// exponent in every float layout (and three mantissa bits in F16): a shift and one
@@ -307,9 +306,9 @@ impl Classes {
             layout.exponent_mask >> layout.exponent_shift < 256,
             "exponents fit a byte"
         );
-        let byte_compare = layout.exponent_mask <= 0x7FFF && byte_shift.is_some();
         let mut bounds = ByteBounds([[0; 32]; MAX_CLASSES]);
-        if let Some(shift) = byte_shift.filter(|_| byte_compare) {
+        if layout.exponent_mask <= 0xFFFF {
+            let shift = byte_shift.expect("16-bit exponents lie above bit 7");
             // byte >= t as a signed compare (one instruction): byte ^ 0x80 > (t - 1) ^ 0x80;
             // thresholds are at least 1.
             for (bound, &t) in bounds.0.iter_mut().zip(&thresholds) {
@@ -325,7 +324,6 @@ impl Classes {
         Classes {
             layout,
             thresholds,
-            byte_compare,
             bounds,
             class_by_top_byte,
         }
@@ -346,25 +344,31 @@ impl Classes {
         usize::from(self.class_by_top_byte[(word.to_u64() >> (W::BITS - 9)) as usize & 0xFF])
     }
 
-    /// Bit masks of a block of up to 64 elements: entry 0 marks every element, entry
-    /// `k + 1` (k < T) those whose exponent is at least `thresholds[k]`, and the entries
-    /// after T none, so class `c` is entry `c` without entry `c + 1`, and a class's count is
-    /// the difference of two running counts. One compare per threshold. `T` is the number
-    /// of thresholds, fixed at compile time (see [`with_threshold_count`]) so the loops over
+    /// Bit masks of a block of 64 elements: entry 0 marks every element, entry `k + 1`
+    /// (k < T) those whose exponent is at least `thresholds[k]`, and the entries after T
+    /// none, so class `c` is entry `c` without entry `c + 1`, and a class's count is the
+    /// difference of two running counts. One compare per threshold. `T` is the number of
+    /// thresholds, fixed at compile time (see [`with_threshold_count`]) so the loops over
     /// thresholds unroll and the masks stay in registers. `AVX2` is true only in code
     /// compiled for AVX2 and run on a CPU that has it (as for [`changed_mask`]); otherwise
-    /// 16-bit blocks use SSE2, part of every x86-64.
+    /// 16-bit blocks use SSE2, part of every x86-64. A chunk's last, shorter block is
+    /// padded first (see [`padded_block`]).
+    ///
+    /// Nothing here is tested per block beyond the element width, known at compile time:
+    /// in the scans' loops every test and the values it reads cost registers, and a
+    /// register short there puts the scan's running state in memory.
     #[inline(always)]
     pub fn at_least<W: Word, const T: usize, const AVX2: bool>(
         &self,
         block: &[u8],
     ) -> [u64; MAX_CLASSES + 1] {
         debug_assert_eq!(T, self.thresholds.len());
-        let len = block.len() / W::BYTES;
+        debug_assert_eq!(block.len(), 64 * W::BYTES);
         #[cfg(target_arch = "x86_64")]
-        if W::BYTES == 2 && len == 64 && self.byte_compare {
+        if W::BYTES == 2 {
             // SAFETY: SSE2 is part of the x86_64 baseline, AVX2 is vouched for by the
-            // caller; the block holds exactly 64 elements.
+            // caller; the block holds exactly 64 elements, and every 16-bit layout has
+            // byte bounds (see `Classes::new`).
             return unsafe {
                 if AVX2 {
                     at_least_avx2::<T>(block, &self.bounds)
@@ -373,9 +377,16 @@ impl Classes {
                 }
             };
         }
+        self.at_least_by_element::<W>(block)
+    }
+
+    /// [`Classes::at_least`] element by element: for 32-bit floats, and for 16-bit ones
+    /// off x86-64.
+    #[inline(always)]
+    fn at_least_by_element<W: Word>(&self, block: &[u8]) -> [u64; MAX_CLASSES + 1] {
         let mut at_least = [0u64; MAX_CLASSES + 1];
-        at_least[0] = u64::MAX >> (64 - len);
-        for bit in 0..len {
+        at_least[0] = u64::MAX;
+        for bit in 0..64 {
             let exponent = self.exponent(W::load(block, bit));
             for (mask, &threshold) in at_least[1..].iter_mut().zip(&self.thresholds) {
                 *mask |= u64::from(exponent >= threshold) << bit;
@@ -383,6 +394,18 @@ impl Classes {
         }
         at_least
     }
+}
+
+/// A chunk's last block when it holds fewer than 64 elements: its bytes zero-padded to a
+/// whole block (64 elements of up to 4 bytes; the caller takes the first `64 * W::BYTES`),
+/// and the mask of the elements that lie in the chunk. The scans take whole blocks only,
+/// so their loops test nothing per block but their own state.
+#[inline]
+pub(crate) fn padded_block<W: Word>(tail: &[u8]) -> ([u8; 256], u64) {
+    debug_assert!(tail.len() < 64 * W::BYTES);
+    let mut padded = [0u8; 256];
+    padded[..tail.len()].copy_from_slice(tail);
+    (padded, (1u64 << (tail.len() / W::BYTES)) - 1)
 }
 
 /// Runs `$body` with `$t` bound to a compile-time constant equal to `$count` (0..=7), so
@@ -659,11 +682,7 @@ mod tests {
                     classes.at_least::<u16, T, false>(&bytes)
                 })
             };
-            let element_by_element = Classes {
-                byte_compare: false,
-                ..classes.clone()
-            };
-            assert_eq!(masks(&element_by_element, false), slow, "scalar");
+            assert_eq!(classes.at_least_by_element::<u16>(&bytes), slow, "scalar");
             #[cfg(target_arch = "x86_64")]
             {
                 assert_eq!(masks(&classes, false), slow, "SSE2");
