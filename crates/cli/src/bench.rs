@@ -204,17 +204,42 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool> {
         .build()?)
 }
 
-/// Best of three runs, in seconds.
+/// Runs of each measurement; the best counts.
+const ROUNDS: usize = 5;
+
+/// Seconds of one run of `f`, and its result.
+fn timed<T>(f: &mut impl FnMut() -> Result<T>) -> Result<(f64, T)> {
+    let started = Instant::now();
+    let value = f()?;
+    Ok((started.elapsed().as_secs_f64(), value))
+}
+
+/// Best of [`ROUNDS`] runs, in seconds, and the last result.
 fn best_of<T>(mut f: impl FnMut() -> Result<T>) -> Result<(f64, T)> {
-    let mut best = f64::INFINITY;
-    let mut last = None;
-    for _ in 0..3 {
-        let started = Instant::now();
-        let value = f()?;
-        best = best.min(started.elapsed().as_secs_f64());
-        last = Some(value);
+    let (mut best, mut value) = timed(&mut f)?;
+    for _ in 1..ROUNDS {
+        let (seconds, last) = timed(&mut f)?;
+        (best, value) = (best.min(seconds), last);
     }
-    Ok((best, last.expect("ran")))
+    Ok((best, value))
+}
+
+/// Best of [`ROUNDS`] runs of each of `f` and `g`, taking turns, and their last results.
+/// A figure compared with its baseline is measured this way: this machine's speed drifts
+/// by tens of percent over seconds, and runs taken one after the other would compare
+/// two different machines.
+fn best_of_both<T, U>(
+    mut f: impl FnMut() -> Result<T>,
+    mut g: impl FnMut() -> Result<U>,
+) -> Result<((f64, T), (f64, U))> {
+    let (mut first, mut second) = (timed(&mut f)?, timed(&mut g)?);
+    for _ in 1..ROUNDS {
+        let (seconds, value) = timed(&mut f)?;
+        first = (first.0.min(seconds), value);
+        let (seconds, value) = timed(&mut g)?;
+        second = (second.0.min(seconds), value);
+    }
+    Ok((first, second))
 }
 
 fn measure(
@@ -233,46 +258,40 @@ fn measure(
         .map(|t| t.data.len() as u64 / t.dtype.size_bytes() as u64)
         .sum();
 
-    let scan = |threads: usize| -> Result<(f64, u64)> {
-        let pool = pool(threads)?;
-        best_of(|| {
-            Ok(pool.install(|| {
-                base.par_iter()
-                    .zip(target)
-                    .flat_map(|(b, t)| {
-                        let bytes = b.dtype.size_bytes();
-                        b.data
-                            .par_chunks(1 << 22)
-                            .zip(t.data.par_chunks(1 << 22))
-                            .map(move |(x, y)| count_changed(x, y, bytes))
-                    })
-                    .sum::<u64>()
-            }))
-        })
+    let scan = |threads: usize| -> Result<u64> {
+        Ok(pool(threads)?.install(|| {
+            base.par_iter()
+                .zip(target)
+                .flat_map(|(b, t)| {
+                    let bytes = b.dtype.size_bytes();
+                    b.data
+                        .par_chunks(1 << 22)
+                        .zip(t.data.par_chunks(1 << 22))
+                        .map(move |(x, y)| count_changed(x, y, bytes))
+                })
+                .sum::<u64>()
+        }))
     };
-    let (scan_1, changed) = scan(1)?;
-    let (scan_2, _) = scan(2)?;
-
     let (base_hash, target_hash) = (base_view.weights_hash(), target_view.weights_hash());
-    let extract = |encoding: Encoding, threads: usize| -> Result<(f64, Vec<u8>)> {
+    let extract = |encoding: Encoding, threads: usize| -> Result<Vec<u8>> {
         let options = ExtractOptions {
             encoding,
             base_hash: Some(base_hash),
             target_hash: Some(target_hash),
             ..ExtractOptions::default()
         };
-        let pool = pool(threads)?;
-        best_of(|| {
-            pool.install(|| {
-                Ok(Extraction::new(&base_view, &target_view, options.clone())?
-                    .to_bytes()?
-                    .1)
-            })
+        pool(threads)?.install(|| {
+            Ok(Extraction::new(&base_view, &target_view, options.clone())?
+                .to_bytes()?
+                .1)
         })
     };
-    let (extract_aurora_1, aurora) = extract(Encoding::Aurora, 1)?;
-    let (extract_aurora_2, _) = extract(Encoding::Aurora, 2)?;
-    let (extract_leb128_2, leb128) = extract(Encoding::Leb128, 2)?;
+    // The extraction against the scan it is compared with, in alternating runs.
+    let ((scan_1, changed), (extract_aurora_1, aurora)) =
+        best_of_both(|| scan(1), || extract(Encoding::Aurora, 1))?;
+    let ((scan_2, _), (extract_aurora_2, _)) =
+        best_of_both(|| scan(2), || extract(Encoding::Aurora, 2))?;
+    let (extract_leb128_2, leb128) = best_of(|| extract(Encoding::Leb128, 2))?;
 
     let image = aurora_checkpoint::safetensors_bytes(base).map_err(anyhow::Error::msg)?;
     let layout = safetensors_layout(&image)?;
@@ -281,7 +300,7 @@ fn measure(
         let pool = pool(threads)?;
         let mut buffer = image.clone();
         let mut best = f64::INFINITY;
-        for _ in 0..3 {
+        for _ in 0..ROUNDS {
             let started = Instant::now();
             let mut patch = pool.install(|| -> Result<_> {
                 let mut patch = {
