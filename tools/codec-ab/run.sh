@@ -35,7 +35,13 @@ cp "$root/Cargo.lock" "$ws/Cargo.lock"
     # The project's shared package fields and external dependencies, which the delta
     # crate's manifest inherits; its own crates stay out.
     sed -n '/^\[workspace.package\]/,/^\[profile/p' "$root/Cargo.toml" | grep -v '^\[profile' | grep -v '^aurora-'
-    sed -n '/^\[profile.release\]/,/^\[/p' "$root/Cargo.toml" | grep -v '^\[profile.bench'
+    printf '[profile.release]\n'
+    sed -n '/^\[profile.release\]/,/^\[/p' "$root/Cargo.toml" | grep -v '^\['
+    # The delta crate's own release settings, for both builds.
+    for build in before after; do
+        printf '\n[profile.release.package.aurora-delta-%s]\n' "$build"
+        sed -n '/^\[profile.release.package.aurora-delta\]/,/^\[/p' "$root/Cargo.toml" | grep -v '^\['
+    done
 } > "$ws/Cargo.toml"
 cat > "$ws/bench/Cargo.toml" <<'TOML'
 [package]
