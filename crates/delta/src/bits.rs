@@ -269,11 +269,14 @@ impl<'a> BitReader<'a> {
         self.acc & ((1u64 << count) - 1)
     }
 
-    /// The bits held, at least 56 of them unless the stream is nearly exhausted, and
-    /// how many there are; bits above that count are not part of the stream yet.
+    /// The bits held, at least 32 of them unless the stream is nearly exhausted, and
+    /// how many there are; bits above that count are not part of the stream yet. Refilled
+    /// only below 32 bits rather than to the full 56 each time: a refill costs a dozen
+    /// instructions, and nearly every Golomb code takes far fewer bits (segment decoding
+    /// 0.973 and 0.984 of the time, tools/codec-ab).
     #[inline(always)]
     pub fn fill(&mut self) -> (u64, u32) {
-        if self.available < 56 {
+        if self.available < 32 {
             self.refill();
         }
         (self.acc, self.available)
