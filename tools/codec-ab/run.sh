@@ -11,38 +11,14 @@
 set -euo pipefail
 rev=${1:-HEAD}
 reps=${2:-15}
-root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
-work=$root/target/codec-ab
-data=$work/data
+source "$(dirname "$0")/common.sh"
 ws=$work/workspace
 
-# The learning rate `aurora bench codec` uses for 1% of BF16 elements changing.
-if [ ! -f "$data/step-00001.safetensors" ]; then
-    (cd "$root" && cargo run --release -q -p aurora-cli -- \
-        synth --preset 0.6b --steps 1 --lr 7.934747827675892e-7 --out "$data")
-fi
-
-rm -rf "$ws"
-mkdir -p "$ws/before" "$ws/bench"
-git -C "$root" archive "$rev" crates/delta | tar -x -C "$ws/before" --strip-components=2
-cp -r "$root/crates/delta" "$ws/after"
-sed -i 's/^name = "aurora-delta"$/name = "aurora-delta-before"/' "$ws/before/Cargo.toml"
-sed -i 's/^name = "aurora-delta"$/name = "aurora-delta-after"/' "$ws/after/Cargo.toml"
+delta_crates "$ws" "$rev"
+mkdir -p "$ws/bench"
 cp "$root/tools/codec-ab/main.rs" "$ws/bench/main.rs"
-cp "$root/Cargo.lock" "$ws/Cargo.lock"
-{
-    printf '[workspace]\nresolver = "3"\nmembers = ["before", "after", "bench"]\n\n'
-    # The project's shared package fields and external dependencies, which the delta
-    # crate's manifest inherits; its own crates stay out.
-    sed -n '/^\[workspace.package\]/,/^\[profile/p' "$root/Cargo.toml" | grep -v '^\[profile' | grep -v '^aurora-'
-    printf '[profile.release]\n'
-    sed -n '/^\[profile.release\]/,/^\[/p' "$root/Cargo.toml" | grep -v '^\['
-    # The delta crate's own release settings, for both builds.
-    for build in before after; do
-        printf '\n[profile.release.package.aurora-delta-%s]\n' "$build"
-        sed -n '/^\[profile.release.package.aurora-delta\]/,/^\[/p' "$root/Cargo.toml" | grep -v '^\['
-    done
-} > "$ws/Cargo.toml"
+# Both builds with the working tree's settings: this compares code only.
+workspace_manifest "$(cat "$root/Cargo.toml")" before after bench > "$ws/Cargo.toml"
 cat > "$ws/bench/Cargo.toml" <<'TOML'
 [package]
 name = "codec-ab"
