@@ -627,8 +627,8 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     // compiler knows to be at most 64, so no index needs a bounds check.
     let mut steps = [0u32; 65];
     // Places the changes in the block starting at element `$start` with class masks
-    // `$at_least`, and evaluates to whether there were any. A macro, so the scan's state
-    // stays in locals: held by a struct or borrowed by a function, it lived in memory.
+    // `$at_least`. A macro, so the scan's state stays in locals: held by a struct or
+    // borrowed by a function, it lived in memory.
     macro_rules! block {
         ($start:expr, $at_least:expr) => {{
             let at_least: [u64; MAX_CLASSES + 1] = $at_least;

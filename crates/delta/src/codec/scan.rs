@@ -363,7 +363,8 @@ impl Classes {
         block: &[u8],
     ) -> [u64; MAX_CLASSES + 1] {
         debug_assert_eq!(T, self.thresholds.len());
-        debug_assert_eq!(block.len(), 64 * W::BYTES);
+        // The SIMD loads below rely on it; the scans' exact chunks let the compiler drop it.
+        assert_eq!(block.len(), 64 * W::BYTES, "a block is 64 elements");
         #[cfg(target_arch = "x86_64")]
         if W::BYTES == 2 {
             // SAFETY: SSE2 is part of the x86_64 baseline, AVX2 is vouched for by the
