@@ -7,7 +7,9 @@
 # This machine's speed drifts by 15% or more between runs, more than most codec changes
 # gain; interleaving the two builds is what makes a few percent measurable. The
 # revision must have `aurora_delta::encode_chunk` (every commit since it was added).
-# Everything it builds and generates stays under target/codec-ab.
+# Everything it builds and generates stays under target/codec-ab. Both versions share one
+# binary, so a change to one can move the other's code layout and time by a few percent:
+# confirm a gain on the whole model with whole.sh, which builds them apart.
 set -euo pipefail
 rev=${1:-HEAD}
 reps=${2:-15}
