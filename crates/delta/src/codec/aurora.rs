@@ -683,8 +683,21 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     let mut blocks = base[..len * W::BYTES].chunks_exact(64 * W::BYTES);
     // Every block is scanned, even after the last change: stopping there would keep the
     // count of changes to place in a register, which the scan cannot spare.
+    //
+    // A block's masks are computed one block ahead of placing its changes. Whether a
+    // class changes in a block is as random as the data, so its branch mispredicts; had
+    // the branch to wait for the block's loads and compares, each misprediction would
+    // cost their latency on top of the refill. One block ahead, the masks are ready.
+    let mut pending: Option<(usize, [u64; MAX_CLASSES + 1])> = None;
     for (index, bytes) in blocks.by_ref().enumerate() {
-        block!(index * 64, classes.at_least::<W, T, V3>(bytes));
+        let at_least = classes.at_least::<W, T, V3>(bytes);
+        if let Some((start, previous)) = pending {
+            block!(start, previous);
+        }
+        pending = Some((index * 64, at_least));
+    }
+    if let Some((start, previous)) = pending {
+        block!(start, previous);
     }
     let tail = blocks.remainder();
     if !tail.is_empty() {
