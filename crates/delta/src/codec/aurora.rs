@@ -22,7 +22,7 @@ use super::scan::{
     Classes, MAX_CLASSES, Word, apply_step, changed_mask, count_ones, max_step_value, padded_block,
     select, step_value, with_threshold_count,
 };
-use crate::bits::{BitReader, BitWriter, ByteReader, leb128_len, write_leb128};
+use crate::bits::{BitReader, BitWriter, ByteReader, exp_golomb_len, leb128_len, write_leb128};
 use crate::dtype::FloatLayout;
 use crate::error::{DeltaError, Result};
 use crate::format::MAX_CHUNK_ELEMENTS;
@@ -97,51 +97,93 @@ fn encode_body<W: Word, const V3: bool>(
 
     out.push(class_count as u8);
     out.extend(classes.thresholds.iter().map(|&t| t as u8));
-    let mut bits = BitWriter::new();
-    let mut models = Vec::with_capacity(class_count);
+    let mut coders = Vec::with_capacity(class_count);
+    let mut escapes = Vec::new();
     for class_changes in &changes {
         write_leb128(out, class_changes.len() as u64);
         let Some(last) = class_changes.last() else {
-            models.push(None);
             continue;
         };
         // Gaps after a class's last change are never coded, so its density is measured
         // up to it.
-        let parameter = golomb_parameter(class_changes.len() as u64, u64::from(last.rank) + 1);
+        let population = u64::from(last.rank) + 1;
+        let parameter = golomb_parameter(class_changes.len() as u64, population);
         write_leb128(out, parameter);
-        let model = Model::from_counts(&symbol_counts(class_changes));
+        let model = Model::from_counts(&symbol_counts(class_changes, &mut escapes));
         model.write(out);
-        models.push(Some(model));
-
-        // A writer of its own for the loop: the shared one's address reaches calls that
-        // are not inlined, which would keep its accumulator in memory here too.
-        let mut writer = std::mem::take(&mut bits);
-        let golomb = GolombEncoder::new(parameter);
-        let mut next_rank = 0;
-        for change in class_changes {
-            golomb.write(&mut writer, u64::from(change.rank - next_rank));
-            next_rank = change.rank + 1;
-        }
-        bits = writer;
+        coders.push(ClassCoder {
+            changes: class_changes,
+            golomb: GolombEncoder::new(parameter),
+            model,
+            population,
+        });
     }
-    for class_changes in &changes {
-        for change in class_changes.iter().filter(|c| u64::from(c.step) >= ESCAPE) {
-            bits.write_exp_golomb(u64::from(change.step) - ESCAPE);
-        }
-    }
-    let mut rans = RansEncoder::default();
-    for (model, class_changes) in models.iter().zip(&changes).rev() {
-        if let Some(model) = model {
-            for change in class_changes.iter().rev() {
-                rans.put(model, u64::from(change.step).min(ESCAPE) as usize);
-            }
-        }
+    let (mut bits, rans) = code_gaps_and_steps(&coders);
+    bits.reserve(escapes.iter().copied().map(exp_golomb_len).sum());
+    for escape in escapes {
+        bits.write_exp_golomb(escape);
     }
     let bitstream = bits.finish();
     write_leb128(out, bitstream.len() as u64);
     out.extend_from_slice(&bitstream);
     out.extend_from_slice(&rans.finish());
     true
+}
+
+/// What codes the changes of a class that has some.
+struct ClassCoder<'a> {
+    changes: &'a [Change],
+    golomb: GolombEncoder,
+    model: Model,
+    /// Elements up to the class's last change, which bounds the sum of its gaps.
+    population: u64,
+}
+
+/// Writes every class's gaps (first class first, each in rank order) and pushes every
+/// class's steps to the rANS coder (last class first, each in reverse: rANS is last in,
+/// first out), walking the two sequences from opposite ends in one loop. The rANS update
+/// is a chain of dependent multiplies that leaves most of the core idle; in the same loop
+/// the gap codes run in its shadow (both streams of the 0.6B model's 1% step in about 48
+/// ms, against about 65 in a loop each).
+#[inline(always)]
+fn code_gaps_and_steps(coders: &[ClassCoder<'_>]) -> (BitWriter, RansEncoder) {
+    let total: usize = coders.iter().map(|c| c.changes.len()).sum();
+    let mut bits = BitWriter::new();
+    bits.reserve(
+        coders
+            .iter()
+            .map(|c| c.golomb.max_bits(c.changes.len() as u64, c.population))
+            .sum(),
+    );
+    let mut rans = RansEncoder::new(total);
+    // The gap side is at `gaps_done` changes into class `gap_class`, the step side has
+    // `steps_left` changes of class `step_class` still to push.
+    let (mut gap_class, mut gaps_done, mut next_rank) = (0, 0, 0);
+    let mut step_class = coders.len().wrapping_sub(1);
+    let mut steps_left = coders.last().map_or(0, |c| c.changes.len());
+    let mut left = total;
+    while left > 0 {
+        if gaps_done == coders[gap_class].changes.len() {
+            (gap_class, gaps_done, next_rank) = (gap_class + 1, 0, 0);
+        }
+        if steps_left == 0 {
+            step_class -= 1;
+            steps_left = coders[step_class].changes.len();
+        }
+        let (gap_coder, step_coder) = (&coders[gap_class], &coders[step_class]);
+        let run = (gap_coder.changes.len() - gaps_done).min(steps_left);
+        let gaps = &gap_coder.changes[gaps_done..gaps_done + run];
+        let steps = &step_coder.changes[steps_left - run..steps_left];
+        for (gap, step) in gaps.iter().zip(steps.iter().rev()) {
+            gap_coder
+                .golomb
+                .write(&mut bits, u64::from(gap.rank - next_rank));
+            next_rank = gap.rank + 1;
+            rans.put(&step_coder.model, u64::from(step.step).min(ESCAPE) as usize);
+        }
+        (gaps_done, steps_left, left) = (gaps_done + run, steps_left - run, left - run);
+    }
+    (bits, rans)
 }
 
 /// A changed element: its rank in its class and its step value (both fit 32 bits: ranks
@@ -748,18 +790,28 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     }
 }
 
-fn symbol_counts(changes: &[Change]) -> [u64; ALPHABET] {
+/// Counts the step symbols of a class's changes, and appends the exponential-Golomb
+/// values of its escaped steps to `escapes` in order (they follow every gap in the bit
+/// stream), so the changes are read once for both.
+fn symbol_counts(changes: &[Change], escapes: &mut Vec<u64>) -> [u64; ALPHABET] {
     // Most steps are one of two symbols: four tables let consecutive increments of the
     // same symbol proceed without waiting on each other.
     let mut counts = [[0u64; ALPHABET]; 4];
+    let mut count = |table: &mut [u64; ALPHABET], change: &Change| {
+        let step = u64::from(change.step);
+        if step >= ESCAPE {
+            escapes.push(step - ESCAPE);
+        }
+        table[step.min(ESCAPE) as usize] += 1;
+    };
     let mut quads = changes.chunks_exact(4);
     for quad in &mut quads {
         for (table, change) in counts.iter_mut().zip(quad) {
-            table[u64::from(change.step).min(ESCAPE) as usize] += 1;
+            count(table, change);
         }
     }
     for change in quads.remainder() {
-        counts[0][u64::from(change.step).min(ESCAPE) as usize] += 1;
+        count(&mut counts[0], change);
     }
     std::array::from_fn(|s| counts.iter().map(|table| table[s]).sum())
 }
@@ -942,11 +994,6 @@ fn class_cost_bits(bin: &Bin) -> f64 {
         .sum();
     let header = 8.0 * (leb128_len(bin.changed) as f64 + 2.0 + 2.0 + 1.5 * present);
     positions + steps + bin.escape_bits as f64 + header
-}
-
-fn exp_golomb_len(value: u64) -> u64 {
-    let width = 128 - (u128::from(value) + 1).leading_zeros() as u64;
-    2 * width - 1
 }
 
 #[cfg(test)]

@@ -164,7 +164,9 @@ impl Model {
     }
 }
 
-/// Encodes symbols in reverse order of decoding (rANS is last-in, first-out).
+/// Encodes symbols in reverse order of decoding (rANS is last-in, first-out), into room
+/// for a number of symbols fixed up front, so that `put` has no growth check that may
+/// call the allocator inside the encoder's loop.
 pub struct RansEncoder {
     state: u32,
     /// Emitted words, valid up to `len`; the slot at `len` is scratch (see `put`).
@@ -172,25 +174,22 @@ pub struct RansEncoder {
     len: usize,
 }
 
-impl Default for RansEncoder {
-    fn default() -> Self {
+impl RansEncoder {
+    /// An encoder for up to `symbols` symbols (at most one word each).
+    pub fn new(symbols: usize) -> RansEncoder {
         RansEncoder {
             state: RANS_L,
-            words: Vec::new(),
+            words: vec![0; symbols],
             len: 0,
         }
     }
-}
 
-impl RansEncoder {
-    /// Pushes `symbol`; callers push the decode order reversed.
-    #[inline]
+    /// Pushes `symbol`; callers push the decode order reversed. Panics past the number of
+    /// symbols the encoder was made for.
+    #[inline(always)]
     pub fn put(&mut self, model: &Model, symbol: usize) {
         let coder = model.encode[symbol];
         debug_assert!(coder.renormalise_at > 0, "symbol {symbol} has no frequency");
-        if self.len == self.words.len() {
-            self.words.resize(2 * self.len + 64, 0);
-        }
         // Whether a word is emitted is as random as the data: the word is always stored
         // and kept only when emitted, so there is no branch to mispredict. At most one
         // word per symbol: a state shifted by 16 bits is below every threshold.
@@ -336,6 +335,13 @@ impl GolombEncoder {
         }
     }
 
+    /// Most bits that codes of `count` values summing to at most `sum` take: room to
+    /// reserve in the writer before [`GolombEncoder::write`]s.
+    pub fn max_bits(&self, count: u64, sum: u64) -> u64 {
+        sum / self.m + count * (1 + u64::from(self.width))
+    }
+
+    /// Writes the code of `value` into room reserved in `writer`.
     #[inline(always)]
     pub fn write(&self, writer: &mut BitWriter, value: u64) {
         let quotient = if self.reciprocal != 0 && value >> 32 == 0 {
@@ -547,7 +553,7 @@ mod tests {
         counts[1] = 10;
         let model = Model::from_counts(&counts);
         let symbols: Vec<usize> = (0..1000).map(|i| (i * 7 % 3 == 0) as usize).collect();
-        let mut encoder = RansEncoder::default();
+        let mut encoder = RansEncoder::new(symbols.len());
         for &s in symbols.iter().rev() {
             encoder.put(&model, s);
         }
@@ -574,6 +580,7 @@ mod tests {
     fn golomb_bounds_hold_when_the_code_is_read_from_held_bits() {
         let encoder = GolombEncoder::new(4);
         let mut writer = BitWriter::new();
+        writer.reserve(encoder.max_bits(8, 20));
         for value in [13, 1, 1, 1, 1, 1, 1, 1] {
             encoder.write(&mut writer, value);
         }
@@ -590,7 +597,9 @@ mod tests {
         // Parameter 1 takes the multiply-high path with its bias.
         let values = [0, 1, 2, 7, 31, 32, 33, 63, 64, 1000];
         let mut writer = BitWriter::new();
-        GolombEncoder::new(1).write(&mut writer, 5);
+        let encoder = GolombEncoder::new(1);
+        writer.reserve(encoder.max_bits(1, 5));
+        encoder.write(&mut writer, 5);
         assert_eq!(writer.finish(), [0b0010_0000]);
         golomb_round_trip(&values, 1, u64::MAX).unwrap();
     }
@@ -609,7 +618,7 @@ mod tests {
                 counts[s] += weights[s];
             }
             let model = Model::from_counts(&counts);
-            let mut encoder = RansEncoder::default();
+            let mut encoder = RansEncoder::new(symbols.len());
             for &s in symbols.iter().rev() {
                 encoder.put(&model, s);
             }
@@ -640,17 +649,21 @@ mod tests {
         }
     }
 
-    /// Writes `values` with parameter `m` (checking the predicted lengths) and reads
-    /// them back with a decoder that allows values up to `limit`.
+    /// Writes `values` with parameter `m` into the room its bound reserves (checking the
+    /// predicted lengths against each other) and reads them back with a decoder that
+    /// allows values up to `limit`.
     fn golomb_round_trip(values: &[u64], m: u64, limit: u64) -> Result<(), TestCaseError> {
         let mut writer = BitWriter::new();
         let mut bits = 0;
         let encoder = GolombEncoder::new(m);
+        let bound = encoder.max_bits(values.len() as u64, values.iter().sum());
+        writer.reserve(bound);
         for &v in values {
             encoder.write(&mut writer, v);
             bits += golomb_len(v, m);
         }
         prop_assert_eq!(writer.bit_len(), bits);
+        prop_assert!(bits <= bound, "{bits} bits written, {bound} reserved");
         let bytes = writer.finish();
         let mut reader = BitReader::new(&bytes);
         let decoder = GolombDecoder::new(m, limit);
