@@ -121,7 +121,8 @@ fn encode_body<W: Word, const V3: bool>(
     let (mut bits, rans) = code_gaps_and_steps(&coders);
     bits.reserve(escapes.iter().copied().map(exp_golomb_len).sum());
     for escape in escapes {
-        bits.write_exp_golomb(escape);
+        // SAFETY: room for every escape's code was reserved just before.
+        unsafe { bits.write_exp_golomb(escape) };
     }
     let bitstream = bits.finish();
     write_leb128(out, bitstream.len() as u64);
@@ -175,11 +176,16 @@ fn code_gaps_and_steps(coders: &[ClassCoder<'_>]) -> (BitWriter, RansEncoder) {
         let gaps = &gap_coder.changes[gaps_done..gaps_done + run];
         let steps = &step_coder.changes[steps_left - run..steps_left];
         for (gap, step) in gaps.iter().zip(steps.iter().rev()) {
-            gap_coder
-                .golomb
-                .write(&mut bits, u64::from(gap.rank - next_rank));
+            // SAFETY: the room reserved covers every class's gaps (`max_bits` of its
+            // count and population, which bounds their sum), and the rANS encoder was
+            // made for every change, each pushed once.
+            unsafe {
+                gap_coder
+                    .golomb
+                    .write(&mut bits, u64::from(gap.rank - next_rank));
+                rans.put(&step_coder.model, u64::from(step.step).min(ESCAPE) as usize);
+            }
             next_rank = gap.rank + 1;
-            rans.put(&step_coder.model, u64::from(step.step).min(ESCAPE) as usize);
         }
         (gaps_done, steps_left, left) = (gaps_done + run, steps_left - run, left - run);
     }

@@ -165,8 +165,8 @@ impl Model {
 }
 
 /// Encodes symbols in reverse order of decoding (rANS is last-in, first-out), into room
-/// for a number of symbols fixed up front, so that `put` has no growth check that may
-/// call the allocator inside the encoder's loop.
+/// for a number of symbols fixed up front: `put` writes unchecked, for the same reasons
+/// as [`BitWriter`], in the same loop.
 pub struct RansEncoder {
     state: u32,
     /// Emitted words, valid up to `len`; the slot at `len` is scratch (see `put`).
@@ -184,17 +184,22 @@ impl RansEncoder {
         }
     }
 
-    /// Pushes `symbol`; callers push the decode order reversed. Panics past the number of
-    /// symbols the encoder was made for.
+    /// Pushes `symbol`; callers push the decode order reversed.
+    ///
+    /// # Safety
+    /// Fewer symbols than the encoder was made for have been pushed before.
     #[inline(always)]
-    pub fn put(&mut self, model: &Model, symbol: usize) {
+    pub unsafe fn put(&mut self, model: &Model, symbol: usize) {
         let coder = model.encode[symbol];
         debug_assert!(coder.renormalise_at > 0, "symbol {symbol} has no frequency");
         // Whether a word is emitted is as random as the data: the word is always stored
         // and kept only when emitted, so there is no branch to mispredict. At most one
         // word per symbol: a state shifted by 16 bits is below every threshold.
         let emit = u64::from(self.state) >= coder.renormalise_at;
-        self.words[self.len] = self.state as u16;
+        debug_assert!(self.len < self.words.len(), "room for the symbol");
+        // SAFETY: each symbol before emitted at most one word, so `len` is below their
+        // number, which the caller bounds by the length of `words`.
+        unsafe { *self.words.as_mut_ptr().add(self.len) = self.state as u16 };
         self.len += usize::from(emit);
         let state = if emit { self.state >> 16 } else { self.state };
         let quotient = ((u128::from(state) * u128::from(coder.reciprocal)) >> 64) as u32;
@@ -341,9 +346,12 @@ impl GolombEncoder {
         sum / self.m + count * (1 + u64::from(self.width))
     }
 
-    /// Writes the code of `value` into room reserved in `writer`.
+    /// Writes the code of `value` ([`golomb_len`] bits).
+    ///
+    /// # Safety
+    /// As for [`BitWriter::write`]: `writer` has room for the code.
     #[inline(always)]
-    pub fn write(&self, writer: &mut BitWriter, value: u64) {
+    pub unsafe fn write(&self, writer: &mut BitWriter, value: u64) {
         let quotient = if self.reciprocal != 0 && value >> 32 == 0 {
             ((u128::from(value + self.bias) * u128::from(self.reciprocal)) >> 64) as u64
         } else {
@@ -366,14 +374,19 @@ impl GolombEncoder {
             (code, short_bits + u32::from(long))
         };
         // Most codes fit one write: the unary stop bit, then the remainder.
+        // SAFETY (both arms): the code's bits, as the caller vouches.
         if quotient + 1 + u64::from(code_bits) <= 32 {
-            writer.write(
-                (1 << quotient) | (code << (quotient + 1)),
-                quotient as u32 + 1 + code_bits,
-            );
+            unsafe {
+                writer.write(
+                    (1 << quotient) | (code << (quotient + 1)),
+                    quotient as u32 + 1 + code_bits,
+                );
+            }
         } else {
-            writer.write_unary(quotient);
-            writer.write(code, code_bits);
+            unsafe {
+                writer.write_unary(quotient);
+                writer.write(code, code_bits);
+            }
         }
     }
 }
@@ -555,7 +568,8 @@ mod tests {
         let symbols: Vec<usize> = (0..1000).map(|i| (i * 7 % 3 == 0) as usize).collect();
         let mut encoder = RansEncoder::new(symbols.len());
         for &s in symbols.iter().rev() {
-            encoder.put(&model, s);
+            // SAFETY: the encoder was made for every symbol.
+            unsafe { encoder.put(&model, s) };
         }
         let bytes = encoder.finish();
         let decode = |bytes: &[u8]| {
@@ -582,7 +596,8 @@ mod tests {
         let mut writer = BitWriter::new();
         writer.reserve(encoder.max_bits(8, 20));
         for value in [13, 1, 1, 1, 1, 1, 1, 1] {
-            encoder.write(&mut writer, value);
+            // SAFETY: room for the codes of values summing to 20 was reserved.
+            unsafe { encoder.write(&mut writer, value) };
         }
         let bytes = writer.finish();
         let read = |limit| GolombDecoder::new(4, limit).read(&mut BitReader::new(&bytes));
@@ -599,7 +614,8 @@ mod tests {
         let mut writer = BitWriter::new();
         let encoder = GolombEncoder::new(1);
         writer.reserve(encoder.max_bits(1, 5));
-        encoder.write(&mut writer, 5);
+        // SAFETY: room for the code was reserved.
+        unsafe { encoder.write(&mut writer, 5) };
         assert_eq!(writer.finish(), [0b0010_0000]);
         golomb_round_trip(&values, 1, u64::MAX).unwrap();
     }
@@ -620,7 +636,8 @@ mod tests {
             let model = Model::from_counts(&counts);
             let mut encoder = RansEncoder::new(symbols.len());
             for &s in symbols.iter().rev() {
-                encoder.put(&model, s);
+                // SAFETY: the encoder was made for every symbol.
+                unsafe { encoder.put(&model, s) };
             }
             let bytes = encoder.finish();
             let mut decoder = RansDecoder::new(&bytes).unwrap();
@@ -659,7 +676,8 @@ mod tests {
         let bound = encoder.max_bits(values.len() as u64, values.iter().sum());
         writer.reserve(bound);
         for &v in values {
-            encoder.write(&mut writer, v);
+            // SAFETY: the bound covers every code, as the assertion below checks.
+            unsafe { encoder.write(&mut writer, v) };
             bits += golomb_len(v, m);
         }
         prop_assert_eq!(writer.bit_len(), bits);
