@@ -112,7 +112,7 @@ impl<'a> ByteReader<'a> {
 /// on the encoder's per-change path. With a growth check that may call the allocator in
 /// the loop, the compiler kept the writer's state in memory, stored and reloaded on every
 /// code; a bounds check per write still cost the gap and step loop (`aurora::encode`)
-/// 8 to 15 ms of 45 to 60 on the 0.6B model's 1% step. Each write is now a few register
+/// 7 to 15 ms of 47 to 73 on the 0.6B model's 1% step. Each write is now a few register
 /// operations and one unaligned 8-byte store, with no branch on how full the accumulator
 /// is. Every bound the writes rely on is tested against what is written.
 #[derive(Debug, Default)]
