@@ -106,8 +106,7 @@ fn encode_body<W: Word, const V3: bool>(
         };
         // Gaps after a class's last change are never coded, so its density is measured
         // up to it.
-        let population = u64::from(last.rank) + 1;
-        let parameter = golomb_parameter(class_changes.len() as u64, population);
+        let parameter = golomb_parameter(class_changes.len() as u64, u64::from(last.rank) + 1);
         write_leb128(out, parameter);
         let model = Model::from_counts(&symbol_counts(class_changes, &mut escapes));
         model.write(out);
@@ -115,7 +114,6 @@ fn encode_body<W: Word, const V3: bool>(
             changes: class_changes,
             golomb: GolombEncoder::new(parameter),
             model,
-            population,
         });
     }
     let (mut bits, rans) = code_gaps_and_steps(&coders);
@@ -136,8 +134,6 @@ struct ClassCoder<'a> {
     changes: &'a [Change],
     golomb: GolombEncoder,
     model: Model,
-    /// Elements up to the class's last change, which bounds the sum of its gaps.
-    population: u64,
 }
 
 /// Writes every class's gaps (first class first, each in rank order) and pushes every
@@ -150,12 +146,12 @@ struct ClassCoder<'a> {
 fn code_gaps_and_steps(coders: &[ClassCoder<'_>]) -> (BitWriter, RansEncoder) {
     let total: usize = coders.iter().map(|c| c.changes.len()).sum();
     let mut bits = BitWriter::new();
-    bits.reserve(
-        coders
-            .iter()
-            .map(|c| c.golomb.max_bits(c.changes.len() as u64, c.population))
-            .sum(),
-    );
+    // A class's gaps sum to less than the elements up to its last change.
+    let gap_bits = |c: &ClassCoder<'_>| {
+        let population = c.changes.last().map_or(0, |last| u64::from(last.rank) + 1);
+        c.golomb.max_bits(c.changes.len() as u64, population)
+    };
+    bits.reserve(coders.iter().map(gap_bits).sum());
     let mut rans = RansEncoder::new(total);
     // The gap side is at `gaps_done` changes into class `gap_class`, the step side has
     // `steps_left` changes of class `step_class` still to push.
@@ -176,9 +172,8 @@ fn code_gaps_and_steps(coders: &[ClassCoder<'_>]) -> (BitWriter, RansEncoder) {
         let gaps = &gap_coder.changes[gaps_done..gaps_done + run];
         let steps = &step_coder.changes[steps_left - run..steps_left];
         for (gap, step) in gaps.iter().zip(steps.iter().rev()) {
-            // SAFETY: the room reserved covers every class's gaps (`max_bits` of its
-            // count and population, which bounds their sum), and the rANS encoder was
-            // made for every change, each pushed once.
+            // SAFETY: the room reserved covers every class's gaps (`gap_bits`), and the
+            // rANS encoder was made for every change, each pushed once.
             unsafe {
                 gap_coder
                     .golomb
