@@ -30,16 +30,27 @@ use crate::format::MAX_CHUNK_ELEMENTS;
 /// Step values below this are rANS symbols; larger ones use the escape symbol plus an
 /// exponential-Golomb remainder.
 const ESCAPE: u64 = ALPHABET as u64 - 1;
-/// The class search samples about this many 64-element blocks per chunk...
-const SAMPLED_BLOCKS: usize = 512;
-/// ...but at least one block in this many...
-const MAX_SAMPLE_STRIDE: usize = 32;
-/// ...in runs of this many consecutive blocks: a lone block every few KiB costs a cache
-/// miss on each side, while a run lets the hardware prefetcher stream.
+/// The class search samples runs of this many consecutive 64-element blocks: a lone
+/// block every few KiB costs a cache miss on each side, while a run lets the hardware
+/// prefetcher stream.
 const SAMPLE_RUN: usize = 64;
-/// Populations are a hundred times denser than changes, and the costlier to count per
-/// element, so they are counted in one sampled run in this many.
+/// It first samples about this many blocks per chunk, but at most one run in
+/// `COARSEST_SAMPLE_STRIDE`...
+const SAMPLED_BLOCKS: usize = 512;
+const COARSEST_SAMPLE_STRIDE: usize = 128;
+/// ...then, while it has seen fewer changes than this, twice as many runs at a time, down
+/// to one run in `FINEST_SAMPLE_STRIDE`: class boundaries are only as good as the changes
+/// they are placed from, and the sparser the chunk, the more of it holds as many.
+const ENOUGH_SAMPLED_CHANGES: u64 = 256;
+const FINEST_SAMPLE_STRIDE: usize = 32;
+/// Populations are a hundred times denser than changes, so they are counted in one run in
+/// this many of the finest stride's.
 const POPULATION_RUNS: usize = 4;
+const _: () = assert!(
+    COARSEST_SAMPLE_STRIDE.is_power_of_two()
+        && FINEST_SAMPLE_STRIDE.is_power_of_two()
+        && COARSEST_SAMPLE_STRIDE <= POPULATION_RUNS * FINEST_SAMPLE_STRIDE
+);
 /// Relative size a chunk may give up for fewer classes (a faster decoder scan).
 const CLASS_TOLERANCE: f64 = 0.01;
 /// The size, in bits per element of a chunk, that one more class must save to pay for
@@ -85,11 +96,11 @@ fn encode_body<W: Word, const V3: bool>(
     out: &mut Vec<u8>,
 ) -> bool {
     let len = base.len() / W::BYTES;
-    let classes = choose_classes::<W, V3>(base, target, len, layout);
+    let (classes, expected_changes) = choose_classes::<W, V3>(base, target, len, layout);
     let class_count = classes.count();
 
     let changes = with_threshold_count!(classes.thresholds.len(), T => {
-        find_changes::<W, T, V3>(base, target, len, &classes)
+        find_changes::<W, T, V3>(base, target, len, &classes, &expected_changes)
     });
     if changes.iter().all(Vec::is_empty) {
         return false;
@@ -209,9 +220,19 @@ fn find_changes<W: Word, const T: usize, const V3: bool>(
     target: &[u8],
     len: usize,
     classes: &Classes,
+    expected_changes: &[usize; MAX_CLASSES],
 ) -> Vec<Vec<Change>> {
     let mut found = FoundChanges {
-        changes: Default::default(),
+        // Room for the changes the class search expects, a quarter more for its sampling
+        // error, and the window `reserve` asks for: the lists then rarely grow, and a
+        // growth copies a list (2 to 4% of the extraction).
+        changes: std::array::from_fn(|class| {
+            if class > T {
+                return Vec::new();
+            }
+            let expected = expected_changes[class];
+            Vec::with_capacity((expected + expected / 4 + WINDOW_BLOCKS * 64).min(len))
+        }),
         at_least_before: [0; MAX_CLASSES + 1],
     };
     let block_bytes = 64 * W::BYTES;
@@ -830,36 +851,55 @@ struct Bin {
 /// binary entropy of the class's density, steps the empirical entropy of their symbols,
 /// and each class pays for its header and table. Statistics come from a sample of
 /// 64-element blocks (every block of small chunks), which is plenty to place boundaries
-/// and keeps this pre-pass a fraction of the encoding pass.
+/// and keeps this pre-pass a fraction of the encoding pass. Returns the classes and the
+/// number of changes the sample predicts in each.
 fn choose_classes<W: Word, const V3: bool>(
     base: &[u8],
     target: &[u8],
     len: usize,
     layout: FloatLayout,
-) -> Classes {
+) -> (Classes, [usize; MAX_CLASSES]) {
     let single = Classes::new(layout, Vec::new());
     let exponents = (layout.exponent_mask >> layout.exponent_shift) as usize + 1;
     let blocks = len.div_ceil(64);
-    let stride = (blocks / SAMPLED_BLOCKS).clamp(1, MAX_SAMPLE_STRIDE);
+    let runs = blocks.div_ceil(SAMPLE_RUN);
+    // Powers of two: each refinement samples the runs halfway between those sampled, so
+    // the sampled runs are always the multiples of the current stride.
+    let wanted = (blocks / SAMPLED_BLOCKS).clamp(1, COARSEST_SAMPLE_STRIDE);
+    let coarsest = 1 << wanted.ilog2();
+    // A multiple of the coarsest stride (see the assertion beside the constants), so
+    // populations are counted in the first pass only.
+    let population_stride = POPULATION_RUNS * coarsest.min(FINEST_SAMPLE_STRIDE);
     // Counted per sampled element and scaled to the chunk at the end. Most elements share
     // a handful of exponents: four tables let consecutive increments of the same count
-    // proceed without waiting on each other.
-    let mut populations = vec![[0u64; 4]; exponents];
+    // proceed without waiting on each other. Exponents fit a byte (see `Classes::new`).
+    let mut populations = [[0u32; 256]; 4];
     let mut population_sampled = 0u64;
     let mut changed = vec![0u64; exponents];
     let mut symbols = vec![[0u64; ALPHABET]; exponents];
     let mut escape_bits = vec![0u64; exponents];
-    let mut sampled_changes = 0u64;
-    for run in (0..blocks.div_ceil(SAMPLE_RUN)).step_by(stride) {
+    // Samples a run and returns how many changes it holds.
+    let mut sample_run = |run: usize| -> u64 {
         let first = run * SAMPLE_RUN * 64;
         let end = (first + SAMPLE_RUN * 64).min(len);
-        if run % (POPULATION_RUNS * stride) == 0 {
+        if run.is_multiple_of(population_stride) {
             population_sampled += (end - first) as u64;
-            for index in first..end {
-                let exponent = single.exponent(W::load(base, index)) as usize;
-                populations[exponent][index % 4] += 1;
+            let mut quads = base[first * W::BYTES..end * W::BYTES].chunks_exact(4 * W::BYTES);
+            for quad in &mut quads {
+                for (lane, counts) in populations.iter_mut().enumerate() {
+                    counts[single.exponent(W::load(quad, lane)) as usize & 0xFF] += 1;
+                }
+            }
+            for (lane, counts) in populations.iter_mut().enumerate() {
+                if let Some(word) = quads
+                    .remainder()
+                    .get(lane * W::BYTES..(lane + 1) * W::BYTES)
+                {
+                    counts[single.exponent(W::load(word, 0)) as usize & 0xFF] += 1;
+                }
             }
         }
+        let mut found = 0;
         for block in (first..end).step_by(64) {
             let bytes = block * W::BYTES..(end.min(block + 64)) * W::BYTES;
             let mut mask = changed_mask::<W, V3>(&base[bytes.clone()], &target[bytes]);
@@ -872,14 +912,26 @@ fn choose_classes<W: Word, const V3: bool>(
                 if step >= ESCAPE {
                     escape_bits[exponent] += exp_golomb_len(step - ESCAPE);
                 }
-                sampled_changes += 1;
+                found += 1;
                 mask &= mask - 1;
             }
         }
+        found
+    };
+    let mut stride = coarsest;
+    let mut sampled_changes: u64 = (0..runs).step_by(stride).map(&mut sample_run).sum();
+    while sampled_changes < ENOUGH_SAMPLED_CHANGES && stride > FINEST_SAMPLE_STRIDE {
+        sampled_changes += (stride / 2..runs)
+            .step_by(stride)
+            .map(&mut sample_run)
+            .sum::<u64>();
+        stride /= 2;
     }
-    let population: Vec<u64> = populations
-        .iter()
-        .map(|counts| counts.iter().sum::<u64>() * len as u64 / population_sampled.max(1))
+    let population: Vec<u64> = (0..exponents)
+        .map(|e| {
+            let sampled: u64 = populations.iter().map(|counts| u64::from(counts[e])).sum();
+            sampled * len as u64 / population_sampled.max(1)
+        })
         .collect();
     let weight = stride as u64;
     for e in 0..exponents {
@@ -889,9 +941,20 @@ fn choose_classes<W: Word, const V3: bool>(
             *count *= weight;
         }
     }
+    // The sample's changes of each exponent, as counted in classes split at `thresholds`.
+    let expected_changes = |thresholds: &[u32]| {
+        let mut expected = [0usize; MAX_CLASSES];
+        for (exponent, &count) in changed.iter().enumerate() {
+            expected[thresholds
+                .iter()
+                .filter(|&&t| t as usize <= exponent)
+                .count()] += count as usize;
+        }
+        expected
+    };
     // Classes only pay off with enough changes to amortise their headers.
     if sampled_changes * (stride as u64) < 64 || len < 4096 {
-        return single;
+        return (single, expected_changes(&[]));
     }
     let present: Vec<usize> = (0..exponents)
         .filter(|&e| population[e] > 0 || changed[e] > 0)
@@ -972,7 +1035,8 @@ fn choose_classes<W: Word, const V3: bool>(
         end = start - 1;
     }
     thresholds.reverse();
-    Classes::new(layout, thresholds)
+    let expected = expected_changes(&thresholds);
+    (Classes::new(layout, thresholds), expected)
 }
 
 fn class_cost_bits(bin: &Bin) -> f64 {
@@ -1093,7 +1157,7 @@ mod tests {
     fn context_classes_beat_a_single_class_on_realistic_data() {
         let (base, target, positions) = realistic(1 << 18, 7);
         let bytes = round_trip(&base, &target, &positions);
-        let classes = choose_classes::<u16, false>(&base, &target, base.len() / 2, BF16);
+        let (classes, _) = choose_classes::<u16, false>(&base, &target, base.len() / 2, BF16);
         assert!(
             classes.count() > 1,
             "expected several classes, got {classes:?}"
@@ -1107,6 +1171,35 @@ mod tests {
             (bytes as u64) < single_class_gap_bytes,
             "{bytes} bytes with classes, {single_class_gap_bytes} for positions alone without"
         );
+    }
+
+    #[test]
+    fn class_search_predicts_the_changes_of_each_class() {
+        let (base, dense_target, _) = realistic(1 << 21, 5);
+        // The same chunk with about one change in 64 kept (about 0.3% of elements): too
+        // few for the search's first pass, so it samples more.
+        let mut sparse_target = base.clone();
+        for (i, (old, new)) in base.chunks(2).zip(dense_target.chunks(2)).enumerate() {
+            if old != new && (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58 == 0 {
+                sparse_target[2 * i..2 * i + 2].copy_from_slice(new);
+            }
+        }
+        for target in [dense_target, sparse_target] {
+            let len = base.len() / 2;
+            let (classes, expected) = choose_classes::<u16, false>(&base, &target, len, BF16);
+            let found = with_threshold_count!(classes.thresholds.len(), T => {
+                find_changes::<u16, T, false>(&base, &target, len, &classes, &expected)
+            });
+            let total: usize = found.iter().map(Vec::len).sum();
+            for (class, changes) in found.iter().enumerate() {
+                let (actual, predicted) = (changes.len() as f64, expected[class] as f64);
+                assert!(
+                    actual < 0.05 * total as f64 || (predicted / actual - 1.0).abs() < 0.3,
+                    "class {class} of thresholds {:?}: {predicted} changes predicted, {actual} found",
+                    classes.thresholds
+                );
+            }
+        }
     }
 
     #[test]
