@@ -179,6 +179,13 @@ pub fn base_tensors() -> Vec<OwnedTensor> {
             &mut random,
         ),
         float_tensor("model.norm.weight", Dtype::Bf16, &[16], &mut random),
+        // Long enough for the `aurora` encoding's exponent classes (from 4096 elements).
+        float_tensor(
+            "model.layers.0.mlp.up_proj.weight",
+            Dtype::Bf16,
+            &[128, 64],
+            &mut random,
+        ),
     ];
     tensors.push(OwnedTensor {
         name: "model.step".into(),
@@ -341,6 +348,23 @@ pub fn seed_roundtrips() -> Vec<(String, Vec<u8>)> {
             seeds.push((name, input));
         }
     }
+    // Two BF16 tensors long enough for the class search (from 4096 elements a chunk may
+    // have several exponent classes), with values over 14 exponents that change the more
+    // often the smaller they are, as in training: about 3% of elements.
+    let mut random = SplitMix(14);
+    let mut input = vec![0, 128, 6];
+    for _ in 0..12_288 {
+        let exponent = 110 + random.next() % 14;
+        let word = (random.next() & 0x807F | exponent << 7) as u16;
+        input.extend_from_slice(&word.to_le_bytes());
+        let chance = 0.2 / (1u32 << (exponent - 110)) as f32;
+        input.push(if random.unit() < chance {
+            0xC0 + (random.next() % 8) as u8
+        } else {
+            0
+        });
+    }
+    seeds.push(("BF16-aurora-classes".into(), input));
     seeds
 }
 
@@ -353,10 +377,18 @@ fn stepped(base: &[OwnedTensor], seed: u64, density: f64) -> Vec<OwnedTensor> {
         let width = tensor.dtype.size_bytes();
         let is_float = matches!(tensor.dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32);
         for element in tensor.data.chunks_exact_mut(width) {
-            if random.unit() as f64 >= density {
+            let word = read_word(element);
+            // Small magnitudes change more often, as under Adam-style updates, so the
+            // exponent classes of `aurora` pay off on tensors long enough for them.
+            let weight = match tensor.dtype {
+                Dtype::Bf16 => 124 - (word >> 7 & 0xFF) as i32,
+                Dtype::F16 => 12 - (word >> 10 & 0x1F) as i32,
+                Dtype::F32 => 124 - (word >> 23 & 0xFF) as i32,
+                _ => 0,
+            };
+            if random.unit() as f64 >= density * 2f64.powi((weight / 2).clamp(-3, 3)) {
                 continue;
             }
-            let word = read_word(element);
             let new = if is_float {
                 let step = 1 + random.next() % 3;
                 let step = if random.next().is_multiple_of(2) {

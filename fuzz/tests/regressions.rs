@@ -95,7 +95,6 @@ fn fuzz_crashes_stay_fixed() {
     }
 }
 
-
 fn hex(text: &str) -> Vec<u8> {
     (0..text.len())
         .step_by(2)
