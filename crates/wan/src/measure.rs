@@ -145,6 +145,9 @@ pub struct TcpStats {
     pub bytes_sent: Option<u64>,
     pub bytes_retransmitted: Option<u64>,
     pub delivery_rate_bytes_per_s: Option<u64>,
+    /// Segments the receiver reported receiving twice (D-SACK): retransmissions of
+    /// segments that were late rather than lost.
+    pub duplicates_reported: Option<u32>,
 }
 
 /// Offsets in `struct tcp_info` (linux/tcp.h), stable since each field was added.
@@ -157,6 +160,7 @@ mod tcp_info {
     pub const DELIVERY_RATE: usize = 160;
     pub const BYTES_SENT: usize = 200;
     pub const BYTES_RETRANS: usize = 208;
+    pub const DSACK_DUPS: usize = 216;
 }
 
 fn field_u32(bytes: &[u8], offset: usize) -> Option<u32> {
@@ -184,6 +188,7 @@ impl TcpStats {
             bytes_sent: field_u64(info, tcp_info::BYTES_SENT),
             bytes_retransmitted: field_u64(info, tcp_info::BYTES_RETRANS),
             delivery_rate_bytes_per_s: field_u64(info, tcp_info::DELIVERY_RATE),
+            duplicates_reported: field_u32(info, tcp_info::DSACK_DUPS),
         })
     }
 
@@ -556,6 +561,10 @@ mod tests {
         assert_eq!(
             std::mem::offset_of!(libc::tcp_info, tcpi_total_retrans),
             tcp_info::TOTAL_RETRANS
+        );
+        assert_eq!(
+            std::mem::offset_of!(libc::tcp_info, tcpi_dsack_dups),
+            tcp_info::DSACK_DUPS
         );
     }
 

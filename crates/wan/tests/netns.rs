@@ -140,18 +140,25 @@ fn the_rate_limit_caps_a_tcp_transfer() {
     );
     assert_eq!(report.streams.len(), 2);
     // Every packet TCP retransmitted was dropped at the link's queue (there is no
-    // random loss on this link), and the emulator counted each drop; except that a
-    // tail loss probe may resend a segment that was only late (seen once in CI: 162
-    // retransmitted, 161 dropped), so each stream may have a couple more.
+    // random loss on this link), and the emulator counted each drop, or was only late:
+    // on a loaded machine the emulator's delay line can hold packets past TCP's timers
+    // (seen in CI: 162 retransmitted, 161 dropped; and 128 retransmitted, 121 dropped).
+    // The receiver reports each late copy it gets twice (D-SACK); a report still in
+    // flight at the deadline is allowed for by a couple per stream.
     let queue_full: u64 = network
         .counters()
         .iter()
         .map(|direction| direction.counters.queue_full + direction.counters.send_failed)
         .sum();
-    let probes_allowed = 2 * report.streams.len() as u64;
+    let duplicates: u64 = report
+        .streams
+        .iter()
+        .map(|stream| u64::from(stream.sender.duplicates_reported.unwrap_or(0)))
+        .sum();
+    let in_flight_allowed = 2 * report.streams.len() as u64;
     assert!(
-        report.retransmitted_segments() <= queue_full + probes_allowed,
-        "{} retransmitted, {queue_full} dropped",
+        report.retransmitted_segments() <= queue_full + duplicates + in_flight_allowed,
+        "{} retransmitted, {queue_full} dropped, {duplicates} reported twice",
         report.retransmitted_segments()
     );
     for stream in &report.streams {
