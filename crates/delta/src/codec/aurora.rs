@@ -44,7 +44,7 @@ const COARSEST_SAMPLE_STRIDE: usize = 128;
 const ENOUGH_SAMPLED_CHANGES: u64 = 256;
 const FINEST_SAMPLE_STRIDE: usize = 32;
 /// Populations are a hundred times denser than changes, so they are counted in one run in
-/// this many of the finest stride's.
+/// `POPULATION_RUNS * FINEST_SAMPLE_STRIDE` (in fewer only in chunks too short for it).
 const POPULATION_RUNS: usize = 4;
 const _: () = assert!(
     COARSEST_SAMPLE_STRIDE.is_power_of_two()
