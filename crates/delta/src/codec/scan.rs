@@ -315,22 +315,29 @@ impl Classes {
                 *bound = [((t << shift) as u8).wrapping_sub(1) ^ 0x80; 32];
             }
         }
+        let mut classes = Classes {
+            layout,
+            thresholds,
+            bounds,
+            class_by_top_byte: [0; 256],
+        };
         let top_byte_shift = 24 - layout.exponent_mask.leading_zeros();
         let class_by_top_byte = std::array::from_fn(|byte| {
             let exponent =
                 ((byte as u32) << top_byte_shift & layout.exponent_mask) >> layout.exponent_shift;
-            thresholds.iter().filter(|&&t| t <= exponent).count() as u8
+            classes.class_of_exponent(exponent) as u8
         });
-        Classes {
-            layout,
-            thresholds,
-            bounds,
-            class_by_top_byte,
-        }
+        classes.class_by_top_byte = class_by_top_byte;
+        classes
     }
 
     pub fn count(&self) -> usize {
         self.thresholds.len() + 1
+    }
+
+    /// The class of values with this exponent: how many thresholds it reaches.
+    pub fn class_of_exponent(&self, exponent: u32) -> usize {
+        self.thresholds.iter().filter(|&&t| t <= exponent).count()
     }
 
     #[inline]
