@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::{MappedFile, write_atomically, write_delta, write_safetensors};
 use aurora_delta::{
-    Encoding, ExtractOptions, Extraction, Manifest, apply, check_base, compose, decode, invert,
+    Encoding, ExtractOptions, Extraction, Manifest, check_base, compose, decode, invert,
     owned_checkpoint, stats::delta_stats,
 };
 use clap::{Args, Subcommand, ValueEnum};
@@ -35,13 +35,17 @@ pub enum DeltaCommand {
             conflicts_with = "in_place"
         )]
         out: Option<PathBuf>,
-        /// Patch BASE in place (memory-mapped); it is restored if the result is wrong.
+        /// Patch BASE in place (memory-mapped); it is restored if the result is wrong, and
+        /// an undo journal beside it restores it if the apply is interrupted.
         #[arg(long)]
         in_place: bool,
-        /// BASE stores q/k/v and gate/up fused, as inference engines do (in place only).
-        #[arg(long, requires = "in_place")]
+        /// BASE stores q/k/v and gate/up fused, as inference engines do (so does OUT).
+        #[arg(long)]
         fused: bool,
     },
+    /// Restore CHECKPOINT to its base after an in-place apply was interrupted (from the
+    /// undo journal the apply left beside it).
+    Recover { checkpoint: PathBuf },
     /// Show what a delta is made of, per tensor.
     Inspect {
         delta: PathBuf,
@@ -153,30 +157,48 @@ pub fn run(command: DeltaCommand) -> Result<()> {
             in_place,
             fused,
         } => {
+            // Otherwise the delta's read lock would be reported as another process's.
+            if same_file(&base, &delta) || out.as_ref().is_some_and(|o| same_file(o, &delta)) {
+                bail!("{} is both the checkpoint and the delta", delta.display());
+            }
             let delta_file = MappedFile::open(&delta)?;
             let parsed = delta_file.delta()?;
-            if in_place {
-                let hash = aurora_checkpoint::apply_in_place(&base, &parsed, fused).with_context(
-                    || format!("applying {} to {}", delta.display(), base.display()),
-                )?;
-                println!(
-                    "{}: now version {} ({hash})",
-                    base.display(),
-                    parsed.header().target_version
-                );
-                return Ok(());
-            }
-            let out = out.expect("clap requires --out without --in-place");
-            let base_file = MappedFile::open(&base)?;
-            let tensors = apply(&parsed, &base_file.checkpoint()?, None)
+            let version = parsed.header().target_version;
+            let spinner = crate::spinner("applying");
+            let applied = if in_place {
+                aurora_checkpoint::apply_in_place(&base, &parsed, fused)
+            } else {
+                let out = out
+                    .as_ref()
+                    .expect("clap requires --out without --in-place");
+                aurora_checkpoint::apply_to_file(&base, &parsed, fused, out)
+            };
+            spinner.finish_and_clear();
+            let hash = applied
                 .with_context(|| format!("applying {} to {}", delta.display(), base.display()))?;
-            write_safetensors(&out, &tensors)?;
-            println!(
-                "{}: version {} ({})",
-                out.display(),
-                parsed.header().target_version,
-                parsed.header().target_hash
-            );
+            match out {
+                Some(out) => println!("{}: version {version} ({hash})", out.display()),
+                None => println!("{}: now version {version} ({hash})", base.display()),
+            }
+            Ok(())
+        }
+        DeltaCommand::Recover { checkpoint } => {
+            match aurora_checkpoint::recover(&checkpoint)
+                .with_context(|| format!("recovering {}", checkpoint.display()))?
+            {
+                Some(info) => println!(
+                    "{}: restored version {} ({} bytes) from the journal of delta {} (to version {})",
+                    checkpoint.display(),
+                    info.base_version,
+                    info.restored_bytes,
+                    info.delta_id,
+                    info.target_version
+                ),
+                None => println!(
+                    "{}: no interrupted apply to recover from",
+                    checkpoint.display()
+                ),
+            }
             Ok(())
         }
         DeltaCommand::Inspect { delta, json, top } => {
@@ -193,11 +215,14 @@ pub fn run(command: DeltaCommand) -> Result<()> {
         DeltaCommand::Verify { delta, base } => {
             let file = MappedFile::open(&delta)?;
             let parsed = file.delta()?;
+            let bar = crate::progress_bar(file.bytes().len() as u64, "verifying");
             for index in 0..parsed.segment_count() {
                 parsed
                     .verify_segment(index)
                     .with_context(|| format!("verifying {}", delta.display()))?;
+                bar.inc(parsed.manifest.segments[index].len as u64);
             }
+            bar.finish_and_clear();
             println!(
                 "{}: intact, id {}, {} segments",
                 delta.display(),
@@ -207,9 +232,12 @@ pub fn run(command: DeltaCommand) -> Result<()> {
             if let Some(base) = base {
                 let base_file = MappedFile::open(&base)?;
                 let view = base_file.checkpoint()?;
-                check_base(parsed.header(), &view, None)
-                    .with_context(|| format!("checking base {}", base.display()))?;
-                decode(&parsed, &view)?.materialize(&view)?;
+                let spinner = crate::spinner("applying");
+                let applied = check_base(parsed.header(), &view, None)
+                    .with_context(|| format!("checking base {}", base.display()))
+                    .and_then(|()| Ok(decode(&parsed, &view)?.materialize_image(&view)?));
+                spinner.finish_and_clear();
+                applied?;
                 println!(
                     "applies to {} and reproduces version {} ({})",
                     base.display(),
@@ -235,7 +263,10 @@ pub fn run(command: DeltaCommand) -> Result<()> {
                 .iter()
                 .map(MappedFile::delta)
                 .collect::<Result<Vec<_>, _>>()?;
-            let (manifest, bytes) = compose(&base_file.checkpoint()?, &chain, encode.options())?;
+            let spinner = crate::spinner("composing");
+            let composed = compose(&base_file.checkpoint()?, &chain, encode.options());
+            spinner.finish_and_clear();
+            let (manifest, bytes) = composed?;
             write_bytes(&out, &bytes)?;
             report_written(&out, &manifest, started)
         }
@@ -248,11 +279,14 @@ pub fn run(command: DeltaCommand) -> Result<()> {
             let started = std::time::Instant::now();
             let base_file = MappedFile::open(&base)?;
             let delta_file = MappedFile::open(&delta)?;
-            let (manifest, bytes) = invert(
+            let spinner = crate::spinner("inverting");
+            let inverted = invert(
                 &delta_file.delta()?,
                 &base_file.checkpoint()?,
                 encode.options(),
-            )?;
+            );
+            spinner.finish_and_clear();
+            let (manifest, bytes) = inverted?;
             write_bytes(&out, &bytes)?;
             report_written(&out, &manifest, started)
         }
@@ -264,6 +298,14 @@ pub fn run(command: DeltaCommand) -> Result<()> {
             println!("{}: {} tensors", out.display(), fused.len());
             Ok(())
         }
+    }
+}
+
+/// Whether two paths name the same existing file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
 }
 

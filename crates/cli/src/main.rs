@@ -63,6 +63,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let outcome = match cli.command {
@@ -108,6 +109,19 @@ pub(crate) fn progress_bar(length: u64, message: &str) -> indicatif::ProgressBar
     );
     bar.set_message(message.to_string());
     bar
+}
+
+/// A spinner on stderr for long operations whose progress the library does not report;
+/// hidden when stderr is not a terminal.
+pub(crate) fn spinner(message: &str) -> indicatif::ProgressBar {
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .expect("valid template"),
+    );
+    spinner.set_message(message.to_string());
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    spinner
 }
 
 /// The async runtime of a command that serves or joins the network; `workers` caps its

@@ -329,12 +329,21 @@ fn a_foreign_file_is_not_taken_for_a_delta_or_a_checkpoint() {
     assert_rejected(&f.s, &f.step0, &f.step1, Fault::Delta, &["bad magic"]);
     // A delta passed as the base.
     let delta_before = read(&f.delta);
+    let base = f.s.write("a-delta-as-base.safetensors", &delta_before);
+    let run = aurora(&["delta", "apply"])
+        .arg(&base)
+        .arg(&f.delta)
+        .arg("--in-place")
+        .fails();
+    assert_error_mentions(&run, &["safetensors"]);
+    assert_same_file(&base, &delta_before);
+    // The delta as its own base.
     let run = aurora(&["delta", "apply"])
         .arg(&f.delta)
         .arg(&f.delta)
         .arg("--in-place")
         .fails();
-    assert_error_mentions(&run, &["safetensors"]);
+    assert_error_mentions(&run, &["both the checkpoint and the delta"]);
     assert_same_file(&f.delta, &delta_before);
 }
 
@@ -502,6 +511,18 @@ fn a_delta_applies_in_place_to_a_fused_layout() {
     assert_error_mentions(&run, &["does not match"]);
     assert_same_file(&fused0, &fused_bytes);
 
+    // Out of place, the output is fused too and the base stays as it was.
+    let fused_out = s.path("fused-out.safetensors");
+    aurora(&["delta", "apply"])
+        .arg(&fused0)
+        .arg(&delta)
+        .arg("--fused")
+        .arg("-o")
+        .arg(&fused_out)
+        .ok();
+    assert_same_weights(&fused_out, &fused1);
+    assert_same_file(&fused0, &fused_bytes);
+
     aurora(&["delta", "apply"])
         .arg(&fused0)
         .arg(&delta)
@@ -509,6 +530,67 @@ fn a_delta_applies_in_place_to_a_fused_layout() {
         .arg("--fused")
         .ok();
     assert_same_weights(&fused0, &fused1);
+}
+
+/// What a crash in the middle of `apply --in-place` leaves (its undo journal, and the
+/// file half written): no command reads the torn file, and `recover` restores the base.
+#[test]
+fn an_interrupted_in_place_apply_is_refused_until_recovered() {
+    let s = Scratch::new();
+    let steps = s.synth("tiny", 1, &[]);
+    let delta = s.diff(&steps[0], &steps[1], "aurora", 0);
+    let base = read(&steps[0]);
+    let delta_bytes = read(&delta);
+    let parsed = DeltaFile::parse(&delta_bytes).unwrap();
+    let layout = aurora_delta::safetensors_layout(&base).unwrap();
+    let mut patch = {
+        let view = Checkpoint::from_layout(&base, &layout).unwrap();
+        aurora_delta::decode(&parsed, &view).unwrap()
+    };
+    let mut journal = Vec::new();
+    patch
+        .undo_journal(&base, &layout, parsed.id)
+        .unwrap()
+        .write_to(&mut journal)
+        .unwrap();
+    std::fs::write(aurora_checkpoint::journal_path(&steps[0]), journal).unwrap();
+    let mut target = base.clone();
+    patch.apply_in_place(&mut target, &layout).unwrap();
+    let half = base.len() / 2;
+    let torn = [&target[..half], &base[half..]].concat();
+    std::fs::write(&steps[0], &torn).unwrap();
+
+    let run = aurora(&["delta", "diff"])
+        .arg(&steps[0])
+        .arg(&steps[1])
+        .arg("-o")
+        .arg(s.path("d.adelta"))
+        .fails();
+    assert_error_mentions(&run, &["interrupted", "aurora delta recover"]);
+    let run = aurora(&["delta", "apply"])
+        .arg(&steps[0])
+        .arg(&delta)
+        .arg("-o")
+        .arg(s.path("out.safetensors"))
+        .fails();
+    assert_error_mentions(&run, &["interrupted"]);
+    assert_same_file(&steps[0], &torn);
+
+    let run = aurora(&["delta", "recover"]).arg(&steps[0]).ok();
+    assert!(run.stdout.contains("restored version 0"), "{}", run.stdout);
+    assert_same_file(&steps[0], &base);
+    let run = aurora(&["delta", "recover"]).arg(&steps[0]).ok();
+    assert!(
+        run.stdout.contains("no interrupted apply"),
+        "{}",
+        run.stdout
+    );
+    aurora(&["delta", "apply"])
+        .arg(&steps[0])
+        .arg(&delta)
+        .arg("--in-place")
+        .ok();
+    assert_same_weights(&steps[0], &steps[1]);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -31,6 +31,14 @@ pub struct PatchChunk {
     pub changes: Changes,
 }
 
+/// Where a chunk of a [`Patch`] lies in the buffer it applies to.
+pub(crate) struct Placement {
+    /// Index of the chunk in [`Patch::chunks`].
+    pub chunk: usize,
+    pub bytes: std::ops::Range<usize>,
+    pub element_bytes: usize,
+}
+
 /// A fully decoded and validated delta.
 #[derive(Debug, Clone)]
 pub struct Patch {
@@ -358,10 +366,41 @@ impl Patch {
         buffer: &mut [u8],
         layout: &[TensorLayout],
     ) -> Result<()> {
+        let placements = self.placements(buffer.len(), layout)?;
+        // Chunks cover disjoint ranges, so the buffer splits into one slice per chunk and
+        // the swaps run on the current rayon pool: a large model's commit is then bound by
+        // memory bandwidth rather than one core.
+        let mut chunks: Vec<Option<&mut PatchChunk>> = self.chunks.iter_mut().map(Some).collect();
+        let mut jobs = Vec::with_capacity(placements.len());
+        let (mut rest, mut rest_start) = (buffer, 0);
+        for placement in placements {
+            let chunk = chunks[placement.chunk]
+                .take()
+                .expect("each chunk is placed once");
+            let (slice, tail) = std::mem::take(&mut rest)[placement.bytes.start - rest_start..]
+                .split_at_mut(placement.bytes.len());
+            jobs.push((chunk, slice, placement.element_bytes));
+            (rest, rest_start) = (tail, placement.bytes.end);
+        }
+        jobs.into_par_iter()
+            .for_each(|(chunk, slice, element_bytes)| {
+                chunk.changes.swap_into(slice, element_bytes)
+            });
+        Ok(())
+    }
+
+    /// Where each chunk lies in a buffer of `buffer_len` bytes whose tensors sit where
+    /// `layout` says (with the target's names, dtypes and shapes), in buffer order; checks
+    /// that every chunk lies inside the buffer and that no two overlap.
+    pub(crate) fn placements(
+        &self,
+        buffer_len: usize,
+        layout: &[TensorLayout],
+    ) -> Result<Vec<Placement>> {
         let by_name: HashMap<&str, &TensorLayout> =
             layout.iter().map(|l| (l.name.as_str(), l)).collect();
-        let mut regions = Vec::with_capacity(self.chunks.len());
-        for chunk in &self.chunks {
+        let mut placements = Vec::with_capacity(self.chunks.len());
+        for (index, chunk) in self.chunks.iter().enumerate() {
             let entry = &self.header.tensors[chunk.tensor as usize];
             let spec = entry
                 .change
@@ -374,37 +413,28 @@ impl Patch {
             let element_bytes = spec.dtype.size_bytes();
             let start = place.bytes.start + chunk.start as usize * element_bytes;
             let end = start + chunk.len as usize * element_bytes;
-            if end > place.bytes.end || place.bytes.end > buffer.len() {
+            if end > place.bytes.end || place.bytes.end > buffer_len {
                 return Err(DeltaError::BaseMismatch(format!(
                     "tensor '{}' lies outside the buffer",
                     entry.name
                 )));
             }
-            regions.push((start..end, element_bytes));
+            placements.push(Placement {
+                chunk: index,
+                bytes: start..end,
+                element_bytes,
+            });
         }
-        // Chunks cover disjoint ranges, so the buffer splits into one slice per chunk and
-        // the swaps run on the current rayon pool: a large model's commit is then bound by
-        // memory bandwidth rather than one core.
-        let mut pieces: Vec<_> = self.chunks.iter_mut().zip(regions).collect();
-        pieces.sort_unstable_by_key(|(_, (range, _))| range.start);
-        let mut jobs = Vec::with_capacity(pieces.len());
-        let (mut rest, mut rest_start) = (buffer, 0);
-        for (chunk, (range, element_bytes)) in pieces {
-            let Some(skip) = range.start.checked_sub(rest_start) else {
+        placements.sort_unstable_by_key(|p| p.bytes.start);
+        for pair in placements.windows(2) {
+            if pair[1].bytes.start < pair[0].bytes.end {
                 return Err(DeltaError::BaseMismatch(format!(
                     "tensor '{}' overlaps another in the buffer",
-                    self.header.tensors[chunk.tensor as usize].name
+                    self.header.tensors[self.chunks[pair[1].chunk].tensor as usize].name
                 )));
-            };
-            let (slice, tail) = std::mem::take(&mut rest)[skip..].split_at_mut(range.len());
-            jobs.push((chunk, slice, element_bytes));
-            (rest, rest_start) = (tail, range.end);
+            }
         }
-        jobs.into_par_iter()
-            .for_each(|(chunk, slice, element_bytes)| {
-                chunk.changes.swap_into(slice, element_bytes)
-            });
-        Ok(())
+        Ok(placements)
     }
 
     /// Builds the target as a safetensors image, the same bytes `safetensors::serialize`

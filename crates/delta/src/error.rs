@@ -54,6 +54,8 @@ pub enum DeltaError {
     Unsupported { name: String, reason: String },
     #[error("delta chain is broken: {0}")]
     BrokenChain(String),
+    #[error("undo journal is invalid: {0}")]
+    Journal(String),
     #[error("extraction was cancelled by its consumer")]
     Cancelled,
 }

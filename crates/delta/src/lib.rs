@@ -24,6 +24,7 @@ mod extract;
 mod format;
 pub mod fused;
 pub mod stats;
+mod undo;
 
 pub use apply::{
     OwnedTensor, Patch, PatchChunk, apply, check_base, decode, decode_segment, owned_checkpoint,
@@ -40,3 +41,4 @@ pub use format::{
     MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,
     assemble,
 };
+pub use undo::{JOURNAL_MAGIC, JOURNAL_VERSION, JournalInfo, UndoJournal, replay_undo_journal};
