@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use crate::checkpoint::{Checkpoint, Hash, TensorView};
-use crate::codec::{ChunkEncoding, ChunkRecord, Encoding, encode_changes};
+use crate::codec::{ChunkEncoding, ChunkRecord, EncodedPiece, Encoding, encode_range};
 use crate::error::{DeltaError, Result};
 use crate::format::{
     DeltaHeader, MAX_CHUNK_ELEMENTS, MAX_DIMS, MAX_NAME_BYTES, MAX_SEGMENT_BYTES, MAX_TENSORS,
@@ -312,15 +312,15 @@ impl<'c, 'a> Extraction<'c, 'a> {
                 .first_key_value()
                 .is_some_and(|(next, _)| *next == state.next_pack)
             {
-                let (_, chunk) = state.ready.pop_first().expect("checked above");
+                let (_, pieces) = state.ready.pop_first().expect("checked above");
                 let job = &self.jobs[state.next_pack];
-                if let Some((encoding, payload)) = chunk {
+                for piece in pieces {
                     let record = ChunkRecord {
                         tensor: job.tensor,
-                        start: job.start,
-                        len: job.len,
-                        encoding,
-                        payload: &payload,
+                        start: job.start + piece.start,
+                        len: piece.len,
+                        encoding: piece.encoding,
+                        payload: &piece.payload,
                     };
                     // Sending under the lock keeps segments in order; a full queue holds
                     // every worker back, which is the intended backpressure.
@@ -337,7 +337,7 @@ impl<'c, 'a> Extraction<'c, 'a> {
         }
     }
 
-    fn encode_job(&self, job: &ChunkJob) -> Option<(ChunkEncoding, Vec<u8>)> {
+    fn encode_job(&self, job: &ChunkJob) -> Vec<EncodedPiece> {
         let entry = &self.header.tensors[job.tensor as usize];
         let target = self
             .target
@@ -349,13 +349,18 @@ impl<'c, 'a> Extraction<'c, 'a> {
         self.input_done
             .fetch_add(target_bytes.len() as u64, Ordering::Relaxed);
         if job.dense {
-            return Some((ChunkEncoding::Dense, target_bytes.to_vec()));
+            return vec![EncodedPiece {
+                start: 0,
+                len: job.len,
+                encoding: ChunkEncoding::Dense,
+                payload: target_bytes.to_vec(),
+            }];
         }
         let base = self
             .base
             .get(&entry.name)
             .expect("patched tensors have a base");
-        encode_changes(
+        encode_range(
             self.options.encoding,
             target.dtype,
             &base.data[range],
@@ -368,7 +373,7 @@ impl<'c, 'a> Extraction<'c, 'a> {
 struct Pipeline {
     next_claim: usize,
     next_pack: usize,
-    ready: BTreeMap<usize, Option<(ChunkEncoding, Vec<u8>)>>,
+    ready: BTreeMap<usize, Vec<EncodedPiece>>,
     packer: SegmentPacker,
     stopped: bool,
 }

@@ -22,6 +22,8 @@ use super::scan::{
     Classes, MAX_CLASSES, Word, apply_step, changed_mask, count_ones, max_step_value, padded_block,
     select, step_value, with_threshold_count,
 };
+use std::ops::Range;
+
 use crate::bits::{BitReader, BitWriter, ByteReader, exp_golomb_len, leb128_len, write_leb128};
 use crate::dtype::FloatLayout;
 use crate::error::{DeltaError, Result};
@@ -67,7 +69,7 @@ pub(crate) fn encode<W: Word>(
     target: &[u8],
     layout: FloatLayout,
     out: &mut Vec<u8>,
-) -> bool {
+) -> Option<Coded> {
     #[cfg(target_arch = "x86_64")]
     if x86_64_v3() {
         // SAFETY: the CPU supports every feature the variant is compiled for.
@@ -83,7 +85,7 @@ unsafe fn encode_v3<W: Word>(
     target: &[u8],
     layout: FloatLayout,
     out: &mut Vec<u8>,
-) -> bool {
+) -> Option<Coded> {
     encode_body::<W, true>(base, target, layout, out)
 }
 
@@ -94,7 +96,7 @@ fn encode_body<W: Word, const V3: bool>(
     target: &[u8],
     layout: FloatLayout,
     out: &mut Vec<u8>,
-) -> bool {
+) -> Option<Coded> {
     let len = base.len() / W::BYTES;
     let (classes, expected_changes) = choose_classes::<W, V3>(base, target, len, layout);
     let class_count = classes.count();
@@ -103,7 +105,7 @@ fn encode_body<W: Word, const V3: bool>(
         find_changes::<W, T, V3>(base, target, len, &classes, &expected_changes)
     });
     if changes.iter().all(Vec::is_empty) {
-        return false;
+        return None;
     }
 
     out.push(class_count as u8);
@@ -128,6 +130,9 @@ fn encode_body<W: Word, const V3: bool>(
         });
     }
     let (mut bits, rans) = code_gaps_and_steps(&coders);
+    let coded = Coded {
+        escapes: escapes.len(),
+    };
     bits.reserve(escapes.iter().copied().map(exp_golomb_len).sum());
     for escape in escapes {
         // SAFETY: room for every escape's code was reserved just before.
@@ -137,7 +142,47 @@ fn encode_body<W: Word, const V3: bool>(
     write_leb128(out, bitstream.len() as u64);
     out.extend_from_slice(&bitstream);
     out.extend_from_slice(&rans.finish());
-    true
+    Some(coded)
+}
+
+/// What [`encode`] coded, beyond the bytes.
+pub(crate) struct Coded {
+    /// Changes whose steps lie beyond the rANS alphabet: values replaced rather than
+    /// nudged, which may code smaller dense (see [`escaped_runs`]).
+    pub escapes: usize,
+}
+
+/// Runs of at least `min_len` elements whose changes are escaped steps (values replaced
+/// rather than nudged, as in an embedding row re-initialised), allowing a few other
+/// elements between them: candidates for dense coding. Ranges in elements, ascending.
+pub(crate) fn escaped_runs<W: Word>(
+    base: &[u8],
+    target: &[u8],
+    min_len: usize,
+) -> Vec<Range<usize>> {
+    /// Elements that are not escaped changes a run may hold in a row (a replaced value
+    /// can land near the old one).
+    const MAX_INTERRUPTION: usize = 4;
+    let len = base.len() / W::BYTES;
+    let mut runs = Vec::new();
+    let mut run: Option<Range<usize>> = None;
+    for index in 0..len {
+        let (old, new) = (W::load(base, index), W::load(target, index));
+        if old == new || step_value(old, new) < ESCAPE {
+            continue;
+        }
+        run = match run {
+            Some(current) if index - current.end <= MAX_INTERRUPTION => {
+                Some(current.start..index + 1)
+            }
+            finished => {
+                runs.extend(finished.filter(|r| r.len() >= min_len));
+                Some(index..index + 1)
+            }
+        };
+    }
+    runs.extend(run.filter(|r| r.len() >= min_len));
+    runs
 }
 
 /// What codes the changes of a class that has some.
@@ -1124,7 +1169,7 @@ mod tests {
     fn round_trip(base: &[u8], target: &[u8], positions: &[u32]) -> usize {
         let mut payload = Vec::new();
         assert_eq!(
-            encode::<u16>(base, target, BF16, &mut payload),
+            encode::<u16>(base, target, BF16, &mut payload).is_some(),
             !positions.is_empty()
         );
         if positions.is_empty() {
@@ -1217,7 +1262,7 @@ mod tests {
     fn hostile_payloads_are_rejected_not_panicked_on() {
         let (base, target, _) = realistic(8192, 3);
         let mut payload = Vec::new();
-        assert!(encode::<u16>(&base, &target, BF16, &mut payload));
+        assert!(encode::<u16>(&base, &target, BF16, &mut payload).is_some());
         for cut in 0..payload.len() {
             let _ = decode::<u16>(&payload[..cut], &base, BF16);
         }
@@ -1270,7 +1315,7 @@ mod tests {
             let mut positions = Vec::new();
             super::super::scan::for_each_changed(&base, &target, 4, |i| positions.push(i as u32));
             let mut payload = Vec::new();
-            prop_assert_eq!(encode::<u32>(&base, &target, layout, &mut payload), !positions.is_empty());
+            prop_assert_eq!(encode::<u32>(&base, &target, layout, &mut payload).is_some(), !positions.is_empty());
             prop_assume!(!positions.is_empty());
             let (decoded, values) = decode::<u32>(&payload, &base, layout).unwrap();
             prop_assert_eq!(&decoded, &positions);

@@ -61,6 +61,9 @@ pub struct ChunkRecord<'a> {
 }
 
 impl<'a> ChunkRecord<'a> {
+    /// Bytes a record adds to its payload (docs/delta-format.md §5).
+    pub const OVERHEAD_BYTES: usize = 4 + 8 + 8 + 1 + 4;
+
     pub fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.tensor.to_le_bytes());
         out.extend_from_slice(&self.start.to_le_bytes());
@@ -222,33 +225,127 @@ pub fn encode_chunk(
     Ok(encode_changes(encoding, dtype, base, target))
 }
 
-/// Encodes the changes between two equally long ranges of one tensor, or returns
-/// `None` when nothing changed.
+/// Encodes the changes between two equally long ranges of one tensor as one record's
+/// payload, or returns `None` when nothing changed.
 pub(crate) fn encode_changes(
     encoding: Encoding,
     dtype: Dtype,
     base: &[u8],
     target: &[u8],
 ) -> Option<(ChunkEncoding, Vec<u8>)> {
+    encode_whole(encoding, dtype, base, target).map(|(encoding, payload, _)| (encoding, payload))
+}
+
+/// [`encode_changes`], with the number of escaped steps `aurora` coded.
+fn encode_whole(
+    encoding: Encoding,
+    dtype: Dtype,
+    base: &[u8],
+    target: &[u8],
+) -> Option<(ChunkEncoding, Vec<u8>, usize)> {
     let element_bytes = dtype.size_bytes();
     let mut payload = Vec::new();
-    let encoded = match (encoding, dtype.float_layout(), element_bytes) {
-        (Encoding::Aurora, Some(layout), 2) => {
-            aurora::encode::<u16>(base, target, layout, &mut payload)
-                .then_some(ChunkEncoding::Aurora)
-        }
-        (Encoding::Aurora, Some(layout), 4) => {
-            aurora::encode::<u32>(base, target, layout, &mut payload)
-                .then_some(ChunkEncoding::Aurora)
-        }
-        _ => encode_leb128(base, target, element_bytes, &mut payload)
-            .then_some(ChunkEncoding::Leb128),
-    }?;
+    let (encoded, escapes) = match (encoding, dtype.float_layout(), element_bytes) {
+        (Encoding::Aurora, Some(layout), 2) => (
+            ChunkEncoding::Aurora,
+            aurora::encode::<u16>(base, target, layout, &mut payload)?.escapes,
+        ),
+        (Encoding::Aurora, Some(layout), 4) => (
+            ChunkEncoding::Aurora,
+            aurora::encode::<u32>(base, target, layout, &mut payload)?.escapes,
+        ),
+        _ => (
+            encode_leb128(base, target, element_bytes, &mut payload)
+                .then_some(ChunkEncoding::Leb128)?,
+            0,
+        ),
+    };
     // The published baseline stays itself; ours falls back to dense when that is smaller.
     if encoding == Encoding::Aurora && payload.len() >= target.len() {
-        return Some((ChunkEncoding::Dense, target.to_vec()));
+        return Some((ChunkEncoding::Dense, target.to_vec(), 0));
     }
-    Some((encoded, payload))
+    Some((encoded, payload, escapes))
+}
+
+/// The records of an encoded range: elements `[start, start + len)` of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EncodedPiece {
+    pub start: u64,
+    pub len: u64,
+    pub encoding: ChunkEncoding,
+    pub payload: Vec<u8>,
+}
+
+/// Escaped changes from which an `aurora` range is searched for runs of replaced values,
+/// and the shortest run worth a dense record of its own.
+const DENSE_RUN_ELEMENTS: usize = 256;
+
+/// Encodes the changes between two equally long ranges of one tensor as one or more
+/// records (none when nothing changed). With `aurora`, values replaced wholesale (an
+/// embedding row re-initialised, say) cost their step's escape code, about twice their
+/// dense size; a range with many escapes is therefore cut around its runs of them,
+/// which go dense, if that makes it smaller.
+pub(crate) fn encode_range(
+    encoding: Encoding,
+    dtype: Dtype,
+    base: &[u8],
+    target: &[u8],
+) -> Vec<EncodedPiece> {
+    let element_bytes = dtype.size_bytes();
+    let len = base.len() / element_bytes;
+    let piece = |range: std::ops::Range<usize>, (encoding, payload, _)| EncodedPiece {
+        start: range.start as u64,
+        len: range.len() as u64,
+        encoding,
+        payload,
+    };
+    let Some(whole) = encode_whole(encoding, dtype, base, target) else {
+        return Vec::new();
+    };
+    let escapes = whole.2;
+    let whole = piece(0..len, whole);
+    if escapes < DENSE_RUN_ELEMENTS {
+        return vec![whole];
+    }
+    let runs = match element_bytes {
+        2 => aurora::escaped_runs::<u16>(base, target, DENSE_RUN_ELEMENTS),
+        4 => aurora::escaped_runs::<u32>(base, target, DENSE_RUN_ELEMENTS),
+        _ => unreachable!("escapes are coded for 16- and 32-bit floats only"),
+    };
+    let bytes =
+        |range: &std::ops::Range<usize>| range.start * element_bytes..range.end * element_bytes;
+    let mut pieces = Vec::with_capacity(2 * runs.len() + 1);
+    let sparse = |range: std::ops::Range<usize>, pieces: &mut Vec<EncodedPiece>| {
+        if let Some(coded) = encode_whole(
+            encoding,
+            dtype,
+            &base[bytes(&range)],
+            &target[bytes(&range)],
+        ) {
+            pieces.push(piece(range, coded));
+        }
+    };
+    let mut done = 0;
+    for run in runs {
+        sparse(done..run.start, &mut pieces);
+        pieces.push(piece(
+            run.clone(),
+            (ChunkEncoding::Dense, target[bytes(&run)].to_vec(), 0),
+        ));
+        done = run.end;
+    }
+    sparse(done..len, &mut pieces);
+    let cost = |pieces: &[EncodedPiece]| {
+        pieces
+            .iter()
+            .map(|p| p.payload.len() + ChunkRecord::OVERHEAD_BYTES)
+            .sum::<usize>()
+    };
+    if cost(&pieces) < cost(std::slice::from_ref(&whole)) {
+        pieces
+    } else {
+        vec![whole]
+    }
 }
 
 /// Decodes a chunk's payload. `base` holds the base bytes of the chunk's range and is
@@ -362,6 +459,99 @@ fn decode_leb128(payload: &[u8], len: u64, element_bytes: usize) -> Result<(Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A BF16 range of small weights with about 1% nudged by one step, and `rows` rows of
+    /// 1,024 elements replaced by unrelated values.
+    fn nudged_with_replaced_rows(rows: &[usize]) -> (Vec<u8>, Vec<u8>) {
+        let mut state = 3u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        let base: Vec<u16> = (0..64 * 1024)
+            .map(|_| 0x3A00 + (next() % 1024) as u16)
+            .collect();
+        let mut target: Vec<u16> = base
+            .iter()
+            .map(|&w| if next() % 100 == 0 { w ^ 1 } else { w })
+            .collect();
+        for &row in rows {
+            for w in &mut target[row * 1024..(row + 1) * 1024] {
+                *w = 0x3000 + (next() % 0x1000) as u16;
+            }
+        }
+        let bytes = |words: &[u16]| words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        (bytes(&base), bytes(&target))
+    }
+
+    /// Decodes pieces against `base` and writes them into a copy of it.
+    fn apply_pieces(pieces: &[EncodedPiece], base: &[u8]) -> Vec<u8> {
+        let mut out = base.to_vec();
+        for piece in pieces {
+            let range = 2 * piece.start as usize..2 * (piece.start + piece.len) as usize;
+            let mut changes = decode_changes(
+                piece.encoding,
+                Dtype::Bf16,
+                piece.len,
+                &piece.payload,
+                Some(&base[range.clone()]),
+            )
+            .unwrap();
+            changes.swap_into(&mut out[range], 2);
+        }
+        out
+    }
+
+    #[test]
+    fn rows_replaced_wholesale_are_cut_out_dense() {
+        let (base, target) = nudged_with_replaced_rows(&[5, 6, 40]);
+        let pieces = encode_range(Encoding::Aurora, Dtype::Bf16, &base, &target);
+        let dense: Vec<_> = pieces
+            .iter()
+            .filter(|p| p.encoding == ChunkEncoding::Dense)
+            .map(|p| p.start..p.start + p.len)
+            .collect();
+        // Each run may reach a few elements beyond its rows, where a nudged value happened
+        // to be an escape too; it covers them whole.
+        assert_eq!(dense.len(), 2, "{dense:?}");
+        assert!(
+            dense[0].start <= 5 * 1024 && dense[0].end >= 7 * 1024,
+            "{dense:?}"
+        );
+        assert!(
+            dense[1].start <= 40 * 1024 && dense[1].end >= 41 * 1024,
+            "{dense:?}"
+        );
+        assert_eq!(apply_pieces(&pieces, &base), target);
+        let (_, whole) = encode_changes(Encoding::Aurora, Dtype::Bf16, &base, &target).unwrap();
+        let split: usize = pieces
+            .iter()
+            .map(|p| p.payload.len() + ChunkRecord::OVERHEAD_BYTES)
+            .sum();
+        // 3,072 replaced elements: about 6 KB dense, about twice that as escapes.
+        assert!(
+            split + 4096 < whole.len(),
+            "split {split} bytes, whole {}",
+            whole.len()
+        );
+    }
+
+    #[test]
+    fn nudged_values_alone_stay_in_one_record() {
+        let (base, target) = nudged_with_replaced_rows(&[]);
+        let pieces = encode_range(Encoding::Aurora, Dtype::Bf16, &base, &target);
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(pieces[0].encoding, ChunkEncoding::Aurora);
+        assert_eq!((pieces[0].start, pieces[0].len), (0, 64 * 1024));
+        assert_eq!(apply_pieces(&pieces, &base), target);
+        // The published baseline is never cut.
+        let (base, target) = nudged_with_replaced_rows(&[5]);
+        let pieces = encode_range(Encoding::Leb128, Dtype::Bf16, &base, &target);
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(pieces[0].encoding, ChunkEncoding::Leb128);
+    }
 
     #[test]
     fn a_chunk_encoded_alone_is_checked_and_matches_extraction() {
