@@ -121,7 +121,10 @@ fn inspect_json_reports_density_and_bytes_per_change() {
         .map(|t| t.element_count())
         .sum();
 
-    for (encoding, bytes_per_changed) in [("aurora", 0.3..1.2), ("leb128", 3.0..3.4)] {
+    // A guard on the codec's size, not only a sanity range: the target is 0.9 bytes per
+    // changed element at 1% on the 0.6B shape (0.885 in BENCHMARKS.md); this preset's
+    // small tensors carry more overhead per change (0.912 at 1.19%).
+    for (encoding, bytes_per_changed) in [("aurora", 0.85..0.93), ("leb128", 3.0..3.4)] {
         let delta = s.diff(base, target, encoding, 0);
         let run = aurora(&["delta", "inspect", "--json"]).arg(&delta).ok();
         let stats: serde_json::Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| {

@@ -220,6 +220,41 @@ mod tests {
         }
     }
 
+    /// The test vector of docs/delta-format.md §2, and its preimage built from the spec's
+    /// table by hand, so the hash cannot drift from what peers recompute.
+    #[test]
+    fn weights_hash_matches_the_specified_test_vector() {
+        let norm = [0u8, 0, 128, 63, 0, 0, 0, 64]; // F32 1.0, 2.0
+        let weight = [0x80u8, 0x3F, 0x00, 0xC0, 0x80, 0x7F]; // BF16 1.0, -2.0, +inf
+        let checkpoint = Checkpoint::new(vec![
+            view("model.norm.weight", Dtype::F32, &[2], &norm),
+            view("lm_head.weight", Dtype::Bf16, &[3, 1], &weight),
+        ])
+        .unwrap();
+        let mut preimage = b"aurora weights v1\0".to_vec();
+        // Dtype codes from the table of §3: BF16 is 7, F32 is 10.
+        for (name, code, dims, data) in [
+            ("lm_head.weight", 7u8, &[3u64, 1][..], &weight[..]),
+            ("model.norm.weight", 10u8, &[2u64][..], &norm[..]),
+        ] {
+            preimage.extend((name.len() as u32).to_le_bytes());
+            preimage.extend(name.as_bytes());
+            preimage.push(code);
+            preimage.push(dims.len() as u8);
+            dims.iter().for_each(|d| preimage.extend(d.to_le_bytes()));
+            preimage.extend((data.len() as u64).to_le_bytes());
+            preimage.extend(data);
+        }
+        assert_eq!(
+            checkpoint.weights_hash(),
+            Hash(*blake3::hash(&preimage).as_bytes())
+        );
+        assert_eq!(
+            checkpoint.weights_hash().to_hex(),
+            "6d6fd1b46cdaf8ce756b154913974fda6fd349cdaab578a61fb99a41cd983d4c"
+        );
+    }
+
     #[test]
     fn hash_hex_round_trips() {
         let hash = Hash::of(b"abc");

@@ -4,7 +4,8 @@
 
 use aurora_delta::{
     Checkpoint, DeltaError, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, OwnedTensor,
-    Segment, TensorLayout, apply, check_base, decode, owned_checkpoint, safetensors_layout,
+    Patch, Segment, TensorLayout, apply, check_base, decode, decode_segment, owned_checkpoint,
+    safetensors_layout,
 };
 use proptest::prelude::*;
 
@@ -49,6 +50,116 @@ fn special_bf16() -> Vec<u16> {
         0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x7F7F,
         0xFF7F, 0x3F80, 0xBF80,
     ]
+}
+
+/// Each segment decodes alone, against the base only, in any order: a receiver can stage
+/// segments as they arrive, and the chunks of all of them make the whole patch.
+#[test]
+fn every_segment_decodes_on_its_own_in_any_order() {
+    let mut trainer = aurora_synth_like::Trainer::new(60_000, 9);
+    let base = trainer.export();
+    trainer.step();
+    let target = trainer.export();
+    let base_view = owned_checkpoint(&base).unwrap();
+    let options = ExtractOptions {
+        segment_target_bytes: 256,
+        ..ExtractOptions::default()
+    };
+    let (_, bytes) = Extraction::new(&base_view, &owned_checkpoint(&target).unwrap(), options)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let delta = DeltaFile::parse(&bytes).unwrap();
+    assert!(
+        delta.segment_count() >= 4,
+        "{} segments",
+        delta.segment_count()
+    );
+    let mut chunks = Vec::new();
+    for index in (0..delta.segment_count()).rev() {
+        let segment = delta.verify_segment(index).unwrap();
+        let decoded = decode_segment(delta.header(), index as u32, segment, &base_view).unwrap();
+        assert!(!decoded.is_empty(), "segment {index} holds no chunk");
+        chunks.extend(decoded);
+    }
+    let rebuilt = Patch::new(delta.header().clone(), chunks)
+        .unwrap()
+        .materialize(&base_view)
+        .unwrap();
+    let mut expected = target.clone();
+    expected.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(rebuilt, expected);
+}
+
+/// Every ordered pair of special values, as an old value turning into a new one, in each
+/// float dtype, amid ordinary weights (enough of them for `aurora` to code with exponent
+/// classes): every transition round-trips bit for bit in both encodings.
+#[test]
+fn every_transition_between_special_values_round_trips() {
+    let specials: [(Dtype, Vec<u64>); 3] = [
+        (
+            Dtype::Bf16,
+            special_bf16().into_iter().map(u64::from).collect(),
+        ),
+        (
+            Dtype::F16,
+            vec![
+                0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00,
+                0x7E00, 0xFE01, 0x7C01, 0x3C00, 0xBC00,
+            ],
+        ),
+        (
+            Dtype::F32,
+            vec![
+                0x0000_0000,
+                0x8000_0000,
+                0x0000_0001,
+                0x8000_0001,
+                0x007F_FFFF,
+                0x0080_0000,
+                0x7F7F_FFFF,
+                0xFF7F_FFFF,
+                0x7F80_0000,
+                0xFF80_0000,
+                0x7FC0_0000,
+                0xFFC0_0001,
+                0x7F80_0001,
+                0x3F80_0000,
+                0xBF80_0000,
+            ],
+        ),
+    ];
+    for (dtype, values) in specials {
+        let bytes = dtype.size_bytes();
+        let word = |value: u64| value.to_le_bytes()[..bytes].to_vec();
+        // Ordinary weights around 0.01, one ordinary step apart in the target.
+        let ordinary = match dtype {
+            Dtype::Bf16 => 0x3C23,
+            Dtype::F16 => 0x211F,
+            _ => 0x3C23_D70A,
+        };
+        let (mut old, mut new) = (Vec::new(), Vec::new());
+        for (i, &from) in values.iter().enumerate() {
+            for (j, &to) in values.iter().enumerate() {
+                if i != j {
+                    old.extend(word(from));
+                    new.extend(word(to));
+                }
+                for k in 0..32u64 {
+                    let weight = ordinary + (k * 7 + i as u64) % 64;
+                    old.extend(word(weight));
+                    new.extend(word(if k % 9 == 0 { weight + 1 } else { weight }));
+                }
+            }
+        }
+        let elements = (old.len() / bytes) as u64;
+        assert!(elements >= 4096, "{dtype}: {elements} elements");
+        let base = [tensor("w", dtype, &[elements], old)];
+        let target = [tensor("w", dtype, &[elements], new)];
+        for encoding in [Encoding::Aurora, Encoding::Leb128] {
+            round_trip(&base, &target, encoding);
+        }
+    }
 }
 
 fn arbitrary_tensor_pair() -> impl Strategy<Value = (Dtype, Vec<u64>, Vec<u8>, Vec<u8>)> {

@@ -457,6 +457,40 @@ mod tests {
     }
 
     #[test]
+    fn one_step_updates_look_like_adam_at_the_learning_rate() {
+        let mut config = SynthConfig::new(preset("small").unwrap(), 4);
+        config.learning_rate = 1e-6;
+        let mut synth = Synth::new(config);
+        // Past the momentum's warm-up.
+        for _ in 0..4 {
+            synth.step();
+        }
+        let masters = |synth: &Synth| -> Vec<f32> {
+            synth
+                .tensors
+                .iter()
+                .flat_map(|t| t.master.clone())
+                .collect()
+        };
+        let before = masters(&synth);
+        synth.step();
+        let updates: Vec<f64> = before
+            .iter()
+            .zip(masters(&synth))
+            .map(|(b, a)| f64::from((a - b).abs()))
+            .collect();
+        let share = |keep: &dyn Fn(f64) -> bool| {
+            updates.iter().filter(|u| keep(**u)).count() as f64 / updates.len() as f64
+        };
+        let zero = share(&|u| u == 0.0);
+        assert!((0.10..0.20).contains(&zero), "exactly zero: {zero}");
+        let in_band = share(&|u| (1e-7..=1e-6).contains(&u)) / (1.0 - zero);
+        assert!(in_band > 0.6, "of the nonzero, in 1e-7..1e-6: {in_band}");
+        let above = share(&|u| u > 4e-6);
+        assert!(above < 0.01, "above 4e-6: {above}");
+    }
+
+    #[test]
     fn magnitudes_and_density_look_like_rl_training() {
         let mut synth = Synth::new(SynthConfig::new(preset("small").unwrap(), 3));
         let before = synth.export();
