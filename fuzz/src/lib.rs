@@ -8,6 +8,10 @@
 //! - [`check_chunk_roundtrip`]: arbitrary bytes as a base tensor and its changes; the
 //!   extracted delta must reproduce the target bit for bit, in place and materialised,
 //!   and swapping the patch back must restore the base.
+//! - [`check_undo_journal`]: arbitrary bytes as the undo journal of an in-place apply to
+//!   the base image: nothing may panic, a refused journal leaves the buffer alone, and an
+//!   accepted one replays to the same bytes twice. (The journals an apply writes are
+//!   checked in [`check_delta_decode`]: replaying one after the apply restores the base.)
 
 pub mod proto;
 
@@ -15,7 +19,8 @@ use std::sync::OnceLock;
 
 use aurora_delta::{
     Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor,
-    TensorLayout, TensorView, apply, check_base, decode, owned_checkpoint, stats,
+    TensorLayout, TensorView, apply, check_base, decode, owned_checkpoint, replay_undo_journal,
+    stats,
 };
 
 /// Runs one fuzz input through the delta parser and decoders.
@@ -52,11 +57,21 @@ fn exercise_delta(bytes: &[u8], base: &Base) {
     if !patch.preserves_layout() {
         return;
     }
+    let mut journal = Vec::new();
+    if let Ok(undo) = patch.undo_journal(base.image, &base.layout, delta.id) {
+        undo.write_to(&mut journal).expect("writing to memory");
+    }
     let mut buffer = base.image.to_vec();
     let mut in_place = patch;
     match in_place.apply_in_place(&mut buffer, &base.layout) {
         Ok(hash) => {
             assert_eq!(hash, delta.header().target_hash);
+            let mut undone = buffer.clone();
+            replay_undo_journal(&journal, &mut undone).expect("the apply's own journal");
+            assert!(
+                undone == base.image,
+                "the undo journal did not restore the base"
+            );
             if base_matches {
                 let target = Checkpoint::from_layout(&buffer, &base.layout).expect("same layout");
                 let materialized = materialized.expect("in place reached the target, so must this");
@@ -581,6 +596,49 @@ impl SplitMix {
     fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32
     }
+}
+
+/// Runs one fuzz input as an undo journal over the base image, as given and with its
+/// trailing hash recomputed (so the fuzzer reaches the region parser behind the hash).
+pub fn check_undo_journal(data: &[u8]) {
+    let image = base().image;
+    let mut sealed = data.to_vec();
+    if let Some(body) = data.len().checked_sub(32) {
+        let hash = Hash::of(&data[..body]);
+        sealed[body..].copy_from_slice(&hash.0);
+    }
+    for journal in [data, &sealed[..]] {
+        let mut buffer = image.to_vec();
+        match replay_undo_journal(journal, &mut buffer) {
+            Ok(_) => {
+                let mut again = buffer.clone();
+                replay_undo_journal(journal, &mut again).expect("accepted once");
+                assert!(
+                    again == buffer,
+                    "replaying a journal twice differs from once"
+                );
+            }
+            Err(_) => assert!(buffer == image, "a refused journal changed the buffer"),
+        }
+    }
+}
+
+/// Undo journals of the seed deltas' in-place applies to the base.
+pub fn seed_journals() -> Vec<(String, Vec<u8>)> {
+    let base = base();
+    seed_deltas()
+        .into_iter()
+        .filter_map(|(name, bytes)| {
+            let delta = DeltaFile::parse(&bytes).ok()?;
+            let patch = decode(&delta, &base.checkpoint).ok()?;
+            let undo = patch
+                .undo_journal(base.image, &base.layout, delta.id)
+                .ok()?;
+            let mut journal = Vec::new();
+            undo.write_to(&mut journal).ok()?;
+            Some((name.to_string(), journal))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -86,6 +86,23 @@ const DELTA_DECODE_CRASHES: &[&str] = &[
 const CHUNK_ROUNDTRIP_CRASHES: &[&str] = &[];
 
 #[test]
+fn seed_journals_replay_and_damaged_ones_never_panic() {
+    let journals = aurora_fuzz::seed_journals();
+    assert!(journals.len() >= 3, "{} seed journals", journals.len());
+    for (_, journal) in journals {
+        aurora_fuzz::check_undo_journal(&journal);
+        for cut in [0, 1, journal.len() / 2, journal.len() - 1] {
+            aurora_fuzz::check_undo_journal(&journal[..cut]);
+        }
+        for at in (0..journal.len()).step_by(7) {
+            let mut flipped = journal.clone();
+            flipped[at] ^= 0x5A;
+            aurora_fuzz::check_undo_journal(&flipped);
+        }
+    }
+}
+
+#[test]
 fn fuzz_crashes_stay_fixed() {
     for input in DELTA_DECODE_CRASHES {
         check_delta_decode(&hex(input));

@@ -215,12 +215,18 @@ pub fn run(command: DeltaCommand) -> Result<()> {
         DeltaCommand::Verify { delta, base } => {
             let file = MappedFile::open(&delta)?;
             let parsed = file.delta()?;
-            let bar = crate::progress_bar(file.bytes().len() as u64, "verifying");
+            let segment_bytes = parsed
+                .manifest
+                .segments
+                .iter()
+                .map(|s| u64::from(s.len))
+                .sum();
+            let bar = crate::progress_bar(segment_bytes, "verifying");
             for index in 0..parsed.segment_count() {
                 parsed
                     .verify_segment(index)
                     .with_context(|| format!("verifying {}", delta.display()))?;
-                bar.inc(parsed.manifest.segments[index].len as u64);
+                bar.inc(u64::from(parsed.manifest.segments[index].len));
             }
             bar.finish_and_clear();
             println!(

@@ -132,6 +132,7 @@ fn encode_body<W: Word, const V3: bool>(
     let (mut bits, rans) = code_gaps_and_steps(&coders);
     let coded = Coded {
         escapes: escapes.len(),
+        streaked: changes.iter().map(|c| streaked_changes(c)).sum(),
     };
     bits.reserve(escapes.iter().copied().map(exp_golomb_len).sum());
     for escape in escapes {
@@ -150,6 +151,42 @@ pub(crate) struct Coded {
     /// Changes whose steps lie beyond the rANS alphabet: values replaced rather than
     /// nudged, which may code smaller dense (see [`escaped_runs`]).
     pub escapes: usize,
+    /// Changes in streaks of consecutive members of their class that all changed
+    /// ([`streaked_changes`]).
+    pub streaked: usize,
+}
+
+/// Changes of a class (in rank order) that lie in streaks of at least 32 consecutive
+/// members of the class that all changed by escaped steps, counted in classes where at
+/// most half the members changed. Where values were replaced wholesale every element
+/// changed by a long step, so each class meets them as one streak; the changes of a
+/// training step are spread and mostly short. (Measured on the 0.6B model's 10% step:
+/// streaks of mere changes, escaped or not, reached 32 in 38 of its 272 ranges, since
+/// neighbouring weights share gradients; a class of the smallest weights can change
+/// almost everywhere by long steps, hence the density bound.) One pass over the
+/// changes, which [`escaped_runs`], a pass over the range, is only worth after.
+fn streaked_changes(changes: &[Change]) -> usize {
+    const STREAK: usize = 32;
+    let Some(last) = changes.last() else {
+        return 0;
+    };
+    if 2 * changes.len() as u64 > u64::from(last.rank) + 1 {
+        return 0;
+    }
+    let (mut total, mut length) = (0, 0);
+    // The rank of the streak's last change, while a streak is open.
+    let mut previous: Option<u32> = None;
+    for change in changes {
+        let escaped = u64::from(change.step) >= ESCAPE;
+        if escaped && previous.is_some_and(|p| change.rank == p + 1) {
+            length += 1;
+        } else {
+            total += if length >= STREAK { length } else { 0 };
+            length = usize::from(escaped);
+        }
+        previous = escaped.then_some(change.rank);
+    }
+    total + if length >= STREAK { length } else { 0 }
 }
 
 /// Runs of at least `min_len` elements whose changes are escaped steps (values replaced

@@ -236,35 +236,39 @@ pub(crate) fn encode_changes(
     encode_whole(encoding, dtype, base, target).map(|(encoding, payload, _)| (encoding, payload))
 }
 
-/// [`encode_changes`], with the number of escaped steps `aurora` coded.
+/// [`encode_changes`], and whether `aurora` coded enough escaped steps in streaks for
+/// the range to hold runs of replaced values (see [`encode_range`]).
 fn encode_whole(
     encoding: Encoding,
     dtype: Dtype,
     base: &[u8],
     target: &[u8],
-) -> Option<(ChunkEncoding, Vec<u8>, usize)> {
+) -> Option<(ChunkEncoding, Vec<u8>, bool)> {
     let element_bytes = dtype.size_bytes();
     let mut payload = Vec::new();
-    let (encoded, escapes) = match (encoding, dtype.float_layout(), element_bytes) {
+    let may_hold_runs = |coded: aurora::Coded| {
+        coded.escapes >= DENSE_RUN_ELEMENTS && coded.streaked >= DENSE_RUN_ELEMENTS / 2
+    };
+    let (encoded, runs_likely) = match (encoding, dtype.float_layout(), element_bytes) {
         (Encoding::Aurora, Some(layout), 2) => (
             ChunkEncoding::Aurora,
-            aurora::encode::<u16>(base, target, layout, &mut payload)?.escapes,
+            may_hold_runs(aurora::encode::<u16>(base, target, layout, &mut payload)?),
         ),
         (Encoding::Aurora, Some(layout), 4) => (
             ChunkEncoding::Aurora,
-            aurora::encode::<u32>(base, target, layout, &mut payload)?.escapes,
+            may_hold_runs(aurora::encode::<u32>(base, target, layout, &mut payload)?),
         ),
         _ => (
             encode_leb128(base, target, element_bytes, &mut payload)
                 .then_some(ChunkEncoding::Leb128)?,
-            0,
+            false,
         ),
     };
     // The published baseline stays itself; ours falls back to dense when that is smaller.
     if encoding == Encoding::Aurora && payload.len() >= target.len() {
-        return Some((ChunkEncoding::Dense, target.to_vec(), 0));
+        return Some((ChunkEncoding::Dense, target.to_vec(), false));
     }
-    Some((encoded, payload, escapes))
+    Some((encoded, payload, runs_likely))
 }
 
 /// The records of an encoded range: elements `[start, start + len)` of it.
@@ -276,15 +280,18 @@ pub(crate) struct EncodedPiece {
     pub payload: Vec<u8>,
 }
 
-/// Escaped changes from which an `aurora` range is searched for runs of replaced values,
-/// and the shortest run worth a dense record of its own.
+/// Escaped changes from which an `aurora` range is searched for runs of replaced values
+/// (if half as many of its changes lie in streaks), and the shortest run worth a dense
+/// record of its own.
 const DENSE_RUN_ELEMENTS: usize = 256;
 
 /// Encodes the changes between two equally long ranges of one tensor as one or more
 /// records (none when nothing changed). With `aurora`, values replaced wholesale (an
 /// embedding row re-initialised, say) cost their step's escape code, about twice their
-/// dense size; a range with many escapes is therefore cut around its runs of them,
-/// which go dense, if that makes it smaller.
+/// dense size; a range with many escapes, many changes in streaks, is therefore cut
+/// around its runs of escapes, which go dense, if that makes it smaller. Escapes alone
+/// do not tell: a training step's changes to the smallest weights are many steps long,
+/// but scattered.
 pub(crate) fn encode_range(
     encoding: Encoding,
     dtype: Dtype,
@@ -302,9 +309,9 @@ pub(crate) fn encode_range(
     let Some(whole) = encode_whole(encoding, dtype, base, target) else {
         return Vec::new();
     };
-    let escapes = whole.2;
+    let runs_likely = whole.2;
     let whole = piece(0..len, whole);
-    if escapes < DENSE_RUN_ELEMENTS {
+    if !runs_likely {
         return vec![whole];
     }
     let runs = match element_bytes {
@@ -330,7 +337,7 @@ pub(crate) fn encode_range(
         sparse(done..run.start, &mut pieces);
         pieces.push(piece(
             run.clone(),
-            (ChunkEncoding::Dense, target[bytes(&run)].to_vec(), 0),
+            (ChunkEncoding::Dense, target[bytes(&run)].to_vec(), false),
         ));
         done = run.end;
     }
@@ -536,6 +543,25 @@ mod tests {
             "split {split} bytes, whole {}",
             whole.len()
         );
+    }
+
+    /// Many escaped steps alone (a training step moves the smallest weights by many
+    /// steps, here one element in 64) do not make a range worth searching for runs; the
+    /// same escapes in rows do.
+    #[test]
+    fn only_escapes_in_streaks_start_the_search_for_runs() {
+        let (base, mut target) = nudged_with_replaced_rows(&[]);
+        for at in (0..target.len() / 2).step_by(64) {
+            target[2 * at + 1] ^= 0x08;
+        }
+        let (encoding, _, runs_likely) =
+            encode_whole(Encoding::Aurora, Dtype::Bf16, &base, &target).unwrap();
+        assert_eq!(encoding, ChunkEncoding::Aurora);
+        assert!(!runs_likely);
+        let (base, target) = nudged_with_replaced_rows(&[9]);
+        let (_, _, runs_likely) =
+            encode_whole(Encoding::Aurora, Dtype::Bf16, &base, &target).unwrap();
+        assert!(runs_likely);
     }
 
     #[test]
