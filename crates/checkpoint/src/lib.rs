@@ -149,6 +149,14 @@ fn replace_atomically<E: From<FileError>>(
             .and_then(|file| file.sync_all())
             .map_err(io_error(&temporary))?;
         fs::rename(&temporary, path).map_err(io_error(path))?;
+        // A journal left by an interrupted in-place apply to the file just replaced
+        // belongs to the old file; replayed into the new one it would corrupt it.
+        match fs::remove_file(journal_path(path)) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                return Err(E::from(io_error(path)(error)));
+            }
+            _ => {}
+        }
         sync_directory(&directory).map_err(E::from)
     })();
     if outcome.is_err() {
@@ -240,6 +248,13 @@ pub fn apply_in_place(path: &Path, delta: &DeltaFile<'_>, fused: bool) -> Result
     let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io_error(path))?;
     let layout = weights_layout(&map, delta, fused).map_err(delta_error(path))?;
     let mut patch = decode_against(&map, &layout, delta).map_err(FileError::Apply)?;
+    if !patch.preserves_layout() {
+        return Err(FileError::Apply(DeltaError::Unsupported {
+            name: path.display().to_string(),
+            reason: "the delta adds, removes or reshapes tensors, so it cannot be applied in place"
+                .into(),
+        }));
+    }
     let journal = journal_path(path);
     {
         let undo = patch
@@ -250,10 +265,16 @@ pub fn apply_in_place(path: &Path, delta: &DeltaFile<'_>, fused: bool) -> Result
         })?;
     }
     tracing::debug!(journal = %journal.display(), "undo journal written");
-    // A target mismatch has been undone in memory by the time it is reported; either way
-    // the map is flushed before the journal goes, which is the commit point.
+    // The map is flushed before the journal goes, which is the commit point. A target
+    // mismatch has been undone in memory by the time it is reported; any other error
+    // leaves the file in a state nothing vouches for, so the journal stays for `recover`.
     let outcome = patch.apply_in_place(&mut map, &layout);
     map.flush().map_err(io_error(path))?;
+    if let Err(error) = &outcome
+        && !matches!(error, DeltaError::TargetMismatch { .. })
+    {
+        return Err(FileError::Apply(outcome.unwrap_err()));
+    }
     fs::remove_file(&journal).map_err(io_error(&journal))?;
     sync_directory(&parent_directory(path))?;
     outcome.map_err(FileError::Apply)
@@ -281,14 +302,18 @@ fn open_exclusively(path: &Path) -> Result<File> {
 /// [`recover`] with the file open and locked exclusively.
 fn recover_locked(path: &Path, file: &File) -> Result<Option<JournalInfo>> {
     let journal = journal_path(path);
-    let bytes = match fs::read(&journal) {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(io_error(&journal)(error)),
+    // Mapped, not read: the journal of a dense delta is as large as the model.
+    let bytes = match MappedFile::open(&journal) {
+        Ok(mapped) => mapped,
+        Err(FileError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            return Ok(None);
+        }
+        Err(error) => return Err(error),
     };
     // SAFETY: the caller holds the file's exclusive lock.
     let mut map = unsafe { MmapMut::map_mut(file) }.map_err(io_error(path))?;
-    let info = replay_undo_journal(&bytes, &mut map).map_err(delta_error(&journal))?;
+    let info = replay_undo_journal(bytes.bytes(), &mut map).map_err(delta_error(&journal))?;
+    drop(bytes);
     map.flush().map_err(io_error(path))?;
     fs::remove_file(&journal).map_err(io_error(&journal))?;
     sync_directory(&parent_directory(path))?;
@@ -311,11 +336,16 @@ pub fn apply_to_file(base: &Path, delta: &DeltaFile<'_>, fused: bool, out: &Path
         let mut patch = patch;
         let mut hash = None;
         replace_atomically(out, |temporary| {
-            fs::copy(base, temporary).map_err(io_error(temporary))?;
-            let copy = OpenOptions::new()
+            // A new file, not `fs::copy`, which would carry the base's permissions over
+            // (a read-only base would give a copy this process cannot patch). `io::copy`
+            // between files still copies in the kernel.
+            let mut copy = OpenOptions::new()
                 .read(true)
                 .write(true)
+                .create_new(true)
                 .open(temporary)
+                .map_err(io_error(temporary))?;
+            io::copy(&mut File::open(base).map_err(io_error(base))?, &mut copy)
                 .map_err(io_error(temporary))?;
             // SAFETY: the file is ours alone until it is renamed into place.
             let mut map = unsafe { MmapMut::map_mut(&copy) }.map_err(io_error(temporary))?;
@@ -529,6 +559,38 @@ mod tests {
         apply_in_place(&case.base_path, &delta, false).unwrap();
         assert_eq!(fs::read(&case.base_path).unwrap(), case.target);
         assert_eq!(leftovers(&case), Vec::<PathBuf>::new());
+    }
+
+    /// A file replaced whole (here by a crash-safe write) is a new file: the journal of
+    /// an apply to the old one goes with it, rather than being replayed into it later.
+    #[test]
+    fn replacing_a_file_drops_the_journal_of_the_old_one() {
+        let case = case();
+        let journal = journal_path(&case.base_path);
+        fs::write(&journal, b"a journal of the file about to be replaced").unwrap();
+        assert!(MappedFile::open(&case.base_path).is_err());
+        let (base, _) = pair();
+        write_safetensors(&case.base_path, &base).unwrap();
+        assert!(!journal.exists());
+        assert_eq!(
+            MappedFile::open(&case.base_path).unwrap().bytes(),
+            &case.base[..]
+        );
+    }
+
+    /// The output is a new file with the usual permissions, not a copy of the base's: a
+    /// read-only base must not make a read-only (or, for another user, unpatchable)
+    /// output.
+    #[test]
+    fn applying_from_a_read_only_base_makes_an_ordinary_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let case = case();
+        fs::set_permissions(&case.base_path, fs::Permissions::from_mode(0o444)).unwrap();
+        let delta = DeltaFile::parse(&case.delta).unwrap();
+        let out = case.dir.path().join("out.safetensors");
+        apply_to_file(&case.base_path, &delta, false, &out).unwrap();
+        assert_eq!(fs::read(&out).unwrap(), case.target);
+        assert!(!fs::metadata(&out).unwrap().permissions().readonly());
     }
 
     #[test]

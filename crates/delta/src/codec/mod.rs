@@ -195,9 +195,10 @@ impl Encoding {
     }
 }
 
-/// Encodes one chunk on its own: the codec without the artifact around it (extraction
-/// cuts tensors into such chunks and packs their payloads into segments), for benchmarks
-/// and tools that time or inspect the codec alone. `base` and `target` are the same range
+/// Encodes one chunk on its own, as one record: the codec without the artifact around it
+/// (extraction cuts tensors into such ranges, may cut a range further around runs of
+/// replaced values, see `encode_range`, and packs the payloads into segments), for
+/// benchmarks and tools that time or inspect the codec alone. `base` and `target` are the same range
 /// of one tensor, at most `MAX_CHUNK_ELEMENTS` elements. `None` when nothing changed.
 pub fn encode_chunk(
     encoding: Encoding,
