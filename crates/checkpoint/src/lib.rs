@@ -248,13 +248,8 @@ pub fn apply_in_place(path: &Path, delta: &DeltaFile<'_>, fused: bool) -> Result
     let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io_error(path))?;
     let layout = weights_layout(&map, delta, fused).map_err(delta_error(path))?;
     let mut patch = decode_against(&map, &layout, delta).map_err(FileError::Apply)?;
-    if !patch.preserves_layout() {
-        return Err(FileError::Apply(DeltaError::Unsupported {
-            name: path.display().to_string(),
-            reason: "the delta adds, removes or reshapes tensors, so it cannot be applied in place"
-                .into(),
-        }));
-    }
+    // Before the journal: a patch that cannot go in place would only be refused later.
+    patch.check_in_place().map_err(FileError::Apply)?;
     let journal = journal_path(path);
     {
         let undo = patch
@@ -270,10 +265,8 @@ pub fn apply_in_place(path: &Path, delta: &DeltaFile<'_>, fused: bool) -> Result
     // leaves the file in a state nothing vouches for, so the journal stays for `recover`.
     let outcome = patch.apply_in_place(&mut map, &layout);
     map.flush().map_err(io_error(path))?;
-    if let Err(error) = &outcome
-        && !matches!(error, DeltaError::TargetMismatch { .. })
-    {
-        return Err(FileError::Apply(outcome.unwrap_err()));
+    if matches!(&outcome, Err(error) if !matches!(error, DeltaError::TargetMismatch { .. })) {
+        return outcome.map_err(FileError::Apply);
     }
     fs::remove_file(&journal).map_err(io_error(&journal))?;
     sync_directory(&parent_directory(path))?;

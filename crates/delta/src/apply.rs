@@ -343,20 +343,27 @@ impl Patch {
     /// checking the result: calling it twice restores the buffer. All placement checks
     /// happen before the first write.
     pub fn swap_in_place(&mut self, buffer: &mut [u8], layout: &[TensorLayout]) -> Result<()> {
-        if let Some(entry) = self
+        self.check_in_place()?;
+        self.swap_into_target_layout(buffer, layout)
+    }
+
+    /// Fails, naming a tensor, unless the patch keeps every tensor's name, dtype and
+    /// shape ([`Patch::preserves_layout`]), as writing into the base's buffer needs.
+    pub fn check_in_place(&self) -> Result<()> {
+        match self
             .header
             .tensors
             .iter()
             .find(|e| !matches!(e.change, TensorChange::Patched(_)))
         {
-            return Err(DeltaError::Unsupported {
+            Some(entry) => Err(DeltaError::Unsupported {
                 name: entry.name.clone(),
                 reason:
                     "the delta adds, removes or reshapes tensors, so it cannot be applied in place"
                         .into(),
-            });
+            }),
+            None => Ok(()),
         }
-        self.swap_into_target_layout(buffer, layout)
     }
 
     /// [`Patch::swap_in_place`] into a buffer whose tensors have the target's names,

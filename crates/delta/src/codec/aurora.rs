@@ -130,9 +130,11 @@ fn encode_body<W: Word, const V3: bool>(
         });
     }
     let (mut bits, rans) = code_gaps_and_steps(&coders);
+    // Streaks are counted only where the escapes alone could make a run: a pass over the
+    // changes that ordinary ranges need not pay.
     let coded = Coded {
-        escapes: escapes.len(),
-        streaked: changes.iter().map(|c| streaked_changes(c)).sum(),
+        may_hold_replaced_runs: escapes.len() >= DENSE_RUN_ELEMENTS
+            && changes.iter().map(|c| streaked_changes(c)).sum::<usize>() >= DENSE_RUN_ELEMENTS / 2,
     };
     bits.reserve(escapes.iter().copied().map(exp_golomb_len).sum());
     for escape in escapes {
@@ -146,14 +148,17 @@ fn encode_body<W: Word, const V3: bool>(
     Some(coded)
 }
 
+/// The shortest run of replaced values worth a dense record of its own; a range is
+/// searched for runs ([`escaped_runs`]) when it coded at least this many escaped steps
+/// (steps beyond the rANS alphabet: values replaced rather than nudged, which cost about
+/// twice their dense size) and half as many of its changes lie in streaks
+/// ([`streaked_changes`]).
+pub(crate) const DENSE_RUN_ELEMENTS: usize = 256;
+
 /// What [`encode`] coded, beyond the bytes.
 pub(crate) struct Coded {
-    /// Changes whose steps lie beyond the rANS alphabet: values replaced rather than
-    /// nudged, which may code smaller dense (see [`escaped_runs`]).
-    pub escapes: usize,
-    /// Changes in streaks of consecutive members of their class that all changed
-    /// ([`streaked_changes`]).
-    pub streaked: usize,
+    /// Whether the range may hold runs of replaced values (see [`DENSE_RUN_ELEMENTS`]).
+    pub may_hold_replaced_runs: bool,
 }
 
 /// Changes of a class (in rank order) that lie in streaks of at least 32 consecutive
@@ -189,14 +194,11 @@ fn streaked_changes(changes: &[Change]) -> usize {
     total + if length >= STREAK { length } else { 0 }
 }
 
-/// Runs of at least `min_len` elements whose changes are escaped steps (values replaced
-/// rather than nudged, as in an embedding row re-initialised), allowing a few other
-/// elements between them: candidates for dense coding. Ranges in elements, ascending.
-pub(crate) fn escaped_runs<W: Word>(
-    base: &[u8],
-    target: &[u8],
-    min_len: usize,
-) -> Vec<Range<usize>> {
+/// Runs of at least [`DENSE_RUN_ELEMENTS`] elements whose changes are escaped steps
+/// (values replaced rather than nudged, as in an embedding row re-initialised), allowing
+/// a few other elements between them: candidates for dense coding. Ranges in elements,
+/// ascending.
+pub(crate) fn escaped_runs<W: Word>(base: &[u8], target: &[u8]) -> Vec<Range<usize>> {
     /// Elements that are not escaped changes a run may hold in a row (a replaced value
     /// can land near the old one).
     const MAX_INTERRUPTION: usize = 4;
@@ -213,12 +215,12 @@ pub(crate) fn escaped_runs<W: Word>(
                 Some(current.start..index + 1)
             }
             finished => {
-                runs.extend(finished.filter(|r| r.len() >= min_len));
+                runs.extend(finished.filter(|r| r.len() >= DENSE_RUN_ELEMENTS));
                 Some(index..index + 1)
             }
         };
     }
-    runs.extend(run.filter(|r| r.len() >= min_len));
+    runs.extend(run.filter(|r| r.len() >= DENSE_RUN_ELEMENTS));
     runs
 }
 

@@ -247,17 +247,14 @@ fn encode_whole(
 ) -> Option<(ChunkEncoding, Vec<u8>, bool)> {
     let element_bytes = dtype.size_bytes();
     let mut payload = Vec::new();
-    let may_hold_runs = |coded: aurora::Coded| {
-        coded.escapes >= DENSE_RUN_ELEMENTS && coded.streaked >= DENSE_RUN_ELEMENTS / 2
-    };
     let (encoded, runs_likely) = match (encoding, dtype.float_layout(), element_bytes) {
         (Encoding::Aurora, Some(layout), 2) => (
             ChunkEncoding::Aurora,
-            may_hold_runs(aurora::encode::<u16>(base, target, layout, &mut payload)?),
+            aurora::encode::<u16>(base, target, layout, &mut payload)?.may_hold_replaced_runs,
         ),
         (Encoding::Aurora, Some(layout), 4) => (
             ChunkEncoding::Aurora,
-            may_hold_runs(aurora::encode::<u32>(base, target, layout, &mut payload)?),
+            aurora::encode::<u32>(base, target, layout, &mut payload)?.may_hold_replaced_runs,
         ),
         _ => (
             encode_leb128(base, target, element_bytes, &mut payload)
@@ -280,11 +277,6 @@ pub(crate) struct EncodedPiece {
     pub encoding: ChunkEncoding,
     pub payload: Vec<u8>,
 }
-
-/// Escaped changes from which an `aurora` range is searched for runs of replaced values
-/// (if half as many of its changes lie in streaks), and the shortest run worth a dense
-/// record of its own.
-const DENSE_RUN_ELEMENTS: usize = 256;
 
 /// Encodes the changes between two equally long ranges of one tensor as one or more
 /// records (none when nothing changed). With `aurora`, values replaced wholesale (an
@@ -316,8 +308,8 @@ pub(crate) fn encode_range(
         return vec![whole];
     }
     let runs = match element_bytes {
-        2 => aurora::escaped_runs::<u16>(base, target, DENSE_RUN_ELEMENTS),
-        4 => aurora::escaped_runs::<u32>(base, target, DENSE_RUN_ELEMENTS),
+        2 => aurora::escaped_runs::<u16>(base, target),
+        4 => aurora::escaped_runs::<u32>(base, target),
         _ => unreachable!("escapes are coded for 16- and 32-bit floats only"),
     };
     let bytes =
