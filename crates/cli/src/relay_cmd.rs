@@ -4,6 +4,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::num::NonZeroU8;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -46,9 +47,9 @@ pub struct NodeArgs {
     #[arg(long)]
     #[serde(default)]
     join: bool,
-    /// Parallel TCP streams per upstream session (the upper bound when tuned).
+    /// Parallel TCP streams per upstream session (the upper bound when tuned); at least 1.
     #[arg(long)]
-    streams: Option<u8>,
+    streams: Option<NonZeroU8>,
     /// Tune the stream count from measured goodput every this many milliseconds.
     #[arg(long)]
     tune_ms: Option<u64>,
@@ -106,7 +107,7 @@ impl NodeArgs {
         let mut config = NodeConfig::new(identity, token.into_bytes());
         config.upstreams = upstreams;
         if let Some(streams) = self.streams.or(file.streams) {
-            config.streams = streams;
+            config.streams = streams.get();
         }
         config.tune_interval = self
             .tune_ms

@@ -1,9 +1,10 @@
 //! The emulator on real namespaces, veths, TUN devices and TCP: delay, loss, rate,
 //! forwarding through a hub, hostile packets, and teardown. Needs root and `ip netns`;
-//! elsewhere each test prints why it is skipped and passes.
+//! elsewhere each test fails and says why (CI runs as root).
 //!
-//! Bounds are chosen so that a loaded machine cannot break them: a delay can only be
-//! exceeded, never undercut; a rate limit can only be undercut, and is checked within
+//! Bounds are chosen so that a loaded machine cannot break them: a delay is only checked
+//! from below (it can only be exceeded, never undercut, and no test bounds a time from
+//! above); a rate limit can only be undercut, and is checked within
 //! a factor that catches unit mistakes; losses are checked within six standard
 //! deviations of a seeded binomial.
 
@@ -46,12 +47,17 @@ fn scenario() -> Scenario {
     .unwrap()
 }
 
-fn up_or_skip(scenario: &Scenario) -> Option<Network> {
+fn up(scenario: &Scenario) -> Network {
+    require_namespaces();
+    Network::up(scenario).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// CI runs as root with `ip netns`: a machine without them fails these tests, never
+/// skips them.
+fn require_namespaces() {
     if let Some(reason) = unavailable_reason() {
-        eprintln!("skipped: {reason}");
-        return None;
+        panic!("this test builds network namespaces and cannot run here: {reason}");
     }
-    Some(Network::up(scenario).unwrap_or_else(|error| panic!("{error}")))
 }
 
 fn netns_exists(name: &str) -> bool {
@@ -60,30 +66,24 @@ fn netns_exists(name: &str) -> bool {
 
 #[test]
 fn tcp_sees_the_configured_delay_even_through_a_hub() {
-    let Some(network) = up_or_skip(&scenario()) else {
-        return;
-    };
+    let network = up(&scenario());
     let rtt = Duration::from_millis(2 * ONE_WAY_MS);
     // The lossless hub-left link: every sample is a clean round trip.
     let samples = measure::round_trips(&network, "hub", "left", 10).unwrap();
     let fastest = *samples.iter().min().unwrap();
     assert!(fastest >= rtt, "{samples:?} undercut {rtt:?}");
-    assert!(fastest < rtt + Duration::from_millis(15), "{samples:?}");
 
     // left -> right crosses the hub: the delayed link plus the lossy one (no delay).
     // A lost probe only makes its sample longer; the fastest is still clean.
     let samples = measure::round_trips(&network, "left", "right", 10).unwrap();
     let fastest = *samples.iter().min().unwrap();
     assert!(fastest >= rtt, "{samples:?} undercut {rtt:?}");
-    assert!(fastest < rtt + Duration::from_millis(15), "{samples:?}");
     network.down().unwrap();
 }
 
 #[test]
 fn datagrams_are_lost_at_the_configured_rate() {
-    let Some(network) = up_or_skip(&scenario()) else {
-        return;
-    };
+    let network = up(&scenario());
     let count = 4000;
     let delivery = measure::datagram_delivery(&network, "hub", "right", count).unwrap();
     let expected_lost = count as f64 * LOSS;
@@ -113,9 +113,7 @@ fn datagrams_are_lost_at_the_configured_rate() {
 
 #[test]
 fn the_rate_limit_caps_a_tcp_transfer() {
-    let Some(network) = up_or_skip(&scenario()) else {
-        return;
-    };
+    let network = up(&scenario());
     let report = measure::transfer(
         &network,
         "left",
@@ -171,9 +169,7 @@ fn the_rate_limit_caps_a_tcp_transfer() {
 
 #[test]
 fn hostile_packets_do_not_stop_the_emulator() {
-    let Some(network) = up_or_skip(&scenario()) else {
-        return;
-    };
+    let network = up(&scenario());
     // Garbage written straight into hub's TUN device of link 0 (`wt0`), below IP.
     network
         .run_in("hub", || {
@@ -231,9 +227,7 @@ fn send_raw(interface: &str, packet: &[u8]) {
 
 #[test]
 fn regions_have_their_addresses_and_run_commands() {
-    let Some(network) = up_or_skip(&scenario()) else {
-        return;
-    };
+    let network = up(&scenario());
     assert_eq!(
         network.address("hub").unwrap(),
         Ipv4Addr::new(198, 18, 0, 1)
@@ -263,9 +257,7 @@ fn regions_have_their_addresses_and_run_commands() {
 
 #[test]
 fn teardown_removes_everything_even_on_drop() {
-    let Some(network) = up_or_skip(&scenario()) else {
-        return;
-    };
+    let network = up(&scenario());
     let names: Vec<String> = ["hub", "left", "right"]
         .iter()
         .map(|region| network.netns(region).unwrap().to_string())
@@ -285,10 +277,7 @@ fn teardown_removes_everything_even_on_drop() {
 
 #[test]
 fn leftovers_of_dead_runs_are_removed() {
-    if let Some(reason) = unavailable_reason() {
-        eprintln!("skipped: {reason}");
-        return;
-    }
+    require_namespaces();
     // A process that has exited: its id names a run that can no longer clean up.
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = child.id();

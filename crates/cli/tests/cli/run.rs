@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::util::{Scratch, aurora};
+use crate::util::{Scratch, aurora, require_namespaces};
 use serde_json::Value;
 
 /// The tiny model on one-digit addition: it learns within seconds, so its weights move
@@ -208,10 +208,7 @@ fn delta_and_full_sync_give_the_same_weights_and_rewards_at_every_step() {
 
 #[test]
 fn a_run_across_an_emulated_wan_runs_each_region_in_its_namespace() {
-    if let Some(reason) = aurora_wan::unavailable_reason() {
-        eprintln!("skipped: {reason}");
-        return;
-    }
+    require_namespaces();
     let scratch = Scratch::new();
     let scenario = scratch.write(
         "scenario.toml",

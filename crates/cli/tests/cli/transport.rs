@@ -179,4 +179,22 @@ fn an_actor_without_its_settings_says_what_is_missing() {
     let bad = s.write("bad.toml", b"id = \"a1\"\nstreams = \"many\"\n");
     let run = aurora(&["actor", "--config"]).arg(&bad).fails();
     crate::util::assert_error_mentions(&run, &["parsing", "bad.toml"]);
+    // A session needs a stream: zero is refused where it is given, flag or file.
+    let run = aurora(&[
+        "relay",
+        "--id",
+        "r1",
+        "--upstream",
+        "127.0.0.1:9",
+        "--join",
+        "--streams",
+        "0",
+    ])
+    .fails();
+    crate::util::assert_error_mentions(&run, &["--streams", "zero"]);
+    let zero = s.write("zero.toml", b"id = \"r1\"\nstreams = 0\n");
+    let run = aurora(&["relay", "--join", "--upstream", "127.0.0.1:9", "--config"])
+        .arg(&zero)
+        .fails();
+    crate::util::assert_error_mentions(&run, &["zero.toml"]);
 }

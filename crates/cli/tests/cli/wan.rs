@@ -1,8 +1,10 @@
-//! `aurora wan` end to end: scenario checking anywhere, and (as root, where network
-//! namespaces work) a probe and a short benchmark on a real emulated link.
+//! `aurora wan` end to end: scenario checking anywhere, and (as root with network
+//! namespaces, as in CI; elsewhere they fail) a probe and a short benchmark on a real emulated link.
 
 use std::path::Path;
 use std::process::{Command, Output};
+
+use crate::util::require_namespaces;
 
 const SCENARIOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../wan/scenarios");
 
@@ -30,10 +32,6 @@ fn succeeds(args: &[&str]) -> String {
         text(&output.stderr)
     );
     text(&output.stdout)
-}
-
-fn skip_reason() -> Option<String> {
-    aurora_wan::unavailable_reason()
 }
 
 /// A lossy 10 ms RTT link between `a` and `b`, at 200 Mbps.
@@ -104,10 +102,7 @@ fn check_names_what_is_wrong_with_a_scenario() {
 
 #[test]
 fn probe_reports_the_delay_and_loss_of_a_link() {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {reason}");
-        return;
-    }
+    require_namespaces();
     let directory = tempfile::tempdir().unwrap();
     let scenario = write_small_scenario(directory.path());
     let stdout = succeeds(&[
@@ -126,16 +121,15 @@ fn probe_reports_the_delay_and_loss_of_a_link() {
         .and_then(|rest| rest.split(" ms").next())
         .and_then(|number| number.parse().ok())
         .unwrap_or_else(|| panic!("no minimum round trip in {stdout}"));
-    assert!((10.0..40.0).contains(&min_ms), "{stdout}");
+    // The link's delay is only ever exceeded, and a loaded machine may exceed it by any
+    // amount: no upper bound.
+    assert!(min_ms >= 10.0, "{stdout}");
     assert!(stdout.contains("of 2000 datagrams lost"), "{stdout}");
 }
 
 #[test]
 fn bench_writes_one_row_per_transfer() {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {reason}");
-        return;
-    }
+    require_namespaces();
     let directory = tempfile::tempdir().unwrap();
     let scenario = write_small_scenario(directory.path());
     let json = directory.path().join("rows.json");
@@ -168,10 +162,7 @@ fn bench_writes_one_row_per_transfer() {
 
 #[test]
 fn transfer_fan_out_crosses_each_region_link_once_through_relays() {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {reason}");
-        return;
-    }
+    require_namespaces();
     let directory = tempfile::tempdir().unwrap();
     let scenario = directory.path().join("fan.toml");
     std::fs::write(

@@ -299,3 +299,11 @@ pub fn hex(bytes: &[u8]) -> String {
         out
     })
 }
+
+/// The WAN tests build network namespaces; CI runs as root with `ip netns`, so a machine
+/// without them fails these tests rather than skipping them.
+pub fn require_namespaces() {
+    if let Some(reason) = aurora_wan::unavailable_reason() {
+        panic!("this test builds network namespaces and cannot run here: {reason}");
+    }
+}

@@ -712,23 +712,22 @@ fn locate_body<W: Word, const V3: bool, const PDEP: bool>(
     // The scan's pointers rely on it (see `locate_classes`).
     assert!(len as u64 <= MAX_CHUNK_ELEMENTS, "chunk of {len} elements");
     let total = changes.len() - starts.len();
-    let mut located = Located::<W> {
-        positions: Vec::with_capacity(total),
-        values: Vec::with_capacity(total * W::BYTES),
-        word: std::marker::PhantomData,
-    };
+    let mut located = Located::<W>::new(total);
     if classes.count() == 1 {
         // One class: ranks are positions.
         let mut position = 0usize;
-        for (index, change) in changes[..total].iter().enumerate() {
-            position += change.gap as usize + usize::from(index > 0);
-            // SAFETY: one push per change of the list.
-            unsafe { located.push(base, position, change.step) };
+        for (block, changes) in changes[..total].chunks(64).enumerate() {
+            located.check_room_for_block()?;
+            for (index, change) in changes.iter().enumerate() {
+                position += change.gap as usize + usize::from(block + index > 0);
+                // SAFETY: at most 64 pushes since the room was checked.
+                unsafe { located.push(base, position, change.step) };
+            }
         }
         return Ok((located.positions, located.values));
     }
     with_threshold_count!(classes.thresholds.len(), T => {
-        locate_classes::<W, T, V3, PDEP>(base, len, classes, changes, starts, &mut located)
+        locate_classes::<W, T, V3, PDEP>(base, len, classes, changes, starts, &mut located)?
     });
     let missing = total - located.positions.len();
     if missing > 0 {
@@ -743,10 +742,39 @@ fn locate_body<W: Word, const V3: bool, const PDEP: bool>(
 struct Located<W: Word> {
     positions: Vec<u32>,
     values: Vec<u8>,
+    /// Changes the chunk's header declared.
+    declared: usize,
     word: std::marker::PhantomData<W>,
 }
 
 impl<W: Word> Located<W> {
+    /// Room for the declared changes and one block more, so that a block that starts
+    /// with at most the declared changes placed never writes past it.
+    fn new(declared: usize) -> Self {
+        Located {
+            positions: Vec::with_capacity(declared + 64),
+            values: Vec::with_capacity((declared + 64) * W::BYTES),
+            declared,
+            word: std::marker::PhantomData,
+        }
+    }
+
+    /// Checked before each block of 64 elements, which places at most 64 changes (one
+    /// per element): this, not the scan's sentinels, is what keeps [`push`] inside its
+    /// room in a release build whatever the artifact says. One compare per block.
+    ///
+    /// [`push`]: Located::push
+    #[inline(always)]
+    fn check_room_for_block(&self) -> Result<()> {
+        if self.positions.len() > self.declared {
+            return Err(bad(format!(
+                "more changes located than the {} declared",
+                self.declared
+            )));
+        }
+        Ok(())
+    }
+
     /// Records the change at `position`, computing its value while the base is in cache.
     ///
     /// Writes straight into room reserved for every change the header declared:
@@ -754,16 +782,16 @@ impl<W: Word> Located<W> {
     /// every call, which measured a tenth of the decoder's time.
     ///
     /// # Safety
-    /// Fewer changes than the room was reserved for have been pushed. The scan pushes a
-    /// change only as it moves a class's pointer past it, never past a sentinel (see
-    /// `locate_classes`), so it pushes at most the changes in the list.
+    /// At most 64 pushes since [`check_room_for_block`] last succeeded.
+    ///
+    /// [`check_room_for_block`]: Located::check_room_for_block
     #[inline(always)]
     unsafe fn push(&mut self, base: &[u8], position: usize, step: u32) {
         let value = apply_step(W::load(base, position), u64::from(step)).to_u64();
         let count = self.positions.len();
         debug_assert!(
             count < self.positions.capacity() && (count + 1) * W::BYTES <= self.values.capacity(),
-            "more changes located than declared"
+            "more changes located than the room checked for"
         );
         // SAFETY: both writes land inside the room the caller vouches for, and the
         // lengths grow only over what was written.
@@ -792,7 +820,7 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     changes: &[ClassChange],
     starts: &[usize],
     located: &mut Located<W>,
-) {
+) -> Result<()> {
     // until[c]: members of class c to pass, counted from the current block's start,
     // before its next change; a sentinel pushes it beyond every chunk once the class has
     // none left, so the loops below test nothing but ranks.
@@ -818,6 +846,7 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
     macro_rules! block {
         ($start:expr, $at_least:expr) => {{
             let at_least: [u64; MAX_CLASSES + 1] = $at_least;
+            located.check_room_for_block()?;
             // Changes are marked in the block's bit mask with their steps beside it, so
             // they come out in position order without sorting.
             let mut found = 0u64;
@@ -859,7 +888,7 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
             const _: () = assert!(MAX_CLASSES == 8, "one `class!` per class");
             while found != 0 {
                 let bit = found.trailing_zeros() as usize;
-                // SAFETY: each bit found is a change the scan moved past (see `next`).
+                // SAFETY: one push per bit of the block's mask, after the room check.
                 unsafe { located.push(base, $start + bit, steps[bit]) };
                 found &= found - 1;
             }
@@ -895,6 +924,7 @@ fn locate_classes<W: Word, const T: usize, const V3: bool, const PDEP: bool>(
             block!(len / 64 * 64, at_least.map(|mask| mask & valid));
         }
     }
+    Ok(())
 }
 
 /// Counts the step symbols of a class's changes, and appends the exponential-Golomb
@@ -1155,6 +1185,26 @@ mod tests {
         exponent_mask: 0x7F80,
         exponent_shift: 7,
     };
+
+    #[test]
+    fn a_block_may_start_only_with_room_for_a_whole_block() {
+        let base = [0u8; 2 * 130];
+        let mut located = Located::<u16>::new(2);
+        assert!(located.positions.capacity() >= 2 + 64);
+        located.check_room_for_block().unwrap();
+        for position in 0..2 {
+            // SAFETY: two pushes since the check.
+            unsafe { located.push(&base, position, 1) };
+        }
+        // Exactly the declared changes: a block may still place up to 64 more.
+        located.check_room_for_block().unwrap();
+        unsafe { located.push(&base, 2, 1) };
+        let error = located.check_room_for_block().unwrap_err().to_string();
+        assert!(
+            error.contains("more changes located than the 2 declared"),
+            "{error}"
+        );
+    }
 
     /// Exact Golomb cost of a class's gaps, for tests that check the cost model.
     fn gap_bits(ranks: &[u64], m: u64) -> u64 {
