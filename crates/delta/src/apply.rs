@@ -474,15 +474,66 @@ impl Patch {
         let mut image = safetensors::serialize(initial, None)
             .map_err(|e| DeltaError::Checkpoint(format!("writing the target image: {e}")))?;
         let layout = safetensors_layout(&image)?;
-        self.swap_into_target_layout(&mut image, &layout)?;
-        let actual = Checkpoint::from_layout(&image, &layout)?.weights_hash();
+        self.finish_target(&mut image, &layout)?;
+        Ok((image, layout))
+    }
+
+    /// Builds the target in `buffer`, whose tensors sit where `layout` says with the
+    /// target's names, dtypes and shapes (as [`DeltaHeader::target_layout`] places
+    /// them): every byte of each tensor is written, from the base (patched) or as zeros
+    /// (added, reshaped), then the changes go in place. The base is only read, so a
+    /// binding can build the target in memory its own framework owns. Checks the target
+    /// weights hash and returns it.
+    ///
+    /// [`DeltaHeader::target_layout`]: crate::DeltaHeader::target_layout
+    pub fn materialize_into(
+        mut self,
+        base: &Checkpoint<'_>,
+        buffer: &mut [u8],
+        layout: &[TensorLayout],
+    ) -> Result<Hash> {
+        let by_name: HashMap<&str, &TensorLayout> =
+            layout.iter().map(|l| (l.name.as_str(), l)).collect();
+        for entry in &self.header.tensors {
+            let Some(spec) = entry.change.target() else {
+                continue;
+            };
+            let place = by_name.get(entry.name.as_str()).ok_or_else(|| {
+                DeltaError::Checkpoint(format!(
+                    "tensor '{}' has no place in the buffer",
+                    entry.name
+                ))
+            })?;
+            ensure_spec(&entry.name, place.dtype, &place.shape, spec)?;
+            let out = buffer
+                .get_mut(place.bytes.clone())
+                .filter(|out| out.len() as u64 == spec.byte_len())
+                .ok_or_else(|| {
+                    DeltaError::Checkpoint(format!(
+                        "tensor '{}' has no room of its size in the buffer",
+                        entry.name
+                    ))
+                })?;
+            match initial_data(entry, base)? {
+                Some(data) => out.copy_from_slice(data),
+                None => out.fill(0),
+            }
+        }
+        self.finish_target(buffer, layout)
+    }
+
+    /// Swaps the changes into a buffer holding the target's initial values and checks the
+    /// result's weights hash.
+    fn finish_target(&mut self, buffer: &mut [u8], layout: &[TensorLayout]) -> Result<Hash> {
+        self.swap_into_target_layout(buffer, layout)?;
+        let actual = Checkpoint::from_layout(buffer, layout)?.weights_hash();
         if actual != self.header.target_hash {
             return Err(DeltaError::TargetMismatch {
                 expected: self.header.target_hash,
                 actual,
             });
         }
-        Ok((image, layout))
+        Ok(actual)
     }
 
     /// Builds the target checkpoint from `base` (copying it), for deltas that change the

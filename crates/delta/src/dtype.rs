@@ -66,6 +66,11 @@ impl Dtype {
             .ok_or_else(|| DeltaError::Malformed(format!("unknown dtype code {code}")))
     }
 
+    /// The dtype a safetensors name ([`Dtype::name`]) stands for.
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|d| d.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Dtype::Bool => "BOOL",

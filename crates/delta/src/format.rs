@@ -12,7 +12,7 @@
 //! them and seal the artifact at the end.
 
 use crate::bits::ByteReader;
-use crate::checkpoint::{Hash, checked_byte_len};
+use crate::checkpoint::{Hash, TensorLayout, checked_byte_len};
 use crate::codec::Encoding;
 use crate::dtype::Dtype;
 use crate::error::{DeltaError, Result};
@@ -127,6 +127,38 @@ pub struct Manifest {
 }
 
 impl DeltaHeader {
+    /// Where the target's tensors go in one buffer of host memory, in name order, each at
+    /// an offset that is a multiple of `align` (a power of two), and the buffer's length:
+    /// what a caller allocates for [`Patch::materialize_into`]. Fails on a target whose
+    /// size does not fit the address space.
+    ///
+    /// [`Patch::materialize_into`]: crate::Patch::materialize_into
+    pub fn target_layout(&self, align: usize) -> Result<(Vec<TensorLayout>, usize)> {
+        assert!(align.is_power_of_two(), "alignment {align}");
+        let too_large = || DeltaError::LimitExceeded {
+            what: "target size in bytes",
+            value: u64::MAX,
+            limit: usize::MAX as u64,
+        };
+        let mut end = 0usize;
+        let mut layout = Vec::with_capacity(self.tensors.len());
+        for entry in &self.tensors {
+            let Some(spec) = entry.change.target() else {
+                continue;
+            };
+            let start = end.checked_next_multiple_of(align).ok_or_else(too_large)?;
+            let len = usize::try_from(spec.byte_len()).map_err(|_| too_large())?;
+            end = start.checked_add(len).ok_or_else(too_large)?;
+            layout.push(TensorLayout {
+                name: entry.name.clone(),
+                dtype: spec.dtype,
+                shape: spec.shape.clone(),
+                bytes: start..end,
+            });
+        }
+        Ok((layout, end))
+    }
+
     /// Preamble and header bytes: the start of the artifact.
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();

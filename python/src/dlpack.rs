@@ -1,0 +1,131 @@
+//! Host memory of a Python tensor, borrowed through DLPack without a copy.
+//!
+//! The Python side (`aurora_rl/_tensors.py`) hands over every tensor as a flat,
+//! contiguous `uint8` tensor or array on the host, so this module accepts exactly that
+//! shape of DLPack tensor and refuses anything else with an error: it never needs strides,
+//! dtypes or devices. Only the unversioned DLPack ABI (capsule name `dltensor`) is read,
+//! which every producer still offers when no `max_version` is asked for.
+
+use std::ffi::{CStr, c_void};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+const CAPSULE_NAME: &CStr = c"dltensor";
+const DEVICE_CPU: i32 = 1;
+const TYPE_CODE_UINT: u8 = 1;
+
+#[repr(C)]
+struct Device {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+/// `DLTensor` of dlpack.h (ABI version 0.x, unchanged in the unversioned struct since).
+#[repr(C)]
+struct Tensor {
+    data: *mut c_void,
+    device: Device,
+    ndim: i32,
+    dtype: DataType,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct ManagedTensor {
+    tensor: Tensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut ManagedTensor)>,
+}
+
+/// The bytes of a host tensor, valid while this value lives: it holds the DLPack capsule,
+/// and the capsule (not consumed, so still named `dltensor`) keeps the producer's tensor
+/// alive until it is collected.
+pub struct HostBytes<'py> {
+    _capsule: Bound<'py, PyAny>,
+    data: *mut u8,
+    len: usize,
+}
+
+impl<'py> HostBytes<'py> {
+    /// Borrows the memory of `object`, a flat contiguous `uint8` tensor on the host with a
+    /// `__dlpack__` method (torch and numpy have one). `what` names it in errors.
+    pub fn borrow(object: &Bound<'py, PyAny>, what: &str) -> PyResult<HostBytes<'py>> {
+        let capsule = object.call_method0("__dlpack__")?;
+        // SAFETY: the name is checked by `PyCapsule_GetPointer`, which returns null (with
+        // a Python error set) for any other object or name.
+        let managed = unsafe {
+            pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE_NAME.as_ptr())
+                as *const ManagedTensor
+        };
+        if managed.is_null() {
+            return Err(PyErr::take(object.py()).unwrap_or_else(|| {
+                PyValueError::new_err(format!("{what}: __dlpack__ returned no DLPack tensor"))
+            }));
+        }
+        // SAFETY: a live `dltensor` capsule points at a valid `DLManagedTensor`, whose
+        // shape (and strides, when present) hold `ndim` entries.
+        let tensor = unsafe { &(*managed).tensor };
+        let refuse = |reason: &str| Err(PyValueError::new_err(format!("{what}: {reason}")));
+        if tensor.device.device_type != DEVICE_CPU {
+            return refuse("the tensor is not in host memory");
+        }
+        if (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes) != (TYPE_CODE_UINT, 8, 1) {
+            return refuse("expected the tensor's bytes as uint8");
+        }
+        if tensor.ndim != 1 {
+            return refuse("expected the tensor's bytes flattened to one dimension");
+        }
+        let (len, stride) = unsafe {
+            (
+                *tensor.shape,
+                (!tensor.strides.is_null()).then(|| *tensor.strides),
+            )
+        };
+        let Ok(len) = usize::try_from(len) else {
+            return refuse("negative length");
+        };
+        if len > 1 && stride.is_some_and(|stride| stride != 1) {
+            return refuse("the tensor's bytes are not contiguous");
+        }
+        let data = if len == 0 {
+            std::ptr::NonNull::<u8>::dangling().as_ptr()
+        } else {
+            let Ok(offset) = usize::try_from(tensor.byte_offset) else {
+                return refuse("byte offset beyond the address space");
+            };
+            tensor.data.cast::<u8>().wrapping_add(offset)
+        };
+        if data.is_null() {
+            return refuse("null data pointer");
+        }
+        Ok(HostBytes {
+            _capsule: capsule,
+            data,
+            len,
+        })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the producer vouches for `len` bytes at `data` while the capsule lives,
+        // and `borrow` replaced the pointer of an empty tensor (which may be null) with a
+        // dangling, aligned one.
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+
+    /// The bytes to write into: only for memory the caller allocated for the purpose
+    /// (the Python side's output buffer), which nothing else references yet.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_slice`; `&mut self` keeps this the only view made here.
+        unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }
+    }
+}

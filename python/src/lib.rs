@@ -1,0 +1,193 @@
+//! `aurora_rl._core`: the extension module under the `aurora_rl` Python package.
+//!
+//! It converts and calls; every rule lives in the Rust crates (ARCHITECTURE.md). Tensors
+//! arrive as `(name, dtype, shape, bytes)` tuples whose bytes are a flat `uint8` host
+//! tensor, borrowed through DLPack (`dlpack.rs`); the framework-specific conversions are
+//! in Python (`aurora_rl/_tensors.py`). Every heavy call releases the GIL.
+
+mod dlpack;
+mod errors;
+
+use aurora_delta::{
+    Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, TensorView, check_base,
+    decode,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use dlpack::HostBytes;
+use errors::delta_error;
+
+/// Offsets of the tensors `apply` builds are multiples of this, so each can be viewed as
+/// its dtype in any framework (and lands on its own cache line).
+const TARGET_ALIGN: usize = 64;
+
+/// A tensor as the Python side passes it: name, safetensors dtype name, shape, and its
+/// bytes as a flat `uint8` host tensor.
+type TensorArg<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+
+/// The borrowed bytes of a mapping's tensors, with their metadata.
+struct Tensors<'py> {
+    specs: Vec<(String, Dtype, Vec<u64>)>,
+    bytes: Vec<HostBytes<'py>>,
+}
+
+impl<'py> Tensors<'py> {
+    fn borrow(tensors: Vec<TensorArg<'py>>) -> PyResult<Tensors<'py>> {
+        let mut specs = Vec::with_capacity(tensors.len());
+        let mut bytes = Vec::with_capacity(tensors.len());
+        for (name, dtype, shape, data) in tensors {
+            let dtype = Dtype::from_name(&dtype).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "tensor '{name}': dtype {dtype} is not one the delta format knows"
+                ))
+            })?;
+            bytes.push(HostBytes::borrow(&data, &format!("tensor '{name}'"))?);
+            specs.push((name, dtype, shape));
+        }
+        Ok(Tensors { specs, bytes })
+    }
+
+    /// The checkpoint these tensors make; checks names and sizes.
+    fn checkpoint(&self) -> PyResult<Checkpoint<'_>> {
+        let views = self
+            .specs
+            .iter()
+            .zip(&self.bytes)
+            .map(|((name, dtype, shape), bytes)| TensorView {
+                name: name.clone(),
+                dtype: *dtype,
+                shape: shape.clone(),
+                data: bytes.as_slice(),
+            })
+            .collect();
+        Checkpoint::new(views).map_err(delta_error)
+    }
+}
+
+/// The weights hash of docs/delta-format.md §2, in hex.
+#[pyfunction]
+fn weights_hash(py: Python<'_>, state: Vec<TensorArg<'_>>) -> PyResult<String> {
+    let tensors = Tensors::borrow(state)?;
+    let checkpoint = tensors.checkpoint()?;
+    Ok(py.detach(|| checkpoint.weights_hash()).to_hex())
+}
+
+/// The artifact (docs/delta-format.md) that turns `base` into `target`: the bytes
+/// `aurora delta diff` writes for the same tensors and options.
+#[pyfunction]
+#[pyo3(signature = (base, target, encoding, base_version, target_version))]
+fn diff<'py>(
+    py: Python<'py>,
+    base: Vec<TensorArg<'py>>,
+    target: Vec<TensorArg<'py>>,
+    encoding: &str,
+    base_version: u64,
+    target_version: Option<u64>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let encoding = match encoding {
+        "aurora" => Encoding::Aurora,
+        "leb128" => Encoding::Leb128,
+        "dense" => Encoding::Dense,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown encoding {other:?}: aurora, leb128 or dense"
+            )));
+        }
+    };
+    let target_version = match target_version {
+        Some(version) => version,
+        None => base_version.checked_add(1).ok_or_else(|| {
+            PyValueError::new_err("base_version is the last version there is: give target_version")
+        })?,
+    };
+    let (base, target) = (Tensors::borrow(base)?, Tensors::borrow(target)?);
+    let (base, target) = (base.checkpoint()?, target.checkpoint()?);
+    let options = ExtractOptions {
+        encoding,
+        base_version,
+        target_version,
+        ..ExtractOptions::default()
+    };
+    let bytes = py.detach(|| {
+        Extraction::new(&base, &target, options)
+            .and_then(|extraction| extraction.to_bytes())
+            .map(|(_, bytes)| bytes)
+    });
+    Ok(PyBytes::new(py, &bytes.map_err(delta_error)?))
+}
+
+/// Where `apply_into` will put each target tensor of `delta` in one buffer: the buffer's
+/// length and, per tensor, `(name, dtype, shape, start, end)`. Parses and verifies the
+/// artifact's manifest, so a damaged delta is refused before anything is allocated.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn target_layout(
+    py: Python<'_>,
+    delta: &[u8],
+) -> PyResult<(usize, Vec<(String, String, Vec<u64>, usize, usize)>)> {
+    let (layout, len) = py
+        .detach(|| {
+            DeltaFile::parse(delta).and_then(|delta| delta.header().target_layout(TARGET_ALIGN))
+        })
+        .map_err(delta_error)?;
+    let tensors = layout
+        .into_iter()
+        .map(|t| {
+            let (start, end) = (t.bytes.start, t.bytes.end);
+            (t.name, t.dtype.name().to_string(), t.shape, start, end)
+        })
+        .collect();
+    Ok((len, tensors))
+}
+
+/// Checks that `base` is the delta's base, decodes the delta and writes its target into
+/// `out`, a buffer of the length `target_layout` gave, at its places. `base` is only read:
+/// on any error it is as it was. Returns the target's weights hash.
+#[pyfunction]
+fn apply_into(
+    py: Python<'_>,
+    base: Vec<TensorArg<'_>>,
+    delta: &[u8],
+    out: Bound<'_, PyAny>,
+) -> PyResult<String> {
+    let base = Tensors::borrow(base)?;
+    let base = base.checkpoint()?;
+    let mut out = HostBytes::borrow(&out, "the output buffer")?;
+    let out = out.as_mut_slice();
+    let hash = py
+        .detach(|| {
+            let delta = DeltaFile::parse(delta)?;
+            let (layout, len) = delta.header().target_layout(TARGET_ALIGN)?;
+            if out.len() != len {
+                return Err(aurora_delta::DeltaError::Checkpoint(format!(
+                    "the output buffer has {} bytes, the target needs {len}",
+                    out.len()
+                )));
+            }
+            check_base(delta.header(), &base, None)?;
+            decode(&delta, &base)?.materialize_into(&base, out, &layout)
+        })
+        .map_err(delta_error)?;
+    Ok(hash.to_hex())
+}
+
+/// The Hugging Face names an inference engine stores as one fused parameter with `name`
+/// (q, k and v projections; gate and up), in concatenation order, or None for a name it
+/// keeps whole (docs/delta-format.md §9). An engine must receive such a group whole.
+#[pyfunction]
+fn fused_parts(name: &str) -> Option<Vec<String>> {
+    aurora_delta::fused::fused_name(name).map(|(_, _, parts)| parts)
+}
+
+#[pymodule]
+fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add("FORMAT_VERSION", aurora_delta::FORMAT_VERSION)?;
+    module.add_function(wrap_pyfunction!(weights_hash, module)?)?;
+    module.add_function(wrap_pyfunction!(diff, module)?)?;
+    module.add_function(wrap_pyfunction!(target_layout, module)?)?;
+    module.add_function(wrap_pyfunction!(apply_into, module)?)?;
+    module.add_function(wrap_pyfunction!(fused_parts, module)?)?;
+    errors::register(module)
+}

@@ -1,0 +1,31 @@
+"""The package's surface: the stubs name what the extension holds, and the package is
+typed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import aurora_rl
+from aurora_rl import _core
+
+PACKAGE = Path(aurora_rl.__file__).parent
+
+
+def test_the_stubs_name_exactly_what_the_extension_holds():
+    tree = ast.parse((PACKAGE / "_core.pyi").read_text())
+    stubbed = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            stubbed.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            stubbed.add(node.target.id)
+    stubbed = {name for name in stubbed if not name.startswith("_")}
+    held = {name for name in dir(_core) if not name.startswith("_")}
+    assert stubbed == held
+
+
+def test_the_package_is_typed_and_exports_what_it_documents():
+    assert (PACKAGE / "py.typed").exists()
+    assert sorted(aurora_rl.__all__) == sorted(name for name in aurora_rl.__all__ if hasattr(aurora_rl, name))
+    assert aurora_rl.FORMAT_VERSION >= 1
