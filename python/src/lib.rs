@@ -181,6 +181,13 @@ fn fused_parts(name: &str) -> Option<Vec<String>> {
     aurora_delta::fused::fused_name(name).map(|(_, _, parts)| parts)
 }
 
+/// For the name of an engine's fused parameter (`...qkv_proj.weight`): the Hugging Face
+/// names of its parts, in concatenation order; None for any other name.
+#[pyfunction]
+fn unfused_names(name: &str) -> Option<Vec<String>> {
+    aurora_delta::fused::unfused_names(name)
+}
+
 #[pymodule]
 fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("FORMAT_VERSION", aurora_delta::FORMAT_VERSION)?;
@@ -189,5 +196,6 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(target_layout, module)?)?;
     module.add_function(wrap_pyfunction!(apply_into, module)?)?;
     module.add_function(wrap_pyfunction!(fused_parts, module)?)?;
+    module.add_function(wrap_pyfunction!(unfused_names, module)?)?;
     errors::register(module)
 }

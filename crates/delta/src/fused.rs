@@ -35,6 +35,20 @@ pub fn fused_name(name: &str) -> Option<(String, usize, Vec<String>)> {
     })
 }
 
+/// For the name of an engine's fused parameter (`...qkv_proj.weight`): the Hugging Face
+/// names of its parts, in concatenation order.
+pub fn unfused_names(name: &str) -> Option<Vec<String>> {
+    let (head, suffix) = name.rsplit_once('.')?;
+    let (prefix, projection) = head.rsplit_once('.')?;
+    let (parts, _) = GROUPS.iter().find(|(_, fused)| *fused == projection)?;
+    Some(
+        parts
+            .iter()
+            .map(|p| format!("{prefix}.{p}.{suffix}"))
+            .collect(),
+    )
+}
+
 /// Places the Hugging Face tensors `hf` inside a buffer laid out as `fused` (for example
 /// the safetensors image of a fused checkpoint): the returned layouts let
 /// [`crate::Patch::apply_in_place`] and [`Checkpoint::from_layout`] work on the fused buffer
@@ -175,5 +189,16 @@ mod tests {
         assert!(fused_name("model.layers.0.mlp.down_proj.weight").is_none());
         assert!(fused_name("lm_head.weight").is_none());
         assert!(fused_name("q_proj").is_none());
+    }
+
+    #[test]
+    fn fused_parameters_map_back_to_their_parts() {
+        for part in ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"] {
+            let name = format!("model.layers.7.x.{part}.bias");
+            let (fused, _, parts) = fused_name(&name).unwrap();
+            assert_eq!(unfused_names(&fused), Some(parts));
+        }
+        assert!(unfused_names("model.layers.0.mlp.down_proj.weight").is_none());
+        assert!(unfused_names("qkv_proj").is_none());
     }
 }

@@ -1,0 +1,96 @@
+"""Hugging Face transformers as an aurora engine: the reference the other engines are
+checked against, and the CPU fallback.
+
+Its parameters are the checkpoint's tensors under their own names, so loading is a copy
+into them and the weights it holds are its state dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Optional
+
+from aurora_rl.engines import Completion, Sampling
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+
+class TransformersEngine:
+    """An aurora engine over a ``PreTrainedModel`` (a causal language model)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model.eval()
+
+    @classmethod
+    def start(cls, model: str, **options: object) -> TransformersEngine:
+        """The checkpoint directory ``model`` in BF16 on the CPU."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        settings: dict[str, object] = {"dtype": torch.bfloat16}
+        settings.update(options)
+        return cls(AutoModelForCausalLM.from_pretrained(model, **settings))
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        import torch
+
+        state = self.model.state_dict()
+        unknown = sorted(set(tensors) - set(state))
+        if unknown:
+            raise KeyError(f"the model has no {', '.join(unknown)}")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                state[name].copy_(tensor)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
+        """Token by token with a KV cache, one prompt at a time (no padding, so each
+        prompt's numbers are those of a batch of one)."""
+        import torch
+
+        generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        completions = []
+        with torch.no_grad():
+            for prompt in prompts:
+                tokens = torch.tensor([list(prompt)])
+                past = None
+                completion = Completion([], [])
+                for _ in range(sampling.max_tokens):
+                    output = self.model(input_ids=tokens, past_key_values=past, use_cache=True)
+                    past = output.past_key_values
+                    logprobs = torch.log_softmax(output.logits[0, -1].float(), dim=-1)
+                    if sampling.temperature == 0:
+                        token = int(torch.argmax(logprobs))
+                    else:
+                        probabilities = torch.softmax(logprobs / sampling.temperature, dim=-1)
+                        token = int(torch.multinomial(probabilities, 1, generator=generator))
+                    completion.token_ids.append(token)
+                    completion.logprobs.append(float(logprobs[token]))
+                    tokens = torch.tensor([[token]])
+                completions.append(completion)
+        return completions
+
+    def score(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[list[tuple[float, float]]]:
+        """For each completion of each prompt, teacher-forced: per token, its
+        log-probability and the highest log-probability of any token at that step. How
+        another engine's generation is checked against this one without letting one near
+        tie make the two sequences diverge."""
+        import torch
+
+        scores = []
+        with torch.no_grad():
+            for prompt, completion in zip(prompts, completions, strict=True):
+                tokens = torch.tensor([list(prompt) + list(completion)])
+                logits = self.model(input_ids=tokens).logits[0, len(prompt) - 1 : -1].float()
+                logprobs = torch.log_softmax(logits, dim=-1)
+                chosen = logprobs.gather(1, torch.tensor(list(completion)).unsqueeze(1)).squeeze(1)
+                scores.append(list(zip(chosen.tolist(), logprobs.max(dim=-1).values.tolist())))
+        return scores
+
+    def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
+        held = {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            # The head is the embedding, which checkpoints store once.
+            held.pop("lm_head.weight", None)
+        return held
