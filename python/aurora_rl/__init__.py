@@ -4,6 +4,10 @@ The Rust core that the ``aurora`` binary runs, with torch and numpy faces:
 
 - ``diff``, ``apply`` and ``weights_hash``: the delta codec on mappings of Hugging Face
   tensor names to torch tensors or numpy arrays.
+- ``Trainer``: the trainer node (control plane, transport hub, checkpoint store) in a
+  PyTorch process: publish versions, post steps, take accepted rollouts.
+- ``Actor``: the actor node in an inference process, activating versions into an engine
+  (``aurora_rl.engines``: vLLM, Hugging Face transformers) at its safe points.
 
 Errors are ``AuroraError`` subclasses carrying the Rust error's message. Log records go
 to the ``aurora_rl`` logger.
@@ -19,10 +23,19 @@ from aurora_rl._core import (
     TruncatedDeltaError,
     WrongBaseError,
 )
+from aurora_rl.actor import Actor, Lease, Work
 from aurora_rl.codec import apply, diff, weights_hash
+from aurora_rl.trainer import Published, Rollout, StepResults, Trainer
 
 __all__ = [
     "FORMAT_VERSION",
+    "Actor",
+    "Lease",
+    "Published",
+    "Rollout",
+    "StepResults",
+    "Trainer",
+    "Work",
     "AuroraError",
     "CheckpointError",
     "CorruptedDeltaError",

@@ -172,3 +172,10 @@ def _numpy_dtype(name: str, dtype: str) -> Any:
     if attribute is None:
         raise TypeError(f"tensor {name!r} is {dtype}, which numpy has no dtype for: pass torch tensors")
     return numpy.dtype(attribute)
+
+
+def torch_view(dtype: str, shape: list[int], data: Any) -> Any:
+    """A torch tensor over flat uint8 host memory given as a DLPack capsule (no copy)."""
+    import torch
+
+    return torch.from_dlpack(data).view(getattr(torch, _TORCH_ATTRIBUTES[dtype])).reshape(shape)

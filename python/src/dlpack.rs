@@ -129,3 +129,86 @@ impl<'py> HostBytes<'py> {
         unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }
     }
 }
+
+/// What a capsule made by [`export_bytes`] owns: the DLPack tensor, its one-element shape
+/// (which the tensor points at), and whatever keeps the bytes alive.
+struct Exported {
+    managed: ManagedTensor,
+    shape: [i64; 1],
+    _owner: Box<dyn std::any::Any + Send + Sync>,
+}
+
+unsafe extern "C" fn delete_exported(managed: *mut ManagedTensor) {
+    // SAFETY: `managed` is the first field of an `Exported` that `export_bytes` boxed and
+    // leaked; the consumer calls this once, or the capsule's destructor does if no
+    // consumer took it.
+    unsafe { drop(Box::from_raw((*managed).manager_ctx.cast::<Exported>())) };
+}
+
+unsafe extern "C" fn destroy_capsule(capsule: *mut pyo3::ffi::PyObject) {
+    // A consumer renames the capsule when it takes the tensor over (and then calls the
+    // deleter itself); one still named `dltensor` was never consumed.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, CAPSULE_NAME.as_ptr()) == 1 {
+            let managed = pyo3::ffi::PyCapsule_GetPointer(capsule, CAPSULE_NAME.as_ptr())
+                .cast::<ManagedTensor>();
+            if let Some(deleter) = (*managed).deleter {
+                deleter(managed);
+            }
+        }
+    }
+}
+
+/// A DLPack capsule over `len` bytes at `data`, a flat read-only `uint8` host tensor
+/// that keeps `owner` (which owns the bytes) alive until its consumer lets go. Consumers
+/// must not write to it.
+///
+/// # Safety
+/// `data` must stay valid for `len` bytes while `owner` lives.
+pub unsafe fn export_bytes(
+    py: Python<'_>,
+    owner: Box<dyn std::any::Any + Send + Sync>,
+    data: *const u8,
+    len: usize,
+) -> PyResult<Bound<'_, PyAny>> {
+    let mut exported = Box::new(Exported {
+        managed: ManagedTensor {
+            tensor: Tensor {
+                data: data.cast_mut().cast(),
+                device: Device {
+                    device_type: DEVICE_CPU,
+                    device_id: 0,
+                },
+                ndim: 1,
+                dtype: DataType {
+                    code: TYPE_CODE_UINT,
+                    bits: 8,
+                    lanes: 1,
+                },
+                shape: std::ptr::null(),
+                strides: std::ptr::null(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_exported),
+        },
+        shape: [i64::try_from(len).map_err(|_| PyValueError::new_err("tensor too large"))?],
+        _owner: owner,
+    });
+    exported.managed.tensor.shape = exported.shape.as_ptr();
+    let raw = Box::into_raw(exported);
+    // SAFETY: `raw` is a live box; the context points back at it for the deleter.
+    unsafe {
+        (*raw).managed.manager_ctx = raw.cast();
+        let capsule = pyo3::ffi::PyCapsule_New(
+            std::ptr::addr_of_mut!((*raw).managed).cast(),
+            CAPSULE_NAME.as_ptr(),
+            Some(destroy_capsule),
+        );
+        if capsule.is_null() {
+            drop(Box::from_raw(raw));
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Bound::from_owned_ptr(py, capsule))
+    }
+}

@@ -7,6 +7,7 @@
 
 mod dlpack;
 mod errors;
+mod node;
 
 use aurora_delta::{
     Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, TensorView, check_base,
@@ -197,5 +198,8 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(apply_into, module)?)?;
     module.add_function(wrap_pyfunction!(fused_parts, module)?)?;
     module.add_function(wrap_pyfunction!(unfused_names, module)?)?;
+    module.add_class::<node::TrainerNodeCore>()?;
+    module.add_class::<node::ActorNodeCore>()?;
+    module.add_class::<node::ActivationCore>()?;
     errors::register(module)
 }

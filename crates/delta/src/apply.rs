@@ -309,6 +309,25 @@ impl Patch {
             .all(|e| matches!(e.change, TensorChange::Patched(_)))
     }
 
+    /// The names of the target's tensors whose values this patch changes (every target
+    /// tensor when it changes the layout), in name order: what an engine must reload.
+    pub fn changed_tensors(&self) -> Vec<String> {
+        let layout_changes = !self.preserves_layout();
+        let mut touched = vec![false; self.header.tensors.len()];
+        for chunk in &self.chunks {
+            touched[chunk.tensor as usize] = true;
+        }
+        self.header
+            .tensors
+            .iter()
+            .zip(touched)
+            .filter(|(entry, touched)| {
+                entry.change.target().is_some() && (*touched || layout_changes)
+            })
+            .map(|(entry, _)| entry.name.clone())
+            .collect()
+    }
+
     pub fn changed_elements(&self) -> u64 {
         self.chunks
             .iter()

@@ -63,6 +63,31 @@ impl TensorView<'_> {
     }
 }
 
+/// A tensor as `safetensors::serialize` reads it.
+struct SafetensorsView<'a> {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    data: &'a [u8],
+}
+
+impl safetensors::View for SafetensorsView<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(self.data)
+    }
+
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
 /// Where a tensor lives inside a larger byte buffer (a safetensors file image, or a fused
 /// parameter of an inference engine). Used to patch weights in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +177,21 @@ impl<'a> Checkpoint<'a> {
 
     pub fn total_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.data.len() as u64).sum()
+    }
+
+    /// The checkpoint as a safetensors file image: the bytes `safetensors::serialize`
+    /// writes for these tensors (one copy of their data).
+    pub fn to_safetensors(&self) -> Result<Vec<u8>> {
+        let views = self.tensors.iter().map(|t| {
+            let view = SafetensorsView {
+                dtype: t.dtype.to_safetensors(),
+                shape: t.shape.iter().map(|&d| d as usize).collect(),
+                data: t.data,
+            };
+            (t.name.as_str(), view)
+        });
+        safetensors::serialize(views, None)
+            .map_err(|e| DeltaError::Checkpoint(format!("writing a safetensors image: {e}")))
     }
 
     /// The weights hash: BLAKE3 over every tensor in name order (docs/delta-format.md §2).

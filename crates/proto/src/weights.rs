@@ -58,6 +58,11 @@ impl Weights {
         &self.image
     }
 
+    /// Where each tensor lies in [`Weights::image`].
+    pub fn layout(&self) -> &[TensorLayout] {
+        &self.layout
+    }
+
     /// Decodes one verified segment of the delta `header` describes against these
     /// weights, after checking that they are exactly the delta's base (by the cached,
     /// verified hash). Nothing is written; segments may be decoded in any order, in

@@ -7,22 +7,23 @@
 //! see a mix of versions.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use aurora_proto::VersionRef;
+use aurora_proto::{VersionRef, Weights};
 
 pub trait Engine: Send + Sync + 'static {
     /// Resolves once the engine is between batches; it then holds its next batch back
-    /// until [`Engine::activate`] returns.
+    /// until [`Engine::activate`] has the new weights.
     fn safe_point(&self) -> impl Future<Output = ()> + Send + '_;
 
-    /// The new weights (a safetensors image, already verified against `version.hash`),
-    /// while the engine is paused at its safe point. The engine copies or maps what it
-    /// needs, then resumes generating on `version`.
-    fn activate(&self, weights: &[u8], version: VersionRef);
-
-    /// Recent generation throughput in tokens per second (reported to the scheduler).
-    fn throughput(&self) -> f64;
+    /// The new weights (a safetensors image, already verified against the hash of
+    /// `weights.active()`), while the engine is paused at its safe point, or at once for
+    /// the snapshot a joining node starts from. `changed` names the tensors whose values
+    /// differ from the weights the engine ran before (every tensor of a snapshot; none
+    /// when a failed activation left the old weights). The engine may read `weights`
+    /// after returning, while it loads them, but must let go of them before its next
+    /// safe point resolves: the next activation writes them in place.
+    fn activate(&self, weights: Arc<Weights>, changed: Vec<String>);
 }
 
 /// An engine that generates nothing: every instant is a safe point. It records what it
@@ -45,15 +46,11 @@ impl IdleEngine {
 impl Engine for IdleEngine {
     async fn safe_point(&self) {}
 
-    fn activate(&self, weights: &[u8], version: VersionRef) {
+    fn activate(&self, weights: Arc<Weights>, _changed: Vec<String>) {
         debug_assert!(!weights.is_empty());
         self.activations
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
-            .push(version);
-    }
-
-    fn throughput(&self) -> f64 {
-        0.0
+            .push(weights.active());
     }
 }

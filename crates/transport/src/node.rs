@@ -221,6 +221,8 @@ pub(crate) enum Event {
     Activated {
         version: u64,
         weights: Weights,
+        /// The tensors the activation changed (none when it failed).
+        changed: Vec<String>,
         result: Result<Hash, DeltaError>,
     },
     /// The artifact `load` asked for, or why there is none.
@@ -868,22 +870,24 @@ impl<E: Engine> Driver<E> {
             Event::Activated {
                 version,
                 weights,
+                changed,
                 result,
             } => {
                 let result = result.map_err(|e| e.to_string());
+                let weights = Arc::new(weights);
                 // The engine resumes on the new weights, or on the old ones if the patch
                 // did not reproduce the target (they were restored). A joining node's
                 // engine, whose snapshot failed, was never paused and has nothing to run.
                 if let Some(engine) = &self.engine
                     && !weights.is_empty()
                 {
-                    engine.activate(weights.image(), weights.active());
+                    engine.activate(weights.clone(), changed);
                 }
                 if result.is_err() {
                     self.status.failed_activations += 1;
                 }
                 tracing::info!(version, ok = result.is_ok(), "activation");
-                self.weights = Some(Arc::new(weights));
+                self.weights = Some(weights);
                 self.node.activated(version, result);
             }
             // Reading the catalog is cheap next to the put that just finished.
@@ -1194,10 +1198,13 @@ impl<E: Engine> Driver<E> {
                 // Not on the decode pool: the engine is paused at its safe point until
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
+                    let changed = patch.changed_tensors();
                     let result = weights.activate(patch);
+                    let changed = if result.is_ok() { changed } else { Vec::new() };
                     let _ = events.blocking_send(Event::Activated {
                         version,
                         weights,
+                        changed,
                         result,
                     });
                 });

@@ -60,15 +60,22 @@ class Engine(Protocol):
         ...
 
 
-def with_fused_groups(changed: Collection[str], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors of ``state`` an engine must receive for ``changed``: each changed
-    tensor, and the other parts of every fused group one of them belongs to (an engine
-    that fuses q, k and v, or gate and up, reloads the fused parameter from all its parts;
-    a part left out would be left uninitialised)."""
+def fused_group_names(changed: Collection[str]) -> set[str]:
+    """The names an engine must receive for ``changed``: each changed tensor, and the
+    other parts of every fused group one of them belongs to (an engine that fuses q, k and
+    v, or gate and up, rebuilds the fused parameter from all its parts; a part left out
+    would be left uninitialised)."""
     names: set[str] = set()
     for name in changed:
         parts = _core.fused_parts(name)
         names.update(parts if parts is not None else [name])
+    return names
+
+
+def with_fused_groups(changed: Collection[str], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of ``state`` an engine must receive for ``changed``
+    (``fused_group_names``)."""
+    names = fused_group_names(changed)
     missing = sorted(names - state.keys())
     if missing:
         raise KeyError(f"the weights hold no {', '.join(missing)}")

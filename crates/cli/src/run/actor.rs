@@ -6,29 +6,21 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use aurora_engine::{Policy, Problem};
-use aurora_hub::wire::{
-    ActorRequest, ClaimResponse, RegisterRequest, RegisterResponse, SubmitRequest, SubmitResponse,
-    VersionsRequest, WireLease, WireResult,
-};
-use aurora_proto::{Identity, Role, VersionRef};
-use aurora_transport::{Engine, NodeConfig, spawn_joining_actor};
+use aurora_hub::wire::{ClaimResponse, WireLease, WireResult};
+use aurora_node::{ActorNode, ActorSettings};
+use aurora_proto::{VersionRef, Weights};
+use aurora_transport::Engine;
 use tokio::sync::{OwnedMutexGuard, watch};
 
-use super::client::Client;
 use super::config::RunConfig;
 
 /// Pause between claims while there is nothing to do.
 const IDLE: Duration = Duration::from_millis(50);
-/// Heartbeat period; the run's control plane declares an actor dead after a few.
-const HEARTBEAT: Duration = Duration::from_millis(1000);
-/// Pause before retrying a failed report.
-const RETRY: Duration = Duration::from_millis(200);
 /// Longest wait for the transport to activate a committed version.
 const ACTIVATION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for the snapshot an actor joins from.
@@ -64,7 +56,6 @@ pub struct RlEngine {
     /// None until the transport activates the snapshot the actor joins from.
     current: RwLock<Option<Current>>,
     activated: watch::Sender<Option<u64>>,
-    tokens_per_s_bits: AtomicU64,
 }
 
 impl RlEngine {
@@ -76,7 +67,6 @@ impl RlEngine {
             parked: Mutex::new(None),
             current: RwLock::new(None),
             activated: watch::channel(None).0,
-            tokens_per_s_bits: AtomicU64::new(0f64.to_bits()),
         }
     }
 
@@ -95,8 +85,9 @@ impl Engine for RlEngine {
         *self.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(guard);
     }
 
-    fn activate(&self, weights: &[u8], version: VersionRef) {
-        match Policy::from_safetensors(&self.config, weights) {
+    fn activate(&self, weights: Arc<Weights>, _changed: Vec<String>) {
+        let version = weights.active();
+        match Policy::from_safetensors(&self.config, weights.image()) {
             Ok(policy) => {
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Current {
                     version,
@@ -113,121 +104,32 @@ impl Engine for RlEngine {
         }
         self.parked.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
-
-    fn throughput(&self) -> f64 {
-        f64::from_bits(self.tokens_per_s_bits.load(Ordering::Relaxed))
-    }
 }
 
 async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
     let engine = Arc::new(RlEngine::joining(config.model));
-    let mut node = NodeConfig::new(
-        Identity {
-            role: Role::Actor,
-            peer_id: format!("actor-{}", args.id),
-            region: args.region.clone(),
-        },
-        args.token.clone().into_bytes(),
-    );
-    node.upstreams = args.upstreams.clone();
-    node.streams = config.streams;
-    let transport = spawn_joining_actor(node, engine.clone()).await?;
-    let joined = tokio::time::timeout(
-        JOIN_TIMEOUT,
-        transport.wait_for(|status| status.active.is_some()),
-    )
-    .await
-    .with_context(|| format!("no snapshot activated within {JOIN_TIMEOUT:?}"))??;
-    let active = joined.active.expect("waited for an active version");
-
-    let fleet = Client::new(args.control, args.token.clone());
-    let registered: RegisterResponse = fleet
-        .post(
-            "/v1/register",
-            &RegisterRequest {
-                actor: args.id,
-                region: args.region.clone(),
-                can_relay: false,
-                active: active.version,
-                staged: None,
-            },
-        )
-        .await?;
-    tracing::info!(actor = args.id, version = active.version, readiness = ?registered.readiness, "registered");
-    let client = Arc::new(Client::new(args.control, registered.token));
-
-    // Heartbeats, and the versions the transport reaches, go to the control plane.
-    let heartbeat = {
-        let client = client.clone();
-        let actor = args.id;
-        tokio::spawn(async move {
-            loop {
-                if let Err(error) = client
-                    .post::<_, serde_json::Value>("/v1/heartbeat", &ActorRequest { actor })
-                    .await
-                {
-                    tracing::warn!("heartbeat: {error:#}");
-                }
-                tokio::time::sleep(HEARTBEAT).await;
-            }
-        })
+    let settings = ActorSettings {
+        id: args.id,
+        region: args.region.clone(),
+        control: args.control,
+        upstreams: args.upstreams.clone(),
+        token: args.token.clone(),
+        streams: config.streams,
     };
-    let reporter = {
-        let client = client.clone();
-        let actor = args.id;
-        let mut status = transport.watch();
-        tokio::spawn(async move {
-            let mut reported = None;
-            loop {
-                let versions = {
-                    let status = status.borrow_and_update();
-                    status.active.map(|active| (active.version, status.staged))
-                };
-                if let Some((active, staged)) = versions
-                    && reported != Some((active, staged))
-                {
-                    let request = VersionsRequest {
-                        actor,
-                        active,
-                        staged,
-                    };
-                    match client
-                        .post::<_, serde_json::Value>("/v1/versions", &request)
-                        .await
-                    {
-                        Ok(_) => reported = Some((active, staged)),
-                        Err(error) => {
-                            tracing::warn!("reporting versions: {error:#}");
-                            tokio::time::sleep(RETRY).await;
-                            continue;
-                        }
-                    }
-                }
-                if status.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-    };
-
-    let outcome = generate_forever(&args, &config, &client, &engine).await;
-    heartbeat.abort();
-    reporter.abort();
-    transport.kill();
+    let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;
+    let outcome = generate_forever(&config, &node, &engine).await;
+    node.stop();
     outcome
 }
 
 async fn generate_forever(
-    args: &ActorArgs,
     config: &RunConfig,
-    client: &Client,
+    node: &ActorNode,
     engine: &Arc<RlEngine>,
 ) -> Result<()> {
     let mut activated = engine.activated.subscribe();
     loop {
-        let claim: ClaimResponse = client
-            .post("/v1/claim", &ActorRequest { actor: args.id })
-            .await?;
+        let claim = node.claim().await?;
         let (commit, leases) = match claim {
             ClaimResponse::Work { commit, leases } if !leases.is_empty() => (commit, leases),
             ClaimResponse::Leaving { .. } => {
@@ -275,11 +177,6 @@ async fn generate_forever(
             tokio::task::spawn_blocking(move || policy.generate(&problems, &sampling, seed))
                 .await??;
         drop(batch);
-        let seconds = generation.elapsed.as_secs_f64().max(1e-6);
-        engine.tokens_per_s_bits.store(
-            (generation.tokens_generated as f64 / seconds).to_bits(),
-            Ordering::Relaxed,
-        );
 
         let results = usable
             .iter()
@@ -294,15 +191,7 @@ async fn generate_forever(
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let answer: SubmitResponse = client
-            .post(
-                "/v1/submit",
-                &SubmitRequest {
-                    actor: args.id,
-                    results,
-                },
-            )
-            .await?;
+        let answer = node.submit(results).await?;
         tracing::debug!(outcomes = ?answer.outcomes, "submitted");
     }
 }

@@ -5,7 +5,6 @@
 //! fault plan, shows progress, and writes `metrics.jsonl` and `report.html`.
 
 mod actor;
-mod client;
 pub mod config;
 mod procs;
 pub mod report;

@@ -16,19 +16,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use aurora_control::{PromptId, Version, WeightsHash};
-use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
+use aurora_delta::{Checkpoint, Encoding, Hash};
 use aurora_engine::{Policy, RolloutGroup};
-use aurora_hub::{Hub, HubConfig, StepResults, SystemClock};
-use aurora_proto::{Identity, Role, VersionRef};
-use aurora_store::Store;
-use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
+use aurora_hub::{Hub, StepResults};
+use aurora_node::{Published, TrainerNode, TrainerSettings};
 
 use super::config::{RunConfig, SyncMode};
 use super::report::{ActorRecord, StepRecord, StepTimes};
 
 /// How often the trainer looks at the control plane while it waits.
 const POLL: Duration = Duration::from_millis(20);
+/// Longest wait for a step's rollouts: the lease machinery hands the prompts of a dead
+/// actor to the others long before.
+const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 
 pub fn run(run_dir: &Path, bind: IpAddr, token: String) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
@@ -68,45 +68,34 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
         tokio::task::spawn_blocking(move || super::warmup::warmed_up(&config, &run_dir)).await??
     };
     let mut trainer = warm;
-    let store = Arc::new(Store::open(run_dir.join("store")).context("opening the store")?);
-    let hub = Arc::new(
-        Hub::open(HubConfig {
-            token: token.clone(),
-            db_path: run_dir.join("hub.redb"),
-            control: super::control_config(),
-            tick_interval_max: Duration::from_millis(200),
-            clock: Arc::new(SystemClock::new()),
-        })
-        .context("opening the control plane")?,
+    let mut settings = TrainerSettings::new(run_dir, token);
+    settings.control_listen = SocketAddr::new(bind, 0);
+    settings.transport_listen = SocketAddr::new(bind, 0);
+    settings.streams = config.streams;
+    settings.snapshot_every = config.snapshot_every;
+    settings.encoding = match config.sync {
+        SyncMode::Delta => Encoding::Aurora,
+        SyncMode::Full => Encoding::Dense,
+    };
+    settings.control = super::control_config();
+    let node = Arc::new(
+        TrainerNode::start(settings)
+            .await
+            .context("starting the trainer node")?,
     );
-    let http = tokio::net::TcpListener::bind(SocketAddr::new(bind, 0)).await?;
-    let control_address = http.local_addr()?;
-    tokio::spawn(aurora_hub::run(hub.clone(), http));
-
-    let mut node = NodeConfig::new(
-        Identity {
-            role: Role::Hub,
-            peer_id: "hub".into(),
-            region: "hub".into(),
-        },
-        token.into_bytes(),
-    );
-    node.listen = Some(SocketAddr::new(bind, 0));
-    node.streams = config.streams;
-    let transport = Arc::new(spawn_hub(node, Some(store.clone())).await?);
-    let transport_address = transport
-        .local_addr()
-        .context("the transport hub has no address")?;
+    let (hub, store) = (node.hub().clone(), node.store().clone());
+    let (control_address, transport_address) = (node.control_address(), node.transport_address());
 
     let mut exports = Exports {
         bytes: BTreeMap::new(),
         hashes: BTreeMap::new(),
     };
     let base = trainer.export_bf16()?;
-    let base_hash = exports.insert(0, base.clone())?;
-    store.put_snapshot(0, &base)?;
-    transport.store_changed().await?;
-    hub.publish_version(Version(0), WeightsHash(base_hash.0))?;
+    exports.insert(0, base.clone())?;
+    {
+        let (node, base) = (node.clone(), base.clone());
+        tokio::task::spawn_blocking(move || node.publish_first(0, &base)).await??;
+    }
     let base_accuracy = evaluate(&config, &base)?;
     announce(&format!("control {control_address}"))?;
     announce(&format!("transport {transport_address}"))?;
@@ -136,24 +125,15 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
         let opened = Instant::now();
         // Commit the newest version: actors activate it at their next batch boundary,
         // and only then can they stage the one trained below.
-        let (latest, latest_hash) = hub
-            .inspect(|core| core.latest_version())
-            .context("no published version")?;
         if k < config.steps {
-            let prompts: Vec<PromptId> = config.prompts(k).into_iter().map(PromptId).collect();
-            hub.open_step(&prompts)?;
+            node.open_step(&config.prompts(k))?;
             announce(&format!("open {k}"))?;
         }
-        if latest.0 > 0 {
-            transport
-                .commit(VersionRef {
-                    version: latest.0,
-                    hash: Hash(latest_hash.0),
-                })
-                .await?;
+        let latest = node.commit().await?;
+        if latest.version > 0 {
             tokio::spawn(measure_activation(
                 hub.clone(),
-                latest.0,
+                latest.version,
                 activations.clone(),
             ));
         }
@@ -180,18 +160,18 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
             store.put_rollouts(trained, &serde_json::to_vec(&groups)?)?;
             times.generation_s = generation_s;
             let hash = exports.insert(trained, bytes)?;
-            // Published to the control plane first, so actors may report it staged.
-            hub.publish_version(Version(trained), WeightsHash(hash.0))?;
 
             let extraction = Instant::now();
-            let (sync_bytes, density) = publish(&config, &transport, &exports, trained).await?;
+            let (published, density) = publish(&node, &exports, trained).await?;
             times.extraction_s = extraction.elapsed().as_secs_f64();
-            // The hub sends the newest snapshot to every actor and relay that starts (they
-            // hold no weights).
-            if trained % config.snapshot_every == 0 {
-                store.put_snapshot(trained, &exports.get(trained)?)?;
-                transport.store_changed().await?;
+            if published.weights_hash != hash || published.version != trained {
+                bail!(
+                    "published version {} ({}), trained {trained} ({hash})",
+                    published.version,
+                    published.weights_hash
+                );
             }
+            let sync_bytes = published.artifact_bytes;
             times.transfer_s = wait_until_staged(&hub, trained, extraction).await;
             let accuracy = (trained % config.eval_every == 0 || trained == config.steps)
                 .then(|| evaluate(&config, &exports.get(trained)?))
@@ -216,7 +196,7 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
         }
 
         if k < config.steps {
-            let results = wait_for_step(&hub).await?;
+            let results = node.wait_step(STEP_TIMEOUT).await?;
             previous = Some((results, opened.elapsed().as_secs_f64()));
         }
         if let Some(mut record) = record {
@@ -233,19 +213,11 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
         }
     }
     // Every actor ends on the final version, checked by its hash on activation.
-    let (last, last_hash) = hub
-        .inspect(|core| core.latest_version())
-        .context("no published version")?;
-    transport
-        .commit(VersionRef {
-            version: last.0,
-            hash: Hash(last_hash.0),
-        })
-        .await?;
-    measure_activation(hub.clone(), last.0, activations.clone()).await;
+    let last = node.commit().await?;
+    measure_activation(hub.clone(), last.version, activations.clone()).await;
     announce(&format!(
         "final {}",
-        serde_json::json!({ "version": last.0, "weights_hash": Hash(last_hash.0).to_hex(), "actors": actors(&hub) })
+        serde_json::json!({ "version": last.version, "weights_hash": last.hash.to_hex(), "actors": actors(&hub) })
     ))?;
     announce("done")?;
     Ok(())
@@ -302,30 +274,17 @@ fn rollout_groups(
     Ok(groups)
 }
 
-/// Extracts version `trained` against its predecessor and streams it out as the encoder
-/// produces segments (the hub node stores it too). Returns the artifact's bytes and the
-/// share of elements that changed.
+/// Publishes version `trained`: the node extracts it against its predecessor and
+/// streams it out as the encoder produces segments (and stores it). Returns what was
+/// published and the share of elements that changed.
 async fn publish(
-    config: &RunConfig,
-    transport: &Arc<NodeHandle>,
+    node: &Arc<TrainerNode>,
     exports: &Exports,
     trained: u64,
-) -> Result<(u64, f64)> {
-    let base = exports.get(trained - 1)?;
-    let target = exports.get(trained)?;
-    let options = ExtractOptions {
-        encoding: match config.sync {
-            SyncMode::Delta => Encoding::Aurora,
-            SyncMode::Full => Encoding::Dense,
-        },
-        base_version: trained - 1,
-        target_version: trained,
-        base_hash: exports.hashes.get(&(trained - 1)).copied(),
-        target_hash: exports.hashes.get(&trained).copied(),
-        ..ExtractOptions::default()
-    };
-    let transport = transport.clone();
-    tokio::task::spawn_blocking(move || -> Result<(u64, f64)> {
+) -> Result<(Published, f64)> {
+    let (base, target) = (exports.get(trained - 1)?, exports.get(trained)?);
+    let node = node.clone();
+    tokio::task::spawn_blocking(move || -> Result<(Published, f64)> {
         let base = Checkpoint::from_safetensors(&base)?;
         let target = Checkpoint::from_safetensors(&target)?;
         let changed: u64 = base
@@ -335,12 +294,8 @@ async fn publish(
             .map(|(b, t)| aurora_delta::count_changed(b.data, t.data, b.dtype.size_bytes()))
             .sum();
         let elements: u64 = target.tensors().iter().map(|t| t.element_count()).sum();
-        let extraction = Extraction::new(&base, &target, options)?;
-        let manifest = transport.publish_extraction(&extraction)?;
-        let artifact_bytes = manifest.header.encode().len() as u64
-            + manifest.payload_bytes()
-            + manifest.encode_tail().len() as u64;
-        Ok((artifact_bytes, changed as f64 / elements.max(1) as f64))
+        let published = node.publish(&base, &target)?;
+        Ok((published, changed as f64 / elements.max(1) as f64))
     })
     .await?
 }
@@ -370,15 +325,6 @@ async fn until_every_actor(
         });
         if done || Instant::now() > deadline {
             return since.elapsed().as_secs_f64();
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-async fn wait_for_step(hub: &Hub) -> Result<StepResults> {
-    loop {
-        if let Some(results) = hub.take_step_outcome()? {
-            return Ok(results);
         }
         tokio::time::sleep(POLL).await;
     }

@@ -1,0 +1,237 @@
+//! The actor node: the transport actor that keeps the weights current, and the actor's
+//! side of the control plane's API. It does not generate: the caller claims work,
+//! generates with its engine, and submits (the engine meets the transport through
+//! [`aurora_transport::Engine`], for example a [`crate::Handoff`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aurora_hub::wire::{
+    Ack, ActorRequest, ClaimResponse, RegisterRequest, RegisterResponse, SubmitRequest,
+    SubmitResponse, VersionsRequest, WireResult,
+};
+use aurora_proto::{Identity, Role, VersionRef, Weights};
+use aurora_transport::{Engine, NodeConfig, NodeHandle, spawn_actor, spawn_joining_actor};
+use tokio::task::JoinHandle;
+
+use crate::{ControlClient, NodeError};
+
+/// Heartbeat period; a control plane declares an actor dead after a few missed.
+const HEARTBEAT: Duration = Duration::from_millis(1000);
+/// Pause before retrying a failed version report.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// Settings of an actor node.
+#[derive(Clone, Debug)]
+pub struct ActorSettings {
+    /// Unique in the fleet.
+    pub id: u64,
+    pub region: String,
+    /// The control plane's HTTP API.
+    pub control: SocketAddr,
+    /// Transport upstreams in order of preference: the region's relay, then the hub.
+    pub upstreams: Vec<SocketAddr>,
+    /// The fleet token (registration and the transport); the control plane gives the
+    /// actor a token of its own for every later call.
+    pub token: String,
+    /// Parallel TCP streams per upstream session.
+    pub streams: u8,
+}
+
+pub struct ActorNode {
+    id: u64,
+    transport: NodeHandle,
+    client: Arc<ControlClient>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ActorNode {
+    /// Starts with no weights, as on a new machine: takes the newest snapshot an
+    /// upstream offers over the wire, activates it (the engine gets it at once), waits
+    /// up to `join_timeout` for that, and registers with the control plane.
+    pub async fn join<E: Engine>(
+        settings: ActorSettings,
+        engine: Arc<E>,
+        join_timeout: Duration,
+    ) -> Result<ActorNode, NodeError> {
+        let transport = spawn_joining_actor(node_config(&settings), engine).await?;
+        ActorNode::register(settings, transport, join_timeout).await
+    }
+
+    /// Starts from local `weights` (their version and hash are reported as active).
+    pub async fn start<E: Engine>(
+        settings: ActorSettings,
+        weights: Weights,
+        engine: Arc<E>,
+    ) -> Result<ActorNode, NodeError> {
+        let transport = spawn_actor(node_config(&settings), weights, engine).await?;
+        ActorNode::register(settings, transport, Duration::ZERO).await
+    }
+
+    async fn register(
+        settings: ActorSettings,
+        transport: NodeHandle,
+        timeout: Duration,
+    ) -> Result<ActorNode, NodeError> {
+        let joined = tokio::time::timeout(
+            timeout,
+            transport.wait_for(|status| status.active.is_some()),
+        )
+        .await
+        .map_err(|_| NodeError::Timeout {
+            what: "a snapshot to join from".into(),
+            timeout,
+        })?
+        .map_err(NodeError::Transport)?;
+        let active = joined.active.expect("waited for an active version");
+        let fleet = ControlClient::new(settings.control, &settings.token);
+        let registered: RegisterResponse = fleet
+            .post(
+                "/v1/register",
+                &RegisterRequest {
+                    actor: settings.id,
+                    region: settings.region.clone(),
+                    can_relay: false,
+                    active: active.version,
+                    staged: None,
+                },
+            )
+            .await?;
+        tracing::info!(actor = settings.id, version = active.version, readiness = ?registered.readiness, "registered");
+        let client = Arc::new(ControlClient::new(settings.control, &registered.token));
+        let tasks = vec![
+            tokio::spawn(heartbeats(client.clone(), settings.id)),
+            tokio::spawn(report_versions(
+                client.clone(),
+                settings.id,
+                transport.watch(),
+            )),
+        ];
+        Ok(ActorNode {
+            id: settings.id,
+            transport,
+            client,
+            tasks,
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The transport actor (its status: active, staged and committed versions).
+    pub fn transport(&self) -> &NodeHandle {
+        &self.transport
+    }
+
+    /// The version the engine runs.
+    pub fn active(&self) -> Option<VersionRef> {
+        self.transport.status().active
+    }
+
+    /// Asks for work on the open step (docs/control-api.md, `claim`).
+    pub async fn claim(&self) -> Result<ClaimResponse, NodeError> {
+        self.client
+            .post("/v1/claim", &ActorRequest { actor: self.id })
+            .await
+    }
+
+    /// Hands in results for leases this actor holds; each is judged on its own.
+    pub async fn submit(&self, results: Vec<WireResult>) -> Result<SubmitResponse, NodeError> {
+        self.client
+            .post(
+                "/v1/submit",
+                &SubmitRequest {
+                    actor: self.id,
+                    results,
+                },
+            )
+            .await
+    }
+
+    /// Leaves the fleet: held leases go back to the pool at once.
+    pub async fn leave(&self) -> Result<(), NodeError> {
+        let _: Ack = self
+            .client
+            .post("/v1/leave", &ActorRequest { actor: self.id })
+            .await?;
+        Ok(())
+    }
+
+    /// Stops heartbeats, reports and the transport.
+    pub fn stop(&self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.transport.kill();
+    }
+}
+
+impl Drop for ActorNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn node_config(settings: &ActorSettings) -> NodeConfig {
+    let mut node = NodeConfig::new(
+        Identity {
+            role: Role::Actor,
+            peer_id: format!("actor-{}", settings.id),
+            region: settings.region.clone(),
+        },
+        settings.token.clone().into_bytes(),
+    );
+    node.upstreams = settings.upstreams.clone();
+    node.streams = settings.streams;
+    node
+}
+
+async fn heartbeats(client: Arc<ControlClient>, actor: u64) {
+    loop {
+        if let Err(error) = client
+            .post::<_, Ack>("/v1/heartbeat", &ActorRequest { actor })
+            .await
+        {
+            tracing::warn!("heartbeat: {error}");
+        }
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
+/// Tells the control plane every active and staged version the transport reaches, so
+/// the scheduler knows what this actor can generate on.
+async fn report_versions(
+    client: Arc<ControlClient>,
+    actor: u64,
+    mut status: tokio::sync::watch::Receiver<aurora_transport::NodeStatus>,
+) {
+    let mut reported = None;
+    loop {
+        let versions = {
+            let status = status.borrow_and_update();
+            status.active.map(|active| (active.version, status.staged))
+        };
+        if let Some((active, staged)) = versions
+            && reported != Some((active, staged))
+        {
+            let request = VersionsRequest {
+                actor,
+                active,
+                staged,
+            };
+            match client.post::<_, Ack>("/v1/versions", &request).await {
+                Ok(_) => reported = Some((active, staged)),
+                Err(error) => {
+                    tracing::warn!("reporting versions: {error}");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
+    }
+}

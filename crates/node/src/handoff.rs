@@ -1,0 +1,251 @@
+//! The engine boundary for an engine driven from outside the runtime.
+//!
+//! The transport asks for a safe point when it has a committed version to activate, and
+//! hands the new weights over once they are in (docs: `aurora_transport::Engine`). An
+//! inference loop written in Python cannot await that: it calls
+//! [`Handoff::at_safe_point`] between its batches instead. If the transport is waiting
+//! for a safe point, the call lets it proceed and blocks until the activated weights come
+//! back, which the loop then loads into its engine before the next batch; if not, the
+//! call returns at once, so generation never waits for a version that is not ready.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use aurora_proto::Weights;
+use aurora_transport::Engine;
+
+use crate::NodeError;
+
+/// Longest wait for the weights of an activation the driver let start: applying a delta
+/// in place takes seconds even for the largest models; this bounds a stuck transport.
+const ACTIVATION_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Weights the transport activated, for the engine to load. Until this and every
+/// [`Activation::guard`] made from it are dropped, the next activation waits.
+pub struct Activation {
+    /// The whole image of the active version (its hash checked by the transport).
+    pub weights: Arc<Weights>,
+    /// Tensors whose values changed from the weights the engine ran before (every tensor
+    /// of the snapshot a node joins from; none after a failed activation, which left the
+    /// old weights).
+    pub changed: Vec<String>,
+    /// Counts the driver's holds (the transport holds the weights too).
+    held: Arc<()>,
+}
+
+impl Activation {
+    /// Keeps the weights alive, and the next activation waiting, while it lives: for a
+    /// view of the weights that outlives this value.
+    pub fn guard(&self) -> ActivationGuard {
+        ActivationGuard {
+            _weights: self.weights.clone(),
+            _held: self.held.clone(),
+        }
+    }
+}
+
+/// See [`Activation::guard`].
+#[derive(Clone)]
+pub struct ActivationGuard {
+    _weights: Arc<Weights>,
+    _held: Arc<()>,
+}
+
+impl std::fmt::Debug for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Activation")
+            .field("active", &self.weights.active())
+            .field("changed", &self.changed.len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+pub struct Handoff {
+    state: Mutex<State>,
+    /// Wakes the engine's driver when weights arrive.
+    arrived: Condvar,
+    /// Wakes the transport's safe-point wait.
+    resume: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// The transport waits for a safe point.
+    transport_waiting: bool,
+    /// The driver reached one and lets the transport go on.
+    resumed: bool,
+    /// Activated weights not yet taken by the driver.
+    pending: Option<Activation>,
+    /// The driver's holds on the weights it took last: the next activation writes them
+    /// in place, so it waits until the driver has let go of them.
+    taken: Weak<()>,
+}
+
+impl Handoff {
+    pub fn new() -> Arc<Handoff> {
+        Arc::new(Handoff::default())
+    }
+
+    /// Called by the engine's driver between batches. Returns weights to load before the
+    /// next batch: ones activated since the last call (such as the snapshot a joining
+    /// node starts from), or those of an activation the transport asks a safe point for
+    /// within `wait`, which this call lets proceed and waits for. Returns None when no
+    /// activation starts within `wait` (zero: at once). Refuses while the weights it
+    /// returned last are still held: the next activation writes them in place.
+    pub fn at_safe_point(&self, wait: Duration) -> Result<Option<Activation>, NodeError> {
+        let mut state = self.lock();
+        if state.taken.strong_count() > 0 {
+            return Err(NodeError::Usage(
+                "the weights of the previous activation are still held: release them before \
+                 the next safe point"
+                    .into(),
+            ));
+        }
+        state = self
+            .arrived
+            .wait_timeout_while(state, wait, |state| {
+                state.pending.is_none() && !state.transport_waiting
+            })
+            .unwrap_or_else(|poison| poison.into_inner())
+            .0;
+        if state.pending.is_none() {
+            if !state.transport_waiting {
+                return Ok(None);
+            }
+            state.resumed = true;
+            self.resume.notify_one();
+            state = self
+                .arrived
+                .wait_timeout_while(state, ACTIVATION_TIMEOUT, |state| state.pending.is_none())
+                .unwrap_or_else(|poison| poison.into_inner())
+                .0;
+        }
+        let Some(activation) = state.pending.take() else {
+            return Err(NodeError::Timeout {
+                what: "the activation of a committed version".into(),
+                timeout: ACTIVATION_TIMEOUT,
+            });
+        };
+        state.taken = Arc::downgrade(&activation.held);
+        Ok(Some(activation))
+    }
+
+    /// Waits up to `timeout` for the first weights (a joining node's snapshot) without
+    /// taking them; the next [`Handoff::at_safe_point`] returns them.
+    pub fn wait_for_weights(&self, timeout: Duration) -> Result<(), NodeError> {
+        let state = self
+            .arrived
+            .wait_timeout_while(self.lock(), timeout, |state| state.pending.is_none())
+            .unwrap_or_else(|poison| poison.into_inner())
+            .0;
+        match state.pending {
+            Some(_) => Ok(()),
+            None => Err(NodeError::Timeout {
+                what: "the snapshot to join from".into(),
+                timeout,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+impl Engine for Handoff {
+    async fn safe_point(&self) {
+        self.lock().transport_waiting = true;
+        self.arrived.notify_all();
+        loop {
+            // Registered before the check, so a resume between the two is not lost.
+            let resumed = self.resume.notified();
+            {
+                let mut state = self.lock();
+                if state.resumed {
+                    state.resumed = false;
+                    state.transport_waiting = false;
+                    return;
+                }
+            }
+            resumed.await;
+        }
+    }
+
+    fn activate(&self, weights: Arc<Weights>, changed: Vec<String>) {
+        self.lock().pending = Some(Activation {
+            weights,
+            changed,
+            held: Arc::new(()),
+        });
+        self.arrived.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weights() -> Arc<Weights> {
+        Arc::new(Weights::empty())
+    }
+
+    #[test]
+    fn nothing_to_activate_returns_at_once() {
+        let handoff = Handoff::new();
+        assert!(handoff.at_safe_point(Duration::ZERO).unwrap().is_none());
+    }
+
+    #[test]
+    fn weights_activated_without_a_safe_point_are_taken_at_the_next_one() {
+        let handoff = Handoff::new();
+        handoff.activate(weights(), vec!["a".into()]);
+        handoff.wait_for_weights(Duration::ZERO).unwrap();
+        let taken = handoff.at_safe_point(Duration::ZERO).unwrap().unwrap();
+        assert_eq!(taken.changed, ["a"]);
+        // Held, through a guard: the next safe point is refused until it is released.
+        let guard = taken.guard();
+        drop(taken);
+        handoff.activate(weights(), Vec::new());
+        let error = handoff.at_safe_point(Duration::ZERO).unwrap_err();
+        assert!(error.to_string().contains("still held"), "{error}");
+        drop(guard);
+        assert!(handoff.at_safe_point(Duration::ZERO).unwrap().is_some());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_transport_resumes_and_hands_back_its_weights() {
+        let handoff = Handoff::new();
+        let transport = {
+            let handoff = handoff.clone();
+            tokio::spawn(async move {
+                handoff.safe_point().await;
+                handoff.activate(weights(), vec!["w".into()]);
+            })
+        };
+        let driver = handoff.clone();
+        let taken = tokio::task::spawn_blocking(move || {
+            driver
+                .at_safe_point(Duration::from_secs(60))
+                .unwrap()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(taken.changed, ["w"]);
+        transport.await.unwrap();
+    }
+
+    #[test]
+    fn no_activation_within_the_wait_is_none() {
+        let handoff = Handoff::new();
+        assert!(
+            handoff
+                .at_safe_point(Duration::from_millis(1))
+                .unwrap()
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,31 @@
+//! The trainer and actor nodes of aurora as a library.
+//!
+//! `aurora run` starts them in its processes, and the Python package runs the same code
+//! inside a user's trainer and inference processes: one implementation, thin faces.
+//!
+//! - [`TrainerNode`]: the control plane (HTTP API), the transport hub and the checkpoint
+//!   store; publishes versions (extracted against the previous one and streamed
+//!   cut-through), commits them, opens steps and hands back their accepted rollouts.
+//! - [`ActorNode`]: a transport actor that joins over the wire (or from local weights),
+//!   stages deltas behind generation and activates committed versions at the engine's
+//!   safe points, plus the actor's side of the control API (register, heartbeats, version
+//!   reports, claims, submissions).
+//! - [`Handoff`]: the engine boundary for an engine driven from outside the runtime (a
+//!   Python inference loop): it parks activations until the engine's driver reaches a
+//!   safe point and takes them.
+//!
+//! Async methods run on the caller's tokio runtime; [`TrainerNode::publish`] and
+//! [`Handoff::at_safe_point`] block their thread and must not be called from an async
+//! task.
+
+mod actor;
+mod client;
+mod error;
+mod handoff;
+mod trainer;
+
+pub use actor::{ActorNode, ActorSettings};
+pub use client::ControlClient;
+pub use error::NodeError;
+pub use handoff::{Activation, ActivationGuard, Handoff};
+pub use trainer::{Published, TrainerNode, TrainerSettings};

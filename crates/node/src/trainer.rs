@@ -1,0 +1,288 @@
+//! The trainer node: control plane, transport hub and checkpoint store in the trainer's
+//! process. It publishes the versions the trainer makes and serves its steps; it does not
+//! train (the caller does, with its own engine).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aurora_control::{PromptId, Version, WeightsHash};
+use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
+use aurora_hub::{Hub, HubConfig, StepResults, SystemClock};
+use aurora_proto::{Identity, Role, VersionRef};
+use aurora_store::Store;
+use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
+use tokio::runtime::Handle;
+
+use crate::NodeError;
+
+/// Settings of a trainer node.
+#[derive(Clone, Debug)]
+pub struct TrainerSettings {
+    /// Holds the checkpoint store (`store/`) and the control plane's database
+    /// (`hub.redb`); a node reopening the directory carries on from both.
+    pub dir: PathBuf,
+    /// The control plane's HTTP API (port 0: any free port).
+    pub control_listen: SocketAddr,
+    /// The segment transport's hub.
+    pub transport_listen: SocketAddr,
+    /// The fleet token of both planes.
+    pub token: String,
+    /// Parallel TCP streams per downstream session.
+    pub streams: u8,
+    /// Every this many versions the store keeps a whole snapshot (version 0 always),
+    /// which nodes that join take over the wire.
+    pub snapshot_every: u64,
+    /// `Aurora` ships deltas; `Dense` every tensor whole (the full-sync baseline).
+    pub encoding: Encoding,
+    /// The control plane's rules for a fresh database.
+    pub control: aurora_control::Config,
+}
+
+impl TrainerSettings {
+    pub fn new(dir: impl Into<PathBuf>, token: impl Into<String>) -> TrainerSettings {
+        let loopback = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        TrainerSettings {
+            dir: dir.into(),
+            control_listen: loopback,
+            transport_listen: loopback,
+            token: token.into(),
+            streams: 4,
+            snapshot_every: 10,
+            encoding: Encoding::Aurora,
+            control: aurora_control::Config::default(),
+        }
+    }
+}
+
+/// A version as published.
+#[derive(Clone, Copy, Debug)]
+pub struct Published {
+    pub version: u64,
+    pub weights_hash: Hash,
+    /// Bytes of the artifact streamed out: the delta, or the snapshot's size for the first
+    /// version.
+    pub artifact_bytes: u64,
+}
+
+pub struct TrainerNode {
+    hub: Arc<Hub>,
+    transport: Arc<NodeHandle>,
+    store: Arc<Store>,
+    runtime: Handle,
+    settings: TrainerSettings,
+    control_address: SocketAddr,
+    transport_address: SocketAddr,
+    /// The newest published version.
+    latest: Mutex<Option<VersionRef>>,
+}
+
+impl TrainerNode {
+    /// Opens (or reopens) the store and the control plane's database in `settings.dir`
+    /// and starts serving both planes on the current runtime.
+    pub async fn start(settings: TrainerSettings) -> Result<TrainerNode, NodeError> {
+        std::fs::create_dir_all(&settings.dir).map_err(NodeError::io(format!(
+            "creating {}",
+            settings.dir.display()
+        )))?;
+        let store = Arc::new(Store::open(settings.dir.join("store"))?);
+        let hub = Arc::new(Hub::open(HubConfig {
+            token: settings.token.clone(),
+            db_path: settings.dir.join("hub.redb"),
+            control: settings.control.clone(),
+            tick_interval_max: Duration::from_millis(200),
+            clock: Arc::new(SystemClock::new()),
+        })?);
+        let http = tokio::net::TcpListener::bind(settings.control_listen)
+            .await
+            .map_err(NodeError::io(format!(
+                "listening on {}",
+                settings.control_listen
+            )))?;
+        let control_address = http
+            .local_addr()
+            .map_err(NodeError::io("the control plane's address"))?;
+        tokio::spawn(aurora_hub::run(hub.clone(), http));
+
+        let mut node = NodeConfig::new(
+            Identity {
+                role: Role::Hub,
+                peer_id: "hub".into(),
+                region: "hub".into(),
+            },
+            settings.token.clone().into_bytes(),
+        );
+        node.listen = Some(settings.transport_listen);
+        node.streams = settings.streams;
+        let transport = Arc::new(spawn_hub(node, Some(store.clone())).await?);
+        let transport_address = transport
+            .local_addr()
+            .ok_or_else(|| NodeError::Usage("the transport hub has no listening address".into()))?;
+        let latest = hub
+            .inspect(|core| core.latest_version())
+            .map(|(version, hash)| VersionRef {
+                version: version.0,
+                hash: Hash(hash.0),
+            });
+        tracing::info!(%control_address, %transport_address, ?latest, "trainer node serving");
+        Ok(TrainerNode {
+            hub,
+            transport,
+            store,
+            runtime: Handle::current(),
+            settings,
+            control_address,
+            transport_address,
+            latest: Mutex::new(latest),
+        })
+    }
+
+    pub fn control_address(&self) -> SocketAddr {
+        self.control_address
+    }
+
+    pub fn transport_address(&self) -> SocketAddr {
+        self.transport_address
+    }
+
+    /// The control plane, for what the node does not wrap (its members, its metrics).
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The newest published version.
+    pub fn latest(&self) -> Option<VersionRef> {
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes the first version from `image`, a safetensors file image: stored as a
+    /// snapshot, which every node that joins takes over the wire.
+    pub fn publish_first(&self, version: u64, image: &[u8]) -> Result<Published, NodeError> {
+        if let Some(latest) = self.latest() {
+            return Err(NodeError::Usage(format!(
+                "version {} is published already: publish the next versions from it",
+                latest.version
+            )));
+        }
+        let record = self.store.put_snapshot(version, image)?;
+        self.runtime.block_on(self.transport.store_changed())?;
+        self.hub
+            .publish_version(Version(version), WeightsHash(record.weights_hash.0))?;
+        self.set_latest(version, record.weights_hash);
+        Ok(Published {
+            version,
+            weights_hash: record.weights_hash,
+            artifact_bytes: record.size_bytes,
+        })
+    }
+
+    /// Publishes `target` as the version after the latest: extracted against `base` (the
+    /// latest version's weights, checked by their hash) and streamed to every subscriber
+    /// as the encoder produces segments, while the store keeps it. Every
+    /// `snapshot_every` versions the store also keeps a snapshot, built from `target` (one
+    /// copy of the model, written and dropped). Blocks the calling thread, which must not
+    /// be an async task's.
+    pub fn publish(
+        &self,
+        base: &Checkpoint<'_>,
+        target: &Checkpoint<'_>,
+    ) -> Result<Published, NodeError> {
+        let latest = self
+            .latest()
+            .ok_or_else(|| NodeError::Usage("publish the first version first".into()))?;
+        let version = latest.version + 1;
+        let (base_hash, target_hash) = std::thread::scope(|s| {
+            let base = s.spawn(|| base.weights_hash());
+            let target = target.weights_hash();
+            (
+                base.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                target,
+            )
+        });
+        if base_hash != latest.hash {
+            return Err(NodeError::Usage(format!(
+                "the base is not version {} as published (weights hash {}, published {}): were \
+                 its tensors changed in place after publishing? Publish a copy (an export) instead",
+                latest.version, base_hash, latest.hash
+            )));
+        }
+        // Published to the control plane first, so actors may report it staged.
+        self.hub
+            .publish_version(Version(version), WeightsHash(target_hash.0))?;
+        let extraction = Extraction::new(
+            base,
+            target,
+            ExtractOptions {
+                encoding: self.settings.encoding,
+                base_version: latest.version,
+                target_version: version,
+                base_hash: Some(base_hash),
+                target_hash: Some(target_hash),
+                ..ExtractOptions::default()
+            },
+        )?;
+        let manifest = self.transport.publish_extraction(&extraction)?;
+        if self.settings.snapshot_every > 0 && version % self.settings.snapshot_every == 0 {
+            self.store
+                .put_snapshot(version, &target.to_safetensors()?)?;
+            self.runtime.block_on(self.transport.store_changed())?;
+        }
+        self.set_latest(version, target_hash);
+        Ok(Published {
+            version,
+            weights_hash: target_hash,
+            artifact_bytes: manifest.header.encode().len() as u64
+                + manifest.payload_bytes()
+                + manifest.encode_tail().len() as u64,
+        })
+    }
+
+    /// Commits the latest version: actors activate it at their next safe point.
+    pub async fn commit(&self) -> Result<VersionRef, NodeError> {
+        let latest = self
+            .latest()
+            .ok_or_else(|| NodeError::Usage("nothing is published".into()))?;
+        if latest.version > 0 {
+            self.transport.commit(latest).await?;
+        }
+        Ok(latest)
+    }
+
+    /// Opens a step on the latest version: its prompts are leased to the actors.
+    pub fn open_step(&self, prompts: &[u64]) -> Result<u64, NodeError> {
+        let prompts: Vec<PromptId> = prompts.iter().copied().map(PromptId).collect();
+        Ok(self.hub.open_step(&prompts)?.0)
+    }
+
+    /// The open step's outcome once it is complete (every prompt accepted), once.
+    pub fn take_step(&self) -> Result<Option<StepResults>, NodeError> {
+        Ok(self.hub.take_step_outcome()?)
+    }
+
+    /// Waits up to `timeout` for the open step to complete.
+    pub async fn wait_step(&self, timeout: Duration) -> Result<StepResults, NodeError> {
+        const POLL: Duration = Duration::from_millis(20);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(results) = self.take_step()? {
+                return Ok(results);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(NodeError::Timeout {
+                    what: "the step's completion".into(),
+                    timeout,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn set_latest(&self, version: u64, hash: Hash) {
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(VersionRef { version, hash });
+    }
+}

@@ -1,0 +1,148 @@
+"""The actor side: the node that `aurora run`'s actor processes run (a transport actor
+that stages deltas behind generation, and the actor's side of the control plane), in an
+inference process, driving an engine adapter (``aurora_rl.engines``).
+
+The inference loop calls ``claim`` between batches: that is the engine's safe point, where
+a committed version is activated into the engine (only the tensors that changed, fused
+groups whole, read from the node's host copy without a copy), so no request ever runs on
+a mix of two versions. It then generates for the leases and ``submit``s the results,
+stamped with the version and weights hash they were generated on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from aurora_rl import _core
+from aurora_rl._tensors import torch_view
+from aurora_rl.engines import Engine, fused_group_names
+
+logger = logging.getLogger("aurora_rl.actor")
+
+#: Longest wait for a committed version the control plane says to activate.
+ACTIVATION_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One prompt to generate for, until the lease expires."""
+
+    #: The lease's id, echoed back with the result.
+    id: dict
+    prompt: int
+    expires_in_ms: int
+
+
+@dataclass(frozen=True)
+class Work:
+    """Leases to generate for on the active version."""
+
+    version: int
+    weights_hash: str
+    leases: list[Lease]
+
+
+class Actor:
+    """An actor node in this process, feeding ``engine``.
+
+    Joins over the wire: the newest snapshot comes from an upstream (the region's relay or
+    the hub) and is loaded into the engine whole, so the engine may start with any weights
+    (vLLM: ``load_format="dummy"``). Then it registers with the control plane.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        id: int,
+        region: str,
+        control: str,
+        upstreams: Sequence[str],
+        token: str,
+        streams: int = 4,
+        join_timeout: float = 300.0,
+    ) -> None:
+        self.engine = engine
+        self.id = id
+        self._node = _core.ActorNodeCore(id, region, control, list(upstreams), token, streams, join_timeout)
+        if self.safe_point() is None:
+            raise RuntimeError("joined, but the snapshot never reached the engine")
+
+    @property
+    def active(self) -> tuple[int, str]:
+        """The version the engine runs and its weights hash."""
+        active = self._node.active()
+        assert active is not None, "an actor runs a version once it has joined"
+        return active
+
+    def safe_point(self, wait: float = 0.0) -> Optional[int]:
+        """Loads into the engine a version activated since the last call, or one whose
+        activation starts within ``wait`` seconds; returns its number, or None. Call it
+        only between batches."""
+        activation = self._node.at_safe_point(wait)
+        if activation is None:
+            return None
+        try:
+            version, changed = activation.version, activation.changed
+            started = time.perf_counter()
+            if changed:
+                views = activation.tensor_bytes(sorted(fused_group_names(changed)))
+                tensors = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}
+                del views
+                self.engine.load_weights(tensors)
+                del tensors
+            logger.info(
+                "version %d in the engine: %d tensors changed, loaded in %.3f s",
+                version,
+                len(changed),
+                time.perf_counter() - started,
+            )
+            return version
+        finally:
+            activation.release()
+
+    def claim(self) -> Optional[Work]:
+        """Work on the open step, after activating what the control plane committed; None
+        when there is none now (claim again later)."""
+        self.safe_point()
+        answer = json.loads(self._node.claim())
+        if answer["kind"] != "work" or not answer["leases"]:
+            return None
+        commit = answer["commit"]
+        deadline = time.monotonic() + ACTIVATION_WAIT_S
+        while commit is not None and self.active[0] < commit:
+            if self.safe_point(wait=max(0.0, deadline - time.monotonic())) is None:
+                raise TimeoutError(f"version {commit} was not activated within {ACTIVATION_WAIT_S} s")
+        version, weights_hash = self.active
+        leases = [
+            Lease(lease["lease"], lease["prompt"], lease["expires_in_ms"])
+            for lease in answer["leases"]
+            if lease["version"] == version
+        ]
+        if len(leases) < len(answer["leases"]):
+            logger.warning("%d leases for another version: letting them expire", len(answer["leases"]) - len(leases))
+        return Work(version, weights_hash, leases) if leases else None
+
+    def submit(self, work: Work, results: Sequence[tuple[Lease, Any, int]]) -> list[dict]:
+        """Hands in ``(lease, payload, tokens)`` for leases of ``work``; the payload is any
+        JSON value. Returns the control plane's outcome for each, in order."""
+        body = [
+            {
+                "lease": lease.id,
+                "version": work.version,
+                "weights_hash": work.weights_hash,
+                "tokens": tokens,
+                "payload": payload,
+            }
+            for lease, payload, tokens in results
+        ]
+        return json.loads(self._node.submit(json.dumps(body)))
+
+    def leave(self) -> None:
+        """Leaves the fleet: held leases return to the pool at once."""
+        self._node.leave()

@@ -1,0 +1,143 @@
+"""The trainer side: the node that `aurora run`'s trainer process runs (control plane,
+transport hub, checkpoint store), in the user's PyTorch process.
+
+The user trains; the ``Trainer`` publishes each new BF16 export (extracted against the
+previous version in Rust, streamed cut-through to relays and actors, stored), commits it,
+posts each step's prompts and hands back the accepted rollouts: those that came back
+within their lease, generated on the step's version with its weights hash, once each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from aurora_rl import _core
+from aurora_rl._tensors import Tensor, host_tensors
+
+logger = logging.getLogger("aurora_rl.trainer")
+
+
+@dataclass(frozen=True)
+class Published:
+    version: int
+    weights_hash: str
+    #: Bytes streamed out: the delta (the snapshot for the first version).
+    artifact_bytes: int
+
+
+@dataclass(frozen=True)
+class Rollout:
+    prompt: int
+    #: The actor that generated it.
+    actor: int
+    #: What the actor submitted, parsed from JSON.
+    payload: Any
+
+
+@dataclass(frozen=True)
+class StepResults:
+    step: int
+    #: The version every accepted rollout was generated on.
+    version: int
+    rollouts: list[Rollout]
+    #: Prompts without an accepted rollout (a partial batch), to post again or drop.
+    unfinished: list[int]
+
+
+class Trainer:
+    """A trainer node in this process.
+
+    ``directory`` holds the checkpoint store and the control plane's database; reopening
+    it carries on from both. Actors and relays join with the addresses and the token.
+    """
+
+    def __init__(
+        self,
+        directory: Union[str, Path],
+        *,
+        token: Optional[str] = None,
+        control_listen: str = "127.0.0.1:0",
+        transport_listen: str = "127.0.0.1:0",
+        streams: int = 4,
+        snapshot_every: int = 10,
+        encoding: str = "aurora",
+    ) -> None:
+        self.token = token if token is not None else secrets.token_hex(32)
+        self._node = _core.TrainerNodeCore(
+            Path(directory), self.token, control_listen, transport_listen, streams, snapshot_every, encoding
+        )
+        # The latest published version's tensors: the base of the next delta. Kept as the
+        # caller gave them (no copy); their hash is checked again before they are used.
+        self._previous: Optional[list] = None
+        logger.info("trainer node: control %s, transport %s", self.control_address, self.transport_address)
+
+    @property
+    def control_address(self) -> str:
+        return self._node.control_address
+
+    @property
+    def transport_address(self) -> str:
+        return self._node.transport_address
+
+    def publish(self, state: Mapping[str, Tensor]) -> Published:
+        """Publishes ``state`` (BF16 under Hugging Face names, above all) as the next
+        version: the first as a snapshot, which joining nodes take, then each as a delta
+        from the one before. Keep the tensors unchanged until the next publish: they are
+        its base (an export, such as ``{k: v.to(torch.bfloat16) ...}``, is a new tensor
+        each step; parameters trained in place are not, and the next publish says so)."""
+        tensors = host_tensors(state)
+        if self._previous is None and self._node.latest() is None:
+            result = self._node.publish_first(0, tensors)
+        elif self._previous is None:
+            raise ValueError(
+                "this store already holds published versions: call resume() with the latest "
+                "version's weights first"
+            )
+        else:
+            result = self._node.publish(self._previous, tensors)
+        self._previous = tensors
+        published = Published(*result)
+        logger.info("published version %d (%d bytes)", published.version, published.artifact_bytes)
+        return published
+
+    def resume(self, state: Mapping[str, Tensor]) -> int:
+        """Carries on from a reopened directory: ``state`` must be the latest published
+        version's weights (checked by their hash), the base of the next publish. Returns
+        that version."""
+        latest = self._node.latest()
+        if latest is None:
+            raise ValueError("nothing is published in this directory: publish the first version")
+        version, expected = latest
+        tensors = host_tensors(state)
+        actual = _core.weights_hash(tensors)
+        if actual != expected:
+            raise ValueError(f"these weights hash to {actual}, not to version {version}'s {expected}")
+        self._previous = tensors
+        return version
+
+    def commit(self) -> int:
+        """Commits the latest version: actors activate it at their next safe point, and
+        steps opened from now on generate on it. Returns its number."""
+        version, _ = self._node.commit()
+        return version
+
+    def open_step(self, prompts: list[int]) -> int:
+        """Posts a step's prompts (ids the actors map to inputs) on the latest published
+        version: actors that run it, or hold it staged, are given leases. Commit it next."""
+        return self._node.open_step(list(prompts))
+
+    def wait_step(self, timeout: float = 3600.0) -> StepResults:
+        """The open step's accepted rollouts, once every prompt has one."""
+        results = json.loads(self._node.wait_step(timeout))
+        return StepResults(
+            step=results["step"],
+            version=results["version"],
+            rollouts=[Rollout(r["prompt"], r["actor"], r["payload"]) for r in results["rollouts"]],
+            unfinished=results["unfinished"],
+        )

@@ -1,0 +1,397 @@
+//! The trainer and actor nodes (`aurora_node`) for Python: each owns a tokio runtime, and
+//! every call that waits releases the GIL. Control-plane answers cross as the JSON of the
+//! control API's wire types (docs/control-api.md), which the Python side parses: one
+//! schema, written down once.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aurora_delta::Encoding;
+use aurora_hub::wire::WireResult;
+use aurora_node::{
+    Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, TrainerNode,
+    TrainerSettings,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::dlpack::export_bytes;
+use crate::errors::delta_error;
+use crate::{TensorArg, Tensors};
+
+/// The Python exception for a node's error, with its message.
+fn node_error(error: NodeError) -> PyErr {
+    match error {
+        NodeError::Delta(error) => delta_error(error),
+        NodeError::Timeout { .. } => PyTimeoutError::new_err(error.to_string()),
+        NodeError::Usage(_) => PyValueError::new_err(error.to_string()),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+fn runtime() -> PyResult<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("aurora-node")
+        .enable_all()
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("starting the node's runtime: {e}")))
+}
+
+fn address(text: &str) -> PyResult<SocketAddr> {
+    text.parse()
+        .map_err(|e| PyValueError::new_err(format!("{text:?} is not an address (HOST:PORT): {e}")))
+}
+
+fn published(published: Published) -> (u64, String, u64) {
+    (
+        published.version,
+        published.weights_hash.to_hex(),
+        published.artifact_bytes,
+    )
+}
+
+/// The control plane, transport hub and checkpoint store in this process.
+#[pyclass(module = "aurora_rl._core", frozen)]
+pub struct TrainerNodeCore {
+    node: Arc<TrainerNode>,
+    runtime: tokio::runtime::Runtime,
+}
+
+#[pymethods]
+impl TrainerNodeCore {
+    // The keyword arguments of the Python class (aurora_rl.Trainer).
+    #[allow(clippy::too_many_arguments)]
+    #[new]
+    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding))]
+    fn new(
+        py: Python<'_>,
+        directory: std::path::PathBuf,
+        token: String,
+        control_listen: &str,
+        transport_listen: &str,
+        streams: u8,
+        snapshot_every: u64,
+        encoding: &str,
+    ) -> PyResult<TrainerNodeCore> {
+        if streams == 0 {
+            return Err(PyValueError::new_err("streams must be at least 1"));
+        }
+        let mut settings = TrainerSettings::new(directory, token);
+        settings.control_listen = address(control_listen)?;
+        settings.transport_listen = address(transport_listen)?;
+        settings.streams = streams;
+        settings.snapshot_every = snapshot_every;
+        settings.encoding = match encoding {
+            "aurora" => Encoding::Aurora,
+            "dense" => Encoding::Dense,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown encoding {other:?}: aurora or dense"
+                )));
+            }
+        };
+        let runtime = runtime()?;
+        let node = py
+            .detach(|| runtime.block_on(TrainerNode::start(settings)))
+            .map_err(node_error)?;
+        Ok(TrainerNodeCore {
+            node: Arc::new(node),
+            runtime,
+        })
+    }
+
+    #[getter]
+    fn control_address(&self) -> String {
+        self.node.control_address().to_string()
+    }
+
+    #[getter]
+    fn transport_address(&self) -> String {
+        self.node.transport_address().to_string()
+    }
+
+    /// The newest published version and its weights hash.
+    fn latest(&self) -> Option<(u64, String)> {
+        self.node
+            .latest()
+            .map(|latest| (latest.version, latest.hash.to_hex()))
+    }
+
+    fn publish_first(
+        &self,
+        py: Python<'_>,
+        version: u64,
+        state: Vec<TensorArg<'_>>,
+    ) -> PyResult<(u64, String, u64)> {
+        let state = Tensors::borrow(state)?;
+        let checkpoint = state.checkpoint()?;
+        let node = &self.node;
+        py.detach(|| {
+            let image = checkpoint.to_safetensors().map_err(NodeError::Delta)?;
+            node.publish_first(version, &image)
+        })
+        .map(published)
+        .map_err(node_error)
+    }
+
+    fn publish(
+        &self,
+        py: Python<'_>,
+        base: Vec<TensorArg<'_>>,
+        target: Vec<TensorArg<'_>>,
+    ) -> PyResult<(u64, String, u64)> {
+        let (base, target) = (Tensors::borrow(base)?, Tensors::borrow(target)?);
+        let (base, target) = (base.checkpoint()?, target.checkpoint()?);
+        let node = &self.node;
+        py.detach(|| node.publish(&base, &target))
+            .map(published)
+            .map_err(node_error)
+    }
+
+    fn commit(&self, py: Python<'_>) -> PyResult<(u64, String)> {
+        let (node, runtime) = (&self.node, &self.runtime);
+        let latest = py
+            .detach(|| runtime.block_on(node.commit()))
+            .map_err(node_error)?;
+        Ok((latest.version, latest.hash.to_hex()))
+    }
+
+    fn open_step(&self, py: Python<'_>, prompts: Vec<u64>) -> PyResult<u64> {
+        let node = &self.node;
+        py.detach(|| node.open_step(&prompts)).map_err(node_error)
+    }
+
+    /// The open step's results as JSON, once it is complete, waiting up to `timeout_s`.
+    fn wait_step(&self, py: Python<'_>, timeout_s: f64) -> PyResult<String> {
+        let (node, runtime) = (&self.node, &self.runtime);
+        let timeout = Duration::try_from_secs_f64(timeout_s)
+            .map_err(|e| PyValueError::new_err(format!("timeout: {e}")))?;
+        let results = py
+            .detach(|| runtime.block_on(node.wait_step(timeout)))
+            .map_err(node_error)?;
+        let rollouts: Vec<serde_json::Value> = results
+            .rollouts
+            .iter()
+            .map(|rollout| {
+                serde_json::json!({
+                    "prompt": rollout.prompt.0,
+                    "actor": rollout.actor.0,
+                    "payload": rollout.payload,
+                })
+            })
+            .collect();
+        Ok(serde_json::json!({
+            "step": results.outcome.step.0,
+            "version": results.outcome.version.0,
+            "rollouts": rollouts,
+            "unfinished": results.outcome.unfinished.iter().map(|p| p.0).collect::<Vec<_>>(),
+        })
+        .to_string())
+    }
+}
+
+/// A transport actor and the actor's side of the control API, in an inference process.
+#[pyclass(module = "aurora_rl._core", frozen)]
+pub struct ActorNodeCore {
+    // Dropped before the runtime it runs on.
+    node: ActorNode,
+    handoff: Arc<Handoff>,
+    runtime: tokio::runtime::Runtime,
+}
+
+#[pymethods]
+impl ActorNodeCore {
+    /// Joins over the wire: takes the newest snapshot an upstream offers (within
+    /// `join_timeout_s`) and registers.
+    // The keyword arguments of the Python class (aurora_rl.Actor).
+    #[allow(clippy::too_many_arguments)]
+    #[new]
+    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s))]
+    fn new(
+        py: Python<'_>,
+        id: u64,
+        region: String,
+        control: &str,
+        upstreams: Vec<String>,
+        token: String,
+        streams: u8,
+        join_timeout_s: f64,
+    ) -> PyResult<ActorNodeCore> {
+        if streams == 0 {
+            return Err(PyValueError::new_err("streams must be at least 1"));
+        }
+        let settings = ActorSettings {
+            id,
+            region,
+            control: address(control)?,
+            upstreams: upstreams
+                .iter()
+                .map(|u| address(u))
+                .collect::<PyResult<_>>()?,
+            token,
+            streams,
+        };
+        let timeout = Duration::try_from_secs_f64(join_timeout_s)
+            .map_err(|e| PyValueError::new_err(format!("join timeout: {e}")))?;
+        let runtime = runtime()?;
+        let handoff = Handoff::new();
+        let node = py
+            .detach(|| runtime.block_on(ActorNode::join(settings, handoff.clone(), timeout)))
+            .map_err(node_error)?;
+        Ok(ActorNodeCore {
+            node,
+            handoff,
+            runtime,
+        })
+    }
+
+    /// The active version and its weights hash.
+    fn active(&self) -> Option<(u64, String)> {
+        self.node
+            .active()
+            .map(|active| (active.version, active.hash.to_hex()))
+    }
+
+    /// Weights to load before the next batch, if an activation is ready or starts within
+    /// `wait_s` (see `aurora_node::Handoff::at_safe_point`).
+    fn at_safe_point(&self, py: Python<'_>, wait_s: f64) -> PyResult<Option<ActivationCore>> {
+        let wait = Duration::try_from_secs_f64(wait_s)
+            .map_err(|e| PyValueError::new_err(format!("wait: {e}")))?;
+        let handoff = &self.handoff;
+        let activation = py
+            .detach(|| handoff.at_safe_point(wait))
+            .map_err(node_error)?;
+        Ok(activation.map(|activation| ActivationCore {
+            activation: std::sync::Mutex::new(Some(activation)),
+        }))
+    }
+
+    /// The control plane's answer to a claim, as JSON.
+    fn claim(&self, py: Python<'_>) -> PyResult<String> {
+        let (node, runtime) = (&self.node, &self.runtime);
+        let claim = py
+            .detach(|| runtime.block_on(node.claim()))
+            .map_err(node_error)?;
+        serde_json::to_string(&claim).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Submits results (a JSON list of the control API's results) and returns the
+    /// outcomes as JSON.
+    fn submit(&self, py: Python<'_>, results: &str) -> PyResult<String> {
+        let results: Vec<WireResult> = serde_json::from_str(results)
+            .map_err(|e| PyValueError::new_err(format!("results: {e}")))?;
+        let (node, runtime) = (&self.node, &self.runtime);
+        let answer = py
+            .detach(|| runtime.block_on(node.submit(results)))
+            .map_err(node_error)?;
+        serde_json::to_string(&answer.outcomes).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Leaves the fleet (held leases return to the pool) and stops the node.
+    fn leave(&self, py: Python<'_>) -> PyResult<()> {
+        let (node, runtime) = (&self.node, &self.runtime);
+        let left = py.detach(|| runtime.block_on(node.leave()));
+        node.stop();
+        left.map_err(node_error)
+    }
+}
+
+/// Weights the transport activated, held until released.
+#[pyclass(module = "aurora_rl._core", frozen)]
+pub struct ActivationCore {
+    activation: std::sync::Mutex<Option<Activation>>,
+}
+
+impl ActivationCore {
+    fn with<T>(&self, read: impl FnOnce(&Activation) -> T) -> PyResult<T> {
+        let held = self.activation.lock().unwrap_or_else(|p| p.into_inner());
+        held.as_ref()
+            .map(read)
+            .ok_or_else(|| PyValueError::new_err("the activation was released"))
+    }
+}
+
+#[pymethods]
+impl ActivationCore {
+    #[getter]
+    fn version(&self) -> PyResult<u64> {
+        self.with(|a| a.weights.active().version)
+    }
+
+    #[getter]
+    fn weights_hash(&self) -> PyResult<String> {
+        self.with(|a| a.weights.active().hash.to_hex())
+    }
+
+    #[getter]
+    fn changed(&self) -> PyResult<Vec<String>> {
+        self.with(|a| a.changed.clone())
+    }
+
+    /// Every tensor's name, dtype and shape.
+    fn tensor_specs(&self) -> PyResult<Vec<(String, String, Vec<u64>)>> {
+        self.with(|a| {
+            a.weights
+                .layout()
+                .iter()
+                .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()))
+                .collect()
+        })
+    }
+
+    /// Read-only views of the named tensors' bytes in the activated image, as DLPack
+    /// capsules of flat uint8 host memory: no copy. Each keeps the weights alive; the
+    /// next activation waits until every view is gone.
+    fn tensor_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        names: Vec<String>,
+    ) -> PyResult<Vec<TensorArg<'py>>> {
+        let (weights, guard, places) = self.with(|a| {
+            let places: Vec<_> = names
+                .iter()
+                .map(|name| {
+                    a.weights
+                        .layout()
+                        .iter()
+                        .find(|t| &t.name == name)
+                        .map(|t| {
+                            (
+                                t.name.clone(),
+                                t.dtype.name().to_string(),
+                                t.shape.clone(),
+                                t.bytes.clone(),
+                            )
+                        })
+                        .ok_or_else(|| {
+                            PyValueError::new_err(format!("no tensor {name:?} in the weights"))
+                        })
+                })
+                .collect();
+            (a.weights.clone(), a.guard(), places)
+        })?;
+        places
+            .into_iter()
+            .map(|place| {
+                let (name, dtype, shape, bytes): (String, String, Vec<u64>, Range<usize>) = place?;
+                let data = weights.image()[bytes.clone()].as_ptr();
+                // SAFETY: the image is neither moved nor written while a guard of its
+                // activation lives (the next activation waits for every one to go).
+                let owner: Box<dyn std::any::Any + Send + Sync> = Box::new(guard.clone());
+                let capsule = unsafe { export_bytes(py, owner, data, bytes.len())? };
+                Ok((name, dtype, shape, capsule))
+            })
+            .collect()
+    }
+
+    /// Lets go of the weights: views made earlier still hold them until they are gone.
+    fn release(&self) {
+        self.activation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+}

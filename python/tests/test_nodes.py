@@ -1,0 +1,130 @@
+"""The trainer and actor nodes end to end, in Python: a Trainer publishes versions of a
+small Qwen3 model from torch tensors, an Actor joins over the wire into a transformers
+engine, and every step's rollouts come back generated on the step's version, while the
+engine's weights hash to each version the trainer published."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_engines import next_version, small_qwen3
+
+import aurora_rl
+from aurora_rl.engines import Sampling
+from aurora_rl.engines.hf import TransformersEngine
+
+STEPS = 3
+PROMPTS_PER_STEP = 6
+
+
+def prompt_tokens(prompt: int) -> list[int]:
+    return [1 + prompt % 500, 7, 100 + prompt % 50]
+
+
+class ActorLoop(threading.Thread):
+    """An inference loop: claim, generate, submit, until told to stop."""
+
+    def __init__(self, actor: aurora_rl.Actor) -> None:
+        super().__init__(daemon=True)
+        self.actor = actor
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.served: dict[int, str] = {}
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                work = self.actor.claim()
+                if work is None:
+                    self.stop.wait(0.02)
+                    continue
+                # The engine holds exactly the version the work is for.
+                self.served[work.version] = aurora_rl.weights_hash(self.actor.engine.held_weights())
+                completions = self.actor.engine.generate(
+                    [prompt_tokens(lease.prompt) for lease in work.leases], Sampling(max_tokens=4, temperature=0.0)
+                )
+                results = [
+                    (lease, {"tokens": c.token_ids, "logprobs": c.logprobs}, len(c.token_ids))
+                    for lease, c in zip(work.leases, completions)
+                ]
+                outcomes = self.actor.submit(work, results)
+                assert all(outcome["status"] == "accepted" for outcome in outcomes), outcomes
+        except BaseException as error:  # reported by the test
+            self.error = error
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_qwen3(tmp_path_factory.mktemp("qwen3"))
+
+
+def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path):
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", snapshot_every=2)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    published = [trainer.publish(weights)]
+    assert published[0].version == 0
+    assert published[0].weights_hash == aurora_rl.weights_hash(weights)
+
+    actor = aurora_rl.Actor(
+        TransformersEngine.start(str(model_dir)),
+        id=1,
+        region="us",
+        control=trainer.control_address,
+        upstreams=[trainer.transport_address],
+        token=trainer.token,
+    )
+    assert actor.active == (0, published[0].weights_hash)
+    loop = ActorLoop(actor)
+    loop.start()
+    try:
+        for step in range(STEPS):
+            prompts = list(range(step * PROMPTS_PER_STEP, (step + 1) * PROMPTS_PER_STEP))
+            trainer.open_step(prompts)
+            version = trainer.commit()
+            results = trainer.wait_step(timeout=300)
+            assert loop.error is None, loop.error
+            assert results.version == version == step
+            assert sorted(r.prompt for r in results.rollouts) == prompts
+            assert all(r.actor == 1 and len(r.payload["tokens"]) == 4 for r in results.rollouts)
+            assert results.unfinished == []
+            # The next version, trained "from" these rollouts.
+            weights = next_version(weights, step)
+            published.append(trainer.publish(weights))
+            assert published[-1].version == step + 1
+            assert 0 < published[-1].artifact_bytes
+    finally:
+        loop.stop.set()
+        loop.join(timeout=60)
+    assert loop.error is None, loop.error
+    # Every version was generated on with exactly the weights the trainer published.
+    assert loop.served == {p.version: p.weights_hash for p in published[:STEPS]}
+    actor.leave()
+
+
+def test_a_base_changed_in_place_after_publishing_is_refused(tmp_path):
+    trainer = aurora_rl.Trainer(tmp_path / "trainer")
+    weights = {"w": torch.ones(64, 64, dtype=torch.bfloat16)}
+    trainer.publish(weights)
+    weights["w"].add_(1)  # trained in place: no longer version 0
+    with pytest.raises(ValueError, match="changed in place"):
+        trainer.publish({"w": torch.zeros(64, 64, dtype=torch.bfloat16)})
+
+
+def test_a_reopened_trainer_resumes_from_the_latest_version(tmp_path):
+    weights = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64).bfloat16()}
+    first = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    first.publish(weights)
+    newer = {"w": weights["w"] * 2}
+    assert first.publish(newer).version == 1
+    del first
+    again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    with pytest.raises(ValueError, match="call resume"):
+        again.publish(newer)
+    with pytest.raises(ValueError, match="not to version 1"):
+        again.resume(weights)
+    assert again.resume(newer) == 1
+    assert again.publish({"w": newer["w"] + 1}).version == 2
