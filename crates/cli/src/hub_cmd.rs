@@ -1,92 +1,263 @@
+//! `aurora hub`: the trainer node (control plane, transport hub, checkpoint store) as a
+//! process of its own, for trainers that are not Python or not ours. With `--watch` it
+//! publishes every checkpoint a trainer saves into a directory, so the trainer needs no
+//! code change: each complete checkpoint (a directory with the completion marker and its
+//! safetensors files) becomes the next version, extracted against the one before,
+//! streamed cut-through and committed.
+
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use aurora_hub::{HubConfig, SystemClock};
+use anyhow::{Context, Result, bail};
+use aurora_checkpoint::MappedFile;
+use aurora_delta::Checkpoint;
+use aurora_node::{TrainerNode, TrainerSettings};
 use clap::Args;
+use serde::{Deserialize, Serialize};
 
-/// Environment variable holding the bearer token: kept off the command line, where
-/// every user of the machine could read it in the process list.
-const TOKEN_VARIABLE: &str = "AURORA_TOKEN";
+use crate::relay_cmd::TOKEN_VARIABLE;
 
 #[derive(Args)]
 pub struct HubArgs {
-    /// Address to listen on (port 0 picks a free one; the bound address is printed).
+    /// The node's directory: its checkpoint store (`store/`) and the control plane's
+    /// database (`hub.redb`). Reopened, the hub carries on from both.
+    #[arg(long, default_value = "hub")]
+    dir: PathBuf,
+    /// The control plane's HTTP API (port 0 picks a free one; the bound address is
+    /// printed).
     #[arg(long, default_value = "127.0.0.1:7300")]
     listen: SocketAddr,
-    /// The state database, created if missing and restored from if present.
-    #[arg(long, default_value = "hub.redb")]
-    state: PathBuf,
-    /// Also serve the delta transport here (port 0 picks one; the bound address is
-    /// printed), from the checkpoint store given with --store.
-    #[arg(long, requires = "store")]
-    transport_listen: Option<SocketAddr>,
-    /// The checkpoint store whose deltas the transport serves; its latest version is
-    /// committed.
-    #[arg(long, requires = "transport_listen")]
-    store: Option<PathBuf>,
+    /// The delta transport (port 0 picks one; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:7301")]
+    transport_listen: SocketAddr,
+    /// Publish each checkpoint that appears in this directory: a subdirectory holding
+    /// the completion marker and the checkpoint's safetensors files (one or more shards),
+    /// taken in the order of the numbers in their names.
+    #[arg(long)]
+    watch: Option<PathBuf>,
+    /// The file a trainer writes into a checkpoint's directory once the checkpoint is
+    /// complete.
+    #[arg(long, default_value = "COMPLETE", requires = "watch")]
+    marker: String,
+    /// How often the watched directory is read.
+    #[arg(long, default_value_t = 1000, requires = "watch")]
+    poll_ms: u64,
+    /// The store keeps a whole snapshot, which joining nodes take, every this many
+    /// versions (version 0 always).
+    #[arg(long, default_value_t = 10)]
+    snapshot_every: u64,
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
     let token = std::env::var(TOKEN_VARIABLE)
         .with_context(|| format!("set the bearer token in {TOKEN_VARIABLE}"))?;
-    let transport_token = token.clone().into_bytes();
-    let config = HubConfig {
-        token,
-        db_path: args.state,
-        control: aurora_control::Config::default(),
-        tick_interval_max: Duration::from_secs(1),
-        clock: Arc::new(SystemClock::new()),
+    let mut settings = TrainerSettings::new(&args.dir, token);
+    settings.control_listen = args.listen;
+    settings.transport_listen = args.transport_listen;
+    settings.snapshot_every = args.snapshot_every;
+    let runtime = crate::runtime(None)?;
+    let node = Arc::new(
+        runtime
+            .block_on(TrainerNode::start(settings))
+            .with_context(|| format!("starting the hub in {}", args.dir.display()))?,
+    );
+    // One line each on stdout announces readiness to scripts and tests; logs go to stderr.
+    println!("listening on {}", node.control_address());
+    println!("transport listening on {}", node.transport_address());
+    std::io::stdout().flush()?;
+    let Some(watched) = args.watch else {
+        // Serves until killed.
+        runtime.block_on(std::future::pending::<()>());
+        return Ok(());
     };
-    crate::runtime(None)?.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
-        let address = listener.local_addr()?;
-        // Kept alive while the hub serves.
-        let _transport = match (args.transport_listen, &args.store) {
-            (Some(listen), Some(root)) => Some(serve_store(listen, root, transport_token).await?),
-            _ => None,
-        };
-        // One line on stdout announces readiness to scripts and tests; logs go to stderr.
-        println!("listening on {address}");
-        std::io::stdout().flush()?;
-        tracing::info!(%address, "hub serving");
-        match aurora_hub::serve(config, listener).await? {}
-    })
+    let mut watcher = Watcher::open(&args.dir, watched, args.marker, &node)?;
+    loop {
+        for checkpoint in watcher.complete_and_new()? {
+            watcher.publish(&node, &runtime, &checkpoint)?;
+        }
+        std::thread::sleep(Duration::from_millis(args.poll_ms));
+    }
 }
 
-/// Serves the deltas of the store at `root` over the transport and commits its latest
-/// version.
-async fn serve_store(
-    listen: SocketAddr,
-    root: &std::path::Path,
-    token: Vec<u8>,
-) -> Result<aurora_transport::NodeHandle> {
-    let store = aurora_store::Store::open(root)
-        .with_context(|| format!("opening the store {}", root.display()))?;
-    let (deltas, snapshots) = store.records()?;
-    let latest = deltas
-        .values()
-        .map(|d| (d.version, d.target_hash))
-        .chain(snapshots.values().map(|s| (s.version, s.weights_hash)))
-        .max_by_key(|(version, _)| *version);
-    let identity = aurora_proto::Identity {
-        role: aurora_proto::Role::Hub,
-        peer_id: "hub".into(),
-        region: "hub".into(),
-    };
-    let mut config = aurora_transport::NodeConfig::new(identity, token);
-    config.listen = Some(listen);
-    let node = aurora_transport::spawn_hub(config, Some(Arc::new(store))).await?;
-    if let Some((version, hash)) = latest {
-        node.commit(aurora_proto::VersionRef { version, hash })
-            .await?;
+/// Which checkpoint of the watched directory became which version, kept beside the
+/// store (`watched.json`) so a restarted hub neither skips nor repeats one.
+#[derive(Default, Serialize, Deserialize)]
+struct Published {
+    versions: BTreeMap<String, u64>,
+}
+
+struct Watcher {
+    directory: PathBuf,
+    marker: String,
+    record_path: PathBuf,
+    record: Published,
+    /// The latest published checkpoint's files: the base of the next delta.
+    base: Option<Vec<MappedFile>>,
+}
+
+impl Watcher {
+    fn open(dir: &Path, directory: PathBuf, marker: String, node: &TrainerNode) -> Result<Watcher> {
+        let record_path = dir.join("watched.json");
+        let record: Published = match std::fs::read(&record_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .with_context(|| format!("reading {}", record_path.display()))?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Published::default(),
+            Err(error) => {
+                return Err(error).with_context(|| format!("reading {}", record_path.display()));
+            }
+        };
+        let mut watcher = Watcher {
+            directory,
+            marker,
+            record_path,
+            record,
+            base: None,
+        };
+        // Carry on from the last checkpoint published, if it is still what the store
+        // says the latest version is.
+        if let Some((name, &version)) = watcher.record.versions.iter().max_by_key(|(_, v)| **v) {
+            let latest = node
+                .latest()
+                .context("the record names versions the store lacks")?;
+            let files = watcher.map(name)?;
+            let hash = checkpoint_of(&files)?.weights_hash();
+            if (version, hash) != (latest.version, latest.hash) {
+                bail!(
+                    "checkpoint {name} was published as version {version} ({hash}), but the \
+                     latest version is {} ({}): the watched directory changed",
+                    latest.version,
+                    latest.hash
+                );
+            }
+            watcher.base = Some(files);
+        }
+        Ok(watcher)
     }
-    let address = node.local_addr().context("the transport listens")?;
-    println!("transport listening on {address}");
-    Ok(node)
+
+    /// Complete checkpoints not published yet, in the order of the numbers in their names.
+    fn complete_and_new(&self) -> Result<Vec<String>> {
+        let entries = std::fs::read_dir(&self.directory)
+            .with_context(|| format!("reading {}", self.directory.display()))?;
+        let mut found = Vec::new();
+        for entry in entries {
+            let entry = entry.with_context(|| format!("reading {}", self.directory.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().join(&self.marker).is_file()
+                && !self.record.versions.contains_key(&name)
+            {
+                found.push(name);
+            }
+        }
+        found.sort_by_key(|name| (step_number(name), name.clone()));
+        Ok(found)
+    }
+
+    fn map(&self, name: &str) -> Result<Vec<MappedFile>> {
+        let directory = self.directory.join(name);
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&directory)
+            .with_context(|| format!("reading {}", directory.display()))?
+            .map(|entry| entry.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()
+            .with_context(|| format!("reading {}", directory.display()))?;
+        paths.retain(|path| path.extension().is_some_and(|e| e == "safetensors"));
+        paths.sort();
+        if paths.is_empty() {
+            bail!("checkpoint {name} is marked complete but holds no .safetensors file");
+        }
+        paths
+            .iter()
+            .map(|path| {
+                MappedFile::open(path).with_context(|| format!("opening {}", path.display()))
+            })
+            .collect()
+    }
+
+    fn publish(
+        &mut self,
+        node: &Arc<TrainerNode>,
+        runtime: &tokio::runtime::Runtime,
+        name: &str,
+    ) -> Result<()> {
+        let files = self.map(name)?;
+        let target = checkpoint_of(&files).with_context(|| format!("reading checkpoint {name}"))?;
+        let published = match &self.base {
+            None => {
+                let image;
+                // One file is published as it is; shards are joined into one image.
+                let bytes = if files.len() == 1 {
+                    files[0].bytes()
+                } else {
+                    image = target.to_safetensors()?;
+                    &image
+                };
+                node.publish_first(0, bytes)?
+            }
+            Some(base) => node.publish(&checkpoint_of(base)?, &target)?,
+        };
+        runtime.block_on(node.commit())?;
+        tracing::info!(
+            checkpoint = name,
+            version = published.version,
+            bytes = published.artifact_bytes,
+            "published"
+        );
+        println!(
+            "published {name} as version {} {}",
+            published.version, published.weights_hash
+        );
+        std::io::stdout().flush()?;
+        self.record
+            .versions
+            .insert(name.to_string(), published.version);
+        aurora_checkpoint::write_atomically::<anyhow::Error>(&self.record_path, |file| {
+            serde_json::to_writer_pretty(file, &self.record)?;
+            Ok(())
+        })?;
+        self.base = Some(files);
+        Ok(())
+    }
+}
+
+/// One checkpoint from all its shards.
+fn checkpoint_of(files: &[MappedFile]) -> Result<Checkpoint<'_>> {
+    let mut tensors = Vec::new();
+    for file in files {
+        tensors.extend(file.checkpoint()?.tensors().iter().cloned());
+    }
+    Ok(Checkpoint::new(tensors)?)
+}
+
+/// The last number in a checkpoint's name (`checkpoint-1200`, `step_00012`), so steps
+/// sort numerically; names without one sort first, by name.
+fn step_number(name: &str) -> Option<u64> {
+    let digits: String = name
+        .chars()
+        .rev()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoints_sort_by_their_step_numbers() {
+        let mut names = vec!["checkpoint-100", "checkpoint-20", "step_3", "initial"];
+        names.sort_by_key(|name| (step_number(name), name.to_string()));
+        assert_eq!(
+            names,
+            ["initial", "step_3", "checkpoint-20", "checkpoint-100"]
+        );
+        assert_eq!(step_number("run7-step-0042.tmp"), Some(42));
+    }
 }

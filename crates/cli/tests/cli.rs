@@ -769,8 +769,15 @@ fn the_hub_process_serves_its_api_behind_the_token() {
     use std::io::{BufRead, BufReader, Read, Write};
     let s = Scratch::new();
     let mut hub = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
-        .args(["hub", "--listen", "127.0.0.1:0", "--state"])
-        .arg(s.path("hub.redb"))
+        .args([
+            "hub",
+            "--listen",
+            "127.0.0.1:0",
+            "--transport-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--dir")
+        .arg(s.path("hub"))
         .env("AURORA_TOKEN", "test-token")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -810,8 +817,8 @@ fn the_hub_process_serves_its_api_behind_the_token() {
 
     // Without a token the hub refuses to start, saying why.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
-        .args(["hub", "--listen", "127.0.0.1:0", "--state"])
-        .arg(s.path("other.redb"))
+        .args(["hub", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(s.path("other"))
         .env_remove("AURORA_TOKEN")
         .output()
         .unwrap();

@@ -119,12 +119,11 @@ impl TrainerNode {
         let transport_address = transport
             .local_addr()
             .ok_or_else(|| NodeError::Usage("the transport hub has no listening address".into()))?;
-        let latest = hub
-            .inspect(|core| core.latest_version())
-            .map(|(version, hash)| VersionRef {
-                version: version.0,
-                hash: Hash(hash.0),
-            });
+        let latest = catch_up_control_plane(&hub, &store)?;
+        if let Some(latest) = latest.filter(|latest| latest.version > 0) {
+            // What a previous run committed last: joining nodes go straight to it.
+            transport.commit(latest).await?;
+        }
         tracing::info!(%control_address, %transport_address, ?latest, "trainer node serving");
         Ok(TrainerNode {
             hub,
@@ -285,4 +284,37 @@ impl TrainerNode {
     fn set_latest(&self, version: u64, hash: Hash) {
         *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(VersionRef { version, hash });
     }
+}
+
+/// Publishes to the control plane every version the store holds beyond the control
+/// plane's latest (a store filled before this node first ran, or a crash between the two
+/// writes), and returns the latest version. A version the two disagree on is an error.
+fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>, NodeError> {
+    let (deltas, snapshots) = store.records()?;
+    let stored: std::collections::BTreeMap<u64, Hash> = deltas
+        .values()
+        .map(|d| (d.version, d.target_hash))
+        .chain(snapshots.values().map(|s| (s.version, s.weights_hash)))
+        .collect();
+    let published = hub.inspect(|core| core.latest_version());
+    if let Some((version, hash)) = published
+        && stored
+            .get(&version.0)
+            .is_some_and(|stored| stored.0 != hash.0)
+    {
+        return Err(NodeError::Usage(format!(
+            "version {} has one weights hash in the store and another in the control plane",
+            version.0
+        )));
+    }
+    let next = published.map_or(0, |(version, _)| version.0 + 1);
+    for (&version, hash) in stored.range(next..) {
+        hub.publish_version(Version(version), WeightsHash(hash.0))?;
+    }
+    Ok(hub
+        .inspect(|core| core.latest_version())
+        .map(|(version, hash)| VersionRef {
+            version: version.0,
+            hash: Hash(hash.0),
+        }))
 }

@@ -1,6 +1,7 @@
-//! `aurora hub --transport-listen`, `aurora relay` and `aurora actor` as real processes on
-//! loopback: a store's deltas reach an actor through a relay, verified and activated, and
-//! an actor with no weights (`--join`) takes the store's snapshot over the wire.
+//! `aurora hub`, `aurora relay` and `aurora actor` as real processes on loopback: a store's
+//! deltas reach an actor through a relay, verified and activated; an actor with no weights
+//! (`--join`) takes the store's snapshot over the wire; and a hub watching a directory
+//! publishes each checkpoint a trainer saves there.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -65,11 +66,28 @@ fn os(text: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(text)
 }
 
+/// `aurora hub` on any free ports, with its store and database in `dir`.
+fn start_hub(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Process {
+    let mut args = vec![
+        os("hub"),
+        os("--dir"),
+        dir.as_os_str(),
+        os("--listen"),
+        os("127.0.0.1:0"),
+        os("--transport-listen"),
+        os("127.0.0.1:0"),
+    ];
+    args.extend_from_slice(extra);
+    Process::start("hub", &args)
+}
+
 #[test]
 fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let s = Scratch::new();
     let steps = s.synth("tiny", 3, &[]);
-    let root = s.path("store");
+    // The hub's directory holds its store: filled here by `aurora store`, before the hub
+    // runs (a running hub holds the store's lock; it takes new versions itself, `--watch`).
+    let root = s.path("hub/store");
     aurora(&["store", "put-snapshot"])
         .arg(&root)
         .arg("0")
@@ -84,21 +102,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
         );
         aurora(&["store", "put-delta"]).arg(&root).arg(&delta).ok();
     }
-    let state = s.path("hub.redb");
-    let hub = Process::start(
-        "hub",
-        &[
-            os("hub"),
-            os("--listen"),
-            os("127.0.0.1:0"),
-            os("--state"),
-            state.as_os_str(),
-            os("--transport-listen"),
-            os("127.0.0.1:0"),
-            os("--store"),
-            root.as_os_str(),
-        ],
-    );
+    let hub = start_hub(&s.path("hub"), &[]);
     let hub_address = hub.expect("transport listening on ");
     let relay = Process::start(
         "relay",
@@ -197,4 +201,71 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         .arg(&zero)
         .fails();
     crate::util::assert_error_mentions(&run, &["zero.toml"]);
+}
+
+#[test]
+fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
+    let s = Scratch::new();
+    let steps = s.synth("tiny", 3, &[]);
+    let watched = s.path("checkpoints");
+    // What a trainer does: write the checkpoint, then the marker.
+    let save = |step: usize, marker: bool| {
+        let dir = watched.join(format!("checkpoint-{}", step * 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&steps[step], dir.join("model.safetensors")).unwrap();
+        if marker {
+            std::fs::write(dir.join("COMPLETE"), b"").unwrap();
+        }
+    };
+    let hub_dir = s.path("hub");
+    let watch = [
+        os("--watch"),
+        watched.as_os_str(),
+        os("--poll-ms"),
+        os("20"),
+    ];
+    save(0, true);
+    let hub = start_hub(&hub_dir, &watch);
+    let hub_address = hub.expect("transport listening on ");
+    let hash = |step: usize| weights_hash(&steps[step]).to_hex();
+    assert_eq!(hub.expect("published checkpoint-0 as version 0 "), hash(0));
+    let actor = Process::start(
+        "actor",
+        &[
+            os("actor"),
+            os("--join"),
+            os("--id"),
+            os("a1"),
+            os("--region"),
+            os("eu"),
+            os("--upstream"),
+            os(&hub_address),
+        ],
+    );
+    assert_eq!(actor.expect("active 0 "), hash(0));
+    // Saved but not marked complete: left alone until it is.
+    save(2, false);
+    save(1, true);
+    assert_eq!(
+        hub.expect("published checkpoint-100 as version 1 "),
+        hash(1)
+    );
+    assert_eq!(actor.expect("active 1 "), hash(1));
+    std::fs::write(watched.join("checkpoint-200/COMPLETE"), b"").unwrap();
+    assert_eq!(
+        hub.expect("published checkpoint-200 as version 2 "),
+        hash(2)
+    );
+    assert_eq!(actor.expect("active 2 "), hash(2));
+
+    // Restarted, the hub carries on from its directory: nothing published twice, the
+    // next checkpoint is version 3.
+    drop(hub);
+    let hub = start_hub(&hub_dir, &watch);
+    hub.expect("transport listening on ");
+    save(3, true);
+    assert_eq!(
+        hub.expect("published "),
+        format!("checkpoint-300 as version 3 {}", hash(3))
+    );
 }
