@@ -55,6 +55,9 @@ class Trainer:
 
     ``directory`` holds the checkpoint store and the control plane's database; reopening
     it carries on from both. Actors and relays join with the addresses and the token.
+    ``control`` overrides the control plane's settings for a new database, nested as in
+    ``aurora_control::Config`` (for example ``{"heartbeat_timeout_ms": 4000, "lease":
+    {"initial_ms": 20000}}``); unknown names are refused.
     """
 
     def __init__(
@@ -67,10 +70,18 @@ class Trainer:
         streams: int = 4,
         snapshot_every: int = 10,
         encoding: str = "aurora",
+        control: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.token = token if token is not None else secrets.token_hex(32)
         self._node = _core.TrainerNodeCore(
-            Path(directory), self.token, control_listen, transport_listen, streams, snapshot_every, encoding
+            Path(directory),
+            self.token,
+            control_listen,
+            transport_listen,
+            streams,
+            snapshot_every,
+            encoding,
+            json.dumps(dict(control or {})),
         )
         # The latest published version's tensors: the base of the next delta. Kept as the
         # caller gave them (no copy); their hash is checked again before they are used.
@@ -131,6 +142,11 @@ class Trainer:
         """Posts a step's prompts (ids the actors map to inputs) on the latest published
         version: actors that run it, or hold it staged, are given leases. Commit it next."""
         return self._node.open_step(list(prompts))
+
+    def actors(self) -> list[dict]:
+        """The registered actors: ``id``, ``region``, ``active`` and ``staged`` versions,
+        ``tokens_per_s`` (the scheduler's estimate) and ``leaving``."""
+        return json.loads(self._node.actors())
 
     def wait_step(self, timeout: float = 3600.0) -> StepResults:
         """The open step's accepted rollouts, once every prompt has one."""

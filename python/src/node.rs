@@ -45,6 +45,41 @@ fn address(text: &str) -> PyResult<SocketAddr> {
         .map_err(|e| PyValueError::new_err(format!("{text:?} is not an address (HOST:PORT): {e}")))
 }
 
+/// The control plane's settings: the defaults with `overrides` (JSON, any subset of the
+/// settings' fields, nested as in `aurora_control::Config`) laid over them.
+fn control_config(overrides: &str) -> PyResult<aurora_control::Config> {
+    fn merge(into: &mut serde_json::Value, from: serde_json::Value, path: &str) -> PyResult<()> {
+        match (into, from) {
+            (serde_json::Value::Object(into), serde_json::Value::Object(from)) => {
+                for (key, value) in from {
+                    let path = format!("{path}{key}");
+                    let slot = into.get_mut(&key).ok_or_else(|| {
+                        PyValueError::new_err(format!("unknown control setting {path:?}"))
+                    })?;
+                    merge(slot, value, &format!("{path}."))?;
+                }
+                Ok(())
+            }
+            (into, from) => {
+                *into = from;
+                Ok(())
+            }
+        }
+    }
+    let invalid = |e: serde_json::Error| PyValueError::new_err(format!("control settings: {e}"));
+    let mut config = serde_json::to_value(aurora_control::Config::default()).map_err(invalid)?;
+    merge(
+        &mut config,
+        serde_json::from_str(overrides).map_err(invalid)?,
+        "",
+    )?;
+    let config: aurora_control::Config = serde_json::from_value(config).map_err(invalid)?;
+    config
+        .validate()
+        .map_err(|e| PyValueError::new_err(format!("control settings: {e}")))?;
+    Ok(config)
+}
+
 fn published(published: Published) -> (u64, String, u64) {
     (
         published.version,
@@ -65,7 +100,7 @@ impl TrainerNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Trainer).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding))]
+    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control))]
     fn new(
         py: Python<'_>,
         directory: std::path::PathBuf,
@@ -75,6 +110,7 @@ impl TrainerNodeCore {
         streams: u8,
         snapshot_every: u64,
         encoding: &str,
+        control: &str,
     ) -> PyResult<TrainerNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
@@ -93,6 +129,7 @@ impl TrainerNodeCore {
                 )));
             }
         };
+        settings.control = control_config(control)?;
         let runtime = runtime()?;
         let node = py
             .detach(|| runtime.block_on(TrainerNode::start(settings)))
@@ -162,6 +199,27 @@ impl TrainerNodeCore {
     fn open_step(&self, py: Python<'_>, prompts: Vec<u64>) -> PyResult<u64> {
         let node = &self.node;
         py.detach(|| node.open_step(&prompts)).map_err(node_error)
+    }
+
+    /// The registered actors as JSON: id, region, active and staged versions, tokens per
+    /// second as the scheduler estimates them, and whether they are leaving.
+    fn actors(&self) -> String {
+        let actors: Vec<serde_json::Value> = self.node.hub().inspect(|core| {
+            core.members()
+                .iter()
+                .map(|(id, member)| {
+                    serde_json::json!({
+                        "id": id.0,
+                        "region": member.region.to_string(),
+                        "active": member.active.0,
+                        "staged": member.staged.map(|v| v.0),
+                        "tokens_per_s": member.estimate.tokens_per_s(),
+                        "leaving": member.leaving_at.is_some(),
+                    })
+                })
+                .collect()
+        });
+        serde_json::Value::from(actors).to_string()
     }
 
     /// The open step's results as JSON, once it is complete, waiting up to `timeout_s`.

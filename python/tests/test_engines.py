@@ -159,6 +159,17 @@ def test_a_fused_group_is_sent_whole(model_dir, vllm_engine):
         with_fused_groups(["model.layers.9.mlp.up_proj.weight"], state)
 
 
+def test_weights_written_in_place_are_the_weights_vllm_computes_with(model_dir, vllm_engine):
+    """The GPU path (parameters kept as loaded, changed tensors copied into them, fused
+    rows included), run where this CPU build keeps them too: read back, exact."""
+    writer = VllmEngine(vllm_engine.llm, in_place=True)
+    export = next_version(load_file(str(model_dir / "model.safetensors")), 7)
+    writer.load_weights(export)
+    assert aurora_rl.weights_hash(writer.held_weights()) == aurora_rl.weights_hash(export)
+    with pytest.raises(KeyError, match="no parameter for model.layers.9"):
+        writer.load_weights({"model.layers.9.mlp.up_proj.weight": export["model.layers.0.mlp.up_proj.weight"]})
+
+
 def test_vllm_in_its_own_engine_process_takes_versions_through_shared_memory(model_dir):
     """vLLM's default: the engine in a separate process, reached with the changed
     tensors as a file. Run as a script, which spawning needs."""

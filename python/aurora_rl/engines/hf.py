@@ -8,6 +8,7 @@ into them and the weights it holds are its state dict.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from aurora_rl.engines import Completion, Sampling
@@ -25,12 +26,15 @@ class TransformersEngine:
 
     @classmethod
     def start(cls, model: str, **options: object) -> TransformersEngine:
-        """The checkpoint directory ``model`` in BF16 on the CPU."""
+        """The checkpoint directory ``model`` in BF16 on the CPU; a directory with only
+        its ``config.json`` gives a model whose weights an actor then loads from aurora."""
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         settings: dict[str, object] = {"dtype": torch.bfloat16}
         settings.update(options)
+        if not any(Path(model).glob("*.safetensors")):
+            return cls(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), **settings))
         return cls(AutoModelForCausalLM.from_pretrained(model, **settings))
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:

@@ -40,9 +40,20 @@ _SHARED_MEMORY = "/dev/shm"
 class VllmEngine:
     """An aurora engine over a vLLM ``LLM``."""
 
-    def __init__(self, llm: LLM) -> None:
+    def __init__(self, llm: LLM, *, in_place: Optional[bool] = None) -> None:
+        """``in_place``: write changed tensors straight into the engine's parameters
+        instead of reloading them, which needs the engine in this process and parameters
+        kept as loaded (unquantized weights on a GPU; vLLM's CPU build repacks some).
+        By default, in place exactly when the engine runs on a GPU in this process."""
         self.llm = llm
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        if in_place is None:
+            import torch
+
+            in_place = self.in_process and torch.cuda.is_available()
+        if in_place and not self.in_process:
+            raise ValueError("writing weights in place needs vLLM's engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+        self.in_place = in_place
 
     @classmethod
     def start(cls, model: str, **options: Any) -> VllmEngine:
@@ -64,7 +75,9 @@ class VllmEngine:
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         started = time.perf_counter()
-        if self.in_process:
+        if self.in_place:
+            self.llm.collective_rpc(_write_in_place, args=(dict(tensors),))
+        elif self.in_process:
             self.llm.collective_rpc(
                 "reload_weights",
                 kwargs={"weights_iterator": list(tensors.items()), "is_checkpoint_format": True},
@@ -109,6 +122,48 @@ class VllmEngine:
         return self.llm.collective_rpc(_read_back_weights)[0]
 
 
+def _write_in_place(worker: Any, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Runs in the worker: copies each Hugging Face tensor into the parameter that holds
+    it (its rows of a fused one), on the parameter's device. Every target is checked
+    before the first write, so a layout this cannot write leaves the weights alone."""
+    import torch
+
+    model = worker.model_runner.get_model()
+    modules = dict(model.named_modules())
+    writes = []
+    for name, tensor in tensors.items():
+        module_name, _, parameter_name = name.rpartition(".")
+        rows = None
+        module = modules.get(module_name)
+        if module is None:
+            # A part of a fused parameter: its rows, in the order of `unfused_names`.
+            for fused_name, fused in modules.items():
+                parts = _core.unfused_names(f"{fused_name}.{parameter_name}") if hasattr(fused, "output_sizes") else None
+                if parts is not None and name in parts:
+                    index = parts.index(name)
+                    start = sum(fused.output_sizes[:index])
+                    module, rows = fused, slice(start, start + fused.output_sizes[index])
+                    break
+        parameter = getattr(module, parameter_name, None) if module is not None else None
+        if parameter is None:
+            raise KeyError(f"vLLM holds no parameter for {name}")
+        target = parameter.data if rows is None else parameter.data[rows]
+        # An embedding or head padded to a multiple of 64 rows takes the checkpoint's rows.
+        if target.dim() == tensor.dim() and target.shape[1:] == tensor.shape[1:] and target.shape[0] >= tensor.shape[0]:
+            target = target[: tensor.shape[0]]
+        if target.shape != tensor.shape or target.dtype != tensor.dtype:
+            raise ValueError(
+                f"{name}: vLLM holds {tuple(target.shape)} {target.dtype} where the checkpoint has "
+                f"{tuple(tensor.shape)} {tensor.dtype} (repacked or quantized: reload instead of writing in place)"
+            )
+        writes.append((target, tensor))
+    with torch.no_grad():
+        for target, tensor in writes:
+            target.copy_(tensor, non_blocking=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _read_back_weights(worker: Any) -> dict[str, torch.Tensor]:
     """Runs in the worker: the model's weights as it computes with them, under Hugging
     Face names (fused groups split into their parts)."""
@@ -127,18 +182,25 @@ def _read_back_weights(worker: Any) -> dict[str, torch.Tensor]:
                 continue
             inputs = _input_size(module)
             identity = torch.eye(inputs, dtype=getattr(module, "params_dtype", torch.bfloat16))
-            weight = method.apply(module, identity).t().contiguous()
+            weight = _unpadded(module, method.apply(module, identity).t())
             parts = _core.unfused_names(f"{name}.weight")
             if parts is None:
                 held[f"{name}.weight"] = weight
             else:
                 for part, rows in zip(parts, weight.split(list(module.output_sizes), dim=0)):
                     held[part] = rows.contiguous()
-        for name, parameter in model.named_parameters():
+        for name, module in model.named_modules():
             # Embeddings and norms are used as stored.
-            if name not in held and ("embed_tokens" in name or "norm" in name):
-                held[name] = parameter.detach().clone()
+            if name.endswith("embed_tokens") or name.endswith("norm"):
+                held[f"{name}.weight"] = _unpadded(module, module.weight.detach())
     return held
+
+
+def _unpadded(module: Any, weight: torch.Tensor) -> torch.Tensor:
+    """Vocabulary rows beyond the checkpoint's: vLLM pads an embedding or head to a
+    multiple of 64 rows."""
+    rows = getattr(module, "org_vocab_size", None)
+    return (weight if rows is None else weight[:rows]).contiguous()
 
 
 def _input_size(module: Any) -> int:

@@ -1,0 +1,121 @@
+"""Activation into vLLM: from the trainer's Commit to the engine serving the new version,
+against reloading the whole checkpoint the way users do today, in one run.
+
+A trainer node and an actor node run in this process (on loopback), the actor feeding
+vLLM's CPU build in this process. The checkpoints are ``aurora synth``'s (Qwen3 shapes,
+one Adam-style step at about 1% density) with a matching Qwen3 config. Measured, best of
+``--rounds`` (each round publishes one more version):
+
+- aurora: ``Trainer.commit`` until ``Actor.safe_point`` has loaded the version into
+  vLLM (the host copy patched in place, the changed tensors reloaded); the delta was
+  published and staged beforehand, as it is behind generation;
+- the baseline: vLLM's ``reload_weights`` from the whole checkpoint file (what a trainer
+  that saves checkpoints and tells its engines to reload does), and from the whole state
+  in memory (what weight-sync loops that send every tensor do).
+
+    python python/benchmarks/activation.py [--preset 0.6b] [--rounds 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Qwen3 configurations of `aurora synth`'s presets (hidden, layers, heads, kv heads,
+#: head dim, intermediate, vocabulary, tied embeddings).
+SHAPES = {
+    "small": (256, 4, 8, 4, 32, 768, 4096, True),
+    "0.6b": (1024, 28, 16, 8, 128, 3072, 151936, True),
+}
+
+
+def write_config(directory: Path, preset: str) -> None:
+    import transformers
+
+    hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, tied = SHAPES[preset]
+    transformers.Qwen3Config(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=intermediate, vocab_size=vocab, tie_word_embeddings=tied,
+        max_position_embeddings=256, architectures=["Qwen3ForCausalLM"],
+    ).save_pretrained(directory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="0.6b", choices=sorted(SHAPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--aurora-bin", default=str(REPO / "target" / "release" / "aurora"))
+    args = parser.parse_args()
+
+    from safetensors.torch import load_file
+
+    import aurora_rl
+    from aurora_rl.engines.vllm import VllmEngine
+
+    with tempfile.TemporaryDirectory(prefix="aurora-bench-activation-") as scratch:
+        scratch = Path(scratch)
+        subprocess.run([args.aurora_bin, "synth", "--preset", args.preset, "--steps", str(args.rounds),
+                        "--out", str(scratch / "synth")], check=True, capture_output=True)
+        files = sorted((scratch / "synth").glob("*.safetensors"))
+        model_dir = scratch / "model"
+        write_config(model_dir, args.preset)
+        # The first version, as a user's engine would start from it.
+        os.link(files[0], model_dir / "model.safetensors")
+        engine = VllmEngine.start(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256)
+        trainer = aurora_rl.Trainer(scratch / "trainer", snapshot_every=0)
+        states = [load_file(str(path)) for path in files]
+        trainer.publish(states[0])
+        actor = aurora_rl.Actor(engine, id=1, region="here", control=trainer.control_address,
+                                upstreams=[trainer.transport_address], token=trainer.token)
+        aurora_s, changed_tensors = [], []
+        for version in range(1, len(files)):
+            trainer.publish(states[version])
+            # Staged behind generation, as it is in a run, before the Commit.
+            deadline = time.monotonic() + 300
+            while trainer.actors()[0]["staged"] != version:
+                assert time.monotonic() < deadline, "the delta was never staged"
+                time.sleep(0.01)
+            started = time.perf_counter()
+            trainer.commit()
+            while actor.safe_point(wait=60.0) != version:
+                pass
+            aurora_s.append(time.perf_counter() - started)
+            held = aurora_rl.weights_hash(engine.held_weights())
+            assert held == aurora_rl.weights_hash(states[version]), "the engine serves the version"
+        reload_file_s, reload_memory_s = [], []
+        for version, path in enumerate(files):
+            # vLLM reloads from a directory of safetensors files.
+            directory = scratch / f"version-{version}"
+            directory.mkdir()
+            os.link(path, directory / "model.safetensors")
+            started = time.perf_counter()
+            engine.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory), "is_checkpoint_format": True})
+            reload_file_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            engine.load_weights(states[version])
+            reload_memory_s.append(time.perf_counter() - started)
+    report = {
+        "preset": args.preset,
+        "model_bytes": sum(t.numel() * t.element_size() for t in states[0].values()),
+        "aurora_commit_to_serving_s": min(aurora_s),
+        "reload_whole_checkpoint_file_s": min(reload_file_s),
+        "reload_whole_state_in_memory_s": min(reload_memory_s),
+    }
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
