@@ -45,6 +45,40 @@ use crate::journal::Record;
 
 /// The checkpoint, keyed by the sequence number of the first record it does not
 /// include.
+/// The database's layout: its tables and the encodings of what they hold. A change to
+/// either takes a new number; a database of another number is refused, never misread.
+pub const SCHEMA_VERSION: u32 = 1;
+const SCHEMA: TableDefinition<&str, u32> = TableDefinition::new("schema");
+
+/// Stamps a new database with [`SCHEMA_VERSION`] and refuses one of another version. A
+/// database from before the stamp has this version's layout and is stamped.
+fn check_schema(db: &Database) -> Result<(), LoadError> {
+    let txn = db.begin_write().map_err(redb::Error::from)?;
+    {
+        let mut table = txn.open_table(SCHEMA).map_err(redb::Error::from)?;
+        let found = table
+            .get("version")
+            .map_err(redb::Error::from)?
+            .map(|v| v.value());
+        match found {
+            None => {
+                table
+                    .insert("version", SCHEMA_VERSION)
+                    .map_err(redb::Error::from)?;
+            }
+            Some(SCHEMA_VERSION) => {}
+            Some(found) => {
+                return Err(LoadError::Schema {
+                    found,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+        }
+    }
+    txn.commit().map_err(redb::Error::from)?;
+    Ok(())
+}
+
 const STATE: TableDefinition<u64, &[u8]> = TableDefinition::new("control_state");
 /// The records since the checkpoint, by sequence number.
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
@@ -74,6 +108,17 @@ pub enum LoadError {
     /// The database file could not be opened or read.
     #[error("state database: {0}")]
     Database(#[from] redb::Error),
+    /// The database has another schema version than this build's.
+    #[error(
+        "the state database has schema version {found}, and this build reads version {supported} only: {}",
+        if *found > *supported { "it was written by a newer aurora" } else { "it is not one aurora wrote" }
+    )]
+    Schema {
+        /// The database's version.
+        found: u32,
+        /// This build's.
+        supported: u32,
+    },
     /// The stored bytes are not a snapshot.
     #[error("stored state is not a valid snapshot: {0}")]
     Corrupt(#[source] serde_json::Error),
@@ -184,6 +229,7 @@ impl StateStore {
     /// redb locks the file, so two hubs can never share one state.
     pub(crate) fn open(path: &Path) -> Result<(StateStore, Stored), LoadError> {
         let db = Database::create(path).map_err(redb::Error::from)?;
+        check_schema(&db)?;
         let store = StateStore { db };
         let txn = store.db.begin_read().map_err(redb::Error::from)?;
         let mut journal = Journal::default();
@@ -363,4 +409,30 @@ fn open_if_exists<K: redb::Key + 'static, V: redb::Value + 'static>(
 /// A length as the journal counts bytes.
 fn byte_count(bytes: &[u8]) -> u64 {
     u64::try_from(bytes.len()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_of_another_schema_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.redb");
+        drop(StateStore::open(&path).unwrap());
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(SCHEMA)
+                .unwrap()
+                .insert("version", SCHEMA_VERSION + 1)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let error = StateStore::open(&path).err().expect("refused").to_string();
+        assert!(
+            error.contains("schema version 2") && error.contains("newer aurora"),
+            "{error}"
+        );
+    }
 }

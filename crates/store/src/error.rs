@@ -19,6 +19,12 @@ pub enum StoreError {
     File(#[from] FileError),
     #[error("catalog database")]
     Catalog(#[source] redb::Error),
+    #[error(
+        "the catalog has schema version {found}, and this build reads version {supported} only: \
+         {}",
+        if *found > *supported { "it was written by a newer aurora" } else { "it is not one aurora wrote" }
+    )]
+    Schema { found: u32, supported: u32 },
     #[error("delta refused: it does not verify")]
     InvalidDelta(#[source] DeltaError),
     #[error("snapshot for version {version} refused: it is not a valid checkpoint")]

@@ -179,6 +179,7 @@ impl Store {
         let db = Database::create(root.join(CATALOG)).map_err(catalog)?;
         // Create every table now so that readers never meet a missing table.
         let txn = db.begin_write().map_err(catalog)?;
+        check_schema(&txn)?;
         txn.open_table(DELTA_TABLE).map_err(catalog)?;
         txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
         txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
@@ -924,6 +925,29 @@ type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
 type SnapshotValue = ([u8; 32], u64);
 /// (id, base hash, target hash, size in bytes)
 type ComposedValue = ([u8; 32], [u8; 32], [u8; 32], u64);
+
+/// The catalog's layout: its tables and their value encodings. A change to either takes
+/// a new number; a catalog of another number is refused, never misread.
+pub const SCHEMA_VERSION: u32 = 1;
+const SCHEMA_TABLE: TableDefinition<&str, u32> = TableDefinition::new("schema");
+
+/// Stamps a new catalog with [`SCHEMA_VERSION`] and refuses one of another version. A
+/// catalog from before the stamp has this version's layout and is stamped.
+fn check_schema(txn: &WriteTransaction) -> Result<()> {
+    let mut table = txn.open_table(SCHEMA_TABLE).map_err(catalog)?;
+    let found = table.get("version").map_err(catalog)?.map(|v| v.value());
+    match found {
+        None => {
+            table.insert("version", SCHEMA_VERSION).map_err(catalog)?;
+            Ok(())
+        }
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(found) => Err(StoreError::Schema {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+    }
+}
 
 const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
 const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> = TableDefinition::new("snapshots");

@@ -641,3 +641,28 @@ fn a_rollouts_file_the_catalog_does_not_list_is_removed_on_open() {
     drop(Store::open(dir.path()).unwrap());
     assert!(!stray.exists());
 }
+
+#[test]
+fn a_catalog_of_another_schema_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    for (version, says) in [
+        (SCHEMA_VERSION + 1, "written by a newer aurora"),
+        (0, "not one aurora wrote"),
+    ] {
+        {
+            let db = Database::create(dir.path().join(CATALOG)).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(SCHEMA_TABLE)
+                .unwrap()
+                .insert("version", version)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let error = Store::open(dir.path()).err().expect("refused").to_string();
+        assert!(
+            error.contains(&format!("schema version {version}")) && error.contains(says),
+            "{error}"
+        );
+    }
+}
