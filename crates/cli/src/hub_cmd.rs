@@ -19,7 +19,7 @@ use aurora_node::{TrainerNode, TrainerSettings};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::relay_cmd::TOKEN_VARIABLE;
+use crate::TOKEN_VARIABLE;
 
 #[derive(Args)]
 pub struct HubArgs {
@@ -117,6 +117,7 @@ impl Watcher {
             record,
             base: None,
         };
+        watcher.adopt_published(node)?;
         // Carry on from the last checkpoint published, if it is still what the store
         // says the latest version is.
         if let Some((name, &version)) = watcher.record.versions.iter().max_by_key(|(_, v)| **v) {
@@ -136,6 +137,49 @@ impl Watcher {
             watcher.base = Some(files);
         }
         Ok(watcher)
+    }
+
+    /// Records the checkpoints a hub published but stopped before recording: each
+    /// version the store holds beyond the record must be the next complete checkpoint,
+    /// by its weights hash.
+    fn adopt_published(&mut self, node: &TrainerNode) -> Result<()> {
+        let Some(latest) = node.latest() else {
+            return Ok(());
+        };
+        let (deltas, snapshots) = node.store().records()?;
+        let hash_of = |version: u64| {
+            deltas
+                .get(&version)
+                .map(|d| d.target_hash)
+                .or(snapshots.get(&version).map(|s| s.weights_hash))
+        };
+        let first = self.record.versions.values().max().map_or(0, |v| v + 1);
+        let unrecorded = (first..=latest.version).zip(self.complete_and_new()?);
+        for (version, name) in unrecorded {
+            let stored = hash_of(version)
+                .with_context(|| format!("the store holds no version {version}"))?;
+            let hash = checkpoint_of(&self.map(&name)?)?.weights_hash();
+            if hash != stored {
+                bail!(
+                    "version {version} is in the store ({stored}) but no record says which \
+                     checkpoint it is, and the next one, {name}, is not it ({hash})"
+                );
+            }
+            tracing::info!(
+                checkpoint = name,
+                version,
+                "found published before a restart"
+            );
+            self.record.versions.insert(name, version);
+        }
+        self.save_record()
+    }
+
+    fn save_record(&self) -> Result<()> {
+        aurora_checkpoint::write_atomically::<anyhow::Error>(&self.record_path, |file| {
+            serde_json::to_writer_pretty(file, &self.record)?;
+            Ok(())
+        })
     }
 
     /// Complete checkpoints not published yet, in the order of the numbers in their names.
@@ -199,6 +243,13 @@ impl Watcher {
             Some(base) => node.publish(&checkpoint_of(base)?, &target)?,
         };
         runtime.block_on(node.commit())?;
+        self.record
+            .versions
+            .insert(name.to_string(), published.version);
+        // Recorded before it is announced; a hub stopped between the publish and the
+        // record finds the checkpoint again on restart (`adopt_published`).
+        self.save_record()?;
+        self.base = Some(files);
         tracing::info!(
             checkpoint = name,
             version = published.version,
@@ -210,14 +261,6 @@ impl Watcher {
             published.version, published.weights_hash
         );
         std::io::stdout().flush()?;
-        self.record
-            .versions
-            .insert(name.to_string(), published.version);
-        aurora_checkpoint::write_atomically::<anyhow::Error>(&self.record_path, |file| {
-            serde_json::to_writer_pretty(file, &self.record)?;
-            Ok(())
-        })?;
-        self.base = Some(files);
         Ok(())
     }
 }

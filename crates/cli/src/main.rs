@@ -56,6 +56,10 @@ enum Command {
     Wan(wan_cmd::WanCommand),
 }
 
+/// The environment variable holding the fleet token: kept off the command line, where
+/// every user of the machine could read it in the process list.
+pub(crate) const TOKEN_VARIABLE: &str = "AURORA_TOKEN";
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

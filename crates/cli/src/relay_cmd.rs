@@ -13,8 +13,7 @@ use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_joining_rela
 use clap::Args;
 use serde::Deserialize;
 
-/// Environment variable holding the shared token of the transport.
-pub(crate) const TOKEN_VARIABLE: &str = "AURORA_TOKEN";
+use crate::TOKEN_VARIABLE;
 
 /// Settings of a relay or an actor, from flags or a TOML file with the same keys (flags
 /// win).

@@ -19,6 +19,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::TOKEN_VARIABLE;
 use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
 use aurora_proto::{Identity, Role};
@@ -31,7 +32,6 @@ use config::{Fault, RunConfig, SyncMode};
 use procs::{Line, Node, expect_line};
 use report::StepRecord;
 
-const TOKEN_VARIABLE: &str = "AURORA_TOKEN";
 /// Longest wait for a node to start (the warm-up, on a first run, included).
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest wait for one step.

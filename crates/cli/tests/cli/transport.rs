@@ -259,8 +259,18 @@ fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
     assert_eq!(actor.expect("active 2 "), hash(2));
 
     // Restarted, the hub carries on from its directory: nothing published twice, the
-    // next checkpoint is version 3.
+    // next checkpoint is version 3. Even when it stopped after publishing a checkpoint
+    // but before recording it: the store's version is matched to the checkpoint.
     drop(hub);
+    let record_path = hub_dir.join("watched.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    assert_eq!(record["versions"]["checkpoint-200"], 2);
+    record["versions"]
+        .as_object_mut()
+        .unwrap()
+        .remove("checkpoint-200");
+    std::fs::write(&record_path, record.to_string()).unwrap();
     let hub = start_hub(&hub_dir, &watch);
     hub.expect("transport listening on ");
     save(3, true);
