@@ -8,9 +8,11 @@ payloads. It follows every claim answer (work, with or without a Commit first;
 catch up; preemption window; no open step), re-registers when the hub has
 forgotten it, and retries when the hub is down or busy.
 
-`generate` makes a fake rollout; replace it (and `weights_hash`) with calls into
-a real engine to make this a real actor. Each accepted result is printed as one
-line, `accepted step=S prompt=P`, so that scripts can follow progress.
+`generate` makes a fake rollout and no weights arrive: this is the control API
+alone, for clients that cannot use the aurora_rl package (the hub's tests run it
+against a real hub). A real actor, which receives every version and generates with
+vLLM, is `grpo/actor.py` on `aurora_rl.Actor`. Each accepted result is printed as
+one line, `accepted step=S prompt=P`, so that scripts can follow progress.
 
     AURORA_TOKEN=... python3 worker.py --hub http://127.0.0.1:7300 --actor 1
 

@@ -10,7 +10,8 @@ The Rust core that the ``aurora`` binary runs, with torch and numpy faces:
   (``aurora_rl.engines``: vLLM, Hugging Face transformers) at its safe points.
 
 Errors are ``AuroraError`` subclasses carrying the Rust error's message. Log records go
-to the ``aurora_rl`` logger.
+to Python's ``logging``: the package's to ``aurora_rl.*``, the Rust nodes' to loggers
+named after their modules (``aurora_transport.node``, ``aurora_node.actor``, ...).
 """
 
 from aurora_rl._core import (

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from aurora_rl import _core
-from aurora_rl._tensors import torch_view
+from aurora_rl._tensors import Tensor, host_tensors, torch_view
 from aurora_rl.engines import Engine, fused_group_names
 
 logger = logging.getLogger("aurora_rl.actor")
@@ -50,9 +50,11 @@ class Work:
 class Actor:
     """An actor node in this process, feeding ``engine``.
 
-    Joins over the wire: the newest snapshot comes from an upstream (the region's relay or
-    the hub) and is loaded into the engine whole, so the engine may start with any weights
-    (vLLM: ``load_format="dummy"``). Then it registers with the control plane.
+    Without ``weights``, joins over the wire: the newest snapshot comes from an upstream
+    (the region's relay or the hub) and is loaded into the engine whole, so the engine may
+    start with any weights (vLLM: ``load_format="dummy"``). With ``weights`` (the tensors
+    the engine was started from, and their ``version``) it starts from them and takes
+    only the deltas after. Then it registers with the control plane.
     """
 
     def __init__(
@@ -66,11 +68,16 @@ class Actor:
         token: str,
         streams: int = 4,
         join_timeout: float = 300.0,
+        weights: Optional[Mapping[str, Tensor]] = None,
+        version: Optional[int] = None,
     ) -> None:
+        if (weights is None) != (version is None):
+            raise ValueError("give the local weights and their version together, or neither to join")
         self.engine = engine
         self.id = id
-        self._node = _core.ActorNodeCore(id, region, control, list(upstreams), token, streams, join_timeout)
-        if self.safe_point() is None:
+        local = None if weights is None else (version, host_tensors(weights))
+        self._node = _core.ActorNodeCore(id, region, control, list(upstreams), token, streams, join_timeout, local)
+        if weights is None and self.safe_point() is None:
             raise RuntimeError("joined, but the snapshot never reached the engine")
 
     @property

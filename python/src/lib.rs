@@ -191,6 +191,7 @@ fn unfused_names(name: &str) -> Option<Vec<String>> {
 
 #[pymodule]
 fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    pyo3_log::init();
     module.add("FORMAT_VERSION", aurora_delta::FORMAT_VERSION)?;
     module.add_function(wrap_pyfunction!(weights_hash, module)?)?;
     module.add_function(wrap_pyfunction!(diff, module)?)?;

@@ -14,6 +14,7 @@ use aurora_node::{
     Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, TrainerNode,
     TrainerSettings,
 };
+use aurora_proto::Weights;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
@@ -21,23 +22,60 @@ use crate::dlpack::export_bytes;
 use crate::errors::delta_error;
 use crate::{TensorArg, Tensors};
 
-/// The Python exception for a node's error, with its message.
+/// The Python exception for a node's error, with its message and every cause after it.
 fn node_error(error: NodeError) -> PyErr {
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        // Some messages already end with their cause's.
+        let cause_text = cause.to_string();
+        if !message.ends_with(&cause_text) {
+            message.push_str(&format!(": {cause_text}"));
+        }
+        source = cause.source();
+    }
     match error {
         NodeError::Delta(error) => delta_error(error),
-        NodeError::Timeout { .. } => PyTimeoutError::new_err(error.to_string()),
-        NodeError::Usage(_) => PyValueError::new_err(error.to_string()),
-        other => PyRuntimeError::new_err(other.to_string()),
+        NodeError::Timeout { .. } => PyTimeoutError::new_err(message),
+        NodeError::Usage(_) => PyValueError::new_err(message),
+        _ => PyRuntimeError::new_err(message),
     }
 }
 
-fn runtime() -> PyResult<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("aurora-node")
-        .enable_all()
-        .build()
-        .map_err(|e| PyRuntimeError::new_err(format!("starting the node's runtime: {e}")))
+/// A node's tokio runtime. Dropped, it waits a bounded time for its tasks to go (so the
+/// node's files and ports are free for the next node), not forever: a node is often
+/// dropped as the interpreter exits, when a worker thread that logs through Python (which
+/// then no longer lets threads in) never finishes.
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+/// How long a dropped node waits for its tasks.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Runtime {
+    fn start() -> PyResult<Runtime> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("aurora-node")
+            .enable_all()
+            .build()
+            .map(|runtime| Runtime(Some(runtime)))
+            .map_err(|e| PyRuntimeError::new_err(format!("starting the node's runtime: {e}")))
+    }
+
+    fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.0
+            .as_ref()
+            .expect("the runtime lives until the node is dropped")
+            .block_on(future)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_timeout(SHUTDOWN_TIMEOUT);
+        }
+    }
 }
 
 fn address(text: &str) -> PyResult<SocketAddr> {
@@ -92,7 +130,7 @@ fn published(published: Published) -> (u64, String, u64) {
 #[pyclass(module = "aurora_rl._core", frozen)]
 pub struct TrainerNodeCore {
     node: Arc<TrainerNode>,
-    runtime: tokio::runtime::Runtime,
+    runtime: Runtime,
 }
 
 #[pymethods]
@@ -130,7 +168,7 @@ impl TrainerNodeCore {
             }
         };
         settings.control = control_config(control)?;
-        let runtime = runtime()?;
+        let runtime = Runtime::start()?;
         let node = py
             .detach(|| runtime.block_on(TrainerNode::start(settings)))
             .map_err(node_error)?;
@@ -257,17 +295,18 @@ pub struct ActorNodeCore {
     // Dropped before the runtime it runs on.
     node: ActorNode,
     handoff: Arc<Handoff>,
-    runtime: tokio::runtime::Runtime,
+    runtime: Runtime,
 }
 
 #[pymethods]
 impl ActorNodeCore {
-    /// Joins over the wire: takes the newest snapshot an upstream offers (within
-    /// `join_timeout_s`) and registers.
+    /// Starts from `weights` (their version and tensors) when given, else joins over the
+    /// wire: takes the newest snapshot an upstream offers (within `join_timeout_s`).
+    /// Then registers.
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s))]
+    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights))]
     fn new(
         py: Python<'_>,
         id: u64,
@@ -277,6 +316,7 @@ impl ActorNodeCore {
         token: String,
         streams: u8,
         join_timeout_s: f64,
+        weights: Option<(u64, Vec<TensorArg<'_>>)>,
     ) -> PyResult<ActorNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
@@ -294,10 +334,28 @@ impl ActorNodeCore {
         };
         let timeout = Duration::try_from_secs_f64(join_timeout_s)
             .map_err(|e| PyValueError::new_err(format!("join timeout: {e}")))?;
-        let runtime = runtime()?;
+        let local = match weights {
+            Some((version, tensors)) => {
+                let tensors = Tensors::borrow(tensors)?;
+                let checkpoint = tensors.checkpoint()?;
+                let image = py
+                    .detach(|| checkpoint.to_safetensors())
+                    .map_err(delta_error)?;
+                Some(Weights::new(image, version).map_err(delta_error)?)
+            }
+            None => None,
+        };
+        let runtime = Runtime::start()?;
         let handoff = Handoff::new();
         let node = py
-            .detach(|| runtime.block_on(ActorNode::join(settings, handoff.clone(), timeout)))
+            .detach(|| {
+                runtime.block_on(async {
+                    match local {
+                        Some(weights) => ActorNode::start(settings, weights, handoff.clone()).await,
+                        None => ActorNode::join(settings, handoff.clone(), timeout).await,
+                    }
+                })
+            })
             .map_err(node_error)?;
         Ok(ActorNodeCore {
             node,

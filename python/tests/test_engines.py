@@ -182,3 +182,53 @@ def test_vllm_in_its_own_engine_process_takes_versions_through_shared_memory(mod
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
     assert "versions served: 3" in result.stdout, result.stdout
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_openai_server_serves_each_version_it_is_given(model_dir):
+    """vLLM's OpenAI-compatible server, its generation paused around each reload."""
+    import queue
+    import threading
+
+    from aurora_rl.engines.vllm import VllmServerEngine
+
+    port = free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+         "--served-model-name", "small", "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
+         "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
+    try:
+        seen = []
+        while not any("Application startup complete" in line for line in seen[-1:]):
+            try:
+                seen.append(lines.get(timeout=300))
+            except queue.Empty:
+                raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
+        engine = VllmServerEngine(f"http://127.0.0.1:{port}", "small")
+        assert engine.held_weights() is None
+        reference = TransformersEngine.start(str(model_dir))
+        host = load_file(str(model_dir / "model.safetensors"))
+        assert generation_mismatch(engine.generate(PROMPTS, GREEDY), reference) is None
+        for version in range(1, 3):
+            applied = aurora_rl.apply(host, aurora_rl.diff(host, next_version(host, version), base_version=version - 1))
+            update = with_fused_groups(changed_names(host, applied), applied)
+            engine.load_weights(update)
+            assert generation_mismatch(engine.generate(PROMPTS, GREEDY), reference) is not None
+            reference.load_weights(update)
+            assert generation_mismatch(engine.generate(PROMPTS, GREEDY), reference) is None
+            host = applied
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

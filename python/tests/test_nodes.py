@@ -128,3 +128,28 @@ def test_a_reopened_trainer_resumes_from_the_latest_version(tmp_path):
         again.resume(weights)
     assert again.resume(newer) == 1
     assert again.publish({"w": newer["w"] + 1}).version == 2
+
+
+def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tmp_path):
+    import time
+
+    trainer = aurora_rl.Trainer(tmp_path / "trainer")
+    weights = load_file(str(model_dir / "model.safetensors"))
+    first = trainer.publish(weights)
+    engine = TransformersEngine.start(str(model_dir))
+    address = {"control": trainer.control_address, "upstreams": [trainer.transport_address], "token": trainer.token}
+    with pytest.raises(ValueError, match="together"):
+        aurora_rl.Actor(engine, id=7, region="eu", weights=weights, **address)
+    actor = aurora_rl.Actor(engine, id=7, region="eu", weights=weights, version=0, **address)
+    assert actor.active == (0, first.weights_hash)
+    newer = trainer.publish(next_version(weights, 1))
+    trainer.open_step([1, 2])
+    trainer.commit()
+    deadline = time.monotonic() + 120
+    work = None
+    while work is None:
+        assert time.monotonic() < deadline, "no work on version 1"
+        work = actor.claim()
+    assert work.version == 1 and work.weights_hash == newer.weights_hash
+    assert aurora_rl.weights_hash(engine.held_weights()) == newer.weights_hash
+    actor.leave()

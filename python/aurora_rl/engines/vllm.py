@@ -210,3 +210,79 @@ def _input_size(module: Any) -> int:
             return int(value)
     return int(module.weight.shape[1])
 
+
+
+class VllmServerEngine:
+    """An aurora engine over vLLM's OpenAI-compatible server on this machine, started
+    with ``VLLM_SERVER_DEV_MODE=1`` (its weight-reload routes) and ``--skip-tokenizer-init``
+    (prompts are token ids).
+
+    A version goes in with generation paused in ``wait`` mode: requests in flight finish
+    on the old weights, new ones wait until the reload is done, so no request runs on a
+    mix of two versions. The changed tensors travel as a safetensors file in shared
+    memory, loaded by the worker's ``reload_weights``.
+    """
+
+    def __init__(self, base_url: str, model: str, *, timeout: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout = timeout
+
+    def _post(self, path: str, body: Optional[dict] = None) -> Any:
+        import json
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=json.dumps(body or {}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                text = response.read()
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(f"POST {path}: {error.code}: {error.read().decode(errors='replace')}") from None
+        return json.loads(text) if text else None
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        started = time.perf_counter()
+        where = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) else None
+        with tempfile.TemporaryDirectory(prefix="aurora-weights-", dir=where) as directory:
+            save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(directory, "model.safetensors"))
+            self._post("/pause?mode=wait")
+            try:
+                self._post(
+                    "/collective_rpc",
+                    {"method": "reload_weights", "kwargs": {"weights_path": directory, "is_checkpoint_format": True}},
+                )
+                # Cached prefixes hold keys and values of the old weights.
+                self._post("/reset_prefix_cache")
+            finally:
+                self._post("/resume")
+        logger.debug("vLLM server reloaded %d tensors in %.3f s", len(tensors), time.perf_counter() - started)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
+        answer = self._post(
+            "/v1/completions",
+            {
+                "model": self.model,
+                "prompt": [list(prompt) for prompt in prompts],
+                "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "seed": sampling.seed,
+                "logprobs": 0,
+                "return_token_ids": True,
+                # Log-probabilities name their tokens by id: the server has no tokenizer.
+                "return_tokens_as_token_ids": True,
+            },
+        )
+        choices = sorted(answer["choices"], key=lambda choice: choice["index"])
+        return [Completion(list(c["token_ids"]), list(c["logprobs"]["token_logprobs"])) for c in choices]
+
+    def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
+        return None
