@@ -43,21 +43,8 @@ _TORCH_NAMES = {
     "float8_e5m2": "F8_E5M2",
     "float8_e4m3fn": "F8_E4M3",
 }
-_NUMPY_NAMES = {
-    "bool": "BOOL",
-    "uint8": "U8",
-    "int8": "I8",
-    "int16": "I16",
-    "uint16": "U16",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int32": "I32",
-    "uint32": "U32",
-    "float32": "F32",
-    "float64": "F64",
-    "int64": "I64",
-    "uint64": "U64",
-}
+# numpy names its dtypes as torch does, and has no float8 types.
+_NUMPY_NAMES = {name: code for name, code in _TORCH_NAMES.items() if not name.startswith("float8")}
 
 _TORCH_ATTRIBUTES = {name: attribute for attribute, name in _TORCH_NAMES.items()}
 _NUMPY_ATTRIBUTES = {name: attribute for attribute, name in _NUMPY_NAMES.items()}
