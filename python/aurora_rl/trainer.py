@@ -143,10 +143,12 @@ class Trainer:
         version: actors that run it, or hold it staged, are given leases. Commit it next."""
         return self._node.open_step(list(prompts))
 
-    def actors(self) -> list[dict]:
-        """The registered actors: ``id``, ``region``, ``active`` and ``staged`` versions,
-        ``tokens_per_s`` (the scheduler's estimate) and ``leaving``."""
-        return json.loads(self._node.actors())
+    def status(self) -> dict:
+        """The control plane's monitoring view, as ``GET /v1/status`` gives it
+        (docs/control-api.md): the latest version, every registered actor (``actor``,
+        ``region``, ``active``, ``staged``, ``estimate_milli_tokens_per_s``, ``leaving``),
+        the step's progress and the result counts."""
+        return json.loads(self._node.status())
 
     def wait_step(self, timeout: float = 3600.0) -> StepResults:
         """The open step's accepted rollouts, once every prompt has one."""

@@ -83,7 +83,7 @@ def main() -> None:
             trainer.publish(states[version])
             # Staged behind generation, as it is in a run, before the Commit.
             deadline = time.monotonic() + 300
-            while trainer.actors()[0]["staged"] != version:
+            while trainer.status()["actors"][0]["staged"] != version:
                 assert time.monotonic() < deadline, "the delta was never staged"
                 time.sleep(0.01)
             started = time.perf_counter()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aurora_delta::Encoding;
-use aurora_hub::wire::WireResult;
+use aurora_hub::wire::{StatusResponse, WireResult};
 use aurora_node::{
     Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, TrainerNode,
     TrainerSettings,
@@ -78,6 +78,10 @@ impl Drop for Runtime {
     }
 }
 
+fn seconds(value: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
 fn address(text: &str) -> PyResult<SocketAddr> {
     text.parse()
         .map_err(|e| PyValueError::new_err(format!("{text:?} is not an address (HOST:PORT): {e}")))
@@ -129,7 +133,7 @@ fn published(published: Published) -> (u64, String, u64) {
 /// The control plane, transport hub and checkpoint store in this process.
 #[pyclass(module = "aurora_rl._core", frozen)]
 pub struct TrainerNodeCore {
-    node: Arc<TrainerNode>,
+    node: TrainerNode,
     runtime: Runtime,
 }
 
@@ -172,10 +176,7 @@ impl TrainerNodeCore {
         let node = py
             .detach(|| runtime.block_on(TrainerNode::start(settings)))
             .map_err(node_error)?;
-        Ok(TrainerNodeCore {
-            node: Arc::new(node),
-            runtime,
-        })
+        Ok(TrainerNodeCore { node, runtime })
     }
 
     #[getter]
@@ -239,32 +240,17 @@ impl TrainerNodeCore {
         py.detach(|| node.open_step(&prompts)).map_err(node_error)
     }
 
-    /// The registered actors as JSON: id, region, active and staged versions, tokens per
-    /// second as the scheduler estimates them, and whether they are leaving.
-    fn actors(&self) -> String {
-        let actors: Vec<serde_json::Value> = self.node.hub().inspect(|core| {
-            core.members()
-                .iter()
-                .map(|(id, member)| {
-                    serde_json::json!({
-                        "id": id.0,
-                        "region": member.region.to_string(),
-                        "active": member.active.0,
-                        "staged": member.staged.map(|v| v.0),
-                        "tokens_per_s": member.estimate.tokens_per_s(),
-                        "leaving": member.leaving_at.is_some(),
-                    })
-                })
-                .collect()
-        });
-        serde_json::Value::from(actors).to_string()
+    /// The control plane's monitoring view as JSON: `StatusResponse` of
+    /// docs/control-api.md (`GET /v1/status`), the latest version, every actor, the step.
+    fn status(&self) -> PyResult<String> {
+        let status = self.node.hub().inspect(StatusResponse::from_core);
+        serde_json::to_string(&status).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     /// The open step's results as JSON, once it is complete, waiting up to `timeout_s`.
     fn wait_step(&self, py: Python<'_>, timeout_s: f64) -> PyResult<String> {
         let (node, runtime) = (&self.node, &self.runtime);
-        let timeout = Duration::try_from_secs_f64(timeout_s)
-            .map_err(|e| PyValueError::new_err(format!("timeout: {e}")))?;
+        let timeout = seconds(timeout_s, "timeout")?;
         let results = py
             .detach(|| runtime.block_on(node.wait_step(timeout)))
             .map_err(node_error)?;
@@ -332,8 +318,7 @@ impl ActorNodeCore {
             token,
             streams,
         };
-        let timeout = Duration::try_from_secs_f64(join_timeout_s)
-            .map_err(|e| PyValueError::new_err(format!("join timeout: {e}")))?;
+        let timeout = seconds(join_timeout_s, "join timeout")?;
         let local = match weights {
             Some((version, tensors)) => {
                 let tensors = Tensors::borrow(tensors)?;
@@ -374,8 +359,7 @@ impl ActorNodeCore {
     /// Weights to load before the next batch, if an activation is ready or starts within
     /// `wait_s` (see `aurora_node::Handoff::at_safe_point`).
     fn at_safe_point(&self, py: Python<'_>, wait_s: f64) -> PyResult<Option<ActivationCore>> {
-        let wait = Duration::try_from_secs_f64(wait_s)
-            .map_err(|e| PyValueError::new_err(format!("wait: {e}")))?;
+        let wait = seconds(wait_s, "wait")?;
         let handoff = &self.handoff;
         let activation = py
             .detach(|| handoff.at_safe_point(wait))

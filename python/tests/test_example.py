@@ -39,5 +39,5 @@ def test_the_short_grpo_run_survives_a_killed_actor(aurora_bin, tmp_path):
     assert all(1 not in s["actors"] for s in steps[3:]), "the killed actor generated nothing after"
     summary = json.loads((out / "summary.json").read_text())
     # The newcomer (actor 3) joined by snapshot and followed the deltas to the end.
-    assert sorted(a["id"] for a in summary["actors"]) == [2, 3]
+    assert sorted(a["actor"] for a in summary["actors"]) == [2, 3]
     assert all(a["active"] == STEPS for a in summary["actors"])

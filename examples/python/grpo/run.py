@@ -210,7 +210,7 @@ def wait_for_version(trainer: aurora_rl.Trainer, processes: Processes, version: 
     deadline = time.monotonic() + timeout
     while True:
         processes.check_alive()
-        live = [actor for actor in trainer.actors() if actor["id"] in processes.actors]
+        live = [actor for actor in trainer.status()["actors"] if actor["actor"] in processes.actors]
         if len(live) == len(processes.actors) and all(actor["active"] == version for actor in live):
             return live
         if time.monotonic() > deadline:

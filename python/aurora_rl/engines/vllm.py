@@ -130,27 +130,22 @@ def _write_in_place(worker: Any, tensors: Mapping[str, torch.Tensor]) -> None:
 
     model = worker.model_runner.get_model()
     modules = dict(model.named_modules())
+    fused_rows = {
+        part: (module, parameter, rows)
+        for name, module in modules.items()
+        for parameter in ("weight", "bias")
+        for part, rows in _fused_parts(name, module, parameter)
+    }
     writes = []
     for name, tensor in tensors.items():
         module_name, _, parameter_name = name.rpartition(".")
-        rows = None
-        module = modules.get(module_name)
-        if module is None:
-            # A part of a fused parameter: its rows, in the order of `unfused_names`.
-            for fused_name, fused in modules.items():
-                parts = _core.unfused_names(f"{fused_name}.{parameter_name}") if hasattr(fused, "output_sizes") else None
-                if parts is not None and name in parts:
-                    index = parts.index(name)
-                    start = sum(fused.output_sizes[:index])
-                    module, rows = fused, slice(start, start + fused.output_sizes[index])
-                    break
+        module, rows = modules.get(module_name), None
+        if name in fused_rows:
+            module, parameter_name, rows = fused_rows[name]
         parameter = getattr(module, parameter_name, None) if module is not None else None
         if parameter is None:
             raise KeyError(f"vLLM holds no parameter for {name}")
-        target = parameter.data if rows is None else parameter.data[rows]
-        # An embedding or head padded to a multiple of 64 rows takes the checkpoint's rows.
-        if target.dim() == tensor.dim() and target.shape[1:] == tensor.shape[1:] and target.shape[0] >= tensor.shape[0]:
-            target = target[: tensor.shape[0]]
+        target = _unpadded(module, parameter.data if rows is None else parameter.data[rows])
         if target.shape != tensor.shape or target.dtype != tensor.dtype:
             raise ValueError(
                 f"{name}: vLLM holds {tuple(target.shape)} {target.dtype} where the checkpoint has "
@@ -182,18 +177,27 @@ def _read_back_weights(worker: Any) -> dict[str, torch.Tensor]:
                 continue
             inputs = _input_size(module)
             identity = torch.eye(inputs, dtype=getattr(module, "params_dtype", torch.bfloat16))
-            weight = _unpadded(module, method.apply(module, identity).t())
-            parts = _core.unfused_names(f"{name}.weight")
-            if parts is None:
-                held[f"{name}.weight"] = weight
-            else:
-                for part, rows in zip(parts, weight.split(list(module.output_sizes), dim=0)):
-                    held[part] = rows.contiguous()
+            weight = method.apply(module, identity).t()
+            parts = _fused_parts(name, module, "weight")
+            if not parts:
+                held[f"{name}.weight"] = _unpadded(module, weight)
+            for part, rows in parts:
+                held[part] = weight[rows].contiguous()
         for name, module in model.named_modules():
             # Embeddings and norms are used as stored.
             if name.endswith("embed_tokens") or name.endswith("norm"):
                 held[f"{name}.weight"] = _unpadded(module, module.weight.detach())
     return held
+
+
+def _fused_parts(name: str, module: Any, parameter: str) -> list[tuple[str, slice]]:
+    """For a fused module's parameter (q/k/v, gate/up): each Hugging Face part's name and
+    its rows, in the order of `unfused_names`; empty for any other."""
+    parts = _core.unfused_names(f"{name}.{parameter}") if hasattr(module, "output_sizes") else None
+    if parts is None:
+        return []
+    starts = [sum(module.output_sizes[:index]) for index in range(len(parts))]
+    return [(part, slice(start, start + size)) for part, start, size in zip(parts, starts, module.output_sizes)]
 
 
 def _unpadded(module: Any, weight: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use aurora_delta::{Checkpoint, Encoding, Hash};
+use aurora_delta::{Checkpoint, Encoding};
 use aurora_engine::{Policy, RolloutGroup};
 use aurora_hub::{Hub, StepResults};
 use aurora_node::{Published, TrainerNode, TrainerSettings};
@@ -39,18 +39,14 @@ pub fn run(run_dir: &Path, bind: IpAddr, token: String) -> Result<()> {
 /// rollouts it trains on is one version behind the newest.
 struct Exports {
     bytes: BTreeMap<u64, Arc<Vec<u8>>>,
-    hashes: BTreeMap<u64, Hash>,
 }
 
 impl Exports {
-    fn insert(&mut self, version: u64, bytes: Vec<u8>) -> Result<Hash> {
-        let hash = Checkpoint::from_safetensors(&bytes)?.weights_hash();
+    fn insert(&mut self, version: u64, bytes: Vec<u8>) {
         self.bytes.insert(version, Arc::new(bytes));
-        self.hashes.insert(version, hash);
         while self.bytes.len() > 3 {
             self.bytes.pop_first();
         }
-        Ok(hash)
     }
 
     fn get(&self, version: u64) -> Result<Arc<Vec<u8>>> {
@@ -88,12 +84,11 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
 
     let mut exports = Exports {
         bytes: BTreeMap::new(),
-        hashes: BTreeMap::new(),
     };
     let base = trainer.export_bf16()?;
-    exports.insert(0, base.clone())?;
+    exports.insert(0, base.clone());
     {
-        let (node, base) = (node.clone(), base.clone());
+        let (node, base) = (node.clone(), exports.get(0)?);
         tokio::task::spawn_blocking(move || node.publish_first(0, &base)).await??;
     }
     let base_accuracy = evaluate(&config, &base)?;
@@ -159,17 +154,13 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
             // What this version was trained on, kept beside it in the store.
             store.put_rollouts(trained, &serde_json::to_vec(&groups)?)?;
             times.generation_s = generation_s;
-            let hash = exports.insert(trained, bytes)?;
+            exports.insert(trained, bytes);
 
             let extraction = Instant::now();
             let (published, density) = publish(&node, &exports, trained).await?;
             times.extraction_s = extraction.elapsed().as_secs_f64();
-            if published.weights_hash != hash || published.version != trained {
-                bail!(
-                    "published version {} ({}), trained {trained} ({hash})",
-                    published.version,
-                    published.weights_hash
-                );
+            if published.version != trained {
+                bail!("published version {}, trained {trained}", published.version);
             }
             let sync_bytes = published.artifact_bytes;
             times.transfer_s = wait_until_staged(&hub, trained, extraction).await;
@@ -181,7 +172,7 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
                 step: k - 1,
                 version: behaviour_version,
                 trained_version: trained,
-                weights_hash: hash.to_hex(),
+                weights_hash: published.weights_hash.to_hex(),
                 train: stats,
                 accuracy,
                 tokens,
