@@ -35,8 +35,12 @@ pub mod weights;
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
 pub use frame::{ArtifactKind, Frame, FrameError, Role, VersionRef};
 pub use node::{Node, Notice, Output};
-pub use receiver::{Artifact, Receiver, ReceiverConfig, ReceiverEvent, ReceiverStats};
-pub use sender::{Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, Transmit};
+pub use receiver::{
+    Artifact, Receiver, ReceiverConfig, ReceiverEvent, ReceiverStats, SessionEnd, Violation,
+};
+pub use sender::{
+    ArtifactKey, Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, Transmit,
+};
 pub use tuner::StreamTuner;
 pub use weights::Weights;
 

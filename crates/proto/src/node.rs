@@ -21,8 +21,8 @@ use bytes::Bytes;
 use crate::ConnId;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
 use crate::frame::{ArtifactKind, Frame, Role, VersionRef, Welcome};
-use crate::receiver::{Artifact, Receiver, ReceiverEvent};
-use crate::sender::{Sender, SenderEvent};
+use crate::receiver::{Artifact, Receiver, ReceiverEvent, SessionEnd};
+use crate::sender::{ArtifactKey, Sender, SenderEvent};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
@@ -45,24 +45,12 @@ pub enum Output {
     /// The upstream session is over: start a new one
     /// ([`Receiver::start_session`]), on the next upstream if this one failed.
     UpstreamLost {
-        reason: String,
+        reason: SessionEnd,
     },
-    /// Load the stored delta of `version` ([`crate::Sender::insert_artifact`]).
-    Load {
-        version: u64,
-    },
-    /// Build the snapshot artifact of `version` from the store
-    /// ([`crate::Sender::insert_snapshot`]).
-    LoadSnapshot {
-        version: u64,
-    },
-    /// Plan the catch-up of a subscriber at `base` to `target`; if a composed delta is
-    /// the cheapest by bytes, pass it to [`crate::Sender::insert_composed`], otherwise
-    /// report [`crate::Sender::composed_declined`] (it replays the deltas).
-    LoadComposed {
-        base: u64,
-        target: u64,
-    },
+    /// Load an artifact from the store (or build it: a snapshot, a composed delta if
+    /// the catch-up plan finds it cheapest by bytes) and pass it, or why there is none,
+    /// to [`crate::Sender::loaded`].
+    Load(ArtifactKey),
     /// Decode segment `index` of `version` (verified, with `hash`) against the active
     /// weights ([`crate::Weights::decode_segment`]; a joining node's are
     /// [`crate::Weights::empty`]), then call [`Node::decoded`]. Each
@@ -571,9 +559,7 @@ impl Node {
 
     fn on_sender_event(&mut self, event: SenderEvent) {
         let output = match event {
-            SenderEvent::Load { version } => Output::Load { version },
-            SenderEvent::LoadSnapshot { version } => Output::LoadSnapshot { version },
-            SenderEvent::LoadComposed { base, target } => Output::LoadComposed { base, target },
+            SenderEvent::Load(key) => Output::Load(key),
             SenderEvent::Close { conn, reason } => {
                 tracing::debug!(conn, reason, "closing a downstream connection");
                 Output::Close { conn }

@@ -15,30 +15,45 @@ pub fn empty_weights_hash() -> Hash {
     Checkpoint::default().weights_hash()
 }
 
-/// Checks that `header` describes the snapshot of `version`; the error says what does not
-/// fit.
-pub fn check_header(header: &DeltaHeader, version: u64) -> Result<(), String> {
+/// Why a header does not describe a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotASnapshot {
+    #[error(
+        "a snapshot of version {version} must name it as base and target, not {base} and {target}"
+    )]
+    Versions {
+        version: u64,
+        base: u64,
+        target: u64,
+    },
+    #[error("a snapshot starts from the empty checkpoint, not from weights {base_hash}")]
+    Base { base_hash: Hash },
+    #[error("tensor '{name}' of a snapshot is not added")]
+    NotAdded { name: String },
+}
+
+/// Checks that `header` describes the snapshot of `version`.
+pub fn check_header(header: &DeltaHeader, version: u64) -> Result<(), NotASnapshot> {
     if header.base_version != version || header.target_version != version {
-        return Err(format!(
-            "a snapshot of version {version} must name it as base and target, not {} and {}",
-            header.base_version, header.target_version
-        ));
+        return Err(NotASnapshot::Versions {
+            version,
+            base: header.base_version,
+            target: header.target_version,
+        });
     }
     if header.base_hash != empty_weights_hash() {
-        return Err(format!(
-            "a snapshot starts from the empty checkpoint, not from weights {}",
-            header.base_hash
-        ));
+        return Err(NotASnapshot::Base {
+            base_hash: header.base_hash,
+        });
     }
     if let Some(entry) = header
         .tensors
         .iter()
         .find(|e| !matches!(e.change, TensorChange::Added(_)))
     {
-        return Err(format!(
-            "tensor '{}' of a snapshot is not added",
-            entry.name
-        ));
+        return Err(NotASnapshot::NotAdded {
+            name: entry.name.clone(),
+        });
     }
     Ok(())
 }
@@ -71,16 +86,23 @@ mod tests {
         assert!(
             check_header(&header(), 5)
                 .unwrap_err()
+                .to_string()
                 .contains("version 5")
         );
         let mut delta = header();
         delta.base_version = 3;
-        assert!(check_header(&delta, 4).unwrap_err().contains("3 and 4"));
+        assert!(
+            check_header(&delta, 4)
+                .unwrap_err()
+                .to_string()
+                .contains("3 and 4")
+        );
         let mut other_base = header();
         other_base.base_hash = Hash([1; 32]);
         assert!(
             check_header(&other_base, 4)
                 .unwrap_err()
+                .to_string()
                 .contains("empty checkpoint")
         );
         let mut patched = header();
@@ -91,6 +113,7 @@ mod tests {
         assert!(
             check_header(&patched, 4)
                 .unwrap_err()
+                .to_string()
                 .contains("'w' of a snapshot is not added")
         );
     }

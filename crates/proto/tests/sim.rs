@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, PatchChunk};
 use aurora_proto::{
-    Auth, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig, Role, Sender,
-    SenderConfig, VersionRef, Weights,
+    ArtifactKey, Auth, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig, Role,
+    Sender, SenderConfig, VersionRef, Weights,
 };
 use bytes::Bytes;
 
@@ -167,16 +167,7 @@ enum Event {
     SafePoint {
         node: usize,
     },
-    Loaded {
-        version: u64,
-    },
-    LoadedSnapshot {
-        version: u64,
-    },
-    LoadedComposed {
-        base: u64,
-        target: u64,
-    },
+    Loaded(ArtifactKey),
     /// A peer with no weights starts.
     Join {
         node: usize,
@@ -618,43 +609,30 @@ impl Sim {
                 }
                 self.drain(node);
             }
-            Event::Loaded { version } => {
-                let bytes = chain().deltas[version as usize - 1].clone();
-                self.node(HUB)
-                    .unwrap()
-                    .sender_mut()
-                    .unwrap()
-                    .insert_artifact(bytes)
-                    .unwrap();
-                self.drain(HUB);
-            }
-            Event::LoadedSnapshot { version } => {
-                let bytes = chain().snapshots[&version].clone();
-                self.node(HUB)
-                    .unwrap()
-                    .sender_mut()
-                    .unwrap()
-                    .insert_snapshot(bytes)
-                    .unwrap();
-                self.drain(HUB);
-            }
-            Event::LoadedComposed { base, target } => {
-                // The store's catch-up plan: one composed delta if it needs fewer bytes
-                // than replaying D(base+1..=target).
-                let bytes = self
-                    .composed
-                    .entry((base, target))
-                    .or_insert_with(|| composed(base, target))
-                    .clone();
-                let replay: usize = (base + 1..=target)
-                    .map(|v| chain().deltas[v as usize - 1].len())
-                    .sum();
+            Event::Loaded(key) => {
+                let bytes = match key {
+                    ArtifactKey::Delta(version) => Ok(chain().deltas[version as usize - 1].clone()),
+                    ArtifactKey::Snapshot(version) => Ok(chain().snapshots[&version].clone()),
+                    ArtifactKey::Composed { base, target } => {
+                        // The store's catch-up plan: one composed delta if it needs fewer
+                        // bytes than replaying D(base+1..=target).
+                        let bytes = self
+                            .composed
+                            .entry((base, target))
+                            .or_insert_with(|| composed(base, target))
+                            .clone();
+                        let replay: usize = (base + 1..=target)
+                            .map(|v| chain().deltas[v as usize - 1].len())
+                            .sum();
+                        (bytes.len() < replay)
+                            .then_some(bytes)
+                            .ok_or_else(|| "replaying is cheaper".to_string())
+                    }
+                };
+                let declined = bytes.is_err();
                 let sender = self.node(HUB).unwrap().sender_mut().unwrap();
-                if bytes.len() < replay {
-                    sender.insert_composed(bytes).unwrap();
-                } else {
-                    sender.composed_declined(base, target, "replaying is cheaper".into());
-                }
+                let loaded = sender.loaded(key, bytes);
+                assert_eq!(loaded.is_err(), declined, "{loaded:?}");
                 self.drain(HUB);
             }
             Event::Join { node } => {
@@ -897,17 +875,13 @@ impl Sim {
                 let backoff = self.rng.millis(10, 100);
                 self.at(backoff, Event::NewSession { node });
             }
-            Output::Load { version } => {
-                let after = self.rng.millis(1, 20);
-                self.at(after, Event::Loaded { version });
-            }
-            Output::LoadSnapshot { version } => {
-                let after = self.rng.millis(5, 60);
-                self.at(after, Event::LoadedSnapshot { version });
-            }
-            Output::LoadComposed { base, target } => {
-                let after = self.rng.millis(5, 60);
-                self.at(after, Event::LoadedComposed { base, target });
+            Output::Load(key) => {
+                // Building a snapshot or a composed delta takes longer than reading one.
+                let after = match key {
+                    ArtifactKey::Delta(_) => self.rng.millis(1, 20),
+                    _ => self.rng.millis(5, 60),
+                };
+                self.at(after, Event::Loaded(key));
             }
             Output::Decode {
                 version,

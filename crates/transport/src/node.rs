@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{DeltaError, Extraction, Hash, Manifest, PatchChunk, Segment};
 use aurora_proto::{
-    Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig, ReceiverStats, Sender,
-    SenderConfig, SenderError, SenderStats, VersionRef, Weights,
+    ArtifactKey, Auth, ConnId, Identity, Node, Notice, Output, Receiver, ReceiverConfig,
+    ReceiverStats, Sender, SenderConfig, SenderError, SenderStats, VersionRef, Weights,
 };
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
@@ -225,9 +225,9 @@ pub(crate) enum Event {
         changed: Vec<String>,
         result: Result<Hash, DeltaError>,
     },
-    /// The artifact `load` asked for, or why there is none.
+    /// The artifact the sender asked for, or why there is none.
     Loaded {
-        load: Load,
+        key: ArtifactKey,
         result: Result<Bytes, String>,
     },
     /// The store now holds `version`.
@@ -236,57 +236,30 @@ pub(crate) enum Event {
     },
 }
 
-/// An artifact the sender asked the store for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Load {
-    Delta(u64),
-    /// The snapshot of a version as an artifact for a peer with no weights.
-    Snapshot(u64),
-    /// The composed delta from `base` to `target`, if the catch-up plan chooses it.
-    Composed {
-        base: u64,
-        target: u64,
-    },
-}
-
-impl Load {
-    /// The artifact's bytes (blocking: reads, and may build, from the store), or why
-    /// there are none. A composed delta is refused when replaying is no dearer.
-    fn read(self, store: &Store, snapshot_segment_bytes: usize) -> Result<Bytes, String> {
-        let chain = |e: StoreError| error_chain(&e);
-        match self {
-            Load::Delta(version) => store
-                .delta(version)
-                .map(|file| Bytes::copy_from_slice(file.bytes()))
-                .map_err(chain),
-            Load::Snapshot(version) => store
-                .snapshot_artifact(version, snapshot_segment_bytes)
+/// The bytes of the artifact `key` names (blocking: reads, and may build, from the
+/// store), or why there are none. A composed delta is declined when replaying is no
+/// dearer.
+fn read_stored(
+    key: ArtifactKey,
+    store: &Store,
+    snapshot_segment_bytes: usize,
+) -> Result<Bytes, String> {
+    let chain = |e: StoreError| error_chain(&e);
+    match key {
+        ArtifactKey::Delta(version) => store
+            .delta(version)
+            .map(|file| Bytes::copy_from_slice(file.bytes()))
+            .map_err(chain),
+        ArtifactKey::Snapshot(version) => store
+            .snapshot_artifact(version, snapshot_segment_bytes)
+            .map(Bytes::from)
+            .map_err(chain),
+        ArtifactKey::Composed { base, target } => {
+            let (plan, bytes) = store.composed_catch_up(base, target).map_err(chain)?;
+            tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
+            bytes
                 .map(Bytes::from)
-                .map_err(chain),
-            Load::Composed { base, target } => {
-                let (plan, bytes) = store.composed_catch_up(base, target).map_err(chain)?;
-                tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
-                bytes
-                    .map(Bytes::from)
-                    .ok_or_else(|| format!("the catch-up plan is {plan:?}"))
-            }
-        }
-    }
-
-    fn insert(self, sender: &mut Sender, bytes: Bytes) -> Result<(), String> {
-        let inserted = match self {
-            Load::Delta(_) => sender.insert_artifact(bytes).map(drop),
-            Load::Snapshot(_) => sender.insert_snapshot(bytes).map(drop),
-            Load::Composed { .. } => sender.insert_composed(bytes).map(drop),
-        };
-        inserted.map_err(|e| e.to_string())
-    }
-
-    fn failed(self, sender: &mut Sender, reason: String) {
-        match self {
-            Load::Delta(version) => sender.load_failed(version, reason),
-            Load::Snapshot(version) => sender.snapshot_load_failed(version, reason),
-            Load::Composed { base, target } => sender.composed_declined(base, target, reason),
+                .ok_or_else(|| format!("the catch-up plan is {plan:?}"))
         }
     }
 }
@@ -892,19 +865,18 @@ impl<E: Engine> Driver<E> {
             }
             // Reading the catalog is cheap next to the put that just finished.
             Event::Stored { version } => self.read_store(Some(version)),
-            Event::Loaded { load, result } => {
+            Event::Loaded { key, result } => {
                 let Some(sender) = self.node.sender_mut() else {
                     return;
                 };
-                if let Err(reason) = result.and_then(|bytes| load.insert(sender, bytes)) {
-                    match load {
+                if let Err(error) = sender.loaded(key, result) {
+                    match key {
                         // Declining a composed delta for replaying is the plan working.
-                        Load::Composed { .. } => {
-                            tracing::debug!(?load, reason, "no composed delta")
+                        ArtifactKey::Composed { .. } => {
+                            tracing::debug!(%error, "no composed delta")
                         }
-                        _ => tracing::warn!(?load, reason, "cannot serve a stored artifact"),
+                        _ => tracing::warn!(%error, "cannot serve a stored artifact"),
                     }
-                    load.failed(sender, reason);
                 }
             }
         }
@@ -1063,20 +1035,20 @@ impl<E: Engine> Driver<E> {
         });
     }
 
-    /// Reads (or builds) what `load` names from the store on a blocking thread and
-    /// reports it as [`Event::Loaded`].
-    fn load(&mut self, load: Load) {
+    /// Reads (or builds) the artifact `key` names from the store on a blocking thread
+    /// and reports it as [`Event::Loaded`].
+    fn load(&mut self, key: ArtifactKey) {
         let Some(store) = self.store.clone() else {
             if let Some(sender) = self.node.sender_mut() {
-                load.failed(sender, "no store".into());
+                let _ = sender.loaded(key, Err("no store".into()));
             }
             return;
         };
         let segment_bytes = self.config.snapshot_segment_bytes;
         let events = self.events_tx.clone();
         self.tasks.spawn_blocking(move || {
-            let result = load.read(&store, segment_bytes);
-            let _ = events.blocking_send(Event::Loaded { load, result });
+            let result = read_stored(key, &store, segment_bytes);
+            let _ = events.blocking_send(Event::Loaded { key, result });
         });
     }
 
@@ -1132,19 +1104,17 @@ impl<E: Engine> Driver<E> {
                 self.status.connected = false;
                 if std::mem::take(&mut self.back_to_first) {
                     self.upstream = 0;
-                    tracing::info!(%from, next = %self.current_upstream(), reason, "switching upstream");
+                    tracing::info!(%from, next = %self.current_upstream(), %reason, "switching upstream");
                     self.new_session_at = Some(Instant::now());
                     return;
                 }
                 self.upstream += 1;
                 self.failures += 1;
-                tracing::warn!(%from, next = %self.current_upstream(), reason, "upstream lost; falling back");
+                tracing::warn!(%from, next = %self.current_upstream(), %reason, "upstream lost; falling back");
                 let backoff = (Duration::from_millis(50) * self.failures).min(BACKOFF_MAX);
                 self.new_session_at = Some(Instant::now() + backoff);
             }
-            Output::Load { version } => self.load(Load::Delta(version)),
-            Output::LoadSnapshot { version } => self.load(Load::Snapshot(version)),
-            Output::LoadComposed { base, target } => self.load(Load::Composed { base, target }),
+            Output::Load(key) => self.load(key),
             Output::Decode {
                 version,
                 index,

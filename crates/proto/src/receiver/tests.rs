@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::frame::Role;
 use crate::testutil::{
     Pair, artifact, composed_artifact, connected, connected_composed, connected_joining, frames,
     frames_of, hub_welcome, joining_receiver, receiver, sender, snapshot_artifact,
@@ -115,7 +116,9 @@ fn a_segment_corrupted_too_often_gives_the_upstream_up() {
     let (events, _) = drain(&mut r);
     assert!(events.iter().any(|e| matches!(
         e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("corrupted 9 times")
+        ReceiverEvent::UpstreamLost {
+            reason: SessionEnd::Corrupted { failures: 9, .. }
+        }
     )));
 }
 
@@ -128,7 +131,7 @@ fn protocol_violations_give_the_upstream_up() {
         assert!(
             events.iter().any(|e| matches!(
                 e,
-                ReceiverEvent::UpstreamLost { reason } if reason.contains(needle)
+                ReceiverEvent::UpstreamLost { reason } if reason.to_string().contains(needle)
             )),
             "{needle}: {events:?}"
         );
@@ -197,7 +200,9 @@ fn a_bad_table_gives_the_upstream_up() {
     let (events, _) = drain(&mut r);
     assert!(events.iter().any(|e| matches!(
         e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("does not hash to its artifact id")
+        ReceiverEvent::UpstreamLost {
+            reason: SessionEnd::WrongTable { .. }
+        }
     )));
 }
 
@@ -221,7 +226,7 @@ fn frames_before_welcome_and_refusals_end_the_session() {
     assert!(matches!(&out[..], [(1, Frame::Goodbye { reason })] if reason.contains("bad token")));
     assert!(events.iter().any(|e| matches!(
         e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("bad token")
+        ReceiverEvent::UpstreamLost { reason } if reason.to_string().contains("bad token")
     )));
 }
 
@@ -286,7 +291,9 @@ fn a_held_bytes_limit_bounds_memory() {
     );
     assert!(drain(&mut r).0.iter().any(|e| matches!(
         e,
-        ReceiverEvent::UpstreamLost { reason } if reason.contains("more than 10 bytes")
+        ReceiverEvent::UpstreamLost {
+            reason: SessionEnd::OverBudget { limit: 10 }
+        }
     )));
 }
 
@@ -390,7 +397,7 @@ fn lost(r: &mut Receiver, needle: &str) {
     assert!(
         events.iter().any(|e| matches!(
             e,
-            ReceiverEvent::UpstreamLost { reason } if reason.contains(needle)
+            ReceiverEvent::UpstreamLost { reason } if reason.to_string().contains(needle)
         )),
         "{needle}: {events:?}"
     );
@@ -407,7 +414,7 @@ fn a_snapshot_version_at_the_end_of_the_numbers_is_refused() {
     assert!(
         events.iter().any(|e| matches!(
             e,
-            ReceiverEvent::UpstreamLost { reason } if reason.contains("too close to the last version number")
+            ReceiverEvent::UpstreamLost { reason } if reason.to_string().contains("too close to the last version number")
         )),
         "{events:?}"
     );
@@ -520,7 +527,7 @@ fn a_joining_receiver_gives_up_an_upstream_that_offers_no_snapshot() {
     let (events, out) = drain(&mut r);
     assert!(events.iter().any(|e| matches!(
         e,
-        ReceiverEvent::UpstreamLost { reason } if reason == "relay relay-eu offers no snapshot to join from"
+        ReceiverEvent::UpstreamLost { reason: SessionEnd::NoSnapshot { role: Role::Relay, peer_id } } if peer_id == "relay-eu"
     )));
     assert!(
         !out.iter().any(|(_, f)| matches!(f, Frame::Want { .. })),
@@ -534,7 +541,9 @@ fn rejoining_forgets_the_snapshot_and_takes_the_next_offer() {
     let mut s = crate::testutil::store_sender(3, 3);
     let (bytes, _) = snapshot_artifact(3, 4);
     let mut pair = Pair::new(s, joining_receiver(1));
-    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.sender
+        .loaded(crate::ArtifactKey::Snapshot(3), Ok(bytes.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(3, bytes.clone())]);
     // The actor refused it (its weights did not hash to the target): start over.
@@ -543,11 +552,14 @@ fn rejoining_forgets_the_snapshot_and_takes_the_next_offer() {
     pair.receiver.abandon("refused");
     pair.pump();
     s = crate::testutil::store_sender(3, 3);
-    s.insert_snapshot(bytes.clone()).unwrap();
+    s.loaded(crate::ArtifactKey::Snapshot(3), Ok(bytes.clone()))
+        .unwrap();
     pair.sender = s;
     pair.receiver.start_session(pair.now, 90);
     pair.pump();
-    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.sender
+        .loaded(crate::ArtifactKey::Snapshot(3), Ok(bytes.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(3, bytes.clone()), (3, bytes)]);
     assert_eq!(pair.sender.stats().segments_sent, 4, "all of it again");

@@ -1,10 +1,14 @@
 // Have-sets are vectors of ranges; a set with one range is not a mistake.
 #![allow(clippy::single_range_in_vec_init)]
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use aurora_delta::DeltaFile;
+use bytes::Bytes;
 
 use super::*;
-use crate::frame::Hello;
+use crate::frame::{ArtifactKind, Hello, PROTOCOL_VERSION, Progress, RejectCode};
 use crate::receiver::ReceiverEvent;
 use crate::testutil::{
     Pair, TOKEN, artifact, composed_artifact, composed_receiver, identity, joining_receiver,
@@ -80,7 +84,7 @@ fn drain(sender: &mut Sender, now: Instant) -> Vec<Frame> {
 fn lost_upstream(pair: &Pair, needle: &str) -> bool {
     pair.events
         .iter()
-        .any(|e| matches!(e, ReceiverEvent::UpstreamLost { reason } if reason.contains(needle)))
+        .any(|e| matches!(e, ReceiverEvent::UpstreamLost { reason } if reason.to_string().contains(needle)))
 }
 
 #[track_caller]
@@ -356,7 +360,7 @@ fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
     let mut pair = Pair::new(hub, receiver(1, 1));
     assert!(
         pair.sender_events
-            .contains(&SenderEvent::Load { version: 1 })
+            .contains(&SenderEvent::Load(ArtifactKey::Delta(1)))
     );
     assert!(pair.complete().is_empty(), "waits for the load");
     pair.sender.insert_artifact(artifact(1, 2).0).unwrap();
@@ -375,7 +379,9 @@ fn a_failed_load_is_reported_unavailable() {
     hub.config.store_backed = true;
     hub.set_loadable(Some(3));
     let mut pair = Pair::new(hub, receiver(1, 1));
-    pair.sender.load_failed(1, "pruned".into());
+    pair.sender
+        .loaded(ArtifactKey::Delta(1), Err("pruned".into()))
+        .unwrap_err();
     pair.pump();
     assert!(lost_upstream(&pair, "pruned"));
 }
@@ -499,12 +505,14 @@ fn a_join_session_gets_the_snapshot_then_the_deltas_after_it() {
     let mut pair = Pair::new(hub, joining_receiver(2));
     assert!(
         pair.sender_events
-            .contains(&SenderEvent::LoadSnapshot { version: 2 }),
+            .contains(&SenderEvent::Load(ArtifactKey::Snapshot(2))),
         "the snapshot is built on demand"
     );
     assert!(pair.complete().is_empty(), "waits for the load");
     let (bytes, _) = snapshot_artifact(2, 6);
-    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.sender
+        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(
         kinds(&pair),
@@ -524,7 +532,7 @@ fn a_join_session_gets_the_snapshot_then_the_deltas_after_it() {
         ]
     );
     assert_eq!(
-        pair.sender.snapshots_held(),
+        pair.sender.held(ArtifactKind::Snapshot),
         0,
         "a whole checkpoint is dropped once no session wants it"
     );
@@ -572,7 +580,9 @@ fn a_relay_answers_a_snapshot_want_with_unavailable() {
 #[test]
 fn a_snapshot_the_store_cannot_build_is_unavailable() {
     let mut pair = Pair::new(store_sender(4, 2), joining_receiver(1));
-    pair.sender.snapshot_load_failed(2, "pruned".into());
+    pair.sender
+        .loaded(ArtifactKey::Snapshot(2), Err("pruned".into()))
+        .unwrap_err();
     pair.pump();
     assert!(lost_upstream(
         &pair,
@@ -585,7 +595,9 @@ fn a_resumed_join_sends_only_the_missing_segments_of_the_snapshot() {
     let (bytes, _) = snapshot_artifact(2, 12);
     let mut pair = Pair::new(store_sender(2, 2), joining_receiver(2));
     pair.segment_budget = Some(5);
-    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.sender
+        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(pair.receiver.stats().segments, 5);
     pair.receiver.abandon("test");
@@ -593,13 +605,17 @@ fn a_resumed_join_sends_only_the_missing_segments_of_the_snapshot() {
 
     // Another hub, serving the same snapshot.
     let mut other = store_sender(2, 2);
-    other.insert_snapshot(bytes.clone()).unwrap();
-    assert_eq!(other.snapshots_held(), 0, "nobody wants it yet");
+    other
+        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .unwrap();
+    assert_eq!(other.held(ArtifactKind::Snapshot), 0, "nobody wants it yet");
     pair.sender = other;
     pair.segment_budget = None;
     pair.receiver.start_session(pair.now, 78);
     pair.pump();
-    pair.sender.insert_snapshot(bytes.clone()).unwrap();
+    pair.sender
+        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(2, bytes)]);
     assert_eq!(pair.receiver.stats().segments, 12);
@@ -616,7 +632,9 @@ fn a_new_upstream_with_another_snapshot_starts_the_join_over() {
     let (old, _) = snapshot_artifact(2, 8);
     let mut pair = Pair::new(store_sender(2, 2), joining_receiver(1));
     pair.segment_budget = Some(4);
-    pair.sender.insert_snapshot(old).unwrap();
+    pair.sender
+        .loaded(ArtifactKey::Snapshot(2), Ok(old))
+        .unwrap();
     pair.pump();
     pair.receiver.abandon("test");
     pair.pump();
@@ -628,7 +646,9 @@ fn a_new_upstream_with_another_snapshot_starts_the_join_over() {
     pair.segment_budget = None;
     pair.receiver.start_session(pair.now, 78);
     pair.pump();
-    pair.sender.insert_snapshot(new.clone()).unwrap();
+    pair.sender
+        .loaded(ArtifactKey::Snapshot(3), Ok(new.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(
         kinds(&pair),
@@ -651,7 +671,7 @@ fn a_nack_on_a_snapshot_resends_from_the_snapshot() {
     let now = Instant::now();
     welcomed(&mut hub, now);
     hub.handle_frame(now, 1, want(1, 3, true, vec![holding(3, vec![0..2])]));
-    hub.insert_snapshot(bytes).unwrap();
+    hub.loaded(ArtifactKey::Snapshot(3), Ok(bytes)).unwrap();
     let sent = drain(&mut hub, now);
     assert!(
         matches!(
@@ -692,9 +712,11 @@ fn snapshots_and_deltas_do_not_mix() {
         hub.insert_artifact(snapshot)
             .unwrap_err()
             .to_string()
-            .contains("not a delta")
+            .contains("goes from version 2 to 2")
     );
-    let error = hub.insert_snapshot(artifact(2, 2).0).unwrap_err();
+    let error = hub
+        .loaded(ArtifactKey::Snapshot(2), Ok(artifact(2, 2).0))
+        .unwrap_err();
     assert!(
         error
             .to_string()
@@ -703,11 +725,16 @@ fn snapshots_and_deltas_do_not_mix() {
     );
 }
 
+/// The composed delta these tests serve: from version 5 to 8.
+fn composed_key() -> ArtifactKey {
+    ArtifactKey::Composed { base: 5, target: 8 }
+}
+
 fn composed_loads(pair: &Pair) -> Vec<(u64, u64)> {
     pair.sender_events
         .iter()
         .filter_map(|e| match e {
-            SenderEvent::LoadComposed { base, target } => Some((*base, *target)),
+            SenderEvent::Load(ArtifactKey::Composed { base, target }) => Some((*base, *target)),
             _ => None,
         })
         .collect()
@@ -726,10 +753,9 @@ fn a_session_three_behind_is_served_one_composed_delta() {
             .all(|(_, f)| !matches!(f, Frame::Offer { .. }))
     );
     let (composed, _) = composed_artifact(5, 8, 6);
-    assert_eq!(
-        pair.sender.insert_composed(composed.clone()).unwrap(),
-        (5, 8)
-    );
+    pair.sender
+        .loaded(composed_key(), Ok(composed.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(
         offers(&pair),
@@ -745,7 +771,7 @@ fn a_session_three_behind_is_served_one_composed_delta() {
     assert_eq!(pair.sender.stats().segments_sent, 6 + 2);
     assert_eq!(pair.receiver.stats().duplicates, 0);
     assert_eq!(
-        pair.sender.composed_held(),
+        pair.sender.held(ArtifactKind::Composed),
         0,
         "dropped once no session is at its base"
     );
@@ -753,7 +779,7 @@ fn a_session_three_behind_is_served_one_composed_delta() {
         !pair
             .sender_events
             .iter()
-            .any(|e| matches!(e, SenderEvent::Load { .. })),
+            .any(|e| matches!(e, SenderEvent::Load(ArtifactKey::Delta(_)))),
         "no delta of 6..=8 is loaded"
     );
 }
@@ -763,7 +789,8 @@ fn a_declined_composed_delta_replays_the_deltas() {
     let mut pair = Pair::new(store_sender(8, 0), composed_receiver(1, 6));
     assert_eq!(composed_loads(&pair), [(5, 8)]);
     pair.sender
-        .composed_declined(5, 8, "replaying is cheaper".into());
+        .loaded(composed_key(), Err("replaying is cheaper".into()))
+        .unwrap_err();
     pair.pump();
     for version in 6..=8 {
         pair.sender.insert_artifact(artifact(version, 2).0).unwrap();
@@ -800,12 +827,18 @@ fn a_resumed_composed_transfer_sends_only_the_missing_segments() {
     let (composed, _) = composed_artifact(5, 8, 10);
     let mut pair = Pair::new(store_sender(8, 0), composed_receiver(2, 6));
     pair.segment_budget = Some(4);
-    pair.sender.insert_composed(composed.clone()).unwrap();
+    pair.sender
+        .loaded(composed_key(), Ok(composed.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(pair.receiver.stats().segments, 4);
     pair.receiver.abandon("test");
     pair.pump();
-    assert_eq!(pair.sender.composed_held(), 0, "no session is at its base");
+    assert_eq!(
+        pair.sender.held(ArtifactKind::Composed),
+        0,
+        "no session is at its base"
+    );
 
     // The store's latest moved on meanwhile; the new session resumes the same target,
     // which its Want reports parts of.
@@ -814,7 +847,9 @@ fn a_resumed_composed_transfer_sends_only_the_missing_segments() {
     pair.receiver.start_session(pair.now, 78);
     pair.pump();
     assert_eq!(composed_loads(&pair), [(5, 8), (5, 8)]);
-    pair.sender.insert_composed(composed.clone()).unwrap();
+    pair.sender
+        .loaded(composed_key(), Ok(composed.clone()))
+        .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(8, composed)]);
     assert_eq!(pair.receiver.stats().segments, 10);

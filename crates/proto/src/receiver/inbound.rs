@@ -1,0 +1,449 @@
+//! The frames an upstream sends a receiver: the handshake's answer, then offers,
+//! segments and tables, each checked before anything is held, and the reason a
+//! session ends when one breaks the rules.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use aurora_delta::{DeltaHeader, Hash, Manifest, SegmentEntry};
+use bytes::Bytes;
+
+use super::assembly::{SEGMENT_OVERHEAD_BYTES, SLOT_BYTES};
+use super::{DescriptorFault, Receiver, ReceiverEvent, SessionEnd, Start, Violation};
+use crate::ConnId;
+use crate::frame::{ArtifactKind, Frame, PROTOCOL_VERSION, Role, Welcome};
+
+impl Receiver {
+    pub fn handle_frame(&mut self, now: Instant, conn: ConnId, frame: Frame) {
+        let Some(s) = self.session.as_mut() else {
+            return;
+        };
+        let Some(stream) = s.streams.iter().position(|st| st.conn == Some(conn)) else {
+            return;
+        };
+        s.last_heard = now;
+        let welcomed = s.streams[stream].welcomed;
+        if !welcomed {
+            return match frame {
+                Frame::Welcome(welcome) => self.on_welcome(stream, welcome),
+                Frame::Reject { code, reason } => {
+                    self.lose_upstream(SessionEnd::Refused { code, reason })
+                }
+                other => {
+                    self.lose_upstream(Violation::BeforeWelcome(other.frame_type().name()).into())
+                }
+            };
+        }
+        let outcome = match frame {
+            Frame::Offer {
+                version,
+                kind,
+                descriptor,
+            } => self.on_offer(version, kind, descriptor),
+            Frame::Segment {
+                version,
+                index,
+                hash,
+                bytes,
+            } => self.on_segment(stream, version, index, hash, bytes),
+            Frame::Seal {
+                version,
+                id,
+                segments,
+            } => self.on_seal(version, id, segments),
+            Frame::Commit(commit) => {
+                self.events.push_back(ReceiverEvent::Commit(commit));
+                Ok(())
+            }
+            Frame::Unavailable { version, reason } => {
+                Err(SessionEnd::Unavailable { version, reason })
+            }
+            Frame::Keepalive => Ok(()),
+            Frame::Goodbye { reason } => Err(SessionEnd::Goodbye(reason)),
+            other => Err(Violation::Unexpected(other.frame_type().name()).into()),
+        };
+        match outcome {
+            Ok(()) => self.deliver(),
+            Err(reason) => self.lose_upstream(reason),
+        }
+    }
+
+    pub(super) fn on_welcome(&mut self, stream: usize, welcome: Welcome) {
+        if welcome.protocol_version != PROTOCOL_VERSION {
+            return self.lose_upstream(SessionEnd::Version(welcome.protocol_version));
+        }
+        if welcome.role == Role::Actor {
+            return self.lose_upstream(SessionEnd::ActorUpstream);
+        }
+        let first = self.session.as_ref().is_some_and(|s| s.upstream.is_none());
+        if first && let Start::Snapshot(held) = self.start {
+            let Some(offered) = welcome.snapshot else {
+                return self.lose_upstream(SessionEnd::NoSnapshot {
+                    role: welcome.role,
+                    peer_id: welcome.peer_id,
+                });
+            };
+            // Versions up to the window's end and the one composed target beyond it
+            // must stay countable.
+            if offered
+                .checked_add(self.config.versions_ahead.saturating_add(2))
+                .is_none()
+            {
+                return self.lose_upstream(SessionEnd::SnapshotTooLate {
+                    role: welcome.role,
+                    peer_id: welcome.peer_id,
+                    offered,
+                });
+            }
+            if held.is_some_and(|held| held != offered) {
+                // Parts of one snapshot never meet parts of another.
+                tracing::info!(
+                    held,
+                    offered,
+                    "the upstream offers another snapshot; starting over"
+                );
+                self.forget_held();
+            }
+            self.start = Start::Snapshot(Some(offered));
+            self.next_version = offered;
+        }
+        let s = self.session.as_mut().expect("caller checked");
+        s.streams[stream].welcomed = true;
+        if s.upstream.is_none() {
+            s.upstream = Some(welcome.clone());
+            if let Some(commit) = welcome.commit {
+                self.events.push_back(ReceiverEvent::Commit(commit));
+            }
+            self.events
+                .push_back(ReceiverEvent::Connected { upstream: welcome });
+        }
+        self.queue_want();
+    }
+
+    pub(super) fn window_check(&mut self, version: u64) -> Result<bool, SessionEnd> {
+        if version < self.next_version {
+            return Ok(false);
+        }
+        let end = self.next_version + self.config.versions_ahead;
+        if version <= end {
+            return Ok(true);
+        }
+        if !self.wants_composed() {
+            return Err(Violation::BeyondWindow {
+                version,
+                next: self.next_version,
+                ahead: self.config.versions_ahead,
+            }
+            .into());
+        }
+        // Beyond the window only a composed delta travels, and nothing after it until
+        // it is delivered: its segments may overtake its Offer, so the one version out
+        // there is held as that composed delta. Another one means the upstream now
+        // serves a different composed delta (another hub, a newer target): the old one
+        // is dropped, so at most one version is ever held beyond the window.
+        let stale: Vec<u64> = self
+            .assemblies
+            .range(end + 1..)
+            .map(|(v, _)| *v)
+            .filter(|v| *v != version)
+            .collect();
+        self.drop_assemblies(&stale);
+        Ok(true)
+    }
+
+    /// Forgets what is held of `versions` (stale: they will never be delivered).
+    pub(super) fn drop_assemblies(&mut self, versions: &[u64]) {
+        for version in versions {
+            if let Some(assembly) = self.assemblies.remove(version) {
+                self.held_bytes -= assembly.held_bytes;
+            }
+            self.nacks.retain(|(v, _), _| v != version);
+        }
+    }
+
+    /// How `version` must arrive: the snapshot a joining receiver took, or a delta.
+    pub(super) fn kind_of(&self, version: u64) -> ArtifactKind {
+        if self.start == Start::Snapshot(Some(version)) {
+            ArtifactKind::Snapshot
+        } else {
+            ArtifactKind::Delta
+        }
+    }
+
+    pub(super) fn on_offer(
+        &mut self,
+        version: u64,
+        kind: ArtifactKind,
+        descriptor: Bytes,
+    ) -> Result<(), SessionEnd> {
+        if !self.window_check(version)? {
+            return Ok(());
+        }
+        let wanted = self.kind_of(version);
+        let composed_ok = kind == ArtifactKind::Composed && wanted == ArtifactKind::Delta;
+        if kind != wanted && !composed_ok {
+            return Err(Violation::WrongKind {
+                version,
+                offered: kind,
+                wanted,
+            }
+            .into());
+        }
+        if composed_ok && !self.wants_composed() {
+            return Err(Violation::ComposedNotAccepted(version).into());
+        }
+        let bad_descriptor =
+            |source: DescriptorFault| SessionEnd::BadDescriptor { version, source };
+        let (header, used) =
+            DeltaHeader::decode(&descriptor).map_err(|e| bad_descriptor(e.into()))?;
+        if used != descriptor.len() || header.target_version != version {
+            return Err(bad_descriptor(DescriptorFault::Mismatch {
+                header_version: header.target_version,
+                stray: descriptor.len() - used,
+            }));
+        }
+        if kind == ArtifactKind::Snapshot {
+            crate::snapshot::check_header(&header, version)
+                .map_err(|e| bad_descriptor(e.into()))?;
+        }
+        if composed_ok {
+            self.check_composed(&header)?;
+        }
+        let held_kind = self.assemblies.get(&version).and_then(|a| a.kind);
+        if held_kind.is_some_and(|held| held != kind) {
+            // Parts of D(v) and of a composed delta to v are different artifacts, and
+            // segments that overtook this Offer may have joined the wrong one: drop
+            // what is held and start a session whose Want says what is held now.
+            self.drop_assemblies(&[version]);
+            return Err(SessionEnd::KindChanged { version, kind });
+        }
+        if composed_ok {
+            // One composed delta at a time: one to another version is stale now.
+            let others: Vec<u64> = self
+                .assemblies
+                .iter()
+                .filter(|(v, a)| **v != version && a.kind == Some(ArtifactKind::Composed))
+                .map(|(v, _)| *v)
+                .collect();
+            self.drop_assemblies(&others);
+        }
+        let assembly = self.assemblies.entry(version).or_default();
+        match &assembly.descriptor {
+            Some((held, _)) if *held == descriptor => return Ok(()),
+            Some(_) => return Err(Violation::ConflictingOffers(version).into()),
+            None => {}
+        }
+        let header = Arc::new(header);
+        assembly.descriptor = Some((descriptor.clone(), header.clone()));
+        assembly.kind = Some(kind);
+        self.events.push_back(ReceiverEvent::Offered {
+            version,
+            kind,
+            descriptor,
+            header,
+        });
+        // Segments that overtook the offer on another stream are announced now, so a
+        // relay republishes them after the descriptor.
+        for (index, held) in assembly.segments.iter().enumerate() {
+            if let Some((hash, bytes)) = held {
+                self.events.push_back(ReceiverEvent::Segment {
+                    version,
+                    index: index as u32,
+                    hash: *hash,
+                    bytes: bytes.clone(),
+                });
+            }
+        }
+        self.check_table(version)
+    }
+
+    pub(super) fn on_segment(
+        &mut self,
+        stream: usize,
+        version: u64,
+        index: u32,
+        hash: Hash,
+        bytes: Bytes,
+    ) -> Result<(), SessionEnd> {
+        if !self.window_check(version)? {
+            self.stats.duplicates += 1;
+            return Ok(());
+        }
+        let assembly = self.assemblies.entry(version).or_default();
+        if assembly
+            .segments
+            .get(index as usize)
+            .is_some_and(Option::is_some)
+        {
+            self.stats.duplicates += 1;
+            return Ok(());
+        }
+        let expected = match &assembly.table {
+            Some((_, entries)) if assembly.verified_table => {
+                let entry = entries.get(index as usize).ok_or(Violation::BeyondTable {
+                    version,
+                    index,
+                    len: entries.len(),
+                })?;
+                Some(entry.hash)
+            }
+            _ => None,
+        };
+        let actual = Hash::of(&bytes);
+        if actual != hash || expected.is_some_and(|e| e != actual) {
+            self.stats.corrupt += 1;
+            let failures = assembly.failures.entry(index).or_default();
+            *failures += 1;
+            if *failures > self.config.max_segment_failures {
+                return Err(SessionEnd::Corrupted {
+                    version,
+                    index,
+                    failures: *failures,
+                });
+            }
+            tracing::warn!(version, index, "segment corrupted in transit; asking again");
+            self.nack(version, index);
+            return Ok(());
+        }
+        // Each held segment costs its bytes and its bookkeeping: empty segments at
+        // hostile indices count too.
+        let cost = bytes.len() as u64 + SEGMENT_OVERHEAD_BYTES;
+        if self.held_bytes + cost + index as u64 * SLOT_BYTES > self.config.max_held_bytes {
+            return Err(SessionEnd::OverBudget {
+                limit: self.config.max_held_bytes,
+            });
+        }
+        self.held_bytes += cost;
+        assembly.held_bytes += cost;
+        self.nacks.remove(&(version, index));
+        if assembly.segments.len() <= index as usize {
+            assembly.segments.resize(index as usize + 1, None);
+        }
+        assembly.segments[index as usize] = Some((hash, bytes.clone()));
+        self.stats.segments += 1;
+        self.stats.segment_bytes += bytes.len() as u64;
+        if let Some(counter) = self.stats.stream_bytes.get_mut(stream) {
+            *counter += bytes.len() as u64;
+        }
+        if assembly.descriptor.is_some() {
+            self.events.push_back(ReceiverEvent::Segment {
+                version,
+                index,
+                hash,
+                bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_seal(
+        &mut self,
+        version: u64,
+        id: Hash,
+        segments: Vec<SegmentEntry>,
+    ) -> Result<(), SessionEnd> {
+        if !self.window_check(version)? {
+            return Ok(());
+        }
+        let assembly = self.assemblies.entry(version).or_default();
+        if assembly.table.is_some() {
+            return Ok(());
+        }
+        assembly.table = Some((id, segments));
+        self.check_table(version)
+    }
+
+    /// A composed delta must go from the weights of `next_version - 1` (version and
+    /// hash) to a later version than the next one.
+    pub(super) fn check_composed(&self, header: &DeltaHeader) -> Result<(), Violation> {
+        let version = header.target_version;
+        let base = self
+            .tip
+            .filter(|tip| tip.version + 1 == self.next_version)
+            .ok_or(Violation::ComposedBaseUnknown {
+                version,
+                base: self.next_version.wrapping_sub(1),
+            })?;
+        if version <= self.next_version {
+            return Err(Violation::ComposedTooShort {
+                version,
+                next: self.next_version,
+            });
+        }
+        if header.base_version != base.version || header.base_hash != base.hash {
+            return Err(Violation::ComposedWrongBase {
+                version,
+                base: header.base_version,
+                base_hash: header.base_hash,
+                held: base.version,
+                held_hash: base.hash,
+            });
+        }
+        Ok(())
+    }
+
+    /// Once both descriptor and table are in: the table must hash to the id with the
+    /// header, and every segment already held must match it.
+    pub(super) fn check_table(&mut self, version: u64) -> Result<(), SessionEnd> {
+        let assembly = self
+            .assemblies
+            .get_mut(&version)
+            .expect("caller created it");
+        let (Some((_, header)), Some((id, entries))) = (&assembly.descriptor, &assembly.table)
+        else {
+            return Ok(());
+        };
+        if assembly.verified_table {
+            return Ok(());
+        }
+        let computed = Manifest {
+            header: DeltaHeader::clone(header),
+            segments: entries.clone(),
+        }
+        .id();
+        if computed != *id {
+            let id = *id;
+            // Descriptor and table belong to different artifacts (a table that overtook
+            // its Offer may be of the other kind, D(v) or a composed delta to v): what is
+            // held of the version cannot be told apart, so all of it goes, and the next
+            // session's Want asks for it afresh.
+            self.drop_assemblies(&[version]);
+            return Err(SessionEnd::WrongTable { version, id });
+        }
+        assembly.verified_table = true;
+        let mut revoked = Vec::new();
+        let mut freed = 0u64;
+        for (index, held) in assembly.segments.iter_mut().enumerate() {
+            let matches = entries
+                .get(index)
+                .is_some_and(|entry| held.as_ref().is_none_or(|(hash, _)| *hash == entry.hash));
+            if !matches && let Some((_, bytes)) = held.take() {
+                freed += bytes.len() as u64 + SEGMENT_OVERHEAD_BYTES;
+                revoked.push(index as u32);
+            }
+        }
+        assembly.segments.resize(entries.len(), None);
+        assembly.held_bytes -= freed;
+        self.held_bytes -= freed;
+        let sealed = ReceiverEvent::Sealed {
+            version,
+            id: *id,
+            segments: entries.clone(),
+        };
+        let count = entries.len();
+        for index in revoked {
+            tracing::warn!(
+                version,
+                index,
+                "segment does not match the table; asking again"
+            );
+            self.events
+                .push_back(ReceiverEvent::Revoked { version, index });
+            if (index as usize) < count {
+                self.nack(version, index);
+            }
+        }
+        self.events.push_back(sealed);
+        Ok(())
+    }
+}

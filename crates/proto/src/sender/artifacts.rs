@@ -1,0 +1,401 @@
+//! The artifacts a sender holds, one mechanism for every kind (docs/wire-protocol.md §4):
+//! deltas published cut-through or loaded from a store, snapshots for peers that join
+//! with no weights, and composed catch-up deltas. Each is named by an [`ArtifactKey`],
+//! loaded on demand ([`SenderEvent::Load`]), answered by [`Sender::loaded`], and evicted
+//! by one rule: deltas beyond the retained window, the others once no session is served
+//! them (a snapshot is a whole checkpoint; a composed delta serves only its base).
+
+use std::fmt;
+
+use aurora_delta::{DeltaFile, DeltaHeader, Hash, SegmentEntry};
+use bytes::Bytes;
+
+use super::{Sender, SenderError, SenderEvent};
+use crate::frame::{ArtifactKind, MAX_TRANSFER_SEGMENTS};
+
+/// Which artifact: the delta D(v) from v - 1 to v, the snapshot of v, or the composed
+/// delta C(base -> target). Ordered deltas first, by version, which eviction relies on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ArtifactKey {
+    Delta(u64),
+    Snapshot(u64),
+    Composed { base: u64, target: u64 },
+}
+
+impl ArtifactKey {
+    pub fn kind(self) -> ArtifactKind {
+        match self {
+            ArtifactKey::Delta(_) => ArtifactKind::Delta,
+            ArtifactKey::Snapshot(_) => ArtifactKind::Snapshot,
+            ArtifactKey::Composed { .. } => ArtifactKind::Composed,
+        }
+    }
+
+    /// The version a subscriber holds once it has the artifact (its Offer's version).
+    pub fn version(self) -> u64 {
+        match self {
+            ArtifactKey::Delta(version) | ArtifactKey::Snapshot(version) => version,
+            ArtifactKey::Composed { target, .. } => target,
+        }
+    }
+
+    /// Whether `header` is this artifact's: versions as the key names them, and a
+    /// snapshot's base the empty checkpoint.
+    fn check(self, header: &DeltaHeader) -> Result<(), SenderError> {
+        let fits = match self {
+            ArtifactKey::Delta(version) => {
+                header.target_version == version && header.base_version < version
+            }
+            ArtifactKey::Snapshot(version) => {
+                return crate::snapshot::check_header(header, version)
+                    .map_err(SenderError::NotASnapshot);
+            }
+            ArtifactKey::Composed { base, target } => {
+                header.base_version == base && header.target_version == target && base < target
+            }
+        };
+        if fits {
+            return Ok(());
+        }
+        Err(SenderError::NotTheArtifact {
+            wanted: self,
+            base: header.base_version,
+            target: header.target_version,
+        })
+    }
+}
+
+impl fmt::Display for ArtifactKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArtifactKey::Delta(version) => write!(f, "the delta to version {version}"),
+            ArtifactKey::Snapshot(version) => write!(f, "the snapshot of version {version}"),
+            ArtifactKey::Composed { base, target } => {
+                write!(f, "the composed delta from version {base} to {target}")
+            }
+        }
+    }
+}
+
+pub(super) struct Artifact {
+    pub(super) descriptor: Bytes,
+    pub(super) segments: Vec<Option<(Hash, Bytes)>>,
+    pub(super) seal: Option<(Hash, Vec<SegmentEntry>)>,
+}
+
+impl Artifact {
+    pub(super) fn present(&self, index: usize) -> bool {
+        self.segments.get(index).is_some_and(Option::is_some)
+    }
+}
+
+impl Sender {
+    /// Starts publishing a delta whose segments will follow ([`Sender::add_segment`]) and
+    /// whose table comes last ([`Sender::seal_artifact`]): cut-through from an extraction
+    /// or a relay's upstream. `descriptor` is the delta's preamble and header.
+    pub fn begin_artifact(&mut self, descriptor: Bytes) -> Result<u64, SenderError> {
+        let version = self.begin(descriptor)?;
+        self.evict();
+        Ok(version)
+    }
+
+    fn begin(&mut self, descriptor: Bytes) -> Result<u64, SenderError> {
+        let header = parse_descriptor(&descriptor)?;
+        let version = header.target_version;
+        if header.base_version >= version {
+            return Err(SenderError::NotTheArtifact {
+                wanted: ArtifactKey::Delta(version),
+                base: header.base_version,
+                target: version,
+            });
+        }
+        let key = ArtifactKey::Delta(version);
+        if let Some(existing) = self.artifacts.get(&key) {
+            if existing.descriptor == descriptor {
+                return Ok(version);
+            }
+            return Err(SenderError::Conflict { version });
+        }
+        self.unavailable.remove(&key);
+        self.artifacts.insert(
+            key,
+            Artifact {
+                descriptor,
+                segments: Vec::new(),
+                seal: None,
+            },
+        );
+        Ok(version)
+    }
+
+    /// Adds segment `index` of a version being published, in any order.
+    pub fn add_segment(
+        &mut self,
+        version: u64,
+        index: u32,
+        hash: Hash,
+        bytes: Bytes,
+    ) -> Result<(), SenderError> {
+        let artifact = self
+            .artifacts
+            .get_mut(&ArtifactKey::Delta(version))
+            .ok_or(SenderError::UnknownVersion { version })?;
+        if index >= MAX_TRANSFER_SEGMENTS {
+            return Err(SenderError::TooManySegments {
+                count: index as usize + 1,
+            });
+        }
+        if let Some((_, entries)) = &artifact.seal
+            && entries
+                .get(index as usize)
+                .is_none_or(|e| e.hash != hash || e.len as usize != bytes.len())
+        {
+            return Err(SenderError::SegmentMismatch { version, index });
+        }
+        let index = index as usize;
+        if artifact.segments.len() <= index {
+            artifact.segments.resize(index + 1, None);
+        }
+        artifact.segments[index] = Some((hash, bytes));
+        Ok(())
+    }
+
+    /// Withdraws a segment that turned out not to match its table (a relay forwarded it
+    /// before the table arrived); subscribers that got it nack it at their own check.
+    pub fn revoke_segment(&mut self, version: u64, index: u32) {
+        if let Some(slot) = self
+            .artifacts
+            .get_mut(&ArtifactKey::Delta(version))
+            .and_then(|a| a.segments.get_mut(index as usize))
+        {
+            *slot = None;
+        }
+    }
+
+    /// Closes a version being published with its segment table and artifact id.
+    pub fn seal_artifact(
+        &mut self,
+        version: u64,
+        id: Hash,
+        segments: Vec<SegmentEntry>,
+    ) -> Result<(), SenderError> {
+        let artifact = self
+            .artifacts
+            .get_mut(&ArtifactKey::Delta(version))
+            .ok_or(SenderError::UnknownVersion { version })?;
+        if segments.len() > MAX_TRANSFER_SEGMENTS as usize {
+            return Err(SenderError::TooManySegments {
+                count: segments.len(),
+            });
+        }
+        let header = parse_descriptor(&artifact.descriptor)?;
+        let computed = aurora_delta::Manifest {
+            header,
+            segments: segments.clone(),
+        }
+        .id();
+        if computed != id {
+            return Err(SenderError::WrongId {
+                version,
+                computed,
+                claimed: id,
+            });
+        }
+        if artifact.segments.len() > segments.len() {
+            return Err(SenderError::SegmentMismatch {
+                version,
+                index: artifact.segments.len() as u32 - 1,
+            });
+        }
+        for (index, held) in artifact.segments.iter_mut().enumerate() {
+            if let Some((hash, bytes)) = held
+                && (*hash != segments[index].hash || bytes.len() != segments[index].len as usize)
+            {
+                return Err(SenderError::SegmentMismatch {
+                    version,
+                    index: index as u32,
+                });
+            }
+        }
+        artifact.seal = Some((id, segments));
+        Ok(())
+    }
+
+    /// Publishes a complete delta artifact (from a store): its structure and manifest
+    /// hash are checked here, its segment hashes by the store that read it.
+    pub fn insert_artifact(&mut self, bytes: Bytes) -> Result<u64, SenderError> {
+        let file = DeltaFile::parse(&bytes)?;
+        let version = file.header().target_version;
+        self.insert(ArtifactKey::Delta(version), &bytes, &file)?;
+        Ok(version)
+    }
+
+    /// The driver's answer to [`SenderEvent::Load`]: the artifact's bytes, or why there
+    /// are none. Its structure and manifest hash are checked here, its segment hashes by
+    /// the store that read or built it. Without it, the sessions that want it are told it
+    /// is unavailable, except a composed delta's, which replay the deltas (the driver
+    /// declines one when replaying costs fewer bytes); the error says why.
+    pub fn loaded(
+        &mut self,
+        key: ArtifactKey,
+        bytes: Result<Bytes, String>,
+    ) -> Result<(), SenderError> {
+        self.loading.remove(&key);
+        let inserted = bytes
+            .map_err(|reason| SenderError::NotLoaded { key, reason })
+            .and_then(|bytes| {
+                let file = DeltaFile::parse(&bytes)?;
+                self.insert(key, &bytes, &file)
+            });
+        if let Err(error) = &inserted {
+            let why = match error {
+                SenderError::NotLoaded { reason, .. } => reason.clone(),
+                refused => refused.to_string(),
+            };
+            self.unavailable.insert(key, why);
+        }
+        inserted
+    }
+
+    fn insert(
+        &mut self,
+        key: ArtifactKey,
+        bytes: &Bytes,
+        file: &DeltaFile<'_>,
+    ) -> Result<(), SenderError> {
+        key.check(file.header())?;
+        if let ArtifactKey::Delta(version) = key {
+            // A delta may be held in part (published cut-through): its descriptor and
+            // any segment held must match, and the table seals it.
+            if self.artifacts.get(&key).is_none_or(|a| a.seal.is_none()) {
+                let (descriptor, segments) = stored_parts(bytes, file);
+                self.begin(descriptor)?;
+                self.artifacts.get_mut(&key).expect("just begun").segments = segments;
+                self.seal_artifact(version, file.id, file.manifest.segments.clone())?;
+            }
+        } else {
+            if file.segment_count() > MAX_TRANSFER_SEGMENTS as usize {
+                return Err(SenderError::TooManySegments {
+                    count: file.segment_count(),
+                });
+            }
+            let (descriptor, segments) = stored_parts(bytes, file);
+            self.unavailable.remove(&key);
+            self.artifacts.insert(
+                key,
+                Artifact {
+                    descriptor,
+                    segments,
+                    seal: Some((file.id, file.manifest.segments.clone())),
+                },
+            );
+        }
+        self.evict();
+        Ok(())
+    }
+
+    /// The held deltas, oldest first.
+    pub(super) fn deltas(&self) -> impl DoubleEndedIterator<Item = (u64, &Artifact)> {
+        self.artifacts
+            .range(ArtifactKey::Delta(0)..=ArtifactKey::Delta(u64::MAX))
+            .map(|(key, artifact)| (key.version(), artifact))
+    }
+
+    /// Drops what no session needs: deltas beyond the retained window, older first, and
+    /// any other artifact as soon as no session is served it.
+    pub(super) fn evict(&mut self) {
+        let versions_ahead = self.config.versions_ahead;
+        while self.deltas().count() > self.config.retain_versions {
+            let (oldest, _) = self.deltas().next().expect("not empty");
+            let needed = self.sessions.values().any(|s| {
+                s.next_version
+                    .is_some_and(|n| n <= oldest && oldest < n + versions_ahead)
+            });
+            if needed {
+                break;
+            }
+            self.artifacts.remove(&ArtifactKey::Delta(oldest));
+            self.floor = self.floor.max(oldest + 1);
+        }
+        let sessions = &self.sessions;
+        self.artifacts.retain(|key, _| {
+            matches!(key, ArtifactKey::Delta(_))
+                || sessions
+                    .values()
+                    .any(|s| s.artifact_for(key.version()) == *key)
+        });
+    }
+
+    /// Whether the store can provide `key` (asked for with [`SenderEvent::Load`]).
+    fn loadable(&self, key: ArtifactKey) -> bool {
+        self.config.store_backed
+            && match key {
+                ArtifactKey::Delta(version) => self.loadable_max.is_some_and(|l| version <= l),
+                ArtifactKey::Snapshot(version) => self
+                    .snapshot_loadable
+                    .is_some_and(|newest| version <= newest),
+                // Chosen only where a store can try to build it (`composed_choice`).
+                ArtifactKey::Composed { .. } => true,
+            }
+    }
+
+    /// Why `key` cannot be sent from here, or `None` while it may yet come: loading from
+    /// the store (asked for here) or not published yet.
+    pub(super) fn why_unavailable(&mut self, key: ArtifactKey) -> Option<String> {
+        if let Some(reason) = self.unavailable.get(&key) {
+            return Some(reason.clone());
+        }
+        if self.loadable(key) {
+            if self.loading.insert(key) {
+                self.events.push_back(SenderEvent::Load(key));
+            }
+            return None;
+        }
+        match key {
+            ArtifactKey::Snapshot(version) if !self.config.store_backed => Some(format!(
+                "version {version} is wanted as a snapshot and this {} has no store to build one from",
+                self.config.identity.role
+            )),
+            ArtifactKey::Snapshot(version) => Some(format!(
+                "no snapshot of version {version} here (the newest is {:?})",
+                self.snapshot_loadable
+            )),
+            ArtifactKey::Delta(version) if version < self.floor => Some(format!(
+                "version {version} is not held here (versions from {} are)",
+                self.floor
+            )),
+            // Not published yet, or not begun yet by a relay that began a later one first
+            // (offers of consecutive versions travel on different streams).
+            _ => None,
+        }
+    }
+
+    /// Artifacts of `kind` held now.
+    #[cfg(test)]
+    pub(crate) fn held(&self, kind: ArtifactKind) -> usize {
+        self.artifacts.keys().filter(|k| k.kind() == kind).count()
+    }
+}
+
+/// A stored artifact's descriptor and segments, as slices of its bytes.
+fn stored_parts(bytes: &Bytes, file: &DeltaFile<'_>) -> (Bytes, Vec<Option<(Hash, Bytes)>>) {
+    let head_len = file.header().encode().len();
+    let mut offset = head_len;
+    let mut segments = Vec::with_capacity(file.segment_count());
+    for entry in &file.manifest.segments {
+        let end = offset + entry.len as usize;
+        segments.push(Some((entry.hash, bytes.slice(offset..end))));
+        offset = end;
+    }
+    (bytes.slice(..head_len), segments)
+}
+
+fn parse_descriptor(descriptor: &[u8]) -> Result<DeltaHeader, SenderError> {
+    let (header, used) = DeltaHeader::decode(descriptor)?;
+    if used != descriptor.len() {
+        return Err(SenderError::TrailingBytes {
+            count: descriptor.len() - used,
+        });
+    }
+    Ok(header)
+}

@@ -1,0 +1,414 @@
+//! The upstream side of the protocol (docs/wire-protocol.md §5): a hub or a relay serving
+//! artifacts to subscribed sessions, each of several streams.
+//!
+//! Sans-IO: the driver reports connections, frames, completed writes and time; the
+//! sender answers with frames to write ([`Sender::poll_transmit`]), requests and
+//! notices ([`Sender::poll_event`]) and its next deadline ([`Sender::poll_timeout`]).
+//!
+//! Each connection has a window of [`SenderConfig::window_frames`] frames: a frame is
+//! handed to the driver only while the window has room, and room comes back when the
+//! driver reports the write done ([`Sender::on_sent`]). So the driver's queue per
+//! connection is bounded, a slow subscriber only ever holds its own window, and one that
+//! makes no progress for [`SenderConfig::stall_timeout`] is dropped (it resumes later
+//! from what it holds).
+//!
+//! Segments are striped: a stream with room takes the next segment its session still
+//! needs, so equal streams alternate round-robin and a slower stream carries less.
+//!
+//! A store-backed sender also serves peers that join with no weights: a Want with the
+//! snapshot flag gets its next version as a snapshot artifact (loaded on demand, held
+//! while a session needs it: it is a whole checkpoint), then the deltas after it.
+//!
+//! It also serves catch-up in one artifact: a session at least two versions behind the
+//! store's latest version v whose Want accepts composed catch-up gets, if the driver's
+//! plan finds it cheaper by bytes ([`ArtifactKey::Composed`]), the composed delta
+//! from `next_version - 1` to v (Offer kind 3) in place of the deltas in between, and
+//! nothing after it until its next Want moves past v. Otherwise it replays the deltas.
+//!
+//! The modules: [`artifacts`] holds, loads and evicts every kind of artifact by one
+//! mechanism, `subscribe` takes the subscribers' frames, `session` keeps what each has
+//! been sent, and this one chooses the frames to write and keeps time.
+
+mod artifacts;
+mod auth;
+mod session;
+mod subscribe;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use aurora_delta::{DeltaError, Hash};
+
+use self::artifacts::Artifact;
+pub use self::artifacts::ArtifactKey;
+pub use self::auth::Auth;
+use self::session::{Conn, Session, next_artifact_frame};
+use crate::frame::{Frame, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
+use crate::snapshot::NotASnapshot;
+use crate::{ConnId, Identity};
+
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    pub identity: Identity,
+    pub auth: Auth,
+    /// Frames handed to the driver per connection before a write completes.
+    pub window_frames: usize,
+    /// Versions a subscriber may have in flight beyond the one it is completing.
+    pub versions_ahead: u64,
+    /// Artifacts kept in memory beyond those a subscriber still needs.
+    pub retain_versions: usize,
+    /// Whether older versions, snapshots and composed catch-up deltas can be loaded on
+    /// request ([`SenderEvent::Load`]); a relay answers Unavailable instead, and replays.
+    pub store_backed: bool,
+    pub max_sessions: usize,
+    /// Control frames queued per session; a session that lets more pile up is dropped.
+    pub max_control_queue: usize,
+    /// Nacks accepted per session before it is dropped as broken or hostile.
+    pub max_nacks: u32,
+    pub handshake_timeout: Duration,
+    pub keepalive_interval: Duration,
+    pub stall_timeout: Duration,
+}
+
+impl SenderConfig {
+    pub fn new(identity: Identity, auth: Auth) -> Self {
+        SenderConfig {
+            identity,
+            auth,
+            window_frames: 4,
+            versions_ahead: 4,
+            retain_versions: 4,
+            store_backed: false,
+            max_sessions: 1024,
+            max_control_queue: 64,
+            max_nacks: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(2),
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A frame for the driver to write on `conn`; after writing it, the driver closes the
+/// connection if `close_after` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    pub conn: ConnId,
+    pub frame: Frame,
+    pub close_after: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SenderEvent {
+    /// Load `key` from the store and pass it, or why there is none, to
+    /// [`Sender::loaded`]. A composed delta (for a session at `base + 1` that accepts
+    /// one) is worth loading only if the catch-up plan says it costs fewer bytes than
+    /// replaying the deltas; otherwise the driver declines it and the session replays.
+    Load(ArtifactKey),
+    /// Close `conn` now, without writing anything more.
+    Close { conn: ConnId, reason: String },
+    /// A session finished its handshake.
+    Subscribed {
+        peer_id: String,
+        role: Role,
+        region: String,
+        session: u64,
+    },
+    /// A session was dropped (its connections are being closed).
+    Dropped { peer_id: String, reason: String },
+    /// A downstream reported its versions.
+    Status {
+        peer_id: String,
+        active: VersionRef,
+        staged: Option<u64>,
+        note: String,
+    },
+}
+
+/// Why an artifact was refused (it is never served in part).
+#[derive(Debug, thiserror::Error)]
+pub enum SenderError {
+    #[error("artifact refused: {0}")]
+    Malformed(#[from] DeltaError),
+    #[error("artifact refused: {count} bytes after the delta header")]
+    TrailingBytes { count: usize },
+    #[error("{wanted} was wanted, but the artifact goes from version {base} to {target}")]
+    NotTheArtifact {
+        wanted: ArtifactKey,
+        base: u64,
+        target: u64,
+    },
+    #[error("artifact refused: {0}")]
+    NotASnapshot(#[from] NotASnapshot),
+    #[error("{count} segments exceed the protocol's limit of {MAX_TRANSFER_SEGMENTS}")]
+    TooManySegments { count: usize },
+    #[error("segment {index} of version {version} does not match the table")]
+    SegmentMismatch { version: u64, index: u32 },
+    #[error("the table of version {version} hashes to id {computed}, not {claimed}")]
+    WrongId {
+        version: u64,
+        computed: Hash,
+        claimed: Hash,
+    },
+    #[error("{key} could not be loaded: {reason}")]
+    NotLoaded { key: ArtifactKey, reason: String },
+    #[error("version {version} is already published with different contents")]
+    Conflict { version: u64 },
+    #[error("version {version} is not being published")]
+    UnknownVersion { version: u64 },
+}
+
+/// Counters for benchmarks and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    pub segments_sent: u64,
+    pub segment_bytes_sent: u64,
+    /// Segments sent again after a nack or a lost stream.
+    pub segments_resent: u64,
+    pub nacks: u64,
+    pub sessions_dropped: u64,
+    /// Offers of composed deltas (a catch-up served in one artifact).
+    pub composed_offers: u64,
+}
+
+pub struct Sender {
+    config: SenderConfig,
+    artifacts: BTreeMap<ArtifactKey, Artifact>,
+    /// Highest version a load can provide (the store's latest).
+    loadable_max: Option<u64>,
+    /// The newest snapshot a load can provide (the store's newest).
+    snapshot_loadable: Option<u64>,
+    /// Versions below this one are not held and never will be (evicted, or older than
+    /// what a relay started from); a session asking for one is told so.
+    floor: u64,
+    loading: BTreeSet<ArtifactKey>,
+    /// Artifacts that cannot be served, with why: sessions wanting one are told it is
+    /// unavailable, except those of a composed delta, which replay the deltas instead.
+    unavailable: BTreeMap<ArtifactKey, String>,
+    commit: Option<VersionRef>,
+    sessions: HashMap<u64, Session>,
+    conns: BTreeMap<ConnId, Conn>,
+    /// Round-robin start for [`Sender::poll_transmit`].
+    next_conn: ConnId,
+    events: VecDeque<SenderEvent>,
+    stats: SenderStats,
+}
+
+impl Sender {
+    pub fn new(config: SenderConfig) -> Sender {
+        assert!(
+            config.window_frames > 0,
+            "a window of zero frames sends nothing"
+        );
+        Sender {
+            config,
+            artifacts: BTreeMap::new(),
+            loadable_max: None,
+            snapshot_loadable: None,
+            floor: 0,
+            loading: BTreeSet::new(),
+            unavailable: BTreeMap::new(),
+            commit: None,
+            sessions: HashMap::new(),
+            conns: BTreeMap::new(),
+            next_conn: 0,
+            events: VecDeque::new(),
+            stats: SenderStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &SenderStats {
+        &self.stats
+    }
+
+    /// Sessions subscribed now.
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The newest version this sender can serve.
+    pub fn latest(&self) -> Option<u64> {
+        self.deltas()
+            .next_back()
+            .map(|(version, _)| version)
+            .max(self.loadable_max)
+    }
+
+    /// Versions below `version` will never be held here (a relay that started from
+    /// weights of `version - 1`).
+    pub fn set_floor(&mut self, version: u64) {
+        self.floor = self.floor.max(version);
+    }
+
+    /// Tells a store-backed sender the newest version its store holds.
+    pub fn set_loadable(&mut self, latest: Option<u64>) {
+        self.loadable_max = latest;
+        // Only composed deltas to the latest version are ever asked for again.
+        self.unavailable.retain(|key, _| match key {
+            ArtifactKey::Composed { target, .. } => latest.is_none_or(|latest| *target >= latest),
+            _ => true,
+        });
+    }
+
+    /// Tells a store-backed sender the newest snapshot its store holds: every Welcome
+    /// offers it to peers that join with no weights.
+    pub fn set_snapshot_loadable(&mut self, newest: Option<u64>) {
+        self.snapshot_loadable = newest;
+    }
+
+    /// The snapshot a Welcome offers: none where there is no store to build one from.
+    fn snapshot_offer(&self) -> Option<u64> {
+        self.snapshot_loadable.filter(|_| self.config.store_backed)
+    }
+
+    /// Announces a commit to every session, now and at every later handshake.
+    pub fn commit(&mut self, commit: VersionRef) {
+        if self.commit.is_some_and(|c| c.version >= commit.version) {
+            return;
+        }
+        self.commit = Some(commit);
+        let ids: Vec<u64> = self.sessions.keys().copied().collect();
+        for id in ids {
+            self.queue_control(id, Frame::Commit(commit));
+        }
+    }
+
+    pub fn poll_event(&mut self) -> Option<SenderEvent> {
+        self.events.pop_front()
+    }
+
+    /// The next frame to write, on a connection whose window has room.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        let ids: Vec<ConnId> = self
+            .conns
+            .range(self.next_conn..)
+            .chain(self.conns.range(..self.next_conn))
+            .filter(|(_, c)| c.credit > 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for conn in ids {
+            if let Some((frame, close_after)) = self.next_frame(conn) {
+                let c = self.conns.get_mut(&conn).expect("listed above");
+                c.credit -= 1;
+                c.last_send = now;
+                if c.credit == 0 {
+                    c.stalled_since.get_or_insert(now);
+                }
+                self.next_conn = conn + 1;
+                return Some(Transmit {
+                    conn,
+                    frame,
+                    close_after,
+                });
+            }
+        }
+        None
+    }
+
+    fn next_frame(&mut self, conn: ConnId) -> Option<(Frame, bool)> {
+        let c = self.conns.get_mut(&conn)?;
+        if let Some(direct) = c.direct.pop_front() {
+            return Some(direct);
+        }
+        let id = c.session.filter(|_| !c.closing)?;
+        let (c_stream, c_epoch) = (c.stream, c.epoch);
+        let session = self.sessions.get_mut(&id)?;
+        if let Some(frame) = session.control.pop_front() {
+            return Some((frame, false));
+        }
+        let next_version = session.next_version.filter(|_| !session.blocked)?;
+        if let Some((base, target)) = session.composed {
+            let key = ArtifactKey::Composed { base, target };
+            if let Some(artifact) = self.artifacts.get(&key) {
+                // Nothing after it until the next Want moves past it: the subscriber
+                // holds only one version beyond its window, this one.
+                let state = session.versions.entry(target).or_default();
+                let on = (c_stream, c_epoch);
+                return next_artifact_frame(state, artifact, key, on, &mut self.stats)
+                    .map(|frame| (frame, false));
+            }
+            let reason = self.why_unavailable(key)?;
+            let session = self.sessions.get_mut(&id).expect("looked up above");
+            tracing::info!(
+                peer = session.peer_id,
+                base,
+                target,
+                reason,
+                "catch-up replays the deltas"
+            );
+            session.composed = None;
+            session.versions.remove(&target);
+        }
+        let session = self.sessions.get_mut(&id).expect("looked up above");
+        for version in next_version..next_version + self.config.versions_ahead {
+            let key = session.artifact_for(version);
+            let Some(artifact) = self.artifacts.get(&key) else {
+                let reason = self.why_unavailable(key)?;
+                let session = self.sessions.get_mut(&id).expect("looked up above");
+                session.blocked = true;
+                return Some((Frame::Unavailable { version, reason }, false));
+            };
+            let state = session.versions.entry(version).or_default();
+            let on = (c_stream, c_epoch);
+            if let Some(frame) = next_artifact_frame(state, artifact, key, on, &mut self.stats) {
+                return Some((frame, false));
+            }
+        }
+        None
+    }
+
+    /// The earliest instant at which [`Sender::handle_timeout`] has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conns
+            .values()
+            .map(|c| {
+                if c.session.is_none() {
+                    c.opened_at + self.config.handshake_timeout
+                } else if let Some(since) = c.stalled_since {
+                    since + self.config.stall_timeout
+                } else {
+                    c.last_send + self.config.keepalive_interval
+                }
+            })
+            .min()
+    }
+
+    /// Closes handshakes that took too long, drops stalled sessions and queues
+    /// keepalives on idle connections.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut stalled = BTreeSet::new();
+        let mut late = Vec::new();
+        for (&conn, c) in &mut self.conns {
+            match (c.session, c.stalled_since) {
+                (None, _) if now >= c.opened_at + self.config.handshake_timeout => {
+                    late.push(conn);
+                }
+                (Some(id), Some(since)) if now >= since + self.config.stall_timeout => {
+                    stalled.insert(id);
+                }
+                (Some(_), None)
+                    if now >= c.last_send + self.config.keepalive_interval
+                        && c.direct.is_empty() =>
+                {
+                    c.direct.push_back((Frame::Keepalive, false));
+                    c.last_send = now;
+                }
+                _ => {}
+            }
+        }
+        for conn in late {
+            self.conns.remove(&conn);
+            self.events.push_back(SenderEvent::Close {
+                conn,
+                reason: "no Hello in time".into(),
+            });
+        }
+        for id in stalled {
+            let timeout = self.config.stall_timeout;
+            self.drop_session(id, format!("no write completed for {timeout:?}: too slow"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,428 @@
+//! The inbound side of a sender: connections arriving and leaving, the handshake, and
+//! what a subscriber's Wants and Nacks change in the state it is served from.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
+
+use super::Sender;
+use super::SenderEvent;
+use super::artifacts::ArtifactKey;
+use super::session::{Conn, SegState, Session};
+use crate::frame::{
+    Frame, Hello, MAX_STREAMS, PROTOCOL_VERSION, Progress, RejectCode, Role, Welcome,
+};
+use crate::{ConnId, ranges};
+
+impl Sender {
+    /// A downstream connected; its first frame must be a Hello.
+    pub fn accepted(&mut self, now: Instant, conn: ConnId) {
+        self.conns.insert(
+            conn,
+            Conn {
+                session: None,
+                stream: 0,
+                epoch: 0,
+                credit: self.config.window_frames,
+                direct: VecDeque::new(),
+                opened_at: now,
+                last_send: now,
+                stalled_since: None,
+                closing: false,
+            },
+        );
+    }
+
+    /// The driver finished writing one frame on `conn`.
+    pub fn on_sent(&mut self, now: Instant, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.credit = (c.credit + 1).min(self.config.window_frames);
+            c.stalled_since = None;
+            c.last_send = now;
+        }
+    }
+
+    /// `conn` is gone. Its session keeps the segments it carried as sent until the
+    /// subscriber's next Want says what actually arrived.
+    pub fn closed(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        let Some(id) = c.session else { return };
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        if session.streams.get(c.stream as usize) == Some(&Some(conn)) {
+            session.streams[c.stream as usize] = None;
+        }
+        if session.streams.iter().all(Option::is_none) {
+            self.sessions.remove(&id);
+            self.evict();
+        }
+    }
+
+    pub fn handle_frame(&mut self, now: Instant, conn: ConnId, frame: Frame) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        if c.closing {
+            return;
+        }
+        let Some(session_id) = c.session else {
+            match frame {
+                Frame::Hello(hello) => self.on_hello(now, conn, hello),
+                other => self.refuse(
+                    conn,
+                    RejectCode::Refused,
+                    format!(
+                        "the first frame must be Hello, not {}",
+                        other.frame_type().name()
+                    ),
+                ),
+            }
+            return;
+        };
+        match frame {
+            Frame::Want {
+                seq,
+                next_version,
+                snapshot,
+                composed,
+                live_streams,
+                epochs,
+                progress,
+            } => {
+                let session = self.sessions.get_mut(&session_id).expect("conn has it");
+                if session.last_want.is_some_and(|last| seq <= last) {
+                    // Overtaken by a later Want on another stream, which says more.
+                    return;
+                }
+                session.last_want = Some(seq);
+                let snapshot = snapshot.then_some(next_version);
+                let composed = self.composed_choice(next_version, composed, &progress);
+                self.on_want(
+                    session_id,
+                    next_version,
+                    (snapshot, composed),
+                    live_streams,
+                    &epochs,
+                    progress,
+                );
+            }
+            Frame::Nack { version, index } => self.on_nack(session_id, version, index),
+            Frame::Status {
+                active,
+                staged,
+                note,
+            } => {
+                let peer_id = self.sessions[&session_id].peer_id.clone();
+                self.events.push_back(SenderEvent::Status {
+                    peer_id,
+                    active,
+                    staged,
+                    note,
+                });
+            }
+            Frame::Keepalive => {}
+            Frame::Goodbye { reason } => {
+                tracing::debug!(conn, reason, "downstream said goodbye");
+                self.events.push_back(SenderEvent::Close { conn, reason });
+            }
+            other => self.drop_session(
+                session_id,
+                format!(
+                    "protocol violation: a downstream sent {}",
+                    other.frame_type().name()
+                ),
+            ),
+        }
+    }
+
+    fn refuse(&mut self, conn: ConnId, code: RejectCode, reason: String) {
+        tracing::info!(conn, ?code, reason, "refusing a connection");
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.direct.push_back((Frame::Reject { code, reason }, true));
+            c.closing = true;
+        }
+    }
+
+    fn on_hello(&mut self, now: Instant, conn: ConnId, hello: Hello) {
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return self.refuse(
+                conn,
+                RejectCode::Version,
+                format!(
+                    "protocol version {} is not supported (this peer speaks {PROTOCOL_VERSION})",
+                    hello.protocol_version
+                ),
+            );
+        }
+        if hello.flags != 0 {
+            return self.refuse(
+                conn,
+                RejectCode::Refused,
+                format!("unknown Hello flags {:#x}", hello.flags),
+            );
+        }
+        if !self.config.auth.admits(&hello.peer_id, &hello.token) {
+            return self.refuse(
+                conn,
+                RejectCode::Auth,
+                format!("peer '{}' is unknown or its token is wrong", hello.peer_id),
+            );
+        }
+        if hello.role == Role::Hub {
+            return self.refuse(
+                conn,
+                RejectCode::Refused,
+                "a hub does not subscribe to anyone".into(),
+            );
+        }
+        match self.sessions.get(&hello.session) {
+            Some(existing) if existing.peer_id != hello.peer_id => {
+                return self.refuse(
+                    conn,
+                    RejectCode::Refused,
+                    format!("session {} belongs to another peer", hello.session),
+                );
+            }
+            Some(existing) if existing.streams.len() != hello.streams as usize => {
+                return self.refuse(
+                    conn,
+                    RejectCode::Refused,
+                    format!(
+                        "session {} was opened with {} streams, not {}",
+                        hello.session,
+                        existing.streams.len(),
+                        hello.streams
+                    ),
+                );
+            }
+            None if self.sessions.len() >= self.config.max_sessions => {
+                return self.refuse(
+                    conn,
+                    RejectCode::Busy,
+                    format!("at the limit of {} sessions", self.config.max_sessions),
+                );
+            }
+            _ => {}
+        }
+        debug_assert!(hello.streams <= MAX_STREAMS, "checked by the decoder");
+        let session = self.sessions.entry(hello.session).or_insert_with(|| {
+            self.events.push_back(SenderEvent::Subscribed {
+                peer_id: hello.peer_id.clone(),
+                role: hello.role,
+                region: hello.region.clone(),
+                session: hello.session,
+            });
+            Session {
+                peer_id: hello.peer_id.clone(),
+                streams: vec![None; hello.streams as usize],
+                next_version: None,
+                snapshot: None,
+                composed: None,
+                last_want: None,
+                versions: BTreeMap::new(),
+                control: VecDeque::new(),
+                blocked: false,
+                nacks: 0,
+            }
+        });
+        // A reconnecting stream replaces the connection it had.
+        if let Some(old) = session.streams[hello.stream as usize].replace(conn) {
+            self.events.push_back(SenderEvent::Close {
+                conn: old,
+                reason: "replaced by a new connection of the same stream".into(),
+            });
+            self.conns.remove(&old);
+        }
+        let welcome = Frame::Welcome(Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            role: self.config.identity.role,
+            peer_id: self.config.identity.peer_id.clone(),
+            region: self.config.identity.region.clone(),
+            latest: self.latest(),
+            commit: self.commit,
+            snapshot: self.snapshot_offer(),
+        });
+        let c = self.conns.get_mut(&conn).expect("handle_frame checked");
+        c.session = Some(hello.session);
+        c.stream = hello.stream;
+        c.epoch = hello.epoch;
+        c.last_send = now;
+        c.direct.push_back((welcome, false));
+    }
+
+    /// The composed delta a Want at `next_version` is served, if any: a store-backed
+    /// sender, a Want that accepts one, and at least two versions to go (one behind,
+    /// it would be the stored delta itself). Its target is the one the subscriber holds
+    /// parts of (a transfer resumes), else the store's latest; a target the driver
+    /// declined from this base or an earlier one is replayed instead.
+    fn composed_choice(
+        &self,
+        next_version: u64,
+        accepted: bool,
+        progress: &[Progress],
+    ) -> Option<(u64, u64)> {
+        let latest = self
+            .loadable_max
+            .filter(|_| accepted && self.config.store_backed)?;
+        let held = progress
+            .iter()
+            .find(|p| p.composed)
+            .map(|p| p.version)
+            .filter(|&t| t <= latest);
+        let target = held.unwrap_or(latest);
+        if progress.iter().any(|p| p.version == target && !p.composed) {
+            // It holds parts of D(target): it is replaying already, and parts of two
+            // artifacts for one version would only be dropped.
+            return None;
+        }
+        let key = (next_version.checked_sub(1)?, target);
+        // Declined from an earlier base: replaying to the same target from a later one
+        // is cheaper still, so the plan is not asked again at every delivered version.
+        let declined = self.unavailable.keys().any(|declined| {
+            matches!(*declined, ArtifactKey::Composed { base, target: t } if t == target && base <= key.0)
+        });
+        (target > next_version && !declined).then_some(key)
+    }
+
+    fn on_want(
+        &mut self,
+        id: u64,
+        next_version: u64,
+        (snapshot, composed): (Option<u64>, Option<(u64, u64)>),
+        live_streams: u64,
+        epochs: &[u32],
+        progress: Vec<Progress>,
+    ) {
+        let session = self.sessions.get_mut(&id).expect("caller checked");
+        // A session this sender is already sending deltas past its next version keeps
+        // replaying: switching mid-stream would waste what is in flight (a Want may lag
+        // behind the deltas sent since it was written).
+        let serving = session.composed.map(|(_, target)| target);
+        let replaying = session.versions.iter().any(|(v, state)| {
+            *v >= next_version && Some(*v) != serving && !state.ever_sent.is_empty()
+        });
+        let composed = composed.filter(|_| !replaying);
+        if session.snapshot != snapshot {
+            // What was sent of these versions belongs to the other kind of artifact: the
+            // Want's progress alone says what the subscriber holds now.
+            for version in [session.snapshot, snapshot].into_iter().flatten() {
+                session.versions.remove(&version);
+            }
+            session.snapshot = snapshot;
+        }
+        if session.composed != composed {
+            // The same: D(target) and a composed delta to target are different artifacts.
+            for (_, target) in [session.composed, composed].into_iter().flatten() {
+                session.versions.remove(&target);
+            }
+            session.composed = composed;
+        }
+        let composed_target = composed.map(|(_, target)| target);
+        // A segment written on a connection is lost if the Want knows that connection
+        // and says it is gone (replaced by a later epoch, or not live). A Want written
+        // before the connection existed says nothing about it (it crossed the Hello).
+        let still_live = |state: SegState| match state {
+            SegState::Sent { stream, epoch } => {
+                let known = epochs.get(stream as usize).copied().unwrap_or(0);
+                epoch > known || (epoch == known && live_streams & (1 << stream) != 0)
+            }
+            _ => false,
+        };
+        session.next_version = Some(next_version);
+        session.blocked = false;
+        // A Commit written on a stream that died since is lost with it; a Want follows
+        // every change of streams, so the latest commit goes out again (receivers ignore
+        // one they have).
+        if let Some(commit) = self.commit {
+            session.control.retain(|f| !matches!(f, Frame::Commit(_)));
+            session.control.push_back(Frame::Commit(commit));
+        }
+        session.versions.retain(|v, _| *v >= next_version);
+        let mut reported: BTreeMap<u64, Progress> =
+            progress.into_iter().map(|p| (p.version, p)).collect();
+        let versions: BTreeSet<u64> = session
+            .versions
+            .keys()
+            .chain(reported.keys())
+            .copied()
+            .collect();
+        for version in versions {
+            let state = session.versions.entry(version).or_default();
+            let mut report = reported.remove(&version).unwrap_or_default();
+            if report.composed != (composed_target == Some(version)) {
+                // Progress of the kind of artifact not served: none of it is held.
+                report = Progress::default();
+            }
+            state.offer_sent = report.has_offer;
+            state.seal_sent = report.has_seal;
+            for index in 0..state.segs.len() {
+                let new = if ranges::contains(&report.have, index as u32) {
+                    SegState::Have
+                } else if still_live(state.segs[index]) {
+                    state.segs[index]
+                } else {
+                    SegState::Unsent
+                };
+                state.segs[index] = new;
+            }
+            state.reported = report.have;
+            state.cursor = 0;
+        }
+        self.evict();
+    }
+
+    fn on_nack(&mut self, id: u64, version: u64, index: u32) {
+        self.stats.nacks += 1;
+        let session = self.sessions.get_mut(&id).expect("caller checked");
+        session.nacks += 1;
+        if session.nacks > self.config.max_nacks {
+            let limit = self.config.max_nacks;
+            return self.drop_session(id, format!("more than {limit} nacks"));
+        }
+        let held = self
+            .artifacts
+            .get(&session.artifact_for(version))
+            .is_some_and(|a| a.present(index as usize));
+        // A nack for a segment this sender never had is ignored, whatever its index.
+        if held && let Some(state) = session.versions.get_mut(&version) {
+            state.set(index as usize, SegState::Unsent);
+        }
+    }
+
+    pub(super) fn queue_control(&mut self, id: u64, frame: Frame) {
+        let limit = self.config.max_control_queue;
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return;
+        };
+        session.control.push_back(frame);
+        if session.control.len() > limit {
+            self.drop_session(id, format!("more than {limit} control frames queued"));
+        }
+    }
+
+    pub(super) fn drop_session(&mut self, id: u64, reason: String) {
+        let Some(session) = self.sessions.remove(&id) else {
+            return;
+        };
+        tracing::info!(peer = session.peer_id, reason, "dropping a session");
+        self.stats.sessions_dropped += 1;
+        for conn in session.streams.into_iter().flatten() {
+            self.conns.remove(&conn);
+            self.events.push_back(SenderEvent::Close {
+                conn,
+                reason: reason.clone(),
+            });
+        }
+        self.events.push_back(SenderEvent::Dropped {
+            peer_id: session.peer_id,
+            reason,
+        });
+        self.evict();
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Output
+    // ---------------------------------------------------------------------------------
+}
