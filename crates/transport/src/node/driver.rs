@@ -1,0 +1,492 @@
+//! The event loop: every event a node's sockets, tasks and timers report, handled in
+//! one place, so it is the only one where protocol state changes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use aurora_delta::{DeltaError, Hash, PatchChunk};
+use aurora_proto::{ArtifactKey, ConnId, Node, Sender, Weights};
+use aurora_store::{Store, StoreError};
+use bytes::Bytes;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{AbortHandle, JoinSet};
+
+use crate::conn::{WriteCmd, spawn_conn};
+use crate::decode::DecodePool;
+use crate::engine::Engine;
+
+use super::handle::Command;
+use super::{NodeConfig, NodeStatus, TransportError, error_chain};
+
+/// Events queued between the sockets and the loop.
+pub(super) const EVENT_QUEUE: usize = 1024;
+/// Longest wait before a new upstream session after repeated failures.
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+pub(crate) enum Event {
+    Accepted {
+        stream: TcpStream,
+    },
+    Frame {
+        conn: ConnId,
+        frame: aurora_proto::Frame,
+    },
+    Closed {
+        conn: ConnId,
+        reason: String,
+    },
+    Sent {
+        conn: ConnId,
+    },
+    Dialed {
+        session: u64,
+        stream: u8,
+        result: Result<TcpStream, String>,
+    },
+    Decoded {
+        version: u64,
+        index: u32,
+        hash: Hash,
+        result: Result<Vec<PatchChunk>, DeltaError>,
+    },
+    SafePoint,
+    Activated {
+        version: u64,
+        weights: Weights,
+        /// The tensors the activation changed (none when it failed).
+        changed: Vec<String>,
+        result: Result<Hash, DeltaError>,
+    },
+    /// The artifact the sender asked for, or why there is none.
+    Loaded {
+        key: ArtifactKey,
+        result: Result<Bytes, String>,
+    },
+    /// The store now holds `version`.
+    Stored {
+        version: u64,
+    },
+}
+
+/// The bytes of the artifact `key` names (blocking: reads, and may build, from the
+/// store), or why there are none. A composed delta is declined when replaying is no
+/// dearer.
+pub(super) fn read_stored(
+    key: ArtifactKey,
+    store: &Store,
+    snapshot_segment_bytes: usize,
+) -> Result<Bytes, String> {
+    let chain = |e: StoreError| error_chain(&e);
+    match key {
+        ArtifactKey::Delta(version) => store
+            .delta(version)
+            .map(|file| Bytes::copy_from_slice(file.bytes()))
+            .map_err(chain),
+        ArtifactKey::Snapshot(version) => store
+            .snapshot_artifact(version, snapshot_segment_bytes)
+            .map(Bytes::from)
+            .map_err(chain),
+        ArtifactKey::Composed { base, target } => {
+            let (plan, bytes) = store.composed_catch_up(base, target).map_err(chain)?;
+            tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
+            bytes
+                .map(Bytes::from)
+                .ok_or_else(|| format!("the catch-up plan is {plan:?}"))
+        }
+    }
+}
+
+pub(super) struct ConnEntry {
+    pub(super) writer: mpsc::Sender<WriteCmd>,
+    pub(super) inbound: bool,
+    pub(super) reader: AbortHandle,
+}
+
+/// An artifact being published live, kept (as shared buffers) to store it when sealed.
+pub(super) struct Live {
+    pub(super) descriptor: Bytes,
+    pub(super) segments: BTreeMap<u32, Bytes>,
+}
+
+pub(super) struct Driver<E: Engine> {
+    pub(super) config: NodeConfig,
+    pub(super) node: Node,
+    /// Shared with the decodes out; the node starts an activation only when none is.
+    pub(super) weights: Option<Arc<Weights>>,
+    /// The pool this node decodes on and its member key there.
+    pub(super) decoder: Option<(Arc<DecodePool>, u64)>,
+    pub(super) engine: Option<Arc<E>>,
+    pub(super) store: Option<Arc<Store>>,
+    pub(super) live: BTreeMap<u64, Live>,
+    pub(super) conns: HashMap<ConnId, ConnEntry>,
+    pub(super) next_conn: ConnId,
+    /// Index into the upstreams of the current (or next) session.
+    pub(super) upstream: usize,
+    /// Upstream sessions lost in a row, for the backoff.
+    pub(super) failures: u32,
+    /// The session is being left on purpose for the first upstream (a joiner, once its
+    /// snapshot is in).
+    pub(super) back_to_first: bool,
+    pub(super) new_session_at: Option<Instant>,
+    pub(super) tasks: JoinSet<()>,
+    pub(super) events_tx: mpsc::Sender<Event>,
+    pub(super) status_tx: watch::Sender<NodeStatus>,
+    pub(super) status: NodeStatus,
+    /// Bytes read from upstream connections (see [`NodeHandle::upstream_bytes`]).
+    pub(super) upstream_bytes: Arc<AtomicU64>,
+}
+
+impl<E: Engine> Driver<E> {
+    pub(super) async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        mut commands: mpsc::Receiver<Command>,
+    ) {
+        loop {
+            let wake = [self.node.poll_timeout(), self.new_session_at]
+                .into_iter()
+                .flatten()
+                .min();
+            let sleep = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                event = events.recv() => {
+                    let Some(event) = event else { return };
+                    self.on_event(event);
+                    // Take what else is ready before publishing the status.
+                    while let Ok(event) = events.try_recv() {
+                        self.on_event(event);
+                        self.drain();
+                    }
+                }
+                command = commands.recv() => {
+                    let Some(command) = command else {
+                        // Every handle is gone: keep serving until killed.
+                        commands = mpsc::channel(1).1;
+                        continue;
+                    };
+                    self.on_command(command);
+                }
+                () = sleep => {
+                    let now = Instant::now();
+                    if self.new_session_at.is_some_and(|at| now >= at) {
+                        self.new_session_at = None;
+                        self.start_session(now);
+                    }
+                    self.node.handle_timeout(now);
+                }
+            }
+            self.drain();
+            self.publish_status();
+            while self.tasks.try_join_next().is_some() {}
+        }
+    }
+
+    pub(super) fn start_session(&mut self, now: Instant) {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(self.next_conn);
+        let session = hasher.finish();
+        let upstream = self.current_upstream();
+        tracing::info!(%upstream, session, "starting an upstream session");
+        self.status.upstream = Some(upstream);
+        if let Some(receiver) = self.node.receiver_mut() {
+            receiver.start_session(now, session);
+        }
+    }
+
+    pub(super) fn current_upstream(&self) -> SocketAddr {
+        self.config.upstreams[self.upstream % self.config.upstreams.len()]
+    }
+
+    pub(super) fn on_event(&mut self, event: Event) {
+        let now = Instant::now();
+        match event {
+            Event::Accepted { stream } => {
+                let conn = self.add_conn(stream, true);
+                if let Some(sender) = self.node.sender_mut() {
+                    sender.accepted(now, conn);
+                }
+            }
+            Event::Frame { conn, frame } => {
+                let Some(entry) = self.conns.get(&conn) else {
+                    return;
+                };
+                if entry.inbound {
+                    if let Some(sender) = self.node.sender_mut() {
+                        sender.handle_frame(now, conn, frame);
+                    }
+                } else if let Some(receiver) = self.node.receiver_mut() {
+                    receiver.handle_frame(now, conn, frame);
+                }
+            }
+            Event::Closed { conn, reason } => {
+                let Some(entry) = self.conns.remove(&conn) else {
+                    return;
+                };
+                tracing::debug!(conn, reason, inbound = entry.inbound, "connection closed");
+                if entry.inbound {
+                    if let Some(sender) = self.node.sender_mut() {
+                        sender.closed(conn);
+                    }
+                } else if let Some(receiver) = self.node.receiver_mut() {
+                    receiver.closed(conn);
+                }
+            }
+            Event::Sent { conn } => self.node.sent(now, conn),
+            Event::Dialed {
+                session,
+                stream,
+                result,
+            } => match result {
+                Ok(socket) => {
+                    let conn = self.add_conn(socket, false);
+                    if let Some(receiver) = self.node.receiver_mut() {
+                        receiver.connected(now, session, stream, conn);
+                    }
+                }
+                Err(reason) => {
+                    tracing::debug!(reason, "dial failed");
+                    if let Some(receiver) = self.node.receiver_mut() {
+                        receiver.dial_failed(session, stream, &reason);
+                    }
+                }
+            },
+            Event::Decoded {
+                version,
+                index,
+                hash,
+                result,
+            } => {
+                let outcome = result.map_err(|e| e.to_string());
+                self.node.decoded(version, index, hash, outcome);
+            }
+            Event::SafePoint => self.node.safe_point(),
+            Event::Activated {
+                version,
+                weights,
+                changed,
+                result,
+            } => {
+                let result = result.map_err(|e| e.to_string());
+                let weights = Arc::new(weights);
+                // The engine resumes on the new weights, or on the old ones if the patch
+                // did not reproduce the target (they were restored). A joining node's
+                // engine, whose snapshot failed, was never paused and has nothing to run.
+                if let Some(engine) = &self.engine
+                    && !weights.is_empty()
+                {
+                    engine.activate(weights.clone(), changed);
+                }
+                if result.is_err() {
+                    self.status.failed_activations += 1;
+                }
+                tracing::info!(version, ok = result.is_ok(), "activation");
+                self.weights = Some(weights);
+                self.node.activated(version, result);
+            }
+            // Reading the catalog is cheap next to the put that just finished.
+            Event::Stored { version } => self.read_store(Some(version)),
+            Event::Loaded { key, result } => {
+                let Some(sender) = self.node.sender_mut() else {
+                    return;
+                };
+                if let Err(error) = sender.loaded(key, result) {
+                    match key {
+                        // Declining a composed delta for replaying is the plan working.
+                        ArtifactKey::Composed { .. } => {
+                            tracing::debug!(%error, "no composed delta")
+                        }
+                        _ => tracing::warn!(%error, "cannot serve a stored artifact"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells the sender what the store holds now: the newest version (at least `stored`,
+    /// just put) and the newest snapshot.
+    pub(super) fn read_store(&mut self, stored: Option<u64>) {
+        let (Some(sender), Some(store)) = (self.node.sender_mut(), &self.store) else {
+            return;
+        };
+        match store
+            .latest_version()
+            .and_then(|latest| Ok((latest, store.newest_snapshot()?)))
+        {
+            Ok((latest, newest_snapshot)) => {
+                sender.set_loadable(latest.max(stored));
+                sender.set_snapshot_loadable(newest_snapshot);
+            }
+            Err(error) => tracing::warn!(%error, "cannot read the store's catalog"),
+        }
+    }
+
+    pub(super) fn add_conn(&mut self, stream: TcpStream, inbound: bool) -> ConnId {
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        let (writer, reader) = spawn_conn(
+            &mut self.tasks,
+            conn,
+            stream,
+            self.config.window_frames,
+            self.events_tx.clone(),
+            (!inbound).then(|| self.upstream_bytes.clone()),
+        );
+        self.conns.insert(
+            conn,
+            ConnEntry {
+                writer,
+                inbound,
+                reader,
+            },
+        );
+        conn
+    }
+
+    pub(super) fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Begin { descriptor, reply } => {
+                let result = self
+                    .hub_sender()
+                    .and_then(|s| s.begin_artifact(descriptor.clone()).map_err(Into::into));
+                if let Ok(version) = result {
+                    self.live.insert(
+                        version,
+                        Live {
+                            descriptor,
+                            segments: BTreeMap::new(),
+                        },
+                    );
+                }
+                let _ = reply.send(result);
+            }
+            Command::Segment {
+                version,
+                segment,
+                reply,
+            } => {
+                let bytes = Bytes::from(segment.bytes);
+                let result = self.hub_sender().and_then(|s| {
+                    s.add_segment(version, segment.index, segment.hash, bytes.clone())
+                        .map_err(Into::into)
+                });
+                if result.is_ok()
+                    && let Some(live) = self.live.get_mut(&version)
+                {
+                    live.segments.insert(segment.index, bytes);
+                }
+                let _ = reply.send(result);
+            }
+            Command::Seal {
+                version,
+                manifest,
+                reply,
+            } => {
+                let sealed = self.hub_sender().and_then(|s| {
+                    s.seal_artifact(version, manifest.id(), manifest.segments.clone())
+                        .map_err(Into::into)
+                });
+                let live = self.live.remove(&version);
+                match (sealed, live) {
+                    (Ok(()), Some(live)) => {
+                        let mut artifact = live.descriptor.to_vec();
+                        for bytes in live.segments.values() {
+                            artifact.extend_from_slice(bytes);
+                        }
+                        artifact.extend_from_slice(&manifest.encode_tail());
+                        self.store_then(version, Bytes::from(artifact), |r| {
+                            let _ = reply.send(r.map(|_| ()));
+                        });
+                    }
+                    (Ok(()), None) => {
+                        let _ = reply.send(Ok(()));
+                    }
+                    (Err(error), _) => {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+            }
+            Command::Publish { artifact, reply } => {
+                let inserted = self
+                    .hub_sender()
+                    .and_then(|s| s.insert_artifact(artifact.clone()).map_err(Into::into));
+                match inserted {
+                    Ok(version) => self.store_then(version, artifact, |r| {
+                        let _ = reply.send(r);
+                    }),
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+            }
+            Command::Commit(commit) => {
+                if let Some(sender) = self.node.sender_mut() {
+                    sender.commit(commit);
+                }
+            }
+            Command::StoreChanged { reply } => {
+                self.read_store(None);
+                let _ = reply.send(Ok(()));
+            }
+        }
+    }
+
+    pub(super) fn hub_sender(&mut self) -> Result<&mut Sender, TransportError> {
+        self.node.sender_mut().ok_or(TransportError::Stopped)
+    }
+
+    /// Stores a sealed artifact (on a hub with a store) on a blocking thread, then
+    /// answers. The version is servable from memory meanwhile.
+    pub(super) fn store_then(
+        &mut self,
+        version: u64,
+        artifact: Bytes,
+        answer: impl FnOnce(Result<u64, TransportError>) + Send + 'static,
+    ) {
+        let Some(store) = self.store.clone() else {
+            return answer(Ok(version));
+        };
+        let events = self.events_tx.clone();
+        self.tasks.spawn_blocking(move || {
+            let stored = store.put_delta(&artifact).map(|r| r.version);
+            if stored.is_ok() {
+                let _ = events.blocking_send(Event::Stored { version });
+            }
+            answer(stored.map_err(Into::into));
+        });
+    }
+
+    /// Reads (or builds) the artifact `key` names from the store on a blocking thread
+    /// and reports it as [`Event::Loaded`].
+    pub(super) fn load(&mut self, key: ArtifactKey) {
+        let Some(store) = self.store.clone() else {
+            if let Some(sender) = self.node.sender_mut() {
+                let _ = sender.loaded(key, Err("no store".into()));
+            }
+            return;
+        };
+        let segment_bytes = self.config.snapshot_segment_bytes;
+        let events = self.events_tx.clone();
+        self.tasks.spawn_blocking(move || {
+            let result = read_stored(key, &store, segment_bytes);
+            let _ = events.blocking_send(Event::Loaded { key, result });
+        });
+    }
+
+    /// Carries out everything the node wants done.
+    pub(super) fn drain(&mut self) {
+        let now = Instant::now();
+        while let Some(output) = self.node.poll(now) {
+            self.output(output);
+        }
+    }
+}

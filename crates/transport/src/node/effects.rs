@@ -1,0 +1,209 @@
+//! What the protocol node asks of its driver (frames to write, dials, loads, decodes,
+//! activations, notices), carried out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aurora_proto::{ConnId, Notice, Output, Receiver, Sender};
+
+use crate::conn::{WriteCmd, dial};
+use crate::engine::Engine;
+
+use super::MAX_REPORTS;
+use super::driver::{BACKOFF_MAX, Driver, Event};
+
+impl<E: Engine> Driver<E> {
+    pub(super) fn output(&mut self, output: Output) {
+        match output {
+            Output::Transmit {
+                conn,
+                frame,
+                close_after,
+            } => {
+                let Some(entry) = self.conns.get(&conn) else {
+                    return;
+                };
+                if entry
+                    .writer
+                    .try_send(WriteCmd::Frame { frame, close_after })
+                    .is_err()
+                {
+                    // Only an outbound connection can get here (inbound ones have a
+                    // window): its peer is not reading our control frames.
+                    tracing::warn!(conn, "write queue full; closing the connection");
+                    self.close(conn);
+                }
+            }
+            Output::Close { conn } => self.close(conn),
+            Output::Dial { session, stream } => {
+                let address = self.current_upstream();
+                let timeout = self.config.connect_timeout;
+                let options = self.config.socket.clone();
+                let events = self.events_tx.clone();
+                self.tasks.spawn(async move {
+                    let result = dial(address, timeout, &options).await;
+                    let _ = events
+                        .send(Event::Dialed {
+                            session,
+                            stream,
+                            result,
+                        })
+                        .await;
+                });
+            }
+            Output::UpstreamLost { reason } => {
+                let from = self.current_upstream();
+                self.status.upstream_switches += 1;
+                self.status.connected = false;
+                if std::mem::take(&mut self.back_to_first) {
+                    self.upstream = 0;
+                    tracing::info!(%from, next = %self.current_upstream(), %reason, "switching upstream");
+                    self.new_session_at = Some(Instant::now());
+                    return;
+                }
+                self.upstream += 1;
+                self.failures += 1;
+                tracing::warn!(%from, next = %self.current_upstream(), %reason, "upstream lost; falling back");
+                let backoff = (Duration::from_millis(50) * self.failures).min(BACKOFF_MAX);
+                self.new_session_at = Some(Instant::now() + backoff);
+            }
+            Output::Load(key) => self.load(key),
+            Output::Decode {
+                version,
+                index,
+                hash,
+                kind,
+                header,
+                bytes,
+            } => {
+                let weights = self.weights.clone().expect("decoding needs the weights");
+                let (pool, member) = self
+                    .decoder
+                    .clone()
+                    .expect("a node with weights has a decode pool");
+                let events = self.events_tx.clone();
+                pool.submit(member, move || {
+                    let result = weights.decode_segment(kind, &header, index, &bytes);
+                    // Let go of the weights before reporting: once the last decode is
+                    // in, the loop takes them for activation, and a share still held
+                    // here would fail it as "not ready".
+                    drop(weights);
+                    let _ = events.blocking_send(Event::Decoded {
+                        version,
+                        index,
+                        hash,
+                        result,
+                    });
+                });
+            }
+            Output::AwaitSafePoint => {
+                let engine = self.engine.clone().expect("actors have an engine");
+                let events = self.events_tx.clone();
+                self.tasks.spawn(async move {
+                    engine.safe_point().await;
+                    let _ = events.send(Event::SafePoint).await;
+                });
+            }
+            Output::Activate { version } => {
+                let shared = self.weights.take().expect("activation needs the weights");
+                let (mut weights, patch) =
+                    match (Arc::try_unwrap(shared), self.node.take_patch(version)) {
+                        (Ok(weights), Some(patch)) => (weights, patch),
+                        (shared, _) => {
+                            // The node activates only a staged patch with no decode out.
+                            self.weights = Some(shared.map_or_else(|arc| arc, Arc::new));
+                            self.node
+                                .activated(version, Err("the staged patch is not ready".into()));
+                            return;
+                        }
+                    };
+                let events = self.events_tx.clone();
+                // Not on the decode pool: the engine is paused at its safe point until
+                // this is done, so it runs at the process's own priority.
+                self.tasks.spawn_blocking(move || {
+                    let changed = patch.changed_tensors();
+                    let result = weights.activate(patch);
+                    let changed = if result.is_ok() { changed } else { Vec::new() };
+                    let _ = events.blocking_send(Event::Activated {
+                        version,
+                        weights,
+                        changed,
+                        result,
+                    });
+                });
+            }
+            Output::Notice(notice) => self.notice(notice),
+        }
+    }
+
+    pub(super) fn notice(&mut self, notice: Notice) {
+        match notice {
+            Notice::Connected(welcome) => {
+                self.failures = 0;
+                self.status.connected = true;
+                tracing::info!(upstream = welcome.peer_id, latest = ?welcome.latest, "subscribed upstream");
+            }
+            Notice::Complete { version } => {
+                tracing::debug!(version, "version received and verified");
+                self.status.completed.push(version);
+            }
+            Notice::Joined { version } => {
+                tracing::info!(version, "received the snapshot to join from");
+                // Only a hub serves snapshots: the deltas after it come cheaper from the
+                // first upstream, the region's relay, as for every other actor.
+                if self.current_upstream() != self.config.upstreams[0]
+                    && let Some(receiver) = self.node.receiver_mut()
+                {
+                    self.back_to_first = true;
+                    receiver.abandon("joined; the deltas come from the first upstream");
+                }
+            }
+            Notice::Committed(commit) => tracing::debug!(version = commit.version, "commit"),
+            Notice::Subscribed {
+                peer_id,
+                role,
+                region,
+            } => tracing::info!(peer_id, %role, region, "subscriber joined"),
+            Notice::Dropped { peer_id, reason } => {
+                tracing::warn!(peer_id, reason, "subscriber dropped")
+            }
+            Notice::Status {
+                peer_id,
+                active,
+                staged: _,
+                note,
+            } => {
+                tracing::debug!(peer_id, version = active.version, note, "subscriber status");
+                if self.status.reports.len() == MAX_REPORTS {
+                    self.status.reports.remove(0);
+                }
+                self.status.reports.push((peer_id, active, note));
+            }
+            Notice::RelayError(error) => tracing::warn!(error, "relay cannot republish"),
+        }
+    }
+
+    pub(super) fn close(&mut self, conn: ConnId) {
+        if let Some(entry) = self.conns.remove(&conn) {
+            entry.reader.abort();
+        }
+        // Dropping the writer's queue makes its task shut the socket down.
+    }
+
+    pub(super) fn publish_status(&mut self) {
+        let status = &mut self.status;
+        if let Some(actor) = self.node.actor_status() {
+            status.active = actor.active;
+            status.staged = actor.staged;
+            status.committed = actor.committed;
+        }
+        status.diverged = self.node.actor_diverged();
+        status.receiver = self.node.receiver().map(|r| r.stats().clone());
+        status.streams = self.node.receiver().map_or(0, Receiver::welcomed_streams);
+        status.target_streams = self.node.receiver().map_or(0, Receiver::stream_count);
+        status.sender = self.node.sender().map(|s| s.stats().clone());
+        status.subscribers = self.node.sender().map_or(0, Sender::sessions);
+        let snapshot = status.clone();
+        self.status_tx.send_replace(snapshot);
+    }
+}

@@ -1,0 +1,196 @@
+//! The event loop of one node: owns the sans-IO [`aurora_proto::Node`], its sockets, its
+//! timers and, for relays and actors, its weights and engine.
+//!
+//! Every socket has a reader and a writer task; they and the listener report to the loop
+//! through one bounded channel, so the loop is the only place where protocol state
+//! changes. Heavy work (staging, activation, store reads and writes, building snapshot
+//! artifacts) runs on blocking threads and reports back the same way. Everything a node
+//! spawns lives in one `JoinSet`, so killing the loop's task closes every socket at once,
+//! as a crash would.
+//!
+//! This module holds the vocabulary (settings, status, errors); `spawn` starts each kind
+//! of node, `handle` is the caller's side, `driver` the loop that handles events, and
+//! `effects` carries out what the protocol node asks of it.
+
+mod driver;
+mod effects;
+mod handle;
+mod spawn;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aurora_delta::DeltaError;
+use aurora_proto::{
+    Auth, Identity, Receiver, ReceiverConfig, ReceiverStats, SenderConfig, SenderError,
+    SenderStats, VersionRef,
+};
+use aurora_store::StoreError;
+
+use crate::conn::SocketOptions;
+use crate::decode::DecodePool;
+
+pub(crate) use self::driver::Event;
+pub use self::handle::NodeHandle;
+pub use self::spawn::{
+    spawn_actor, spawn_collector, spawn_hub, spawn_joining_actor, spawn_joining_relay, spawn_relay,
+};
+
+/// Settings shared by every kind of node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub identity: Identity,
+    /// Accept subscribers here (hubs and relays).
+    pub listen: Option<SocketAddr>,
+    /// Who may subscribe (hubs and relays).
+    pub auth: Auth,
+    /// Upstreams in order of preference (relays and actors): the region's relay first,
+    /// then the hub or a peer relay to fall back to.
+    pub upstreams: Vec<SocketAddr>,
+    /// Token presented to upstreams.
+    pub token: Vec<u8>,
+    /// Parallel streams per upstream session (the upper bound when tuned).
+    pub streams: u8,
+    /// Tune the stream count from measured goodput at this interval.
+    pub tune_interval: Option<Duration>,
+    pub socket: SocketOptions,
+    pub connect_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub keepalive_interval: Duration,
+    pub stall_timeout: Duration,
+    /// Versions a relay keeps in memory for its subscribers.
+    pub retain_versions: usize,
+    /// Frames in flight per connection (the sender's window).
+    pub window_frames: usize,
+    /// Segment size of the snapshot artifacts a hub builds from its store for peers that
+    /// join with no weights. Hubs that serve one store must agree on it: the same
+    /// snapshot then gives the same artifact, and a join resumes across them.
+    pub snapshot_segment_bytes: usize,
+    /// Where a relay or an actor decodes deltas as their segments arrive, at a lower
+    /// priority than the process ([`DecodePool`]). `None`: a pool of its own, one
+    /// thread per core. Nodes of one process may share a pool: they then take turns,
+    /// one segment each. Hubs and collectors decode nothing.
+    pub decode_pool: Option<Arc<DecodePool>>,
+}
+
+impl NodeConfig {
+    pub fn new(identity: Identity, token: Vec<u8>) -> NodeConfig {
+        NodeConfig {
+            identity,
+            listen: None,
+            auth: Auth::Shared(token.clone()),
+            upstreams: Vec::new(),
+            token,
+            streams: 4,
+            tune_interval: None,
+            socket: SocketOptions::default(),
+            connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(2),
+            stall_timeout: Duration::from_secs(30),
+            retain_versions: 4,
+            window_frames: 4,
+            snapshot_segment_bytes: 256 << 10,
+            decode_pool: None,
+        }
+    }
+
+    fn sender(&self, store_backed: bool) -> SenderConfig {
+        let mut config = SenderConfig::new(self.identity.clone(), self.auth.clone());
+        config.store_backed = store_backed;
+        config.keepalive_interval = self.keepalive_interval;
+        config.stall_timeout = self.stall_timeout;
+        config.retain_versions = self.retain_versions;
+        config.window_frames = self.window_frames;
+        config
+    }
+
+    fn receiver_config(&self) -> ReceiverConfig {
+        let mut config = ReceiverConfig::new(self.identity.clone(), self.token.clone());
+        config.streams = self.streams;
+        config.idle_timeout = self.idle_timeout;
+        config.tune_interval = self.tune_interval;
+        config
+    }
+
+    /// A receiver from `active` on, or one that joins from a snapshot (no weights).
+    fn receiver(&self, active: Option<VersionRef>) -> Receiver {
+        match active {
+            Some(active) => Receiver::new(self.receiver_config(), active.version + 1, active),
+            None => Receiver::joining(self.receiver_config()),
+        }
+    }
+}
+
+/// An error and its sources on one line: what a downstream is told in an Unavailable.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("the node has stopped")]
+    Stopped,
+    #[error("listening on {address}")]
+    Listen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Publish(#[from] SenderError),
+    #[error("storing the artifact")]
+    Store(#[from] StoreError),
+    #[error("extraction failed")]
+    Extraction(#[from] DeltaError),
+    #[error("building the decode thread pool: {0}")]
+    Pool(String),
+    #[error("invalid benchmark: {0}")]
+    InvalidSpec(String),
+    #[error("{0} needs at least one upstream")]
+    NoUpstream(&'static str),
+    #[error("gave up after {0:?}")]
+    TimedOut(Duration),
+    #[error("an actor refused the chain to version {0} from every upstream")]
+    Diverged(u64),
+}
+
+/// Where a node stands; published after every event it handles.
+#[derive(Debug, Clone, Default)]
+pub struct NodeStatus {
+    /// The active weights (relays and actors).
+    pub active: Option<VersionRef>,
+    pub staged: Option<u64>,
+    pub committed: Option<u64>,
+    /// Versions completed and verified by the receiver, in order.
+    pub completed: Vec<u64>,
+    /// The upstream of the current session.
+    pub upstream: Option<SocketAddr>,
+    pub connected: bool,
+    /// Streams of the upstream session its upstream has welcomed.
+    pub streams: u8,
+    /// Streams the upstream session uses now (one at first when tuned).
+    pub target_streams: u8,
+    pub upstream_switches: u64,
+    pub receiver: Option<ReceiverStats>,
+    pub sender: Option<SenderStats>,
+    /// Status reports received from subscribers (peer id, active version, note),
+    /// the latest [`MAX_REPORTS`] of them.
+    pub reports: Vec<(String, VersionRef, String)>,
+    /// Sessions currently subscribed (hubs and relays).
+    pub subscribers: usize,
+    /// The actor refused its upstreams' chain [`aurora_proto::MAX_REFUSALS`] times.
+    pub diverged: bool,
+    /// Activations whose target hash did not match (the weights were restored).
+    pub failed_activations: u64,
+}
+
+/// Reports kept in [`NodeStatus::reports`].
+pub const MAX_REPORTS: usize = 256;

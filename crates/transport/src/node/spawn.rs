@@ -1,0 +1,250 @@
+//! Starting a node of each kind: its listener, its upstream sessions and its event loop.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use aurora_delta::Hash;
+use aurora_proto::{Node, Sender, VersionRef, Weights};
+use aurora_store::Store;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::conn::SocketOptions;
+use crate::decode::DecodePool;
+use crate::engine::{Engine, IdleEngine};
+
+use super::driver::{Driver, EVENT_QUEUE, Event};
+use super::handle::NodeHandle;
+use super::{NodeConfig, NodeStatus, TransportError};
+
+/// Starts a hub: serves published versions, and stored ones from `store` on request.
+pub async fn spawn_hub(
+    config: NodeConfig,
+    store: Option<Arc<Store>>,
+) -> Result<NodeHandle, TransportError> {
+    let mut sender = Sender::new(config.sender(store.is_some()));
+    if let Some(store) = &store {
+        sender.set_loadable(store.latest_version()?);
+        sender.set_snapshot_loadable(store.newest_snapshot()?);
+    }
+    spawn(
+        config,
+        Node::hub(sender),
+        None,
+        None::<Arc<IdleEngine>>,
+        store,
+    )
+    .await
+}
+
+/// Starts a relay with its weights: it receives from its upstreams, activates every
+/// version itself, and forwards each verified segment to its subscribers as it arrives.
+pub async fn spawn_relay(
+    config: NodeConfig,
+    weights: Weights,
+) -> Result<NodeHandle, TransportError> {
+    start_relay(config, Some(weights)).await
+}
+
+/// Starts a relay with no weights (a new region's): it takes the newest snapshot an
+/// upstream offers over the wire, activates it, then serves the versions after it as
+/// [`spawn_relay`] does.
+pub async fn spawn_joining_relay(config: NodeConfig) -> Result<NodeHandle, TransportError> {
+    start_relay(config, None).await
+}
+
+pub(super) async fn start_relay(
+    config: NodeConfig,
+    weights: Option<Weights>,
+) -> Result<NodeHandle, TransportError> {
+    if config.upstreams.is_empty() {
+        return Err(TransportError::NoUpstream("a relay"));
+    }
+    let active = weights.as_ref().map(Weights::active);
+    let receiver = config.receiver(active);
+    let sender = Sender::new(config.sender(false));
+    let node = match active {
+        Some(active) => Node::relay(receiver, sender, active),
+        None => Node::joining_relay(receiver, sender),
+    };
+    let engine = Arc::new(IdleEngine::default());
+    spawn(
+        config,
+        node,
+        Some(weights.unwrap_or_else(Weights::empty)),
+        Some(engine),
+        None,
+    )
+    .await
+}
+
+/// Starts an actor: it receives from its upstreams, stages each delta against its
+/// weights and activates committed versions at the engine's safe points.
+pub async fn spawn_actor<E: Engine>(
+    config: NodeConfig,
+    weights: Weights,
+    engine: Arc<E>,
+) -> Result<NodeHandle, TransportError> {
+    start_actor(config, Some(weights), engine).await
+}
+
+/// Starts an actor with no weights (a newcomer on another machine): it takes the newest
+/// snapshot an upstream offers over the wire, activates it at once (the engine gets its
+/// weights through [`Engine::activate`] before any safe point), then goes on as
+/// [`spawn_actor`] does. Its status has no active version until then.
+pub async fn spawn_joining_actor<E: Engine>(
+    config: NodeConfig,
+    engine: Arc<E>,
+) -> Result<NodeHandle, TransportError> {
+    start_actor(config, None, engine).await
+}
+
+pub(super) async fn start_actor<E: Engine>(
+    config: NodeConfig,
+    weights: Option<Weights>,
+    engine: Arc<E>,
+) -> Result<NodeHandle, TransportError> {
+    if config.upstreams.is_empty() {
+        return Err(TransportError::NoUpstream("an actor"));
+    }
+    let active = weights.as_ref().map(Weights::active);
+    let receiver = config.receiver(active);
+    let node = match active {
+        Some(active) => Node::actor(receiver, active),
+        None => Node::joining_actor(receiver),
+    };
+    let weights = weights.unwrap_or_else(Weights::empty);
+    spawn(config, node, Some(weights), Some(engine), None).await
+}
+
+/// Starts a receiver that only collects verified artifacts from `first_version` (at
+/// least 1) on (benchmarks).
+pub async fn spawn_collector(
+    config: NodeConfig,
+    first_version: u64,
+) -> Result<NodeHandle, TransportError> {
+    if config.upstreams.is_empty() {
+        return Err(TransportError::NoUpstream("a collector"));
+    }
+    let start = VersionRef {
+        version: first_version.saturating_sub(1),
+        hash: Hash::default(),
+    };
+    let receiver = config.receiver(Some(start));
+    spawn(
+        config,
+        Node::collector(receiver),
+        None,
+        None::<Arc<IdleEngine>>,
+        None,
+    )
+    .await
+}
+
+pub(super) async fn spawn<E: Engine>(
+    config: NodeConfig,
+    node: Node,
+    weights: Option<Weights>,
+    engine: Option<Arc<E>>,
+    store: Option<Arc<Store>>,
+) -> Result<NodeHandle, TransportError> {
+    let mut tasks = JoinSet::new();
+    let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let mut local_addr = None;
+    if let Some(address) = config.listen {
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|source| TransportError::Listen { address, source })?;
+        local_addr = Some(
+            listener
+                .local_addr()
+                .map_err(|source| TransportError::Listen { address, source })?,
+        );
+        tasks.spawn(accept_loop(
+            listener,
+            config.socket.clone(),
+            events_tx.clone(),
+        ));
+    }
+    let (commands_tx, commands) = mpsc::channel(64);
+    let initial = NodeStatus {
+        active: node.actor_status().and_then(|s| s.active),
+        ..NodeStatus::default()
+    };
+    let (status_tx, status) = watch::channel(initial);
+    let upstream_bytes = Arc::new(AtomicU64::new(0));
+    // Only nodes that hold weights decode: a hub or a collector needs no pool.
+    let decoder = match (&weights, &config.decode_pool) {
+        (None, _) => None,
+        (Some(_), Some(shared)) => Some(shared.clone()),
+        (Some(_), None) => Some(DecodePool::new(None)?),
+    }
+    .map(|pool| {
+        let member = pool.member();
+        (pool, member)
+    });
+    let mut driver = Driver {
+        upstream_bytes: upstream_bytes.clone(),
+        config,
+        node,
+        weights: weights.map(Arc::new),
+        decoder,
+        engine,
+        store,
+        live: BTreeMap::new(),
+        conns: HashMap::new(),
+        next_conn: 1,
+        upstream: 0,
+        failures: 0,
+        back_to_first: false,
+        new_session_at: None,
+        tasks,
+        events_tx,
+        status_tx,
+        status: NodeStatus::default(),
+    };
+    driver.status = driver.status_tx.borrow().clone();
+    if driver.node.receiver().is_some() {
+        driver.new_session_at = Some(Instant::now());
+    }
+    let span = tracing::info_span!("node", peer = %driver.config.identity.peer_id);
+    let task = tokio::spawn(tracing::Instrument::instrument(
+        driver.run(events, commands),
+        span,
+    ));
+    Ok(NodeHandle {
+        commands: commands_tx,
+        status,
+        local_addr,
+        task,
+        upstream_bytes,
+    })
+}
+
+pub(super) async fn accept_loop(
+    listener: TcpListener,
+    options: SocketOptions,
+    events: mpsc::Sender<Event>,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                if let Err(error) = options.apply(&stream) {
+                    tracing::warn!(%peer, %error, "socket options refused; closing");
+                    continue;
+                }
+                if events.send(Event::Accepted { stream }).await.is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
