@@ -8,8 +8,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aurora_api::{StatusResponse, WireResult};
 use aurora_delta::Encoding;
-use aurora_hub::wire::{StatusResponse, WireResult};
 use aurora_node::{
     Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, TrainerNode,
     TrainerSettings,

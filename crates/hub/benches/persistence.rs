@@ -18,11 +18,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use aurora_api::RolloutResult;
 use aurora_control::{
     ActorId, Assignment, Capabilities, Config, Millis, PromptId, Region, Registration,
     RolloutReport, Version, WeightsHash,
 };
-use aurora_hub::{Hub, HubConfig, ManualClock, RolloutResult};
+use aurora_hub::{Hub, HubConfig, ManualClock};
 use serde_json::value::RawValue;
 
 /// Bytes of each result's payload (JSON text).

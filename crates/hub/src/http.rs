@@ -5,7 +5,7 @@
 //! # Limits
 //!
 //! Everything a client controls is bounded: the body ([`MAX_BODY_BYTES`], refused
-//! before it is parsed), one result's payload ([`crate::wire::MAX_PAYLOAD_BYTES`]), the
+//! before it is parsed), one result's payload ([`MAX_PAYLOAD_BYTES`]), the
 //! time to send the request head ([`HEADER_READ_TIMEOUT`], which also closes idle
 //! keep-alive connections), the time to handle a request, body upload and queueing
 //! included ([`REQUEST_TIMEOUT`]), and the requests handled at once
@@ -18,6 +18,11 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aurora_api::{
+    Ack, ActorRequest, ClaimResponse, ErrorBody, MAX_PAYLOAD_BYTES, RegisterRequest,
+    RegisterResponse, StatusResponse, SubmitRequest, SubmitResponse, VersionsRequest, WireError,
+    WireReadiness,
+};
 use aurora_control::{ActorId, MembershipError};
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
@@ -37,11 +42,6 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::auth::AuthError;
 use crate::hub::{CallError, Hub};
-use crate::wire::{
-    Ack, ActorRequest, ClaimResponse, ErrorBody, MAX_PAYLOAD_BYTES, RegisterRequest,
-    RegisterResponse, StatusResponse, SubmitRequest, SubmitResponse, VersionsRequest, WireError,
-    WireReadiness,
-};
 
 /// Largest request body accepted, in bytes: a submission of 32 results with payloads
 /// of the largest size ([`MAX_PAYLOAD_BYTES`]) and 64 KiB for everything else, or
@@ -273,7 +273,10 @@ async fn register(
 ) -> Result<axum::Json<RegisterResponse>, ApiError> {
     let (actor, registration) = request.into_core()?;
     let (readiness, token) = blocking(hub, move |hub| hub.register(actor, registration)).await??;
-    Ok(axum::Json(RegisterResponse::from_core(readiness, &token)))
+    Ok(axum::Json(RegisterResponse::from_core(
+        readiness,
+        token.as_str(),
+    )))
 }
 
 async fn heartbeat(

@@ -28,10 +28,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
+use aurora_api::RolloutResult;
 use aurora_control::{
     Accepted, ActorId, Assignment, Config, ConfigError, ControlPlane, MembershipError, Millis,
-    OpenStepError, PromptId, PublishError, Readiness, Registration, Rejection, RolloutReport,
-    Snapshot, StepId, StepOutcome, SubmitError, UnknownActor, Version, WeightsHash,
+    OpenStepError, PromptId, PublishError, Readiness, Registration, Rejection, Snapshot, StepId,
+    StepOutcome, SubmitError, UnknownActor, Version, WeightsHash,
 };
 use serde_json::value::RawValue;
 use thiserror::Error;
@@ -115,16 +116,6 @@ pub enum CallError {
     /// The operating system gave no random bytes for a token.
     #[error("no random bytes for a token: {0}")]
     Entropy(getrandom::Error),
-}
-
-/// One result as an actor submits it: what the core judges, and the rollout itself.
-#[derive(Clone, Debug)]
-pub struct RolloutResult {
-    /// What decides acceptance and feeds the throughput estimate.
-    pub report: RolloutReport,
-    /// The rollout, opaque to the hub: any JSON value (binary data as a base64
-    /// string). Stored if the result is accepted, dropped otherwise.
-    pub payload: Box<RawValue>,
 }
 
 /// A completed step, handed to the trainer once by [`Hub::take_step_outcome`].

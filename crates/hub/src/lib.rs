@@ -3,10 +3,11 @@
 //! tokens and the disk.
 //!
 //! The API (endpoints, authentication, limits, errors, metrics) is specified in
-//! `docs/control-api.md`, version 1; the request and response types are in [`wire`],
-//! and `examples/python/worker.py` drives it from the Python standard library.
+//! `docs/control-api.md`, version 1; the request and response types are the crate
+//! [`aurora_api`], which clients use without this server, and
+//! `examples/python/worker.py` drives it from the Python standard library.
 //! Everything a client controls is bounded (see the `http` limits: [`MAX_BODY_BYTES`],
-//! [`wire::MAX_PAYLOAD_BYTES`], [`REQUEST_TIMEOUT`], [`HEADER_READ_TIMEOUT`],
+//! [`aurora_api::MAX_PAYLOAD_BYTES`], [`REQUEST_TIMEOUT`], [`HEADER_READ_TIMEOUT`],
 //! [`MAX_CONCURRENT_REQUESTS`]), and no input can make a handler panic.
 //!
 //! # Authentication
@@ -68,7 +69,6 @@ mod hub;
 mod journal;
 mod metrics;
 mod store;
-pub mod wire;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -81,7 +81,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use http::{
     HEADER_READ_TIMEOUT, MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT, router, run,
 };
-pub use hub::{CallError, Hub, HubConfig, OpenError, RolloutResult, StepResults};
+pub use hub::{CallError, Hub, HubConfig, OpenError, StepResults};
 pub use store::{AcceptedRollout, LoadError, PersistError};
 
 /// Why [`serve`] stopped.

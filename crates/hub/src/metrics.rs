@@ -3,9 +3,8 @@
 
 use std::fmt::Write as _;
 
+use aurora_api::{REJECTIONS, rejection_reason};
 use aurora_control::ControlPlane;
-
-use crate::wire::{REJECTIONS, rejection_reason};
 
 /// Renders the Prometheus text exposition of the core's counters and gauges.
 pub(crate) fn render(core: &ControlPlane, leases_issued: u64) -> String {

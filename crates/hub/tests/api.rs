@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use aurora_api::{
+    ClaimResponse, MAX_PAYLOAD_BYTES, Outcome, StatusResponse, SubmitResponse, format_hash,
+};
 use aurora_control::{ActorId, Config, PromptId, StepId, Version, WeightsHash};
-use aurora_hub::wire::{ClaimResponse, MAX_PAYLOAD_BYTES, Outcome, StatusResponse, format_hash};
 use aurora_hub::{
     CallError, HEADER_READ_TIMEOUT, Hub, LoadError, MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS,
     OpenError, REQUEST_TIMEOUT, router, run,
@@ -375,7 +377,7 @@ async fn accepted_payloads_survive_a_restart_and_are_never_duplicated() {
     .to_string();
     let (status, answer) = hub.post("/v1/submit", &token, &body).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let outcomes: aurora_hub::wire::SubmitResponse = serde_json::from_str(&answer).unwrap();
+    let outcomes: SubmitResponse = serde_json::from_str(&answer).unwrap();
     assert_eq!(outcomes.outcomes[0], Outcome::Accepted { prompt: 10 });
     assert_eq!(rejection(&outcomes.outcomes[1]), "wrong_hash");
     let stored = hub.hub.rollouts(StepId(0)).unwrap();

@@ -7,11 +7,12 @@ mod common;
 
 use std::time::Duration;
 
+use aurora_api::RolloutResult;
 use aurora_control::{
     ActorId, Assignment, Capabilities, Config, ControlPlane, LeaseGrant, PromptId, Region,
     Registration, RolloutReport, Version, WeightsHash,
 };
-use aurora_hub::{CallError, Clock, LoadError, OpenError, PersistError, RolloutResult};
+use aurora_hub::{CallError, Clock, LoadError, OpenError, PersistError};
 use axum::http::StatusCode;
 use common::{HASH, StoppedHub, TestHub, error_message};
 use redb::{ReadableTable, TableDefinition};

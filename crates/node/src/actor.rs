@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aurora_hub::wire::{
+use aurora_api::{
     Ack, ActorRequest, ClaimResponse, RegisterRequest, RegisterResponse, SubmitRequest,
     SubmitResponse, VersionsRequest, WireResult,
 };

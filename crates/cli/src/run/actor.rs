@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use aurora_api::{ClaimResponse, WireLease, WireResult};
 use aurora_engine::{Policy, Problem};
-use aurora_hub::wire::{ClaimResponse, WireLease, WireResult};
 use aurora_node::{ActorNode, ActorSettings};
 use aurora_proto::{VersionRef, Weights};
 use aurora_transport::Engine;

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aurora_control::{Config, Millis, PromptId, Version, WeightsHash};
-use aurora_hub::wire::{
+use aurora_api::{
     ClaimResponse, ErrorBody, Outcome, RegisterResponse, SubmitResponse, WireLease, format_hash,
 };
+use aurora_control::{Config, Millis, PromptId, Version, WeightsHash};
 use aurora_hub::{Hub, HubConfig, ManualClock, router};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};

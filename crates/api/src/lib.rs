@@ -1,4 +1,10 @@
-//! The JSON bodies of the HTTP API, separate from the core's types.
+//! The control API's wire types: the JSON bodies of the hub's HTTP API and their
+//! conversions to and from the core's types ([`aurora_control`]). This is the wire format
+//! specified in `docs/control-api.md`, version 1; the hub (`aurora_hub`) serves it.
+//!
+//! It is a crate of its own so that clients (an actor's `ControlClient` in `aurora_node`,
+//! `aurora run`'s actors, the Python package) speak the API without building the server:
+//! it depends on the pure core and serde only, never on the hub's HTTP stack or database.
 //!
 //! The core's types are free to change shape; these are the contract with actors, so
 //! every conversion is written out by hand. Identifiers and versions are plain
@@ -22,9 +28,6 @@ use aurora_control::{
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use thiserror::Error;
-
-use crate::auth::ActorToken;
-use crate::hub::RolloutResult;
 
 /// Largest payload of one result, in bytes of JSON text as sent. A rollout of a long
 /// reasoning trace (32k tokens of text with per-token log-probabilities) fits; a
@@ -113,10 +116,12 @@ pub struct RegisterResponse {
 }
 
 impl RegisterResponse {
-    /// The wire form of a registration's outcome.
-    pub fn from_core(readiness: Readiness, token: &ActorToken) -> RegisterResponse {
+    /// The wire form of a registration's outcome, with the token's text. The token
+    /// itself (the hub's `ActorToken`: drawn from the operating system's random source,
+    /// stored as a hash) stays in the hub, so that this crate needs nothing of the server.
+    pub fn from_core(readiness: Readiness, token: &str) -> RegisterResponse {
         RegisterResponse {
-            token: token.as_str().to_owned(),
+            token: token.to_owned(),
             readiness: readiness.into(),
         }
     }
@@ -274,6 +279,18 @@ pub struct WireResult {
     pub tokens: u64,
     /// The rollout: any JSON value (binary data as a base64 string), at most
     /// [`MAX_PAYLOAD_BYTES`] as sent.
+    pub payload: Box<RawValue>,
+}
+
+/// One result as an actor submits it, validated: what the core judges, and the rollout
+/// itself. What [`SubmitRequest::into_core`] makes and the hub's `Hub::submit` takes;
+/// plain data, so it lives here with the conversion that checks it.
+#[derive(Clone, Debug)]
+pub struct RolloutResult {
+    /// What decides acceptance and feeds the throughput estimate.
+    pub report: RolloutReport,
+    /// The rollout, opaque to the hub: any JSON value (binary data as a base64
+    /// string). Stored if the result is accepted, dropped otherwise.
     pub payload: Box<RawValue>,
 }
 
