@@ -1,5 +1,9 @@
 use super::*;
-use aurora_delta::{Dtype, ExtractOptions, Extraction, OwnedTensor, owned_checkpoint};
+use crate::catalog::SCHEMA_TABLE;
+use aurora_delta::{
+    Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor,
+    owned_checkpoint,
+};
 
 /// The weights of `version` in one lineage: 256 F32 values, each step nudging one of
 /// them. `lineage` shifts every value, so two lineages never share a weights hash.

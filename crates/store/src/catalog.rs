@@ -1,0 +1,296 @@
+//! The redb catalog, the store's truth: the record types, the tables and their value
+//! encodings (under [`SCHEMA_VERSION`]), and the keyed reads every other part builds on.
+
+use std::collections::BTreeMap;
+
+use aurora_delta::Hash;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+
+use crate::error::catalog;
+use crate::{Result, Store, StoreError};
+
+/// The catalog record of a stored delta D(version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaRecord {
+    pub version: u64,
+    pub base_version: u64,
+    pub id: Hash,
+    pub base_hash: Hash,
+    pub target_hash: Hash,
+    pub size_bytes: u64,
+}
+
+/// The catalog record of the rollouts a version was trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RolloutsRecord {
+    pub version: u64,
+    /// BLAKE3 of the stored bytes.
+    pub hash: Hash,
+    pub size_bytes: u64,
+}
+
+/// The catalog record of a stored snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub version: u64,
+    pub weights_hash: Hash,
+    pub size_bytes: u64,
+}
+
+/// The catalog record of a stored composed delta C(base_version -> target_version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComposedRecord {
+    pub base_version: u64,
+    pub target_version: u64,
+    pub id: Hash,
+    pub base_hash: Hash,
+    pub target_hash: Hash,
+    pub size_bytes: u64,
+}
+
+/// (base version, id, base hash, target hash, size in bytes)
+type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
+/// (weights hash, size in bytes)
+type SnapshotValue = ([u8; 32], u64);
+/// (id, base hash, target hash, size in bytes)
+type ComposedValue = ([u8; 32], [u8; 32], [u8; 32], u64);
+
+/// The catalog's layout: its tables and their value encodings. A change to either takes
+/// a new number; a catalog of another number is refused, never misread.
+pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_TABLE: TableDefinition<&str, u32> = TableDefinition::new("schema");
+
+/// Stamps a new catalog with [`SCHEMA_VERSION`] and refuses one of another version. A
+/// catalog from before the stamp has this version's layout and is stamped.
+pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
+    let mut table = txn.open_table(SCHEMA_TABLE).map_err(catalog)?;
+    let found = table.get("version").map_err(catalog)?.map(|v| v.value());
+    match found {
+        None => {
+            table.insert("version", SCHEMA_VERSION).map_err(catalog)?;
+            Ok(())
+        }
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(found) => Err(StoreError::Schema {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+    }
+}
+
+pub(crate) const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
+pub(crate) const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> =
+    TableDefinition::new("snapshots");
+/// version → (hash of the file, size in bytes)
+pub(crate) const ROLLOUTS_TABLE: TableDefinition<u64, ([u8; 32], u64)> =
+    TableDefinition::new("rollouts");
+/// (base version, target version) → (id, base hash, target hash, size in bytes)
+pub(crate) const COMPOSED_TABLE: TableDefinition<(u64, u64), ComposedValue> =
+    TableDefinition::new("composed");
+
+/// Every entry of `table`, as `entry` makes it (a map key and a record), in key order.
+fn read_all<K, V, M: Ord, R>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<K, V>,
+    entry: impl Fn(K::SelfType<'_>, V::SelfType<'_>) -> (M, R),
+) -> Result<BTreeMap<M, R>>
+where
+    K: redb::Key + 'static,
+    V: redb::Value + 'static,
+{
+    let table = txn.open_table(table).map_err(catalog)?;
+    let mut records = BTreeMap::new();
+    for item in table.iter().map_err(catalog)? {
+        let (key, value) = item.map_err(catalog)?;
+        let (key, record) = entry(key.value(), value.value());
+        records.insert(key, record);
+    }
+    Ok(records)
+}
+
+/// The highest version in `table`: a lookup at the end of its key order, not a read of
+/// the table.
+fn last_version<V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<u64, V>,
+) -> Result<Option<u64>> {
+    let table = txn.open_table(table).map_err(catalog)?;
+    Ok(table.last().map_err(catalog)?.map(|(key, _)| key.value()))
+}
+
+pub(crate) fn rollouts_record(version: u64, (hash, size_bytes): ([u8; 32], u64)) -> RolloutsRecord {
+    RolloutsRecord {
+        version,
+        hash: Hash(hash),
+        size_bytes,
+    }
+}
+
+pub(crate) fn delta_value(r: &DeltaRecord) -> DeltaValue {
+    (
+        r.base_version,
+        r.id.0,
+        r.base_hash.0,
+        r.target_hash.0,
+        r.size_bytes,
+    )
+}
+
+pub(crate) fn delta_record(version: u64, v: DeltaValue) -> DeltaRecord {
+    DeltaRecord {
+        version,
+        base_version: v.0,
+        id: Hash(v.1),
+        base_hash: Hash(v.2),
+        target_hash: Hash(v.3),
+        size_bytes: v.4,
+    }
+}
+
+pub(crate) fn composed_value(r: &ComposedRecord) -> ComposedValue {
+    (r.id.0, r.base_hash.0, r.target_hash.0, r.size_bytes)
+}
+
+pub(crate) fn composed_record(
+    (base_version, target_version): (u64, u64),
+    v: ComposedValue,
+) -> ComposedRecord {
+    ComposedRecord {
+        base_version,
+        target_version,
+        id: Hash(v.0),
+        base_hash: Hash(v.1),
+        target_hash: Hash(v.2),
+        size_bytes: v.3,
+    }
+}
+
+pub(crate) fn snapshot_value(r: &SnapshotRecord) -> SnapshotValue {
+    (r.weights_hash.0, r.size_bytes)
+}
+
+pub(crate) fn snapshot_record(version: u64, v: SnapshotValue) -> SnapshotRecord {
+    SnapshotRecord {
+        version,
+        weights_hash: Hash(v.0),
+        size_bytes: v.1,
+    }
+}
+
+pub(crate) fn get_delta(
+    table: &impl ReadableTable<u64, DeltaValue>,
+    version: u64,
+) -> Result<Option<DeltaRecord>> {
+    let value = table.get(version).map_err(catalog)?;
+    Ok(value.map(|v| delta_record(version, v.value())))
+}
+
+pub(crate) fn get_snapshot(
+    table: &impl ReadableTable<u64, SnapshotValue>,
+    version: u64,
+) -> Result<Option<SnapshotRecord>> {
+    let value = table.get(version).map_err(catalog)?;
+    Ok(value.map(|v| snapshot_record(version, v.value())))
+}
+
+/// The weights hash of `version` if the store knows it, as a delta's target or a snapshot.
+pub(crate) fn known_weights(
+    deltas: &impl ReadableTable<u64, DeltaValue>,
+    snapshots: &impl ReadableTable<u64, SnapshotValue>,
+    version: u64,
+) -> Result<Option<Hash>> {
+    if let Some(delta) = get_delta(deltas, version)? {
+        return Ok(Some(delta.target_hash));
+    }
+    Ok(get_snapshot(snapshots, version)?.map(|s| s.weights_hash))
+}
+
+pub(crate) fn sizes(
+    deltas: &BTreeMap<u64, DeltaRecord>,
+    snapshots: &BTreeMap<u64, SnapshotRecord>,
+) -> (BTreeMap<u64, u64>, BTreeMap<u64, u64>) {
+    (
+        deltas.iter().map(|(&v, d)| (v, d.size_bytes)).collect(),
+        snapshots.iter().map(|(&v, s)| (v, s.size_bytes)).collect(),
+    )
+}
+
+impl Store {
+    /// The highest version the store holds, as a delta's target or a snapshot.
+    pub fn latest_version(&self) -> Result<Option<u64>> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        Ok(last_version(&txn, DELTA_TABLE)?.max(last_version(&txn, SNAPSHOT_TABLE)?))
+    }
+
+    /// Every delta and snapshot record, by version.
+    pub fn records(&self) -> Result<(BTreeMap<u64, DeltaRecord>, BTreeMap<u64, SnapshotRecord>)> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        Ok((
+            read_all(&txn, DELTA_TABLE, |v, value| (v, delta_record(v, value)))?,
+            read_all(&txn, SNAPSHOT_TABLE, |v, value| {
+                (v, snapshot_record(v, value))
+            })?,
+        ))
+    }
+
+    /// Every composed delta record, by (base version, target version).
+    pub fn composed_records(&self) -> Result<BTreeMap<(u64, u64), ComposedRecord>> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        read_all(&txn, COMPOSED_TABLE, |key, value| {
+            (key, composed_record(key, value))
+        })
+    }
+
+    /// Every rollouts record, by version.
+    pub fn rollouts_records(&self) -> Result<BTreeMap<u64, RolloutsRecord>> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        read_all(&txn, ROLLOUTS_TABLE, |v, value| {
+            (v, rollouts_record(v, value))
+        })
+    }
+
+    /// The record of the stored composed delta C(base -> target), if there is one.
+    pub fn composed_record(&self, base: u64, target: u64) -> Result<Option<ComposedRecord>> {
+        self.lookup(COMPOSED_TABLE, (base, target), |value| {
+            composed_record((base, target), value)
+        })
+    }
+
+    /// The record of `version` in `table` (of artifacts of `kind`), or `NotFound`.
+    pub(crate) fn stored<V: redb::Value + 'static, R>(
+        &self,
+        kind: &'static str,
+        table: TableDefinition<u64, V>,
+        version: u64,
+        record: impl FnOnce(u64, V::SelfType<'_>) -> R,
+    ) -> Result<R> {
+        self.lookup(table, version, |value| record(version, value))?
+            .ok_or(StoreError::NotFound { kind, version })
+    }
+
+    /// What `record` makes of the value under `key` in `table`, if there is one: a
+    /// keyed read, not a read of the whole table.
+    fn lookup<K, V, R>(
+        &self,
+        table: TableDefinition<K, V>,
+        key: K,
+        record: impl FnOnce(V::SelfType<'_>) -> R,
+    ) -> Result<Option<R>>
+    where
+        K: redb::Key + std::borrow::Borrow<K::SelfType<'static>> + 'static,
+        V: redb::Value + 'static,
+    {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        let table = txn.open_table(table).map_err(catalog)?;
+        Ok(table
+            .get(key)
+            .map_err(catalog)?
+            .map(|value| record(value.value())))
+    }
+
+    /// The newest snapshot's version: where a new Actor starts.
+    pub fn newest_snapshot(&self) -> Result<Option<u64>> {
+        let txn = self.db.begin_read().map_err(catalog)?;
+        last_version(&txn, SNAPSHOT_TABLE)
+    }
+}

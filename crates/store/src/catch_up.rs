@@ -1,0 +1,111 @@
+//! The catch-up plans the store offers: the catalog's sizes fed to the pure
+//! [`plan::choose`](crate::plan), after the checks that need the catalog.
+
+use crate::catalog::sizes;
+use crate::{Plan, Result, Store, StoreError, plan};
+
+impl Store {
+    /// The cheapest way by bytes for an Actor at `actor_version` to reach the latest
+    /// version (see the catch-up rule in the crate docs). A composed delta counts only
+    /// if it is already stored: this is a cheap read; [`Store::composed_catch_up_plan`]
+    /// builds one.
+    pub fn catch_up_plan(&self, actor_version: u64) -> Result<Plan> {
+        let Some(target) = self.latest_version()? else {
+            return Err(StoreError::ActorAhead {
+                actor: actor_version,
+                latest: None,
+            });
+        };
+        let composed = self
+            .composed_record(actor_version, target)?
+            .map(|c| c.size_bytes);
+        self.plan_to(actor_version, target, composed, true)
+    }
+
+    /// The cheapest way by bytes for an Actor that holds the weights of `actor_version`
+    /// to reach `target` (the version a hub serves, which a newer put may have passed)
+    /// over the wire: replaying the deltas or one composed delta. Snapshots are left
+    /// out, since the wire serves them only to peers joining without weights (a smaller
+    /// snapshot must not turn down a composed delta that beats replaying). Builds and
+    /// stores the composed delta first when the Actor is at least two versions behind,
+    /// so its size is known; that costs a decode of the chain, once per (base, target).
+    pub fn composed_catch_up_plan(&self, actor_version: u64, target: u64) -> Result<Plan> {
+        Ok(self.plan_with_composed(actor_version, target)?.0)
+    }
+
+    /// [`Store::composed_catch_up_plan`] and, when it chooses the composed delta, its
+    /// bytes, verified: those the plan has just built, or else read from the cache.
+    pub fn composed_catch_up(
+        &self,
+        actor_version: u64,
+        target: u64,
+    ) -> Result<(Plan, Option<Vec<u8>>)> {
+        let (plan, built) = self.plan_with_composed(actor_version, target)?;
+        let bytes = match (&plan, built) {
+            (Plan::Composed { .. }, Some(bytes)) => Some(bytes),
+            (Plan::Composed { .. }, None) => Some(self.composed_artifact(actor_version, target)?),
+            _ => None,
+        };
+        Ok((plan, bytes))
+    }
+
+    /// The plan, and the composed delta's bytes if building it was part of planning.
+    fn plan_with_composed(
+        &self,
+        actor_version: u64,
+        target: u64,
+    ) -> Result<(Plan, Option<Vec<u8>>)> {
+        let (composed, built) = if actor_version + 2 <= target {
+            match self.ensure_composed(actor_version, target) {
+                Ok((record, built)) => (Some(record.size_bytes), built),
+                // No snapshot and chain rebuild the base: the other plans decide. (A
+                // target the store lacks is reported by `plan_to`.)
+                Err(StoreError::NoRoute { .. } | StoreError::NoComposed { .. }) => (None, None),
+                Err(error) => return Err(error),
+            }
+        } else {
+            (None, None)
+        };
+        Ok((self.plan_to(actor_version, target, composed, false)?, built))
+    }
+
+    /// [`plan::choose`] over the catalog's sizes (snapshots only `with_snapshots`), after
+    /// checking that the Actor is not past `target` and `target` is stored.
+    fn plan_to(
+        &self,
+        actor_version: u64,
+        target: u64,
+        composed: Option<u64>,
+        with_snapshots: bool,
+    ) -> Result<Plan> {
+        let (deltas, snapshots) = self.records()?;
+        let latest = deltas.keys().chain(snapshots.keys()).max().copied();
+        if latest.is_none_or(|latest| target > latest) {
+            return Err(StoreError::NotFound {
+                kind: "version",
+                version: target,
+            });
+        }
+        if actor_version > target {
+            return Err(StoreError::ActorAhead {
+                actor: actor_version,
+                latest: Some(target),
+            });
+        }
+        let (delta_sizes, mut snapshot_sizes) = sizes(&deltas, &snapshots);
+        if !with_snapshots {
+            snapshot_sizes.clear();
+        }
+        plan::choose(
+            actor_version,
+            target,
+            &delta_sizes,
+            &snapshot_sizes,
+            composed,
+        )
+        .ok_or(StoreError::NoRoute {
+            actor: actor_version,
+            latest: target,
+        })
+    }
+}

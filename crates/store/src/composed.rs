@@ -1,0 +1,142 @@
+//! Composed deltas C(base -> target): built on first request from a snapshot and its
+//! chain of deltas, then stored and served like any artifact.
+
+use aurora_checkpoint::MappedFile;
+use aurora_delta::{Checkpoint, DeltaFile, ExtractOptions, compose, owned_checkpoint, replay};
+use redb::ReadableTable;
+
+use crate::catalog::{COMPOSED_TABLE, ComposedRecord, composed_record, composed_value};
+use crate::error::catalog;
+use crate::files::{commit_with_file, open_delta_artifact};
+use crate::{Result, Store, StoreError};
+
+impl Store {
+    /// C(base -> target): one exact delta from version `base` to `target`, read fully
+    /// verified from the cache or built and stored first (see the crate docs).
+    pub fn composed_artifact(&self, base: u64, target: u64) -> Result<Vec<u8>> {
+        let (record, built) = self.ensure_composed(base, target)?;
+        if let Some(bytes) = built {
+            return Ok(bytes);
+        }
+        let file = open_delta_artifact(
+            "composed delta",
+            &self.composed_path(&record),
+            record.size_bytes,
+            record.id,
+            (base, target),
+        )?;
+        Ok(file.bytes().to_vec())
+    }
+
+    /// The record of C(base -> target), building and storing the artifact if the
+    /// catalog has none; then also the bytes just built (and verified by the build), so
+    /// a caller that wants them need not read them back.
+    pub(crate) fn ensure_composed(
+        &self,
+        base: u64,
+        target: u64,
+    ) -> Result<(ComposedRecord, Option<Vec<u8>>)> {
+        if let Some(record) = self.composed_record(base, target)? {
+            return Ok((record, None));
+        }
+        let bytes = self.build_composed(base, target)?;
+        let file = DeltaFile::parse(&bytes).map_err(|source| StoreError::ComposedArtifact {
+            base,
+            target,
+            source,
+        })?;
+        let header = file.header();
+        let record = ComposedRecord {
+            base_version: base,
+            target_version: target,
+            id: file.id,
+            base_hash: header.base_hash,
+            target_hash: header.target_hash,
+            size_bytes: bytes.len() as u64,
+        };
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let table = txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
+            if let Some(existing) = table.get((base, target)).map_err(catalog)? {
+                // Built by another call meanwhile: composing is deterministic, so it is
+                // the same artifact.
+                return Ok((
+                    composed_record((base, target), existing.value()),
+                    Some(bytes),
+                ));
+            }
+        }
+        commit_with_file(txn, &self.composed_path(&record), &bytes, |txn| {
+            txn.open_table(COMPOSED_TABLE)
+                .map_err(catalog)?
+                .insert((base, target), composed_value(&record))
+                .map_err(catalog)?;
+            Ok(())
+        })?;
+        tracing::info!(base, target, id = %record.id, bytes = record.size_bytes, "stored a composed delta");
+        Ok((record, Some(bytes)))
+    }
+
+    /// Composes D(base+1..=target) against the weights of `base`, rebuilt from the
+    /// newest snapshot at or below `base` whose chain of deltas reaches `target`.
+    fn build_composed(&self, base: u64, target: u64) -> Result<Vec<u8>> {
+        let (deltas, snapshots) = self.records()?;
+        let latest = deltas.keys().chain(snapshots.keys()).max().copied();
+        if base >= target || latest.is_none_or(|latest| target > latest) {
+            return Err(StoreError::NoComposed {
+                base,
+                target,
+                latest,
+            });
+        }
+        let start = snapshots
+            .range(..=base)
+            .rev()
+            .map(|(&s, _)| s)
+            .find(|&s| (s + 1..=target).all(|v| deltas.contains_key(&v)))
+            .ok_or(StoreError::NoRoute {
+                actor: base,
+                latest: target,
+            })?;
+        let (snapshot, snapshot_record) = self.verified_snapshot(start)?;
+        let files = (start + 1..=target)
+            .map(|version| self.delta(version))
+            .collect::<Result<Vec<MappedFile>>>()?;
+        let failed = |source| StoreError::ComposedArtifact {
+            base,
+            target,
+            source,
+        };
+        let chain = files
+            .iter()
+            .map(|file| DeltaFile::parse(file.bytes()))
+            .collect::<Result<Vec<DeltaFile<'_>>, _>>()
+            .map_err(failed)?;
+        let start_weights = Checkpoint::from_safetensors(snapshot.bytes()).map_err(|source| {
+            StoreError::InvalidSnapshot {
+                version: start,
+                source,
+            }
+        })?;
+        let (to_base, to_target) = chain.split_at((base - start) as usize);
+        // The weights of `base`: the snapshot (its hash verified on reading), then the
+        // deltas up to `base`, each verified by its target hash as it is applied.
+        let rebuilt =
+            replay(&start_weights, to_base, Some(snapshot_record.weights_hash)).map_err(failed)?;
+        let base_weights = match &rebuilt {
+            Some(tensors) => owned_checkpoint(tensors).map_err(failed)?,
+            None => start_weights,
+        };
+        let base_hash = to_base
+            .last()
+            .map_or(snapshot_record.weights_hash, |delta| {
+                delta.header().target_hash
+            });
+        let options = ExtractOptions {
+            base_hash: Some(base_hash),
+            ..ExtractOptions::default()
+        };
+        let (_, bytes) = compose(&base_weights, to_target, options).map_err(failed)?;
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,197 @@
+//! The artifact files on disk: where each one lives, the crash-safe write that precedes
+//! its record, the checks before a recorded file is served, and the removal of files no
+//! record names.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use aurora_checkpoint::{FileError, MappedFile, write_atomically};
+use aurora_delta::{DeltaFile, Hash};
+use redb::WriteTransaction;
+
+use crate::catalog::{ComposedRecord, DeltaRecord, RolloutsRecord, SnapshotRecord};
+use crate::error::catalog;
+use crate::{Result, Store, StoreError};
+
+pub(crate) const CATALOG: &str = "catalog.redb";
+pub(crate) const DELTAS: &str = "deltas";
+pub(crate) const SNAPSHOTS: &str = "snapshots";
+pub(crate) const COMPOSED: &str = "composed";
+pub(crate) const ROLLOUTS: &str = "rollouts";
+
+impl Store {
+    pub(crate) fn delta_path(&self, record: &DeltaRecord) -> PathBuf {
+        self.root
+            .join(DELTAS)
+            .join(format!("{}-{}.adelta", record.version, record.id))
+    }
+
+    pub(crate) fn composed_path(&self, record: &ComposedRecord) -> PathBuf {
+        self.root.join(COMPOSED).join(format!(
+            "{}-{}-{}.adelta",
+            record.base_version, record.target_version, record.id
+        ))
+    }
+
+    pub(crate) fn rollouts_path(&self, record: &RolloutsRecord) -> PathBuf {
+        self.root
+            .join(ROLLOUTS)
+            .join(format!("{}-{}.json", record.version, record.hash))
+    }
+
+    pub(crate) fn snapshot_path(&self, record: &SnapshotRecord) -> PathBuf {
+        self.root.join(SNAPSHOTS).join(format!(
+            "{}-{}.safetensors",
+            record.version, record.weights_hash
+        ))
+    }
+
+    /// Deletes every file in `deltas/`, `snapshots/` and `composed/` that no record names: the
+    /// leftovers of a crash between a file write and its commit, or between a prune's
+    /// commit and its deletions, and temporary files of interrupted writes.
+    pub(crate) fn remove_orphans(&self) -> Result<()> {
+        let (deltas, snapshots) = self.records()?;
+        let referenced: BTreeSet<PathBuf> = deltas
+            .values()
+            .map(|d| self.delta_path(d))
+            .chain(snapshots.values().map(|s| self.snapshot_path(s)))
+            .chain(
+                self.composed_records()?
+                    .values()
+                    .map(|c| self.composed_path(c)),
+            )
+            .chain(
+                self.rollouts_records()?
+                    .values()
+                    .map(|r| self.rollouts_path(r)),
+            )
+            .collect();
+        for dir in [DELTAS, SNAPSHOTS, COMPOSED, ROLLOUTS] {
+            let dir = self.root.join(dir);
+            let io = |source| StoreError::Io {
+                path: dir.clone(),
+                source,
+            };
+            for entry in fs::read_dir(&dir).map_err(io)? {
+                let path = entry.map_err(io)?.path();
+                if !referenced.contains(&path) {
+                    tracing::warn!(path = %path.display(), "removing a file the catalog does not list");
+                    remove_unreferenced(&path)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to `path` crash-safely, lets `record` add the catalog entry, and
+/// commits `txn`. A failed commit removes the file: it was never recorded, so it is not
+/// part of the store (and `open` would remove it anyway).
+pub(crate) fn commit_with_file(
+    txn: WriteTransaction,
+    path: &Path,
+    bytes: &[u8],
+    record: impl FnOnce(&WriteTransaction) -> Result<()>,
+) -> Result<()> {
+    write_file(path, bytes)?;
+    let committed = record(&txn).and_then(|()| txn.commit().map_err(catalog));
+    if committed.is_err() {
+        let _ = fs::remove_file(path);
+    }
+    committed
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomically(path, |writer| {
+        writer.write_all(bytes).map_err(|source| {
+            StoreError::File(FileError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        })
+    })
+}
+
+/// Maps a recorded artifact after checking that it exists and has the recorded length.
+pub(crate) fn open_artifact(
+    kind: &'static str,
+    version: u64,
+    path: &Path,
+    size_bytes: u64,
+) -> Result<MappedFile> {
+    let length = match fs::metadata(path) {
+        Ok(metadata) => metadata.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StoreError::Missing {
+                kind,
+                version,
+                path: path.to_path_buf(),
+            });
+        }
+        Err(source) => {
+            return Err(StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    if length != size_bytes {
+        return Err(StoreError::Corrupted {
+            kind,
+            version,
+            path: path.to_path_buf(),
+            reason: format!("{length} bytes, the catalog records {size_bytes}"),
+        });
+    }
+    Ok(MappedFile::open(path)?)
+}
+
+/// Maps a recorded delta-format artifact (a delta or a composed delta) and verifies it:
+/// its length, manifest hash and every segment hash, and its id, base and target
+/// versions against the record. Reported under `kind` and the target version.
+pub(crate) fn open_delta_artifact(
+    kind: &'static str,
+    path: &Path,
+    size_bytes: u64,
+    id: Hash,
+    (base_version, target_version): (u64, u64),
+) -> Result<MappedFile> {
+    let file = open_artifact(kind, target_version, path, size_bytes)?;
+    let corrupted = |reason: String| StoreError::Corrupted {
+        kind,
+        version: target_version,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
+    for index in 0..delta.segment_count() {
+        delta
+            .verify_segment(index)
+            .map_err(|e| corrupted(e.to_string()))?;
+    }
+    let header = delta.header();
+    if delta.id != id
+        || header.base_version != base_version
+        || header.target_version != target_version
+    {
+        return Err(corrupted(format!(
+            "it is artifact {} from version {} to {}, the catalog records {id} from {base_version} to {target_version}",
+            delta.id, header.base_version, header.target_version
+        )));
+    }
+    Ok(file)
+}
+
+/// Deletes a file no record names; one already gone is fine (a crash may have come after
+/// some deletions).
+pub(crate) fn remove_unreferenced(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
