@@ -4,6 +4,7 @@
 mod actor_cmd;
 mod bench;
 mod delta_cmd;
+mod fleet;
 mod hub_cmd;
 mod relay_cmd;
 mod run;

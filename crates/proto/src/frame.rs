@@ -253,7 +253,7 @@ pub enum ArtifactKind {
     Delta = 1,
     /// A whole checkpoint in the delta format: the delta from the empty checkpoint to
     /// version v, every tensor added, with base and target version both v
-    /// ([`crate::snapshot`]).
+    /// (docs/wire-protocol.md §4.4).
     Snapshot = 2,
     /// A delta from the weights of `next_version - 1` straight to this version, which
     /// may be several versions later (docs/wire-protocol.md §5.11): one artifact in

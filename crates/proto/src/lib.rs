@@ -14,23 +14,26 @@
 //! - [`Receiver`]: a downstream session verifying every segment, nacking bad ones and
 //!   delivering complete, verified artifacts in version order.
 //! - [`ActorCore`]: staging and activation rules; [`Weights`] does the heavy work.
-//! - [`snapshot`]: a whole checkpoint as an artifact, for a peer that joins with no
+//! - `snapshot`: a whole checkpoint as an artifact, for a peer that joins with no
 //!   weights.
 //! - [`Node`]: hub, relay or actor: the parts wired together (a relay forwards each
 //!   verified segment as it arrives).
 //! - [`StreamTuner`]: chooses how many streams a session uses from measured goodput.
+//!
+//! Only [`frame`], the wire format, is a public module; the state machines' modules are
+//! private and what other crates use is re-exported here.
 
-pub mod actor;
+mod actor;
 pub mod frame;
-pub mod node;
-pub mod ranges;
-pub mod receiver;
-pub mod sender;
-pub mod snapshot;
+mod node;
+mod ranges;
+mod receiver;
+mod sender;
+mod snapshot;
 #[cfg(test)]
 mod testutil;
-pub mod tuner;
-pub mod weights;
+mod tuner;
+mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
 pub use frame::{ArtifactKind, Frame, FrameError, Role, VersionRef};

@@ -6,17 +6,14 @@
 //!   [`spawn_joining_relay`] and [`spawn_joining_actor`] start one with no weights, which
 //!   takes a snapshot over the wire from a hub with a store.
 //! - [`Engine`] is the boundary to a rollout engine; [`IdleEngine`] is the built-in one.
-//! - [`bench::transfer`] moves one delta to N receivers over S streams and reports
-//!   bytes, time, goodput and per-stream statistics; [`bench::Fleet`] times a hub,
-//!   relays and actors until every actor has staged. Each node can run on a runtime of
-//!   the caller's choosing (one per emulated region).
+//! - Each node can run on a runtime of the caller's choosing (one per emulated region:
+//!   the benchmark fleet of `aurora wan` lives in the CLI and uses only this API).
 //! - Every socket uses [`DEFAULT_CONGESTION`] (BBR) unless told otherwise, and the
 //!   system default where the kernel refuses it.
 //!
 //! The driver stays thin: every protocol decision is made in `aurora-proto`; this crate
 //! only moves frames, runs heavy work on blocking threads and keeps time.
 
-pub mod bench;
 mod conn;
 mod decode;
 mod engine;

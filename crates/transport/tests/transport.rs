@@ -9,7 +9,7 @@ use std::time::Duration;
 use aurora_proto::Role;
 use aurora_store::Store;
 use aurora_transport::{
-    IdleEngine, NodeHandle, bench, spawn_actor, spawn_hub, spawn_joining_actor, spawn_relay,
+    IdleEngine, NodeHandle, spawn_actor, spawn_hub, spawn_joining_actor, spawn_relay,
 };
 use util::{Chain, Fault, Proxy, active_at, config, within};
 
@@ -156,7 +156,7 @@ async fn a_connection_cut_mid_segment_resumes_with_only_the_missing_segments() {
     .await
     .unwrap();
     // Every stream up first: the cut must leave the session others to go on with.
-    within(LIMIT, "connect", bench::all_streams_up(&actor))
+    within(LIMIT, "connect", actor.all_streams_up())
         .await
         .unwrap();
     hub.publish(chain.delta(1).clone()).await.unwrap();
@@ -478,51 +478,4 @@ async fn a_wrong_token_is_refused_and_the_actor_never_subscribes() {
     .unwrap();
     assert!(!status.connected);
     assert_eq!(hub.status().subscribers, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_bench_transfer_reports_bytes_time_and_streams() {
-    let chain = Chain::new(1, 17);
-    let spec = bench::TransferSpec::new(chain.delta(1).clone(), 3, 4);
-    let report = within(LIMIT, "transfer", bench::transfer(spec))
-        .await
-        .unwrap();
-    assert_eq!(report.receivers.len(), 3);
-    let payload: u64 = aurora_delta::DeltaFile::parse(chain.delta(1))
-        .unwrap()
-        .manifest
-        .payload_bytes();
-    for receiver in &report.receivers {
-        assert_eq!(receiver.stats.segment_bytes, payload);
-        assert_eq!(receiver.stats.stream_bytes.iter().sum::<u64>(), payload);
-        assert!(
-            receiver
-                .stats
-                .stream_bytes
-                .iter()
-                .filter(|b| **b > 0)
-                .count()
-                > 1,
-            "segments striped over several streams: {:?}",
-            receiver.stats.stream_bytes
-        );
-    }
-    assert_eq!(report.sender.segment_bytes_sent, 3 * payload);
-    assert!(report.goodput_bytes_per_second() > 0.0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bench_warm_up_that_is_not_the_version_before_is_refused_at_once() {
-    let chain = Chain::new(2, 19);
-    let mut spec = bench::TransferSpec::new(chain.delta(1).clone(), 1, 2);
-    spec.warm_up = Some((chain.delta(2).clone(), std::time::Duration::ZERO));
-    let error = within(LIMIT, "transfer", bench::transfer(spec))
-        .await
-        .unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("the warm-up is version 2, not 0"),
-        "{error}"
-    );
 }

@@ -1,8 +1,8 @@
 //! What one direction of a link does to packets: check, lose, delay. The sans-IO core
-//! of the emulator ([`crate::emulator`] is its driver).
+//! of the emulator (`emulator` is its driver).
 //!
 //! The driver hands every frame it reads (a `virtio_net_hdr`, then an IP packet, maybe
-//! a TCP super-packet: see [`crate::gso`]) to [`Impairment::on_frame`], sends whatever
+//! a TCP super-packet: see `gso`) to [`Impairment::on_frame`], sends whatever
 //! [`Impairment::poll_transmit`] returns, reports each send with
 //! [`Impairment::record_send`], and sleeps until [`Impairment::poll_timeout`] or the
 //! next frame. Loss applies to each wire packet, so a super-packet that loses some of
@@ -73,7 +73,7 @@ pub struct Counters {
     pub packets_out: u64,
     pub bytes_out: u64,
     /// Dropped by the rate limiter's full queue (which takes super-packets whole:
-    /// see [`crate::plan::MIN_BURST_BYTES`]).
+    /// see `plan::MIN_BURST_BYTES`).
     pub queue_full: u64,
     pub send_failed: u64,
 }

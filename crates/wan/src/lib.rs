@@ -15,11 +15,11 @@
 //! Each link is a veth pair between the two regions' namespaces; a rate limit is a
 //! tbf queue on each end, so it is the link's bottleneck queue. Delay and loss come
 //! from a userspace emulator (this kernel has no netem): routes send the link's
-//! traffic into a TUN device, a thread per direction ([`emulator`]) loses packets by a
-//! seeded model ([`loss`]) and holds the rest in a byte-bounded delay line ([`delay`]),
+//! traffic into a TUN device, a thread per direction (`emulator`) loses packets by a
+//! seeded model (`loss`) and holds the rest in a byte-bounded delay line (`delay`),
 //! then sends each one out of the veth, through the tbf, to the peer. TCP super-packets
-//! pass whole (segmentation offload, [`gso`]) and are cut only where the loss model
-//! drops some of their segments. The packet logic ([`impair`], [`gso`], [`packet`]) is
+//! pass whole (segmentation offload, `gso`) and are cut only where the loss model
+//! drops some of their segments. The packet logic ([`impair`], `gso`, `packet`) is
 //! sans-IO and unit-tested; the driver only moves bytes.
 //!
 //! **Invariants:** every namespace carries the creating process id in its name, so a
@@ -28,17 +28,17 @@
 //! count read from a scenario or given to a measurement is bounded by a `MAX_*`
 //! constant.
 
-pub mod delay;
-pub mod emulator;
-pub mod gso;
+mod delay;
+mod emulator;
+mod gso;
 pub mod impair;
-pub mod loss;
+mod loss;
 pub mod measure;
 mod netns;
 mod network;
-pub mod packet;
-pub mod plan;
-pub mod scenario;
+mod packet;
+mod plan;
+mod scenario;
 mod sys;
 
 pub use netns::{NETNS_PREFIX, NetnsThread, remove_leftovers};

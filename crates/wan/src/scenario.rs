@@ -444,7 +444,7 @@ impl Link {
     }
 
     /// The bottleneck queue: as configured, else one bandwidth-delay product (the
-    /// classic buffer size rule), never below [`MIN_QUEUE_BYTES`]; `None` without a rate.
+    /// classic buffer size rule), never below `MIN_QUEUE_BYTES`; `None` without a rate.
     pub fn queue_bytes(&self) -> Option<u64> {
         let rate_bits_per_s = self.rate_bits_per_s()?;
         Some(self.queue_bytes.unwrap_or_else(|| {

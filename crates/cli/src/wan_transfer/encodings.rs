@@ -1,10 +1,10 @@
 //! `encodings`: one step's transfer time for each encoding at every rate of the sweep,
 //! beside the paper's reference scaled to this checkpoint.
 
+use crate::fleet;
 use anyhow::{Context, Result};
 use aurora_delta::{Encoding, ExtractOptions, Extraction, owned_checkpoint};
 use aurora_transport::DEFAULT_CONGESTION;
-use aurora_transport::bench;
 use bytes::Bytes;
 use serde::Serialize;
 
@@ -115,7 +115,7 @@ pub(super) fn encodings(common: &CommonArgs, streams: &[u8]) -> Result<()> {
                     "transfer"
                 );
                 let report = main
-                    .block_on(bench::transfer(net.spec(artifact, count)?))
+                    .block_on(fleet::transfer(net.spec(artifact, count)?))
                     .with_context(|| format!("{name} over {count} streams in {}", point.name))?;
                 let seconds = report.elapsed.as_secs_f64();
                 rows.push(EncodingRow {

@@ -5,13 +5,13 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::fleet::{Fleet, FleetRegion, FleetSpec, StagedReport};
 use anyhow::{Context, Result, bail, ensure};
 use aurora_delta::{
     Checkpoint, Encoding, ExtractOptions, Extraction, owned_checkpoint, safetensors_layout,
 };
 use aurora_proto::Weights;
 use aurora_transport::SocketOptions;
-use aurora_transport::bench::{Fleet, FleetRegion, FleetSpec, StagedReport};
 use aurora_wan::Network;
 use bytes::Bytes;
 use serde::Serialize;

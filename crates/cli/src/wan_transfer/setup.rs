@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::fleet::TransferSpec;
 use anyhow::{Context, Result};
-use aurora_transport::bench::TransferSpec;
 use aurora_wan::{Network, Scenario};
 use bytes::Bytes;
 

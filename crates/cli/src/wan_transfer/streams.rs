@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::fleet::{self, TransferReport};
 use anyhow::{Context, Result};
 use aurora_delta::{Encoding, ExtractOptions, Extraction, owned_checkpoint};
-use aurora_transport::bench::{self, TransferReport};
 use aurora_transport::{DEFAULT_CONGESTION, SocketOptions};
 use aurora_wan::measure::Congestion;
 use bytes::Bytes;
@@ -81,6 +81,10 @@ struct StreamRow {
     /// directions.
     lost: u64,
     queue_dropped: u64,
+    /// Segments the hub sent again (nacked, or lost with a stream) and segments the
+    /// receivers got twice: what loss cost beyond the retransmissions TCP does itself.
+    resent_segments: u64,
+    duplicate_segments: u64,
     load: String,
     /// Bytes read from the hub by then, every 100 ms: slow start, the tuner's steps and
     /// the tail can be read off it.
@@ -171,7 +175,7 @@ pub(super) fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<
         spec.warm_up = warm_up.clone();
         tracing::info!(mode = run.mode, streams = run.streams, session, "transfer");
         let before = net.network.counters();
-        let report = main.block_on(bench::transfer(spec)).with_context(|| {
+        let report = main.block_on(fleet::transfer(spec)).with_context(|| {
             format!(
                 "{} over {} streams in {}",
                 run.mode, run.streams, scenario.name
@@ -233,6 +237,8 @@ fn stream_row(
         link_share: link_mbps.map(|link| goodput_mbps / link),
         lost,
         queue_dropped,
+        resent_segments: report.sender.segments_resent,
+        duplicate_segments: report.receivers.iter().map(|r| r.stats.duplicates).sum(),
         load: load_average(),
         progress: report
             .progress

@@ -1,3 +1,6 @@
+//! Whole runs under random and fixed scenarios, and the checker tried on planted bad
+//! acceptances and step reports: tests that reach into the driver's state.
+
 use std::collections::BTreeMap;
 
 use aurora_control::{

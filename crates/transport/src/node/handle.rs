@@ -81,6 +81,14 @@ impl NodeHandle {
         Ok(status.clone())
     }
 
+    /// Waits until the node has every stream its session uses welcomed by its upstream
+    /// (a tuned session's first one; more open while it runs), so what follows times (or
+    /// faults) transfers, not connection set-up.
+    pub async fn all_streams_up(&self) -> Result<NodeStatus, TransportError> {
+        self.wait_for(|s| s.connected && s.streams > 0 && s.streams == s.target_streams)
+            .await
+    }
+
     /// Stops the node abruptly, as a crash would: no goodbye, every socket closed.
     pub fn kill(&self) {
         self.task.abort();

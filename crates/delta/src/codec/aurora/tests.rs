@@ -1,3 +1,7 @@
+//! Tests that span the submodules: round trips through the encoder and the decoder
+//! (dispatched and portable variants agreeing), hostile payloads, and the class search
+//! against what the scan then finds.
+
 use super::changes::{WINDOW_BLOCKS, find_changes};
 use super::classes::choose_classes;
 use super::decoder::decode_body;

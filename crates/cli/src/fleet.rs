@@ -1,6 +1,7 @@
 //! Measurable transfers of one delta: [`transfer`] from a hub to N collectors over S
 //! streams (bytes, time, goodput as it goes), and a [`Fleet`] (a hub, relays and actors
-//! in regions) timed until every actor has staged.
+//! in regions) timed until every actor has staged. The benchmark harness of `aurora wan`,
+//! kept out of the transport library, which it drives through its public API only.
 //!
 //! Benchmarks choose the addresses and the runtime every node runs on: across emulated
 //! regions each region has a runtime whose threads live in its network namespace, since
@@ -16,12 +17,9 @@ use aurora_proto::{Identity, ReceiverStats, Role, SenderStats, Weights};
 use bytes::Bytes;
 use tokio::runtime::Handle;
 
-use crate::conn::SocketOptions;
-use crate::decode::DecodePool;
-use crate::engine::IdleEngine;
-use crate::node::{
-    NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector, spawn_hub,
-    spawn_relay,
+use aurora_transport::{
+    DecodePool, IdleEngine, NodeConfig, NodeHandle, NodeStatus, SocketOptions, TransportError,
+    spawn_actor, spawn_collector, spawn_hub, spawn_relay,
 };
 
 /// How often [`transfer`] samples the bytes its receivers have read.
@@ -94,7 +92,6 @@ pub struct ReceiverReport {
 #[derive(Debug, Clone)]
 pub struct TransferReport {
     pub artifact_bytes: u64,
-    pub streams: u8,
     /// From publication to the last receiver done, or to the time limit.
     pub elapsed: Duration,
     pub receivers: Vec<ReceiverReport>,
@@ -121,11 +118,6 @@ impl TransferReport {
                 None => r.bytes_read,
             })
             .sum()
-    }
-
-    /// Bytes delivered per second, summed over receivers.
-    pub fn goodput_bytes_per_second(&self) -> f64 {
-        self.delivered_bytes() as f64 / self.elapsed.as_secs_f64()
     }
 
     /// The network's goodput once the first `warmup` is over (slow start, a tuner's
@@ -168,14 +160,6 @@ fn identity(role: Role, peer_id: String, region: &str) -> Identity {
         peer_id,
         region: region.into(),
     }
-}
-
-/// Waits until the node has every stream its session uses welcomed by its upstream
-/// (a tuned session's first one; more open while it runs), so what follows times (or
-/// faults) transfers, not connection set-up.
-pub async fn all_streams_up(node: &NodeHandle) -> Result<NodeStatus, TransportError> {
-    node.wait_for(|s| s.connected && s.streams > 0 && s.streams == s.target_streams)
-        .await
 }
 
 /// Publishes `spec.artifact` on a fresh hub and waits until every receiver holds it,
@@ -238,7 +222,7 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
     }
     let outcome = tokio::time::timeout(spec.timeout, async {
         for receiver in &receivers {
-            all_streams_up(receiver).await?;
+            receiver.all_streams_up().await?;
         }
         if let Some((warm_up, idle)) = &spec.warm_up {
             hub.publish(warm_up.clone()).await?;
@@ -316,7 +300,6 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
         .collect();
     Ok(TransferReport {
         artifact_bytes: spec.artifact.len() as u64,
-        streams: spec.streams,
         elapsed,
         receivers,
         sender,
@@ -439,7 +422,7 @@ impl Fleet {
         }
         tokio::time::timeout(spec.timeout, async {
             for member in &fleet.members {
-                all_streams_up(&member.node).await?;
+                member.node.all_streams_up().await?;
             }
             Ok::<_, TransportError>(())
         })
@@ -523,5 +506,71 @@ impl Fleet {
 impl Drop for Fleet {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deltas of the tiny shape, with steps larger than real training so that each
+    /// spans many segments.
+    fn deltas(versions: u64, seed: u64) -> Vec<Bytes> {
+        let shape = aurora_synth::preset("tiny").unwrap();
+        let mut config = aurora_synth::SynthConfig::new(shape, seed);
+        config.learning_rate = 3e-5;
+        let chain = aurora_synth::DeltaChain::new(config, versions, 1024);
+        chain.deltas.into_iter().map(Bytes::from).collect()
+    }
+
+    /// A hang fails the test instead of stalling the suite.
+    async fn within<T>(future: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(120), future)
+            .await
+            .expect("the transfer hung")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_bench_transfer_reports_bytes_time_and_streams() {
+        let deltas = deltas(1, 17);
+        let spec = TransferSpec::new(deltas[0].clone(), 3, 4);
+        let report = within(transfer(spec)).await.unwrap();
+        assert_eq!(report.receivers.len(), 3);
+        let payload: u64 = DeltaFile::parse(&deltas[0])
+            .unwrap()
+            .manifest
+            .payload_bytes();
+        for receiver in &report.receivers {
+            assert_eq!(receiver.stats.segment_bytes, payload);
+            assert_eq!(receiver.stats.stream_bytes.iter().sum::<u64>(), payload);
+            assert!(
+                receiver
+                    .stats
+                    .stream_bytes
+                    .iter()
+                    .filter(|b| **b > 0)
+                    .count()
+                    > 1,
+                "segments striped over several streams: {:?}",
+                receiver.stats.stream_bytes
+            );
+        }
+        assert_eq!(report.sender.segment_bytes_sent, 3 * payload);
+        assert!(report.complete());
+        assert_eq!(report.delivered_bytes(), 3 * report.artifact_bytes);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bench_warm_up_that_is_not_the_version_before_is_refused_at_once() {
+        let deltas = deltas(2, 19);
+        let mut spec = TransferSpec::new(deltas[0].clone(), 1, 2);
+        spec.warm_up = Some((deltas[1].clone(), std::time::Duration::ZERO));
+        let error = within(transfer(spec)).await.unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("the warm-up is version 2, not 0"),
+            "{error}"
+        );
     }
 }
