@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::MappedFile;
 use aurora_delta::stats::delta_stats;
-use aurora_store::{Plan, Store};
+use aurora_store::{Plan, Store, TrainerData};
 use clap::Subcommand;
 
 #[derive(Subcommand)]
@@ -88,18 +88,26 @@ pub fn run(command: StoreCommand) -> Result<()> {
                     record.version, "delta", record.size_bytes, record.target_hash
                 );
             }
-            for record in store.rollouts_records()?.values() {
-                println!(
-                    "{:>8}  {:<9} {:>12}  {}",
-                    record.version, "rollouts", record.size_bytes, record.hash
-                );
+            for kind in TrainerData::ALL {
+                for record in store.trainer_data_records(kind)?.values() {
+                    println!(
+                        "{:>8}  {:<9} {:>12}  {}",
+                        record.version,
+                        kind.name(),
+                        record.size_bytes,
+                        record.hash
+                    );
+                }
             }
         }
         StoreCommand::Verify { root } => {
             let store = Store::open(&root)?;
             let (deltas, snapshots) = store.records()?;
             let composed = store.composed_records()?;
-            let rollouts = store.rollouts_records()?;
+            let trainer_data = TrainerData::ALL
+                .map(|kind| store.trainer_data_records(kind))
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()?;
             let mut failures = Vec::new();
             for &version in deltas.keys() {
                 if let Err(error) = store.delta(version) {
@@ -117,11 +125,12 @@ pub fn run(command: StoreCommand) -> Result<()> {
                     failures.push(format!("{error:#}"));
                 }
             }
-            for &version in rollouts.keys() {
-                if let Err(error) = store.rollouts(version) {
+            for record in trainer_data.iter().flat_map(|records| records.values()) {
+                if let Err(error) = store.trainer_data(record.kind, record.version) {
                     failures.push(format!("{error:#}"));
                 }
             }
+            let [rollouts, states] = [0, 1].map(|i| trainer_data[i].len());
             for failure in &failures {
                 eprintln!("{failure}");
             }
@@ -129,15 +138,16 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 bail!(
                     "{} of {} artifacts failed verification",
                     failures.len(),
-                    deltas.len() + snapshots.len() + composed.len() + rollouts.len()
+                    deltas.len() + snapshots.len() + composed.len() + rollouts + states
                 );
             }
             println!(
-                "{} deltas, {} snapshots, {} composed deltas and {} rollouts verified",
+                "{} deltas, {} snapshots, {} composed deltas, {} rollouts and {} trainer states verified",
                 deltas.len(),
                 snapshots.len(),
                 composed.len(),
-                rollouts.len()
+                rollouts,
+                states
             );
         }
         StoreCommand::Inspect {
@@ -194,13 +204,19 @@ fn inspect(store: &Store, version: u64, json: bool, top: usize) -> Result<()> {
     let (deltas, snapshots) = store.records()?;
     let delta = deltas.get(&version).copied();
     let snapshot = snapshots.get(&version).copied();
-    let rollouts = store.rollouts_records()?.get(&version).copied();
+    let trainer_data = TrainerData::ALL
+        .into_iter()
+        .map(|kind| Ok(store.trainer_data_records(kind)?.get(&version).copied()))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>();
     let composed: Vec<_> = store
         .composed_records()?
         .into_values()
         .filter(|c| c.base_version == version || c.target_version == version)
         .collect();
-    if delta.is_none() && snapshot.is_none() && rollouts.is_none() && composed.is_empty() {
+    if delta.is_none() && snapshot.is_none() && trainer_data.is_empty() && composed.is_empty() {
         bail!("version {version} is not in the store");
     }
     let stats = match delta {
@@ -216,8 +232,8 @@ fn inspect(store: &Store, version: u64, json: bool, top: usize) -> Result<()> {
     if let Some(snapshot) = snapshot {
         store.snapshot(snapshot.version)?;
     }
-    if rollouts.is_some() {
-        store.rollouts(version)?;
+    for record in &trainer_data {
+        store.trainer_data(record.kind, version)?;
     }
     for c in &composed {
         store.composed_artifact(c.base_version, c.target_version)?;
@@ -243,10 +259,11 @@ fn inspect(store: &Store, version: u64, json: bool, top: usize) -> Result<()> {
                 "id": c.id.to_hex(),
                 "bytes": c.size_bytes,
             })).collect::<Vec<_>>(),
-            "rollouts": rollouts.map(|r| serde_json::json!({
+            "trainer_data": trainer_data.iter().map(|r| serde_json::json!({
+                "kind": r.kind.name(),
                 "hash": r.hash.to_hex(),
                 "bytes": r.size_bytes,
-            })),
+            })).collect::<Vec<_>>(),
         });
         return crate::print_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
     }
@@ -269,8 +286,13 @@ fn inspect(store: &Store, version: u64, json: bool, top: usize) -> Result<()> {
             c.base_version, c.target_version, c.size_bytes, c.id
         );
     }
-    if let Some(r) = rollouts {
-        text += &format!("  rollouts   {} bytes, hash {}\n", r.size_bytes, r.hash);
+    for r in &trainer_data {
+        text += &format!(
+            "  {:<10} {} bytes, hash {}\n",
+            r.kind.name(),
+            r.size_bytes,
+            r.hash
+        );
     }
     if let Some(stats) = &stats {
         text += "\n";

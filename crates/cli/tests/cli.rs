@@ -734,9 +734,9 @@ fn a_store_takes_a_chain_plans_catch_up_and_detects_corruption() {
 
     let verified = aurora(&["store", "verify", root_arg]).ok();
     assert!(
-        verified
-            .stdout
-            .contains("3 deltas, 1 snapshots, 0 composed deltas and 0 rollouts verified"),
+        verified.stdout.contains(
+            "3 deltas, 1 snapshots, 0 composed deltas, 0 rollouts and 0 trainer states verified"
+        ),
         "{}",
         verified.stdout
     );

@@ -2,7 +2,7 @@
 //! pooled client: an actor makes a few small requests per batch to one address.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -16,6 +16,12 @@ use crate::NodeError;
 
 /// Longest wait for one answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a call is retried while the control plane cannot be reached or answers
+/// that it is unavailable: a trainer node restarting after a crash comes back within
+/// this, so its actors wait for it rather than give up.
+const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);
+/// The longest pause between two tries.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Answers larger than this are refused (the hub's largest is the status view).
 const MAX_ANSWER_BYTES: usize = 4 << 20;
 
@@ -35,7 +41,10 @@ impl ControlClient {
     }
 
     /// POSTs `body` as JSON to `path` and parses the JSON answer; a non-2xx status is
-    /// an error carrying the hub's message.
+    /// an error carrying the hub's message. While the control plane cannot be reached
+    /// or answers 503 (a trainer node restarting), the call is tried again, backing off,
+    /// for up to [`OUTAGE_PATIENCE`]: every call is safe to repeat (the control plane
+    /// judges a repeated submission as a duplicate).
     pub async fn post<B: Serialize, R: DeserializeOwned>(
         &self,
         path: &str,
@@ -45,28 +54,67 @@ impl ControlClient {
             path: format!("POST {path}"),
             reason,
         };
-        let body = serde_json::to_vec(body).map_err(|e| fail(e.to_string()))?;
+        let body = Bytes::from(serde_json::to_vec(body).map_err(|e| fail(e.to_string()))?);
+        let give_up = Instant::now() + OUTAGE_PATIENCE;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.try_post(path, body.clone()).await {
+                Err(Attempt::Unavailable(reason)) if Instant::now() < give_up => {
+                    tracing::warn!(
+                        path,
+                        reason,
+                        ?backoff,
+                        "the control plane is unavailable; trying again"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(Attempt::Unavailable(reason) | Attempt::Failed(reason)) => {
+                    return Err(fail(reason));
+                }
+                Ok(answer) => {
+                    return serde_json::from_slice(&answer)
+                        .map_err(|e| fail(format!("parsing the answer: {e}")));
+                }
+            }
+        }
+    }
+
+    async fn try_post(&self, path: &str, body: Bytes) -> Result<Bytes, Attempt> {
         let request = hyper::Request::post(format!("{}{path}", self.base))
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(hyper::header::AUTHORIZATION, &self.authorization)
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| fail(e.to_string()))?;
+            .body(Full::new(body))
+            .map_err(|e| Attempt::Failed(e.to_string()))?;
         let response = tokio::time::timeout(REQUEST_TIMEOUT, self.pool.request(request))
             .await
-            .map_err(|_| fail(format!("no answer within {REQUEST_TIMEOUT:?}")))?
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|_| Attempt::Failed(format!("no answer within {REQUEST_TIMEOUT:?}")))?
+            // No answer at all: refused, reset, or a pooled connection to a process that
+            // is gone. Every call is safe to repeat, so each is worth another try.
+            .map_err(|e| {
+                use std::error::Error;
+                Attempt::Unavailable(
+                    e.source()
+                        .map_or(e.to_string(), |cause| format!("{e}: {cause}")),
+                )
+            })?;
         let status = response.status();
         let answer = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
             .collect()
             .await
-            .map_err(|e| fail(format!("reading the answer: {e}")))?
+            .map_err(|e| Attempt::Failed(format!("reading the answer: {e}")))?
             .to_bytes();
-        if !status.is_success() {
-            return Err(fail(format!(
-                "{status}: {}",
-                String::from_utf8_lossy(&answer)
-            )));
+        let reason = || format!("{status}: {}", String::from_utf8_lossy(&answer));
+        match status {
+            _ if status.is_success() => Ok(answer),
+            hyper::StatusCode::SERVICE_UNAVAILABLE => Err(Attempt::Unavailable(reason())),
+            _ => Err(Attempt::Failed(reason())),
         }
-        serde_json::from_slice(&answer).map_err(|e| fail(format!("parsing the answer: {e}")))
     }
+}
+
+/// Why one try of a call failed: worth trying again, or not.
+enum Attempt {
+    Unavailable(String),
+    Failed(String),
 }

@@ -20,9 +20,48 @@ pub struct DeltaRecord {
     pub size_bytes: u64,
 }
 
-/// The catalog record of the rollouts a version was trained on.
+/// What a trainer keeps beside each version so that it can go on after a crash: opaque
+/// bytes in its own serialization, hashed and immutable like every artifact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TrainerData {
+    /// The rollouts the version was trained on: the run's data, never pruned.
+    Rollouts,
+    /// The trainer's state once it produced the version (master weights, optimizer
+    /// moments, counters): where a restarted trainer resumes from. Pruning keeps the
+    /// newest.
+    State,
+}
+
+impl TrainerData {
+    pub const ALL: [TrainerData; 2] = [TrainerData::Rollouts, TrainerData::State];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainerData::Rollouts => "rollouts",
+            TrainerData::State => "trainer state",
+        }
+    }
+
+    pub(crate) fn table(self) -> TableDefinition<'static, u64, TrainerDataValue> {
+        match self {
+            TrainerData::Rollouts => ROLLOUTS_TABLE,
+            TrainerData::State => TRAINER_STATE_TABLE,
+        }
+    }
+
+    /// The directory under the store's root, and the files' extension there.
+    pub(crate) fn location(self) -> (&'static str, &'static str) {
+        match self {
+            TrainerData::Rollouts => ("rollouts", "json"),
+            TrainerData::State => ("trainer", "state"),
+        }
+    }
+}
+
+/// The catalog record of one version's [`TrainerData`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RolloutsRecord {
+pub struct TrainerDataRecord {
+    pub kind: TrainerData,
     pub version: u64,
     /// BLAKE3 of the stored bytes.
     pub hash: Hash,
@@ -54,10 +93,15 @@ type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
 type SnapshotValue = ([u8; 32], u64);
 /// (id, base hash, target hash, size in bytes)
 type ComposedValue = ([u8; 32], [u8; 32], [u8; 32], u64);
+/// (hash of the file, size in bytes)
+pub(crate) type TrainerDataValue = ([u8; 32], u64);
 
 /// The catalog's layout: its tables and their value encodings. A change to either takes
 /// a new number; a catalog of another number is refused, never misread.
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// 2 added the `trainer_state` table; a catalog of version 1 is upgraded on open (its
+/// tables are unchanged, the new one starts empty).
+pub const SCHEMA_VERSION: u32 = 2;
 pub(crate) const SCHEMA_TABLE: TableDefinition<&str, u32> = TableDefinition::new("schema");
 
 /// Stamps a new catalog with [`SCHEMA_VERSION`] and refuses one of another version. A
@@ -71,6 +115,11 @@ pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
             Ok(())
         }
         Some(SCHEMA_VERSION) => Ok(()),
+        Some(1) => {
+            tracing::info!("upgrading the catalog to schema {SCHEMA_VERSION}");
+            table.insert("version", SCHEMA_VERSION).map_err(catalog)?;
+            Ok(())
+        }
         Some(found) => Err(StoreError::Schema {
             found,
             supported: SCHEMA_VERSION,
@@ -81,9 +130,10 @@ pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
 pub(crate) const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
 pub(crate) const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> =
     TableDefinition::new("snapshots");
-/// version → (hash of the file, size in bytes)
-pub(crate) const ROLLOUTS_TABLE: TableDefinition<u64, ([u8; 32], u64)> =
-    TableDefinition::new("rollouts");
+/// version → (hash of the file, size in bytes), for each kind of [`TrainerData`]
+const ROLLOUTS_TABLE: TableDefinition<u64, TrainerDataValue> = TableDefinition::new("rollouts");
+const TRAINER_STATE_TABLE: TableDefinition<u64, TrainerDataValue> =
+    TableDefinition::new("trainer_state");
 /// (base version, target version) → (id, base hash, target hash, size in bytes)
 pub(crate) const COMPOSED_TABLE: TableDefinition<(u64, u64), ComposedValue> =
     TableDefinition::new("composed");
@@ -118,8 +168,13 @@ fn last_version<V: redb::Value + 'static>(
     Ok(table.last().map_err(catalog)?.map(|(key, _)| key.value()))
 }
 
-pub(crate) fn rollouts_record(version: u64, (hash, size_bytes): ([u8; 32], u64)) -> RolloutsRecord {
-    RolloutsRecord {
+pub(crate) fn trainer_data_record(
+    kind: TrainerData,
+    version: u64,
+    (hash, size_bytes): TrainerDataValue,
+) -> TrainerDataRecord {
+    TrainerDataRecord {
+        kind,
         version,
         hash: Hash(hash),
         size_bytes,
@@ -241,11 +296,14 @@ impl Store {
         })
     }
 
-    /// Every rollouts record, by version.
-    pub fn rollouts_records(&self) -> Result<BTreeMap<u64, RolloutsRecord>> {
+    /// Every record of `kind`, by version.
+    pub fn trainer_data_records(
+        &self,
+        kind: TrainerData,
+    ) -> Result<BTreeMap<u64, TrainerDataRecord>> {
         let txn = self.db.begin_read().map_err(catalog)?;
-        read_all(&txn, ROLLOUTS_TABLE, |v, value| {
-            (v, rollouts_record(v, value))
+        read_all(&txn, kind.table(), |v, value| {
+            (v, trainer_data_record(kind, v, value))
         })
     }
 

@@ -2,7 +2,9 @@
 //! chain of deltas, then stored and served like any artifact.
 
 use aurora_checkpoint::MappedFile;
-use aurora_delta::{Checkpoint, DeltaFile, ExtractOptions, compose, owned_checkpoint, replay};
+use aurora_delta::{
+    Checkpoint, DeltaError, DeltaFile, ExtractOptions, Hash, compose, owned_checkpoint, replay,
+};
 use redb::ReadableTable;
 
 use crate::catalog::{COMPOSED_TABLE, ComposedRecord, composed_record, composed_value};
@@ -89,54 +91,98 @@ impl Store {
                 latest,
             });
         }
-        let start = snapshots
-            .range(..=base)
-            .rev()
-            .map(|(&s, _)| s)
-            .find(|&s| (s + 1..=target).all(|v| deltas.contains_key(&v)))
-            .ok_or(StoreError::NoRoute {
-                actor: base,
-                latest: target,
-            })?;
-        let (snapshot, snapshot_record) = self.verified_snapshot(start)?;
-        let files = (start + 1..=target)
-            .map(|version| self.delta(version))
-            .collect::<Result<Vec<MappedFile>>>()?;
+        let chain = self.chain_to(base, target)?;
         let failed = |source| StoreError::ComposedArtifact {
             base,
             target,
             source,
         };
-        let chain = files
+        let parsed = chain.parse().map_err(failed)?;
+        let (to_base, to_target) = parsed.split_at((base - chain.start) as usize);
+        chain.with_weights(to_base, failed, |base_weights, base_hash| {
+            let options = ExtractOptions {
+                base_hash: Some(base_hash),
+                ..ExtractOptions::default()
+            };
+            Ok(compose(base_weights, to_target, options)?.1)
+        })
+    }
+
+    /// The safetensors image of `version`'s weights, rebuilt from the newest snapshot at
+    /// or below it and the deltas after that snapshot, each verified by its target hash
+    /// as it is applied: what a restarted trainer reads for a version it no longer holds.
+    pub fn weights_image(&self, version: u64) -> Result<Vec<u8>> {
+        let chain = self.chain_to(version, version)?;
+        let failed = |source| StoreError::Rebuild { version, source };
+        let parsed = chain.parse().map_err(failed)?;
+        chain.with_weights(&parsed, failed, |weights, _| weights.to_safetensors())
+    }
+
+    /// The newest snapshot at or below `base` whose chain of deltas reaches `reach`, and
+    /// the deltas after it up to `reach`, mapped and verified.
+    fn chain_to(&self, base: u64, reach: u64) -> Result<Chain> {
+        let (deltas, snapshots) = self.records()?;
+        let start = snapshots
+            .range(..=base)
+            .rev()
+            .map(|(&s, _)| s)
+            .find(|&s| (s + 1..=reach).all(|v| deltas.contains_key(&v)))
+            .ok_or(StoreError::NoRoute {
+                actor: base,
+                latest: reach,
+            })?;
+        let (snapshot, record) = self.verified_snapshot(start)?;
+        let deltas = (start + 1..=reach)
+            .map(|version| self.delta(version))
+            .collect::<Result<Vec<MappedFile>>>()?;
+        Ok(Chain {
+            start,
+            snapshot,
+            weights_hash: record.weights_hash,
+            deltas,
+        })
+    }
+}
+
+/// A snapshot and the deltas after it, as mapped from the store.
+struct Chain {
+    start: u64,
+    snapshot: MappedFile,
+    weights_hash: Hash,
+    deltas: Vec<MappedFile>,
+}
+
+impl Chain {
+    fn parse(&self) -> std::result::Result<Vec<DeltaFile<'_>>, DeltaError> {
+        self.deltas
             .iter()
             .map(|file| DeltaFile::parse(file.bytes()))
-            .collect::<Result<Vec<DeltaFile<'_>>, _>>()
-            .map_err(failed)?;
-        let start_weights = Checkpoint::from_safetensors(snapshot.bytes()).map_err(|source| {
+            .collect()
+    }
+
+    /// Calls `then` with the weights after applying `deltas` (the first ones of this
+    /// chain) to the snapshot, each verified by its target hash as it is applied, and
+    /// their hash; a failure of either is mapped by `failed`.
+    fn with_weights<T>(
+        &self,
+        deltas: &[DeltaFile<'_>],
+        failed: impl Fn(DeltaError) -> StoreError,
+        then: impl FnOnce(&Checkpoint<'_>, Hash) -> std::result::Result<T, DeltaError>,
+    ) -> Result<T> {
+        let start = Checkpoint::from_safetensors(self.snapshot.bytes()).map_err(|source| {
             StoreError::InvalidSnapshot {
-                version: start,
+                version: self.start,
                 source,
             }
         })?;
-        let (to_base, to_target) = chain.split_at((base - start) as usize);
-        // The weights of `base`: the snapshot (its hash verified on reading), then the
-        // deltas up to `base`, each verified by its target hash as it is applied.
-        let rebuilt =
-            replay(&start_weights, to_base, Some(snapshot_record.weights_hash)).map_err(failed)?;
-        let base_weights = match &rebuilt {
-            Some(tensors) => owned_checkpoint(tensors).map_err(failed)?,
-            None => start_weights,
-        };
-        let base_hash = to_base
+        let hash = deltas
             .last()
-            .map_or(snapshot_record.weights_hash, |delta| {
-                delta.header().target_hash
-            });
-        let options = ExtractOptions {
-            base_hash: Some(base_hash),
-            ..ExtractOptions::default()
+            .map_or(self.weights_hash, |delta| delta.header().target_hash);
+        let rebuilt = replay(&start, deltas, Some(self.weights_hash)).map_err(&failed)?;
+        let weights = match &rebuilt {
+            Some(tensors) => owned_checkpoint(tensors).map_err(&failed)?,
+            None => start,
         };
-        let (_, bytes) = compose(&base_weights, to_target, options).map_err(failed)?;
-        Ok(bytes)
+        then(&weights, hash).map_err(failed)
     }
 }

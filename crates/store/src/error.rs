@@ -29,6 +29,8 @@ pub enum StoreError {
     InvalidDelta(#[source] DeltaError),
     #[error("snapshot for version {version} refused: it is not a valid checkpoint")]
     InvalidSnapshot { version: u64, source: DeltaError },
+    #[error("the weights of version {version} cannot be rebuilt from the store")]
+    Rebuild { version: u64, source: DeltaError },
     #[error("the composed delta from version {base} to {target} cannot be built")]
     ComposedArtifact {
         base: u64,

@@ -11,7 +11,7 @@ use aurora_checkpoint::{FileError, MappedFile, write_atomically};
 use aurora_delta::{DeltaFile, Hash};
 use redb::WriteTransaction;
 
-use crate::catalog::{ComposedRecord, DeltaRecord, RolloutsRecord, SnapshotRecord};
+use crate::catalog::{ComposedRecord, DeltaRecord, SnapshotRecord, TrainerData, TrainerDataRecord};
 use crate::error::catalog;
 use crate::{Result, Store, StoreError};
 
@@ -19,7 +19,13 @@ pub(crate) const CATALOG: &str = "catalog.redb";
 pub(crate) const DELTAS: &str = "deltas";
 pub(crate) const SNAPSHOTS: &str = "snapshots";
 pub(crate) const COMPOSED: &str = "composed";
-pub(crate) const ROLLOUTS: &str = "rollouts";
+
+/// Every directory of artifact files.
+pub(crate) fn artifact_dirs() -> impl Iterator<Item = &'static str> {
+    [DELTAS, SNAPSHOTS, COMPOSED]
+        .into_iter()
+        .chain(TrainerData::ALL.map(|kind| kind.location().0))
+}
 
 impl Store {
     pub(crate) fn delta_path(&self, record: &DeltaRecord) -> PathBuf {
@@ -35,10 +41,11 @@ impl Store {
         ))
     }
 
-    pub(crate) fn rollouts_path(&self, record: &RolloutsRecord) -> PathBuf {
+    pub(crate) fn trainer_data_path(&self, record: &TrainerDataRecord) -> PathBuf {
+        let (dir, extension) = record.kind.location();
         self.root
-            .join(ROLLOUTS)
-            .join(format!("{}-{}.json", record.version, record.hash))
+            .join(dir)
+            .join(format!("{}-{}.{extension}", record.version, record.hash))
     }
 
     pub(crate) fn snapshot_path(&self, record: &SnapshotRecord) -> PathBuf {
@@ -48,12 +55,12 @@ impl Store {
         ))
     }
 
-    /// Deletes every file in `deltas/`, `snapshots/` and `composed/` that no record names: the
+    /// Deletes every file in the artifact directories that no record names: the
     /// leftovers of a crash between a file write and its commit, or between a prune's
     /// commit and its deletions, and temporary files of interrupted writes.
     pub(crate) fn remove_orphans(&self) -> Result<()> {
         let (deltas, snapshots) = self.records()?;
-        let referenced: BTreeSet<PathBuf> = deltas
+        let mut referenced: BTreeSet<PathBuf> = deltas
             .values()
             .map(|d| self.delta_path(d))
             .chain(snapshots.values().map(|s| self.snapshot_path(s)))
@@ -62,13 +69,12 @@ impl Store {
                     .values()
                     .map(|c| self.composed_path(c)),
             )
-            .chain(
-                self.rollouts_records()?
-                    .values()
-                    .map(|r| self.rollouts_path(r)),
-            )
             .collect();
-        for dir in [DELTAS, SNAPSHOTS, COMPOSED, ROLLOUTS] {
+        for kind in TrainerData::ALL {
+            let records = self.trainer_data_records(kind)?;
+            referenced.extend(records.values().map(|r| self.trainer_data_path(r)));
+        }
+        for dir in artifact_dirs() {
             let dir = self.root.join(dir);
             let io = |source| StoreError::Io {
                 path: dir.clone(),

@@ -9,6 +9,7 @@
 //!   snapshots/<version>-<weights hash hex>.safetensors
 //!   composed/<base>-<target>-<id hex>.adelta      C(base -> target), built on demand
 //!   rollouts/<version>-<hash hex>.json            the rollouts version v was trained on
+//!   trainer/<version>-<hash hex>.state            the trainer's state once it made v
 //! ```
 //!
 //! File names carry the artifact's identity (a delta's id is its manifest hash, a
@@ -24,6 +25,9 @@
 //!   hash, file size in bytes).
 //! - `rollouts`: version (u64) → (BLAKE3 hash of the file, file size in bytes): the
 //!   collected rollouts a trainer turned into that version, as it serialized them.
+//! - `trainer_state`: the same, for the trainer's own state once it produced that
+//!   version (master weights, optimizer moments, counters): what a restarted trainer
+//!   resumes from ([`TrainerData`]).
 //!
 //! The catalog is the truth: a file is part of the store only while a record names it.
 //!
@@ -35,7 +39,7 @@
 //!   unreferenced file or a temporary file, never a record without its file.
 //! - **Prune**: the records are removed and committed first, the files deleted after. A
 //!   crash in between leaves unreferenced files, never a record without its file.
-//! - **Open**: every file in `deltas/`, `snapshots/` and `composed/` that no record names (orphans of
+//! - **Open**: every file in an artifact directory that no record names (orphans of
 //!   the two crashes above, and temporary files) is deleted. Only one process can hold
 //!   the catalog open (redb locks it), so no other writer's temporary file is touched.
 //!
@@ -101,14 +105,16 @@ use std::path::{Path, PathBuf};
 
 use redb::Database;
 
-pub use catalog::{ComposedRecord, DeltaRecord, RolloutsRecord, SCHEMA_VERSION, SnapshotRecord};
+pub use catalog::{
+    ComposedRecord, DeltaRecord, SCHEMA_VERSION, SnapshotRecord, TrainerData, TrainerDataRecord,
+};
 pub use error::{Result, StoreError};
 pub use plan::Plan;
 pub use retention::{PruneReport, should_snapshot};
 
-use catalog::{COMPOSED_TABLE, DELTA_TABLE, ROLLOUTS_TABLE, SNAPSHOT_TABLE, check_schema};
+use catalog::{COMPOSED_TABLE, DELTA_TABLE, SNAPSHOT_TABLE, check_schema};
 use error::catalog;
-use files::{CATALOG, COMPOSED, DELTAS, ROLLOUTS, SNAPSHOTS};
+use files::{CATALOG, artifact_dirs};
 
 /// An open checkpoint store. Holds the catalog's lock until dropped.
 pub struct Store {
@@ -120,7 +126,7 @@ impl Store {
     /// Opens (or creates) the store at `root` and deletes files no record names.
     pub fn open(root: impl AsRef<Path>) -> Result<Store> {
         let root = root.as_ref().to_path_buf();
-        for dir in [DELTAS, SNAPSHOTS, COMPOSED, ROLLOUTS] {
+        for dir in artifact_dirs() {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(|source| StoreError::Io { path, source })?;
         }
@@ -131,7 +137,9 @@ impl Store {
         txn.open_table(DELTA_TABLE).map_err(catalog)?;
         txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
         txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
-        txn.open_table(ROLLOUTS_TABLE).map_err(catalog)?;
+        for kind in TrainerData::ALL {
+            txn.open_table(kind.table()).map_err(catalog)?;
+        }
         txn.commit().map_err(catalog)?;
         let store = Store { root, db };
         store.remove_orphans()?;

@@ -8,8 +8,8 @@ use aurora_delta::{Checkpoint, DeltaFile, Hash};
 use redb::ReadableTable;
 
 use crate::catalog::{
-    DELTA_TABLE, DeltaRecord, ROLLOUTS_TABLE, RolloutsRecord, SNAPSHOT_TABLE, SnapshotRecord,
-    delta_value, get_delta, get_snapshot, known_weights, rollouts_record, snapshot_value,
+    DELTA_TABLE, DeltaRecord, SNAPSHOT_TABLE, SnapshotRecord, TrainerData, TrainerDataRecord,
+    delta_value, get_delta, get_snapshot, known_weights, snapshot_value, trainer_data_record,
 };
 use crate::error::catalog;
 use crate::files::commit_with_file;
@@ -145,39 +145,45 @@ impl Store {
         self.put_snapshot(version, file.bytes())
     }
 
-    /// Stores the rollouts that `version` was trained on (opaque bytes: the trainer's
+    /// Stores `version`'s trainer data of `kind` (opaque bytes: the trainer's
     /// serialization). Immutable like every artifact: the same bytes again are a no-op,
     /// other bytes for a stored version a conflict.
-    pub fn put_rollouts(&self, version: u64, bytes: &[u8]) -> Result<RolloutsRecord> {
-        let record = RolloutsRecord {
+    pub fn put_trainer_data(
+        &self,
+        kind: TrainerData,
+        version: u64,
+        bytes: &[u8],
+    ) -> Result<TrainerDataRecord> {
+        let record = TrainerDataRecord {
+            kind,
             version,
             hash: Hash::of(bytes),
             size_bytes: bytes.len() as u64,
         };
         let txn = self.db.begin_write().map_err(catalog)?;
         {
-            let table = txn.open_table(ROLLOUTS_TABLE).map_err(catalog)?;
+            let table = txn.open_table(kind.table()).map_err(catalog)?;
             if let Some(existing) = table.get(version).map_err(catalog)? {
-                let existing = rollouts_record(version, existing.value());
+                let existing = trainer_data_record(kind, version, existing.value());
                 if existing.hash == record.hash {
                     return Ok(existing);
                 }
                 return Err(StoreError::Conflict {
-                    kind: "rollouts",
+                    kind: kind.name(),
                     version,
                     existing: existing.hash,
                     offered: record.hash,
                 });
             }
         }
-        commit_with_file(txn, &self.rollouts_path(&record), bytes, |txn| {
-            txn.open_table(ROLLOUTS_TABLE)
+        commit_with_file(txn, &self.trainer_data_path(&record), bytes, |txn| {
+            txn.open_table(kind.table())
                 .map_err(catalog)?
                 .insert(version, (record.hash.0, record.size_bytes))
                 .map_err(catalog)?;
             Ok(())
         })?;
-        tracing::info!(version, hash = %record.hash, bytes = record.size_bytes, "stored rollouts");
+        tracing::info!(kind = kind.name(), version, hash = %record.hash, bytes = record.size_bytes, "stored trainer data");
         Ok(record)
     }
 }

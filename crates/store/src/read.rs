@@ -4,8 +4,8 @@ use aurora_checkpoint::MappedFile;
 use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
 
 use crate::catalog::{
-    DELTA_TABLE, ROLLOUTS_TABLE, SNAPSHOT_TABLE, SnapshotRecord, delta_record, rollouts_record,
-    snapshot_record,
+    DELTA_TABLE, SNAPSHOT_TABLE, SnapshotRecord, TrainerData, delta_record, snapshot_record,
+    trainer_data_record,
 };
 use crate::files::{open_artifact, open_delta_artifact};
 use crate::{Result, Store, StoreError};
@@ -25,15 +25,17 @@ impl Store {
         )
     }
 
-    /// The rollouts `version` was trained on, verified against their hash.
-    pub fn rollouts(&self, version: u64) -> Result<Vec<u8>> {
-        let record = self.stored("rollouts", ROLLOUTS_TABLE, version, rollouts_record)?;
-        let path = self.rollouts_path(&record);
-        let file = open_artifact("rollouts", version, &path, record.size_bytes)?;
+    /// `version`'s trainer data of `kind`, verified against its hash.
+    pub fn trainer_data(&self, kind: TrainerData, version: u64) -> Result<Vec<u8>> {
+        let record = self.stored(kind.name(), kind.table(), version, |v, value| {
+            trainer_data_record(kind, v, value)
+        })?;
+        let path = self.trainer_data_path(&record);
+        let file = open_artifact(kind.name(), version, &path, record.size_bytes)?;
         let actual = Hash::of(file.bytes());
         if actual != record.hash {
             return Err(StoreError::Corrupted {
-                kind: "rollouts",
+                kind: kind.name(),
                 version,
                 path,
                 reason: format!("its hash is {actual}, the catalog says {}", record.hash),

@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 
 use crate::catalog::{
-    COMPOSED_TABLE, ComposedRecord, DELTA_TABLE, DeltaRecord, SNAPSHOT_TABLE, SnapshotRecord, sizes,
+    COMPOSED_TABLE, ComposedRecord, DELTA_TABLE, DeltaRecord, SNAPSHOT_TABLE, SnapshotRecord,
+    TrainerData, TrainerDataRecord, sizes,
 };
 use crate::error::catalog;
 use crate::files::remove_unreferenced;
@@ -16,6 +17,7 @@ pub struct PruneReport {
     pub snapshots: Vec<u64>,
     /// (base, target) of each composed delta removed.
     pub composed: Vec<(u64, u64)>,
+    pub trainer_states: Vec<u64>,
     pub bytes_freed: u64,
 }
 
@@ -35,7 +37,9 @@ impl Store {
     /// - the composed deltas whose target is the latest version (no other is served
     ///   again: Actors catch up to the latest);
     /// - every version's rollouts: the run's training data, which no Actor needs and
-    ///   no prune of weights should take away.
+    ///   no prune of weights should take away;
+    /// - the newest trainer state and every one of version `keep_versions_from` or
+    ///   later: a restarted trainer resumes from the newest and retrains forward.
     ///
     /// Records are removed in one committed transaction before any file is deleted (see
     /// the crate docs for why this order is crash-safe).
@@ -46,9 +50,7 @@ impl Store {
     ) -> Result<PruneReport> {
         let (deltas, snapshots) = self.records()?;
         let composed = self.composed_records()?;
-        let Some(latest) = deltas.keys().chain(snapshots.keys()).max().copied() else {
-            return Ok(PruneReport::default());
-        };
+        let latest = deltas.keys().chain(snapshots.keys()).max().copied();
         let mut keep_deltas: BTreeSet<u64> =
             deltas.range(keep_versions_from..).map(|d| *d.0).collect();
         let mut keep_snapshots: BTreeSet<u64> = snapshots
@@ -61,7 +63,11 @@ impl Store {
         }
         let (delta_sizes, snapshot_sizes) = sizes(&deltas, &snapshots);
         // An Actor ahead of the store has nothing here to lose.
-        for &actor in live_actor_versions.iter().filter(|&&a| a <= latest) {
+        for (actor, latest) in live_actor_versions.iter().filter_map(|&a| {
+            latest
+                .filter(|&latest| a <= latest)
+                .map(|latest| (a, latest))
+        }) {
             keep_deltas.extend(deltas.range(actor + 1..).map(|d| *d.0));
             let composed_size = composed.get(&(actor, latest)).map(|c| c.size_bytes);
             if let Some(Plan::Snapshot { snapshot, .. }) =
@@ -80,7 +86,13 @@ impl Store {
             .collect();
         let doomed_composed: Vec<&ComposedRecord> = composed
             .values()
-            .filter(|c| c.target_version != latest)
+            .filter(|c| Some(c.target_version) != latest)
+            .collect();
+        let states = self.trainer_data_records(TrainerData::State)?;
+        let newest_state = states.keys().next_back().copied();
+        let doomed_states: Vec<&TrainerDataRecord> = states
+            .values()
+            .filter(|s| s.version < keep_versions_from && Some(s.version) != newest_state)
             .collect();
 
         let txn = self.db.begin_write().map_err(catalog)?;
@@ -99,6 +111,12 @@ impl Store {
                     .remove((record.base_version, record.target_version))
                     .map_err(catalog)?;
             }
+            let mut table = txn
+                .open_table(TrainerData::State.table())
+                .map_err(catalog)?;
+            for record in &doomed_states {
+                table.remove(record.version).map_err(catalog)?;
+            }
         }
         txn.commit().map_err(catalog)?;
 
@@ -106,7 +124,8 @@ impl Store {
             .iter()
             .map(|d| self.delta_path(d))
             .chain(doomed_snapshots.iter().map(|s| self.snapshot_path(s)))
-            .chain(doomed_composed.iter().map(|c| self.composed_path(c)));
+            .chain(doomed_composed.iter().map(|c| self.composed_path(c)))
+            .chain(doomed_states.iter().map(|s| self.trainer_data_path(s)));
         for path in paths {
             remove_unreferenced(&path)?;
         }
@@ -117,9 +136,11 @@ impl Store {
                 .iter()
                 .map(|c| (c.base_version, c.target_version))
                 .collect(),
+            trainer_states: doomed_states.iter().map(|s| s.version).collect(),
             bytes_freed: doomed_deltas.iter().map(|d| d.size_bytes).sum::<u64>()
                 + doomed_snapshots.iter().map(|s| s.size_bytes).sum::<u64>()
-                + doomed_composed.iter().map(|c| c.size_bytes).sum::<u64>(),
+                + doomed_composed.iter().map(|c| c.size_bytes).sum::<u64>()
+                + doomed_states.iter().map(|s| s.size_bytes).sum::<u64>(),
         };
         tracing::info!(?report, "pruned the store");
         Ok(report)

@@ -1,9 +1,11 @@
 use super::*;
 use crate::catalog::SCHEMA_TABLE;
+use crate::files::{CATALOG, COMPOSED, DELTAS, SNAPSHOTS};
 use aurora_delta::{
     Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor,
     owned_checkpoint,
 };
+use redb::ReadableDatabase;
 
 /// The weights of `version` in one lineage: 256 F32 values, each step nudging one of
 /// them. `lineage` shifts every value, so two lineages never share a weights hash.
@@ -92,7 +94,8 @@ fn put_then_get_round_trips_and_survives_reopen() {
         files(&dir.path().join(DELTAS))[2],
         format!("3-{}.adelta", record.id)
     );
-    assert!(dir.path().join(ROLLOUTS).is_dir());
+    assert!(dir.path().join("rollouts").is_dir());
+    assert!(dir.path().join("trainer").is_dir());
     assert!(matches!(
         store.delta(4),
         Err(StoreError::NotFound { version: 4, .. })
@@ -585,54 +588,108 @@ fn prune_keeps_only_composed_deltas_to_the_latest_version() {
 }
 
 #[test]
-fn rollouts_are_stored_immutable_verified_and_kept_across_reopen() {
+fn trainer_data_is_stored_immutable_verified_and_kept_across_reopen() {
+    for (kind, file) in [
+        (TrainerData::Rollouts, "rollouts/3-{}.json"),
+        (TrainerData::State, "trainer/3-{}.state"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let batch = br#"[{"prompt":7,"completions":["12","13"]}]"#;
+        let record = store.put_trainer_data(kind, 3, batch).unwrap();
+        assert_eq!(record.hash, Hash::of(batch));
+        // The same bytes again are a no-op; others for the same version a conflict.
+        assert_eq!(store.put_trainer_data(kind, 3, batch).unwrap(), record);
+        let error = store.put_trainer_data(kind, 3, b"[]").unwrap_err();
+        assert!(
+            matches!(error, StoreError::Conflict { kind: k, version: 3, .. } if k == kind.name()),
+            "{error}"
+        );
+        assert!(matches!(
+            store.trainer_data(kind, 4).unwrap_err(),
+            StoreError::NotFound { kind: k, version: 4 } if k == kind.name()
+        ));
+        // The kinds are apart: one's record is not the other's.
+        let other = TrainerData::ALL.into_iter().find(|k| *k != kind).unwrap();
+        assert!(store.trainer_data(other, 3).is_err());
+        drop(store);
+
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.trainer_data(kind, 3).unwrap(), batch);
+        assert_eq!(store.trainer_data_records(kind).unwrap()[&3], record);
+        flip_byte_in_middle(
+            &dir.path()
+                .join(file.replace("{}", &record.hash.to_string())),
+        );
+        let error = store.trainer_data(kind, 3).unwrap_err();
+        assert!(
+            matches!(error, StoreError::Corrupted { kind: k, version: 3, .. } if k == kind.name()),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn pruning_keeps_every_rollouts_and_the_newest_trainer_state() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let batch = br#"[{"prompt":7,"completions":["12","13"]}]"#;
-    let record = store.put_rollouts(3, batch).unwrap();
-    assert_eq!(record.hash, Hash::of(batch));
-    // The same bytes again are a no-op; others for the same version a conflict.
-    assert_eq!(store.put_rollouts(3, batch).unwrap(), record);
-    let error = store.put_rollouts(3, b"[]").unwrap_err();
-    assert!(
-        matches!(
-            error,
-            StoreError::Conflict {
-                kind: "rollouts",
-                version: 3,
-                ..
-            }
-        ),
-        "{error}"
-    );
-    assert!(matches!(
-        store.rollouts(4).unwrap_err(),
-        StoreError::NotFound {
-            kind: "rollouts",
-            version: 4
+    for version in 1..=4 {
+        let bytes = version.to_string();
+        for kind in TrainerData::ALL {
+            store
+                .put_trainer_data(kind, version, bytes.as_bytes())
+                .unwrap();
         }
-    ));
-    drop(store);
+    }
+    let report = store.prune(3, &[]).unwrap();
+    assert_eq!(report.trainer_states, [1, 2]);
+    let states = store.trainer_data_records(TrainerData::State).unwrap();
+    assert_eq!(states.keys().copied().collect::<Vec<_>>(), [3, 4]);
+    let rollouts = store.trainer_data_records(TrainerData::Rollouts).unwrap();
+    assert_eq!(rollouts.len(), 4);
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("trainer"))
+            .unwrap()
+            .count(),
+        2
+    );
+    // Past every version, only the newest state is left.
+    assert_eq!(store.prune(10, &[]).unwrap().trainer_states, [3]);
+}
 
+#[test]
+fn a_catalog_of_schema_1_is_upgraded_and_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    assert_eq!(store.rollouts(3).unwrap(), batch);
-    assert_eq!(store.rollouts_records().unwrap()[&3], record);
-    let path = dir
-        .path()
-        .join("rollouts")
-        .join(format!("3-{}.json", record.hash));
-    flip_byte_in_middle(&path);
-    let error = store.rollouts(3).unwrap_err();
+    store
+        .put_trainer_data(TrainerData::Rollouts, 1, b"[]")
+        .unwrap();
+    drop(store);
+    {
+        let db = Database::create(dir.path().join(CATALOG)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(SCHEMA_TABLE)
+            .unwrap()
+            .insert("version", 1)
+            .unwrap();
+        txn.delete_table(TrainerData::State.table()).unwrap();
+        txn.commit().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.trainer_data(TrainerData::Rollouts, 1).unwrap(), b"[]");
     assert!(
-        matches!(
-            error,
-            StoreError::Corrupted {
-                kind: "rollouts",
-                version: 3,
-                ..
-            }
-        ),
-        "{error}"
+        store
+            .trainer_data_records(TrainerData::State)
+            .unwrap()
+            .is_empty()
+    );
+    drop(store);
+    let db = Database::create(dir.path().join(CATALOG)).unwrap();
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(SCHEMA_TABLE).unwrap();
+    assert_eq!(
+        table.get("version").unwrap().unwrap().value(),
+        SCHEMA_VERSION
     );
 }
 

@@ -36,6 +36,11 @@ pub enum Fault {
     StartActor { at_step: u64, region: String },
     /// SIGKILL of a region's relay; its actors fall back to the hub.
     KillRelay { at_step: u64, region: String },
+    /// SIGKILL of the trainer node (trainer, control plane, transport hub, store) once
+    /// the step opens, and a restart on the same ports `restart_after_s` later: it
+    /// reopens the store and the control plane's journal and resumes from its newest
+    /// checkpointed state while relays and actors keep generating.
+    KillTrainer { at_step: u64, restart_after_s: f64 },
 }
 
 impl Fault {
@@ -43,7 +48,8 @@ impl Fault {
         match self {
             Fault::KillActor { at_step, .. }
             | Fault::StartActor { at_step, .. }
-            | Fault::KillRelay { at_step, .. } => *at_step,
+            | Fault::KillRelay { at_step, .. }
+            | Fault::KillTrainer { at_step, .. } => *at_step,
         }
     }
 }
@@ -74,6 +80,11 @@ pub struct RunConfig {
     /// initial version): what an actor or relay that joins with no weights starts from,
     /// and where a composed catch-up rebuilds its base.
     pub snapshot_every: u64,
+    /// The trainer's state (FP32 master weights, optimizer moments, counters) goes to
+    /// the store every this many versions (and of the initial and the final version):
+    /// a restarted trainer resumes from the newest and trains forward on the stored
+    /// rollouts.
+    pub checkpoint_every: u64,
     pub held_out: usize,
     /// Parallel TCP streams per transfer session.
     pub streams: u8,
@@ -106,6 +117,7 @@ impl Default for RunConfig {
             prompts_per_step: 32,
             eval_every: 10,
             snapshot_every: 5,
+            checkpoint_every: 5,
             held_out: 200,
             streams: 4,
             model: ModelConfig::default(),
@@ -161,6 +173,11 @@ impl RunConfig {
         ensure!(self.eval_every > 0, "eval_every must be at least 1");
         ensure!(self.snapshot_every > 0, "snapshot_every must be at least 1");
         ensure!(
+            self.checkpoint_every > 0,
+            "checkpoint_every must be at least 1"
+        );
+
+        ensure!(
             (0.0..=1.0).contains(&self.warmup_target_accuracy),
             "warmup_target_accuracy must be within 0 to 1"
         );
@@ -215,6 +232,12 @@ impl RunConfig {
                 Fault::StartActor { region, .. } | Fault::KillRelay { region, .. } => ensure!(
                     self.regions.iter().any(|r| &r.name == region),
                     "fault {fault:?}: no region '{region}'"
+                ),
+                Fault::KillTrainer {
+                    restart_after_s, ..
+                } => ensure!(
+                    restart_after_s.is_finite() && (0.0..=3600.0).contains(restart_after_s),
+                    "fault {fault:?}: restart_after_s must be 0 to 3600 seconds"
                 ),
             }
         }

@@ -63,6 +63,12 @@ pub enum NodeCommand {
         /// The address its control API and transport hub listen on.
         #[arg(long, default_value = "127.0.0.1")]
         bind: IpAddr,
+        /// The control API's port (0: any free one); a restarted trainer takes its old one.
+        #[arg(long, default_value_t = 0)]
+        control_port: u16,
+        /// The transport hub's port (0: any free one).
+        #[arg(long, default_value_t = 0)]
+        transport_port: u16,
     },
     Relay {
         #[arg(long)]
@@ -106,7 +112,20 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
     let token = std::env::var(TOKEN_VARIABLE)
         .with_context(|| format!("set the token in {TOKEN_VARIABLE}"))?;
     match command {
-        NodeCommand::Trainer { dir, bind } => trainer::run(&dir, bind, token),
+        NodeCommand::Trainer {
+            dir,
+            bind,
+            control_port,
+            transport_port,
+        } => trainer::run(
+            &dir,
+            trainer::Listen {
+                bind,
+                control_port,
+                transport_port,
+            },
+            token,
+        ),
         NodeCommand::Relay {
             dir,
             bind,
@@ -338,22 +357,27 @@ pub fn run(args: RunArgs) -> Result<()> {
     let env = node_env(&token);
     let placement = Placement::new(&config)?;
     let trainer_region = placement.trainer_region();
-    let trainer_args: Vec<String> = vec![
-        "run-node".into(),
-        "trainer".into(),
-        "--dir".into(),
-        run_dir.display().to_string(),
-        "--bind".into(),
-        placement.bind(trainer_region)?.to_string(),
-    ];
-    let mut trainer = Node::spawn(
-        "trainer",
-        placement.command(trainer_region)?,
-        &trainer_args,
-        &env,
-        &run_dir,
-        sender.clone(),
-    )?;
+    let spawn_trainer = |ports: Option<(u16, u16)>| -> Result<Node> {
+        let mut args: Vec<String> = vec![
+            "run-node".into(),
+            "trainer".into(),
+            "--dir".into(),
+            run_dir.display().to_string(),
+            "--bind".into(),
+            placement.bind(trainer_region)?.to_string(),
+        ];
+        if let Some((control, transport)) = ports {
+            args.extend([
+                "--control-port".into(),
+                control.to_string(),
+                "--transport-port".into(),
+                transport.to_string(),
+            ]);
+        }
+        let command = placement.command(trainer_region)?;
+        Node::spawn("trainer", command, &args, &env, &run_dir, sender.clone())
+    };
+    let mut trainer = spawn_trainer(None)?;
     let progress = ProgressBar::new(config.steps);
     progress.set_style(ProgressStyle::with_template(
         "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
@@ -438,6 +462,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut metrics = std::fs::File::create(&metrics_path)?;
     let mut records: Vec<StepRecord> = Vec::new();
     let mut pending_events: Vec<String> = Vec::new();
+    // Each fault happens once: a restarted trainer opens again the step it was killed at.
+    let mut applied = vec![false; config.faults.len()];
+    let mut restarted_at: Option<Instant> = None;
     loop {
         let line = match lines.recv_timeout(STEP_TIMEOUT) {
             Ok(line) => line,
@@ -462,14 +489,51 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         if let Some(step) = line.text.strip_prefix("open ") {
             let step: u64 = step.parse()?;
-            for fault in config.faults.iter().filter(|f| f.at_step() == step) {
-                let event = apply_fault(&mut fleet, fault)?;
+            for (index, fault) in config.faults.iter().enumerate() {
+                if fault.at_step() != step || std::mem::replace(&mut applied[index], true) {
+                    continue;
+                }
+                let event = match fault {
+                    Fault::KillTrainer {
+                        restart_after_s, ..
+                    } => {
+                        let pid = trainer.id();
+                        trainer.kill()?;
+                        expect_line(&lines, "trainer", procs::CLOSED, START_TIMEOUT, |_| {})?;
+                        let outage = Instant::now();
+                        std::thread::sleep(Duration::from_secs_f64(*restart_after_s));
+                        trainer = spawn_trainer(Some((control.port(), hub_transport.port())))?;
+                        let resumed: serde_json::Value = serde_json::from_str(&expect_line(
+                            &lines,
+                            "trainer",
+                            "resumed ",
+                            START_TIMEOUT,
+                            |_| {},
+                        )?)?;
+                        restarted_at = Some(Instant::now());
+                        format!(
+                            "killed the trainer (pid {pid}); restarted after {restart_after_s} s, \
+                             it resumed at v{} ({} versions trained again) {:.2} s after the kill",
+                            resumed["version"],
+                            resumed["replayed"],
+                            outage.elapsed().as_secs_f64()
+                        )
+                    }
+                    other => apply_fault(&mut fleet, other)?,
+                };
                 say(&progress, format!("step {step}: {event}"));
                 pending_events.push(event);
             }
         } else if let Some(json) = line.text.strip_prefix("step ") {
             let mut record: StepRecord = serde_json::from_str(json)?;
             record.events.append(&mut pending_events);
+            if let Some(at) = restarted_at.take() {
+                record.events.push(format!(
+                    "v{} published {:.2} s after the trainer restarted",
+                    record.trained_version,
+                    at.elapsed().as_secs_f64()
+                ));
+            }
             writeln!(metrics, "{}", serde_json::to_string(&record)?)?;
             progress.set_position(record.step + 1);
             say(&progress, describe(&record));
@@ -589,6 +653,7 @@ fn apply_fault(fleet: &mut Fleet<'_>, fault: &Fault) -> Result<String> {
             node.kill()?;
             format!("killed the relay of region {region} ({address})")
         }
+        Fault::KillTrainer { .. } => bail!("the trainer is restarted by the run itself"),
     })
 }
 

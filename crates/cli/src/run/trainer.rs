@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use aurora_delta::{Checkpoint, Encoding};
-use aurora_engine::{Policy, RolloutGroup};
+use aurora_engine::{Policy, RolloutGroup, TrainStats, Trainer};
 use aurora_hub::{Hub, StepResults};
 use aurora_node::{Published, TrainerNode, TrainerSettings};
+use aurora_store::{Store, TrainerData};
+use serde::{Deserialize, Serialize};
 
 use super::config::{RunConfig, SyncMode};
 use super::report::{ActorRecord, StepRecord, StepTimes};
@@ -30,13 +32,23 @@ const POLL: Duration = Duration::from_millis(20);
 /// actor to the others long before.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 
-pub fn run(run_dir: &Path, bind: IpAddr, token: String) -> Result<()> {
+pub fn run(run_dir: &Path, listen: Listen, token: String) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    crate::runtime(Some(2))?.block_on(train(run_dir, bind, config, token))
+    crate::runtime(Some(2))?.block_on(train(run_dir, listen, config, token))
+}
+
+/// Where the trainer node listens: a restarted trainer takes the ports it had, so relays
+/// and actors find it again where they left it.
+#[derive(Debug, Clone, Copy)]
+pub struct Listen {
+    pub bind: IpAddr,
+    pub control_port: u16,
+    pub transport_port: u16,
 }
 
 /// Every exported version the trainer may still need: the behaviour policy of the
 /// rollouts it trains on is one version behind the newest.
+#[derive(Default)]
 struct Exports {
     bytes: BTreeMap<u64, Arc<Vec<u8>>>,
 }
@@ -57,16 +69,27 @@ impl Exports {
     }
 }
 
-async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -> Result<()> {
+/// What the store keeps beside version v (as [`TrainerData::Rollouts`]): the rollouts v
+/// was trained on and the version that generated them, everything a restarted trainer
+/// needs to train v again.
+#[derive(Serialize, Deserialize)]
+struct TrainedOn {
+    behaviour_version: u64,
+    groups: Vec<RolloutGroup>,
+}
+
+/// A step's rollouts, stored and waiting to be trained into the next version.
+struct Pending {
+    trained_on: TrainedOn,
+    generation_s: f64,
+    events: Vec<String>,
+}
+
+async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String) -> Result<()> {
     let started = Instant::now();
-    let warm = {
-        let (config, run_dir) = (config.clone(), run_dir.to_path_buf());
-        tokio::task::spawn_blocking(move || super::warmup::warmed_up(&config, &run_dir)).await??
-    };
-    let mut trainer = warm;
     let mut settings = TrainerSettings::new(run_dir, token);
-    settings.control_listen = SocketAddr::new(bind, 0);
-    settings.transport_listen = SocketAddr::new(bind, 0);
+    settings.control_listen = SocketAddr::new(listen.bind, listen.control_port);
+    settings.transport_listen = SocketAddr::new(listen.bind, listen.transport_port);
     settings.streams = config.streams;
     settings.snapshot_every = config.snapshot_every;
     settings.encoding = match config.sync {
@@ -74,6 +97,8 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
         SyncMode::Full => Encoding::Dense,
     };
     settings.control = super::control_config();
+    // The node opens the store and the control plane's journal as a crash left them, so
+    // relays and actors reconnect while the trainer catches up below.
     let node = Arc::new(
         TrainerNode::start(settings)
             .await
@@ -81,28 +106,52 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
     );
     let (hub, store) = (node.hub().clone(), node.store().clone());
     let (control_address, transport_address) = (node.control_address(), node.transport_address());
+    let resumed_at = store.latest_version()?;
 
-    let mut exports = Exports {
-        bytes: BTreeMap::new(),
+    let (mut trainer, mut exports, first_step) = match resumed_at {
+        None => {
+            let trainer = {
+                let (config, run_dir) = (config.clone(), run_dir.to_path_buf());
+                tokio::task::spawn_blocking(move || super::warmup::warmed_up(&config, &run_dir))
+                    .await??
+            };
+            let mut exports = Exports::default();
+            exports.insert(0, trainer.export_bf16()?);
+            let (node, base) = (node.clone(), exports.get(0)?);
+            tokio::task::spawn_blocking(move || node.publish_first(0, &base)).await??;
+            store.put_trainer_data(TrainerData::State, 0, &trainer.save_state()?)?;
+            (trainer, exports, 0)
+        }
+        Some(latest) => {
+            let resuming = Instant::now();
+            let (config, store) = (config.clone(), store.clone());
+            let (trainer, exports, replayed) =
+                tokio::task::spawn_blocking(move || resume(&config, &store, latest)).await??;
+            announce(&format!(
+                "resumed {}",
+                serde_json::json!({
+                    "version": latest,
+                    "replayed": replayed,
+                    "seconds": resuming.elapsed().as_secs_f64(),
+                })
+            ))?;
+            (trainer, exports, latest + 1)
+        }
     };
-    let base = trainer.export_bf16()?;
-    exports.insert(0, base.clone());
-    {
-        let (node, base) = (node.clone(), exports.get(0)?);
-        tokio::task::spawn_blocking(move || node.publish_first(0, &base)).await??;
-    }
-    let base_accuracy = evaluate(&config, &base)?;
+    let base = store.weights_image(0)?;
     announce(&format!("control {control_address}"))?;
     announce(&format!("transport {transport_address}"))?;
-    announce(&format!(
-        "ready {}",
-        serde_json::json!({
-            "accuracy": base_accuracy,
-            "warmup_s": started.elapsed().as_secs_f64(),
-            "parameters": config.model.parameters(),
-            "dense_bytes": base.len(),
-        })
-    ))?;
+    if resumed_at.is_none() {
+        announce(&format!(
+            "ready {}",
+            serde_json::json!({
+                "accuracy": evaluate(&config, &base)?,
+                "warmup_s": started.elapsed().as_secs_f64(),
+                "parameters": config.model.parameters(),
+                "dense_bytes": base.len(),
+            })
+        ))?;
+    }
     let reference = config
         .rl
         .kl_coef
@@ -110,18 +159,26 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
         .then(|| Policy::from_safetensors(&config.model, &base))
         .transpose()?;
 
-    // Each step's rollouts are trained on in the next iteration, so what was measured
-    // about a step waits here until its record is written.
-    let mut previous: Option<(StepResults, f64)> = None;
+    // The rollouts trained on in the next iteration: after a restart, those of the
+    // step before it, stored before it crashed or taken from the control plane now.
+    let mut previous = match resumed_at {
+        Some(latest) if latest < config.steps => {
+            Some(pending_after_restart(&config, &node, latest + 1).await?)
+        }
+        _ => None,
+    };
     let activations: Arc<std::sync::Mutex<BTreeMap<u64, f64>>> = Arc::default();
-    for k in 0..=config.steps {
+    for k in first_step..=config.steps {
         let mut times = StepTimes::default();
-        let mut events = Vec::new();
         let opened = Instant::now();
         // Commit the newest version: actors activate it at their next batch boundary,
-        // and only then can they stage the one trained below.
-        if k < config.steps {
+        // and only then can they stage the one trained below. A step the trainer opened
+        // before a restart is open already.
+        let open = hub.inspect(|core| core.step_progress().map(|p| p.step.0));
+        if k < config.steps && open.is_none_or(|open| open < k) {
             node.open_step(&config.prompts(k))?;
+        }
+        if k < config.steps {
             announce(&format!("open {k}"))?;
         }
         let latest = node.commit().await?;
@@ -135,24 +192,22 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
 
         // Train on the previous step while this one generates.
         let mut record = None;
-        if let Some((results, generation_s)) = previous.take() {
+        if let Some(Pending {
+            trained_on,
+            generation_s,
+            mut events,
+        }) = previous.take()
+        {
             let trained = k;
-            let behaviour_version = results.outcome.version.0;
-            let groups = rollout_groups(&config, &results, &mut events)?;
-            let behaviour =
-                Policy::from_safetensors(&config.model, &exports.get(behaviour_version)?)?;
             let training = Instant::now();
-            let stats = trainer.train_step(
-                &config.task,
-                &groups,
-                &behaviour,
+            let (stats, bytes) = train_version(
+                &config,
+                &mut trainer,
+                &exports,
                 reference.as_ref(),
-                &config.rl,
+                &trained_on,
             )?;
-            let bytes = trainer.export_bf16()?;
             times.training_s = training.elapsed().as_secs_f64();
-            // What this version was trained on, kept beside it in the store.
-            store.put_rollouts(trained, &serde_json::to_vec(&groups)?)?;
             times.generation_s = generation_s;
             exports.insert(trained, bytes);
 
@@ -162,15 +217,24 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
             if published.version != trained {
                 bail!("published version {}, trained {trained}", published.version);
             }
+            if trained % config.checkpoint_every == 0 || trained == config.steps {
+                let state = trainer.save_state()?;
+                store.put_trainer_data(TrainerData::State, trained, &state)?;
+                events.push(format!(
+                    "trainer state of v{trained} checkpointed ({} bytes)",
+                    state.len()
+                ));
+            }
             let sync_bytes = published.artifact_bytes;
             times.transfer_s = wait_until_staged(&hub, trained, extraction).await;
             let accuracy = (trained % config.eval_every == 0 || trained == config.steps)
                 .then(|| evaluate(&config, &exports.get(trained)?))
                 .transpose()?;
+            let groups = &trained_on.groups;
             let tokens: u64 = groups.iter().map(|g| g.tokens() as u64).sum();
             record = Some(StepRecord {
                 step: k - 1,
-                version: behaviour_version,
+                version: trained_on.behaviour_version,
                 trained_version: trained,
                 weights_hash: published.weights_hash.to_hex(),
                 train: stats,
@@ -188,7 +252,13 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
 
         if k < config.steps {
             let results = node.wait_step(STEP_TIMEOUT).await?;
-            previous = Some((results, opened.elapsed().as_secs_f64()));
+            previous = Some(store_pending(
+                &config,
+                &store,
+                k + 1,
+                &results,
+                opened.elapsed(),
+            )?);
         }
         if let Some(mut record) = record {
             // The activation of the version this step generated on, measured when the
@@ -214,7 +284,151 @@ async fn train(run_dir: &Path, bind: IpAddr, config: RunConfig, token: String) -
     Ok(())
 }
 
-/// Records how long after the commit of `version` every live actor runs it.
+/// One RL step on `trained_on`, against the behaviour policy that generated it; the
+/// step's statistics and the version it makes, exported.
+fn train_version(
+    config: &RunConfig,
+    trainer: &mut Trainer,
+    exports: &Exports,
+    reference: Option<&Policy>,
+    trained_on: &TrainedOn,
+) -> Result<(TrainStats, Vec<u8>)> {
+    let behaviour =
+        Policy::from_safetensors(&config.model, &exports.get(trained_on.behaviour_version)?)?;
+    let stats = trainer.train_step(
+        &config.task,
+        &trained_on.groups,
+        &behaviour,
+        reference,
+        &config.rl,
+    )?;
+    Ok((stats, trainer.export_bf16()?))
+}
+
+/// Validates a completed step's rollouts and stores them as what version `version`
+/// will be trained on, before the next step opens (which drops them from the control
+/// plane): from then on a crash loses none of them.
+fn store_pending(
+    config: &RunConfig,
+    store: &Store,
+    version: u64,
+    results: &StepResults,
+    generation: Duration,
+) -> Result<Pending> {
+    let mut events = Vec::new();
+    let trained_on = TrainedOn {
+        behaviour_version: results.outcome.version.0,
+        groups: rollout_groups(config, results, &mut events)?,
+    };
+    store.put_trainer_data(
+        TrainerData::Rollouts,
+        version,
+        &serde_json::to_vec(&trained_on)?,
+    )?;
+    Ok(Pending {
+        trained_on,
+        generation_s: generation.as_secs_f64(),
+        events,
+    })
+}
+
+/// After a restart at `version - 1`: the rollouts `version` is trained on, from the
+/// store if the trainer stored them before it stopped, else from the control plane once
+/// their step completes (a step's results stay there until the next one opens).
+async fn pending_after_restart(
+    config: &RunConfig,
+    node: &TrainerNode,
+    version: u64,
+) -> Result<Pending> {
+    let store = node.store();
+    if store
+        .trainer_data_records(TrainerData::Rollouts)?
+        .contains_key(&version)
+    {
+        let trained_on: TrainedOn =
+            serde_json::from_slice(&store.trainer_data(TrainerData::Rollouts, version)?)?;
+        return Ok(Pending {
+            trained_on,
+            generation_s: 0.0,
+            events: vec![format!(
+                "v{version} trained on rollouts stored before the restart"
+            )],
+        });
+    }
+    let waiting = Instant::now();
+    let results = node.wait_step(STEP_TIMEOUT).await?;
+    store_pending(config, store, version, &results, waiting.elapsed())
+}
+
+/// The trainer as it was when it published `latest`: the newest stored state at or
+/// below it, then every later version trained again on the rollouts it was trained
+/// on. Training is deterministic, so each must export the weights hash the store holds;
+/// one that does not is refused, since publishing it would give a version two contents.
+/// Returns the trainer, the exports a next step needs, and how many versions it
+/// trained again.
+fn resume(config: &RunConfig, store: &Store, latest: u64) -> Result<(Trainer, Exports, u64)> {
+    let states = store.trainer_data_records(TrainerData::State)?;
+    let from = *states
+        .range(..=latest)
+        .next_back()
+        .with_context(|| format!("no trainer state at or below version {latest} to resume from"))?
+        .0;
+    let mut trainer = Trainer::load_state(&store.trainer_data(TrainerData::State, from)?)
+        .with_context(|| format!("restoring the trainer state of version {from}"))?;
+    let (deltas, snapshots) = store.records()?;
+    let stored_hash = |version: u64| {
+        deltas
+            .get(&version)
+            .map(|d| d.target_hash)
+            .or_else(|| snapshots.get(&version).map(|s| s.weights_hash))
+            .with_context(|| format!("version {version} is not in the store"))
+    };
+    let mut exports = Exports::default();
+    let check = |version: u64, bytes: &[u8]| -> Result<()> {
+        let hash = Checkpoint::from_safetensors(bytes)?.weights_hash();
+        let stored = stored_hash(version)?;
+        if hash != stored {
+            bail!(
+                "cannot resume: the trainer reproduces version {version} with weights {hash}, \
+                 but the store holds {stored} (was the run's configuration changed?)"
+            );
+        }
+        Ok(())
+    };
+    let reference = match config.rl.kl_coef > 0.0 {
+        true => Some(Policy::from_safetensors(
+            &config.model,
+            &store.weights_image(0)?,
+        )?),
+        false => None,
+    };
+    let exported = trainer.export_bf16()?;
+    check(from, &exported)?;
+    exports.insert(from, exported);
+    for version in from + 1..=latest {
+        let trained_on: TrainedOn =
+            serde_json::from_slice(&store.trainer_data(TrainerData::Rollouts, version)?)
+                .with_context(|| {
+                    format!("reading the rollouts version {version} was trained on")
+                })?;
+        let behaviour = trained_on.behaviour_version;
+        if exports.get(behaviour).is_err() {
+            exports.insert(behaviour, store.weights_image(behaviour)?);
+        }
+        let (_, bytes) = train_version(
+            config,
+            &mut trainer,
+            &exports,
+            reference.as_ref(),
+            &trained_on,
+        )?;
+        check(version, &bytes)?;
+        exports.insert(version, bytes);
+        tracing::info!(version, "trained again after the restart");
+    }
+    Ok((trainer, exports, latest - from))
+}
+
 async fn measure_activation(
     hub: Arc<Hub>,
     version: u64,

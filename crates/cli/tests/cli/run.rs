@@ -16,6 +16,7 @@ steps = {steps}
 prompts_per_step = 8
 eval_every = 2
 snapshot_every = 3
+checkpoint_every = 4
 held_out = 7
 warmup_target_accuracy = 0.2
 warmup_max_steps = 400
@@ -75,6 +76,38 @@ fn metrics(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Runs `config` in `dir` and checks that every actor ends on `version`.
+#[track_caller]
+fn run_to_the_end(config: &Path, dir: &Path, version: u64) {
+    let run = aurora(&["run", "--config"])
+        .arg(config)
+        .arg("--dir")
+        .arg(dir)
+        .ok();
+    assert!(
+        run.stdout
+            .contains(&format!("every actor runs the final version v{version}")),
+        "{}",
+        run.stdout
+    );
+}
+
+/// Fails unless every one of `expected` is part of some step's events.
+#[track_caller]
+fn assert_events(steps: &[Value], expected: &[&str]) {
+    let events: Vec<String> = steps
+        .iter()
+        .flat_map(|s| s["events"].as_array().unwrap().clone())
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    for expected in expected {
+        assert!(
+            events.iter().any(|e| e.contains(expected)),
+            "no event '{expected}' in {events:?}"
+        );
+    }
+}
+
 #[test]
 fn a_run_survives_its_fault_plan_and_every_actor_ends_on_the_final_weights() {
     let scratch = Scratch::new();
@@ -102,16 +135,7 @@ region = "us"
         .as_bytes(),
     );
     let dir = scratch.path("run");
-    let run = aurora(&["run", "--config"])
-        .arg(&config)
-        .arg("--dir")
-        .arg(&dir)
-        .ok();
-    assert!(
-        run.stdout.contains("every actor runs the final version v6"),
-        "{}",
-        run.stdout
-    );
+    run_to_the_end(&config, &dir, 6);
 
     let steps = metrics(&dir);
     assert_eq!(steps.len(), 6);
@@ -119,21 +143,14 @@ region = "us"
         assert_eq!(step["step"], index as u64);
         assert_eq!(step["trained_version"], index as u64 + 1);
     }
-    let events: Vec<String> = steps
-        .iter()
-        .flat_map(|s| s["events"].as_array().unwrap().clone())
-        .map(|e| e.as_str().unwrap().to_string())
-        .collect();
-    for expected in [
-        "killed actor 1",
-        "killed the relay of region eu",
-        "started actor 4 in region us",
-    ] {
-        assert!(
-            events.iter().any(|e| e.contains(expected)),
-            "no event '{expected}' in {events:?}"
-        );
-    }
+    assert_events(
+        &steps,
+        &[
+            "killed actor 1",
+            "killed the relay of region eu",
+            "started actor 4 in region us",
+        ],
+    );
     // The newcomer joined from a snapshot, caught up and generated on the latest weights.
     let last = steps.last().unwrap();
     let newcomer = last["actors"]
@@ -155,16 +172,74 @@ region = "us"
     assert_eq!(report.matches("<svg").count(), 4);
     assert!(report.contains("killed actor 1"));
 
-    // The store keeps every version's delta, a snapshot every third version (0, 3, 6)
-    // and the rollouts each version was trained on, all verified.
+    // The store keeps every version's delta, a snapshot every third version (0, 3, 6),
+    // the rollouts each version was trained on and the trainer's state at 0, 4 and the
+    // end, all verified.
     let store = dir.join("store");
     let verified = aurora(&["store", "verify"]).arg(&store).ok();
     assert!(
         verified.stdout.contains("6 deltas, 3 snapshots")
-            && verified.stdout.contains("and 6 rollouts verified"),
+            && verified
+                .stdout
+                .contains("6 rollouts and 3 trainer states verified"),
         "{}",
         verified.stdout
     );
+}
+
+#[test]
+fn a_killed_trainer_resumes_and_the_run_ends_on_the_weights_of_an_unbroken_run() {
+    let scratch = Scratch::new();
+    let unbroken = scratch.write("unbroken.toml", small_config(6, "").as_bytes());
+    // Killed as step 3 opens: version 2 is published, and the newest trainer state is
+    // that of version 0, so the restarted trainer trains versions 1 and 2 again from
+    // the stored rollouts and must reproduce their weights hashes.
+    let killed = scratch.write(
+        "killed.toml",
+        small_config(
+            6,
+            r#"
+[[faults]]
+action = "kill-trainer"
+at_step = 3
+restart_after_s = 0.5
+"#,
+        )
+        .as_bytes(),
+    );
+    let mut runs = Vec::new();
+    for (config, name) in [(&unbroken, "unbroken"), (&killed, "killed")] {
+        let dir = scratch.path(name);
+        run_to_the_end(config, &dir, 6);
+        runs.push(metrics(&dir));
+    }
+    let (unbroken, killed) = (&runs[0], &runs[1]);
+    assert_eq!(killed.len(), 6, "every version is trained once: {killed:?}");
+    for (u, k) in unbroken.iter().zip(killed) {
+        assert_eq!(u["trained_version"], k["trained_version"]);
+        assert_eq!(
+            u["weights_hash"], k["weights_hash"],
+            "version {}",
+            u["trained_version"]
+        );
+        assert_eq!(u["train"], k["train"], "version {}", u["trained_version"]);
+    }
+    assert_events(
+        killed,
+        &[
+            "killed the trainer",
+            "it resumed at v2 (2 versions trained again)",
+            "published",
+        ],
+    );
+    // No actor restarted: the four of the start are the members at the end.
+    let members: Vec<u64> = killed.last().unwrap()["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(members, [0, 1, 2, 3]);
 }
 
 #[test]
