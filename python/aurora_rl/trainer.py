@@ -132,6 +132,32 @@ class Trainer:
         self._previous = tensors
         return version
 
+    def save_state(self, version: int, data: bytes) -> None:
+        """Keeps the trainer's own state once it produced ``version`` (master weights,
+        optimizer moments, data-loader and RNG positions: serialise it as you like, for
+        example ``torch.save`` of the state dicts into an ``io.BytesIO``) in the store,
+        hashed and written crash-safely. Save one every few versions; a restarted trainer
+        loads the newest (:meth:`load_state`) and trains forward on the rollouts kept
+        with :meth:`save_rollouts`."""
+        self._node.save_trainer_data("state", version, bytes(data))
+
+    def load_state(self) -> Optional[tuple[int, bytes]]:
+        """The newest state kept with :meth:`save_state` and its version, or ``None``."""
+        versions = self._node.trainer_data_versions("state")
+        if not versions:
+            return None
+        return versions[-1], self._node.trainer_data("state", versions[-1])
+
+    def save_rollouts(self, version: int, data: bytes) -> None:
+        """Keeps what ``version`` is trained on (the step's rollouts, serialised as you
+        like) in the store before the next step opens, which drops them from the control
+        plane: after a crash, :meth:`rollouts` gives them back for training again."""
+        self._node.save_trainer_data("rollouts", version, bytes(data))
+
+    def rollouts(self, version: int) -> bytes:
+        """What :meth:`save_rollouts` kept for ``version``, verified against its hash."""
+        return self._node.trainer_data("rollouts", version)
+
     def commit(self) -> int:
         """Commits the latest version: actors activate it at their next safe point, and
         steps opened from now on generate on it. Returns its number."""

@@ -15,8 +15,10 @@ use aurora_node::{
     TrainerSettings,
 };
 use aurora_proto::Weights;
+use aurora_store::TrainerData;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::dlpack::export_bytes;
 use crate::errors::delta_error;
@@ -75,6 +77,17 @@ impl Drop for Runtime {
         if let Some(runtime) = self.0.take() {
             runtime.shutdown_timeout(SHUTDOWN_TIMEOUT);
         }
+    }
+}
+
+/// The store's kind of trainer data a Python name means.
+fn trainer_data(kind: &str) -> PyResult<TrainerData> {
+    match kind {
+        "rollouts" => Ok(TrainerData::Rollouts),
+        "state" => Ok(TrainerData::State),
+        other => Err(PyValueError::new_err(format!(
+            "trainer data is 'rollouts' or 'state', not '{other}'"
+        ))),
     }
 }
 
@@ -238,6 +251,43 @@ impl TrainerNodeCore {
     fn open_step(&self, py: Python<'_>, prompts: Vec<u64>) -> PyResult<u64> {
         let node = &self.node;
         py.detach(|| node.open_step(&prompts)).map_err(node_error)
+    }
+
+    /// Stores `data` as `version`'s trainer data of `kind` (`rollouts` or `state`).
+    fn save_trainer_data(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        version: u64,
+        data: &[u8],
+    ) -> PyResult<()> {
+        let (kind, store) = (trainer_data(kind)?, self.node.store());
+        py.detach(|| store.put_trainer_data(kind, version, data))
+            .map(drop)
+            .map_err(|e| node_error(e.into()))
+    }
+
+    /// The versions that have trainer data of `kind`, oldest first.
+    fn trainer_data_versions(&self, kind: &str) -> PyResult<Vec<u64>> {
+        let records = self.node.store().trainer_data_records(trainer_data(kind)?);
+        Ok(records
+            .map_err(|e| node_error(e.into()))?
+            .into_keys()
+            .collect())
+    }
+
+    /// `version`'s trainer data of `kind`, verified against its hash.
+    fn trainer_data<'py>(
+        &self,
+        py: Python<'py>,
+        kind: &str,
+        version: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let (kind, store) = (trainer_data(kind)?, self.node.store());
+        let data = py
+            .detach(|| store.trainer_data(kind, version))
+            .map_err(|e| node_error(e.into()))?;
+        Ok(PyBytes::new(py, &data))
     }
 
     /// The control plane's monitoring view as JSON: `StatusResponse` of

@@ -130,6 +130,65 @@ def test_a_reopened_trainer_resumes_from_the_latest_version(tmp_path):
     assert again.publish({"w": newer["w"] + 1}).version == 2
 
 
+def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path):
+    import io
+    import json
+
+    def fresh():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 64, bias=False)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def train(model, optimizer, rollouts: bytes):
+        inputs = torch.tensor(json.loads(rollouts)).reshape(-1, 64)
+        loss = model(inputs).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def export(model):
+        return {"w": model.weight.detach().bfloat16()}
+
+    def state(model, optimizer) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+        return buffer.getvalue()
+
+    def rollouts(version: int) -> bytes:
+        return json.dumps([((version * 7 + i) % 13) / 13 for i in range(128)]).encode()
+
+    # The unbroken trainer: a state at version 0, the rollouts of each version kept
+    # before it is trained.
+    model, optimizer = fresh()
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    trainer.publish(export(model))
+    trainer.save_state(0, state(model, optimizer))
+    for version in (1, 2):
+        trainer.save_rollouts(version, rollouts(version))
+        train(model, optimizer, rollouts(version))
+        trainer.publish(export(model))
+    train(model, optimizer, rollouts(3))
+    unbroken = export(model)["w"]
+    del trainer  # the crash: version 3 was trained but not published
+
+    # The restarted trainer: the newest state, then every later version trained again.
+    again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    from_version, saved = again.load_state()
+    assert from_version == 0
+    model, optimizer = fresh()
+    checkpoint = torch.load(io.BytesIO(saved))
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    for version in (1, 2):
+        train(model, optimizer, again.rollouts(version))
+    assert again.resume(export(model)) == 2, "the weights of version 2, reproduced"
+    train(model, optimizer, rollouts(3))
+    assert torch.equal(export(model)["w"], unbroken)
+    assert again.publish(export(model)).version == 3
+    with pytest.raises(RuntimeError, match="rollouts"):
+        again.rollouts(3)
+
+
 def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tmp_path):
     import time
 

@@ -118,3 +118,71 @@ enum Attempt {
     Unavailable(String),
     Failed(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Serves each of `answers` on a connection of its own (closed after it) at
+    /// `address`, once `down_for` has passed: a control plane that restarts.
+    async fn restarting_server(
+        address: SocketAddr,
+        down_for: Duration,
+        answers: Vec<&'static str>,
+    ) {
+        tokio::time::sleep(down_for).await;
+        let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+        for answer in answers {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut buffer = [0; 1024];
+                let read = socket.read(&mut buffer).await.unwrap();
+                request.extend_from_slice(&buffer[..read]);
+            }
+            socket.write_all(answer.as_bytes()).await.unwrap();
+        }
+    }
+
+    fn free_address() -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    }
+
+    const UNAVAILABLE: &str =
+        "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+    #[tokio::test]
+    async fn a_call_waits_out_a_control_plane_that_is_down_or_unavailable() {
+        let address = free_address();
+        let ok = "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+        let server = tokio::spawn(restarting_server(
+            address,
+            Duration::from_millis(300),
+            vec![UNAVAILABLE, ok],
+        ));
+        let client = ControlClient::new(address, "token");
+        let answer: serde_json::Value = client.post("/v1/heartbeat", &()).await.unwrap();
+        assert_eq!(answer, serde_json::json!({ "ok": true }));
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_not_tried_again() {
+        let address = free_address();
+        let refused = "HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 11\r\n\r\nbad request";
+        let server = tokio::spawn(restarting_server(address, Duration::ZERO, vec![refused]));
+        let client = ControlClient::new(address, "token");
+        let error = client
+            .post::<_, serde_json::Value>("/v1/claim", &())
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("400 Bad Request: bad request"),
+            "{error}"
+        );
+        server.await.unwrap();
+    }
+}
