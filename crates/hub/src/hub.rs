@@ -238,6 +238,40 @@ impl Hub {
         let Some(outcome) = live.core.step_outcome() else {
             return Ok(None);
         };
+        let results = self.with_rollouts(outcome)?;
+        self.execute_locked(&mut live, TakeStepOutcome, no_changes)?;
+        Ok(Some(results))
+    }
+
+    /// The last completed step's results once its outcome was taken, read again (its
+    /// payloads stay until the next step opens): what a trainer that stopped between
+    /// taking an outcome and keeping what it needs of it takes up after its restart.
+    /// `None` while the step is open or its outcome untaken.
+    pub fn taken_step_results(&self) -> Result<Option<StepResults>, CallError> {
+        let live = self.live()?;
+        if live.core.step_outcome().is_some() {
+            return Ok(None);
+        }
+        let Some(report) = live.core.step_report() else {
+            return Ok(None);
+        };
+        let Some(completion) = report.completion else {
+            return Ok(None);
+        };
+        let outcome = StepOutcome {
+            step: report.step,
+            version: report.version,
+            accepted: report.accepted,
+            // Once a step has completed, its pool holds every prompt not accepted.
+            unfinished: report.pooled,
+            completion,
+        };
+        Ok(Some(self.with_rollouts(outcome)?))
+    }
+
+    /// `outcome` with the stored payloads of its accepted results, which must be
+    /// exactly those results.
+    fn with_rollouts(&self, outcome: StepOutcome) -> Result<StepResults, CallError> {
         let rollouts = self.rollouts(outcome.step)?;
         let mut accepted = outcome.accepted.clone();
         accepted.sort_unstable();
@@ -252,8 +286,7 @@ impl Hub {
             }
             .into());
         }
-        self.execute_locked(&mut live, TakeStepOutcome, no_changes)?;
-        Ok(Some(StepResults { outcome, rollouts }))
+        Ok(StepResults { outcome, rollouts })
     }
 
     /// The stored payloads of `step`'s accepted results, by prompt id. They stay until

@@ -411,16 +411,26 @@ async fn accepted_payloads_survive_a_restart_and_are_never_duplicated() {
     assert_eq!(payloads, vec![(10, payload(10)), (11, payload(11))]);
     assert!(hub.hub.take_step_outcome().unwrap().is_none());
 
-    // A trainer that stopped after taking the step can read the payloads again until
-    // the next step opens, which drops them.
+    // A trainer that stopped after taking the step reads its results again, the same
+    // outcome and payloads, until the next step opens, which drops them.
     let hub = hub.restart();
     assert!(hub.hub.take_step_outcome().unwrap().is_none());
-    assert_eq!(hub.hub.rollouts(StepId(0)).unwrap().len(), 2);
+    let again = hub.hub.taken_step_results().unwrap().expect("taken before");
+    assert_eq!(again.outcome, taken.outcome);
+    let payloads_of = |rollouts: &[aurora_hub::AcceptedRollout]| -> Vec<(u64, String)> {
+        rollouts
+            .iter()
+            .map(|r| (r.prompt.0, r.payload.get().to_string()))
+            .collect()
+    };
+    assert_eq!(payloads_of(&again.rollouts), payloads_of(&taken.rollouts));
     hub.hub
         .publish_version(Version(2), WeightsHash([9; 32]))
         .unwrap();
     assert_eq!(hub.hub.open_step(&[PromptId(20)]).unwrap(), StepId(1));
     assert!(hub.hub.rollouts(StepId(0)).unwrap().is_empty());
+    // An open step has no results to read again.
+    assert!(hub.hub.taken_step_results().unwrap().is_none());
 }
 
 #[tokio::test]

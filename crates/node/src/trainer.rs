@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aurora_control::{PromptId, Version, WeightsHash};
+use aurora_control::{PromptId, StepId, Version, WeightsHash};
 use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
 use aurora_hub::{Hub, HubConfig, StepResults, SystemClock};
 use aurora_proto::{Identity, Role, VersionRef};
@@ -76,6 +76,8 @@ pub struct TrainerNode {
     transport_address: SocketAddr,
     /// The newest published version.
     latest: Mutex<Option<VersionRef>>,
+    /// The step whose results this node handed over last.
+    handed_over: Mutex<Option<StepId>>,
 }
 
 impl TrainerNode {
@@ -134,6 +136,7 @@ impl TrainerNode {
             control_address,
             transport_address,
             latest: Mutex::new(latest),
+            handed_over: Mutex::new(None),
         })
     }
 
@@ -258,9 +261,22 @@ impl TrainerNode {
         Ok(self.hub.open_step(&prompts)?.0)
     }
 
-    /// The open step's outcome once it is complete (every prompt accepted), once.
+    /// The completed step's results, once: as the control plane hands them over, or, for
+    /// a step whose outcome this node took before it stopped (a crash between taking the
+    /// results and keeping them), read again once after the restart.
     pub fn take_step(&self) -> Result<Option<StepResults>, NodeError> {
-        Ok(self.hub.take_step_outcome()?)
+        let mut handed_over = self.handed_over.lock().unwrap_or_else(|p| p.into_inner());
+        let results = match self.hub.take_step_outcome()? {
+            Some(results) => Some(results),
+            None => self
+                .hub
+                .taken_step_results()?
+                .filter(|results| *handed_over != Some(results.outcome.step)),
+        };
+        if let Some(results) = &results {
+            *handed_over = Some(results.outcome.step);
+        }
+        Ok(results)
     }
 
     /// Waits up to `timeout` for the open step to complete.

@@ -67,8 +67,19 @@ pub struct RunReport {
     pub actors: Vec<ActorReport>,
     /// The core's totals at the end.
     pub stats: Stats,
-    /// Hub restarts that happened.
+    /// Hub restarts that happened (a trainer crash restarts the hub too).
     pub hub_restarts: u32,
+    /// Trainer crashes, by what the trainer was doing: opening a step, waiting for one,
+    /// or training on one.
+    pub trainer_crashes: TrainerCrashes,
+}
+
+/// Trainer crashes that happened, by the trainer's phase when it crashed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrainerCrashes {
+    pub opening: u32,
+    pub step_open: u32,
+    pub training: u32,
 }
 
 /// A broken invariant, with what is needed to replay it.

@@ -75,6 +75,14 @@ pub enum Fault {
         /// How long it is down.
         downtime_ms: u64,
     },
+    /// The trainer node crashes: the hub goes down as in [`Fault::HubRestart`], and the
+    /// trainer forgets where it was. Back after `downtime_ms`, it resumes from what is
+    /// durable, as `aurora run`'s trainer does: the restored control plane, the versions
+    /// it published and the outcomes it took (stored before the next step opens).
+    TrainerCrash {
+        /// How long it is down.
+        downtime_ms: u64,
+    },
 }
 
 /// Ways an actor can report a batch wrongly. Each must be rejected, and must not
@@ -214,7 +222,10 @@ impl Scenario {
                         Misbehavior::ALL[rng.below(Misbehavior::ALL.len() as u64) as usize];
                     Fault::Misbehave { actor, misbehavior }
                 }
-                _ => Fault::HubRestart {
+                11 => Fault::HubRestart {
+                    downtime_ms: rng.below(3_000),
+                },
+                _ => Fault::TrainerCrash {
                     downtime_ms: rng.below(3_000),
                 },
             };
@@ -320,7 +331,7 @@ impl Scenario {
                 | Fault::Partition { actor, .. }
                 | Fault::Slow { actor, .. }
                 | Fault::Misbehave { actor, .. } => Some(actor),
-                Fault::HubRestart { .. } => None,
+                Fault::HubRestart { .. } | Fault::TrainerCrash { .. } => None,
             });
         match targets.find(|&actor| actor >= self.actors.len()) {
             Some(actor) => Err(format!(

@@ -334,7 +334,8 @@ fn store_pending(
 
 /// After a restart at `version - 1`: the rollouts `version` is trained on, from the
 /// store if the trainer stored them before it stopped, else from the control plane once
-/// their step completes (a step's results stay there until the next one opens).
+/// their step completes, or again if the trainer took them but stopped before storing
+/// them (a step's results stay there until the next one opens).
 async fn pending_after_restart(
     config: &RunConfig,
     node: &TrainerNode,

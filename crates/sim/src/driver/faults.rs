@@ -3,7 +3,7 @@
 
 use aurora_control::{ControlPlane, Snapshot};
 
-use super::{Presence, Sim, Wake};
+use super::{Presence, Sim, TrainerPhase, Wake};
 use crate::report::Violation;
 use crate::scenario::Fault;
 use crate::world::{PREEMPTION_GRACE_MS, actor_id};
@@ -70,7 +70,19 @@ impl Sim<'_> {
             Fault::Misbehave { actor, misbehavior } => {
                 self.actors[actor].misbehavior = Some(misbehavior)
             }
-            Fault::HubRestart { downtime_ms } => {
+            Fault::HubRestart { downtime_ms } | Fault::TrainerCrash { downtime_ms } => {
+                if matches!(fault, Fault::TrainerCrash { .. }) && self.hub.is_some() {
+                    let crashes = &mut self.trainer_crashes;
+                    match self.trainer {
+                        TrainerPhase::Opening => crashes.opening += 1,
+                        TrainerPhase::StepOpen(_) => crashes.step_open += 1,
+                        TrainerPhase::Training => crashes.training += 1,
+                        TrainerPhase::Done | TrainerPhase::Down => {}
+                    }
+                    if self.trainer != TrainerPhase::Done {
+                        self.trainer = TrainerPhase::Down;
+                    }
+                }
                 if let Some(hub) = self.hub.take() {
                     let json = serde_json::to_string(&hub)
                         .map_err(|error| self.violation(format!("snapshot: {error}")))?;
@@ -100,6 +112,9 @@ impl Sim<'_> {
         self.last_resume = self.now;
         self.hub = Some(hub);
         self.hub_restarts += 1;
+        if self.trainer == TrainerPhase::Down {
+            self.resume_trainer()?;
+        }
         Ok(())
     }
 }

@@ -19,7 +19,7 @@ use aurora_control::{
     Rejection, StepId, Version,
 };
 
-use crate::report::{ActorReport, RunReport, StepRecord, Violation};
+use crate::report::{ActorReport, RunReport, StepRecord, TrainerCrashes, Violation};
 use crate::scenario::{ActorSpec, Misbehavior, Scenario};
 use crate::world::{MAX_TIMER_LAG_MS, SplitMix64, actor_index, weights_hash};
 
@@ -120,6 +120,8 @@ enum TrainerPhase {
     StepOpen(StepId),
     Training,
     Done,
+    /// Crashed with the hub: what it does next is decided when it comes back.
+    Down,
 }
 
 struct Sim<'a> {
@@ -131,6 +133,7 @@ struct Sim<'a> {
     hub: Option<ControlPlane>,
     snapshot: Option<String>,
     hub_restarts: u32,
+    trainer_crashes: TrainerCrashes,
     last_resume: Millis,
     hub_timer: Option<Millis>,
     agenda: BinaryHeap<Reverse<(Millis, u64, Wake)>>,
@@ -208,6 +211,7 @@ impl<'a> Sim<'a> {
             hub: Some(hub),
             snapshot: None,
             hub_restarts: 0,
+            trainer_crashes: TrainerCrashes::default(),
             last_resume: Millis(0),
             hub_timer: None,
             agenda: BinaryHeap::new(),
@@ -391,6 +395,7 @@ impl<'a> Sim<'a> {
             actors,
             stats,
             hub_restarts: self.hub_restarts,
+            trainer_crashes: self.trainer_crashes,
         })
     }
 }

@@ -10,7 +10,7 @@ use aurora_control::{
 
 use super::checker::{check_outcome, check_step_report};
 use super::{PostedStep, Sim, run};
-use crate::report::StepRecord;
+use crate::report::{StepRecord, TrainerCrashes};
 use crate::scenario::{Fault, Misbehavior, Scenario, ScheduledFault};
 use crate::world::weights_hash;
 
@@ -37,6 +37,7 @@ fn random_scenarios_keep_every_invariant() {
     let mut failures = Vec::new();
     let mut rejected: BTreeMap<Rejection, u64> = BTreeMap::new();
     let (mut partial_steps, mut expired, mut restarts) = (0, 0, 0);
+    let mut crashes = TrainerCrashes::default();
     for seed in seeds() {
         match run(&Scenario::random(seed)) {
             Ok(report) => {
@@ -46,6 +47,9 @@ fn random_scenarios_keep_every_invariant() {
                 partial_steps += report.steps.iter().filter(|step| step.partial).count();
                 expired += report.stats.expired;
                 restarts += report.hub_restarts;
+                crashes.opening += report.trainer_crashes.opening;
+                crashes.step_open += report.trainer_crashes.step_open;
+                crashes.training += report.trainer_crashes.training;
             }
             Err(violation) => failures.push(violation.to_string()),
         }
@@ -67,6 +71,11 @@ fn random_scenarios_keep_every_invariant() {
         assert!(
             partial_steps > 10 && expired > 1_000 && restarts > 100,
             "{partial_steps} {expired} {restarts}"
+        );
+        // The trainer crashed in each of its phases, the control plane with it.
+        assert!(
+            crashes.opening > 10 && crashes.step_open > 50 && crashes.training > 20,
+            "{crashes:?}"
         );
     }
 }

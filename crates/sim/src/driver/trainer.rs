@@ -19,8 +19,43 @@ impl Sim<'_> {
         match self.trainer {
             TrainerPhase::Opening => self.open_step(),
             TrainerPhase::Training => self.publish_next_version(),
-            TrainerPhase::StepOpen(_) | TrainerPhase::Done => Ok(()),
+            TrainerPhase::StepOpen(_) | TrainerPhase::Done | TrainerPhase::Down => Ok(()),
         }
+    }
+
+    /// The trainer back after a crash: where it stands follows from what is durable
+    /// alone. The control plane must hold the last version it published; a step still
+    /// open, or whose outcome is untaken, is waited for; one whose outcome it took is
+    /// trained into the next version unless that is published already.
+    pub(super) fn resume_trainer(&mut self) -> Result<(), Violation> {
+        let hub = self.hub_mut()?;
+        let latest = hub.latest_version().map(|(version, _)| version);
+        let progress = hub.step_progress();
+        let untaken = hub.step_outcome().is_some();
+        if latest != Some(self.version) {
+            return Err(self.violation(format!(
+                "the restored control plane's latest version is {latest:?}, the trainer published {}",
+                self.version
+            )));
+        }
+        let completed = self.steps.len() as u64;
+        match progress {
+            // A step that completed as the control plane came back is handed over by its
+            // completion event, as any other.
+            Some(p) if p.completion.is_none() || untaken => {
+                self.trainer = TrainerPhase::StepOpen(p.step)
+            }
+            _ if completed >= u64::from(self.scenario.steps) => self.trainer = TrainerPhase::Done,
+            _ => {
+                self.trainer = if completed > self.version.0 {
+                    TrainerPhase::Training
+                } else {
+                    TrainerPhase::Opening
+                };
+                self.schedule(self.now, Wake::Trainer);
+            }
+        }
+        Ok(())
     }
 
     fn open_step(&mut self) -> Result<(), Violation> {
