@@ -178,10 +178,21 @@ class Trainer:
 
     def wait_step(self, timeout: float = 3600.0) -> StepResults:
         """The open step's accepted rollouts, once every prompt has one."""
-        results = json.loads(self._node.wait_step(timeout))
-        return StepResults(
-            step=results["step"],
-            version=results["version"],
-            rollouts=[Rollout(r["prompt"], r["actor"], r["payload"]) for r in results["rollouts"]],
-            unfinished=results["unfinished"],
-        )
+        return _step_results(self._node.wait_step(timeout))
+
+    def taken_step(self, step: int) -> Optional[StepResults]:
+        """``step``'s results if :meth:`wait_step` handed them over before and the next
+        step has not opened: a trainer that stopped before keeping them
+        (:meth:`save_rollouts`) reads them again after its restart."""
+        results = self._node.taken_step(step)
+        return None if results is None else _step_results(results)
+
+
+def _step_results(text: str) -> StepResults:
+    results = json.loads(text)
+    return StepResults(
+        step=results["step"],
+        version=results["version"],
+        rollouts=[Rollout(r["prompt"], r["actor"], r["payload"]) for r in results["rollouts"]],
+        unfinished=results["unfinished"],
+    )

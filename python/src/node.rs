@@ -11,7 +11,7 @@ use std::time::Duration;
 use aurora_api::{StatusResponse, WireResult};
 use aurora_delta::Encoding;
 use aurora_node::{
-    Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, TrainerNode,
+    Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, StepResults, TrainerNode,
     TrainerSettings,
 };
 use aurora_proto::Weights;
@@ -304,25 +304,37 @@ impl TrainerNodeCore {
         let results = py
             .detach(|| runtime.block_on(node.wait_step(timeout)))
             .map_err(node_error)?;
-        let rollouts: Vec<serde_json::Value> = results
-            .rollouts
-            .iter()
-            .map(|rollout| {
-                serde_json::json!({
-                    "prompt": rollout.prompt.0,
-                    "actor": rollout.actor.0,
-                    "payload": rollout.payload,
-                })
-            })
-            .collect();
-        Ok(serde_json::json!({
-            "step": results.outcome.step.0,
-            "version": results.outcome.version.0,
-            "rollouts": rollouts,
-            "unfinished": results.outcome.unfinished.iter().map(|p| p.0).collect::<Vec<_>>(),
-        })
-        .to_string())
+        Ok(results_json(&results))
     }
+
+    /// `step`'s results as JSON if they were handed over before and the next step has
+    /// not opened (a trainer that stopped before keeping them reads them again).
+    fn taken_step(&self, step: u64) -> PyResult<Option<String>> {
+        let results = self.node.taken_step_results(step).map_err(node_error)?;
+        Ok(results.as_ref().map(results_json))
+    }
+}
+
+/// A step's results as the JSON the Python side parses into `StepResults`.
+fn results_json(results: &StepResults) -> String {
+    let rollouts: Vec<serde_json::Value> = results
+        .rollouts
+        .iter()
+        .map(|rollout| {
+            serde_json::json!({
+                "prompt": rollout.prompt.0,
+                "actor": rollout.actor.0,
+                "payload": rollout.payload,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "step": results.outcome.step.0,
+        "version": results.outcome.version.0,
+        "rollouts": rollouts,
+        "unfinished": results.outcome.unfinished.iter().map(|p| p.0).collect::<Vec<_>>(),
+    })
+    .to_string()
 }
 
 /// A transport actor and the actor's side of the control API, in an inference process.

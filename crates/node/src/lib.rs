@@ -25,6 +25,7 @@ mod handoff;
 mod trainer;
 
 pub use actor::{ActorNode, ActorSettings};
+pub use aurora_hub::StepResults;
 pub use client::ControlClient;
 pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};

@@ -76,8 +76,6 @@ pub struct TrainerNode {
     transport_address: SocketAddr,
     /// The newest published version.
     latest: Mutex<Option<VersionRef>>,
-    /// The step whose results this node handed over last.
-    handed_over: Mutex<Option<StepId>>,
 }
 
 impl TrainerNode {
@@ -122,9 +120,9 @@ impl TrainerNode {
             .local_addr()
             .ok_or_else(|| NodeError::Usage("the transport hub has no listening address".into()))?;
         let latest = catch_up_control_plane(&hub, &store)?;
-        if let Some(latest) = latest.filter(|latest| latest.version > 0) {
+        if let Some(committed) = committed_before(&hub, &store, latest)? {
             // What a previous run committed last: joining nodes go straight to it.
-            transport.commit(latest).await?;
+            transport.commit(committed).await?;
         }
         tracing::info!(%control_address, %transport_address, ?latest, "trainer node serving");
         Ok(TrainerNode {
@@ -136,7 +134,6 @@ impl TrainerNode {
             control_address,
             transport_address,
             latest: Mutex::new(latest),
-            handed_over: Mutex::new(None),
         })
     }
 
@@ -213,9 +210,23 @@ impl TrainerNode {
                 latest.version, base_hash, latest.hash
             )));
         }
-        // Published to the control plane first, so actors may report it staged.
-        self.hub
-            .publish_version(Version(version), WeightsHash(target_hash.0))?;
+        // Published to the control plane first, so actors may report it staged. A node
+        // that stopped between the two announced it already: the version it trains again
+        // must be the same weights.
+        match self.hub.inspect(|core| core.latest_version()) {
+            Some((announced, hash)) if announced.0 == version => {
+                if hash.0 != target_hash.0 {
+                    return Err(NodeError::Usage(format!(
+                        "version {version} was announced with weights {} before a restart, \
+                         and these are {target_hash}: the trainer did not reproduce it",
+                        Hash(hash.0)
+                    )));
+                }
+            }
+            _ => self
+                .hub
+                .publish_version(Version(version), WeightsHash(target_hash.0))?,
+        }
         let extraction = Extraction::new(
             base,
             target,
@@ -261,22 +272,17 @@ impl TrainerNode {
         Ok(self.hub.open_step(&prompts)?.0)
     }
 
-    /// The completed step's results, once: as the control plane hands them over, or, for
-    /// a step whose outcome this node took before it stopped (a crash between taking the
-    /// results and keeping them), read again once after the restart.
+    /// The open step's outcome once it is complete (every prompt accepted), once.
     pub fn take_step(&self) -> Result<Option<StepResults>, NodeError> {
-        let mut handed_over = self.handed_over.lock().unwrap_or_else(|p| p.into_inner());
-        let results = match self.hub.take_step_outcome()? {
-            Some(results) => Some(results),
-            None => self
-                .hub
-                .taken_step_results()?
-                .filter(|results| *handed_over != Some(results.outcome.step)),
-        };
-        if let Some(results) = &results {
-            *handed_over = Some(results.outcome.step);
-        }
-        Ok(results)
+        Ok(self.hub.take_step_outcome()?)
+    }
+
+    /// The results of `step` if they were handed over already and the next step has not
+    /// opened: what a trainer that stopped between taking them and keeping them reads
+    /// again after its restart.
+    pub fn taken_step_results(&self, step: u64) -> Result<Option<StepResults>, NodeError> {
+        let results = self.hub.taken_step_results()?;
+        Ok(results.filter(|results| results.outcome.step == StepId(step)))
     }
 
     /// Waits up to `timeout` for the open step to complete.
@@ -305,6 +311,36 @@ impl TrainerNode {
 /// Publishes to the control plane every version the store holds beyond the control
 /// plane's latest (a store filled before this node first ran, or a crash between the two
 /// writes), and returns the latest version. A version the two disagree on is an error.
+/// The version a previous run of this node had committed, as far as what it left shows:
+/// that of a step still open (its actors must run that version to finish it, and a
+/// trainer commits the version it opens a step on), else the latest published one.
+fn committed_before(
+    hub: &Hub,
+    store: &Store,
+    latest: Option<VersionRef>,
+) -> Result<Option<VersionRef>, NodeError> {
+    let open = hub.inspect(|core| {
+        core.step_progress()
+            .filter(|step| step.completion.is_none())
+            .map(|step| step.version.0)
+    });
+    let Some(version) = open.filter(|&open| latest.is_some_and(|l| open < l.version)) else {
+        return Ok(latest.filter(|latest| latest.version > 0));
+    };
+    let (deltas, snapshots) = store.records()?;
+    let hash = deltas
+        .get(&version)
+        .map(|d| d.target_hash)
+        .or_else(|| snapshots.get(&version).map(|s| s.weights_hash))
+        .ok_or_else(|| {
+            NodeError::Usage(format!(
+                "the open step runs on version {version}, which the store lacks"
+            ))
+        })?;
+    // Version 0 is where every node starts: nothing to commit.
+    Ok((version > 0).then_some(VersionRef { version, hash }))
+}
+
 fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>, NodeError> {
     let (deltas, snapshots) = store.records()?;
     let stored: std::collections::BTreeMap<u64, Hash> = deltas
@@ -327,10 +363,10 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
     for (&version, hash) in stored.range(next..) {
         hub.publish_version(Version(version), WeightsHash(hash.0))?;
     }
-    Ok(hub
-        .inspect(|core| core.latest_version())
-        .map(|(version, hash)| VersionRef {
-            version: version.0,
-            hash: Hash(hash.0),
-        }))
+    // The control plane may be one version ahead (announced, then the node stopped
+    // before the store had it): the newest version is the store's, which the next
+    // publish makes again.
+    Ok(stored
+        .last_key_value()
+        .map(|(&version, &hash)| VersionRef { version, hash }))
 }

@@ -92,7 +92,7 @@ pub fn store_sender(latest: u64, snapshot: u64) -> Sender {
     config.store_backed = true;
     let mut sender = Sender::new(config);
     sender.set_loadable(Some(latest));
-    sender.set_snapshot_loadable(Some(snapshot));
+    sender.set_snapshots([snapshot]);
     sender
 }
 

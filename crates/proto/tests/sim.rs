@@ -333,7 +333,7 @@ impl Sim {
         let mut peers = Vec::new();
         let mut hub = Sender::new(sender_config(Role::Hub, "hub", true));
         hub.set_loadable(None);
-        hub.set_snapshot_loadable(Some(0));
+        hub.set_snapshots([0]);
         peers.push(Peer::new(Node::hub(hub), "hub", vec![], None));
         for (i, _) in RELAYS.iter().enumerate() {
             let name = format!("relay{i}");
@@ -730,9 +730,7 @@ impl Sim {
                 .seal_artifact(version, file.id, file.manifest.segments.clone())
                 .unwrap();
             sender.set_loadable(Some(version));
-            if version.is_multiple_of(SNAPSHOT_EVERY) {
-                sender.set_snapshot_loadable(Some(version));
-            }
+            sender.set_snapshots((0..=version).filter(|v| v.is_multiple_of(SNAPSHOT_EVERY)));
             sender.commit(version_ref(version));
         }
         if step <= count {

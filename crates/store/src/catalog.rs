@@ -345,10 +345,4 @@ impl Store {
             .map_err(catalog)?
             .map(|value| record(value.value())))
     }
-
-    /// The newest snapshot's version: where a new Actor starts.
-    pub fn newest_snapshot(&self) -> Result<Option<u64>> {
-        let txn = self.db.begin_read().map_err(catalog)?;
-        last_version(&txn, SNAPSHOT_TABLE)
-    }
 }

@@ -40,14 +40,19 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Args)]
 pub struct RunArgs {
     /// Settings to override the built-in defaults (TOML; see `RunConfig`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume")]
     config: Option<PathBuf>,
     /// The run directory: settings, logs, store, metrics, report. Its warm-up cache is
-    /// kept between runs; everything else is started afresh.
+    /// kept between runs; everything else is started afresh, unless `--resume`.
     #[arg(long, default_value = "runs/default")]
     dir: PathBuf,
+    /// Carry on the run in `--dir` that stopped (its trainer, control plane and store as
+    /// they were; relays and actors start afresh and join from a snapshot), with its
+    /// settings; `--steps` may extend it.
+    #[arg(long)]
+    resume: bool,
     /// Ship each version as a sparse delta or as the whole checkpoint.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "resume")]
     sync: Option<SyncMode>,
     /// RL steps (overrides the settings).
     #[arg(long)]
@@ -334,6 +339,8 @@ impl Fleet<'_> {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let mut config = match &args.config {
+        _ if args.resume => RunConfig::load(&args.dir.join("config.toml"))
+            .context("resuming needs the run directory of a run that started")?,
         Some(path) => RunConfig::load(path)?,
         None => RunConfig::default(),
     };
@@ -345,7 +352,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     config.validate()?;
     let run_dir = args.dir.clone();
-    prepare(&run_dir)?;
+    if !args.resume {
+        prepare(&run_dir)?;
+    }
     let run_dir = run_dir.canonicalize()?;
     config.save(&run_dir.join("config.toml"))?;
     let token = blake3::hash(format!("{:?}{}", Instant::now(), std::process::id()).as_bytes())
@@ -390,6 +399,18 @@ pub fn run(args: RunArgs) -> Result<()> {
     let show_warmup = |line: Line| {
         if let Some(rest) = line.text.strip_prefix("warmup ") {
             progress.set_message(format!("warm-up {rest}"));
+        } else if let Some(json) = line.text.strip_prefix("resumed ") {
+            let resumed: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+            progress.set_position(resumed["version"].as_u64().unwrap_or(0));
+            say(
+                &progress,
+                format!(
+                    "resumed at v{} ({} versions trained again, {:.2} s)",
+                    resumed["version"],
+                    resumed["replayed"],
+                    resumed["seconds"].as_f64().unwrap_or(0.0)
+                ),
+            );
         }
     };
     let control: SocketAddr =
@@ -459,7 +480,13 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
 
     let metrics_path = run_dir.join("metrics.jsonl");
-    let mut metrics = std::fs::File::create(&metrics_path)?;
+    // A resumed run goes on with the records of the steps before it.
+    let mut metrics = std::fs::OpenOptions::new()
+        .create(true)
+        .append(args.resume)
+        .write(true)
+        .truncate(!args.resume)
+        .open(&metrics_path)?;
     let mut records: Vec<StepRecord> = Vec::new();
     let mut pending_events: Vec<String> = Vec::new();
     // Each fault happens once: a restarted trainer opens again the step it was killed at.

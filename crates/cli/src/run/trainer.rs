@@ -141,17 +141,15 @@ async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String)
     let base = store.weights_image(0)?;
     announce(&format!("control {control_address}"))?;
     announce(&format!("transport {transport_address}"))?;
-    if resumed_at.is_none() {
-        announce(&format!(
-            "ready {}",
-            serde_json::json!({
-                "accuracy": evaluate(&config, &base)?,
-                "warmup_s": started.elapsed().as_secs_f64(),
-                "parameters": config.model.parameters(),
-                "dense_bytes": base.len(),
-            })
-        ))?;
-    }
+    announce(&format!(
+        "ready {}",
+        serde_json::json!({
+            "accuracy": evaluate(&config, &base)?,
+            "warmup_s": started.elapsed().as_secs_f64(),
+            "parameters": config.model.parameters(),
+            "dense_bytes": base.len(),
+        })
+    ))?;
     let reference = config
         .rl
         .kl_coef
@@ -159,13 +157,17 @@ async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String)
         .then(|| Policy::from_safetensors(&config.model, &base))
         .transpose()?;
 
-    // The rollouts trained on in the next iteration: after a restart, those of the
-    // step before it, stored before it crashed or taken from the control plane now.
-    let mut previous = match resumed_at {
-        Some(latest) if latest < config.steps => {
-            Some(pending_after_restart(&config, &node, latest + 1).await?)
-        }
-        _ => None,
+    // After a restart at version L: if step L was opened, its results train L + 1
+    // first (stored before the trainer stopped, or taken from the control plane now);
+    // if not, the run goes on by opening it.
+    let opened = hub.inspect(|core| core.step_progress().map(|p| p.step.0));
+    let (first_step, mut previous) = match resumed_at {
+        Some(latest) if latest < config.steps && opened.is_some_and(|s| s >= latest) => (
+            latest + 1,
+            Some(pending_after_restart(&config, &node, latest + 1).await?),
+        ),
+        Some(latest) if latest < config.steps => (latest, None),
+        _ => (first_step, None),
     };
     let activations: Arc<std::sync::Mutex<BTreeMap<u64, f64>>> = Arc::default();
     for k in first_step..=config.steps {
@@ -203,7 +205,7 @@ async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String)
             let (stats, bytes) = train_version(
                 &config,
                 &mut trainer,
-                &exports,
+                (&exports, &store),
                 reference.as_ref(),
                 &trained_on,
             )?;
@@ -284,17 +286,22 @@ async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String)
     Ok(())
 }
 
-/// One RL step on `trained_on`, against the behaviour policy that generated it; the
-/// step's statistics and the version it makes, exported.
+/// One RL step on `trained_on`, against the behaviour policy that generated it (held,
+/// or rebuilt from the store after a restart); the step's statistics and the version it
+/// makes, exported.
 fn train_version(
     config: &RunConfig,
     trainer: &mut Trainer,
-    exports: &Exports,
+    (exports, store): (&Exports, &Store),
     reference: Option<&Policy>,
     trained_on: &TrainedOn,
 ) -> Result<(TrainStats, Vec<u8>)> {
-    let behaviour =
-        Policy::from_safetensors(&config.model, &exports.get(trained_on.behaviour_version)?)?;
+    let version = trained_on.behaviour_version;
+    let weights = match exports.get(version) {
+        Ok(held) => held,
+        Err(_) => Arc::new(store.weights_image(version)?),
+    };
+    let behaviour = Policy::from_safetensors(&config.model, &weights)?;
     let stats = trainer.train_step(
         &config.task,
         &trained_on.groups,
@@ -357,7 +364,10 @@ async fn pending_after_restart(
         });
     }
     let waiting = Instant::now();
-    let results = node.wait_step(STEP_TIMEOUT).await?;
+    let results = match node.taken_step_results(version - 1)? {
+        Some(results) => results,
+        None => node.wait_step(STEP_TIMEOUT).await?,
+    };
     store_pending(config, store, version, &results, waiting.elapsed())
 }
 
@@ -412,14 +422,10 @@ fn resume(config: &RunConfig, store: &Store, latest: u64) -> Result<(Trainer, Ex
                 .with_context(|| {
                     format!("reading the rollouts version {version} was trained on")
                 })?;
-        let behaviour = trained_on.behaviour_version;
-        if exports.get(behaviour).is_err() {
-            exports.insert(behaviour, store.weights_image(behaviour)?);
-        }
         let (_, bytes) = train_version(
             config,
             &mut trainer,
-            &exports,
+            (&exports, store),
             reference.as_ref(),
             &trained_on,
         )?;

@@ -243,6 +243,61 @@ restart_after_s = 0.5
 }
 
 #[test]
+fn a_run_that_died_whole_resumes_and_ends_on_the_weights_of_an_unbroken_run() {
+    let scratch = Scratch::new();
+    let config = scratch.write("run.toml", small_config(6, "").as_bytes());
+    let unbroken = scratch.path("unbroken");
+    run_to_the_end(&config, &unbroken, 6);
+    // The same run, every one of its processes killed at once after step 2's record:
+    // then resumed from its directory alone, with new relays and actors.
+    let died = scratch.path("died");
+    aurora(&["run", "--config"])
+        .arg(&config)
+        .arg("--dir")
+        .arg(&died)
+        .killed_at("step   2 ");
+    let resumed = aurora(&["run", "--resume", "--dir"]).arg(&died).ok();
+    assert!(
+        resumed.stdout.contains("resumed at v")
+            && resumed
+                .stdout
+                .contains("every actor runs the final version v6"),
+        "{}",
+        resumed.stdout
+    );
+    let (unbroken, died) = (metrics(&unbroken), metrics(&died));
+    let versions: Vec<u64> = died
+        .iter()
+        .map(|s| s["trained_version"].as_u64().unwrap())
+        .collect();
+    // Each version once, in order, to the last (a record the killed run was about to
+    // write is the only one that may be missing).
+    assert!(
+        versions.starts_with(&[1, 2, 3])
+            && versions.last() == Some(&6)
+            && versions.windows(2).all(|pair| pair[0] < pair[1]),
+        "{versions:?}"
+    );
+    for record in &died {
+        let version = record["trained_version"].as_u64().unwrap() as usize;
+        assert_eq!(
+            unbroken[version - 1]["weights_hash"],
+            record["weights_hash"],
+            "version {version}"
+        );
+    }
+    // A directory with no run in it is refused, and nothing is started.
+    let error = aurora(&["run", "--resume", "--dir"])
+        .arg(scratch.path("nothing"))
+        .fails();
+    assert!(
+        error.stderr.contains("resuming needs the run directory"),
+        "{}",
+        error.stderr
+    );
+}
+
+#[test]
 fn delta_and_full_sync_give_the_same_weights_and_rewards_at_every_step() {
     let scratch = Scratch::new();
     let config = scratch.write("run.toml", small_config(4, "").as_bytes());

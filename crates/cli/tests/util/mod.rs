@@ -98,6 +98,43 @@ impl Aurora {
     }
 }
 
+impl Aurora {
+    /// Starts the command in a process group of its own and, once it prints a line
+    /// containing `marker`, kills the whole group at once, as a machine that loses
+    /// power would: every process it started dies with it.
+    pub fn killed_at(self, marker: &str) {
+        use std::io::{BufRead, BufReader};
+        use std::os::unix::process::CommandExt;
+        use std::process::Stdio;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aurora"))
+            .args(&self.args)
+            .env("AURORA_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("the aurora binary runs");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut seen = String::new();
+        let found = stdout.lines().map_while(Result::ok).any(|line| {
+            writeln!(seen, "{line}").unwrap();
+            line.contains(marker)
+        });
+        if found {
+            let group = format!("-{}", child.id());
+            let killed = Command::new("kill").args(["-KILL", "--", &group]).status();
+            assert!(killed.is_ok_and(|s| s.success()), "killing {group}");
+        }
+        let status = child.wait().expect("the run is reaped");
+        assert!(
+            found,
+            "`{}` ended ({status}) without printing {marker:?}:\n{seen}",
+            self.shown()
+        );
+    }
+}
+
 fn to_run(output: &Output) -> Run {
     Run {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -331,9 +331,7 @@ impl Sender {
         self.config.store_backed
             && match key {
                 ArtifactKey::Delta(version) => self.loadable_max.is_some_and(|l| version <= l),
-                ArtifactKey::Snapshot(version) => self
-                    .snapshot_loadable
-                    .is_some_and(|newest| version <= newest),
+                ArtifactKey::Snapshot(version) => self.snapshots_stored.contains(&version),
                 // Chosen only where a store can try to build it (`composed_choice`).
                 ArtifactKey::Composed { .. } => true,
             }
@@ -358,7 +356,7 @@ impl Sender {
             )),
             ArtifactKey::Snapshot(version) => Some(format!(
                 "no snapshot of version {version} here (the newest is {:?})",
-                self.snapshot_loadable
+                self.snapshots_stored.last()
             )),
             ArtifactKey::Delta(version) if version < self.floor => Some(format!(
                 "version {version} is not held here (versions from {} are)",

@@ -176,8 +176,8 @@ pub struct Sender {
     artifacts: BTreeMap<ArtifactKey, Artifact>,
     /// Highest version a load can provide (the store's latest).
     loadable_max: Option<u64>,
-    /// The newest snapshot a load can provide (the store's newest).
-    snapshot_loadable: Option<u64>,
+    /// The versions the store holds snapshots of.
+    snapshots_stored: BTreeSet<u64>,
     /// Versions below this one are not held and never will be (evicted, or older than
     /// what a relay started from); a session asking for one is told so.
     floor: u64,
@@ -204,7 +204,7 @@ impl Sender {
             config,
             artifacts: BTreeMap::new(),
             loadable_max: None,
-            snapshot_loadable: None,
+            snapshots_stored: BTreeSet::new(),
             floor: 0,
             loading: BTreeSet::new(),
             unavailable: BTreeMap::new(),
@@ -250,15 +250,20 @@ impl Sender {
         });
     }
 
-    /// Tells a store-backed sender the newest snapshot its store holds: every Welcome
-    /// offers it to peers that join with no weights.
-    pub fn set_snapshot_loadable(&mut self, newest: Option<u64>) {
-        self.snapshot_loadable = newest;
+    /// Tells a store-backed sender the versions its store holds snapshots of: every
+    /// Welcome offers one to peers that join with no weights.
+    pub fn set_snapshots(&mut self, versions: impl IntoIterator<Item = u64>) {
+        self.snapshots_stored = versions.into_iter().collect();
     }
 
-    /// The snapshot a Welcome offers: none where there is no store to build one from.
+    /// The snapshot a Welcome offers: the newest at or below the committed version (a
+    /// joiner activates it at once, and no peer runs weights that were not committed:
+    /// it would be ahead of the step its actors are to generate on); none where there
+    /// is no store to build one from.
     fn snapshot_offer(&self) -> Option<u64> {
-        self.snapshot_loadable.filter(|_| self.config.store_backed)
+        let committed = self.commit.map_or(u64::MAX, |commit| commit.version);
+        let offer = self.snapshots_stored.range(..=committed).next_back();
+        offer.copied().filter(|_| self.config.store_backed)
     }
 
     /// Announces a commit to every session, now and at every later handshake.

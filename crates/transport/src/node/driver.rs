@@ -320,11 +320,11 @@ impl<E: Engine> Driver<E> {
         };
         match store
             .latest_version()
-            .and_then(|latest| Ok((latest, store.newest_snapshot()?)))
+            .and_then(|latest| Ok((latest, store.records()?.1)))
         {
-            Ok((latest, newest_snapshot)) => {
+            Ok((latest, snapshots)) => {
                 sender.set_loadable(latest.max(stored));
-                sender.set_snapshot_loadable(newest_snapshot);
+                sender.set_snapshots(snapshots.into_keys());
             }
             Err(error) => tracing::warn!(%error, "cannot read the store's catalog"),
         }

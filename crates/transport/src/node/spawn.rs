@@ -28,7 +28,7 @@ pub async fn spawn_hub(
     let mut sender = Sender::new(config.sender(store.is_some()));
     if let Some(store) = &store {
         sender.set_loadable(store.latest_version()?);
-        sender.set_snapshot_loadable(store.newest_snapshot()?);
+        sender.set_snapshots(store.records()?.1.into_keys());
     }
     spawn(
         config,
