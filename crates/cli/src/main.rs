@@ -3,6 +3,7 @@
 
 mod actor_cmd;
 mod bench;
+mod certs_cmd;
 mod delta_cmd;
 mod fleet;
 mod hub_cmd;
@@ -30,6 +31,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create the fleet's certificate authority and issue node certificates.
+    #[command(subcommand)]
+    Certs(certs_cmd::CertsCommand),
     /// Create, apply, inspect and combine delta checkpoints.
     #[command(subcommand)]
     Delta(delta_cmd::DeltaCommand),
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let outcome = match cli.command {
+        Command::Certs(command) => certs_cmd::run(command),
         Command::Delta(command) => delta_cmd::run(command),
         Command::Store(command) => store_cmd::run(command),
         Command::Hub(args) => hub_cmd::run(args),

@@ -4,3 +4,55 @@
 //! - [`certs`]: the fleet's certificate authority and the node certificates it issues.
 //! - [`tls`]: TLS 1.3 configurations with mutual authentication against the fleet CA.
 //! - [`signing`]: the trainer's ed25519 key, which signs every version.
+
+pub mod certs;
+mod files;
+pub mod identity;
+pub mod tls;
+
+use std::path::PathBuf;
+
+pub use certs::{FleetCa, NodeCertificate, NodeFiles};
+pub use identity::{Identity, IdentityError, Role};
+pub use tls::{NodeTls, TlsFiles, peer_identity};
+
+/// Why trust material could not be created, read or used. Each names the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error("{}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} exists already: a fleet CA is never overwritten (every certificate it issued would stop verifying)", .0.display())]
+    Exists(PathBuf),
+    #[error("{}: not a usable certificate or key", path.display())]
+    Certificate {
+        path: PathBuf,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("{}: invalid PEM", path.display())]
+    Pem {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{}: no certificate in the file", .0.display())]
+    NoCertificate(PathBuf),
+    #[error("{}: the certificate is not an aurora node's", path.display())]
+    NodeCertificate {
+        path: PathBuf,
+        #[source]
+        source: IdentityError,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("generating a certificate")]
+    Generate(#[from] rcgen::Error),
+    #[error("building the TLS configuration")]
+    Tls(#[from] rustls::Error),
+    #[error("building the client certificate verifier")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}

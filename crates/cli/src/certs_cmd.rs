@@ -1,0 +1,82 @@
+//! `aurora certs`: the fleet's certificate authority and its node certificates
+//! (docs/security.md §2).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use aurora_trust::{FleetCa, Identity, NodeFiles, Role, TrustError};
+use clap::{Args, Subcommand};
+
+#[derive(Subcommand, Debug)]
+pub enum CertsCommand {
+    /// Create a fleet CA: `ca.pem` (for every node) and `ca.key` (mode 0600, for whoever
+    /// issues certificates) in DIR.
+    Init {
+        /// The fleet's directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// A name for the CA's certificate.
+        #[arg(long, default_value = "aurora")]
+        name: String,
+    },
+    /// Issue a node certificate carrying the node's role, id and region: `<id>.pem` and
+    /// `<id>.key` (mode 0600).
+    Issue(IssueArgs),
+    /// Print the identity and validity of a certificate.
+    Show {
+        /// A PEM certificate.
+        cert: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct IssueArgs {
+    /// The fleet's directory, holding `ca.pem` and `ca.key`.
+    #[arg(long)]
+    dir: PathBuf,
+    /// trainer, relay, actor or observer.
+    #[arg(long)]
+    role: Role,
+    /// The node's id: the id it has in the fleet (an actor's id in the control plane).
+    #[arg(long)]
+    id: String,
+    #[arg(long)]
+    region: String,
+    /// Days the certificate is valid.
+    #[arg(long, default_value_t = 365)]
+    days: i64,
+    /// Where to write the certificate and key (default: the fleet's directory).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub fn run(command: CertsCommand) -> Result<()> {
+    match command {
+        CertsCommand::Init { dir, name } => {
+            FleetCa::create(&name)?.save(&dir)?;
+            println!("fleet CA written to {}", dir.display());
+            Ok(())
+        }
+        CertsCommand::Issue(args) => {
+            let identity = Identity::new(args.role, &args.id, &args.region)?;
+            let ca = FleetCa::load(&args.dir)?;
+            let files = NodeFiles::in_dir(args.out.as_deref().unwrap_or(&args.dir), &args.id);
+            ca.issue(&identity, time::Duration::days(args.days))?
+                .save(&files)?;
+            println!(
+                "issued {identity}: {} and {}",
+                files.cert.display(),
+                files.key.display()
+            );
+            Ok(())
+        }
+        CertsCommand::Show { cert } => {
+            let der = aurora_trust::tls::read_certificates(&cert)?;
+            let identity = Identity::from_certificate(&der[0])
+                .map_err(TrustError::from)
+                .with_context(|| format!("{}", cert.display()))?;
+            println!("{identity}");
+            Ok(())
+        }
+    }
+}
