@@ -327,27 +327,17 @@ fn committed_before(
     let Some(version) = open.filter(|&open| latest.is_some_and(|l| open < l.version)) else {
         return Ok(latest.filter(|latest| latest.version > 0));
     };
-    let (deltas, snapshots) = store.records()?;
-    let hash = deltas
-        .get(&version)
-        .map(|d| d.target_hash)
-        .or_else(|| snapshots.get(&version).map(|s| s.weights_hash))
-        .ok_or_else(|| {
-            NodeError::Usage(format!(
-                "the open step runs on version {version}, which the store lacks"
-            ))
-        })?;
+    let hash = *store.weights_hashes()?.get(&version).ok_or_else(|| {
+        NodeError::Usage(format!(
+            "the open step runs on version {version}, which the store lacks"
+        ))
+    })?;
     // Version 0 is where every node starts: nothing to commit.
     Ok((version > 0).then_some(VersionRef { version, hash }))
 }
 
 fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>, NodeError> {
-    let (deltas, snapshots) = store.records()?;
-    let stored: std::collections::BTreeMap<u64, Hash> = deltas
-        .values()
-        .map(|d| (d.version, d.target_hash))
-        .chain(snapshots.values().map(|s| (s.version, s.weights_hash)))
-        .collect();
+    let stored = store.weights_hashes()?;
     let published = hub.inspect(|core| core.latest_version());
     if let Some((version, hash)) = published
         && stored

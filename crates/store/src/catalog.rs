@@ -288,6 +288,16 @@ impl Store {
         ))
     }
 
+    /// The weights hash of every stored version: a delta's target, else a snapshot's.
+    pub fn weights_hashes(&self) -> Result<BTreeMap<u64, Hash>> {
+        let (deltas, snapshots) = self.records()?;
+        Ok(snapshots
+            .into_values()
+            .map(|s| (s.version, s.weights_hash))
+            .chain(deltas.into_values().map(|d| (d.version, d.target_hash)))
+            .collect())
+    }
+
     /// Every composed delta record, by (base version, target version).
     pub fn composed_records(&self) -> Result<BTreeMap<(u64, u64), ComposedRecord>> {
         let txn = self.db.begin_read().map_err(catalog)?;

@@ -386,12 +386,11 @@ fn resume(config: &RunConfig, store: &Store, latest: u64) -> Result<(Trainer, Ex
         .0;
     let mut trainer = Trainer::load_state(&store.trainer_data(TrainerData::State, from)?)
         .with_context(|| format!("restoring the trainer state of version {from}"))?;
-    let (deltas, snapshots) = store.records()?;
+    let hashes = store.weights_hashes()?;
     let stored_hash = |version: u64| {
-        deltas
+        hashes
             .get(&version)
-            .map(|d| d.target_hash)
-            .or_else(|| snapshots.get(&version).map(|s| s.weights_hash))
+            .copied()
             .with_context(|| format!("version {version} is not in the store"))
     };
     let mut exports = Exports::default();
