@@ -4,3 +4,5 @@
 //! - [`certs`]: the fleet's certificate authority and the node certificates it issues.
 //! - [`tls`]: TLS 1.3 configurations with mutual authentication against the fleet CA.
 //! - [`signing`]: the trainer's ed25519 key, which signs every version.
+
+pub mod signing;
