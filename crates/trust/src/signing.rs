@@ -23,10 +23,11 @@ pub const PRIVATE_KEY_MODE: u32 = 0o600;
 /// What went wrong with a key file, and which.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
-    #[error("{path}: {source}")]
+    /// The cause is part of the message (not a `source`), so an error chain names it once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path} is not {what} in PEM: {reason}")]
     Parse {
@@ -70,37 +71,48 @@ pub fn write_public_key(path: &Path, key: &VerifyingKey) -> Result<(), KeyFileEr
 /// Reads a signing key written by [`write_signing_key`] (or any PKCS#8 ed25519 PEM),
 /// refusing one that others may read.
 pub fn load_signing_key(path: &Path) -> Result<SigningKey, KeyFileError> {
-    let io = |source| KeyFileError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mode = fs::metadata(path).map_err(io)?.permissions().mode() & 0o777;
+    let what = "an ed25519 private key (PKCS#8)";
+    let mode = fs::metadata(path)
+        .map_err(|error| KeyFileError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?
+        .permissions()
+        .mode()
+        & 0o777;
     if mode & 0o077 != 0 {
         return Err(KeyFileError::Exposed {
             path: path.to_path_buf(),
             mode,
         });
     }
-    let pem = fs::read_to_string(path).map_err(io)?;
-    SigningKey::from_pkcs8_pem(&pem).map_err(|e| KeyFileError::Parse {
-        path: path.to_path_buf(),
-        what: "an ed25519 private key (PKCS#8)",
-        reason: e.to_string(),
-    })
+    let pem = read_pem(path, what)?;
+    SigningKey::from_pkcs8_pem(&pem).map_err(|e| parse_error(path, what, e))
 }
 
 /// Reads a public key written by [`write_public_key`]: the trainer key a relay or an
 /// actor pins.
 pub fn load_public_key(path: &Path) -> Result<VerifyingKey, KeyFileError> {
-    let pem = fs::read_to_string(path).map_err(|source| KeyFileError::Io {
+    let what = "an ed25519 public key";
+    let pem = read_pem(path, what)?;
+    VerifyingKey::from_public_key_pem(&pem).map_err(|e| parse_error(path, what, e))
+}
+
+/// The text of a PEM file; a file that is not text is not `what`.
+fn read_pem(path: &Path, what: &'static str) -> Result<String, KeyFileError> {
+    let bytes = fs::read(path).map_err(|error| KeyFileError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
-    VerifyingKey::from_public_key_pem(&pem).map_err(|e| KeyFileError::Parse {
+    String::from_utf8(bytes).map_err(|_| parse_error(path, what, "the file is not text"))
+}
+
+fn parse_error(path: &Path, what: &'static str, reason: impl ToString) -> KeyFileError {
+    KeyFileError::Parse {
         path: path.to_path_buf(),
-        what: "an ed25519 public key",
-        reason: e.to_string(),
-    })
+        what,
+        reason: reason.to_string(),
+    }
 }
 
 /// Writes `bytes` to `path` with `mode`: a temporary file beside it (created with the
@@ -109,7 +121,7 @@ pub fn load_public_key(path: &Path) -> Result<VerifyingKey, KeyFileError> {
 fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), KeyFileError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| KeyFileError::Io { path, source }
+        move |error| KeyFileError::Io { path, error }
     };
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
@@ -117,7 +129,7 @@ fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), KeyFileE
     };
     let name = path.file_name().ok_or_else(|| KeyFileError::Io {
         path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+        error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
     })?;
     let temporary = dir.join(format!(".{}.tmp", name.to_string_lossy()));
     // A temporary file a crash left is ours to replace.
