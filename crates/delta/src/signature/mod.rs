@@ -8,7 +8,7 @@
 //! statement begins with a domain string, so a signature over one kind of statement can
 //! never verify as another. Signing and verifying are pure: keys in, bytes out.
 //!
-//! A detached signature file (`FILE.sig`, docs/delta-format.md §9) carries one artifact
+//! A detached signature file (`FILE.sig`, docs/delta-format.md §10) carries one artifact
 //! signature with the signer's public key, so `aurora delta verify --key` can say
 //! whether the file was signed by another key or altered since.
 
@@ -226,7 +226,7 @@ pub fn key_fingerprint(key: &VerifyingKey) -> String {
     Hash::of(key.as_bytes()).to_hex()[..16].to_string()
 }
 
-/// A detached signature of one artifact (docs/delta-format.md §9): what is signed and by
+/// A detached signature of one artifact (docs/delta-format.md §10): what is signed and by
 /// whom, so a check can name what differs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DetachedSignature {
