@@ -834,7 +834,7 @@ impl Sim {
                 // signature it got), or with the signature stripped.
                 let forged = StoredArtifact {
                     bytes: forged(version),
-                    signature: signature.filter(|_| version % 2 == 0),
+                    signature: signature.filter(|_| version.is_multiple_of(2)),
                 };
                 let rogue = rogue.sender_mut().unwrap();
                 rogue.insert_artifact(forged).unwrap();

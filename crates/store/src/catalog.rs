@@ -93,7 +93,7 @@ pub struct ComposedRecord {
 /// (base version, id, base hash, target hash, size in bytes, signature)
 type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64, Option<[u8; 64]>);
 /// A delta's value before schema 3: no signature.
-type UnsignedDeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
+pub(crate) type UnsignedDeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
 /// (weights hash, size in bytes)
 type SnapshotValue = ([u8; 32], u64);
 /// (id, base hash, target hash, size in bytes)
@@ -139,10 +139,9 @@ pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
 /// Rewrites the deltas table of a catalog before schema 3 with the value type of 3, each
 /// delta unsigned. One write transaction: the upgrade happens whole or not at all.
 fn add_signatures_to_deltas(txn: &WriteTransaction) -> Result<()> {
-    const OLD: TableDefinition<u64, UnsignedDeltaValue> = TableDefinition::new("deltas");
     let mut deltas = Vec::new();
     {
-        let table = txn.open_table(OLD).map_err(catalog)?;
+        let table = txn.open_table(UNSIGNED_DELTA_TABLE).map_err(catalog)?;
         for item in table.iter().map_err(catalog)? {
             let (version, value) = item.map_err(catalog)?;
             let (base, id, base_hash, target_hash, size) = value.value();
@@ -152,7 +151,7 @@ fn add_signatures_to_deltas(txn: &WriteTransaction) -> Result<()> {
             ));
         }
     }
-    txn.delete_table(OLD).map_err(catalog)?;
+    txn.delete_table(UNSIGNED_DELTA_TABLE).map_err(catalog)?;
     let mut table = txn.open_table(DELTA_TABLE).map_err(catalog)?;
     for (version, value) in deltas {
         table.insert(version, value).map_err(catalog)?;
@@ -161,6 +160,9 @@ fn add_signatures_to_deltas(txn: &WriteTransaction) -> Result<()> {
 }
 
 pub(crate) const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
+/// The deltas table before schema 3.
+pub(crate) const UNSIGNED_DELTA_TABLE: TableDefinition<u64, UnsignedDeltaValue> =
+    TableDefinition::new("deltas");
 pub(crate) const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> =
     TableDefinition::new("snapshots");
 /// version → (hash of the file, size in bytes), for each kind of [`TrainerData`]

@@ -732,10 +732,10 @@ fn a_catalog_of_another_schema_version_is_refused() {
 
 /// Makes the deltas table what it was before schema 3 (no signatures), holding `records`.
 fn replace_with_unsigned_deltas(txn: &redb::WriteTransaction, records: &[DeltaRecord]) {
-    const OLD: redb::TableDefinition<u64, (u64, [u8; 32], [u8; 32], [u8; 32], u64)> =
-        redb::TableDefinition::new("deltas");
     txn.delete_table(crate::catalog::DELTA_TABLE).unwrap();
-    let mut table = txn.open_table(OLD).unwrap();
+    let mut table = txn
+        .open_table(crate::catalog::UNSIGNED_DELTA_TABLE)
+        .unwrap();
     for r in records {
         let value = (
             r.base_version,
