@@ -39,83 +39,22 @@ fn a_signature_verifies_with_its_key_only() {
 #[test]
 fn every_field_of_a_statement_is_signed() {
     let signature = sign(&key(1), &statement());
-    let Statement::Artifact {
-        kind,
-        id,
-        base_version,
-        target_version,
-        base_hash,
-        target_hash,
-        encoding,
-    } = statement()
-    else {
-        unreachable!()
+    // The statement with one field changed.
+    let changed = |change: &dyn Fn(&mut ArtifactKind, &mut Hash, &mut DeltaHeader)| {
+        let (mut kind, mut id, mut header) = (ArtifactKind::Delta, Hash([9; 32]), header());
+        change(&mut kind, &mut id, &mut header);
+        Statement::artifact(kind, id, &header)
     };
     let variants = [
-        Statement::Artifact {
-            kind: ArtifactKind::Composed,
-            id,
-            base_version,
-            target_version,
-            base_hash,
-            target_hash,
-            encoding,
-        },
-        Statement::Artifact {
-            kind,
-            id: Hash([8; 32]),
-            base_version,
-            target_version,
-            base_hash,
-            target_hash,
-            encoding,
-        },
-        Statement::Artifact {
-            kind,
-            id,
-            base_version: 3,
-            target_version,
-            base_hash,
-            target_hash,
-            encoding,
-        },
-        Statement::Artifact {
-            kind,
-            id,
-            base_version,
-            target_version: 6,
-            base_hash,
-            target_hash,
-            encoding,
-        },
-        Statement::Artifact {
-            kind,
-            id,
-            base_version,
-            target_version,
-            base_hash: Hash([0; 32]),
-            target_hash,
-            encoding,
-        },
-        Statement::Artifact {
-            kind,
-            id,
-            base_version,
-            target_version,
-            base_hash,
-            target_hash: Hash([0; 32]),
-            encoding,
-        },
-        Statement::Artifact {
-            kind,
-            id,
-            base_version,
-            target_version,
-            base_hash,
-            target_hash,
-            encoding: Encoding::Dense,
-        },
+        changed(&|kind, _, _| *kind = ArtifactKind::Composed),
+        changed(&|_, id, _| *id = Hash([8; 32])),
+        changed(&|_, _, h| h.base_version = 3),
+        changed(&|_, _, h| h.target_version = 6),
+        changed(&|_, _, h| h.base_hash = Hash([0; 32])),
+        changed(&|_, _, h| h.target_hash = Hash([0; 32])),
+        changed(&|_, _, h| h.encoding = Encoding::Dense),
     ];
+    assert_eq!(changed(&|_, _, _| {}), statement());
     for other in variants {
         assert!(
             verify(&key(1).verifying_key(), &other, Some(&signature)).is_err(),
