@@ -4,17 +4,19 @@
 //!   frame that decodes re-encodes to exactly the bytes it came from (the encoding is
 //!   canonical), and a frame the decoder calls incomplete really is cut short.
 //! - [`check_state`]: arbitrary bytes as frames fed to the receiver (first byte 0 mod 4),
-//!   a receiver joining with no weights (2 mod 4) or the sender (odd) state machines, on
-//!   two streams. Nothing may panic, and whatever the
-//!   receiver delivers as complete must be a valid artifact whose every segment verifies.
+//!   a receiver joining with no weights (2 mod 4), a receiver that pins the trainer key
+//!   of [`trainer_key`] (3 mod 4) or the sender (1 mod 4) state machines, on two streams.
+//!   Nothing may panic, and whatever the receiver delivers as complete must be a valid
+//!   artifact whose every segment verifies; a pinned receiver delivers only an artifact
+//!   whose Seal carried the trainer's signature, and reports only signed commits.
 
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaFile, DeltaHeader, Encoding, Hash, assemble};
+use aurora_delta::{DeltaFile, DeltaHeader, Encoding, Hash, SigningKey, Statement, assemble};
 use aurora_proto::frame::{ArtifactKind, Hello, PROTOCOL_VERSION, Progress, Welcome};
 use aurora_proto::{
-    Auth, Frame, Identity, Receiver, ReceiverConfig, ReceiverEvent, Role, Sender, SenderConfig,
-    VersionRef,
+    Auth, Commit, Frame, Identity, Receiver, ReceiverConfig, ReceiverEvent, Role, Sender,
+    SenderConfig, StoredArtifact, VersionRef,
 };
 use bytes::Bytes;
 
@@ -76,24 +78,32 @@ pub fn artifact() -> (Bytes, DeltaHeader) {
     (Bytes::from(bytes), header)
 }
 
+/// The trainer key of the signed seeds.
+pub fn trainer_key() -> SigningKey {
+    SigningKey::from_bytes(&[0xf0; 32])
+}
+
 pub fn check_state(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
     let frames = frames(rest);
     match selector % 4 {
-        0 => receiver_state(&frames, false),
-        2 => receiver_state(&frames, true),
+        0 => receiver_state(&frames, false, false),
+        2 => receiver_state(&frames, true, false),
+        3 => receiver_state(&frames, false, true),
         _ => sender_state(&frames),
     }
 }
 
 /// A receiver from version 1 on, or one joining with no weights (its upstream offers
-/// snapshot 1).
-fn receiver_state(frames: &[Frame], joining: bool) {
+/// snapshot 1); `pinned`, it pins [`trainer_key`].
+fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
     let mut config = ReceiverConfig::new(identity(Role::Actor, "a"), TOKEN.to_vec());
     config.streams = 2;
     config.max_held_bytes = 1 << 20;
+    let key = trainer_key().verifying_key();
+    config.trainer_key = pinned.then_some(key);
     let mut receiver = if joining {
         Receiver::joining(config)
     } else {
@@ -119,14 +129,26 @@ fn receiver_state(frames: &[Frame], joining: bool) {
         receiver.handle_frame(now, (i % 2) as u64 + 1, frame.clone());
         receiver.handle_timeout(now);
         while let Some(event) = receiver.poll_event() {
-            if let ReceiverEvent::Complete { version, artifact } = event {
-                let bytes = artifact.to_bytes();
-                let file = DeltaFile::parse(&bytes).expect("a delivered artifact parses");
-                assert_eq!(file.header().target_version, version);
-                for index in 0..file.segment_count() {
-                    file.verify_segment(index)
-                        .expect("a delivered segment verifies");
+            match event {
+                ReceiverEvent::Complete { version, artifact } => {
+                    let bytes = artifact.to_bytes();
+                    let file = DeltaFile::parse(&bytes).expect("a delivered artifact parses");
+                    assert_eq!(file.header().target_version, version);
+                    for index in 0..file.segment_count() {
+                        file.verify_segment(index)
+                            .expect("a delivered segment verifies");
+                    }
                 }
+                ReceiverEvent::Sealed {
+                    version, signature, ..
+                } if pinned => {
+                    assert!(signature.is_some(), "version {version} sealed unsigned");
+                }
+                ReceiverEvent::Commit(commit) if pinned => {
+                    aurora_delta::verify(&key, &commit.statement(), commit.signature.as_ref())
+                        .expect("a pinned receiver reports only signed commits");
+                }
+                _ => {}
             }
         }
         while let Some((_, frame, _)) = receiver.poll_transmit() {
@@ -139,7 +161,7 @@ fn sender_state(frames: &[Frame]) {
     let config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
     let mut sender = Sender::new(config);
     sender
-        .insert_artifact(artifact().0)
+        .insert_artifact(StoredArtifact::unsigned(artifact().0))
         .expect("the fixed artifact is valid");
     let mut now = Instant::now();
     sender.accepted(now, 1);
@@ -163,11 +185,24 @@ fn sender_state(frames: &[Frame]) {
     }
 }
 
-/// Seeds: valid conversations, so the fuzzer starts inside the state machines.
+/// Seeds: valid conversations, so the fuzzer starts inside the state machines: to a
+/// receiver of an unsigned deployment, to one that pins the trainer key (the Seal and the
+/// Commit signed), and to the sender.
 pub fn seed_streams() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("receiver", receiver_seed(None)),
+        ("signed-receiver", receiver_seed(Some(&trainer_key()))),
+        ("sender", sender_seed()),
+    ]
+}
+
+/// The fixed artifact's frames and its Commit, signed by `key` if given; the selector
+/// picks a receiver that pins the key when there is one.
+fn receiver_seed(key: Option<&SigningKey>) -> Vec<u8> {
     let (bytes, _) = artifact();
     let file = DeltaFile::parse(&bytes).expect("valid");
-    let mut to_receiver = vec![0u8];
+    let mut to_receiver = vec![if key.is_some() { 3u8 } else { 0u8 }];
+    let statement = Statement::artifact(ArtifactKind::Delta, file.id, file.header());
     let mut frames = vec![
         Frame::Offer {
             version: 1,
@@ -178,6 +213,7 @@ pub fn seed_streams() -> Vec<(&'static str, Vec<u8>)> {
             version: 1,
             id: file.id,
             segments: file.manifest.segments.clone(),
+            signature: key.map(|key| aurora_delta::sign(key, &statement)),
         },
     ];
     for index in 0..file.segment_count() {
@@ -189,13 +225,23 @@ pub fn seed_streams() -> Vec<(&'static str, Vec<u8>)> {
             bytes: Bytes::copy_from_slice(segment),
         });
     }
-    frames.push(Frame::Commit(VersionRef {
-        version: 1,
-        hash: file.header().target_hash,
-    }));
+    let mut commit = Commit {
+        target: VersionRef {
+            version: 1,
+            hash: file.header().target_hash,
+        },
+        signature: None,
+    };
+    commit.signature = key.map(|key| aurora_delta::sign(key, &commit.statement()));
+    frames.push(Frame::Commit(commit));
     for frame in &frames {
         frame.encode(&mut to_receiver);
     }
+    to_receiver
+}
+
+/// Two Hellos, a Want and a Nack.
+fn sender_seed() -> Vec<u8> {
     let mut to_sender = vec![1u8];
     for stream in 0..2 {
         Frame::Hello(Hello {
@@ -236,5 +282,5 @@ pub fn seed_streams() -> Vec<(&'static str, Vec<u8>)> {
         index: 0,
     }
     .encode(&mut to_sender);
-    vec![("receiver", to_receiver), ("sender", to_sender)]
+    to_sender
 }

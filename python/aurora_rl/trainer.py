@@ -57,7 +57,10 @@ class Trainer:
     it carries on from both. Actors and relays join with the addresses and the token.
     ``control`` overrides the control plane's settings for a new database, nested as in
     ``aurora_control::Config`` (for example ``{"heartbeat_timeout_ms": 4000, "lease":
-    {"initial_ms": 20000}}``); unknown names are refused.
+    {"initial_ms": 20000}}``); unknown names are refused. ``signing_key`` is the trainer's
+    ed25519 key (PKCS#8 PEM, mode 0600, as ``aurora run`` writes ``trainer.key``): every
+    version and commit is then signed, and actors given the public key
+    (``Actor(trainer_key=...)``) take nothing else (docs/security.md).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Trainer:
         snapshot_every: int = 10,
         encoding: str = "aurora",
         control: Optional[Mapping[str, Any]] = None,
+        signing_key: Optional[Union[str, Path]] = None,
     ) -> None:
         self.token = token if token is not None else secrets.token_hex(32)
         self._node = _core.TrainerNodeCore(
@@ -82,6 +86,7 @@ class Trainer:
             snapshot_every,
             encoding,
             json.dumps(dict(control or {})),
+            None if signing_key is None else Path(signing_key),
         )
         # The latest published version's tensors: the base of the next delta. Kept as the
         # caller gave them (no copy); their hash is checked again before they are used.

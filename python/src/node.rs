@@ -155,7 +155,7 @@ impl TrainerNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Trainer).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control))]
+    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control, signing_key))]
     fn new(
         py: Python<'_>,
         directory: std::path::PathBuf,
@@ -166,6 +166,7 @@ impl TrainerNodeCore {
         snapshot_every: u64,
         encoding: &str,
         control: &str,
+        signing_key: Option<std::path::PathBuf>,
     ) -> PyResult<TrainerNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
@@ -185,6 +186,10 @@ impl TrainerNodeCore {
             }
         };
         settings.control = control_config(control)?;
+        settings.signing_key = signing_key
+            .map(|path| aurora_trust::signing::load_signing_key(&path).map(Arc::new))
+            .transpose()
+            .map_err(key_error)?;
         let runtime = Runtime::start()?;
         let node = py
             .detach(|| runtime.block_on(TrainerNode::start(settings)))
@@ -354,7 +359,7 @@ impl ActorNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights))]
+    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key))]
     fn new(
         py: Python<'_>,
         id: u64,
@@ -365,6 +370,7 @@ impl ActorNodeCore {
         streams: u8,
         join_timeout_s: f64,
         weights: Option<(u64, Vec<TensorArg<'_>>)>,
+        trainer_key: Option<std::path::PathBuf>,
     ) -> PyResult<ActorNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
@@ -379,6 +385,10 @@ impl ActorNodeCore {
                 .collect::<PyResult<_>>()?,
             token,
             streams,
+            trainer_key: trainer_key
+                .map(|path| aurora_trust::signing::load_public_key(&path))
+                .transpose()
+                .map_err(key_error)?,
         };
         let timeout = seconds(join_timeout_s, "join timeout")?;
         let local = match weights {
@@ -556,4 +566,9 @@ impl ActivationCore {
             .unwrap_or_else(|p| p.into_inner())
             .take();
     }
+}
+
+/// A key file that cannot be used: its error names the file and what is wrong.
+fn key_error(error: aurora_trust::signing::KeyFileError) -> PyErr {
+    crate::errors::AuroraError::new_err(error.to_string())
 }

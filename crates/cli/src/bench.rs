@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use aurora_delta::{
-    Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, OwnedTensor, check_base,
-    count_changed, decode, owned_checkpoint, safetensors_layout,
+    ArtifactKind, Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, OwnedTensor,
+    Statement, check_base, count_changed, decode, owned_checkpoint, safetensors_layout,
 };
 use aurora_synth::{ModelShape, Synth, SynthConfig, preset};
 use clap::Subcommand;
@@ -67,6 +67,10 @@ struct CodecResult {
     decode_apply_changed_per_s_1: f64,
     decode_apply_gbps_2: f64,
     weights_hash_gbps_2: f64,
+    /// The trainer signing the aurora delta's statement, and a receiver verifying it
+    /// (docs/security.md): once per artifact, whatever its size.
+    sign_artifact_us: f64,
+    verify_artifact_us: f64,
 }
 
 /// (learning rate, BF16 density in percent) measured on the synthetic 0.6B model at seed 0;
@@ -324,6 +328,7 @@ fn measure(
         best_of(|| Ok(pool.install(|| target_view.weights_hash())))?
     };
     anyhow::ensure!(hash == target_hash, "weights hash is not deterministic");
+    let (sign_artifact_us, verify_artifact_us) = signing_cost(&delta)?;
 
     let floor_bytes = information_floor(&base_view, &target_view);
     let per = |bytes: f64| bytes / changed.max(1) as f64;
@@ -353,7 +358,34 @@ fn measure(
         decode_apply_changed_per_s_1: changed as f64 / decode_apply_1,
         decode_apply_gbps_2: gbps(decode_apply_2),
         weights_hash_gbps_2: gbps(hash_2),
+        sign_artifact_us,
+        verify_artifact_us,
     })
+}
+
+/// Microseconds to sign the statement of `delta` and to verify it, each the best of
+/// [`ROUNDS`] runs of [`SIGNATURES_PER_RUN`] (one is too short to time alone). The
+/// statement's id is the one extraction computed already: this is the added cost.
+fn signing_cost(delta: &DeltaFile<'_>) -> Result<(f64, f64)> {
+    const SIGNATURES_PER_RUN: u32 = 200;
+    let key = aurora_delta::SigningKey::from_bytes(&[7; 32]);
+    let statement = Statement::artifact(ArtifactKind::Delta, delta.id, delta.header());
+    let (sign_s, signature) = best_of(|| {
+        let mut signature = None;
+        for _ in 0..SIGNATURES_PER_RUN {
+            signature = Some(aurora_delta::sign(&key, &statement));
+        }
+        Ok(signature)
+    })?;
+    let public = key.verifying_key();
+    let (verify_s, ()) = best_of(|| {
+        for _ in 0..SIGNATURES_PER_RUN {
+            aurora_delta::verify(&public, &statement, signature.as_ref())?;
+        }
+        Ok(())
+    })?;
+    let per_signature_us = |seconds: f64| seconds * 1e6 / f64::from(SIGNATURES_PER_RUN);
+    Ok((per_signature_us(sign_s), per_signature_us(verify_s)))
 }
 
 /// Bytes of the new values of all changed elements (what an int32-index encoding sends
@@ -479,6 +511,10 @@ fn print_result(r: &CodecResult) {
     println!(
         "  weights hash (verify target)    {:>10} {:>11.2}",
         "", r.weights_hash_gbps_2
+    );
+    println!(
+        "  per artifact: sign {:.1} µs, verify {:.1} µs (ed25519 over its statement)",
+        r.sign_artifact_us, r.verify_artifact_us
     );
 }
 

@@ -3,8 +3,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::{MappedFile, write_atomically, write_delta, write_safetensors};
 use aurora_delta::{
-    Encoding, ExtractOptions, Extraction, Manifest, check_base, compose, decode, invert,
-    owned_checkpoint, stats::delta_stats,
+    ArtifactKind, DeltaHeader, DetachedSignature, Encoding, ExtractOptions, Extraction, Manifest,
+    check_base, compose, decode, invert, key_fingerprint, owned_checkpoint, stats::delta_stats,
 };
 use clap::{Args, Subcommand, ValueEnum};
 
@@ -55,11 +55,23 @@ pub enum DeltaCommand {
         #[arg(long, default_value_t = 12)]
         top: usize,
     },
-    /// Check a delta's integrity; with --base also that it applies and reaches its target.
+    /// Check a delta's integrity; with --base also that it applies and reaches its
+    /// target; with --key also that DELTA.sig is the trainer's signature of it.
     Verify {
         delta: PathBuf,
         #[arg(long)]
         base: Option<PathBuf>,
+        /// The trainer's public key (PEM): DELTA.sig must be its signature of DELTA.
+        #[arg(long)]
+        key: Option<PathBuf>,
+    },
+    /// Sign DELTA with the trainer's key: writes the detached signature DELTA.sig
+    /// (docs/delta-format.md §10).
+    Sign {
+        delta: PathBuf,
+        /// The trainer's signing key (PKCS#8 PEM, readable by its owner alone).
+        #[arg(long)]
+        key: PathBuf,
     },
     /// Compose consecutive deltas starting at BASE into one.
     Compose {
@@ -212,7 +224,23 @@ pub fn run(command: DeltaCommand) -> Result<()> {
             };
             crate::print_stdout(&text)
         }
-        DeltaCommand::Verify { delta, base } => {
+        DeltaCommand::Sign { delta, key } => {
+            let signing_key = aurora_trust::signing::load_signing_key(&key)?;
+            let file = MappedFile::open(&delta)?;
+            let parsed = file.delta()?;
+            let kind = artifact_kind(parsed.header());
+            let signature = DetachedSignature::sign(&signing_key, kind, parsed.id, parsed.header());
+            let path = signature_path(&delta);
+            write_bytes(&path, &signature.to_bytes())?;
+            println!(
+                "{}: {kind} signed by key {} (id {})",
+                path.display(),
+                key_fingerprint(&signing_key.verifying_key()),
+                parsed.id
+            );
+            Ok(())
+        }
+        DeltaCommand::Verify { delta, base, key } => {
             let file = MappedFile::open(&delta)?;
             let parsed = file.delta()?;
             let segment_bytes = parsed
@@ -235,6 +263,24 @@ pub fn run(command: DeltaCommand) -> Result<()> {
                 parsed.id,
                 parsed.segment_count()
             );
+            if let Some(key) = key {
+                let pinned = aurora_trust::signing::load_public_key(&key)?;
+                let path = signature_path(&delta);
+                let bytes = std::fs::read(&path).with_context(|| {
+                    format!(
+                        "reading the signature {} (aurora delta sign writes it)",
+                        path.display()
+                    )
+                })?;
+                DetachedSignature::parse(&bytes)
+                    .and_then(|signature| signature.verify(&pinned, parsed.id, parsed.header()))
+                    .with_context(|| format!("checking {}", path.display()))?;
+                println!(
+                    "{}: signed by the trainer key {}",
+                    path.display(),
+                    key_fingerprint(&pinned)
+                );
+            }
             if let Some(base) = base {
                 let base_file = MappedFile::open(&base)?;
                 let view = base_file.checkpoint()?;
@@ -312,6 +358,25 @@ fn same_file(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
+    }
+}
+
+/// Where the detached signature of `artifact` lives: beside it, `.sig` appended.
+fn signature_path(artifact: &Path) -> PathBuf {
+    let mut name = artifact.as_os_str().to_os_string();
+    name.push(".sig");
+    PathBuf::from(name)
+}
+
+/// The kind an artifact's versions make it: a snapshot goes from a version to itself, a
+/// delta to the next version, a composed delta further.
+fn artifact_kind(header: &DeltaHeader) -> ArtifactKind {
+    if header.base_version == header.target_version {
+        ArtifactKind::Snapshot
+    } else if header.base_version + 1 == header.target_version {
+        ArtifactKind::Delta
+    } else {
+        ArtifactKind::Composed
     }
 }
 

@@ -50,6 +50,11 @@ pub struct HubArgs {
     /// versions (version 0 always).
     #[arg(long, default_value_t = 10)]
     snapshot_every: u64,
+    /// The trainer's signing key (PKCS#8 PEM, mode 0600): every version, snapshot,
+    /// composed delta and commit served is signed with it, and relays and actors pin its
+    /// public key (--trainer-key). Without it the deployment is unsigned (insecure).
+    #[arg(long)]
+    signing_key: Option<PathBuf>,
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
@@ -59,6 +64,13 @@ pub fn run(args: HubArgs) -> Result<()> {
     settings.control_listen = args.listen;
     settings.transport_listen = args.transport_listen;
     settings.snapshot_every = args.snapshot_every;
+    settings.signing_key = match &args.signing_key {
+        Some(path) => Some(Arc::new(aurora_trust::signing::load_signing_key(path)?)),
+        None => {
+            tracing::warn!("no --signing-key: serving unsigned versions (insecure)");
+            None
+        }
+    };
     let runtime = crate::runtime(None)?;
     let node = Arc::new(
         runtime

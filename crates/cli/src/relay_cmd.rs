@@ -55,6 +55,10 @@ pub struct NodeArgs {
     /// TCP congestion control for every socket (cubic, bbr, ...; Linux).
     #[arg(long)]
     congestion: Option<String>,
+    /// The trainer's public key (PEM): every version and commit must carry its
+    /// signature. Without it the node takes unsigned versions (an insecure deployment).
+    #[arg(long)]
+    trainer_key: Option<PathBuf>,
 }
 
 pub(crate) struct Node {
@@ -114,6 +118,20 @@ impl NodeArgs {
             .map(std::time::Duration::from_millis);
         config.socket = SocketOptions {
             congestion: self.congestion.or(file.congestion),
+        };
+        config.trainer_key = match self.trainer_key.or(file.trainer_key) {
+            Some(path) => {
+                let key = aurora_trust::signing::load_public_key(&path)?;
+                let fingerprint = aurora_delta::key_fingerprint(&key);
+                tracing::info!(key = %fingerprint, "taking only versions the trainer key signed");
+                Some(key)
+            }
+            None => {
+                tracing::warn!(
+                    "no --trainer-key: taking unsigned versions from any upstream (insecure)"
+                );
+                None
+            }
         };
         let weights = start
             .map(|(path, version)| {

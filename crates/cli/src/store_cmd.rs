@@ -1,14 +1,16 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::MappedFile;
 use aurora_delta::stats::delta_stats;
+use aurora_delta::{ArtifactKind, ArtifactSignature, DetachedSignature, Statement};
 use aurora_store::{Plan, Store, TrainerData};
 use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum StoreCommand {
-    /// Add a delta artifact (verified before it is stored).
+    /// Add a delta artifact (verified before it is stored), with the trainer's signature
+    /// from DELTA.sig if there is one (`aurora delta sign`).
     PutDelta { root: PathBuf, delta: PathBuf },
     /// Add a full safetensors snapshot of VERSION.
     PutSnapshot {
@@ -18,8 +20,14 @@ pub enum StoreCommand {
     },
     /// List the stored versions: snapshots, deltas and the rollouts each was trained on.
     List { root: PathBuf },
-    /// Re-verify every stored artifact against its hash.
-    Verify { root: PathBuf },
+    /// Re-verify every stored artifact against its hash; with --key also every stored
+    /// delta's signature.
+    Verify {
+        root: PathBuf,
+        /// The trainer's public key (PEM): every stored delta must carry its signature.
+        #[arg(long)]
+        key: Option<PathBuf>,
+    },
     /// What the store holds for VERSION (delta, snapshot, composed deltas, rollouts),
     /// each read back verified, and the delta's per-tensor statistics.
     Inspect {
@@ -49,8 +57,9 @@ pub fn run(command: StoreCommand) -> Result<()> {
         StoreCommand::PutDelta { root, delta } => {
             let store = Store::open(&root)?;
             let file = MappedFile::open(&delta)?;
+            let signature = detached_signature(&delta, &file)?;
             let record = store
-                .put_delta(file.bytes())
+                .put_delta(file.bytes(), signature)
                 .with_context(|| format!("storing {}", delta.display()))?;
             println!(
                 "stored delta {} -> {} ({} bytes, id {})",
@@ -100,7 +109,10 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 }
             }
         }
-        StoreCommand::Verify { root } => {
+        StoreCommand::Verify { root, key } => {
+            let pinned = key
+                .map(|key| aurora_trust::signing::load_public_key(&key))
+                .transpose()?;
             let store = Store::open(&root)?;
             let (deltas, snapshots) = store.records()?;
             let composed = store.composed_records()?;
@@ -109,9 +121,23 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 .into_iter()
                 .collect::<Result<Vec<_>, _>>()?;
             let mut failures = Vec::new();
-            for &version in deltas.keys() {
-                if let Err(error) = store.delta(version) {
-                    failures.push(format!("{error:#}"));
+            for (&version, record) in &deltas {
+                let file = match store.delta(version) {
+                    Ok(file) => file,
+                    Err(error) => {
+                        failures.push(format!("{error:#}"));
+                        continue;
+                    }
+                };
+                if let Some(pinned) = &pinned {
+                    let parsed = file.delta()?;
+                    let statement =
+                        Statement::artifact(ArtifactKind::Delta, parsed.id, parsed.header());
+                    if let Err(error) =
+                        aurora_delta::verify(pinned, &statement, record.signature.as_ref())
+                    {
+                        failures.push(format!("delta {version}: {error}"));
+                    }
                 }
             }
             for &version in snapshots.keys() {
@@ -149,6 +175,12 @@ pub fn run(command: StoreCommand) -> Result<()> {
                 rollouts,
                 states
             );
+            if let Some(pinned) = &pinned {
+                println!(
+                    "every delta is signed by the trainer key {}",
+                    aurora_delta::key_fingerprint(pinned)
+                );
+            }
         }
         StoreCommand::Inspect {
             root,
@@ -200,6 +232,32 @@ pub fn run(command: StoreCommand) -> Result<()> {
 
 /// [`StoreCommand::Inspect`]: every record of `version`, each artifact read back (and so
 /// verified) before it is reported.
+/// The signature in `delta`'s detached signature file, if it has one; it must be of this
+/// delta (whose signer is checked by `store verify --key`, the store holding no key).
+fn detached_signature(delta: &Path, file: &MappedFile) -> Result<Option<ArtifactSignature>> {
+    let mut path = delta.as_os_str().to_os_string();
+    path.push(".sig");
+    let path = PathBuf::from(path);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    };
+    let detached =
+        DetachedSignature::parse(&bytes).with_context(|| format!("reading {}", path.display()))?;
+    let parsed = file.delta()?;
+    if detached.kind != ArtifactKind::Delta || detached.id != parsed.id {
+        bail!(
+            "{} signs {} with id {}, not this delta (id {})",
+            path.display(),
+            detached.kind,
+            detached.id,
+            parsed.id
+        );
+    }
+    Ok(Some(detached.signature))
+}
+
 fn inspect(store: &Store, version: u64, json: bool, top: usize) -> Result<()> {
     let (deltas, snapshots) = store.records()?;
     let delta = deltas.get(&version).copied();

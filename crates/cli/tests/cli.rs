@@ -677,6 +677,96 @@ fn python_safetensors_loads_an_applied_checkpoint() {
     );
 }
 
+/// `aurora delta sign` and `verify --key`, and `store verify --key` over signed deltas.
+#[test]
+fn signed_deltas_verify_with_the_trainer_key_only() {
+    let f = fixture();
+    let key = f.s.path("trainer.key");
+    let public = f.s.path("trainer.pub");
+    let other = f.s.path("other.pub");
+    let signing_key = aurora_trust::signing::generate().unwrap();
+    aurora_trust::signing::write_signing_key(&key, &signing_key).unwrap();
+    aurora_trust::signing::write_public_key(&public, &signing_key.verifying_key()).unwrap();
+    let other_key = aurora_trust::signing::generate().unwrap().verifying_key();
+    aurora_trust::signing::write_public_key(&other, &other_key).unwrap();
+
+    // Unsigned: verify --key names the missing signature file.
+    let missing = aurora(&["delta", "verify"])
+        .arg(&f.delta)
+        .arg("--key")
+        .arg(&public)
+        .fails();
+    assert_error_mentions(&missing, &[".sig", "aurora delta sign"]);
+    let signed = aurora(&["delta", "sign"])
+        .arg(&f.delta)
+        .arg("--key")
+        .arg(&key)
+        .ok();
+    assert!(
+        signed.stdout.contains("a delta signed by key"),
+        "{}",
+        signed.stdout
+    );
+    let verified = aurora(&["delta", "verify"])
+        .arg(&f.delta)
+        .arg("--key")
+        .arg(&public)
+        .ok();
+    assert!(
+        verified.stdout.contains("signed by the trainer key"),
+        "{}",
+        verified.stdout
+    );
+    let wrong_key = aurora(&["delta", "verify"])
+        .arg(&f.delta)
+        .arg("--key")
+        .arg(&other)
+        .fails();
+    assert_error_mentions(&wrong_key, &["not by the pinned trainer key"]);
+
+    // An altered delta, re-hashed so that it is intact, is another artifact: the
+    // signature of the first does not pass for it.
+    let signature = read(Path::new(&format!("{}.sig", f.delta.display())));
+    let other_delta = f.s.diff(&f.step1, &f.step0, "aurora", 1);
+    let forged = f.s.copy(&other_delta, "forged.adelta");
+    f.s.write("forged.adelta.sig", &signature);
+    let altered = aurora(&["delta", "verify"])
+        .arg(&forged)
+        .arg("--key")
+        .arg(&public)
+        .fails();
+    assert_error_mentions(&altered, &["the signature is for the artifact with id"]);
+
+    // A store keeps the signature put with the delta; verify --key checks it.
+    let root = f.s.path("signed-store");
+    let root_arg = root.to_str().unwrap();
+    aurora(&["store", "put-snapshot", root_arg, "0"])
+        .arg(&f.step0)
+        .ok();
+    aurora(&["store", "put-delta", root_arg]).arg(&f.delta).ok();
+    aurora(&["store", "verify", root_arg, "--key"])
+        .arg(&public)
+        .ok();
+    let refused = aurora(&["store", "verify", root_arg, "--key"])
+        .arg(&other)
+        .fails();
+    assert_error_mentions(&refused, &["1 of 2 artifacts failed verification"]);
+    assert!(
+        refused
+            .stderr
+            .contains("delta 1: the signature of a delta from version 0 to 1"),
+        "{}",
+        refused.stderr
+    );
+    // The key file names itself when it is not a key.
+    let bad = aurora(&["delta", "verify"])
+        .arg(&f.delta)
+        .arg("--key")
+        .arg(&f.delta)
+        .fails();
+    assert_error_mentions(&bad, &["is not an ed25519 public key"]);
+}
+
 #[test]
 fn a_store_takes_a_chain_plans_catch_up_and_detects_corruption() {
     let s = Scratch::new();

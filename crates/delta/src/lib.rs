@@ -10,6 +10,8 @@
 //!   after checking the base, which then applies in place (transactionally) or
 //!   materialises a new checkpoint.
 //! - [`compose`] and [`invert`] build catch-up and rollback deltas.
+//! - [`sign`] and [`verify`] sign and check the trainer's statements of artifacts and
+//!   commits ([`Statement`]).
 //! - [`fused`] maps Hugging Face tensor names onto the fused parameters of inference
 //!   engines.
 
@@ -23,6 +25,7 @@ mod error;
 mod extract;
 mod format;
 pub mod fused;
+mod signature;
 pub mod stats;
 mod undo;
 
@@ -40,5 +43,10 @@ pub use format::{
     DeltaFile, DeltaHeader, FORMAT_VERSION, MAX_CHUNK_ELEMENTS, MAX_DIMS, MAX_NAME_BYTES,
     MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,
     assemble,
+};
+pub use signature::{
+    ARTIFACT_DOMAIN, ArtifactKind, ArtifactSignature, COMMIT_DOMAIN, DETACHED_BYTES,
+    DETACHED_MAGIC, DETACHED_VERSION, DetachedSignature, SignatureError, SigningKey, Statement,
+    VerifyingKey, key_fingerprint, sign, verify,
 };
 pub use undo::{JOURNAL_MAGIC, JOURNAL_VERSION, JournalInfo, UndoJournal, replay_undo_journal};

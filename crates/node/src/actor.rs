@@ -37,6 +37,9 @@ pub struct ActorSettings {
     pub token: String,
     /// Parallel TCP streams per upstream session.
     pub streams: u8,
+    /// The trainer's public key: every artifact and commit must carry its signature
+    /// (docs/security.md). `None`: an unsigned deployment.
+    pub trainer_key: Option<aurora_delta::VerifyingKey>,
 }
 
 pub struct ActorNode {
@@ -185,6 +188,7 @@ fn node_config(settings: &ActorSettings) -> NodeConfig {
     );
     node.upstreams = settings.upstreams.clone();
     node.streams = settings.streams;
+    node.trainer_key = settings.trainer_key;
     node
 }
 

@@ -38,6 +38,10 @@ pub struct TrainerSettings {
     pub encoding: Encoding,
     /// The control plane's rules for a fresh database.
     pub control: aurora_control::Config,
+    /// The trainer's signing key: every version published, snapshot or composed delta
+    /// served and commit is signed with it (docs/security.md). `None`: an unsigned
+    /// deployment, whose relays and actors pin no key.
+    pub signing_key: Option<Arc<aurora_delta::SigningKey>>,
 }
 
 impl TrainerSettings {
@@ -52,6 +56,7 @@ impl TrainerSettings {
             snapshot_every: 10,
             encoding: Encoding::Aurora,
             control: aurora_control::Config::default(),
+            signing_key: None,
         }
     }
 }
@@ -115,6 +120,11 @@ impl TrainerNode {
         );
         node.listen = Some(settings.transport_listen);
         node.streams = settings.streams;
+        node.signing_key = settings.signing_key.clone();
+        if let Some(key) = &settings.signing_key {
+            let fingerprint = aurora_delta::key_fingerprint(&key.verifying_key());
+            tracing::info!(key = %fingerprint, "signing every version with the trainer key");
+        }
         let transport = Arc::new(spawn_hub(node, Some(store.clone())).await?);
         let transport_address = transport
             .local_addr()

@@ -1,4 +1,4 @@
-//! Frames of the segment protocol, version 1 (docs/wire-protocol.md §3 and §4).
+//! Frames of the segment protocol, version 2 (docs/wire-protocol.md §3 and §4).
 //!
 //! ```text
 //! frame   length:u32  type:u8  body[length - 1]
@@ -11,11 +11,13 @@
 
 use std::ops::Range;
 
-use aurora_delta::{Hash, MAX_SEGMENT_BYTES, SegmentEntry};
+pub use aurora_delta::ArtifactKind;
+use aurora_delta::{ArtifactSignature, Hash, MAX_SEGMENT_BYTES, SegmentEntry, Statement};
 use bytes::{BufMut, Bytes};
 
-/// The protocol version this build speaks (docs/wire-protocol.md §2).
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks (docs/wire-protocol.md §2). 2 added the
+/// trainer's signatures to Seal, Commit and Welcome.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// First bytes of every Hello body: a peer that is not an aurora transport is refused
 /// with a clear error instead of a confusing parse failure.
 pub const HELLO_MAGIC: [u8; 8] = *b"AURORA\x00\x01";
@@ -193,8 +195,8 @@ impl RejectCode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     pub protocol_version: u16,
-    /// Reserved for mutual TLS and signed artifacts; version 1 peers send 0 and refuse
-    /// anything else.
+    /// Reserved for mutual TLS; peers send 0 and refuse anything else (signatures
+    /// travel in Seal, Commit and Welcome, each with a flag of its own).
     pub flags: u16,
     pub role: Role,
     pub peer_id: String,
@@ -224,8 +226,8 @@ pub struct Welcome {
     pub region: String,
     /// The newest version the upstream can serve, if any.
     pub latest: Option<u64>,
-    /// The newest version committed so far, if any.
-    pub commit: Option<VersionRef>,
+    /// The newest version committed so far, if any, with its signature.
+    pub commit: Option<Commit>,
     /// The newest version a downstream holding no weights can join from, as a snapshot
     /// (docs/wire-protocol.md §5.10); None where the upstream cannot serve one (a relay).
     pub snapshot: Option<u64>,
@@ -245,40 +247,21 @@ pub struct Progress {
     pub have: Vec<Range<u32>>,
 }
 
-/// The kind of artifact an Offer announces.
+/// A Commit: activate `target`, with the trainer's signature over it
+/// ([`Statement::Commit`]) where the deployment signs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ArtifactKind {
-    /// A delta artifact (docs/delta-format.md); the descriptor is its preamble and header.
-    Delta = 1,
-    /// A whole checkpoint in the delta format: the delta from the empty checkpoint to
-    /// version v, every tensor added, with base and target version both v
-    /// (docs/wire-protocol.md §4.4).
-    Snapshot = 2,
-    /// A delta from the weights of `next_version - 1` straight to this version, which
-    /// may be several versions later (docs/wire-protocol.md §5.11): one artifact in
-    /// place of the deltas in between, for a downstream catching up.
-    Composed = 3,
+pub struct Commit {
+    pub target: VersionRef,
+    pub signature: Option<ArtifactSignature>,
 }
 
-impl ArtifactKind {
-    fn from_code(code: u8) -> Option<ArtifactKind> {
-        match code {
-            1 => Some(ArtifactKind::Delta),
-            2 => Some(ArtifactKind::Snapshot),
-            3 => Some(ArtifactKind::Composed),
-            _ => None,
+impl Commit {
+    /// What the signature vouches for.
+    pub fn statement(&self) -> Statement {
+        Statement::Commit {
+            version: self.target.version,
+            weights_hash: self.target.hash,
         }
-    }
-}
-
-impl std::fmt::Display for ArtifactKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ArtifactKind::Delta => "a delta",
-            ArtifactKind::Snapshot => "a snapshot",
-            ArtifactKind::Composed => "a composed delta",
-        })
     }
 }
 
@@ -324,6 +307,9 @@ pub enum Frame {
         version: u64,
         id: Hash,
         segments: Vec<SegmentEntry>,
+        /// The trainer's signature over the artifact's statement
+        /// ([`Statement::artifact`]); None in an unsigned deployment.
+        signature: Option<ArtifactSignature>,
     },
     Nack {
         version: u64,
@@ -333,7 +319,7 @@ pub enum Frame {
         version: u64,
         reason: String,
     },
-    Commit(VersionRef),
+    Commit(Commit),
     Status {
         active: VersionRef,
         staged: Option<u64>,
@@ -467,7 +453,7 @@ impl Frame {
                     None => out.put_u8(0),
                     Some(commit) => {
                         out.put_u8(1);
-                        put_version_ref(out, commit);
+                        put_commit(out, commit);
                     }
                 }
                 put_option_u64(out, w.snapshot);
@@ -541,6 +527,7 @@ impl Frame {
                 version,
                 id,
                 segments,
+                signature,
             } => {
                 out.put_u64_le(*version);
                 out.put_slice(&id.0);
@@ -549,6 +536,7 @@ impl Frame {
                     out.put_u32_le(segment.len);
                     out.put_slice(&segment.hash.0);
                 }
+                put_option_signature(out, signature.as_ref());
             }
             Frame::Nack { version, index } => {
                 out.put_u64_le(*version);
@@ -558,7 +546,7 @@ impl Frame {
                 out.put_u64_le(*version);
                 put_text16(out, reason);
             }
-            Frame::Commit(commit) => put_version_ref(out, commit),
+            Frame::Commit(commit) => put_commit(out, commit),
             Frame::Status {
                 active,
                 staged,
@@ -587,7 +575,11 @@ impl Frame {
             + match self {
                 Frame::Segment { bytes, .. } => 8 + 4 + 32 + 4 + bytes.len(),
                 Frame::Offer { descriptor, .. } => 8 + 1 + 4 + descriptor.len(),
-                Frame::Seal { segments, .. } => 8 + 32 + 4 + 36 * segments.len(),
+                Frame::Seal {
+                    segments,
+                    signature,
+                    ..
+                } => 8 + 32 + 4 + 36 * segments.len() + 1 + signature.map_or(0, |_| 64),
                 other => other.to_bytes().len() - PREFIX_BYTES,
             }
     }
@@ -673,7 +665,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
             let latest = r.option_u64("latest version")?;
             let commit = match r.u8("commit flag")? {
                 0 => None,
-                1 => Some(r.version_ref()?),
+                1 => Some(r.commit()?),
                 other => return Err(r.malformed(format!("commit flag {other} is not 0 or 1"))),
             };
             let snapshot = r.option_u64("snapshot version")?;
@@ -826,6 +818,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 version,
                 id,
                 segments,
+                signature: r.option_signature()?,
             }
         }
         FrameType::Nack => Frame::Nack {
@@ -836,7 +829,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
             version: r.u64("version")?,
             reason: r.text16("reason")?,
         },
-        FrameType::Commit => Frame::Commit(r.version_ref()?),
+        FrameType::Commit => Frame::Commit(r.commit()?),
         FrameType::Status => Frame::Status {
             active: r.version_ref()?,
             staged: r.option_u64("staged version")?,
@@ -862,6 +855,22 @@ fn put_text16(out: &mut Vec<u8>, text: &str) {
 fn put_version_ref(out: &mut Vec<u8>, v: &VersionRef) {
     out.put_u64_le(v.version);
     out.put_slice(&v.hash.0);
+}
+
+fn put_commit(out: &mut Vec<u8>, commit: &Commit) {
+    put_version_ref(out, &commit.target);
+    put_option_signature(out, commit.signature.as_ref());
+}
+
+/// A flag (0 or 1), then the 64 bytes of the signature when 1.
+fn put_option_signature(out: &mut Vec<u8>, signature: Option<&ArtifactSignature>) {
+    match signature {
+        None => out.put_u8(0),
+        Some(signature) => {
+            out.put_u8(1);
+            out.put_slice(&signature.0);
+        }
+    }
 }
 
 fn put_option_u64(out: &mut Vec<u8>, value: Option<u64>) {
@@ -972,6 +981,21 @@ impl Reader {
             version: self.u64("version")?,
             hash: Hash(self.array("weights hash")?),
         })
+    }
+
+    fn commit(&mut self) -> Result<Commit, FrameError> {
+        Ok(Commit {
+            target: self.version_ref()?,
+            signature: self.option_signature()?,
+        })
+    }
+
+    fn option_signature(&mut self) -> Result<Option<ArtifactSignature>, FrameError> {
+        match self.u8("signature flag")? {
+            0 => Ok(None),
+            1 => Ok(Some(ArtifactSignature(self.array("signature")?))),
+            other => Err(self.malformed(format!("signature flag {other} is not 0 or 1"))),
+        }
     }
 
     fn option_u64(&mut self, what: &str) -> Result<Option<u64>, FrameError> {

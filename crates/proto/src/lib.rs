@@ -1,4 +1,4 @@
-//! The segment protocol of aurora, version 1: frames, messages and I/O-free state
+//! The segment protocol of aurora, version 2: frames, messages and I/O-free state
 //! machines. Specified in `docs/wire-protocol.md`; section numbers in comments refer to
 //! it.
 //!
@@ -36,13 +36,14 @@ mod tuner;
 mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
-pub use frame::{ArtifactKind, Frame, FrameError, Role, VersionRef};
+pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, VersionRef};
 pub use node::{Node, Notice, Output};
 pub use receiver::{
     Artifact, Receiver, ReceiverConfig, ReceiverEvent, ReceiverStats, SessionEnd, Violation,
 };
 pub use sender::{
-    ArtifactKey, Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, Transmit,
+    ArtifactKey, Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, StoredArtifact,
+    Transmit,
 };
 pub use tuner::StreamTuner;
 pub use weights::Weights;

@@ -398,9 +398,12 @@ impl Node {
                 version,
                 id,
                 segments,
+                signature,
             } => {
+                // The receiver verified the signature where a trainer key is pinned; it
+                // goes downstream as it came: a relay cannot make one.
                 if let Some(sender) = self.republisher(version)
-                    && let Err(e) = sender.seal_artifact(version, id, segments)
+                    && let Err(e) = sender.seal_artifact(version, id, segments, signature)
                 {
                     self.outputs.push_back(relay_error(e));
                 }
@@ -422,12 +425,14 @@ impl Node {
             }
             ReceiverEvent::Commit(commit) => {
                 self.outputs
-                    .push_back(Output::Notice(Notice::Committed(commit)));
+                    .push_back(Output::Notice(Notice::Committed(commit.target)));
                 if let Some(actor) = &mut self.actor {
-                    actor.commit(commit);
+                    actor.commit(commit.target);
                 }
-                if let Some(sender) = &mut self.sender {
-                    sender.commit(commit);
+                if let Some(sender) = &mut self.sender
+                    && let Err(e) = sender.commit(commit)
+                {
+                    self.outputs.push_back(relay_error(e));
                 }
             }
         }

@@ -104,8 +104,18 @@ pub fn sender() -> Sender {
 }
 
 pub fn receiver(streams: u8, next_version: u64) -> Receiver {
+    pinned_receiver(streams, next_version, None)
+}
+
+/// [`receiver`] pinning `trainer_key` where given.
+pub fn pinned_receiver(
+    streams: u8,
+    next_version: u64,
+    trainer_key: Option<aurora_delta::VerifyingKey>,
+) -> Receiver {
     let mut config = ReceiverConfig::new(identity(Role::Actor, "a1"), TOKEN.to_vec());
     config.streams = streams;
+    config.trainer_key = trainer_key;
     Receiver::new(
         config,
         next_version,
@@ -243,6 +253,15 @@ pub fn connected(streams: u8) -> Receiver {
     welcomed(receiver(streams, 1), None)
 }
 
+/// A receiver for version 1 that pins [`trainer_key`], with a welcomed session on one
+/// stream (conn 1).
+pub fn connected_pinned() -> Receiver {
+    welcomed(
+        pinned_receiver(1, 1, Some(trainer_key().verifying_key())),
+        None,
+    )
+}
+
 /// [`composed_receiver`] with a welcomed session on one stream (conn 1).
 pub fn connected_composed(next_version: u64) -> Receiver {
     welcomed(composed_receiver(1, next_version), None)
@@ -270,8 +289,47 @@ pub fn frames(bytes: &Bytes) -> Vec<Frame> {
     frames_of(bytes, crate::frame::ArtifactKind::Delta)
 }
 
-/// The frames a sender would send for `bytes` offered as `kind`.
+/// The frames a sender would send for `bytes` offered as `kind`, unsigned.
 pub fn frames_of(bytes: &Bytes, kind: crate::frame::ArtifactKind) -> Vec<Frame> {
+    signed_frames(bytes, kind, None)
+}
+
+/// The trainer key of signed tests (a fixed seed: the same key in every test).
+pub fn trainer_key() -> aurora_delta::SigningKey {
+    aurora_delta::SigningKey::from_bytes(&[0x5a; 32])
+}
+
+/// `key`'s signature of the artifact `bytes` as `kind`.
+pub fn artifact_signature(
+    key: &aurora_delta::SigningKey,
+    bytes: &Bytes,
+    kind: crate::frame::ArtifactKind,
+) -> aurora_delta::ArtifactSignature {
+    let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
+    let statement = aurora_delta::Statement::artifact(kind, file.id, file.header());
+    aurora_delta::sign(key, &statement)
+}
+
+/// The commit of `version` (weights [`weights`]), signed by `key` if given.
+pub fn commit(version: u64, key: Option<&aurora_delta::SigningKey>) -> crate::Commit {
+    let mut commit = crate::Commit {
+        target: VersionRef {
+            version,
+            hash: weights(version),
+        },
+        signature: None,
+    };
+    commit.signature = key.map(|key| aurora_delta::sign(key, &commit.statement()));
+    commit
+}
+
+/// The frames a sender would send for `bytes` offered as `kind`, the Seal signed by
+/// `key` if given.
+pub fn signed_frames(
+    bytes: &Bytes,
+    kind: crate::frame::ArtifactKind,
+    key: Option<&aurora_delta::SigningKey>,
+) -> Vec<Frame> {
     let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
     let version = file.header().target_version;
     let mut out = vec![
@@ -284,6 +342,7 @@ pub fn frames_of(bytes: &Bytes, kind: crate::frame::ArtifactKind) -> Vec<Frame> 
             version,
             id: file.id,
             segments: file.manifest.segments.clone(),
+            signature: key.map(|key| artifact_signature(key, bytes, kind)),
         },
     ];
     for index in 0..file.segment_count() {

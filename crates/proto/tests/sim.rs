@@ -14,6 +14,12 @@
 //! serves one composed delta from the actor's version to the latest when that is
 //! cheaper than replaying the deltas.
 //!
+//! The deployment signs: the hub's artifacts and commits carry the trainer's signature,
+//! and every relay and actor pins the trainer key. A second test adds a malicious relay
+//! in one region that serves forged deltas (other weights, every hash, the table, the id
+//! and the target hash made to match) under the trainer's signatures of the real ones,
+//! or none: every actor must refuse them and end on the published weights.
+//!
 //! Checkers: no activation ever produces weights other than the published ones; in the
 //! end every live relay and actor is at the last version with byte-identical weights.
 //! A failure prints its seed; `AURORA_SIM_SEED=n` replays one.
@@ -22,10 +28,13 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, PatchChunk};
+use aurora_delta::{
+    ArtifactKind, Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, PatchChunk,
+    SigningKey, Statement,
+};
 use aurora_proto::{
-    ArtifactKey, Auth, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig, Role,
-    Sender, SenderConfig, VersionRef, Weights,
+    ArtifactKey, Auth, Commit, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig,
+    Role, Sender, SenderConfig, SessionEnd, StoredArtifact, VersionRef, Violation, Weights,
 };
 use bytes::Bytes;
 
@@ -77,6 +86,69 @@ fn chain() -> &'static Chain {
             snapshots,
         }
     })
+}
+
+/// The trainer's signing key: the hub signs with it, every other peer pins its public half.
+fn trainer_key() -> SigningKey {
+    SigningKey::from_bytes(&[0x42; 32])
+}
+
+/// `bytes` as `kind`, with the trainer's signature, as the hub serves it.
+fn signed(bytes: Bytes, kind: ArtifactKind) -> StoredArtifact {
+    let file = DeltaFile::parse(&bytes).unwrap();
+    let statement = Statement::artifact(kind, file.id, file.header());
+    let signature = Some(aurora_delta::sign(&trainer_key(), &statement));
+    StoredArtifact { bytes, signature }
+}
+
+/// The trainer's signed commit of `version`.
+fn signed_commit(version: u64) -> Commit {
+    let mut commit = Commit {
+        target: version_ref(version),
+        signature: None,
+    };
+    commit.signature = Some(aurora_delta::sign(&trainer_key(), &commit.statement()));
+    commit
+}
+
+/// What a malicious relay serves as D(version): a valid delta from the real weights of
+/// `version - 1` to weights with a few values changed, so its segments, their hashes,
+/// the table, the id and the target hash all differ from the trainer's and agree with
+/// each other. Only a signature can tell it from the real one.
+fn forged(version: u64) -> Bytes {
+    static FORGED: OnceLock<BTreeMap<u64, Bytes>> = OnceLock::new();
+    FORGED.get_or_init(|| {
+        let chain = chain();
+        (1..=VERSIONS)
+            .map(|version| {
+                let base =
+                    Checkpoint::from_safetensors(&chain.images[version as usize - 1]).unwrap();
+                let mut image = chain.images[version as usize].clone();
+                // The last bytes are tensor data (a BF16 value): poisoned weights.
+                let end = image.len();
+                image[end - 2] ^= 0x40;
+                image[end - 5] ^= 0x01;
+                let target = Checkpoint::from_safetensors(&image).unwrap();
+                let options = ExtractOptions {
+                    base_version: version - 1,
+                    target_version: version,
+                    segment_target_bytes: 2048,
+                    base_hash: Some(chain.hashes[version as usize - 1]),
+                    ..ExtractOptions::default()
+                };
+                let (_, bytes) = Extraction::new(&base, &target, options)
+                    .unwrap()
+                    .to_bytes()
+                    .unwrap();
+                assert_ne!(
+                    DeltaFile::parse(&bytes).unwrap().header().target_hash,
+                    chain.hashes[version as usize]
+                );
+                (version, Bytes::from(bytes))
+            })
+            .collect()
+    })[&version]
+        .clone()
 }
 
 /// The composed delta from `base` to `target`, as a store builds it: `target` extracted
@@ -250,6 +322,8 @@ struct Sim {
     faults: Faults,
     /// Composed deltas the hub's "store" built, by (base, target).
     composed: BTreeMap<(u64, u64), Bytes>,
+    /// Sessions each peer ended on a missing or bad signature, by peer.
+    refused: BTreeMap<usize, u64>,
 }
 
 /// What a run went through, so the seeds can be checked to cover every fault.
@@ -271,12 +345,17 @@ struct Faults {
     join_resumes: u64,
     /// Activations of a composed delta: an actor skipped versions in one step.
     composed_activations: u64,
+    /// Sessions that ended on a missing or bad signature.
+    signatures_refused: u64,
 }
 
 const HUB: usize = 0;
 const RELAYS: [usize; 2] = [1, 2];
 /// The peer that joins mid-run with no weights.
 const JOINER: usize = 9;
+/// The malicious relay, where there is one; actors of `RELAYS[0]`'s region dial it
+/// first.
+const ROGUE: usize = 10;
 
 fn sender_config(role: Role, name: &str, store_backed: bool) -> SenderConfig {
     let mut config = SenderConfig::new(identity(role, name), Auth::Shared(TOKEN.to_vec()));
@@ -284,6 +363,7 @@ fn sender_config(role: Role, name: &str, store_backed: bool) -> SenderConfig {
     config.keepalive_interval = Duration::from_millis(200);
     config.stall_timeout = Duration::from_secs(3);
     config.handshake_timeout = Duration::from_secs(1);
+    config.trainer_key = Some(trainer_key().verifying_key());
     config
 }
 
@@ -299,6 +379,7 @@ fn receiver_config(role: Role, name: &str, streams: u8) -> ReceiverConfig {
     let mut config = ReceiverConfig::new(identity(role, name), TOKEN.to_vec());
     config.streams = streams;
     config.idle_timeout = Duration::from_secs(1);
+    config.trainer_key = Some(trainer_key().verifying_key());
     config
 }
 
@@ -327,7 +408,9 @@ fn version_ref(version: u64) -> VersionRef {
 }
 
 impl Sim {
-    fn new(seed: u64) -> Sim {
+    /// A run under the faults `seed` picks; with `rogue`, a malicious relay in the
+    /// region of `RELAYS[0]` that its actors dial first.
+    fn new(seed: u64, rogue: bool) -> Sim {
         let mut rng = Rng(seed);
         let start = Instant::now();
         let mut peers = Vec::new();
@@ -352,12 +435,11 @@ impl Sim {
                 receiver(Role::Actor, &name, streams, version_ref(0)),
                 version_ref(0),
             );
-            peers.push(Peer::new(
-                node,
-                &name,
-                vec![relay, HUB, RELAYS[(i + 1) % 2]],
-                Some(0),
-            ));
+            let mut upstreams = vec![relay, HUB, RELAYS[(i + 1) % 2]];
+            if rogue && relay == RELAYS[0] {
+                upstreams.insert(0, ROGUE);
+            }
+            peers.push(Peer::new(node, &name, upstreams, Some(0)));
         }
         // Joins later (node None until then), its region's relay first.
         peers.push(Peer {
@@ -368,6 +450,17 @@ impl Sim {
             weights: None,
             timer: None,
         });
+        if rogue {
+            // It checks nothing it is given: it serves what it forged.
+            let mut config = sender_config(Role::Relay, "rogue", false);
+            config.trainer_key = None;
+            peers.push(Peer::new(
+                Node::hub(Sender::new(config)),
+                "rogue",
+                vec![],
+                None,
+            ));
+        }
         let mut sim = Sim {
             seed,
             corrupt_percent: rng.below(4),
@@ -382,8 +475,9 @@ impl Sim {
             peers,
             faults: Faults::default(),
             composed: BTreeMap::new(),
+            refused: BTreeMap::new(),
         };
-        for node in 1..sim.peers.len() {
+        for node in 1..=JOINER {
             sim.at(Duration::ZERO, Event::NewSession { node });
         }
         let mut at = Duration::from_millis(100);
@@ -452,12 +546,12 @@ impl Sim {
     }
 
     fn done(&self) -> bool {
-        self.peers[1..].iter().all(|p| {
+        self.peers[1..=JOINER].iter().all(|p| {
             p.node.as_ref().is_none_or(|n| {
                 n.actor_status()
                     .is_some_and(|s| s.active.is_some_and(|a| a.version == VERSIONS))
             })
-        }) && self.peers[3..].iter().all(|p| p.node.is_some())
+        }) && self.peers[3..=JOINER].iter().all(|p| p.node.is_some())
     }
 
     fn handle(&mut self, event: Event) {
@@ -612,6 +706,7 @@ impl Sim {
             Event::Loaded(key) => {
                 let bytes = match key {
                     ArtifactKey::Delta(version) => Ok(chain().deltas[version as usize - 1].clone()),
+                    // Built from the store and signed by the hub as it loads them.
                     ArtifactKey::Snapshot(version) => Ok(chain().snapshots[&version].clone()),
                     ArtifactKey::Composed { base, target } => {
                         // The store's catch-up plan: one composed delta if it needs fewer
@@ -630,8 +725,9 @@ impl Sim {
                     }
                 };
                 let declined = bytes.is_err();
+                let artifact = bytes.map(|bytes| signed(bytes, key.kind()));
                 let sender = self.node(HUB).unwrap().sender_mut().unwrap();
-                let loaded = sender.loaded(key, bytes);
+                let loaded = sender.loaded(key, artifact);
                 assert_eq!(loaded.is_err(), declined, "{loaded:?}");
                 self.drain(HUB);
             }
@@ -726,12 +822,26 @@ impl Sim {
                 )
                 .unwrap();
         } else {
+            let signature = signed(bytes.clone(), ArtifactKind::Delta).signature;
             sender
-                .seal_artifact(version, file.id, file.manifest.segments.clone())
+                .seal_artifact(version, file.id, file.manifest.segments.clone(), signature)
                 .unwrap();
             sender.set_loadable(Some(version));
             sender.set_snapshots((0..=version).filter(|v| v.is_multiple_of(SNAPSHOT_EVERY)));
-            sender.commit(version_ref(version));
+            sender.commit(signed_commit(version)).unwrap();
+            if let Some(rogue) = self.peers.get_mut(ROGUE).and_then(|p| p.node.as_mut()) {
+                // The forgery under the real delta's signature (a relay forwards the
+                // signature it got), or with the signature stripped.
+                let forged = StoredArtifact {
+                    bytes: forged(version),
+                    signature: signature.filter(|_| version.is_multiple_of(2)),
+                };
+                let rogue = rogue.sender_mut().unwrap();
+                rogue.insert_artifact(forged).unwrap();
+                // Commits are authentic: it can only forward those.
+                rogue.commit(signed_commit(version)).unwrap();
+                self.drain(ROGUE);
+            }
         }
         if step <= count {
             let after = self.rng.millis(1, 30);
@@ -859,8 +969,18 @@ impl Sim {
                 let latency = self.latency();
                 self.at(latency, Event::Accept { conn });
             }
-            Output::UpstreamLost { reason: _ } => {
+            Output::UpstreamLost { reason } => {
                 self.faults.upstream_switches += 1;
+                if matches!(reason, SessionEnd::Violation(Violation::Signature(_))) {
+                    self.faults.signatures_refused += 1;
+                    *self.refused.entry(node).or_default() += 1;
+                    assert!(
+                        self.peers.len() > ROGUE,
+                        "seed {}: {} refused a signature of the trainer's own hub: {reason}",
+                        self.seed,
+                        self.peers[node].name
+                    );
+                }
                 if let Some(n) = &self.peers[node].node
                     && n.actor_status().is_some_and(|s| s.active.is_none())
                 {
@@ -967,10 +1087,14 @@ impl Peer {
 }
 
 fn run(seed: u64) -> Sim {
-    let mut sim = Sim::new(seed);
+    run_with(seed, false)
+}
+
+fn run_with(seed: u64, rogue: bool) -> Sim {
+    let mut sim = Sim::new(seed, rogue);
     sim.run();
     let expected = &chain().images[VERSIONS as usize];
-    for peer in &sim.peers[1..] {
+    for peer in &sim.peers[1..=JOINER] {
         let Some(node) = &peer.node else {
             assert!(
                 peer.name.starts_with("relay"),
@@ -1059,4 +1183,32 @@ fn the_simulation_is_deterministic() {
     let b = run(7);
     assert_eq!(a.now - a.start, b.now - b.start);
     assert_eq!(a.seq, b.seq);
+}
+
+#[test]
+fn a_malicious_relay_is_refused_by_every_actor_and_the_honest_path_is_unaffected() {
+    let seeds: Vec<u64> = match std::env::var("AURORA_SIM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("AURORA_SIM_SEED is a number")],
+        Err(_) => (0..8).collect(),
+    };
+    for seed in seeds {
+        // `run_with` checks that every live peer ends on the published weights, and
+        // every activation panics on other weights: a forged delta never activates.
+        let sim = run_with(seed, true);
+        for (i, peer) in sim.peers[3..JOINER].iter().enumerate() {
+            let node = 3 + i;
+            let refused = sim.refused.get(&node).copied().unwrap_or(0);
+            if RELAYS[i % 2] == RELAYS[0] {
+                // Each actor of the rogue's region dials it first, and refuses it.
+                assert!(refused > 0, "seed {seed}: {} never refused it", peer.name);
+            } else {
+                // The honest region never meets it: not one refusal.
+                assert_eq!(refused, 0, "seed {seed}: {}", peer.name);
+            }
+        }
+        // Relays take only the hub's signed artifacts.
+        for relay in RELAYS {
+            assert!(!sim.refused.contains_key(&relay), "seed {seed}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use aurora_delta::Hash;
+use aurora_delta::{ArtifactSignature, Hash};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use crate::error::catalog;
@@ -18,6 +18,9 @@ pub struct DeltaRecord {
     pub base_hash: Hash,
     pub target_hash: Hash,
     pub size_bytes: u64,
+    /// The trainer's signature over the delta (`aurora_delta::Statement::artifact`);
+    /// None for a delta of an unsigned deployment or stored before signatures.
+    pub signature: Option<ArtifactSignature>,
 }
 
 /// What a trainer keeps beside each version so that it can go on after a crash: opaque
@@ -87,8 +90,10 @@ pub struct ComposedRecord {
     pub size_bytes: u64,
 }
 
-/// (base version, id, base hash, target hash, size in bytes)
-type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
+/// (base version, id, base hash, target hash, size in bytes, signature)
+type DeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64, Option<[u8; 64]>);
+/// A delta's value before schema 3: no signature.
+pub(crate) type UnsignedDeltaValue = (u64, [u8; 32], [u8; 32], [u8; 32], u64);
 /// (weights hash, size in bytes)
 type SnapshotValue = ([u8; 32], u64);
 /// (id, base hash, target hash, size in bytes)
@@ -101,7 +106,10 @@ pub(crate) type TrainerDataValue = ([u8; 32], u64);
 ///
 /// 2 added the `trainer_state` table; a catalog of version 1 is upgraded on open (its
 /// tables are unchanged, the new one starts empty).
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3 added the trainer's signature to each delta's value; a catalog of version 1 or 2 is
+/// upgraded on open: each delta's value is rewritten with no signature, so its deltas
+/// stay readable (and a deployment that signs refuses to serve them).
+pub const SCHEMA_VERSION: u32 = 3;
 pub(crate) const SCHEMA_TABLE: TableDefinition<&str, u32> = TableDefinition::new("schema");
 
 /// Stamps a new catalog with [`SCHEMA_VERSION`] and refuses one of another version. A
@@ -115,8 +123,9 @@ pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
             Ok(())
         }
         Some(SCHEMA_VERSION) => Ok(()),
-        Some(1) => {
-            tracing::info!("upgrading the catalog to schema {SCHEMA_VERSION}");
+        Some(found @ (1 | 2)) => {
+            tracing::info!("upgrading the catalog from schema {found} to {SCHEMA_VERSION}");
+            add_signatures_to_deltas(txn)?;
             table.insert("version", SCHEMA_VERSION).map_err(catalog)?;
             Ok(())
         }
@@ -127,7 +136,33 @@ pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
     }
 }
 
+/// Rewrites the deltas table of a catalog before schema 3 with the value type of 3, each
+/// delta unsigned. One write transaction: the upgrade happens whole or not at all.
+fn add_signatures_to_deltas(txn: &WriteTransaction) -> Result<()> {
+    let mut deltas = Vec::new();
+    {
+        let table = txn.open_table(UNSIGNED_DELTA_TABLE).map_err(catalog)?;
+        for item in table.iter().map_err(catalog)? {
+            let (version, value) = item.map_err(catalog)?;
+            let (base, id, base_hash, target_hash, size) = value.value();
+            deltas.push((
+                version.value(),
+                (base, id, base_hash, target_hash, size, None),
+            ));
+        }
+    }
+    txn.delete_table(UNSIGNED_DELTA_TABLE).map_err(catalog)?;
+    let mut table = txn.open_table(DELTA_TABLE).map_err(catalog)?;
+    for (version, value) in deltas {
+        table.insert(version, value).map_err(catalog)?;
+    }
+    Ok(())
+}
+
 pub(crate) const DELTA_TABLE: TableDefinition<u64, DeltaValue> = TableDefinition::new("deltas");
+/// The deltas table before schema 3.
+pub(crate) const UNSIGNED_DELTA_TABLE: TableDefinition<u64, UnsignedDeltaValue> =
+    TableDefinition::new("deltas");
 pub(crate) const SNAPSHOT_TABLE: TableDefinition<u64, SnapshotValue> =
     TableDefinition::new("snapshots");
 /// version → (hash of the file, size in bytes), for each kind of [`TrainerData`]
@@ -188,6 +223,7 @@ pub(crate) fn delta_value(r: &DeltaRecord) -> DeltaValue {
         r.base_hash.0,
         r.target_hash.0,
         r.size_bytes,
+        r.signature.map(|s| s.0),
     )
 }
 
@@ -199,6 +235,7 @@ pub(crate) fn delta_record(version: u64, v: DeltaValue) -> DeltaRecord {
         base_hash: Hash(v.2),
         target_hash: Hash(v.3),
         size_bytes: v.4,
+        signature: v.5.map(ArtifactSignature),
     }
 }
 
@@ -296,6 +333,12 @@ impl Store {
             .map(|s| (s.version, s.weights_hash))
             .chain(deltas.into_values().map(|d| (d.version, d.target_hash)))
             .collect())
+    }
+
+    /// The record of the stored delta D(version), with the trainer's signature if it
+    /// has one.
+    pub fn delta_record(&self, version: u64) -> Result<DeltaRecord> {
+        self.stored("delta", DELTA_TABLE, version, delta_record)
     }
 
     /// Every composed delta record, by (base version, target version).

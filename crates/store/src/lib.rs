@@ -19,7 +19,9 @@
 //! # Catalog tables
 //!
 //! - `deltas`: version (u64) → (base version, id, base weights hash, target weights hash,
-//!   file size in bytes).
+//!   file size in bytes, the trainer's signature if any (64 bytes, docs/security.md)).
+//!   The store keeps a signature, it does not check it: it holds no key. Whoever serves
+//!   the delta with a pinned trainer key does (`aurora store verify --key` too).
 //! - `snapshots`: version (u64) → (weights hash, file size in bytes).
 //! - `composed`: (base version, target version) → (id, base weights hash, target weights
 //!   hash, file size in bytes).

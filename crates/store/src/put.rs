@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use aurora_checkpoint::MappedFile;
-use aurora_delta::{Checkpoint, DeltaFile, Hash};
+use aurora_delta::{ArtifactSignature, Checkpoint, DeltaFile, Hash};
 use redb::ReadableTable;
 
 use crate::catalog::{
@@ -16,9 +16,15 @@ use crate::files::commit_with_file;
 use crate::{Result, Store, StoreError};
 
 impl Store {
-    /// Verifies and stores a delta artifact, then records it (see the acceptance rule in
-    /// the crate docs). Storing the same artifact again returns its record.
-    pub fn put_delta(&self, bytes: &[u8]) -> Result<DeltaRecord> {
+    /// Verifies and stores a delta artifact with the trainer's signature (checked by
+    /// whoever pins the trainer key: the store holds no key), then records it (see the
+    /// acceptance rule in the crate docs). Storing the same artifact again returns its
+    /// record.
+    pub fn put_delta(
+        &self,
+        bytes: &[u8],
+        signature: Option<ArtifactSignature>,
+    ) -> Result<DeltaRecord> {
         let delta = DeltaFile::parse(bytes).map_err(StoreError::InvalidDelta)?;
         for index in 0..delta.segment_count() {
             delta
@@ -33,6 +39,7 @@ impl Store {
             base_hash: header.base_hash,
             target_hash: header.target_hash,
             size_bytes: bytes.len() as u64,
+            signature,
         };
         let version = record.version;
         if version == 0 || record.base_version != version - 1 {

@@ -56,7 +56,7 @@ fn store_with(root: &Path, latest: u64) -> Store {
     let store = Store::open(root).unwrap();
     store.put_snapshot(0, &snapshot(0)).unwrap();
     for version in 1..=latest {
-        store.put_delta(&delta(version)).unwrap();
+        store.put_delta(&delta(version), None).unwrap();
     }
     store
 }
@@ -83,7 +83,7 @@ fn put_then_get_round_trips_and_survives_reopen() {
     let record = {
         let store = store_with(dir.path(), 2);
         assert_eq!(store.latest_version().unwrap(), Some(2));
-        store.put_delta(&delta(3)).unwrap()
+        store.put_delta(&delta(3), None).unwrap()
     };
     assert_eq!((record.version, record.base_version), (3, 2));
     let store = Store::open(dir.path()).unwrap();
@@ -106,8 +106,8 @@ fn put_then_get_round_trips_and_survives_reopen() {
 fn the_same_artifact_again_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(dir.path(), 1);
-    let first = store.put_delta(&delta(2)).unwrap();
-    assert_eq!(store.put_delta(&delta(2)).unwrap(), first);
+    let first = store.put_delta(&delta(2), None).unwrap();
+    assert_eq!(store.put_delta(&delta(2), None).unwrap(), first);
     let snap = store.put_snapshot(2, &snapshot(2)).unwrap();
     assert_eq!(store.put_snapshot(2, &snapshot(2)).unwrap(), snap);
     assert_eq!(files(&dir.path().join(DELTAS)).len(), 2);
@@ -132,14 +132,14 @@ fn a_delta_that_does_not_continue_the_store_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(dir.path(), 1);
     // Another lineage's D(2) starts from weights the store does not have at version 1.
-    let error = store.put_delta(&delta_in(100.0, 1, 2)).unwrap_err();
+    let error = store.put_delta(&delta_in(100.0, 1, 2), None).unwrap_err();
     assert!(
         matches!(error, StoreError::WrongBase { version: 2, .. }),
         "{error}"
     );
     assert!(error.to_string().contains("stored version 1"), "{error}");
     // Skipping a version is refused before anything else.
-    let error = store.put_delta(&delta_in(0.0, 1, 3)).unwrap_err();
+    let error = store.put_delta(&delta_in(0.0, 1, 3), None).unwrap_err();
     assert!(matches!(
         error,
         StoreError::NotConsecutive {
@@ -148,7 +148,7 @@ fn a_delta_that_does_not_continue_the_store_is_refused() {
         }
     ));
     // A different artifact for a version already stored.
-    let error = store.put_delta(&delta_in(100.0, 0, 1)).unwrap_err();
+    let error = store.put_delta(&delta_in(100.0, 0, 1), None).unwrap_err();
     assert!(matches!(
         error,
         StoreError::Conflict {
@@ -181,7 +181,7 @@ fn a_damaged_artifact_is_refused_before_it_is_written() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 1;
     assert!(matches!(
-        store.put_delta(&bytes),
+        store.put_delta(&bytes, None),
         Err(StoreError::InvalidDelta(_))
     ));
     assert!(matches!(
@@ -351,7 +351,7 @@ fn a_crash_before_the_catalog_commit_leaves_nothing_served() {
     assert_eq!(files(&dir.path().join(DELTAS)).len(), 1);
     assert_eq!(files(&dir.path().join(SNAPSHOTS)).len(), 1);
     // The interrupted put can simply be retried.
-    store.put_delta(&orphan).unwrap();
+    store.put_delta(&orphan, None).unwrap();
     assert_eq!(store.delta(2).unwrap().bytes(), orphan.as_slice());
 }
 
@@ -535,7 +535,7 @@ fn catch_up_plans_consider_a_composed_delta_by_its_size() {
     let store = Store::open(dir.path()).unwrap();
     store.put_snapshot(0, &snapshot(0)).unwrap();
     for version in 1..=3 {
-        store.put_delta(&delta(version)).unwrap();
+        store.put_delta(&delta(version), None).unwrap();
     }
     let plan = store.composed_catch_up_plan(0, 3).unwrap();
     let composed = store.composed_records().unwrap()[&(0, 3)].size_bytes;
@@ -577,7 +577,7 @@ fn prune_keeps_only_composed_deltas_to_the_latest_version() {
     assert_eq!(files(&dir.path().join(COMPOSED)).len(), 1);
 
     // Once a newer version is stored, the old composed delta goes with the next prune.
-    store.put_delta(&delta(6)).unwrap();
+    store.put_delta(&delta(6), None).unwrap();
     let report = store.prune(0, &[1]).unwrap();
     assert_eq!(report.composed, vec![(1, 5)]);
     assert!(files(&dir.path().join(COMPOSED)).is_empty());
@@ -674,6 +674,7 @@ fn a_catalog_of_schema_1_is_upgraded_and_keeps_its_records() {
             .insert("version", 1)
             .unwrap();
         txn.delete_table(TrainerData::State.table()).unwrap();
+        replace_with_unsigned_deltas(&txn, &[]);
         txn.commit().unwrap();
     }
     let store = Store::open(dir.path()).unwrap();
@@ -727,4 +728,66 @@ fn a_catalog_of_another_schema_version_is_refused() {
             "{error}"
         );
     }
+}
+
+/// Makes the deltas table what it was before schema 3 (no signatures), holding `records`.
+fn replace_with_unsigned_deltas(txn: &redb::WriteTransaction, records: &[DeltaRecord]) {
+    txn.delete_table(crate::catalog::DELTA_TABLE).unwrap();
+    let mut table = txn
+        .open_table(crate::catalog::UNSIGNED_DELTA_TABLE)
+        .unwrap();
+    for r in records {
+        let value = (
+            r.base_version,
+            r.id.0,
+            r.base_hash.0,
+            r.target_hash.0,
+            r.size_bytes,
+        );
+        table.insert(r.version, value).unwrap();
+    }
+}
+
+#[test]
+fn a_delta_keeps_its_signature() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let signature = aurora_delta::ArtifactSignature([0x5a; 64]);
+    let signed = store.put_delta(&delta(1), Some(signature)).unwrap();
+    assert_eq!(signed.signature, Some(signature));
+    let unsigned = store.put_delta(&delta(2), None).unwrap();
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.delta_record(1).unwrap(), signed);
+    assert_eq!(store.delta_record(2).unwrap(), unsigned);
+    assert_eq!(store.records().unwrap().0[&1].signature, Some(signature));
+}
+
+#[test]
+fn a_catalog_of_schema_2_is_upgraded_and_its_deltas_stay_readable_unsigned() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 2);
+    let (records, _) = store.records().unwrap();
+    let records: Vec<DeltaRecord> = records.into_values().collect();
+    drop(store);
+    {
+        let db = Database::create(dir.path().join(CATALOG)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(SCHEMA_TABLE)
+            .unwrap()
+            .insert("version", 2)
+            .unwrap();
+        replace_with_unsigned_deltas(&txn, &records);
+        txn.commit().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    for record in &records {
+        assert_eq!(store.delta_record(record.version).unwrap(), *record);
+        assert_eq!(record.signature, None);
+        store.delta(record.version).unwrap();
+    }
+    // The upgraded catalog takes signed deltas.
+    let signature = aurora_delta::ArtifactSignature([1; 64]);
+    let third = store.put_delta(&delta(3), Some(signature)).unwrap();
+    assert_eq!(store.delta_record(3).unwrap(), third);
 }

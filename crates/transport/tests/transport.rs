@@ -11,7 +11,7 @@ use aurora_store::Store;
 use aurora_transport::{
     IdleEngine, NodeHandle, spawn_actor, spawn_hub, spawn_joining_actor, spawn_relay,
 };
-use util::{Chain, Fault, Proxy, active_at, config, within};
+use util::{Chain, Fault, Proxy, active_at, config, trainer_key, within};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -478,4 +478,64 @@ async fn a_wrong_token_is_refused_and_the_actor_never_subscribes() {
     .unwrap();
     assert!(!status.connected);
     assert_eq!(hub.status().subscribers, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_pinning_another_trainer_key_refuses_every_version_and_stages_none() {
+    let chain = Chain::new(2, 17);
+    let root = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(root.path()).unwrap());
+    let hub = hub(Some(store.clone())).await;
+    let hub_address = hub.local_addr().unwrap();
+    let engine = Arc::new(IdleEngine::default());
+    let mut impostor = config(Role::Actor, "pinned-elsewhere", &[hub_address]);
+    impostor.trainer_key = Some(aurora_delta::SigningKey::from_bytes(&[9; 32]).verifying_key());
+    let refusing = spawn_actor(impostor, chain.weights(0), engine.clone())
+        .await
+        .unwrap();
+    let honest_engine = Arc::new(IdleEngine::default());
+    let honest = spawn_actor(
+        config(Role::Actor, "honest", &[hub_address]),
+        chain.weights(0),
+        honest_engine.clone(),
+    )
+    .await
+    .unwrap();
+    within(LIMIT, "connect", honest.wait_for(|s| s.connected))
+        .await
+        .unwrap();
+    for version in 1..=2 {
+        chain.publish_live(&hub, version).await;
+    }
+    assert_eq!(
+        active_at(&honest, 2, "honest").await.active,
+        Some(chain.at(2))
+    );
+    let status = within(
+        LIMIT,
+        "the signatures are refused",
+        refusing.wait_for(|s| s.receiver.as_ref().is_some_and(|r| r.violations >= 2)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.active, Some(chain.at(0)));
+    assert_eq!(status.staged, None);
+    assert!(status.completed.is_empty());
+    assert!(engine.activations().is_empty());
+    // The store kept the hub's signature of every delta.
+    for version in 1..=2 {
+        let record = store.delta_record(version).unwrap();
+        let file = aurora_delta::DeltaFile::parse(chain.delta(version)).unwrap();
+        let statement = aurora_delta::Statement::artifact(
+            aurora_delta::ArtifactKind::Delta,
+            file.id,
+            file.header(),
+        );
+        aurora_delta::verify(
+            &trainer_key().verifying_key(),
+            &statement,
+            record.signature.as_ref(),
+        )
+        .unwrap();
+    }
 }

@@ -95,15 +95,19 @@ impl FleetCa {
             self.issuer.key().serialize_pem().as_bytes(),
             Access::Secret,
         )?;
-        files::write(&cert, self.cert_pem.as_bytes(), Access::Public)
+        Ok(files::write(
+            &cert,
+            self.cert_pem.as_bytes(),
+            Access::Public,
+        )?)
     }
 
     /// The CA in `dir`, as [`FleetCa::save`] wrote it.
     pub fn load(dir: &Path) -> Result<FleetCa, TrustError> {
         let cert_path = dir.join(CA_CERT);
         let key_path = dir.join(CA_KEY);
-        let cert_pem = files::read_text(&cert_path)?;
-        let key = KeyPair::from_pem(&files::read_text(&key_path)?).map_err(|source| {
+        let cert_pem = read_text(&cert_path)?;
+        let key = KeyPair::from_pem(&read_text(&key_path)?).map_err(|source| {
             TrustError::Certificate {
                 path: key_path.clone(),
                 source,
@@ -163,11 +167,23 @@ impl FleetCa {
     }
 }
 
+/// A PEM file's text.
+fn read_text(path: &Path) -> Result<String, TrustError> {
+    String::from_utf8(files::read(path)?).map_err(|_| TrustError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a PEM file (not text)"),
+    })
+}
+
 impl NodeCertificate {
     /// Writes the certificate and its key (mode 0600).
     pub fn save(&self, files: &NodeFiles) -> Result<(), TrustError> {
         files::write(&files.key, self.key_pem.as_bytes(), Access::Secret)?;
-        files::write(&files.cert, self.cert_pem.as_bytes(), Access::Public)
+        Ok(files::write(
+            &files.cert,
+            self.cert_pem.as_bytes(),
+            Access::Public,
+        )?)
     }
 }
 

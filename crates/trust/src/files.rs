@@ -1,58 +1,72 @@
 //! Writing key and certificate files: crash-safe (a temporary file, fsync, rename, then
-//! the directory's fsync) and, for secrets, readable by the owner alone from the moment
-//! the file exists (mode 0600 at creation, never a chmod after writing).
+//! the directory's fsync: a crash leaves the old file or the new one, never half a key)
+//! and, for secrets, readable by the owner alone from the moment the file exists (the
+//! temporary file is created with mode 0600, never chmod-ed after writing).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::TrustError;
+/// Permission bits of a private key file: its owner's alone.
+pub const PRIVATE_KEY_MODE: u32 = 0o600;
+/// Permission bits of a certificate or a public key.
+const PUBLIC_MODE: u32 = 0o644;
 
 /// Who may read a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Access {
-    /// A private key: the owner only (0600).
+    /// A private key: the owner only.
     Secret,
-    /// A certificate or a public key (0644).
+    /// A certificate or a public key.
     Public,
 }
 
-pub(crate) fn write(path: &Path, contents: &[u8], access: Access) -> Result<(), TrustError> {
-    let io = |source| TrustError::Io {
+/// A file operation that failed, and on which file.
+#[derive(Debug)]
+pub(crate) struct FileError {
+    pub path: PathBuf,
+    pub error: std::io::Error,
+}
+
+pub(crate) fn write(path: &Path, bytes: &[u8], access: Access) -> Result<(), FileError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |error| FileError { path, error }
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| FileError {
         path: path.to_path_buf(),
-        source,
-    };
-    let temporary = temporary_path(path);
+        error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+    })?;
+    let temporary = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    // A temporary file a crash left is ours to replace.
+    let _ = fs::remove_file(&temporary);
     let mode = match access {
-        Access::Secret => 0o600,
-        Access::Public => 0o644,
+        Access::Secret => PRIVATE_KEY_MODE,
+        Access::Public => PUBLIC_MODE,
     };
-    let mut file = OpenOptions::new()
+    let mut file = fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .open(&temporary)
-        .map_err(io)?;
-    file.write_all(contents).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    fs::rename(&temporary, path).map_err(io)?;
-    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-        File::open(dir).and_then(|dir| dir.sync_all()).map_err(io)?;
-    }
-    Ok(())
+        .map_err(io(&temporary))?;
+    file.write_all(bytes).map_err(io(&temporary))?;
+    file.sync_all().map_err(io(&temporary))?;
+    drop(file);
+    fs::rename(&temporary, path).map_err(io(path))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
 }
 
-pub(crate) fn read_text(path: &Path) -> Result<String, TrustError> {
-    fs::read_to_string(path).map_err(|source| TrustError::Io {
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, FileError> {
+    fs::read(path).map_err(|error| FileError {
         path: path.to_path_buf(),
-        source,
+        error,
     })
-}
-
-fn temporary_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    path.with_file_name(name)
 }

@@ -8,6 +8,7 @@
 pub mod certs;
 mod files;
 pub mod identity;
+pub mod signing;
 pub mod tls;
 
 use std::path::PathBuf;
@@ -15,6 +16,15 @@ use std::path::PathBuf;
 pub use certs::{FleetCa, NodeCertificate, NodeFiles};
 pub use identity::{Identity, IdentityError, Role};
 pub use tls::{NodeTls, TlsFiles, peer_identity};
+
+impl From<files::FileError> for TrustError {
+    fn from(files::FileError { path, error }: files::FileError) -> TrustError {
+        TrustError::Io {
+            path,
+            source: error,
+        }
+    }
+}
 
 /// Why trust material could not be created, read or used. Each names the file at fault.
 #[derive(Debug, thiserror::Error)]

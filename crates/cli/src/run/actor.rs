@@ -115,6 +115,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         upstreams: args.upstreams.clone(),
         token: args.token.clone(),
         streams: config.streams,
+        trainer_key: Some(super::trainer_key(&args.run_dir)?),
     };
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;
     let outcome = generate_forever(&config, &node, &engine).await;

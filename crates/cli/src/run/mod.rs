@@ -16,7 +16,7 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::TOKEN_VARIABLE;
@@ -100,6 +100,38 @@ pub enum NodeCommand {
     },
 }
 
+/// The trainer's signing key in a run directory, and its public half that every relay
+/// and actor of the run pins: `aurora run` is signed by default (docs/security.md).
+const SIGNING_KEY_FILE: &str = "trainer.key";
+const TRAINER_KEY_FILE: &str = "trainer.pub";
+
+/// Generates the run's trainer key unless the directory holds one (a resumed run keeps
+/// its key, so what its store holds stays verifiable).
+fn ensure_trainer_key(run_dir: &Path) -> Result<()> {
+    let private = run_dir.join(SIGNING_KEY_FILE);
+    if private.exists() {
+        return Ok(());
+    }
+    let key = aurora_trust::signing::generate()?;
+    aurora_trust::signing::write_public_key(&run_dir.join(TRAINER_KEY_FILE), &key.verifying_key())?;
+    aurora_trust::signing::write_signing_key(&private, &key)?;
+    Ok(())
+}
+
+/// The key the run's trainer signs with.
+fn signing_key(run_dir: &Path) -> Result<Arc<aurora_delta::SigningKey>> {
+    Ok(Arc::new(aurora_trust::signing::load_signing_key(
+        &run_dir.join(SIGNING_KEY_FILE),
+    )?))
+}
+
+/// The key every relay and actor of the run pins.
+fn trainer_key(run_dir: &Path) -> Result<aurora_delta::VerifyingKey> {
+    Ok(aurora_trust::signing::load_public_key(
+        &run_dir.join(TRAINER_KEY_FILE),
+    )?)
+}
+
 /// The control plane's settings for a run of seconds-long steps on one machine: short
 /// leases and a short heartbeat timeout, so a killed actor's prompts return quickly.
 pub fn control_config() -> Config {
@@ -174,6 +206,7 @@ fn relay(
         node.listen = Some(SocketAddr::new(bind, 0));
         node.upstreams = vec![upstream];
         node.streams = config.streams;
+        node.trainer_key = Some(trainer_key(run_dir)?);
         // It holds no weights: it takes the hub's newest snapshot over the wire.
         let handle = spawn_joining_relay(node).await?;
         let address = handle.local_addr().context("the relay has no address")?;
@@ -357,6 +390,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let run_dir = run_dir.canonicalize()?;
     config.save(&run_dir.join("config.toml"))?;
+    ensure_trainer_key(&run_dir)?;
     let token = blake3::hash(format!("{:?}{}", Instant::now(), std::process::id()).as_bytes())
         .to_hex()
         .to_string();

@@ -97,6 +97,7 @@ async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String)
         SyncMode::Full => Encoding::Dense,
     };
     settings.control = super::control_config();
+    settings.signing_key = Some(super::signing_key(run_dir)?);
     // The node opens the store and the control plane's journal as a crash left them, so
     // relays and actors reconnect while the trainer catches up below.
     let node = Arc::new(

@@ -34,7 +34,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn hello() -> Hello {
     Hello {
-        protocol_version: 1,
+        protocol_version: 2,
         flags: 0,
         role: Role::Actor,
         peer_id: "a1".into(),
@@ -63,7 +63,7 @@ fn hello_golden_bytes() {
             &[86, 0, 0, 0],               // length: type + body
             &[0x01],                      // type Hello
             b"AURORA\x00\x01",            // magic
-            &[1, 0],                      // protocol version 1
+            &[2, 0],                      // protocol version 2
             &[0, 0],                      // flags
             &[3],                         // role actor
             &[2, b'a', b'1'],             // peer id "a1"
@@ -83,7 +83,7 @@ fn hello_golden_bytes() {
 fn welcome_and_reject_golden_bytes() {
     golden(
         Frame::Welcome(Welcome {
-            protocol_version: 1,
+            protocol_version: 2,
             role: Role::Hub,
             peer_id: "h".into(),
             region: "".into(),
@@ -94,7 +94,7 @@ fn welcome_and_reject_golden_bytes() {
         &[
             &[26, 0, 0, 0],
             &[0x02],                      // type Welcome
-            &[1, 0],                      // protocol version
+            &[2, 0],                      // protocol version
             &[1],                         // role hub
             &[1, b'h'],                   // peer id
             &[0],                         // region ""
@@ -105,21 +105,24 @@ fn welcome_and_reject_golden_bytes() {
     );
     golden(
         Frame::Welcome(Welcome {
-            protocol_version: 1,
+            protocol_version: 2,
             role: Role::Relay,
             peer_id: "r".into(),
             region: "".into(),
             latest: None,
-            commit: Some(VersionRef {
-                version: 2,
-                hash: Hash([0x44; 32]),
+            commit: Some(Commit {
+                target: VersionRef {
+                    version: 2,
+                    hash: Hash([0x44; 32]),
+                },
+                signature: Some(ArtifactSignature([0x55; 64])),
             }),
             snapshot: None,
         }),
         &[
-            &[50, 0, 0, 0],
+            &[115, 0, 0, 0],
             &[0x02],                   // type Welcome
-            &[1, 0],                   // protocol version
+            &[2, 0],                   // protocol version
             &[2],                      // role relay
             &[1, b'r'],                // peer id
             &[0],                      // region ""
@@ -127,6 +130,8 @@ fn welcome_and_reject_golden_bytes() {
             &[1],                      // commit: some
             &[2, 0, 0, 0, 0, 0, 0, 0], // version 2
             &[0x44; 32],               // its weights hash
+            &[1],                      // signed:
+            &[0x55; 64],               // the trainer's signature of the commit
             &[0],                      // snapshot: none (a relay serves none)
         ],
     );
@@ -289,15 +294,35 @@ fn transfer_frames_golden_bytes() {
                 len: 3,
                 hash: Hash([0x11; 32]),
             }],
+            signature: Some(ArtifactSignature([0x66; 64])),
         },
         &[
-            &[81, 0, 0, 0],
+            &[146, 0, 0, 0],
             &[0x07],                   // type Seal
             &[7, 0, 0, 0, 0, 0, 0, 0], // version
             &[0x22; 32],               // artifact id
             &[1, 0, 0, 0],             // one segment
             &[3, 0, 0, 0],             // its length
             &[0x11; 32],               // its hash
+            &[1],                      // signed:
+            &[0x66; 64],               // the trainer's signature of the artifact
+        ],
+    );
+    // An unsigned deployment's Seal: the flag alone.
+    golden(
+        Frame::Seal {
+            version: 7,
+            id: Hash([0x22; 32]),
+            segments: Vec::new(),
+            signature: None,
+        },
+        &[
+            &[46, 0, 0, 0],
+            &[0x07],                   // type Seal
+            &[7, 0, 0, 0, 0, 0, 0, 0], // version
+            &[0x22; 32],               // artifact id
+            &[0, 0, 0, 0],             // no segments
+            &[0],                      // unsigned
         ],
     );
 }
@@ -329,17 +354,49 @@ fn small_frames_golden_bytes() {
         ],
     );
     golden(
-        Frame::Commit(VersionRef {
-            version: 8,
-            hash: Hash([0x33; 32]),
+        Frame::Commit(Commit {
+            target: VersionRef {
+                version: 8,
+                hash: Hash([0x33; 32]),
+            },
+            signature: Some(ArtifactSignature([0x77; 64])),
         }),
         &[
-            &[41, 0, 0, 0],
+            &[106, 0, 0, 0],
             &[0x0A],
             &[8, 0, 0, 0, 0, 0, 0, 0],
             &[0x33; 32],
+            &[1],        // signed:
+            &[0x77; 64], // the trainer's signature of the commit
         ],
     );
+    golden(
+        Frame::Commit(Commit {
+            target: VersionRef {
+                version: 8,
+                hash: Hash([0x33; 32]),
+            },
+            signature: None,
+        }),
+        &[
+            &[42, 0, 0, 0],
+            &[0x0A],
+            &[8, 0, 0, 0, 0, 0, 0, 0],
+            &[0x33; 32],
+            &[0],
+        ],
+    );
+    // A signature flag other than 0 or 1 is malformed.
+    let mut bad = Frame::Commit(Commit {
+        target: VersionRef::default(),
+        signature: None,
+    })
+    .to_bytes();
+    *bad.last_mut().unwrap() = 2;
+    assert!(matches!(
+        decode(&bad).unwrap_err(),
+        FrameError::Malformed { .. }
+    ));
     golden(
         Frame::Status {
             active: VersionRef {
@@ -506,6 +563,7 @@ fn segment_index_and_table_size_limits() {
         version: 1,
         id: Hash::default(),
         segments: Vec::new(),
+        signature: None,
     }
     .to_bytes();
     let count_at = PREFIX_BYTES + 8 + 32;
@@ -821,6 +879,20 @@ fn arb_version_ref() -> impl Strategy<Value = VersionRef> {
     (any::<u64>(), arb_hash()).prop_map(|(version, hash)| VersionRef { version, hash })
 }
 
+fn arb_signature() -> impl Strategy<Value = Option<ArtifactSignature>> {
+    prop::option::of(prop::array::uniform32(any::<u8>()).prop_map(|half| {
+        let mut bytes = [0u8; 64];
+        bytes[..32].copy_from_slice(&half);
+        bytes[32..].copy_from_slice(&half.map(|b| !b));
+        ArtifactSignature(bytes)
+    }))
+}
+
+fn arb_commit() -> impl Strategy<Value = Commit> {
+    (arb_version_ref(), arb_signature())
+        .prop_map(|(target, signature)| Commit { target, signature })
+}
+
 fn arb_role() -> impl Strategy<Value = Role> {
     prop_oneof![Just(Role::Hub), Just(Role::Relay), Just(Role::Actor)]
 }
@@ -885,7 +957,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             arb_name(),
             arb_name(),
             any::<Option<u64>>(),
-            prop::option::of(arb_version_ref()),
+            prop::option::of(arb_commit()),
             any::<Option<u64>>()
         )
             .prop_map(|(role, peer_id, region, latest, commit, snapshot)| {
@@ -959,20 +1031,22 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         (
             any::<u64>(),
             arb_hash(),
-            prop::collection::vec((0..=MAX_SEGMENT_BYTES, arb_hash()), 0..20)
+            prop::collection::vec((0..=MAX_SEGMENT_BYTES, arb_hash()), 0..20),
+            arb_signature()
         )
-            .prop_map(|(version, id, entries)| Frame::Seal {
+            .prop_map(|(version, id, entries, signature)| Frame::Seal {
                 version,
                 id,
                 segments: entries
                     .into_iter()
                     .map(|(len, hash)| SegmentEntry { len, hash })
-                    .collect()
+                    .collect(),
+                signature,
             }),
         (any::<u64>(), any::<u32>()).prop_map(|(version, index)| Frame::Nack { version, index }),
         (any::<u64>(), arb_text())
             .prop_map(|(version, reason)| Frame::Unavailable { version, reason }),
-        arb_version_ref().prop_map(Frame::Commit),
+        arb_commit().prop_map(Frame::Commit),
         (arb_version_ref(), any::<Option<u64>>(), arb_text()).prop_map(|(active, staged, note)| {
             Frame::Status {
                 active,

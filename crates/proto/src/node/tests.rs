@@ -112,10 +112,7 @@ fn a_revoked_segment_is_decoded_again_and_activation_waits_for_the_stale_decode(
     node.receiver_mut().unwrap().handle_frame(
         Instant::now(),
         1,
-        Frame::Commit(VersionRef {
-            version: 1,
-            hash: weights(1),
-        }),
+        Frame::Commit(crate::testutil::commit(1, None)),
     );
     let outputs = [outputs, poll(&mut node)].concat();
     assert!(outputs.contains(&Output::AwaitSafePoint));

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use aurora_delta::{DeltaHeader, Hash, Manifest, SegmentEntry};
+use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, Manifest, SegmentEntry};
 use bytes::{Bytes, BytesMut};
 
 use super::{Receiver, ReceiverEvent, Start};
@@ -23,6 +23,8 @@ pub(super) struct Assembly {
     pub(super) kind: Option<ArtifactKind>,
     pub(super) segments: Vec<Option<(Hash, Bytes)>>,
     pub(super) table: Option<(Hash, Vec<SegmentEntry>)>,
+    /// The signature the Seal carried with the table.
+    pub(super) signature: Option<ArtifactSignature>,
     pub(super) verified_table: bool,
     pub(super) failures: BTreeMap<u32, u32>,
     pub(super) held_bytes: u64,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use aurora_delta::{DeltaError, Hash};
+use aurora_delta::{DeltaError, Hash, SignatureError};
 
 use crate::frame::{ArtifactKind, PROTOCOL_VERSION, RejectCode, Role};
 use crate::snapshot::NotASnapshot;
@@ -106,6 +106,10 @@ pub enum Violation {
         index: u32,
         len: usize,
     },
+    /// A Seal or a Commit without the pinned trainer key's valid signature: altered,
+    /// stripped, or made by someone else (docs/security.md).
+    #[error("{0}")]
+    Signature(#[from] SignatureError),
 }
 
 /// What is wrong with an Offer's descriptor.

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use aurora_delta::{DeltaHeader, Hash, Manifest, SegmentEntry};
+use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, Manifest, SegmentEntry, Statement};
 use bytes::Bytes;
 
 use super::assembly::{SEGMENT_OVERHEAD_BYTES, SLOT_BYTES};
 use super::{DescriptorFault, Receiver, ReceiverEvent, SessionEnd, Start, Violation};
 use crate::ConnId;
-use crate::frame::{ArtifactKind, Frame, PROTOCOL_VERSION, Role, Welcome};
+use crate::frame::{ArtifactKind, Commit, Frame, PROTOCOL_VERSION, Role, Welcome};
 
 impl Receiver {
     pub fn handle_frame(&mut self, now: Instant, conn: ConnId, frame: Frame) {
@@ -50,11 +50,9 @@ impl Receiver {
                 version,
                 id,
                 segments,
-            } => self.on_seal(version, id, segments),
-            Frame::Commit(commit) => {
-                self.events.push_back(ReceiverEvent::Commit(commit));
-                Ok(())
-            }
+                signature,
+            } => self.on_seal(version, id, segments, signature),
+            Frame::Commit(commit) => self.on_commit(commit),
             Frame::Unavailable { version, reason } => {
                 Err(SessionEnd::Unavailable { version, reason })
             }
@@ -111,13 +109,28 @@ impl Receiver {
         s.streams[stream].welcomed = true;
         if s.upstream.is_none() {
             s.upstream = Some(welcome.clone());
-            if let Some(commit) = welcome.commit {
-                self.events.push_back(ReceiverEvent::Commit(commit));
+            self.events.push_back(ReceiverEvent::Connected {
+                upstream: welcome.clone(),
+            });
+            if let Some(commit) = welcome.commit
+                && let Err(reason) = self.on_commit(commit)
+            {
+                return self.lose_upstream(reason);
             }
-            self.events
-                .push_back(ReceiverEvent::Connected { upstream: welcome });
         }
         self.queue_want();
+    }
+
+    /// Reports a Commit, once its signature verifies where a trainer key is pinned: an
+    /// unsigned or forged one would make actors activate what the trainer never
+    /// committed.
+    pub(super) fn on_commit(&mut self, commit: Commit) -> Result<(), SessionEnd> {
+        if let Some(key) = &self.config.trainer_key {
+            aurora_delta::verify(key, &commit.statement(), commit.signature.as_ref())
+                .map_err(Violation::from)?;
+        }
+        self.events.push_back(ReceiverEvent::Commit(commit));
+        Ok(())
     }
 
     pub(super) fn window_check(&mut self, version: u64) -> Result<bool, SessionEnd> {
@@ -341,6 +354,7 @@ impl Receiver {
         version: u64,
         id: Hash,
         segments: Vec<SegmentEntry>,
+        signature: Option<ArtifactSignature>,
     ) -> Result<(), SessionEnd> {
         if !self.window_check(version)? {
             return Ok(());
@@ -350,6 +364,7 @@ impl Receiver {
             return Ok(());
         }
         assembly.table = Some((id, segments));
+        assembly.signature = signature;
         self.check_table(version)
     }
 
@@ -383,7 +398,8 @@ impl Receiver {
     }
 
     /// Once both descriptor and table are in: the table must hash to the id with the
-    /// header, and every segment already held must match it.
+    /// header, the trainer's signature (where a key is pinned) must vouch for the
+    /// artifact, and every segment already held must match the table.
     pub(super) fn check_table(&mut self, version: u64) -> Result<(), SessionEnd> {
         let assembly = self
             .assemblies
@@ -410,6 +426,18 @@ impl Receiver {
             self.drop_assemblies(&[version]);
             return Err(SessionEnd::WrongTable { version, id });
         }
+        if let Some(key) = &self.config.trainer_key {
+            // The kind is signed too: a delta never passes for a composed delta or a
+            // snapshot between the same versions, nor the other way round.
+            let kind = assembly.kind.expect("set with the descriptor");
+            let statement = Statement::artifact(kind, *id, header);
+            if let Err(error) = aurora_delta::verify(key, &statement, assembly.signature.as_ref()) {
+                // Descriptor, table and segments may all be the upstream's invention:
+                // nothing of the version is kept, and the next session asks afresh.
+                self.drop_assemblies(&[version]);
+                return Err(Violation::Signature(error).into());
+            }
+        }
         assembly.verified_table = true;
         let mut revoked = Vec::new();
         let mut freed = 0u64;
@@ -429,6 +457,7 @@ impl Receiver {
             version,
             id: *id,
             segments: entries.clone(),
+            signature: assembly.signature,
         };
         let count = entries.len();
         for index in revoked {

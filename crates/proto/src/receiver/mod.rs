@@ -16,6 +16,13 @@
 //! snapshot an upstream offers in its Welcome, wants it with the snapshot flag, and
 //! continues with the deltas after it like any other receiver.
 //!
+//! With a pinned trainer key ([`ReceiverConfig::trainer_key`]) a version is reported
+//! sealed, and so delivered, only when its Seal carries the trainer's signature over the
+//! artifact (kind, id, versions, weights hashes, encoding), and a Commit is reported
+//! only with the trainer's signature over it: an upstream that alters an artifact and
+//! re-hashes everything it can is caught at the Seal, and one that strips or forges a
+//! signature is given up like any other protocol violation.
+//!
 //! An actor's receiver accepts composed catch-up ([`Receiver::accept_composed`]): its
 //! Wants say so, and an upstream may answer one that is behind with a single composed
 //! delta from the weights of `next_version - 1` to a later version v (Offer kind 3,
@@ -27,11 +34,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaHeader, Hash, SegmentEntry};
+use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, SegmentEntry, VerifyingKey};
 use bytes::Bytes;
 
 use crate::frame::{
-    ArtifactKind, Frame, Hello, MAX_WANT_VERSIONS, PROTOCOL_VERSION, Progress, VersionRef, Welcome,
+    ArtifactKind, Commit, Frame, Hello, MAX_WANT_VERSIONS, PROTOCOL_VERSION, Progress, VersionRef,
+    Welcome,
 };
 use crate::tuner::StreamTuner;
 
@@ -62,6 +70,9 @@ pub struct ReceiverConfig {
     /// When set, the stream count is tuned ([`StreamTuner`]) at this interval: each
     /// session starts with one stream and opens more, up to `streams`, while they pay.
     pub tune_interval: Option<Duration>,
+    /// The trainer's public key, where the deployment signs: a Seal or a Commit without
+    /// its valid signature is a protocol violation, and nothing of it is delivered.
+    pub trainer_key: Option<VerifyingKey>,
 }
 
 impl ReceiverConfig {
@@ -75,6 +86,7 @@ impl ReceiverConfig {
             max_segment_failures: 8,
             idle_timeout: Duration::from_secs(10),
             tune_interval: None,
+            trainer_key: None,
         }
     }
 }
@@ -83,22 +95,13 @@ impl ReceiverConfig {
 pub enum ReceiverEvent {
     /// Open stream `stream` of the current session and report [`Receiver::connected`]
     /// (or [`Receiver::dial_failed`]).
-    Dial {
-        session: u64,
-        stream: u8,
-    },
+    Dial { session: u64, stream: u8 },
     /// Close `conn` (a stream of a session given up).
-    Close {
-        conn: ConnId,
-    },
+    Close { conn: ConnId },
     /// The upstream accepted the session.
-    Connected {
-        upstream: Welcome,
-    },
+    Connected { upstream: Welcome },
     /// The session is over; start another one, on another upstream if this one failed.
-    UpstreamLost {
-        reason: SessionEnd,
-    },
+    UpstreamLost { reason: SessionEnd },
     /// The descriptor of `version` arrived (relays publish a delta's downstream; actors
     /// may start decoding its segments against their weights).
     Offered {
@@ -116,22 +119,19 @@ pub enum ReceiverEvent {
         bytes: Bytes,
     },
     /// A segment forwarded earlier did not match the table that arrived later.
-    Revoked {
-        version: u64,
-        index: u32,
-    },
-    /// The table of `version` arrived and its hash is the artifact id.
+    Revoked { version: u64, index: u32 },
+    /// The table of `version` arrived, its hash is the artifact id, and (with a pinned
+    /// trainer key) the signature verifies; a relay forwards it as it came.
     Sealed {
         version: u64,
         id: Hash,
         segments: Vec<SegmentEntry>,
+        signature: Option<ArtifactSignature>,
     },
     /// `version` is complete and verified: the whole artifact, in version order.
-    Complete {
-        version: u64,
-        artifact: Artifact,
-    },
-    Commit(VersionRef),
+    Complete { version: u64, artifact: Artifact },
+    /// A Commit, its signature verified where a trainer key is pinned.
+    Commit(Commit),
 }
 
 /// Counters for benchmarks and tests.
@@ -145,6 +145,9 @@ pub struct ReceiverStats {
     pub corrupt: u64,
     pub nacks_sent: u64,
     pub sessions: u64,
+    /// Sessions ended by a protocol violation of the upstream (a missing or bad
+    /// signature among them).
+    pub violations: u64,
     /// Segment bytes received per stream index.
     pub stream_bytes: Vec<u64>,
 }
@@ -340,7 +343,12 @@ impl Receiver {
     }
 
     fn lose_upstream(&mut self, reason: SessionEnd) {
-        tracing::info!(%reason, "upstream lost");
+        if matches!(reason, SessionEnd::Violation(_)) {
+            self.stats.violations += 1;
+            tracing::warn!(%reason, "upstream broke the protocol");
+        } else {
+            tracing::info!(%reason, "upstream lost");
+        }
         self.end_session(&reason.to_string());
         self.events
             .push_back(ReceiverEvent::UpstreamLost { reason });

@@ -3,8 +3,9 @@ use std::time::Duration;
 use super::*;
 use crate::frame::Role;
 use crate::testutil::{
-    Pair, artifact, composed_artifact, connected, connected_composed, connected_joining, frames,
-    frames_of, hub_welcome, joining_receiver, receiver, sender, snapshot_artifact,
+    Pair, artifact, artifact_signature, commit, composed_artifact, connected, connected_composed,
+    connected_joining, connected_pinned, frames, frames_of, hub_welcome, joining_receiver,
+    pinned_receiver, receiver, sender, signed_frames, snapshot_artifact, trainer_key,
 };
 
 fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
@@ -300,7 +301,8 @@ fn a_held_bytes_limit_bounds_memory() {
 #[test]
 fn a_new_session_after_a_lost_upstream_resumes_without_duplicates() {
     let mut s = sender();
-    s.insert_artifact(artifact(1, 12).0).unwrap();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 12).0))
+        .unwrap();
     let mut pair = Pair::new(s, receiver(2, 1));
     assert_eq!(pair.complete().len(), 1);
     assert_eq!(pair.receiver.stats().duplicates, 0);
@@ -323,7 +325,9 @@ fn a_new_session_after_a_lost_upstream_resumes_without_duplicates() {
     pair.pump();
     // Another upstream with the whole of version 2.
     let mut other = sender();
-    other.insert_artifact(bytes.clone()).unwrap();
+    other
+        .insert_artifact(crate::StoredArtifact::unsigned(bytes.clone()))
+        .unwrap();
     pair.sender = other;
     pair.receiver.start_session(pair.now, 78);
     pair.pump();
@@ -542,7 +546,10 @@ fn rejoining_forgets_the_snapshot_and_takes_the_next_offer() {
     let (bytes, _) = snapshot_artifact(3, 4);
     let mut pair = Pair::new(s, joining_receiver(1));
     pair.sender
-        .loaded(crate::ArtifactKey::Snapshot(3), Ok(bytes.clone()))
+        .loaded(
+            crate::ArtifactKey::Snapshot(3),
+            Ok(crate::StoredArtifact::unsigned(bytes.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(3, bytes.clone())]);
@@ -552,13 +559,19 @@ fn rejoining_forgets_the_snapshot_and_takes_the_next_offer() {
     pair.receiver.abandon("refused");
     pair.pump();
     s = crate::testutil::store_sender(3, 3);
-    s.loaded(crate::ArtifactKey::Snapshot(3), Ok(bytes.clone()))
-        .unwrap();
+    s.loaded(
+        crate::ArtifactKey::Snapshot(3),
+        Ok(crate::StoredArtifact::unsigned(bytes.clone())),
+    )
+    .unwrap();
     pair.sender = s;
     pair.receiver.start_session(pair.now, 90);
     pair.pump();
     pair.sender
-        .loaded(crate::ArtifactKey::Snapshot(3), Ok(bytes.clone()))
+        .loaded(
+            crate::ArtifactKey::Snapshot(3),
+            Ok(crate::StoredArtifact::unsigned(bytes.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(3, bytes.clone()), (3, bytes)]);
@@ -654,4 +667,157 @@ fn an_offer_of_the_other_kind_for_a_held_version_drops_it_and_ends_the_session()
     lost(&mut r, "version 8 is now offered as a composed delta");
     assert!(!r.assemblies.contains_key(&8), "parts of D(8) are dropped");
     assert_eq!(r.held_bytes, 0);
+}
+
+/// Whether the session ended on a signature that does not vouch for what it came with.
+fn refused_signature(events: &[ReceiverEvent]) -> bool {
+    events.iter().any(|e| {
+        matches!(
+            e,
+            ReceiverEvent::UpstreamLost {
+                reason: SessionEnd::Violation(Violation::Signature(_))
+            }
+        )
+    })
+}
+
+#[test]
+fn a_signed_seal_is_delivered_and_its_signature_passed_on() {
+    let mut r = connected_pinned();
+    let (bytes, _) = artifact(1, 3);
+    let key = trainer_key();
+    for frame in signed_frames(&bytes, ArtifactKind::Delta, Some(&key)) {
+        r.handle_frame(Instant::now(), 1, frame);
+    }
+    let (events, _) = drain(&mut r);
+    assert_eq!(completed(&events), [(1, bytes.clone())]);
+    let signature = artifact_signature(&key, &bytes, ArtifactKind::Delta);
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::Sealed { signature: Some(s), .. } if *s == signature
+    )));
+    assert_eq!(r.stats().violations, 0);
+}
+
+#[test]
+fn a_seal_without_its_valid_signature_is_refused_and_nothing_delivered() {
+    let (bytes, _) = artifact(1, 3);
+    let key = trainer_key();
+    let other_key = aurora_delta::SigningKey::from_bytes(&[7; 32]);
+    let (other_artifact, _) = artifact(1, 2);
+    let (next_version, _) = artifact(2, 3);
+    let cases = [
+        ("missing", None),
+        (
+            "by another key",
+            Some(artifact_signature(&other_key, &bytes, ArtifactKind::Delta)),
+        ),
+        (
+            "of another artifact of the same version",
+            Some(artifact_signature(
+                &key,
+                &other_artifact,
+                ArtifactKind::Delta,
+            )),
+        ),
+        (
+            "of another version",
+            Some(artifact_signature(&key, &next_version, ArtifactKind::Delta)),
+        ),
+        (
+            "of the same bytes as another kind",
+            Some(artifact_signature(&key, &bytes, ArtifactKind::Composed)),
+        ),
+    ];
+    for (case, signature) in cases {
+        let mut r = connected_pinned();
+        let mut all = frames(&bytes);
+        if let Frame::Seal { signature: s, .. } = &mut all[1] {
+            *s = signature;
+        }
+        // Segments first (cut-through), then the Offer and the Seal.
+        all.rotate_left(2);
+        for frame in all {
+            r.handle_frame(Instant::now(), 1, frame);
+        }
+        let (events, _) = drain(&mut r);
+        assert!(refused_signature(&events), "{case}: {events:?}");
+        assert!(
+            !events.iter().any(|e| matches!(
+                e,
+                ReceiverEvent::Sealed { .. } | ReceiverEvent::Complete { .. }
+            )),
+            "{case}: reported sealed or complete"
+        );
+        assert_eq!(r.stats().violations, 1, "{case}");
+        assert_eq!(r.held_bytes, 0, "{case}: what was held of it is dropped");
+        assert!(r.assemblies.is_empty(), "{case}");
+    }
+}
+
+#[test]
+fn an_unpinned_receiver_takes_unsigned_artifacts() {
+    let mut r = connected(1);
+    let (bytes, _) = artifact(1, 2);
+    for frame in frames(&bytes) {
+        r.handle_frame(Instant::now(), 1, frame);
+    }
+    let (events, _) = drain(&mut r);
+    assert_eq!(completed(&events), [(1, bytes)]);
+}
+
+#[test]
+fn a_commit_without_its_valid_signature_is_refused() {
+    let key = trainer_key();
+    let other_key = aurora_delta::SigningKey::from_bytes(&[7; 32]);
+    let signed = commit(5, Some(&key));
+    let mut r = connected_pinned();
+    r.handle_frame(Instant::now(), 1, Frame::Commit(signed));
+    let (events, _) = drain(&mut r);
+    assert!(events.contains(&ReceiverEvent::Commit(signed)));
+    // A replayed older commit is authentic and reported: the actor core ignores a
+    // commit at or below one it has (`ActorCore::commit`). Its signature on a newer
+    // version, though, is a forgery.
+    let replayed = crate::Commit {
+        signature: commit(3, Some(&key)).signature,
+        ..commit(6, None)
+    };
+    let cases = [
+        ("missing", commit(6, None)),
+        ("by another key", commit(6, Some(&other_key))),
+        ("of an older commit", replayed),
+    ];
+    for (case, forged) in cases {
+        let mut r = connected_pinned();
+        r.handle_frame(Instant::now(), 1, Frame::Commit(forged));
+        let (events, _) = drain(&mut r);
+        assert!(refused_signature(&events), "{case}: {events:?}");
+        assert!(
+            !events.iter().any(|e| matches!(e, ReceiverEvent::Commit(_))),
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn a_welcome_with_an_unsigned_commit_is_refused() {
+    let now = Instant::now();
+    let mut r = pinned_receiver(1, 1, Some(trainer_key().verifying_key()));
+    r.start_session(now, 5);
+    r.connected(now, 5, 0, 1);
+    let Frame::Welcome(mut welcome) = hub_welcome(None) else {
+        unreachable!()
+    };
+    welcome.commit = Some(commit(4, None));
+    r.handle_frame(now, 1, Frame::Welcome(welcome.clone()));
+    let (events, _) = drain(&mut r);
+    assert!(refused_signature(&events), "{events:?}");
+    assert!(!events.iter().any(|e| matches!(e, ReceiverEvent::Commit(_))));
+
+    r.start_session(now, 6);
+    r.connected(now, 6, 0, 2);
+    welcome.commit = Some(commit(4, Some(&trainer_key())));
+    r.handle_frame(now, 2, Frame::Welcome(welcome));
+    let (events, _) = drain(&mut r);
+    assert!(events.contains(&ReceiverEvent::Commit(commit(4, Some(&trainer_key())))));
 }

@@ -4,10 +4,15 @@
 //! loaded on demand ([`SenderEvent::Load`]), answered by [`Sender::loaded`], and evicted
 //! by one rule: deltas beyond the retained window, the others once no session is served
 //! them (a snapshot is a whole checkpoint; a composed delta serves only its base).
+//!
+//! Each artifact is held with the trainer's signature, served in its Seal as it came:
+//! a sender cannot make one. A sender with a pinned trainer key
+//! ([`super::SenderConfig::trainer_key`]) refuses an artifact whose signature is
+//! missing or does not verify, so a signed deployment never serves an unsigned one.
 
 use std::fmt;
 
-use aurora_delta::{DeltaFile, DeltaHeader, Hash, SegmentEntry};
+use aurora_delta::{ArtifactSignature, DeltaFile, DeltaHeader, Hash, SegmentEntry, Statement};
 use bytes::Bytes;
 
 use super::{Sender, SenderError, SenderEvent};
@@ -77,10 +82,34 @@ impl fmt::Display for ArtifactKey {
     }
 }
 
+/// A complete artifact's bytes as a store holds them, with the trainer's signature.
+#[derive(Debug, Clone)]
+pub struct StoredArtifact {
+    pub bytes: Bytes,
+    pub signature: Option<ArtifactSignature>,
+}
+
+impl StoredArtifact {
+    /// An artifact of an unsigned deployment (or one a sender with a pinned key refuses).
+    pub fn unsigned(bytes: Bytes) -> StoredArtifact {
+        StoredArtifact {
+            bytes,
+            signature: None,
+        }
+    }
+}
+
 pub(super) struct Artifact {
     pub(super) descriptor: Bytes,
     pub(super) segments: Vec<Option<(Hash, Bytes)>>,
-    pub(super) seal: Option<(Hash, Vec<SegmentEntry>)>,
+    pub(super) seal: Option<Seal>,
+}
+
+/// What an artifact's Seal carries: its id, its table and the signature over both.
+pub(super) struct Seal {
+    pub(super) id: Hash,
+    pub(super) segments: Vec<SegmentEntry>,
+    pub(super) signature: Option<ArtifactSignature>,
 }
 
 impl Artifact {
@@ -145,8 +174,9 @@ impl Sender {
                 count: index as usize + 1,
             });
         }
-        if let Some((_, entries)) = &artifact.seal
-            && entries
+        if let Some(seal) = &artifact.seal
+            && seal
+                .segments
                 .get(index as usize)
                 .is_none_or(|e| e.hash != hash || e.len as usize != bytes.len())
         {
@@ -172,13 +202,16 @@ impl Sender {
         }
     }
 
-    /// Closes a version being published with its segment table and artifact id.
+    /// Closes a version being published with its segment table, artifact id and the
+    /// trainer's signature.
     pub fn seal_artifact(
         &mut self,
         version: u64,
         id: Hash,
         segments: Vec<SegmentEntry>,
+        signature: Option<ArtifactSignature>,
     ) -> Result<(), SenderError> {
+        let trainer_key = self.config.trainer_key;
         let artifact = self
             .artifacts
             .get_mut(&ArtifactKey::Delta(version))
@@ -201,6 +234,11 @@ impl Sender {
                 claimed: id,
             });
         }
+        if let Some(key) = &trainer_key {
+            let header = parse_descriptor(&artifact.descriptor)?;
+            let statement = Statement::artifact(ArtifactKind::Delta, id, &header);
+            aurora_delta::verify(key, &statement, signature.as_ref())?;
+        }
         if artifact.segments.len() > segments.len() {
             return Err(SenderError::SegmentMismatch {
                 version,
@@ -217,35 +255,39 @@ impl Sender {
                 });
             }
         }
-        artifact.seal = Some((id, segments));
+        artifact.seal = Some(Seal {
+            id,
+            segments,
+            signature,
+        });
         Ok(())
     }
 
-    /// Publishes a complete delta artifact (from a store): its structure and manifest
-    /// hash are checked here, its segment hashes by the store that read it.
-    pub fn insert_artifact(&mut self, bytes: Bytes) -> Result<u64, SenderError> {
-        let file = DeltaFile::parse(&bytes)?;
+    /// Publishes a complete delta artifact (from a store): its structure, manifest
+    /// hash and signature are checked here, its segment hashes by the store that read it.
+    pub fn insert_artifact(&mut self, artifact: StoredArtifact) -> Result<u64, SenderError> {
+        let file = DeltaFile::parse(&artifact.bytes)?;
         let version = file.header().target_version;
-        self.insert(ArtifactKey::Delta(version), &bytes, &file)?;
+        self.insert(ArtifactKey::Delta(version), &artifact, &file)?;
         Ok(version)
     }
 
-    /// The driver's answer to [`SenderEvent::Load`]: the artifact's bytes, or why there
-    /// are none. Its structure and manifest hash are checked here, its segment hashes by
-    /// the store that read or built it. Without it, the sessions that want it are told it
+    /// The driver's answer to [`SenderEvent::Load`]: the artifact's bytes and signature,
+    /// or why there are none. Its structure, manifest hash and signature are checked
+    /// here, its segment hashes by the store that read or built it. Without it, the sessions that want it are told it
     /// is unavailable, except a composed delta's, which replay the deltas (the driver
     /// declines one when replaying costs fewer bytes); the error says why.
     pub fn loaded(
         &mut self,
         key: ArtifactKey,
-        bytes: Result<Bytes, String>,
+        artifact: Result<StoredArtifact, String>,
     ) -> Result<(), SenderError> {
         self.loading.remove(&key);
-        let inserted = bytes
+        let inserted = artifact
             .map_err(|reason| SenderError::NotLoaded { key, reason })
-            .and_then(|bytes| {
-                let file = DeltaFile::parse(&bytes)?;
-                self.insert(key, &bytes, &file)
+            .and_then(|artifact| {
+                let file = DeltaFile::parse(&artifact.bytes)?;
+                self.insert(key, &artifact, &file)
             });
         if let Err(error) = &inserted {
             let why = match error {
@@ -260,18 +302,24 @@ impl Sender {
     fn insert(
         &mut self,
         key: ArtifactKey,
-        bytes: &Bytes,
+        artifact: &StoredArtifact,
         file: &DeltaFile<'_>,
     ) -> Result<(), SenderError> {
         key.check(file.header())?;
         if let ArtifactKey::Delta(version) = key {
             // A delta may be held in part (published cut-through): its descriptor and
-            // any segment held must match, and the table seals it.
+            // any segment held must match, and the table (with the signature) seals it.
             if self.artifacts.get(&key).is_none_or(|a| a.seal.is_none()) {
-                let (descriptor, segments) = stored_parts(bytes, file);
+                let (descriptor, segments) = stored_parts(&artifact.bytes, file);
                 self.begin(descriptor)?;
                 self.artifacts.get_mut(&key).expect("just begun").segments = segments;
-                self.seal_artifact(version, file.id, file.manifest.segments.clone())?;
+                let table = file.manifest.segments.clone();
+                if let Err(error) = self.seal_artifact(version, file.id, table, artifact.signature)
+                {
+                    // Nothing of a refused artifact is served.
+                    self.artifacts.remove(&key);
+                    return Err(error);
+                }
             }
         } else {
             if file.segment_count() > MAX_TRANSFER_SEGMENTS as usize {
@@ -279,14 +327,22 @@ impl Sender {
                     count: file.segment_count(),
                 });
             }
-            let (descriptor, segments) = stored_parts(bytes, file);
+            if let Some(trainer_key) = &self.config.trainer_key {
+                let statement = Statement::artifact(key.kind(), file.id, file.header());
+                aurora_delta::verify(trainer_key, &statement, artifact.signature.as_ref())?;
+            }
+            let (descriptor, segments) = stored_parts(&artifact.bytes, file);
             self.unavailable.remove(&key);
             self.artifacts.insert(
                 key,
                 Artifact {
                     descriptor,
                     segments,
-                    seal: Some((file.id, file.manifest.segments.clone())),
+                    seal: Some(Seal {
+                        id: file.id,
+                        segments: file.manifest.segments.clone(),
+                        signature: artifact.signature,
+                    }),
                 },
             );
         }

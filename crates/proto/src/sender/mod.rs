@@ -37,13 +37,13 @@ mod subscribe;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaError, Hash};
+use aurora_delta::{DeltaError, Hash, SignatureError, VerifyingKey};
 
 use self::artifacts::Artifact;
-pub use self::artifacts::ArtifactKey;
+pub use self::artifacts::{ArtifactKey, StoredArtifact};
 pub use self::auth::Auth;
 use self::session::{Conn, Session, next_artifact_frame};
-use crate::frame::{Frame, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
+use crate::frame::{Commit, Frame, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
 use crate::snapshot::NotASnapshot;
 use crate::{ConnId, Identity};
 
@@ -68,6 +68,10 @@ pub struct SenderConfig {
     pub handshake_timeout: Duration,
     pub keepalive_interval: Duration,
     pub stall_timeout: Duration,
+    /// The trainer's public key, where the deployment signs: every artifact and Commit
+    /// this sender is given must carry the trainer's signature, or it is refused and
+    /// never served (docs/security.md).
+    pub trainer_key: Option<VerifyingKey>,
 }
 
 impl SenderConfig {
@@ -85,6 +89,7 @@ impl SenderConfig {
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(2),
             stall_timeout: Duration::from_secs(30),
+            trainer_key: None,
         }
     }
 }
@@ -156,6 +161,8 @@ pub enum SenderError {
     Conflict { version: u64 },
     #[error("version {version} is not being published")]
     UnknownVersion { version: u64 },
+    #[error("refused: {0}")]
+    Signature(#[from] SignatureError),
 }
 
 /// Counters for benchmarks and tests.
@@ -185,7 +192,7 @@ pub struct Sender {
     /// Artifacts that cannot be served, with why: sessions wanting one are told it is
     /// unavailable, except those of a composed delta, which replay the deltas instead.
     unavailable: BTreeMap<ArtifactKey, String>,
-    commit: Option<VersionRef>,
+    commit: Option<Commit>,
     sessions: HashMap<u64, Session>,
     conns: BTreeMap<ConnId, Conn>,
     /// Round-robin start for [`Sender::poll_transmit`].
@@ -261,21 +268,30 @@ impl Sender {
     /// it would be ahead of the step its actors are to generate on); none where there
     /// is no store to build one from.
     fn snapshot_offer(&self) -> Option<u64> {
-        let committed = self.commit.map_or(u64::MAX, |commit| commit.version);
+        let committed = self.commit.map_or(u64::MAX, |commit| commit.target.version);
         let offer = self.snapshots_stored.range(..=committed).next_back();
         offer.copied().filter(|_| self.config.store_backed)
     }
 
-    /// Announces a commit to every session, now and at every later handshake.
-    pub fn commit(&mut self, commit: VersionRef) {
-        if self.commit.is_some_and(|c| c.version >= commit.version) {
-            return;
+    /// Announces a commit to every session, now and at every later handshake, with its
+    /// signature as it came (a relay cannot sign). With a pinned trainer key, a commit
+    /// whose signature is missing or does not verify is refused.
+    pub fn commit(&mut self, commit: Commit) -> Result<(), SenderError> {
+        if let Some(key) = &self.config.trainer_key {
+            aurora_delta::verify(key, &commit.statement(), commit.signature.as_ref())?;
+        }
+        if self
+            .commit
+            .is_some_and(|c| c.target.version >= commit.target.version)
+        {
+            return Ok(());
         }
         self.commit = Some(commit);
         let ids: Vec<u64> = self.sessions.keys().copied().collect();
         for id in ids {
             self.queue_control(id, Frame::Commit(commit));
         }
+        Ok(())
     }
 
     pub fn poll_event(&mut self) -> Option<SenderEvent> {

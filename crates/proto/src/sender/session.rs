@@ -123,14 +123,15 @@ pub(super) fn next_artifact_frame(
             descriptor: artifact.descriptor.clone(),
         });
     }
-    if let Some((id, entries)) = &artifact.seal
+    if let Some(seal) = &artifact.seal
         && !state.seal_sent
     {
         state.seal_sent = true;
         return Some(Frame::Seal {
             version,
-            id: *id,
-            segments: entries.clone(),
+            id: seal.id,
+            segments: seal.segments.clone(),
+            signature: seal.signature,
         });
     }
     while state.cursor < artifact.segments.len() && state.state(state.cursor) != SegState::Unsent {

@@ -151,8 +151,8 @@ impl Sender {
                 conn,
                 RejectCode::Version,
                 format!(
-                    "protocol version {} is not supported (this peer speaks {PROTOCOL_VERSION})",
-                    hello.protocol_version
+                    "protocol version {} is not supported: this {} speaks version {PROTOCOL_VERSION} (signed versions); upgrade the {} to the same aurora release",
+                    hello.protocol_version, self.config.identity.role, hello.role
                 ),
             );
         }

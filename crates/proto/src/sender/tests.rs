@@ -11,8 +11,9 @@ use super::*;
 use crate::frame::{ArtifactKind, Hello, PROTOCOL_VERSION, Progress, RejectCode};
 use crate::receiver::ReceiverEvent;
 use crate::testutil::{
-    Pair, TOKEN, artifact, composed_artifact, composed_receiver, identity, joining_receiver,
-    receiver, sender, snapshot_artifact, store_sender, weights,
+    Pair, TOKEN, artifact, artifact_signature, commit, composed_artifact, composed_receiver,
+    identity, joining_receiver, receiver, sender, snapshot_artifact, store_sender, trainer_key,
+    weights,
 };
 
 fn hello(session: u64, stream: u8, streams: u8) -> Hello {
@@ -105,6 +106,14 @@ fn handshakes_are_checked() {
     let mut old = hello(1, 0, 1);
     old.protocol_version = 9;
     refused(handshake(&mut s, 1, old), RejectCode::Version, "version 9");
+    // A peer of version 1 (before signatures) is told what to upgrade.
+    let mut unsigned = hello(1, 0, 1);
+    unsigned.protocol_version = 1;
+    refused(
+        handshake(&mut s, 9, unsigned),
+        RejectCode::Version,
+        "upgrade the actor",
+    );
     let mut flagged = hello(1, 0, 1);
     flagged.flags = 4;
     refused(handshake(&mut s, 2, flagged), RejectCode::Refused, "flags");
@@ -189,7 +198,8 @@ fn a_handshake_that_never_comes_is_closed() {
 fn segments_are_striped_over_the_streams_and_complete_in_order() {
     let mut s = sender();
     for version in 1..=3 {
-        s.insert_artifact(artifact(version, 10).0).unwrap();
+        s.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 10).0))
+            .unwrap();
     }
     let pair = Pair::new(s, receiver(4, 1));
     let complete = pair.complete();
@@ -216,7 +226,8 @@ fn segments_are_striped_over_the_streams_and_complete_in_order() {
 #[test]
 fn a_window_bounds_what_the_driver_holds_and_a_stalled_session_is_dropped() {
     let mut s = sender();
-    s.insert_artifact(artifact(1, 20).0).unwrap();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 20).0))
+        .unwrap();
     let now = Instant::now();
     welcomed(&mut s, now);
     s.handle_frame(now, 1, want(1, 1, false, vec![]));
@@ -255,7 +266,8 @@ fn idle_connections_get_keepalives() {
 #[test]
 fn a_want_resumes_with_only_the_missing_segments() {
     let mut s = sender();
-    s.insert_artifact(artifact(1, 8).0).unwrap();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 8).0))
+        .unwrap();
     let now = Instant::now();
     welcomed(&mut s, now);
     s.handle_frame(
@@ -276,7 +288,8 @@ fn a_want_resumes_with_only_the_missing_segments() {
 #[test]
 fn a_want_overtaken_by_a_later_one_is_ignored() {
     let mut s = sender();
-    s.insert_artifact(artifact(1, 4).0).unwrap();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 4).0))
+        .unwrap();
     let now = Instant::now();
     welcomed(&mut s, now);
     s.handle_frame(now, 1, want(2, 1, false, vec![holding(1, vec![0..3])]));
@@ -291,7 +304,8 @@ fn a_want_overtaken_by_a_later_one_is_ignored() {
 #[test]
 fn a_nack_resends_that_segment() {
     let mut s = sender();
-    s.insert_artifact(artifact(1, 3).0).unwrap();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 3).0))
+        .unwrap();
     let now = Instant::now();
     welcomed(&mut s, now);
     s.handle_frame(now, 1, want(1, 1, false, vec![]));
@@ -325,7 +339,8 @@ fn a_nack_resends_that_segment() {
 fn a_nack_for_a_segment_never_held_is_ignored_whatever_its_index() {
     // Found by fuzzing: a hostile index used to size a per-segment table.
     let mut s = sender();
-    s.insert_artifact(artifact(1, 2).0).unwrap();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 2).0))
+        .unwrap();
     let now = Instant::now();
     welcomed(&mut s, now);
     let have = vec![0..2, MAX_TRANSFER_SEGMENTS - 1..MAX_TRANSFER_SEGMENTS];
@@ -342,7 +357,9 @@ fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
     let mut relay = sender();
     relay.config.retain_versions = 2;
     for version in 1..=4 {
-        relay.insert_artifact(artifact(version, 2).0).unwrap();
+        relay
+            .insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
+            .unwrap();
     }
     let pair = Pair::new(relay, receiver(1, 1));
     assert!(lost_upstream(
@@ -354,7 +371,8 @@ fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
     hub.config.store_backed = true;
     hub.config.retain_versions = 2;
     for version in 1..=4 {
-        hub.insert_artifact(artifact(version, 2).0).unwrap();
+        hub.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
+            .unwrap();
     }
     hub.set_loadable(Some(4));
     let mut pair = Pair::new(hub, receiver(1, 1));
@@ -363,9 +381,13 @@ fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
             .contains(&SenderEvent::Load(ArtifactKey::Delta(1)))
     );
     assert!(pair.complete().is_empty(), "waits for the load");
-    pair.sender.insert_artifact(artifact(1, 2).0).unwrap();
+    pair.sender
+        .insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 2).0))
+        .unwrap();
     pair.pump();
-    pair.sender.insert_artifact(artifact(2, 2).0).unwrap();
+    pair.sender
+        .insert_artifact(crate::StoredArtifact::unsigned(artifact(2, 2).0))
+        .unwrap();
     pair.pump();
     assert_eq!(
         pair.complete().iter().map(|(v, _)| *v).collect::<Vec<_>>(),
@@ -412,7 +434,7 @@ fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     }
     assert!(pair.complete().is_empty());
     pair.sender
-        .seal_artifact(1, manifest.id(), manifest.segments.clone())
+        .seal_artifact(1, manifest.id(), manifest.segments.clone(), None)
         .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(1, bytes)]);
@@ -425,13 +447,13 @@ fn a_table_that_does_not_match_is_refused() {
     let mut s = sender();
     s.begin_artifact(Bytes::from(head)).unwrap();
     let error = s
-        .seal_artifact(1, Hash::default(), manifest.segments.clone())
+        .seal_artifact(1, Hash::default(), manifest.segments.clone(), None)
         .unwrap_err();
     assert!(error.to_string().contains("hashes to id"));
     s.add_segment(1, 0, weights(9), Bytes::from_static(b"x"))
         .unwrap();
     let error = s
-        .seal_artifact(1, manifest.id(), manifest.segments.clone())
+        .seal_artifact(1, manifest.id(), manifest.segments.clone(), None)
         .unwrap_err();
     assert!(
         error
@@ -453,11 +475,8 @@ fn a_table_that_does_not_match_is_refused() {
 #[test]
 fn commits_reach_every_session_and_later_handshakes() {
     let mut pair = Pair::new(sender(), receiver(2, 1));
-    let commit = VersionRef {
-        version: 3,
-        hash: weights(3),
-    };
-    pair.sender.commit(commit);
+    let commit = commit(3, None);
+    pair.sender.commit(commit).unwrap();
     pair.pump();
     assert_eq!(
         pair.events
@@ -500,7 +519,8 @@ fn kinds(pair: &Pair) -> Vec<(u64, ArtifactKind)> {
 fn a_join_session_gets_the_snapshot_then_the_deltas_after_it() {
     let mut hub = store_sender(4, 2);
     for version in 1..=4 {
-        hub.insert_artifact(artifact(version, 3).0).unwrap();
+        hub.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 3).0))
+            .unwrap();
     }
     let mut pair = Pair::new(hub, joining_receiver(2));
     assert!(
@@ -511,7 +531,10 @@ fn a_join_session_gets_the_snapshot_then_the_deltas_after_it() {
     assert!(pair.complete().is_empty(), "waits for the load");
     let (bytes, _) = snapshot_artifact(2, 6);
     pair.sender
-        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .loaded(
+            ArtifactKey::Snapshot(2),
+            Ok(crate::StoredArtifact::unsigned(bytes.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(
@@ -551,10 +574,7 @@ fn the_welcome_offers_the_newest_committed_snapshot_and_a_relay_none() {
     // of the step its actors generate on (a restart can leave newer snapshots stored).
     let mut hub = store_sender(9, 5);
     hub.set_snapshots([0, 3, 6]);
-    hub.commit(VersionRef {
-        version: 5,
-        hash: weights(5),
-    });
+    hub.commit(commit(5, None)).unwrap();
     assert_eq!(welcome(&mut hub), Some(3));
     let mut relay = sender();
     relay.set_snapshots([5]);
@@ -564,7 +584,9 @@ fn the_welcome_offers_the_newest_committed_snapshot_and_a_relay_none() {
 #[test]
 fn a_relay_answers_a_snapshot_want_with_unavailable() {
     let mut relay = sender();
-    relay.insert_artifact(artifact(3, 2).0).unwrap();
+    relay
+        .insert_artifact(crate::StoredArtifact::unsigned(artifact(3, 2).0))
+        .unwrap();
     let now = Instant::now();
     welcomed(&mut relay, now);
     relay.handle_frame(now, 1, want(1, 3, true, vec![]));
@@ -605,7 +627,10 @@ fn a_resumed_join_sends_only_the_missing_segments_of_the_snapshot() {
     let mut pair = Pair::new(store_sender(2, 2), joining_receiver(2));
     pair.segment_budget = Some(5);
     pair.sender
-        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .loaded(
+            ArtifactKey::Snapshot(2),
+            Ok(crate::StoredArtifact::unsigned(bytes.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(pair.receiver.stats().segments, 5);
@@ -615,7 +640,10 @@ fn a_resumed_join_sends_only_the_missing_segments_of_the_snapshot() {
     // Another hub, serving the same snapshot.
     let mut other = store_sender(2, 2);
     other
-        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .loaded(
+            ArtifactKey::Snapshot(2),
+            Ok(crate::StoredArtifact::unsigned(bytes.clone())),
+        )
         .unwrap();
     assert_eq!(other.held(ArtifactKind::Snapshot), 0, "nobody wants it yet");
     pair.sender = other;
@@ -623,7 +651,10 @@ fn a_resumed_join_sends_only_the_missing_segments_of_the_snapshot() {
     pair.receiver.start_session(pair.now, 78);
     pair.pump();
     pair.sender
-        .loaded(ArtifactKey::Snapshot(2), Ok(bytes.clone()))
+        .loaded(
+            ArtifactKey::Snapshot(2),
+            Ok(crate::StoredArtifact::unsigned(bytes.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(2, bytes)]);
@@ -642,7 +673,10 @@ fn a_new_upstream_with_another_snapshot_starts_the_join_over() {
     let mut pair = Pair::new(store_sender(2, 2), joining_receiver(1));
     pair.segment_budget = Some(4);
     pair.sender
-        .loaded(ArtifactKey::Snapshot(2), Ok(old))
+        .loaded(
+            ArtifactKey::Snapshot(2),
+            Ok(crate::StoredArtifact::unsigned(old)),
+        )
         .unwrap();
     pair.pump();
     pair.receiver.abandon("test");
@@ -650,13 +684,17 @@ fn a_new_upstream_with_another_snapshot_starts_the_join_over() {
 
     let (new, _) = snapshot_artifact(3, 8);
     let mut hub = store_sender(4, 3);
-    hub.insert_artifact(artifact(4, 2).0).unwrap();
+    hub.insert_artifact(crate::StoredArtifact::unsigned(artifact(4, 2).0))
+        .unwrap();
     pair.sender = hub;
     pair.segment_budget = None;
     pair.receiver.start_session(pair.now, 78);
     pair.pump();
     pair.sender
-        .loaded(ArtifactKey::Snapshot(3), Ok(new.clone()))
+        .loaded(
+            ArtifactKey::Snapshot(3),
+            Ok(crate::StoredArtifact::unsigned(new.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(
@@ -675,12 +713,17 @@ fn a_new_upstream_with_another_snapshot_starts_the_join_over() {
 #[test]
 fn a_nack_on_a_snapshot_resends_from_the_snapshot() {
     let mut hub = store_sender(3, 3);
-    hub.insert_artifact(artifact(3, 2).0).unwrap();
+    hub.insert_artifact(crate::StoredArtifact::unsigned(artifact(3, 2).0))
+        .unwrap();
     let (bytes, _) = snapshot_artifact(3, 3);
     let now = Instant::now();
     welcomed(&mut hub, now);
     hub.handle_frame(now, 1, want(1, 3, true, vec![holding(3, vec![0..2])]));
-    hub.loaded(ArtifactKey::Snapshot(3), Ok(bytes)).unwrap();
+    hub.loaded(
+        ArtifactKey::Snapshot(3),
+        Ok(crate::StoredArtifact::unsigned(bytes)),
+    )
+    .unwrap();
     let sent = drain(&mut hub, now);
     assert!(
         matches!(
@@ -718,13 +761,16 @@ fn snapshots_and_deltas_do_not_mix() {
     let (snapshot, _) = snapshot_artifact(2, 2);
     let mut hub = sender();
     assert!(
-        hub.insert_artifact(snapshot)
+        hub.insert_artifact(crate::StoredArtifact::unsigned(snapshot))
             .unwrap_err()
             .to_string()
             .contains("goes from version 2 to 2")
     );
     let error = hub
-        .loaded(ArtifactKey::Snapshot(2), Ok(artifact(2, 2).0))
+        .loaded(
+            ArtifactKey::Snapshot(2),
+            Ok(crate::StoredArtifact::unsigned(artifact(2, 2).0)),
+        )
         .unwrap_err();
     assert!(
         error
@@ -753,7 +799,8 @@ fn composed_loads(pair: &Pair) -> Vec<(u64, u64)> {
 fn a_session_three_behind_is_served_one_composed_delta() {
     // The actor is at 5; the store's latest is 8; D(9) is being published.
     let mut hub = store_sender(8, 0);
-    hub.insert_artifact(artifact(9, 2).0).unwrap();
+    hub.insert_artifact(crate::StoredArtifact::unsigned(artifact(9, 2).0))
+        .unwrap();
     let mut pair = Pair::new(hub, composed_receiver(2, 6));
     assert_eq!(composed_loads(&pair), [(5, 8)]);
     assert!(
@@ -763,7 +810,10 @@ fn a_session_three_behind_is_served_one_composed_delta() {
     );
     let (composed, _) = composed_artifact(5, 8, 6);
     pair.sender
-        .loaded(composed_key(), Ok(composed.clone()))
+        .loaded(
+            composed_key(),
+            Ok(crate::StoredArtifact::unsigned(composed.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(
@@ -802,7 +852,9 @@ fn a_declined_composed_delta_replays_the_deltas() {
         .unwrap_err();
     pair.pump();
     for version in 6..=8 {
-        pair.sender.insert_artifact(artifact(version, 2).0).unwrap();
+        pair.sender
+            .insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
+            .unwrap();
         pair.pump();
     }
     assert_eq!(
@@ -821,8 +873,12 @@ fn a_declined_composed_delta_replays_the_deltas() {
     assert!(composed_loads(&pair).is_empty());
     // A relay has no store to build one from.
     let mut relay = sender();
-    relay.insert_artifact(artifact(6, 1).0).unwrap();
-    relay.insert_artifact(artifact(7, 1).0).unwrap();
+    relay
+        .insert_artifact(crate::StoredArtifact::unsigned(artifact(6, 1).0))
+        .unwrap();
+    relay
+        .insert_artifact(crate::StoredArtifact::unsigned(artifact(7, 1).0))
+        .unwrap();
     let pair = Pair::new(relay, composed_receiver(1, 6));
     assert!(composed_loads(&pair).is_empty());
     assert_eq!(
@@ -837,7 +893,10 @@ fn a_resumed_composed_transfer_sends_only_the_missing_segments() {
     let mut pair = Pair::new(store_sender(8, 0), composed_receiver(2, 6));
     pair.segment_budget = Some(4);
     pair.sender
-        .loaded(composed_key(), Ok(composed.clone()))
+        .loaded(
+            composed_key(),
+            Ok(crate::StoredArtifact::unsigned(composed.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(pair.receiver.stats().segments, 4);
@@ -857,7 +916,10 @@ fn a_resumed_composed_transfer_sends_only_the_missing_segments() {
     pair.pump();
     assert_eq!(composed_loads(&pair), [(5, 8), (5, 8)]);
     pair.sender
-        .loaded(composed_key(), Ok(composed.clone()))
+        .loaded(
+            composed_key(),
+            Ok(crate::StoredArtifact::unsigned(composed.clone())),
+        )
         .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(8, composed)]);
@@ -870,4 +932,88 @@ fn a_resumed_composed_transfer_sends_only_the_missing_segments() {
     );
     // Then D(9), as a delta.
     assert_eq!(pair.receiver.next_version(), 9);
+}
+
+/// A sender that pins the trainer key of the tests.
+fn pinned_sender() -> Sender {
+    let mut config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
+    config.trainer_key = Some(trainer_key().verifying_key());
+    Sender::new(config)
+}
+
+#[test]
+fn a_pinned_sender_serves_only_what_the_trainer_signed() {
+    let key = trainer_key();
+    let (bytes, manifest) = artifact(1, 2);
+    let signature = artifact_signature(&key, &bytes, ArtifactKind::Delta);
+    let mut s = pinned_sender();
+    let unsigned = s.insert_artifact(StoredArtifact::unsigned(bytes.clone()));
+    assert!(
+        matches!(unsigned, Err(SenderError::Signature(_))),
+        "{unsigned:?}"
+    );
+    assert!(unsigned.unwrap_err().to_string().contains("no signature"));
+    assert_eq!(s.held(ArtifactKind::Delta), 0, "nothing of it is held");
+    // Cut-through: the Seal is refused without the signature, taken with it.
+    let descriptor = Bytes::from(manifest.header.encode());
+    s.begin_artifact(descriptor).unwrap();
+    let other = artifact_signature(&key, &artifact(1, 3).0, ArtifactKind::Delta);
+    for wrong in [None, Some(other)] {
+        let sealed = s.seal_artifact(1, manifest.id(), manifest.segments.clone(), wrong);
+        assert!(
+            matches!(sealed, Err(SenderError::Signature(_))),
+            "{sealed:?}"
+        );
+    }
+    s.seal_artifact(1, manifest.id(), manifest.segments.clone(), Some(signature))
+        .unwrap();
+
+    // A snapshot's signature is over the snapshot kind: a delta's will not do.
+    let (snapshot, _) = snapshot_artifact(2, 2);
+    let as_delta = artifact_signature(&key, &snapshot, ArtifactKind::Delta);
+    let loaded = s.loaded(
+        ArtifactKey::Snapshot(2),
+        Ok(StoredArtifact {
+            bytes: snapshot.clone(),
+            signature: Some(as_delta),
+        }),
+    );
+    assert!(
+        matches!(loaded, Err(SenderError::Signature(_))),
+        "{loaded:?}"
+    );
+
+    assert!(matches!(
+        s.commit(commit(1, None)),
+        Err(SenderError::Signature(_))
+    ));
+    s.commit(commit(1, Some(&key))).unwrap();
+}
+
+#[test]
+fn the_signature_travels_in_the_seal_as_it_came() {
+    let key = trainer_key();
+    let (bytes, _) = artifact(1, 2);
+    let signature = artifact_signature(&key, &bytes, ArtifactKind::Delta);
+    let mut pair = Pair::new(
+        pinned_sender(),
+        crate::testutil::pinned_receiver(1, 1, Some(key.verifying_key())),
+    );
+    pair.sender
+        .insert_artifact(StoredArtifact {
+            bytes: bytes.clone(),
+            signature: Some(signature),
+        })
+        .unwrap();
+    pair.sender.commit(commit(1, Some(&key))).unwrap();
+    pair.pump();
+    assert_eq!(pair.complete(), [(1, bytes)]);
+    assert!(pair.events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::Sealed { signature: Some(s), .. } if *s == signature
+    )));
+    assert!(
+        pair.events
+            .contains(&ReceiverEvent::Commit(commit(1, Some(&key))))
+    );
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaError, Hash, PatchChunk};
-use aurora_proto::{ArtifactKey, ConnId, Node, Sender, Weights};
+use aurora_delta::{ArtifactKind, DeltaError, DeltaFile, Hash, PatchChunk, SigningKey, Statement};
+use aurora_proto::{ArtifactKey, Commit, ConnId, Node, Sender, StoredArtifact, Weights};
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
 use tokio::net::TcpStream;
@@ -65,7 +65,7 @@ pub(crate) enum Event {
     /// The artifact the sender asked for, or why there is none.
     Loaded {
         key: ArtifactKey,
-        result: Result<Bytes, String>,
+        result: Result<StoredArtifact, String>,
     },
     /// The store now holds `version`.
     Stored {
@@ -73,30 +73,48 @@ pub(crate) enum Event {
     },
 }
 
-/// The bytes of the artifact `key` names (blocking: reads, and may build, from the
-/// store), or why there are none. A composed delta is declined when replaying is no
-/// dearer.
+/// The artifact `key` names with its signature (blocking: reads, and may build, from
+/// the store), or why there is none. A stored delta comes with the signature it was
+/// stored with; a snapshot or composed delta, built here, is signed with `signing_key`
+/// where the hub signs. A composed delta is declined when replaying is no dearer.
 pub(super) fn read_stored(
     key: ArtifactKey,
     store: &Store,
     snapshot_segment_bytes: usize,
-) -> Result<Bytes, String> {
+    signing_key: Option<&SigningKey>,
+) -> Result<StoredArtifact, String> {
     let chain = |e: StoreError| error_chain(&e);
+    let built = |bytes: Vec<u8>| {
+        let bytes = Bytes::from(bytes);
+        let signature = match signing_key {
+            Some(signing_key) => {
+                let file = DeltaFile::parse(&bytes).map_err(|e| e.to_string())?;
+                let statement = Statement::artifact(key.kind(), file.id, file.header());
+                Some(aurora_delta::sign(signing_key, &statement))
+            }
+            None => None,
+        };
+        Ok(StoredArtifact { bytes, signature })
+    };
     match key {
-        ArtifactKey::Delta(version) => store
-            .delta(version)
-            .map(|file| Bytes::copy_from_slice(file.bytes()))
-            .map_err(chain),
+        ArtifactKey::Delta(version) => {
+            let record = store.delta_record(version).map_err(chain)?;
+            let file = store.delta(version).map_err(chain)?;
+            Ok(StoredArtifact {
+                bytes: Bytes::copy_from_slice(file.bytes()),
+                signature: record.signature,
+            })
+        }
         ArtifactKey::Snapshot(version) => store
             .snapshot_artifact(version, snapshot_segment_bytes)
-            .map(Bytes::from)
-            .map_err(chain),
+            .map_err(chain)
+            .and_then(built),
         ArtifactKey::Composed { base, target } => {
             let (plan, bytes) = store.composed_catch_up(base, target).map_err(chain)?;
             tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
             bytes
-                .map(Bytes::from)
                 .ok_or_else(|| format!("the catch-up plan is {plan:?}"))
+                .and_then(built)
         }
     }
 }
@@ -391,8 +409,12 @@ impl<E: Engine> Driver<E> {
                 manifest,
                 reply,
             } => {
+                // The manifest is known only now: the delta is signed as it is sealed.
+                let signature = self
+                    .config
+                    .sign(&Statement::manifest(ArtifactKind::Delta, &manifest));
                 let sealed = self.hub_sender().and_then(|s| {
-                    s.seal_artifact(version, manifest.id(), manifest.segments.clone())
+                    s.seal_artifact(version, manifest.id(), manifest.segments.clone(), signature)
                         .map_err(Into::into)
                 });
                 let live = self.live.remove(&version);
@@ -403,7 +425,11 @@ impl<E: Engine> Driver<E> {
                             artifact.extend_from_slice(bytes);
                         }
                         artifact.extend_from_slice(&manifest.encode_tail());
-                        self.store_then(version, Bytes::from(artifact), |r| {
+                        let artifact = StoredArtifact {
+                            bytes: Bytes::from(artifact),
+                            signature,
+                        };
+                        self.store_then(version, artifact, |r| {
                             let _ = reply.send(r.map(|_| ()));
                         });
                     }
@@ -416,6 +442,13 @@ impl<E: Engine> Driver<E> {
                 }
             }
             Command::Publish { artifact, reply } => {
+                let artifact = match self.signed_delta(artifact) {
+                    Ok(artifact) => artifact,
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                        return;
+                    }
+                };
                 let inserted = self
                     .hub_sender()
                     .and_then(|s| s.insert_artifact(artifact.clone()).map_err(Into::into));
@@ -428,9 +461,19 @@ impl<E: Engine> Driver<E> {
                     }
                 }
             }
-            Command::Commit(commit) => {
-                if let Some(sender) = self.node.sender_mut() {
-                    sender.commit(commit);
+            Command::Commit(target) => {
+                let commit = Commit {
+                    target,
+                    signature: None,
+                };
+                let commit = Commit {
+                    signature: self.config.sign(&commit.statement()),
+                    ..commit
+                };
+                if let Some(sender) = self.node.sender_mut()
+                    && let Err(error) = sender.commit(commit)
+                {
+                    tracing::error!(%error, "cannot announce the commit");
                 }
             }
             Command::StoreChanged { reply } => {
@@ -438,6 +481,19 @@ impl<E: Engine> Driver<E> {
                 let _ = reply.send(Ok(()));
             }
         }
+    }
+
+    /// A complete delta to publish, with the hub's signature where it signs.
+    fn signed_delta(&self, bytes: Bytes) -> Result<StoredArtifact, TransportError> {
+        let signature = match &self.config.signing_key {
+            Some(_) => {
+                let file = DeltaFile::parse(&bytes)?;
+                let statement = Statement::artifact(ArtifactKind::Delta, file.id, file.header());
+                self.config.sign(&statement)
+            }
+            None => None,
+        };
+        Ok(StoredArtifact { bytes, signature })
     }
 
     pub(super) fn hub_sender(&mut self) -> Result<&mut Sender, TransportError> {
@@ -449,7 +505,7 @@ impl<E: Engine> Driver<E> {
     pub(super) fn store_then(
         &mut self,
         version: u64,
-        artifact: Bytes,
+        artifact: StoredArtifact,
         answer: impl FnOnce(Result<u64, TransportError>) + Send + 'static,
     ) {
         let Some(store) = self.store.clone() else {
@@ -457,7 +513,9 @@ impl<E: Engine> Driver<E> {
         };
         let events = self.events_tx.clone();
         self.tasks.spawn_blocking(move || {
-            let stored = store.put_delta(&artifact).map(|r| r.version);
+            let stored = store
+                .put_delta(&artifact.bytes, artifact.signature)
+                .map(|r| r.version);
             if stored.is_ok() {
                 let _ = events.blocking_send(Event::Stored { version });
             }
@@ -475,9 +533,10 @@ impl<E: Engine> Driver<E> {
             return;
         };
         let segment_bytes = self.config.snapshot_segment_bytes;
+        let signing_key = self.config.signing_key.clone();
         let events = self.events_tx.clone();
         self.tasks.spawn_blocking(move || {
-            let result = read_stored(key, &store, segment_bytes);
+            let result = read_stored(key, &store, segment_bytes, signing_key.as_deref());
             let _ = events.blocking_send(Event::Loaded { key, result });
         });
     }

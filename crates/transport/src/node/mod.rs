@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aurora_delta::DeltaError;
+use aurora_delta::{ArtifactSignature, DeltaError, SigningKey, Statement, VerifyingKey};
 use aurora_proto::{
     Auth, Identity, Receiver, ReceiverConfig, ReceiverStats, SenderConfig, SenderError,
     SenderStats, VersionRef,
@@ -72,6 +72,14 @@ pub struct NodeConfig {
     /// thread per core. Nodes of one process may share a pool: they then take turns,
     /// one segment each. Hubs and collectors decode nothing.
     pub decode_pool: Option<Arc<DecodePool>>,
+    /// The trainer's signing key, on a hub that signs what it serves (docs/security.md):
+    /// each delta when its extraction ends, each snapshot or composed delta as it is
+    /// built from the store, each Commit. Such a hub also pins its public half, so it
+    /// refuses to serve a stored delta that is not signed by it.
+    pub signing_key: Option<Arc<SigningKey>>,
+    /// The trainer's public key that relays and actors pin: they verify every Seal and
+    /// Commit against it and take nothing unsigned. `None`: an unsigned deployment.
+    pub trainer_key: Option<VerifyingKey>,
 }
 
 impl NodeConfig {
@@ -93,7 +101,23 @@ impl NodeConfig {
             window_frames: 4,
             snapshot_segment_bytes: 256 << 10,
             decode_pool: None,
+            signing_key: None,
+            trainer_key: None,
         }
+    }
+
+    /// The key every artifact and Commit must be signed by: the pinned trainer key, or
+    /// a signing hub's own.
+    fn pinned_key(&self) -> Option<VerifyingKey> {
+        self.trainer_key
+            .or_else(|| self.signing_key.as_ref().map(|key| key.verifying_key()))
+    }
+
+    /// The trainer's signature of `statement`, on a hub that signs.
+    pub(crate) fn sign(&self, statement: &Statement) -> Option<ArtifactSignature> {
+        self.signing_key
+            .as_ref()
+            .map(|key| aurora_delta::sign(key, statement))
     }
 
     fn sender(&self, store_backed: bool) -> SenderConfig {
@@ -103,6 +127,7 @@ impl NodeConfig {
         config.stall_timeout = self.stall_timeout;
         config.retain_versions = self.retain_versions;
         config.window_frames = self.window_frames;
+        config.trainer_key = self.pinned_key();
         config
     }
 
@@ -111,6 +136,7 @@ impl NodeConfig {
         config.streams = self.streams;
         config.idle_timeout = self.idle_timeout;
         config.tune_interval = self.tune_interval;
+        config.trainer_key = self.pinned_key();
         config
     }
 

@@ -96,6 +96,13 @@ impl Chain {
     }
 }
 
+/// The trainer's signing key of every test deployment.
+pub fn trainer_key() -> aurora_delta::SigningKey {
+    aurora_delta::SigningKey::from_bytes(&[0x3c; 32])
+}
+
+/// A node of a signed deployment: a hub signs with [`trainer_key`], every other node
+/// pins it.
 pub fn config(role: Role, name: &str, upstreams: &[SocketAddr]) -> NodeConfig {
     // Logs for a failing test: AURORA_LOG=debug cargo test -p aurora-transport.
     let _ = tracing_subscriber::fmt()
@@ -115,6 +122,11 @@ pub fn config(role: Role, name: &str, upstreams: &[SocketAddr]) -> NodeConfig {
     config.streams = 2;
     if role != Role::Actor {
         config.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    }
+    if role == Role::Hub {
+        config.signing_key = Some(Arc::new(trainer_key()));
+    } else {
+        config.trainer_key = Some(trainer_key().verifying_key());
     }
     config
 }

@@ -1,0 +1,317 @@
+//! Signed versions (docs/security.md): the trainer's ed25519 key signs a canonical
+//! statement of each artifact it serves and of each Commit, so that whoever carries them
+//! (a relay, a store, a file copy) can withhold them but not alter them unnoticed.
+//!
+//! The artifact id already binds the descriptor and the segment table (and through the
+//! table every segment's bytes), so an artifact's statement is the id with the fields a
+//! receiver acts on spelled out beside it: kind, versions, weights hashes, encoding. A
+//! statement begins with a domain string, so a signature over one kind of statement can
+//! never verify as another. Signing and verifying are pure: keys in, bytes out.
+//!
+//! A detached signature file (`FILE.sig`, docs/delta-format.md §10) carries one artifact
+//! signature with the signer's public key, so `aurora delta verify --key` can say
+//! whether the file was signed by another key or altered since.
+
+use ed25519_dalek::Signer;
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
+
+use crate::{DeltaHeader, Encoding, Hash, Manifest};
+
+/// First bytes of every artifact statement.
+pub const ARTIFACT_DOMAIN: &[u8] = b"aurora-artifact-signature-v1\0";
+/// First bytes of every commit statement.
+pub const COMMIT_DOMAIN: &[u8] = b"aurora-commit-signature-v1\0";
+/// Magic of a detached signature file.
+pub const DETACHED_MAGIC: [u8; 8] = *b"\x89ASIG\r\n\x1a";
+/// Version of the detached signature file format.
+pub const DETACHED_VERSION: u16 = 1;
+/// Bytes of a detached signature file of version 1.
+pub const DETACHED_BYTES: usize = 8 + 2 + 1 + 32 + 32 + 64;
+
+/// The kind of an artifact, as an Offer names it (docs/wire-protocol.md §4.4) and a
+/// statement signs it: a delta and a composed delta between the same versions are
+/// different artifacts, and one must never pass for the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ArtifactKind {
+    /// A delta D(v) from v - 1 to v.
+    Delta = 1,
+    /// A whole checkpoint in the delta format: the delta from the empty checkpoint to
+    /// version v, every tensor added, with base and target version both v.
+    Snapshot = 2,
+    /// A delta from an older version straight to this one, for a peer catching up.
+    Composed = 3,
+}
+
+impl ArtifactKind {
+    pub fn from_code(code: u8) -> Option<ArtifactKind> {
+        match code {
+            1 => Some(ArtifactKind::Delta),
+            2 => Some(ArtifactKind::Snapshot),
+            3 => Some(ArtifactKind::Composed),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ArtifactKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ArtifactKind::Delta => "a delta",
+            ArtifactKind::Snapshot => "a snapshot",
+            ArtifactKind::Composed => "a composed delta",
+        })
+    }
+}
+
+/// An ed25519 signature by the trainer's key over a [`Statement`]: an artifact's or a
+/// Commit's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ArtifactSignature(pub [u8; 64]);
+
+impl std::fmt::Debug for ArtifactSignature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hex: String = self.0[..8].iter().map(|b| format!("{b:02x}")).collect();
+        write!(f, "ArtifactSignature({hex}..)")
+    }
+}
+
+/// What the trainer vouches for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Statement {
+    /// This artifact (its id, so its descriptor, table and segments) is the trainer's.
+    Artifact {
+        kind: ArtifactKind,
+        id: Hash,
+        base_version: u64,
+        target_version: u64,
+        base_hash: Hash,
+        target_hash: Hash,
+        encoding: Encoding,
+    },
+    /// Version `version`, whose weights hash is `weights_hash`, is committed.
+    Commit { version: u64, weights_hash: Hash },
+}
+
+impl Statement {
+    /// The statement of the artifact with `header` and id `id`.
+    pub fn artifact(kind: ArtifactKind, id: Hash, header: &DeltaHeader) -> Statement {
+        Statement::Artifact {
+            kind,
+            id,
+            base_version: header.base_version,
+            target_version: header.target_version,
+            base_hash: header.base_hash,
+            target_hash: header.target_hash,
+            encoding: header.encoding,
+        }
+    }
+
+    /// The statement of the artifact `manifest` describes (its id is computed here).
+    pub fn manifest(kind: ArtifactKind, manifest: &Manifest) -> Statement {
+        Statement::artifact(kind, manifest.id(), &manifest.header)
+    }
+
+    /// The canonical bytes that are signed: the domain string, then every field at a
+    /// fixed width, integers little-endian.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(ARTIFACT_DOMAIN.len() + 1 + 32 * 3 + 16 + 1);
+        match self {
+            Statement::Artifact {
+                kind,
+                id,
+                base_version,
+                target_version,
+                base_hash,
+                target_hash,
+                encoding,
+            } => {
+                out.extend_from_slice(ARTIFACT_DOMAIN);
+                out.push(*kind as u8);
+                out.extend_from_slice(&id.0);
+                out.extend_from_slice(&base_version.to_le_bytes());
+                out.extend_from_slice(&target_version.to_le_bytes());
+                out.extend_from_slice(&base_hash.0);
+                out.extend_from_slice(&target_hash.0);
+                out.push(encoding.code());
+            }
+            Statement::Commit {
+                version,
+                weights_hash,
+            } => {
+                out.extend_from_slice(COMMIT_DOMAIN);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&weights_hash.0);
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Statement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Statement::Artifact {
+                kind,
+                id,
+                base_version,
+                target_version,
+                ..
+            } => write!(
+                f,
+                "{kind} from version {base_version} to {target_version} (id {id})"
+            ),
+            Statement::Commit {
+                version,
+                weights_hash,
+            } => write!(
+                f,
+                "the commit of version {version} (weights {weights_hash})"
+            ),
+        }
+    }
+}
+
+/// Why a signature does not vouch for what it came with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("{statement} carries no signature, and the trainer key {key} is pinned")]
+    Missing { statement: String, key: String },
+    /// Made by another key, or over other contents: ed25519 cannot tell the two apart.
+    #[error(
+        "the signature of {statement} does not verify with the trainer key {key}: it was made by another key or for other contents"
+    )]
+    Invalid { statement: String, key: String },
+    /// A detached signature names its signer, so this case is told apart.
+    #[error("signed by key {signed_by}, not by the pinned trainer key {pinned}")]
+    WrongKey { signed_by: String, pinned: String },
+    /// A detached signature names the artifact it signs.
+    #[error("the signature is for {signed}, not for {actual}")]
+    OtherArtifact { signed: String, actual: String },
+    #[error("not a detached signature: {0}")]
+    Malformed(String),
+}
+
+/// Signs `statement` with the trainer's key.
+pub fn sign(key: &SigningKey, statement: &Statement) -> ArtifactSignature {
+    ArtifactSignature(key.sign(&statement.to_bytes()).to_bytes())
+}
+
+/// Checks that `signature` is `key`'s over `statement`; a missing one is an error (the
+/// caller pinned a key, so it requires one).
+pub fn verify(
+    key: &VerifyingKey,
+    statement: &Statement,
+    signature: Option<&ArtifactSignature>,
+) -> Result<(), SignatureError> {
+    let Some(signature) = signature else {
+        return Err(SignatureError::Missing {
+            statement: statement.to_string(),
+            key: key_fingerprint(key),
+        });
+    };
+    let signature = ed25519_dalek::Signature::from_bytes(&signature.0);
+    // Strict verification refuses the malleable and small-order encodings that plain
+    // ed25519 verification lets through.
+    key.verify_strict(&statement.to_bytes(), &signature)
+        .map_err(|_| SignatureError::Invalid {
+            statement: statement.to_string(),
+            key: key_fingerprint(key),
+        })
+}
+
+/// A short name for a public key in logs and errors: the first 8 bytes of the BLAKE3
+/// hash of its bytes, in hex. Never compared in place of the key itself.
+pub fn key_fingerprint(key: &VerifyingKey) -> String {
+    Hash::of(key.as_bytes()).to_hex()[..16].to_string()
+}
+
+/// A detached signature of one artifact (docs/delta-format.md §10): what is signed and by
+/// whom, so a check can name what differs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DetachedSignature {
+    pub kind: ArtifactKind,
+    pub signer: VerifyingKey,
+    pub id: Hash,
+    pub signature: ArtifactSignature,
+}
+
+impl DetachedSignature {
+    /// Signs the artifact `kind` with `header` and id `id`.
+    pub fn sign(key: &SigningKey, kind: ArtifactKind, id: Hash, header: &DeltaHeader) -> Self {
+        DetachedSignature {
+            kind,
+            signer: key.verifying_key(),
+            id,
+            signature: sign(key, &Statement::artifact(kind, id, header)),
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(DETACHED_BYTES);
+        out.extend_from_slice(&DETACHED_MAGIC);
+        out.extend_from_slice(&DETACHED_VERSION.to_le_bytes());
+        out.push(self.kind as u8);
+        out.extend_from_slice(self.signer.as_bytes());
+        out.extend_from_slice(&self.id.0);
+        out.extend_from_slice(&self.signature.0);
+        out
+    }
+
+    pub fn parse(bytes: &[u8]) -> Result<DetachedSignature, SignatureError> {
+        let malformed = |what: String| SignatureError::Malformed(what);
+        if bytes.len() < 10 || bytes[..8] != DETACHED_MAGIC {
+            return Err(malformed("bad magic bytes".into()));
+        }
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        if version != DETACHED_VERSION {
+            return Err(malformed(format!(
+                "format version {version}, this build reads version {DETACHED_VERSION}"
+            )));
+        }
+        if bytes.len() != DETACHED_BYTES {
+            return Err(malformed(format!(
+                "{} bytes, a version {DETACHED_VERSION} signature has {DETACHED_BYTES}",
+                bytes.len()
+            )));
+        }
+        let kind = ArtifactKind::from_code(bytes[10])
+            .ok_or_else(|| malformed(format!("unknown artifact kind {}", bytes[10])))?;
+        let signer = VerifyingKey::from_bytes(bytes[11..43].try_into().expect("32 bytes"))
+            .map_err(|_| malformed("the signer's public key is not a valid ed25519 key".into()))?;
+        Ok(DetachedSignature {
+            kind,
+            signer,
+            id: Hash(bytes[43..75].try_into().expect("32 bytes")),
+            signature: ArtifactSignature(bytes[75..].try_into().expect("64 bytes")),
+        })
+    }
+
+    /// Checks that this signature is `pinned`'s over the artifact with `header` and id
+    /// `id`, naming what differs: the signer, the artifact, or (for a signature that
+    /// does not verify) the contents.
+    pub fn verify(
+        &self,
+        pinned: &VerifyingKey,
+        id: Hash,
+        header: &DeltaHeader,
+    ) -> Result<(), SignatureError> {
+        if self.signer != *pinned {
+            return Err(SignatureError::WrongKey {
+                signed_by: key_fingerprint(&self.signer),
+                pinned: key_fingerprint(pinned),
+            });
+        }
+        let statement = Statement::artifact(self.kind, id, header);
+        if self.id != id {
+            return Err(SignatureError::OtherArtifact {
+                signed: format!("the artifact with id {}", self.id),
+                actual: statement.to_string(),
+            });
+        }
+        verify(pinned, &statement, Some(&self.signature))
+    }
+}
+
+#[cfg(test)]
+mod tests;

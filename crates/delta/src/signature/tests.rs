@@ -1,0 +1,135 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::{DeltaHeader, Encoding, Hash};
+
+fn key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+fn header() -> DeltaHeader {
+    DeltaHeader {
+        base_version: 4,
+        target_version: 5,
+        base_hash: Hash([1; 32]),
+        target_hash: Hash([2; 32]),
+        encoding: Encoding::Aurora,
+        tensors: Vec::new(),
+    }
+}
+
+fn statement() -> Statement {
+    Statement::artifact(ArtifactKind::Delta, Hash([9; 32]), &header())
+}
+
+#[test]
+fn a_signature_verifies_with_its_key_only() {
+    let signature = sign(&key(1), &statement());
+    assert_eq!(
+        verify(&key(1).verifying_key(), &statement(), Some(&signature)),
+        Ok(())
+    );
+    let err = verify(&key(2).verifying_key(), &statement(), Some(&signature)).unwrap_err();
+    assert!(matches!(err, SignatureError::Invalid { .. }), "{err}");
+    let err = verify(&key(1).verifying_key(), &statement(), None).unwrap_err();
+    assert!(matches!(err, SignatureError::Missing { .. }), "{err}");
+    assert!(err.to_string().contains("carries no signature"), "{err}");
+}
+
+#[test]
+fn every_field_of_a_statement_is_signed() {
+    let signature = sign(&key(1), &statement());
+    // The statement with one field changed.
+    let changed = |change: &dyn Fn(&mut ArtifactKind, &mut Hash, &mut DeltaHeader)| {
+        let (mut kind, mut id, mut header) = (ArtifactKind::Delta, Hash([9; 32]), header());
+        change(&mut kind, &mut id, &mut header);
+        Statement::artifact(kind, id, &header)
+    };
+    let variants = [
+        changed(&|kind, _, _| *kind = ArtifactKind::Composed),
+        changed(&|_, id, _| *id = Hash([8; 32])),
+        changed(&|_, _, h| h.base_version = 3),
+        changed(&|_, _, h| h.target_version = 6),
+        changed(&|_, _, h| h.base_hash = Hash([0; 32])),
+        changed(&|_, _, h| h.target_hash = Hash([0; 32])),
+        changed(&|_, _, h| h.encoding = Encoding::Dense),
+    ];
+    assert_eq!(changed(&|_, _, _| {}), statement());
+    for other in variants {
+        assert!(
+            verify(&key(1).verifying_key(), &other, Some(&signature)).is_err(),
+            "{other:?} verified with the signature of {:?}",
+            statement()
+        );
+    }
+}
+
+#[test]
+fn artifact_and_commit_statements_never_collide() {
+    let commit = Statement::Commit {
+        version: 5,
+        weights_hash: Hash([2; 32]),
+    };
+    let signature = sign(&key(1), &commit);
+    assert_eq!(
+        verify(&key(1).verifying_key(), &commit, Some(&signature)),
+        Ok(())
+    );
+    assert!(verify(&key(1).verifying_key(), &statement(), Some(&signature)).is_err());
+    let older = Statement::Commit {
+        version: 4,
+        weights_hash: Hash([2; 32]),
+    };
+    assert!(verify(&key(1).verifying_key(), &older, Some(&signature)).is_err());
+    assert!(commit.to_bytes().starts_with(COMMIT_DOMAIN));
+    assert!(statement().to_bytes().starts_with(ARTIFACT_DOMAIN));
+}
+
+proptest! {
+    /// Any changed byte of the statement or of the signature fails.
+    #[test]
+    fn any_changed_byte_fails(index in 0usize..200, flip in 1u8..=255) {
+        let key = key(7);
+        let bytes = statement().to_bytes();
+        let signature = sign(&key, &statement());
+        let signed = ed25519_dalek::Signature::from_bytes(&signature.0);
+        if index < bytes.len() {
+            let mut changed = bytes.clone();
+            changed[index] ^= flip;
+            prop_assert!(key.verifying_key().verify_strict(&changed, &signed).is_err());
+        } else {
+            let mut changed = signature;
+            changed.0[(index - bytes.len()) % 64] ^= flip;
+            prop_assert!(verify(&key.verifying_key(), &statement(), Some(&changed)).is_err());
+        }
+    }
+}
+
+#[test]
+fn detached_signatures_round_trip_and_name_what_differs() {
+    let detached = DetachedSignature::sign(&key(1), ArtifactKind::Delta, Hash([9; 32]), &header());
+    let bytes = detached.to_bytes();
+    assert_eq!(bytes.len(), DETACHED_BYTES);
+    let parsed = DetachedSignature::parse(&bytes).unwrap();
+    assert_eq!(parsed, detached);
+    let pinned = key(1).verifying_key();
+    assert_eq!(parsed.verify(&pinned, Hash([9; 32]), &header()), Ok(()));
+    let err = parsed
+        .verify(&key(2).verifying_key(), Hash([9; 32]), &header())
+        .unwrap_err();
+    assert!(matches!(err, SignatureError::WrongKey { .. }), "{err}");
+    let err = parsed
+        .verify(&pinned, Hash([8; 32]), &header())
+        .unwrap_err();
+    assert!(matches!(err, SignatureError::OtherArtifact { .. }), "{err}");
+    let mut other = header();
+    other.target_hash = Hash([3; 32]);
+    let err = parsed.verify(&pinned, Hash([9; 32]), &other).unwrap_err();
+    assert!(matches!(err, SignatureError::Invalid { .. }), "{err}");
+    for bad in [&bytes[..10], &bytes[1..], &[0u8; DETACHED_BYTES][..]] {
+        assert!(matches!(
+            DetachedSignature::parse(bad),
+            Err(SignatureError::Malformed(_))
+        ));
+    }
+}
