@@ -331,7 +331,7 @@ fn overloaded(error: BoxError, timeout: Duration) -> ApiError {
         ApiError::refused(
             StatusCode::REQUEST_TIMEOUT,
             Refusal::Timeout(Timeout::Request),
-            format!("request not handled within {} s; retry", timeout.as_secs()),
+            format!("request not handled within {timeout:?}; retry"),
         )
     } else {
         tracing::error!(%error, "request failed in a middleware");

@@ -13,7 +13,10 @@ use std::convert::Infallible;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use aurora_trust::{Identity, NodeTls, Role, TrustError, tls::CONTROL_ALPN};
@@ -22,7 +25,7 @@ use axum::extract::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use rustls::{AlertDescription, CertificateError};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -298,6 +301,11 @@ impl Connection {
 
     /// HTTP/1 on `stream`, each request tagged with the peer.
     async fn serve(self, stream: impl AsyncRead + AsyncWrite + Unpin, identity: Option<Identity>) {
+        let stream = Watched {
+            inner: stream,
+            mid_request: Arc::default(),
+        };
+        let mid_request = Arc::clone(&stream.mid_request);
         let peer = Peer {
             address: self.address,
             identity,
@@ -318,7 +326,9 @@ impl Connection {
             .serve_connection(TokioIo::new(stream), service)
             .await
         {
-            if error.is_timeout() {
+            // Hyper's header timeout also ends idle keep-alive connections, which is no
+            // refusal: only a request head begun and not finished is.
+            if error.is_timeout() && mid_request.load(Ordering::Relaxed) {
                 self.hub.refusals().record(
                     Refusal::Timeout(Timeout::Header),
                     &peer,
@@ -331,6 +341,53 @@ impl Connection {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         }
+    }
+}
+
+/// A connection's stream, noting whether bytes of a request arrived since the last
+/// response was written. (A request pipelined behind the previous one and cut short
+/// counts as idle: a corner no client of ours reaches.)
+struct Watched<S> {
+    inner: S,
+    mid_request: Arc<AtomicBool>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.mid_request.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(written)) = polled
+            && written > 0
+        {
+            self.mid_request.store(false, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
