@@ -40,6 +40,10 @@ class TrainerNodeCore:
         snapshot_every: int,
         encoding: str,
         control: str,
+        ca: object | None,
+        cert: object | None,
+        key: object | None,
+        insecure_plaintext: bool,
     ) -> None: ...
     @property
     def control_address(self) -> str: ...
@@ -68,6 +72,10 @@ class ActorNodeCore:
         streams: int,
         join_timeout_s: float,
         weights: tuple[int, list[_HostTensor]] | None,
+        ca: object | None,
+        cert: object | None,
+        key: object | None,
+        insecure_plaintext: bool,
     ) -> None: ...
     def active(self) -> tuple[int, str] | None: ...
     def at_safe_point(self, wait_s: float) -> ActivationCore | None: ...

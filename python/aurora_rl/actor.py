@@ -16,7 +16,8 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Union
 
 from aurora_rl import _core
 from aurora_rl._tensors import Tensor, host_tensors, torch_view
@@ -54,7 +55,9 @@ class Actor:
     (the region's relay or the hub) and is loaded into the engine whole, so the engine may
     start with any weights (vLLM: ``load_format="dummy"``). With ``weights`` (the tensors
     the engine was started from, and their ``version``) it starts from them and takes
-    only the deltas after. Then it registers with the control plane.
+    only the deltas after. Then it registers with the control plane, over mutual TLS with
+    the actor's certificate (``ca``, ``cert``, ``key``: its id must be ``id``), or, with
+    ``insecure_plaintext=True``, over plain HTTP with the fleet ``token`` (loopback only).
     """
 
     def __init__(
@@ -70,13 +73,30 @@ class Actor:
         join_timeout: float = 300.0,
         weights: Optional[Mapping[str, Tensor]] = None,
         version: Optional[int] = None,
+        ca: Optional[Union[str, Path]] = None,
+        cert: Optional[Union[str, Path]] = None,
+        key: Optional[Union[str, Path]] = None,
+        insecure_plaintext: bool = False,
     ) -> None:
         if (weights is None) != (version is None):
             raise ValueError("give the local weights and their version together, or neither to join")
         self.engine = engine
         self.id = id
         local = None if weights is None else (version, host_tensors(weights))
-        self._node = _core.ActorNodeCore(id, region, control, list(upstreams), token, streams, join_timeout, local)
+        self._node = _core.ActorNodeCore(
+            id,
+            region,
+            control,
+            list(upstreams),
+            token,
+            streams,
+            join_timeout,
+            local,
+            ca,
+            cert,
+            key,
+            insecure_plaintext,
+        )
         if weights is None and self.safe_point() is None:
             raise RuntimeError("joined, but the snapshot never reached the engine")
 
