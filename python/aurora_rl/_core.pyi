@@ -41,6 +41,10 @@ class TrainerNodeCore:
         encoding: str,
         control: str,
         signing_key: object | None,
+        ca: object | None,
+        cert: object | None,
+        key: object | None,
+        insecure_plaintext: bool,
     ) -> None: ...
     @property
     def control_address(self) -> str: ...
@@ -70,6 +74,10 @@ class ActorNodeCore:
         join_timeout_s: float,
         weights: tuple[int, list[_HostTensor]] | None,
         trainer_key: object | None,
+        ca: object | None,
+        cert: object | None,
+        key: object | None,
+        insecure_plaintext: bool,
     ) -> None: ...
     def active(self) -> tuple[int, str] | None: ...
     def at_safe_point(self, wait_s: float) -> ActivationCore | None: ...

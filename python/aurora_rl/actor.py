@@ -55,8 +55,11 @@ class Actor:
     (the region's relay or the hub) and is loaded into the engine whole, so the engine may
     start with any weights (vLLM: ``load_format="dummy"``). With ``weights`` (the tensors
     the engine was started from, and their ``version``) it starts from them and takes
-    only the deltas after. Then it registers with the control plane. With ``trainer_key``
-    (the trainer's public key, PEM) it takes only versions and commits the trainer signed.
+    only the deltas after. Then it registers with the control plane, over mutual TLS with
+    the actor's certificate (``ca``, ``cert``, ``key``: its id must be ``id``), or, with
+    ``insecure_plaintext=True``, over plain HTTP with the fleet ``token`` (loopback only).
+    With ``trainer_key`` (the trainer's public key, PEM) it takes only versions and commits
+    the trainer signed.
     """
 
     def __init__(
@@ -73,14 +76,31 @@ class Actor:
         weights: Optional[Mapping[str, Tensor]] = None,
         version: Optional[int] = None,
         trainer_key: Optional[Union[str, Path]] = None,
+        ca: Optional[Union[str, Path]] = None,
+        cert: Optional[Union[str, Path]] = None,
+        key: Optional[Union[str, Path]] = None,
+        insecure_plaintext: bool = False,
     ) -> None:
         if (weights is None) != (version is None):
             raise ValueError("give the local weights and their version together, or neither to join")
         self.engine = engine
         self.id = id
         local = None if weights is None else (version, host_tensors(weights))
-        key = None if trainer_key is None else Path(trainer_key)
-        self._node = _core.ActorNodeCore(id, region, control, list(upstreams), token, streams, join_timeout, local, key)
+        self._node = _core.ActorNodeCore(
+            id,
+            region,
+            control,
+            list(upstreams),
+            token,
+            streams,
+            join_timeout,
+            local,
+            None if trainer_key is None else Path(trainer_key),
+            ca,
+            cert,
+            key,
+            insecure_plaintext,
+        )
         if weights is None and self.safe_point() is None:
             raise RuntimeError("joined, but the snapshot never reached the engine")
 

@@ -55,6 +55,9 @@ class Trainer:
 
     ``directory`` holds the checkpoint store and the control plane's database; reopening
     it carries on from both. Actors and relays join with the addresses and the token.
+    The control plane is served over mutual TLS with the trainer's certificate (``ca``,
+    ``cert``, ``key``: files from ``aurora certs``), or, with ``insecure_plaintext=True``,
+    over plain HTTP with the token, which anyone on the path can read (loopback only).
     ``control`` overrides the control plane's settings for a new database, nested as in
     ``aurora_control::Config`` (for example ``{"heartbeat_timeout_ms": 4000, "lease":
     {"initial_ms": 20000}}``); unknown names are refused. ``signing_key`` is the trainer's
@@ -75,6 +78,10 @@ class Trainer:
         encoding: str = "aurora",
         control: Optional[Mapping[str, Any]] = None,
         signing_key: Optional[Union[str, Path]] = None,
+        ca: Optional[Union[str, Path]] = None,
+        cert: Optional[Union[str, Path]] = None,
+        key: Optional[Union[str, Path]] = None,
+        insecure_plaintext: bool = False,
     ) -> None:
         self.token = token if token is not None else secrets.token_hex(32)
         self._node = _core.TrainerNodeCore(
@@ -87,6 +94,10 @@ class Trainer:
             encoding,
             json.dumps(dict(control or {})),
             None if signing_key is None else Path(signing_key),
+            ca,
+            cert,
+            key,
+            insecure_plaintext,
         )
         # The latest published version's tensors: the base of the next delta. Kept as the
         # caller gave them (no copy); their hash is checked again before they are used.

@@ -5,6 +5,7 @@
 //! tensor, borrowed through DLPack (`dlpack.rs`); the framework-specific conversions are
 //! in Python (`aurora_rl/_tensors.py`). Every heavy call releases the GIL.
 
+mod control_trust;
 mod dlpack;
 mod errors;
 mod node;

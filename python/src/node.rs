@@ -20,14 +20,15 @@ use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::control_trust::ControlTrust;
 use crate::dlpack::export_bytes;
 use crate::errors::delta_error;
 use crate::{TensorArg, Tensors};
 
-/// The Python exception for a node's error, with its message and every cause after it.
-fn node_error(error: NodeError) -> PyErr {
+/// An error's message and every cause after it.
+pub(crate) fn message_chain(error: &dyn std::error::Error) -> String {
     let mut message = error.to_string();
-    let mut source = std::error::Error::source(&error);
+    let mut source = error.source();
     while let Some(cause) = source {
         // Some messages already end with their cause's.
         let cause_text = cause.to_string();
@@ -36,6 +37,12 @@ fn node_error(error: NodeError) -> PyErr {
         }
         source = cause.source();
     }
+    message
+}
+
+/// The Python exception for a node's error, with its message and every cause after it.
+fn node_error(error: NodeError) -> PyErr {
+    let message = message_chain(&error);
     match error {
         NodeError::Delta(error) => delta_error(error),
         NodeError::Timeout { .. } => PyTimeoutError::new_err(message),
@@ -155,7 +162,7 @@ impl TrainerNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Trainer).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control, signing_key))]
+    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control, signing_key, ca, cert, key, insecure_plaintext))]
     fn new(
         py: Python<'_>,
         directory: std::path::PathBuf,
@@ -167,11 +174,22 @@ impl TrainerNodeCore {
         encoding: &str,
         control: &str,
         signing_key: Option<std::path::PathBuf>,
+        ca: Option<std::path::PathBuf>,
+        cert: Option<std::path::PathBuf>,
+        key: Option<std::path::PathBuf>,
+        insecure_plaintext: bool,
     ) -> PyResult<TrainerNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
         }
-        let mut settings = TrainerSettings::new(directory, token);
+        let trust = ControlTrust {
+            ca,
+            cert,
+            key,
+            insecure_plaintext,
+        };
+        let security = trust.server(&token)?;
+        let mut settings = TrainerSettings::new(directory, token, security);
         settings.control_listen = address(control_listen)?;
         settings.transport_listen = address(transport_listen)?;
         settings.streams = streams;
@@ -359,7 +377,7 @@ impl ActorNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key))]
+    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext))]
     fn new(
         py: Python<'_>,
         id: u64,
@@ -371,10 +389,21 @@ impl ActorNodeCore {
         join_timeout_s: f64,
         weights: Option<(u64, Vec<TensorArg<'_>>)>,
         trainer_key: Option<std::path::PathBuf>,
+        ca: Option<std::path::PathBuf>,
+        cert: Option<std::path::PathBuf>,
+        key: Option<std::path::PathBuf>,
+        insecure_plaintext: bool,
     ) -> PyResult<ActorNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
         }
+        let trust = ControlTrust {
+            ca,
+            cert,
+            key,
+            insecure_plaintext,
+        };
+        let control_security = trust.client(&token)?;
         let settings = ActorSettings {
             id,
             region,
@@ -384,6 +413,7 @@ impl ActorNodeCore {
                 .map(|u| address(u))
                 .collect::<PyResult<_>>()?,
             token,
+            control_security,
             streams,
             trainer_key: trainer_key
                 .map(|path| aurora_trust::signing::load_public_key(&path))

@@ -63,7 +63,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path):
-    trainer = aurora_rl.Trainer(tmp_path / "trainer", snapshot_every=2)
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", snapshot_every=2, insecure_plaintext=True)
     weights = load_file(str(model_dir / "model.safetensors"))
     published = [trainer.publish(weights)]
     assert published[0].version == 0
@@ -76,6 +76,7 @@ def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path):
         control=trainer.control_address,
         upstreams=[trainer.transport_address],
         token=trainer.token,
+        insecure_plaintext=True,
     )
     assert actor.active == (0, published[0].weights_hash)
     loop = ActorLoop(actor)
@@ -106,7 +107,7 @@ def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path):
 
 
 def test_a_base_changed_in_place_after_publishing_is_refused(tmp_path):
-    trainer = aurora_rl.Trainer(tmp_path / "trainer")
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
     weights = {"w": torch.ones(64, 64, dtype=torch.bfloat16)}
     trainer.publish(weights)
     weights["w"].add_(1)  # trained in place: no longer version 0
@@ -116,12 +117,12 @@ def test_a_base_changed_in_place_after_publishing_is_refused(tmp_path):
 
 def test_a_reopened_trainer_resumes_from_the_latest_version(tmp_path):
     weights = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64).bfloat16()}
-    first = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    first = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
     first.publish(weights)
     newer = {"w": weights["w"] * 2}
     assert first.publish(newer).version == 1
     del first
-    again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
     with pytest.raises(ValueError, match="call resume"):
         again.publish(newer)
     with pytest.raises(ValueError, match="not to version 1"):
@@ -160,7 +161,7 @@ def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path)
     # The unbroken trainer: a state at version 0, the rollouts of each version kept
     # before it is trained.
     model, optimizer = fresh()
-    trainer = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
     trainer.publish(export(model))
     trainer.save_state(0, state(model, optimizer))
     for version in (1, 2):
@@ -172,7 +173,7 @@ def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path)
     del trainer  # the crash: version 3 was trained but not published
 
     # The restarted trainer: the newest state, then every later version trained again.
-    again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64)
+    again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
     from_version, saved = again.load_state()
     assert from_version == 0
     model, optimizer = fresh()
@@ -192,11 +193,16 @@ def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path)
 def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tmp_path):
     import time
 
-    trainer = aurora_rl.Trainer(tmp_path / "trainer")
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
     weights = load_file(str(model_dir / "model.safetensors"))
     first = trainer.publish(weights)
     engine = TransformersEngine.start(str(model_dir))
-    address = {"control": trainer.control_address, "upstreams": [trainer.transport_address], "token": trainer.token}
+    address = {
+        "control": trainer.control_address,
+        "upstreams": [trainer.transport_address],
+        "token": trainer.token,
+        "insecure_plaintext": True,
+    }
     with pytest.raises(ValueError, match="together"):
         aurora_rl.Actor(engine, id=7, region="eu", weights=weights, **address)
     actor = aurora_rl.Actor(engine, id=7, region="eu", weights=weights, version=0, **address)

@@ -20,6 +20,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::TOKEN_VARIABLE;
+use crate::control_trust::ControlTrustArgs;
 
 #[derive(Args)]
 pub struct HubArgs {
@@ -55,12 +56,15 @@ pub struct HubArgs {
     /// public key (--trainer-key). Without it the deployment is unsigned (insecure).
     #[arg(long)]
     signing_key: Option<PathBuf>,
+    #[command(flatten)]
+    control_trust: ControlTrustArgs,
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
     let token = std::env::var(TOKEN_VARIABLE)
         .with_context(|| format!("set the bearer token in {TOKEN_VARIABLE}"))?;
-    let mut settings = TrainerSettings::new(&args.dir, token);
+    let security = args.control_trust.server(&token)?;
+    let mut settings = TrainerSettings::new(&args.dir, token, security);
     settings.control_listen = args.listen;
     settings.transport_listen = args.transport_listen;
     settings.snapshot_every = args.snapshot_every;

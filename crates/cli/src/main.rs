@@ -4,6 +4,7 @@
 mod actor_cmd;
 mod bench;
 mod certs_cmd;
+mod control_trust;
 mod delta_cmd;
 mod fleet;
 mod hub_cmd;
@@ -37,7 +38,8 @@ enum Command {
     /// Create, apply, inspect and combine delta checkpoints.
     #[command(subcommand)]
     Delta(delta_cmd::DeltaCommand),
-    /// Run the control plane's HTTP API (token from AURORA_TOKEN).
+    /// Run the trainer's node: the control plane's API over mutual TLS (--ca, --cert,
+    /// --key) or --insecure-plaintext, the transport hub (token from AURORA_TOKEN).
     Hub(hub_cmd::HubArgs),
     /// Run a region's relay of the delta transport (token from AURORA_TOKEN).
     Relay(relay_cmd::RelayArgs),

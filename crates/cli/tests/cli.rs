@@ -865,6 +865,7 @@ fn the_hub_process_serves_its_api_behind_the_token() {
             "127.0.0.1:0",
             "--transport-listen",
             "127.0.0.1:0",
+            "--insecure-plaintext",
         ])
         .arg("--dir")
         .arg(s.path("hub"))
@@ -905,9 +906,31 @@ fn the_hub_process_serves_its_api_behind_the_token() {
     );
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
 
-    // Without a token the hub refuses to start, saying why.
+    // Without certificates or --insecure-plaintext the hub refuses to start, saying why.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
         .args(["hub", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(s.path("other"))
+        .env("AURORA_TOKEN", "test-token")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(
+            "error: the control plane needs this node's certificates (--ca, --cert and --key"
+        ),
+        "{stderr}"
+    );
+
+    // Without a token the hub refuses to start, saying why.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
+        .args([
+            "hub",
+            "--insecure-plaintext",
+            "--listen",
+            "127.0.0.1:0",
+            "--dir",
+        ])
         .arg(s.path("other"))
         .env_remove("AURORA_TOKEN")
         .output()

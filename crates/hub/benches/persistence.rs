@@ -86,7 +86,6 @@ fn run(actors: u64, prompts: u64) -> Run {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let clock = Arc::new(ManualClock::new(Millis(1_700_000_000_000)));
     let config = HubConfig {
-        token: "bench".into(),
         db_path: dir.path().join("hub.redb"),
         control: Config::default(),
         tick_interval_max: Duration::from_millis(200),

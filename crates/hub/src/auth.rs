@@ -1,11 +1,17 @@
-//! Bearer tokens: the fleet token, and the per-actor tokens handed out at registration.
+//! Who may call what: the refusals of authentication (401) and authorization (403), and
+//! the per-registration actor tokens.
 //!
-//! The fleet token (the hub's configuration) lets a machine register and read the
-//! status and metrics. Registering returns a fresh **actor token**, `<actor>.<64 hex
-//! digits>`: 256 bits from the operating system's random source behind the actor's id.
-//! Every later call of that actor (heartbeat, versions, claim, submit, leave, preempt)
-//! must present it, so one actor cannot act for another, and a re-registration (a new
-//! process) rotates it, locking the old process out.
+//! Over mutual TLS a peer is who its certificate says (`aurora_trust::Identity`), and its
+//! role decides the routes it may call (docs/control-api.md has the matrix). Over
+//! insecure plaintext, the fleet token (the hub's configuration) stands for every role
+//! but the actor's: it lets a machine register and read the status and metrics.
+//!
+//! Either way, registering returns a fresh **actor token**, `<actor>.<64 hex digits>`:
+//! 256 bits from the operating system's random source behind the actor's id. Every later
+//! call of that actor (heartbeat, versions, claim, submit, leave, preempt) must present
+//! it, so a re-registration (a new process of the same actor) rotates it and locks the
+//! old process out: a call replayed from an earlier registration is refused, even though
+//! the old process holds the same certificate.
 //!
 //! The hub keeps only the BLAKE3 hash of each actor token (a plain hash suffices for
 //! a 256-bit random secret; there is nothing to guess), and compares hashes with
@@ -16,7 +22,10 @@
 use std::fmt;
 
 use aurora_control::ActorId;
+use aurora_trust::{Identity, Role};
 use thiserror::Error;
+
+use crate::refusals::RequestRule;
 
 /// Random bytes in an actor token.
 const SECRET_BYTES: usize = 32;
@@ -43,14 +52,80 @@ pub enum AuthError {
     /// later registration).
     #[error("wrong or outdated token for {0}: register again to get a new one")]
     WrongActorToken(ActorId),
-    /// The request names an actor other than the token's.
-    #[error("the token is {token_actor}'s; it cannot act for {requested}")]
+    /// A hub that takes mutual TLS got a request without a verified certificate.
+    #[error("no client certificate: this hub takes mutual TLS with the fleet's certificates")]
+    NoCertificate,
+}
+
+impl AuthError {
+    pub(crate) fn rule(self) -> RequestRule {
+        match self {
+            AuthError::Missing => RequestRule::MissingToken,
+            AuthError::WrongFleetToken => RequestRule::WrongFleetToken,
+            AuthError::MalformedActorToken => RequestRule::MalformedToken,
+            AuthError::NotIssued(_) => RequestRule::TokenNotIssued,
+            AuthError::WrongActorToken(_) => RequestRule::OutdatedToken,
+            AuthError::NoCertificate => RequestRule::NoCertificate,
+        }
+    }
+}
+
+/// Why an authenticated peer may not make a request. Every variant is a 403.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum Forbidden {
+    /// The peer's role may not call the route.
+    #[error("{identity} may not {action}: only {} may", roles(allowed))]
+    Role {
+        identity: Identity,
+        /// What the route does, e.g. `register`.
+        action: &'static str,
+        allowed: &'static [Role],
+    },
+    /// The request names another actor than the one its proof is for.
+    #[error("the {proof} is {holder}'s; it cannot act for {requested}")]
     OtherActor {
-        /// Whose token was presented.
-        token_actor: ActorId,
-        /// The actor named in the request.
+        /// `certificate` or `token`.
+        proof: &'static str,
+        holder: ActorId,
         requested: ActorId,
     },
+    /// An actor certificate whose id is not an actor id of the control plane.
+    #[error(
+        "the certificate's actor id {0:?} is not an actor id of the control plane (decimal \
+         digits, as `aurora certs issue --role actor --id` takes it)"
+    )]
+    NotAnActorId(String),
+}
+
+impl Forbidden {
+    pub(crate) fn rule(&self) -> RequestRule {
+        match self {
+            Forbidden::Role { .. } => RequestRule::Role,
+            Forbidden::OtherActor { .. } => RequestRule::OtherActor,
+            Forbidden::NotAnActorId(_) => RequestRule::NotAnActorId,
+        }
+    }
+}
+
+/// The actor an actor certificate is for: its id is the actor's id in the control plane.
+pub(crate) fn certified_actor(identity: &Identity) -> Result<ActorId, Forbidden> {
+    // Digits only, as for tokens: one actor has one spelling.
+    let id = &identity.id;
+    id.bytes()
+        .all(|byte| byte.is_ascii_digit())
+        .then(|| id.parse().ok())
+        .flatten()
+        .map(ActorId)
+        .ok_or_else(|| Forbidden::NotAnActorId(id.clone()))
+}
+
+fn roles(roles: &[Role]) -> String {
+    let names: Vec<String> = roles.iter().map(|role| format!("{role}s")).collect();
+    match names.as_slice() {
+        [] => "nobody".into(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 /// A freshly issued actor token. Only its hash is stored; this is the one copy, to be
@@ -90,6 +165,20 @@ impl fmt::Debug for ActorToken {
 /// The stored form of a token.
 pub(crate) fn hash_token(token: &[u8]) -> blake3::Hash {
     blake3::hash(token)
+}
+
+/// Checks the fleet token (`presented` is the bearer token, if any) against its hash.
+pub(crate) fn authenticate_fleet(
+    fleet: &blake3::Hash,
+    presented: Option<&[u8]>,
+) -> Result<(), AuthError> {
+    let presented = presented.ok_or(AuthError::Missing)?;
+    // `blake3::Hash` compares in constant time, and hashing first hides the length.
+    if hash_token(presented) == *fleet {
+        Ok(())
+    } else {
+        Err(AuthError::WrongFleetToken)
+    }
 }
 
 /// The actor an actor token claims to be for (the text before the dot); the claim is
@@ -145,5 +234,27 @@ mod tests {
             );
         }
         assert_eq!(claimed_actor(b"7.anything"), Ok(ActorId(7)));
+    }
+
+    #[test]
+    fn an_actor_certificate_names_its_actor_in_decimal_digits() {
+        let identity = |id: &str| Identity::new(Role::Actor, id, "us").unwrap();
+        assert_eq!(certified_actor(&identity("42")), Ok(ActorId(42)));
+        for id in ["actor-42", "0x2a", "99999999999999999999999"] {
+            assert_eq!(
+                certified_actor(&identity(id)),
+                Err(Forbidden::NotAnActorId(id.into())),
+                "{id}"
+            );
+        }
+        let refused = Forbidden::Role {
+            identity: Identity::new(Role::Observer, "dash", "us").unwrap(),
+            action: "register",
+            allowed: &[Role::Actor],
+        };
+        assert_eq!(
+            refused.to_string(),
+            "observer dash (us) may not register: only actors may"
+        );
     }
 }

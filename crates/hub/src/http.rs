@@ -1,20 +1,16 @@
-//! The HTTP server: the accept loop, the axum router with authentication and limits,
-//! JSON errors, and one handler per endpoint, each a conversion from the wire, a
-//! [`Hub`] call on the blocking pool, and a conversion back.
+//! The HTTP API: the axum router with authorization and limits, JSON errors, and one
+//! handler per endpoint, each a conversion from the wire, a [`Hub`] call on the
+//! blocking pool, and a conversion back. The connections it runs on are `listen`'s.
 //!
 //! # Limits
 //!
 //! Everything a client controls is bounded: the body ([`MAX_BODY_BYTES`], refused
-//! before it is parsed), one result's payload ([`MAX_PAYLOAD_BYTES`]), the
-//! time to send the request head ([`HEADER_READ_TIMEOUT`], which also closes idle
-//! keep-alive connections), the time to handle a request, body upload and queueing
-//! included ([`REQUEST_TIMEOUT`]), and the requests handled at once
-//! ([`MAX_CONCURRENT_REQUESTS`]; more wait for a slot, within their timeout). Open
-//! connections are bounded by the process's file descriptor limit and the header
-//! timeout.
+//! before it is parsed), one result's payload ([`MAX_PAYLOAD_BYTES`]), the time to
+//! handle a request, body upload and queueing included ([`Limits::request_timeout`]),
+//! the requests of one peer in progress ([`Limits::max_requests_per_peer`]; one more is
+//! refused) and of all peers ([`Limits::max_requests`]; more wait for a slot, within
+//! their timeout). Connections and their timeouts are `listen`'s.
 
-use std::convert::Infallible;
-use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +20,7 @@ use aurora_api::{
     WireReadiness,
 };
 use aurora_control::{ActorId, MembershipError};
+use aurora_trust::{Identity, Role};
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::JsonRejection;
@@ -33,15 +30,15 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Extension};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use serde::de::DeserializeOwned;
-use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
-use crate::auth::AuthError;
+use crate::auth::{AuthError, Forbidden, authenticate_fleet, certified_actor, hash_token};
 use crate::hub::{CallError, Hub};
+use crate::limits::{Counts, Limits};
+use crate::listen::{Peer, Security, ServeConfig};
+use crate::refusals::{Refusal, RequestRule, Timeout};
 
 /// Largest request body accepted, in bytes: a submission of 32 results with payloads
 /// of the largest size ([`MAX_PAYLOAD_BYTES`]) and 64 KiB for everything else, or
@@ -49,41 +46,40 @@ use crate::hub::{CallError, Hub};
 /// submissions.
 pub const MAX_BODY_BYTES: usize = 32 * MAX_PAYLOAD_BYTES + (64 << 10);
 
-/// Longest time to handle one request, from its head to the response: reading the
-/// body (8 MiB at 10 Mbit/s takes under 7 s), waiting for a slot, and the call, whose
-/// commit includes an fsync. A request that ran out of time gets a 408; its call may
-/// still have taken effect, so clients retry (a retried result is then `duplicate`).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Longest time a connection may take to send a request head, and longest time an
-/// idle keep-alive connection stays open.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Most requests handled at once; it bounds the memory held by request bodies
-/// (`MAX_CONCURRENT_REQUESTS * MAX_BODY_BYTES`, about 516 MiB) and the blocking threads
-/// waiting on the core. Further requests wait for a slot.
-pub const MAX_CONCURRENT_REQUESTS: usize = 64;
-
-/// Pause after a failed accept (out of file descriptors, say), so that the loop does
-/// not spin while the condition lasts.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-
-/// Shortest pause between two ticks.
-const TICK_WAIT_MIN: Duration = Duration::from_millis(10);
-
-/// The API over `hub`: fleet routes behind the fleet token, actor routes behind the
-/// actor's own token, every route behind the body limit, the request timeout and the
-/// concurrency limit.
-pub fn router(hub: Arc<Hub>) -> Router {
-    let fleet = Router::new()
+/// The API over `hub`, as `config` says: who may call each route (module `auth`: by
+/// certificate over mutual TLS, by token over insecure plaintext), the body limit, the
+/// request timeout, and the concurrency limits per peer and in total. Every refusal is
+/// counted in the hub's [`crate::Refusals`] and logged once.
+pub fn router(hub: Arc<Hub>, config: &ServeConfig) -> Router {
+    let access = match &config.security {
+        Security::MutualTls(_) => Access::Certificates,
+        Security::InsecurePlaintext { fleet_token } => {
+            Access::FleetToken(hash_token(fleet_token.as_bytes()))
+        }
+    };
+    let api = Arc::new(Api {
+        hub,
+        access,
+        limits: config.limits.clone(),
+        requests: Counts::default(),
+    });
+    // Authorization runs before the body is read.
+    let gate = |rule| {
+        middleware::from_fn_with_state(
+            Gate {
+                api: Arc::clone(&api),
+                rule,
+            },
+            authorize,
+        )
+    };
+    let register = Router::new()
         .route("/v1/register", post(register))
+        .route_layer(gate(Rule::Register));
+    let read = Router::new()
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics))
-        // Authentication runs before the body is read.
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&hub),
-            authorize_fleet,
-        ));
+        .route_layer(gate(Rule::Read));
     let actors = Router::new()
         .route("/v1/heartbeat", post(heartbeat))
         .route("/v1/versions", post(versions))
@@ -91,106 +87,50 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/v1/submit", post(submit))
         .route("/v1/leave", post(leave))
         .route("/v1/preempt", post(preempt))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&hub),
-            authorize_actor,
-        ));
-    fleet
+        .route_layer(gate(Rule::Actor));
+    let request_timeout = config.limits.request_timeout;
+    register
+        .merge(read)
         .merge(actors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(
             ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(overloaded))
-                .timeout(REQUEST_TIMEOUT)
+                .layer(middleware::from_fn_with_state(
+                    Arc::clone(&api),
+                    count_refusals,
+                ))
+                .layer(HandleErrorLayer::new(move |error: BoxError| async move {
+                    overloaded(error, request_timeout)
+                }))
+                .timeout(request_timeout)
+                // Before the global limit, so that no peer waits for, or holds, more
+                // than its share of it.
+                .layer(middleware::from_fn_with_state(
+                    Arc::clone(&api),
+                    limit_per_peer,
+                ))
                 // Global: `Router::layer` clones the stack for every route, and each
                 // clone must draw on the same slots.
-                .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS)),
+                .layer(GlobalConcurrencyLimitLayer::new(config.limits.max_requests)),
         )
-        .with_state(hub)
+        .with_state(api)
 }
 
-/// Serves the API on `listener` and runs the tick task, forever: a failed accept (out
-/// of file descriptors, say) is logged and retried. Dropping the future stops the tick
-/// task and closes every connection.
-pub async fn run(hub: Arc<Hub>, listener: TcpListener) -> Infallible {
-    let _ticker = AbortOnDrop(tokio::spawn(tick_forever(Arc::clone(&hub))));
-    let router = router(hub);
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                if !is_connection_error(&error) {
-                    tracing::warn!(%error, "accepting connections failed; retrying");
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                }
-                continue;
-            }
-        };
-        // Forget finished connections, so the set holds only live ones.
-        while connections.try_join_next().is_some() {}
-        let service = TowerToHyperService::new(router.clone());
-        connections.spawn(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            if let Err(error) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, "connection ended with an error");
-            }
-        });
-    }
+/// What the handlers share.
+struct Api {
+    hub: Arc<Hub>,
+    access: Access,
+    limits: Limits,
+    /// Requests in progress per identity.
+    requests: Counts<Identity>,
 }
 
-/// Whether an accept error concerns only the connection being accepted (the peer
-/// gave up), rather than the listener or the process.
-fn is_connection_error(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionReset
-    )
-}
-
-/// Ticks the core whenever a deadline is due, so that leases expire and silent actors
-/// are removed even when no request comes in; ends when the hub has stopped.
-async fn tick_forever(hub: Arc<Hub>) {
-    loop {
-        let ticking = Arc::clone(&hub);
-        // Both calls take the core's lock, which a commit may hold through an fsync,
-        // so they run on the blocking pool rather than stall a runtime worker.
-        let wait = tokio::task::spawn_blocking(move || match ticking.tick() {
-            Err(CallError::Stopped) => None,
-            Err(error) => {
-                tracing::error!(%error, "tick not saved");
-                Some(ticking.until_next_tick())
-            }
-            Ok(_) => Some(ticking.until_next_tick()),
-        })
-        .await
-        .unwrap_or_else(|error| {
-            tracing::error!(%error, "tick task failed");
-            Some(TICK_WAIT_MIN)
-        });
-        let Some(wait) = wait else {
-            tracing::error!("the hub has stopped: no more ticks until it is restarted");
-            return;
-        };
-        // The floor keeps a tick that keeps failing (the deadline stays due) from spinning.
-        tokio::time::sleep(wait.max(TICK_WAIT_MIN)).await;
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+/// How peers prove who they are.
+enum Access {
+    /// By their certificate, which the handshake verified.
+    Certificates,
+    /// By the fleet token (its hash), or an actor token.
+    FleetToken(blake3::Hash),
 }
 
 /// The bearer token of a request, if it has one.
@@ -201,65 +141,197 @@ fn bearer(request: &Request) -> Option<&[u8]> {
         .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
 }
 
-async fn authorize_fleet(State(hub): State<Arc<Hub>>, request: Request, next: Next) -> Response {
-    match hub.authenticate_fleet(bearer(&request)) {
-        Ok(()) => next.run(request).await,
-        Err(error) => unauthorized(error),
+/// A group of routes, by who may call them (docs/control-api.md, "Authorization").
+#[derive(Clone, Copy, Debug)]
+enum Rule {
+    /// `/v1/register`: an actor, for its own id.
+    Register,
+    /// Every other actor call: an actor, for its own id, in its current registration.
+    Actor,
+    /// Status and metrics: read-only roles. Actors are left out: the status names
+    /// every member, which no actor needs.
+    Read,
+}
+
+impl Rule {
+    fn action(self) -> &'static str {
+        match self {
+            Rule::Register => "register",
+            Rule::Actor => "make an actor's calls",
+            Rule::Read => "read the status and metrics",
+        }
+    }
+
+    fn roles(self) -> &'static [Role] {
+        match self {
+            Rule::Register | Rule::Actor => &[Role::Actor],
+            Rule::Read => &[Role::Observer, Role::Trainer, Role::Relay],
+        }
     }
 }
 
-/// The actor an actor token authenticated, for the handler to check against the
-/// actor the request names.
-#[derive(Clone, Copy, Debug)]
-struct Authenticated(ActorId);
+#[derive(Clone)]
+struct Gate {
+    api: Arc<Api>,
+    rule: Rule,
+}
 
-async fn authorize_actor(
-    State(hub): State<Arc<Hub>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match hub.authenticate_actor(bearer(&request)) {
-        Ok(actor) => {
-            request.extensions_mut().insert(Authenticated(actor));
+async fn authorize(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
+    match gate.api.authorize(gate.rule, &request) {
+        Ok(authenticated) => {
+            if let Some(authenticated) = authenticated {
+                request.extensions_mut().insert(authenticated);
+            }
             next.run(request).await
         }
-        Err(error) => unauthorized(error),
+        Err(error) => error.into_response(),
     }
+}
+
+impl Api {
+    /// Whether the request's peer may call routes of `rule`, and as which actor (for
+    /// the handler to check against the actor the body names).
+    fn authorize(&self, rule: Rule, request: &Request) -> Result<Option<Authenticated>, ApiError> {
+        let token = bearer(request);
+        let identity = match &self.access {
+            Access::FleetToken(fleet) => {
+                return match rule {
+                    Rule::Register | Rule::Read => {
+                        authenticate_fleet(fleet, token)?;
+                        Ok(None)
+                    }
+                    Rule::Actor => Ok(Some(Authenticated {
+                        actor: self.hub.authenticate_actor(token)?,
+                        proof: "token",
+                    })),
+                };
+            }
+            Access::Certificates => request
+                .extensions()
+                .get::<Peer>()
+                .and_then(|peer| peer.identity.as_ref())
+                .ok_or(AuthError::NoCertificate)?,
+        };
+        if !rule.roles().contains(&identity.role) {
+            return Err(Forbidden::Role {
+                identity: identity.clone(),
+                action: rule.action(),
+                allowed: rule.roles(),
+            }
+            .into());
+        }
+        let actor = match rule {
+            Rule::Read => return Ok(None),
+            Rule::Register | Rule::Actor => certified_actor(identity)?,
+        };
+        if let Rule::Actor = rule {
+            // The token binds the call to the actor's current registration: a process
+            // of an earlier one holds the same certificate, but not the token.
+            let registered = self.hub.authenticate_actor(token)?;
+            if registered != actor {
+                return Err(Forbidden::OtherActor {
+                    proof: "certificate",
+                    holder: actor,
+                    requested: registered,
+                }
+                .into());
+            }
+        }
+        Ok(Some(Authenticated {
+            actor,
+            proof: "certificate",
+        }))
+    }
+}
+
+/// The actor a request's certificate or token authenticated, for the handler to check
+/// against the actor the body names.
+#[derive(Clone, Copy, Debug)]
+struct Authenticated {
+    actor: ActorId,
+    /// `certificate` or `token`, for the refusal's message.
+    proof: &'static str,
 }
 
 impl Authenticated {
-    /// Refuses a request naming an actor other than the token's.
+    /// Refuses a request naming another actor than the proof's.
     fn check(self, requested: u64) -> Result<ActorId, ApiError> {
         let requested = ActorId(requested);
-        if requested == self.0 {
+        if requested == self.actor {
             Ok(requested)
         } else {
-            Err(ApiError::from(AuthError::OtherActor {
-                token_actor: self.0,
+            Err(ApiError::from(Forbidden::OtherActor {
+                proof: self.proof,
+                holder: self.actor,
                 requested,
             }))
         }
     }
 }
 
-fn unauthorized(error: AuthError) -> Response {
-    let mut response = ApiError::from(error).into_response();
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Bearer"),
-    );
+/// Refuses a request at once (429) when its peer has
+/// [`Limits::max_requests_per_peer`] in progress. Only peers with an identity are
+/// counted: over plaintext every actor of a machine shares its address.
+async fn limit_per_peer(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
+    let identity = request
+        .extensions()
+        .get::<Peer>()
+        .and_then(|peer| peer.identity.clone());
+    let Some(identity) = identity else {
+        return next.run(request).await;
+    };
+    let max = api.limits.max_requests_per_peer;
+    let Some(_slot) = api.requests.try_take(identity, max) else {
+        return ApiError::refused(
+            StatusCode::TOO_MANY_REQUESTS,
+            Refusal::Request(RequestRule::PeerConcurrency),
+            format!("{max} requests of this peer are in progress already; send fewer at once"),
+        )
+        .into_response();
+    };
+    next.run(request).await
+}
+
+/// Counts and logs every refusal an inner layer or handler answered with (they mark
+/// their responses with [`Refused`]).
+async fn count_refusals(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
+    let peer = request.extensions().get::<Peer>().cloned();
+    let route = format!("{} {}", request.method(), request.uri().path());
+    let response = next.run(request).await;
+    if let Some(Refused(refusal)) = response.extensions().get::<Refused>() {
+        let peer: &dyn std::fmt::Display = match &peer {
+            Some(peer) => peer,
+            None => &"a client in memory",
+        };
+        let status = response.status();
+        let message = response
+            .extensions()
+            .get::<RefusedMessage>()
+            .map_or("", |message| message.0.as_str());
+        api.hub.refusals().record(
+            *refusal,
+            peer,
+            &format_args!("{route}: {status}: {message}"),
+        );
+    }
     response
 }
 
+/// Marks a response as a refusal, for [`count_refusals`].
+#[derive(Clone, Copy, Debug)]
+struct Refused(Refusal);
+
+/// The refusal's message, for its log line.
+#[derive(Clone, Debug)]
+struct RefusedMessage(String);
+
 /// Answers a request the timeout layer stopped.
-async fn overloaded(error: BoxError) -> ApiError {
+fn overloaded(error: BoxError, timeout: Duration) -> ApiError {
     if error.is::<tower::timeout::error::Elapsed>() {
-        ApiError::new(
+        ApiError::refused(
             StatusCode::REQUEST_TIMEOUT,
-            format!(
-                "request not handled within {} s; retry",
-                REQUEST_TIMEOUT.as_secs()
-            ),
+            Refusal::Timeout(Timeout::Request),
+            format!("request not handled within {timeout:?}; retry"),
         )
     } else {
         tracing::error!(%error, "request failed in a middleware");
@@ -268,11 +340,15 @@ async fn overloaded(error: BoxError) -> ApiError {
 }
 
 async fn register(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<Api>>,
+    authenticated: Option<Extension<Authenticated>>,
     Body(request): Body<RegisterRequest>,
 ) -> Result<axum::Json<RegisterResponse>, ApiError> {
+    if let Some(Extension(authenticated)) = authenticated {
+        authenticated.check(request.actor)?;
+    }
     let (actor, registration) = request.into_core()?;
-    let (readiness, token) = blocking(hub, move |hub| hub.register(actor, registration)).await??;
+    let (readiness, token) = blocking(&api, move |hub| hub.register(actor, registration)).await??;
     Ok(axum::Json(RegisterResponse::from_core(
         readiness,
         token.as_str(),
@@ -280,75 +356,76 @@ async fn register(
 }
 
 async fn heartbeat(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<Api>>,
     Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<Ack>, ApiError> {
     let actor = authenticated.check(request.actor)?;
-    blocking(hub, move |hub| hub.heartbeat(actor)).await??;
+    blocking(&api, move |hub| hub.heartbeat(actor)).await??;
     Ok(axum::Json(Ack {}))
 }
 
 async fn versions(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<Api>>,
     Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<VersionsRequest>,
 ) -> Result<axum::Json<WireReadiness>, ApiError> {
     let actor = authenticated.check(request.actor)?;
     let (active, staged) = request.versions();
-    let readiness = blocking(hub, move |hub| hub.report_versions(actor, active, staged)).await??;
+    let readiness = blocking(&api, move |hub| hub.report_versions(actor, active, staged)).await??;
     Ok(axum::Json(readiness.into()))
 }
 
 async fn claim(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<Api>>,
     Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<ClaimResponse>, ApiError> {
     let actor = authenticated.check(request.actor)?;
-    let (assignment, now) = blocking(hub, move |hub| hub.claim(actor)).await??;
+    let (assignment, now) = blocking(&api, move |hub| hub.claim(actor)).await??;
     Ok(axum::Json(ClaimResponse::from_core(&assignment, now)))
 }
 
 async fn submit(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<Api>>,
     Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<SubmitRequest>,
 ) -> Result<axum::Json<SubmitResponse>, ApiError> {
     let actor = authenticated.check(request.actor)?;
     let (_, results) = request.into_core()?;
-    let outcomes = blocking(hub, move |hub| hub.submit(actor, &results)).await??;
+    let outcomes = blocking(&api, move |hub| hub.submit(actor, &results)).await??;
     Ok(axum::Json(SubmitResponse::from_core(&outcomes)))
 }
 
 async fn leave(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<Api>>,
     Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<Ack>, ApiError> {
     let actor = authenticated.check(request.actor)?;
-    blocking(hub, move |hub| hub.leave(actor)).await??;
+    blocking(&api, move |hub| hub.leave(actor)).await??;
     Ok(axum::Json(Ack {}))
 }
 
 async fn preempt(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<Api>>,
     Extension(authenticated): Extension<Authenticated>,
     Body(request): Body<ActorRequest>,
 ) -> Result<axum::Json<Ack>, ApiError> {
     let actor = authenticated.check(request.actor)?;
-    blocking(hub, move |hub| hub.preempt(actor)).await??;
+    blocking(&api, move |hub| hub.preempt(actor)).await??;
     Ok(axum::Json(Ack {}))
 }
 
-async fn status(State(hub): State<Arc<Hub>>) -> Result<axum::Json<StatusResponse>, ApiError> {
-    let status = blocking(hub, |hub| hub.read(StatusResponse::from_core)).await??;
+async fn status(State(api): State<Arc<Api>>) -> Result<axum::Json<StatusResponse>, ApiError> {
+    let status = blocking(&api, |hub| hub.read(StatusResponse::from_core)).await??;
     Ok(axum::Json(status))
 }
 
-async fn metrics(State(hub): State<Arc<Hub>>) -> Result<impl IntoResponse, ApiError> {
-    let text = blocking(hub, |hub| {
-        hub.read(|core| crate::metrics::render(core, hub.leases_issued()))
+async fn metrics(State(api): State<Arc<Api>>) -> Result<impl IntoResponse, ApiError> {
+    let text = blocking(&api, |hub| {
+        let refusals = hub.refusals().snapshot();
+        hub.read(|core| crate::metrics::render(core, hub.leases_issued(), &refusals))
     })
     .await??;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
@@ -357,9 +434,10 @@ async fn metrics(State(hub): State<Arc<Hub>>) -> Result<impl IntoResponse, ApiEr
 /// Runs a hub call on the blocking pool: calls take the core's lock, which a commit
 /// may hold through an fsync.
 async fn blocking<T: Send + 'static>(
-    hub: Arc<Hub>,
+    api: &Api,
     call: impl FnOnce(&Hub) -> T + Send + 'static,
 ) -> Result<T, ApiError> {
+    let hub = Arc::clone(&api.hub);
     tokio::task::spawn_blocking(move || call(&hub))
         .await
         .map_err(|error| {
@@ -388,6 +466,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
 struct ApiError {
     status: StatusCode,
     message: String,
+    /// Set when a rule refused the request, for [`count_refusals`].
+    refusal: Option<Refusal>,
 }
 
 impl ApiError {
@@ -395,6 +475,14 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            refusal: None,
+        }
+    }
+
+    fn refused(status: StatusCode, refusal: Refusal, message: impl Into<String>) -> ApiError {
+        ApiError {
+            refusal: Some(refusal),
+            ..ApiError::new(status, message)
         }
     }
 }
@@ -402,9 +490,21 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
-            error: self.message,
+            error: self.message.clone(),
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        if let Some(refusal) = self.refusal {
+            let extensions = response.extensions_mut();
+            extensions.insert(Refused(refusal));
+            extensions.insert(RefusedMessage(self.message));
+        }
+        response
     }
 }
 
@@ -428,7 +528,15 @@ impl From<WireError> for ApiError {
 
 impl From<AuthError> for ApiError {
     fn from(error: AuthError) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, error.to_string())
+        let refusal = Refusal::Request(error.rule());
+        ApiError::refused(StatusCode::UNAUTHORIZED, refusal, error.to_string())
+    }
+}
+
+impl From<Forbidden> for ApiError {
+    fn from(error: Forbidden) -> ApiError {
+        let refusal = Refusal::Request(error.rule());
+        ApiError::refused(StatusCode::FORBIDDEN, refusal, error.to_string())
     }
 }
 

@@ -43,6 +43,7 @@ use crate::journal::{
     Claim, Command, Heartbeat, Leave, OpenStep, Preempt, PublishVersion, Record, Register,
     ReportVersions, Resume, Submit, TakeStepOutcome, Tick,
 };
+use crate::refusals::Refusals;
 use crate::store::{
     AcceptedRollout, Changes, Journal, LoadError, PersistError, StateStore, Stored,
 };
@@ -50,8 +51,6 @@ use crate::store::{
 /// Settings of a hub.
 #[derive(Clone, Debug)]
 pub struct HubConfig {
-    /// The fleet token: registration, status and metrics require it.
-    pub token: String,
     /// The state database; created if missing, restored from if present.
     pub db_path: PathBuf,
     /// The core's settings for a fresh state. A restored state keeps the settings it
@@ -70,9 +69,6 @@ pub enum OpenError {
     /// The configured core settings are invalid.
     #[error("invalid control config: {0}")]
     Config(#[from] ConfigError),
-    /// The token is empty, which would let anyone in.
-    #[error("the bearer token is empty")]
-    EmptyToken,
     /// The stored state could not be loaded.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -128,13 +124,12 @@ pub struct StepResults {
 }
 
 /// The shared state of a running hub. Methods are synchronous (they write to disk);
-/// async callers run them on the blocking pool, except the `authenticate_*` methods,
-/// which never wait on the disk.
+/// async callers run them on the blocking pool, except `authenticate_actor` and
+/// `refusals`, which never wait on the disk.
 pub struct Hub {
     live: Mutex<Live>,
     store: StateStore,
     clock: Arc<dyn Clock>,
-    fleet_token: blake3::Hash,
     /// Hashes of the members' current tokens: written under the core's lock right
     /// after each commit, read by authentication without that lock (which a commit
     /// holds through an fsync).
@@ -143,6 +138,8 @@ pub struct Hub {
     /// Leases handed out by this process. Not part of the core's state, so the metric
     /// restarts at zero with the process, as Prometheus counters may.
     leases_issued: AtomicU64,
+    /// Connections and requests turned away by this process.
+    refusals: Refusals,
     /// Becomes true once the hub has stopped, for whoever serves it to exit on.
     stopped: tokio::sync::watch::Sender<bool>,
 }
@@ -165,9 +162,6 @@ impl Hub {
     /// expire now, the others keep their deadlines, and the actors' silence during the
     /// outage is forgiven (they could not reach it).
     pub fn open(config: HubConfig) -> Result<Hub, OpenError> {
-        if config.token.is_empty() {
-            return Err(OpenError::EmptyToken);
-        }
         let (store, stored) = StateStore::open(&config.db_path)?;
         let Stored {
             snapshot,
@@ -187,10 +181,10 @@ impl Hub {
             }),
             store,
             clock: config.clock,
-            fleet_token: hash_token(config.token.as_bytes()),
             actor_tokens: RwLock::new(tokens),
             tick_interval_max: config.tick_interval_max,
             leases_issued: AtomicU64::new(0),
+            refusals: Refusals::default(),
             stopped: tokio::sync::watch::Sender::new(false),
         };
         // Resuming changes the state, so it is journaled like any call: a later replay
@@ -437,15 +431,9 @@ impl Hub {
         self.leases_issued.load(Ordering::Relaxed)
     }
 
-    /// Checks the fleet token (`presented` is the bearer token, if any).
-    pub fn authenticate_fleet(&self, presented: Option<&[u8]>) -> Result<(), AuthError> {
-        let presented = presented.ok_or(AuthError::Missing)?;
-        // `blake3::Hash` compares in constant time, and hashing first hides the length.
-        if hash_token(presented) == self.fleet_token {
-            Ok(())
-        } else {
-            Err(AuthError::WrongFleetToken)
-        }
+    /// The connections and requests turned away by this process, by reason.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
     }
 
     /// Checks an actor token and returns the actor it authenticates.

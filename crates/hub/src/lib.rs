@@ -6,17 +6,25 @@
 //! `docs/control-api.md`, version 1; the request and response types are the crate
 //! [`aurora_api`], which clients use without this server, and
 //! `examples/python/worker.py` drives it from the Python standard library.
-//! Everything a client controls is bounded (see the `http` limits: [`MAX_BODY_BYTES`],
-//! [`aurora_api::MAX_PAYLOAD_BYTES`], [`REQUEST_TIMEOUT`], [`HEADER_READ_TIMEOUT`],
-//! [`MAX_CONCURRENT_REQUESTS`]), and no input can make a handler panic.
+//! Everything a client controls is bounded ([`MAX_BODY_BYTES`],
+//! [`aurora_api::MAX_PAYLOAD_BYTES`], and the caps and timeouts of [`Limits`]:
+//! connections in total, per source address and per identity, requests in progress in
+//! total and per identity, the handshake, the request head and the request), and no
+//! input can make a handler panic. Every refusal is counted ([`Refusals`], in
+//! `/metrics`) and logged once.
 //!
-//! # Authentication
+//! # Authentication and authorization
 //!
-//! The fleet token ([`HubConfig::token`]) admits registration, status and metrics.
-//! Registering returns the actor's own token, which every later call of that actor
-//! must present: one actor cannot act for another, and a re-registration rotates the
-//! token. Only BLAKE3 hashes of tokens are kept, compared in constant time (module
-//! `auth`).
+//! [`Security::MutualTls`] serves HTTPS with mutual TLS 1.3 against the fleet CA
+//! (module `listen`): a peer is who its certificate says (`aurora_trust::Identity`),
+//! and its role decides what it may call (module `auth`; the matrix is in
+//! docs/control-api.md): an actor calls the actor routes for its own id only, readers
+//! (observer, trainer, relay) read status and metrics. [`Security::InsecurePlaintext`]
+//! serves plain HTTP where the fleet token admits registration, status and metrics, for
+//! loopback and tests. Either way registering returns the actor's own token, which every
+//! later call of that actor must present: it binds the calls to the registration, so a
+//! re-registration (a new process) locks the old process out. Only BLAKE3 hashes of
+//! tokens are kept, compared in constant time.
 //!
 //! # Persistence, and why an acknowledged acceptance survives a crash
 //!
@@ -67,7 +75,10 @@ mod clock;
 mod http;
 mod hub;
 mod journal;
+mod limits;
+mod listen;
 mod metrics;
+mod refusals;
 mod store;
 
 use std::convert::Infallible;
@@ -76,12 +87,15 @@ use std::sync::Arc;
 use thiserror::Error;
 use tokio::net::TcpListener;
 
-pub use auth::{ActorToken, AuthError};
+pub use auth::{ActorToken, AuthError, Forbidden};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use http::{
-    HEADER_READ_TIMEOUT, MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT, router, run,
-};
+pub use http::{MAX_BODY_BYTES, router};
 pub use hub::{CallError, Hub, HubConfig, OpenError, StepResults};
+pub use limits::{
+    HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT, Limits, MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT,
+};
+pub use listen::{Security, SecurityError, ServeConfig, run};
+pub use refusals::{ConnectionLimit, HandshakeFailure, Refusal, Refusals, RequestRule, Timeout};
 pub use store::{AcceptedRollout, LoadError, PersistError};
 
 /// Why [`serve`] stopped.
@@ -98,14 +112,19 @@ pub enum ServeError {
     Stopped,
 }
 
-/// Opens the hub described by `config` and serves its API on `listener`; returns if the
-/// hub cannot start, or once it has stopped, so that the process exits and its
-/// supervisor restarts it from the database rather than leaving it answering 503.
-pub async fn serve(config: HubConfig, listener: TcpListener) -> Result<Infallible, ServeError> {
+/// Opens the hub described by `config` and serves its API on `listener` as `serve`
+/// says; returns if the hub cannot start, or once it has stopped, so that the process
+/// exits and its supervisor restarts it from the database rather than leaving it
+/// answering 503.
+pub async fn serve(
+    config: HubConfig,
+    listener: TcpListener,
+    serve: ServeConfig,
+) -> Result<Infallible, ServeError> {
     // Opening reads and may restore the whole state from disk.
     let hub = Arc::new(tokio::task::spawn_blocking(move || Hub::open(config)).await??);
     tokio::select! {
-        never = run(Arc::clone(&hub), listener) => match never {},
+        never = run(Arc::clone(&hub), listener, serve) => match never {},
         () = hub.wait_stopped() => Err(ServeError::Stopped),
     }
 }

@@ -1,13 +1,20 @@
-//! The Prometheus text exposition of the core's counters and gauges (`GET /metrics`,
-//! listed in `docs/control-api.md`).
+//! The Prometheus text exposition of the core's counters and gauges and of the hub's
+//! refusals (`GET /metrics`, listed in `docs/control-api.md`).
 
 use std::fmt::Write as _;
 
 use aurora_api::{REJECTIONS, rejection_reason};
 use aurora_control::ControlPlane;
 
-/// Renders the Prometheus text exposition of the core's counters and gauges.
-pub(crate) fn render(core: &ControlPlane, leases_issued: u64) -> String {
+use crate::refusals::{METRICS, Refusal};
+
+/// Renders the Prometheus text exposition of the core's counters and gauges, and of
+/// `refusals` (every kind, zeros included).
+pub(crate) fn render(
+    core: &ControlPlane,
+    leases_issued: u64,
+    refusals: &[(Refusal, u64)],
+) -> String {
     let stats = core.stats();
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
@@ -113,6 +120,20 @@ pub(crate) fn render(core: &ControlPlane, leases_issued: u64) -> String {
             "Whether the current or last step has completed.",
             &[("", u64::from(progress.completion.is_some()))],
         );
+    }
+    for (name, help) in METRICS {
+        let samples: Vec<(String, u64)> = refusals
+            .iter()
+            .filter_map(|(refusal, count)| {
+                let (metric, key, label) = refusal.metric();
+                (metric == name).then(|| (format!("{{{key}=\"{label}\"}}"), *count))
+            })
+            .collect();
+        let samples: Vec<(&str, u64)> = samples
+            .iter()
+            .map(|(labels, count)| (labels.as_str(), *count))
+            .collect();
+        metric(name, "counter", help, &samples);
     }
     out
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use aurora_control::{ActorId, PromptId, Version, WeightsHash};
 use aurora_hub::{StepResults, run};
-use common::{FLEET, TestHub};
+use common::{FLEET, TestHub, plaintext};
 
 /// Reads the worker's stdout until it has reported `count` more accepted results.
 fn wait_for_accepted(lines: &mut impl Iterator<Item = std::io::Result<String>>, count: usize) {
@@ -73,7 +73,7 @@ fn the_python_worker_generates_two_steps_through_a_version_change() {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    runtime.spawn(run(Arc::clone(&hub.hub), listener));
+    runtime.spawn(run(Arc::clone(&hub.hub), listener, plaintext()));
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/python/worker.py");
     let mut worker = Command::new("python3")

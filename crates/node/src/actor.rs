@@ -15,7 +15,7 @@ use aurora_proto::{Identity, Role, VersionRef, Weights};
 use aurora_transport::{Engine, NodeConfig, NodeHandle, spawn_actor, spawn_joining_actor};
 use tokio::task::JoinHandle;
 
-use crate::{ControlClient, NodeError};
+use crate::{ControlClient, ControlSecurity, NodeError};
 
 /// Heartbeat period; a control plane declares an actor dead after a few missed.
 const HEARTBEAT: Duration = Duration::from_millis(1000);
@@ -32,9 +32,11 @@ pub struct ActorSettings {
     pub control: SocketAddr,
     /// Transport upstreams in order of preference: the region's relay, then the hub.
     pub upstreams: Vec<SocketAddr>,
-    /// The fleet token (registration and the transport); the control plane gives the
-    /// actor a token of its own for every later call.
+    /// The fleet token of the transport.
     pub token: String,
+    /// How the control plane is reached: mutual TLS, or plaintext with the fleet token.
+    /// Registering gives the actor a token of its own for every later call.
+    pub control_security: ControlSecurity,
     /// Parallel TCP streams per upstream session.
     pub streams: u8,
     /// The trainer's public key: every artifact and commit must carry its signature
@@ -88,7 +90,7 @@ impl ActorNode {
         })?
         .map_err(NodeError::Transport)?;
         let active = joined.active.expect("waited for an active version");
-        let fleet = ControlClient::new(settings.control, &settings.token);
+        let fleet = ControlClient::new(settings.control, &settings.control_security);
         let registered: RegisterResponse = fleet
             .post(
                 "/v1/register",
@@ -102,7 +104,7 @@ impl ActorNode {
             )
             .await?;
         tracing::info!(actor = settings.id, version = active.version, readiness = ?registered.readiness, "registered");
-        let client = Arc::new(ControlClient::new(settings.control, &registered.token));
+        let client = Arc::new(fleet.with_actor_token(&registered.token));
         let tasks = vec![
             tokio::spawn(heartbeats(client.clone(), settings.id)),
             tokio::spawn(report_versions(

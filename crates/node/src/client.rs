@@ -1,16 +1,32 @@
 //! A JSON client of the control plane's HTTP API (docs/control-api.md) over hyper's
 //! pooled client: an actor makes a few small requests per batch to one address.
+//!
+//! Over mutual TLS ([`ControlSecurity::MutualTls`]) it presents the node's certificate
+//! and accepts only a server whose certificate the fleet CA issued to a trainer,
+//! checked before a byte of a request is sent; such a refusal is final, never retried.
 
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use aurora_trust::tls::{CONTROL_ALPN, explain, server_name};
+use aurora_trust::{NodeTls, Role, TrustError};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::Uri;
 use hyper_util::client::legacy::Client as Pool;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
 use crate::NodeError;
 
@@ -24,19 +40,79 @@ const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Answers larger than this are refused (the hub's largest is the status view).
 const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// How long an idle pooled connection is kept: less than the hub's header read timeout
+/// (10 s), so the client closes it first rather than reuse one the hub is closing, and
+/// the hub does not count it as a slow client.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How a client reaches the control plane and proves who it is.
+#[derive(Clone)]
+pub enum ControlSecurity {
+    /// HTTPS with mutual TLS: the node's certificate proves its identity, and only a
+    /// trainer's certificate is accepted as the control plane's.
+    MutualTls(Arc<rustls::ClientConfig>),
+    /// Plain HTTP with the fleet token: anyone on the path reads it and the actor's
+    /// token, and may replay requests. For loopback and tests only.
+    InsecurePlaintext { fleet_token: String },
+}
+
+impl ControlSecurity {
+    /// Mutual TLS as the node `tls` is.
+    pub fn mutual_tls(tls: &NodeTls) -> Result<ControlSecurity, TrustError> {
+        Ok(ControlSecurity::MutualTls(
+            tls.client_config(CONTROL_ALPN, &[Role::Trainer])?,
+        ))
+    }
+}
+
+impl std::fmt::Debug for ControlSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.write_str(match self {
+            ControlSecurity::MutualTls(_) => "MutualTls",
+            ControlSecurity::InsecurePlaintext { .. } => "InsecurePlaintext",
+        })
+    }
+}
+
+#[derive(Clone)]
 pub struct ControlClient {
-    pool: Pool<HttpConnector, Full<Bytes>>,
+    pool: Pool<Connector, Full<Bytes>>,
     base: String,
-    authorization: String,
+    /// The bearer token sent: the fleet token over plaintext, then the actor's token.
+    authorization: Option<String>,
 }
 
 impl ControlClient {
-    pub fn new(address: SocketAddr, token: &str) -> ControlClient {
+    pub fn new(address: SocketAddr, security: &ControlSecurity) -> ControlClient {
+        let (scheme, tls, authorization) = match security {
+            ControlSecurity::MutualTls(config) => {
+                ("https", Some(TlsConnector::from(Arc::clone(config))), None)
+            }
+            ControlSecurity::InsecurePlaintext { fleet_token } => {
+                tracing::warn!(
+                    %address,
+                    "calling the control plane over INSECURE PLAINTEXT HTTP: the tokens cross \
+                     the network in clear"
+                );
+                ("http", None, Some(format!("Bearer {fleet_token}")))
+            }
+        };
         ControlClient {
-            pool: Pool::builder(TokioExecutor::new()).build_http(),
-            base: format!("http://{address}"),
-            authorization: format!("Bearer {token}"),
+            pool: Pool::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .build(Connector { tls }),
+            base: format!("{scheme}://{address}"),
+            authorization,
+        }
+    }
+
+    /// The same client (and connections) presenting an actor's token, which
+    /// `/v1/register` returned: it binds every later call to that registration.
+    pub fn with_actor_token(&self, token: &str) -> ControlClient {
+        ControlClient {
+            authorization: Some(format!("Bearer {token}")),
+            ..self.clone()
         }
     }
 
@@ -81,22 +157,33 @@ impl ControlClient {
     }
 
     async fn try_post(&self, path: &str, body: Bytes) -> Result<Bytes, Attempt> {
-        let request = hyper::Request::post(format!("{}{path}", self.base))
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(hyper::header::AUTHORIZATION, &self.authorization)
+        let mut request = hyper::Request::post(format!("{}{path}", self.base))
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if let Some(authorization) = &self.authorization {
+            request = request.header(hyper::header::AUTHORIZATION, authorization);
+        }
+        let request = request
             .body(Full::new(body))
             .map_err(|e| Attempt::Failed(e.to_string()))?;
         let response = tokio::time::timeout(REQUEST_TIMEOUT, self.pool.request(request))
             .await
             .map_err(|_| Attempt::Failed(format!("no answer within {REQUEST_TIMEOUT:?}")))?
-            // No answer at all: refused, reset, or a pooled connection to a process that
-            // is gone. Every call is safe to repeat, so each is worth another try.
-            .map_err(|e| {
-                use std::error::Error;
-                Attempt::Unavailable(
-                    e.source()
-                        .map_or(e.to_string(), |cause| format!("{e}: {cause}")),
-                )
+            .map_err(|e| match tls_refusal(&e) {
+                // The server is not the fleet's trainer, or refused our certificate:
+                // trying again would not change who it is.
+                Some(refusal) => Attempt::Failed(format!(
+                    "the TLS handshake with the control plane failed: {}",
+                    explain(refusal)
+                )),
+                // No answer at all: refused, reset, or a pooled connection to a process
+                // that is gone. Every call is safe to repeat, so each is worth another try.
+                None => {
+                    use std::error::Error;
+                    Attempt::Unavailable(
+                        e.source()
+                            .map_or(e.to_string(), |cause| format!("{e}: {cause}")),
+                    )
+                }
             })?;
         let status = response.status();
         let answer = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
@@ -117,6 +204,112 @@ impl ControlClient {
 enum Attempt {
     Unavailable(String),
     Failed(String),
+}
+
+/// The TLS error behind a failed request, if a handshake failed: rustls's error travels
+/// inside an `io::Error` (whose `source` skips it) inside hyper's.
+fn tls_refusal<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let inner = error
+            .downcast_ref::<io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        if inner.is_some() {
+            return inner;
+        }
+        cause = error.source();
+    }
+    None
+}
+
+/// Connects to the control plane: TCP, then TLS when the client has a configuration.
+#[derive(Clone)]
+struct Connector {
+    tls: Option<TlsConnector>,
+}
+
+impl tower::Service<Uri> for Connector {
+    type Response = TokioIo<Stream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<TokioIo<Stream>>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let authority = uri.authority().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("no address in {uri}"))
+            })?;
+            let tcp = TcpStream::connect(authority.as_str()).await?;
+            tcp.set_nodelay(true)?;
+            let stream = match tls {
+                // Servers are recognised by the role in their certificate, not by a
+                // host name (see `aurora_trust::tls`).
+                Some(tls) => Stream::Tls(Box::new(tls.connect(server_name(), tcp).await?)),
+                None => Stream::Plain(tcp),
+            };
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
+
+/// A connection to the control plane.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connection for Stream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::Tls(stream) => Pin::new(stream).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::Tls(stream) => Pin::new(stream).poll_shutdown(cx),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -151,6 +344,12 @@ mod tests {
         listener.local_addr().unwrap()
     }
 
+    fn plaintext() -> ControlSecurity {
+        ControlSecurity::InsecurePlaintext {
+            fleet_token: "token".into(),
+        }
+    }
+
     const UNAVAILABLE: &str =
         "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
@@ -163,9 +362,95 @@ mod tests {
             Duration::from_millis(300),
             vec![UNAVAILABLE, ok],
         ));
-        let client = ControlClient::new(address, "token");
+        let client = ControlClient::new(address, &plaintext());
         let answer: serde_json::Value = client.post("/v1/heartbeat", &()).await.unwrap();
         assert_eq!(answer, serde_json::json!({ "ok": true }));
+        server.await.unwrap();
+    }
+
+    fn tls(ca: &aurora_trust::FleetCa, role: Role, id: &str) -> NodeTls {
+        let identity = aurora_trust::Identity::new(role, id, "us").unwrap();
+        let cert = ca.issue(&identity, time::Duration::days(1)).unwrap();
+        NodeTls::from_pem(ca.cert_pem(), &cert.cert_pem, &cert.key_pem).unwrap()
+    }
+
+    #[tokio::test]
+    async fn over_mutual_tls_an_actor_registers_with_its_certificate() {
+        let ca = aurora_trust::FleetCa::create("test").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let hub = std::sync::Arc::new(
+            aurora_hub::Hub::open(aurora_hub::HubConfig {
+                db_path: dir.path().join("hub.redb"),
+                control: aurora_control::Config::default(),
+                tick_interval_max: Duration::from_millis(200),
+                clock: Arc::new(aurora_hub::SystemClock::new()),
+            })
+            .unwrap(),
+        );
+        let hash = aurora_control::WeightsHash([7; 32]);
+        hub.publish_version(aurora_control::Version(1), hash)
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let serve = aurora_hub::ServeConfig {
+            security: aurora_hub::Security::mutual_tls(&tls(&ca, Role::Trainer, "t")).unwrap(),
+            limits: aurora_hub::Limits::default(),
+        };
+        tokio::spawn(aurora_hub::run(hub, listener, serve));
+
+        let security = ControlSecurity::mutual_tls(&tls(&ca, Role::Actor, "7")).unwrap();
+        let client = ControlClient::new(address, &security);
+        let registered: aurora_api::RegisterResponse = client
+            .post(
+                "/v1/register",
+                &aurora_api::RegisterRequest {
+                    actor: 7,
+                    region: "us".into(),
+                    can_relay: false,
+                    active: 1,
+                    staged: None,
+                },
+            )
+            .await
+            .unwrap();
+        let actor = client.with_actor_token(&registered.token);
+        let _: aurora_api::Ack = actor
+            .post("/v1/heartbeat", &aurora_api::ActorRequest { actor: 7 })
+            .await
+            .unwrap();
+        // Without the registration's token, the certificate alone is not enough.
+        let error = client
+            .post::<_, aurora_api::Ack>("/v1/heartbeat", &aurora_api::ActorRequest { actor: 7 })
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("401"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_is_not_the_fleet_s_trainer_is_refused_and_not_tried_again() {
+        let ca = aurora_trust::FleetCa::create("test").unwrap();
+        // Another actor listening where the control plane should be.
+        let impostor = tls(&ca, Role::Actor, "9");
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(impostor.server_config(CONTROL_ALPN).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            // The client refuses it during the handshake.
+            assert!(acceptor.accept(stream).await.is_err());
+        });
+        let security = ControlSecurity::mutual_tls(&tls(&ca, Role::Actor, "7")).unwrap();
+        let error = ControlClient::new(address, &security)
+            .post::<_, serde_json::Value>("/v1/heartbeat", &())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "POST /v1/heartbeat: the TLS handshake with the control plane failed: invalid peer \
+             certificate: the server is actor 9 (us), and only trainer may serve here"
+        );
+        // One try: a retry would have found the listener gone and ended on that.
         server.await.unwrap();
     }
 
@@ -174,7 +459,7 @@ mod tests {
         let address = free_address();
         let refused = "HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 11\r\n\r\nbad request";
         let server = tokio::spawn(restarting_server(address, Duration::ZERO, vec![refused]));
-        let client = ControlClient::new(address, "token");
+        let client = ControlClient::new(address, &plaintext());
         let error = client
             .post::<_, serde_json::Value>("/v1/claim", &())
             .await

@@ -26,7 +26,7 @@ mod trainer;
 
 pub use actor::{ActorNode, ActorSettings};
 pub use aurora_hub::StepResults;
-pub use client::ControlClient;
+pub use client::{ControlClient, ControlSecurity};
 pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};
 pub use trainer::{Published, TrainerNode, TrainerSettings};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aurora_control::{PromptId, StepId, Version, WeightsHash};
 use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
-use aurora_hub::{Hub, HubConfig, StepResults, SystemClock};
+use aurora_hub::{Hub, HubConfig, Limits, Security, ServeConfig, StepResults, SystemClock};
 use aurora_proto::{Identity, Role, VersionRef};
 use aurora_store::Store;
 use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
@@ -27,8 +27,13 @@ pub struct TrainerSettings {
     pub control_listen: SocketAddr,
     /// The segment transport's hub.
     pub transport_listen: SocketAddr,
-    /// The fleet token of both planes.
+    /// The fleet token of the transport.
     pub token: String,
+    /// How the control plane's API is served: mutual TLS, or plaintext with a fleet
+    /// token.
+    pub control_security: Security,
+    /// The API's caps and timeouts.
+    pub control_limits: Limits,
     /// Parallel TCP streams per downstream session.
     pub streams: u8,
     /// Every this many versions the store keeps a whole snapshot (version 0 always),
@@ -45,13 +50,19 @@ pub struct TrainerSettings {
 }
 
 impl TrainerSettings {
-    pub fn new(dir: impl Into<PathBuf>, token: impl Into<String>) -> TrainerSettings {
+    pub fn new(
+        dir: impl Into<PathBuf>,
+        token: impl Into<String>,
+        control_security: Security,
+    ) -> TrainerSettings {
         let loopback = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
         TrainerSettings {
             dir: dir.into(),
             control_listen: loopback,
             transport_listen: loopback,
             token: token.into(),
+            control_security,
+            control_limits: Limits::default(),
             streams: 4,
             snapshot_every: 10,
             encoding: Encoding::Aurora,
@@ -93,7 +104,6 @@ impl TrainerNode {
         )))?;
         let store = Arc::new(Store::open(settings.dir.join("store"))?);
         let hub = Arc::new(Hub::open(HubConfig {
-            token: settings.token.clone(),
             db_path: settings.dir.join("hub.redb"),
             control: settings.control.clone(),
             tick_interval_max: Duration::from_millis(200),
@@ -108,7 +118,14 @@ impl TrainerNode {
         let control_address = http
             .local_addr()
             .map_err(NodeError::io("the control plane's address"))?;
-        tokio::spawn(aurora_hub::run(hub.clone(), http));
+        tokio::spawn(aurora_hub::run(
+            hub.clone(),
+            http,
+            ServeConfig {
+                security: settings.control_security.clone(),
+                limits: settings.control_limits.clone(),
+            },
+        ));
 
         let mut node = NodeConfig::new(
             Identity {

@@ -70,6 +70,8 @@ def main() -> None:
         control=args.control,
         upstreams=args.upstream,
         token=args.token,
+        # The example's processes all run on this machine.
+        insecure_plaintext=True,
     )
     # One line on stdout tells the orchestrator the actor serves.
     print(f"joined {actor.active[0]}", flush=True)

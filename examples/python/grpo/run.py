@@ -269,6 +269,8 @@ def main() -> None:
         args.out / "trainer",
         snapshot_every=5,
         control={"heartbeat_timeout_ms": 4000, "lease": {"initial_ms": 20000, "min_ms": 3000, "max_ms": 60000}},
+        # Every process of the example runs on this machine.
+        insecure_plaintext=True,
     )
     weights = export(model)
     dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())

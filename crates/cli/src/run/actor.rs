@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use aurora_api::{ClaimResponse, WireLease, WireResult};
 use aurora_engine::{Policy, Problem};
-use aurora_node::{ActorNode, ActorSettings};
+use aurora_node::{ActorNode, ActorSettings, ControlSecurity};
 use aurora_proto::{VersionRef, Weights};
 use aurora_transport::Engine;
 use tokio::sync::{OwnedMutexGuard, watch};
@@ -34,6 +34,7 @@ pub struct ActorArgs {
     /// Transport upstreams in order of preference: the region's relay, then the hub.
     pub upstreams: Vec<SocketAddr>,
     pub token: String,
+    pub control_security: ControlSecurity,
 }
 
 pub fn run(args: ActorArgs) -> Result<()> {
@@ -114,6 +115,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         control: args.control,
         upstreams: args.upstreams.clone(),
         token: args.token.clone(),
+        control_security: args.control_security.clone(),
         streams: config.streams,
         trainer_key: Some(super::trainer_key(&args.run_dir)?),
     };

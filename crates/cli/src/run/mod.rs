@@ -20,6 +20,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::TOKEN_VARIABLE;
+use crate::control_trust::ControlTrustArgs;
 use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
 use aurora_proto::{Identity, Role};
@@ -36,6 +37,10 @@ use report::StepRecord;
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest wait for one step.
 const STEP_TIMEOUT: Duration = Duration::from_secs(300);
+/// How the trainer and actors of a run reach the control plane, passed to each: plain
+/// HTTP with the fleet token this process draws for the run, whose nodes all run on this
+/// machine (or its emulated WAN). The one place to switch to a fleet CA the run creates.
+const CONTROL_TRUST: &str = "--insecure-plaintext";
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -74,6 +79,8 @@ pub enum NodeCommand {
         /// The transport hub's port (0: any free one).
         #[arg(long, default_value_t = 0)]
         transport_port: u16,
+        #[command(flatten)]
+        control_trust: ControlTrustArgs,
     },
     Relay {
         #[arg(long)]
@@ -97,6 +104,8 @@ pub enum NodeCommand {
         /// Transport upstreams in order of preference.
         #[arg(long, required = true)]
         upstream: Vec<SocketAddr>,
+        #[command(flatten)]
+        control_trust: ControlTrustArgs,
     },
 }
 
@@ -154,15 +163,20 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
             bind,
             control_port,
             transport_port,
-        } => trainer::run(
-            &dir,
-            trainer::Listen {
-                bind,
-                control_port,
-                transport_port,
-            },
-            token,
-        ),
+            control_trust,
+        } => {
+            let security = control_trust.server(&token)?;
+            trainer::run(
+                &dir,
+                trainer::Listen {
+                    bind,
+                    control_port,
+                    transport_port,
+                },
+                token,
+                security,
+            )
+        }
         NodeCommand::Relay {
             dir,
             bind,
@@ -175,12 +189,14 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
             region,
             control,
             upstream,
+            control_trust,
         } => actor::run(actor::ActorArgs {
             run_dir: dir,
             id,
             region,
             control,
             upstreams: upstream,
+            control_security: control_trust.client(&token)?,
             token,
         }),
     }
@@ -352,6 +368,7 @@ impl Fleet<'_> {
             region.into(),
             "--control".into(),
             self.control.to_string(),
+            CONTROL_TRUST.into(),
         ];
         if let Some((_, relay)) = self.relays.get(region) {
             args.extend(["--upstream".into(), relay.to_string()]);
@@ -408,6 +425,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             run_dir.display().to_string(),
             "--bind".into(),
             placement.bind(trainer_region)?.to_string(),
+            CONTROL_TRUST.into(),
         ];
         if let Some((control, transport)) = ports {
             args.extend([

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use aurora_delta::{Checkpoint, Encoding};
 use aurora_engine::{Policy, RolloutGroup, TrainStats, Trainer};
-use aurora_hub::{Hub, StepResults};
+use aurora_hub::{Hub, Security, StepResults};
 use aurora_node::{Published, TrainerNode, TrainerSettings};
 use aurora_store::{Store, TrainerData};
 use serde::{Deserialize, Serialize};
@@ -32,9 +32,9 @@ const POLL: Duration = Duration::from_millis(20);
 /// actor to the others long before.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 
-pub fn run(run_dir: &Path, listen: Listen, token: String) -> Result<()> {
+pub fn run(run_dir: &Path, listen: Listen, token: String, security: Security) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    crate::runtime(Some(2))?.block_on(train(run_dir, listen, config, token))
+    crate::runtime(Some(2))?.block_on(train(run_dir, listen, config, token, security))
 }
 
 /// Where the trainer node listens: a restarted trainer takes the ports it had, so relays
@@ -85,9 +85,15 @@ struct Pending {
     events: Vec<String>,
 }
 
-async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String) -> Result<()> {
+async fn train(
+    run_dir: &Path,
+    listen: Listen,
+    config: RunConfig,
+    token: String,
+    security: Security,
+) -> Result<()> {
     let started = Instant::now();
-    let mut settings = TrainerSettings::new(run_dir, token);
+    let mut settings = TrainerSettings::new(run_dir, token, security);
     settings.control_listen = SocketAddr::new(listen.bind, listen.control_port);
     settings.transport_listen = SocketAddr::new(listen.bind, listen.transport_port);
     settings.streams = config.streams;

@@ -10,7 +10,7 @@ use aurora_api::{
     ClaimResponse, ErrorBody, Outcome, RegisterResponse, SubmitResponse, WireLease, format_hash,
 };
 use aurora_control::{Config, Millis, PromptId, Version, WeightsHash};
-use aurora_hub::{Hub, HubConfig, ManualClock, router};
+use aurora_hub::{Hub, HubConfig, Limits, ManualClock, Security, ServeConfig, router};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use tower::ServiceExt;
@@ -181,11 +181,18 @@ impl StoppedHub {
 
 fn hub_config(dir: &tempfile::TempDir, clock: &Arc<ManualClock>, control: &Config) -> HubConfig {
     HubConfig {
-        token: FLEET.into(),
         db_path: dir.path().join("hub.redb"),
         control: control.clone(),
         tick_interval_max: Duration::from_millis(200),
         clock: Arc::clone(clock) as Arc<dyn aurora_hub::Clock>,
+    }
+}
+
+/// Serving over plain HTTP with [`FLEET`] as the fleet token, default limits.
+pub fn plaintext() -> ServeConfig {
+    ServeConfig {
+        security: Security::insecure_plaintext(FLEET).unwrap(),
+        limits: Limits::default(),
     }
 }
 
@@ -229,7 +236,7 @@ pub async fn call(
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
-    let response = router(Arc::clone(hub))
+    let response = router(Arc::clone(hub), &plaintext())
         .oneshot(request.body(body.into()).unwrap())
         .await
         .unwrap();
