@@ -834,7 +834,13 @@ fn the_hub_process_serves_its_api_behind_the_token() {
 
     // Without a token the hub refuses to start, saying why.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
-        .args(["hub", "--insecure-plaintext", "--listen", "127.0.0.1:0", "--dir"])
+        .args([
+            "hub",
+            "--insecure-plaintext",
+            "--listen",
+            "127.0.0.1:0",
+            "--dir",
+        ])
         .arg(s.path("other"))
         .env_remove("AURORA_TOKEN")
         .output()
