@@ -20,6 +20,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::TOKEN_VARIABLE;
+use crate::segment_security::SecurityArgs;
 
 #[derive(Args)]
 pub struct HubArgs {
@@ -50,6 +51,9 @@ pub struct HubArgs {
     /// versions (version 0 always).
     #[arg(long, default_value_t = 10)]
     snapshot_every: u64,
+    /// The delta transport's security (its certificate is the trainer's).
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
@@ -59,6 +63,7 @@ pub fn run(args: HubArgs) -> Result<()> {
     settings.control_listen = args.listen;
     settings.transport_listen = args.transport_listen;
     settings.snapshot_every = args.snapshot_every;
+    settings.transport_tls = args.security.tls()?;
     let runtime = crate::runtime(None)?;
     let node = Arc::new(
         runtime

@@ -9,6 +9,7 @@ mod fleet;
 mod hub_cmd;
 mod relay_cmd;
 mod run;
+mod segment_security;
 mod store_cmd;
 mod synth_cmd;
 mod wan_cmd;

@@ -775,6 +775,7 @@ fn the_hub_process_serves_its_api_behind_the_token() {
             "127.0.0.1:0",
             "--transport-listen",
             "127.0.0.1:0",
+            "--insecure-plaintext",
         ])
         .arg("--dir")
         .arg(s.path("hub"))

@@ -12,7 +12,8 @@ use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
 use aurora_hub::{Hub, HubConfig, StepResults, SystemClock};
 use aurora_proto::{Identity, Role, VersionRef};
 use aurora_store::Store;
-use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
+use aurora_transport::{NodeConfig, NodeHandle, Security, spawn_hub};
+use aurora_trust::NodeTls;
 use tokio::runtime::Handle;
 
 use crate::NodeError;
@@ -27,8 +28,12 @@ pub struct TrainerSettings {
     pub control_listen: SocketAddr,
     /// The segment transport's hub.
     pub transport_listen: SocketAddr,
-    /// The fleet token of both planes.
+    /// The fleet token of the control plane, and of the segment transport when that
+    /// runs in insecure plaintext.
     pub token: String,
+    /// The segment transport's TLS material (its certificate names the hub's identity);
+    /// `None`: insecure plaintext, peers authenticated by the token.
+    pub transport_tls: Option<Arc<NodeTls>>,
     /// Parallel TCP streams per downstream session.
     pub streams: u8,
     /// Every this many versions the store keeps a whole snapshot (version 0 always),
@@ -48,6 +53,7 @@ impl TrainerSettings {
             control_listen: loopback,
             transport_listen: loopback,
             token: token.into(),
+            transport_tls: None,
             streams: 4,
             snapshot_every: 10,
             encoding: Encoding::Aurora,
@@ -105,14 +111,13 @@ impl TrainerNode {
             .map_err(NodeError::io("the control plane's address"))?;
         tokio::spawn(aurora_hub::run(hub.clone(), http));
 
-        let mut node = NodeConfig::new(
-            Identity {
-                role: Role::Hub,
-                peer_id: "hub".into(),
-                region: "hub".into(),
-            },
-            settings.token.clone().into_bytes(),
-        );
+        let plaintext = Identity {
+            role: Role::Hub,
+            peer_id: "hub".into(),
+            region: "hub".into(),
+        };
+        let security = transport_security(&settings.transport_tls, &settings.token);
+        let mut node = NodeConfig::new(certified_or(plaintext, &security)?, security);
         node.listen = Some(settings.transport_listen);
         node.streams = settings.streams;
         let transport = Arc::new(spawn_hub(node, Some(store.clone())).await?);
@@ -369,4 +374,27 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
     Ok(stored
         .last_key_value()
         .map(|(&version, &hash)| VersionRef { version, hash }))
+}
+
+/// The segment transport's security: TLS with `tls`, else insecure plaintext with the
+/// fleet token.
+pub(crate) fn transport_security(tls: &Option<Arc<NodeTls>>, token: &str) -> Security {
+    match tls {
+        Some(tls) => Security::Tls(tls.clone()),
+        None => Security::InsecurePlaintext {
+            token: token.as_bytes().to_vec(),
+        },
+    }
+}
+
+/// The identity a node has on the segment protocol: its certificate's under TLS,
+/// else `plaintext`.
+pub(crate) fn certified_or(
+    plaintext: Identity,
+    security: &Security,
+) -> Result<Identity, NodeError> {
+    security
+        .certified_identity()
+        .unwrap_or(Ok(plaintext))
+        .map_err(NodeError::Usage)
 }

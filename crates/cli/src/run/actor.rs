@@ -15,6 +15,7 @@ use aurora_engine::{Policy, Problem};
 use aurora_node::{ActorNode, ActorSettings};
 use aurora_proto::{VersionRef, Weights};
 use aurora_transport::Engine;
+use aurora_trust::NodeTls;
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use super::config::RunConfig;
@@ -34,6 +35,8 @@ pub struct ActorArgs {
     /// Transport upstreams in order of preference: the region's relay, then the hub.
     pub upstreams: Vec<SocketAddr>,
     pub token: String,
+    /// The segment transport's TLS material; `None`: insecure plaintext.
+    pub transport_tls: Option<Arc<NodeTls>>,
 }
 
 pub fn run(args: ActorArgs) -> Result<()> {
@@ -114,6 +117,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         control: args.control,
         upstreams: args.upstreams.clone(),
         token: args.token.clone(),
+        transport_tls: args.transport_tls.clone(),
         streams: config.streams,
     };
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;

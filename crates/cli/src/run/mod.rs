@@ -20,10 +20,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::TOKEN_VARIABLE;
+use crate::segment_security::{self, SecurityArgs};
 use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
 use aurora_proto::{Identity, Role};
-use aurora_transport::{NodeConfig, spawn_joining_relay};
+use aurora_transport::{NodeConfig, Security, spawn_joining_relay};
 use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -74,6 +75,8 @@ pub enum NodeCommand {
         /// The transport hub's port (0: any free one).
         #[arg(long, default_value_t = 0)]
         transport_port: u16,
+        #[command(flatten)]
+        security: SecurityArgs,
     },
     Relay {
         #[arg(long)]
@@ -84,6 +87,8 @@ pub enum NodeCommand {
         region: String,
         #[arg(long)]
         upstream: SocketAddr,
+        #[command(flatten)]
+        security: SecurityArgs,
     },
     Actor {
         #[arg(long)]
@@ -97,6 +102,8 @@ pub enum NodeCommand {
         /// Transport upstreams in order of preference.
         #[arg(long, required = true)]
         upstream: Vec<SocketAddr>,
+        #[command(flatten)]
+        security: SecurityArgs,
     },
 }
 
@@ -114,14 +121,14 @@ pub fn control_config() -> Config {
 }
 
 pub fn run_node(command: NodeCommand) -> Result<()> {
-    let token = std::env::var(TOKEN_VARIABLE)
-        .with_context(|| format!("set the token in {TOKEN_VARIABLE}"))?;
+    let token = segment_security::token()?;
     match command {
         NodeCommand::Trainer {
             dir,
             bind,
             control_port,
             transport_port,
+            security,
         } => trainer::run(
             &dir,
             trainer::Listen {
@@ -130,19 +137,22 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
                 transport_port,
             },
             token,
+            security.tls()?,
         ),
         NodeCommand::Relay {
             dir,
             bind,
             region,
             upstream,
-        } => relay(&dir, bind, region, upstream, token),
+            security,
+        } => relay(&dir, bind, region, upstream, security.security()?),
         NodeCommand::Actor {
             dir,
             id,
             region,
             control,
             upstream,
+            security,
         } => actor::run(actor::ActorArgs {
             run_dir: dir,
             id,
@@ -150,6 +160,7 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
             control,
             upstreams: upstream,
             token,
+            transport_tls: security.tls()?,
         }),
     }
 }
@@ -159,18 +170,20 @@ fn relay(
     bind: IpAddr,
     region: String,
     upstream: SocketAddr,
-    token: String,
+    security: Security,
 ) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
     crate::runtime(Some(1))?.block_on(async move {
-        let mut node = NodeConfig::new(
-            Identity {
-                role: Role::Relay,
-                peer_id: format!("relay-{region}"),
-                region,
-            },
-            token.into_bytes(),
-        );
+        let plaintext = Identity {
+            role: Role::Relay,
+            peer_id: format!("relay-{region}"),
+            region,
+        };
+        let identity = match security.certified_identity() {
+            Some(certified) => certified.map_err(anyhow::Error::msg)?,
+            None => plaintext,
+        };
+        let mut node = NodeConfig::new(identity, security);
         node.listen = Some(SocketAddr::new(bind, 0));
         node.upstreams = vec![upstream];
         node.streams = config.streams;

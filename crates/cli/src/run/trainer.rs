@@ -21,6 +21,7 @@ use aurora_engine::{Policy, RolloutGroup, TrainStats, Trainer};
 use aurora_hub::{Hub, StepResults};
 use aurora_node::{Published, TrainerNode, TrainerSettings};
 use aurora_store::{Store, TrainerData};
+use aurora_trust::NodeTls;
 use serde::{Deserialize, Serialize};
 
 use super::config::{RunConfig, SyncMode};
@@ -32,9 +33,16 @@ const POLL: Duration = Duration::from_millis(20);
 /// actor to the others long before.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 
-pub fn run(run_dir: &Path, listen: Listen, token: String) -> Result<()> {
+pub fn run(
+    run_dir: &Path,
+    listen: Listen,
+    token: String,
+    transport_tls: Option<Arc<NodeTls>>,
+) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    crate::runtime(Some(2))?.block_on(train(run_dir, listen, config, token))
+    let mut settings = TrainerSettings::new(run_dir, token);
+    settings.transport_tls = transport_tls;
+    crate::runtime(Some(2))?.block_on(train(settings, listen, config))
 }
 
 /// Where the trainer node listens: a restarted trainer takes the ports it had, so relays
@@ -85,9 +93,9 @@ struct Pending {
     events: Vec<String>,
 }
 
-async fn train(run_dir: &Path, listen: Listen, config: RunConfig, token: String) -> Result<()> {
+async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig) -> Result<()> {
     let started = Instant::now();
-    let mut settings = TrainerSettings::new(run_dir, token);
+    let run_dir: &Path = &settings.dir.clone();
     settings.control_listen = SocketAddr::new(listen.bind, listen.control_port);
     settings.transport_listen = SocketAddr::new(listen.bind, listen.transport_port);
     settings.streams = config.streams;
