@@ -164,8 +164,8 @@ fn sender_state(frames: &[Frame]) {
         .insert_artifact(StoredArtifact::unsigned(artifact().0))
         .expect("the fixed artifact is valid");
     let mut now = Instant::now();
-    sender.accepted(now, 1);
-    sender.accepted(now, 2);
+    sender.accepted(now, 1, None);
+    sender.accepted(now, 2, None);
     for (i, frame) in frames.iter().enumerate() {
         now += Duration::from_millis(10);
         let conn = (i % 2) as u64 + 1;

@@ -5,10 +5,10 @@
 //! tensor, borrowed through DLPack (`dlpack.rs`); the framework-specific conversions are
 //! in Python (`aurora_rl/_tensors.py`). Every heavy call releases the GIL.
 
-mod control_trust;
 mod dlpack;
 mod errors;
 mod node;
+mod trust;
 
 use aurora_delta::{
     Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, TensorView, check_base,

@@ -20,9 +20,9 @@ use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::control_trust::ControlTrust;
 use crate::dlpack::export_bytes;
 use crate::errors::delta_error;
+use crate::trust::ControlTrust;
 use crate::{TensorArg, Tensors};
 
 /// An error's message and every cause after it.
@@ -187,9 +187,11 @@ impl TrainerNodeCore {
             cert,
             key,
             insecure_plaintext,
-        };
+        }
+        .load()?;
         let security = trust.server(&token)?;
         let mut settings = TrainerSettings::new(directory, token, security);
+        settings.transport_tls = trust.tls.clone();
         settings.control_listen = address(control_listen)?;
         settings.transport_listen = address(transport_listen)?;
         settings.streams = streams;
@@ -402,7 +404,8 @@ impl ActorNodeCore {
             cert,
             key,
             insecure_plaintext,
-        };
+        }
+        .load()?;
         let control_security = trust.client(&token)?;
         let settings = ActorSettings {
             id,
@@ -414,6 +417,7 @@ impl ActorNodeCore {
                 .collect::<PyResult<_>>()?,
             token,
             control_security,
+            transport_tls: trust.tls.clone(),
             streams,
             trainer_key: trainer_key
                 .map(|path| aurora_trust::signing::load_public_key(&path))

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aurora_delta::DeltaFile;
@@ -18,14 +19,63 @@ use bytes::Bytes;
 use tokio::runtime::Handle;
 
 use aurora_transport::{
-    DecodePool, IdleEngine, NodeConfig, NodeHandle, NodeStatus, SocketOptions, TransportError,
-    spawn_actor, spawn_collector, spawn_hub, spawn_relay,
+    DecodePool, IdleEngine, NodeConfig, NodeHandle, NodeStatus, Security, SocketOptions,
+    TransportError, spawn_actor, spawn_collector, spawn_hub, spawn_relay,
 };
+use aurora_trust::{FleetCa, NodeTls};
 
 /// How often [`transfer`] samples the bytes its receivers have read.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
 const TOKEN: &[u8] = b"bench";
+
+/// A benchmark's transport security: mutual TLS with certificates a fleet CA of its
+/// own issues to each node as it starts, or insecure plaintext with a token.
+#[derive(Clone, Default)]
+pub enum BenchSecurity {
+    #[default]
+    InsecurePlaintext,
+    Tls(Arc<FleetCa>),
+}
+
+impl std::fmt::Debug for BenchSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BenchSecurity::InsecurePlaintext => "insecure plaintext",
+            BenchSecurity::Tls(_) => "TLS",
+        })
+    }
+}
+
+impl BenchSecurity {
+    /// A new fleet CA's TLS.
+    pub fn tls() -> Result<BenchSecurity, TransportError> {
+        Ok(BenchSecurity::Tls(Arc::new(FleetCa::create("bench")?)))
+    }
+
+    /// A node's configuration, with a certificate of `identity` under TLS.
+    fn node(&self, identity: Identity) -> Result<NodeConfig, TransportError> {
+        let security = match self {
+            BenchSecurity::InsecurePlaintext => Security::InsecurePlaintext {
+                token: TOKEN.to_vec(),
+            },
+            BenchSecurity::Tls(ca) => {
+                let role = match identity.role {
+                    Role::Hub => aurora_trust::Role::Trainer,
+                    Role::Relay => aurora_trust::Role::Relay,
+                    Role::Actor => aurora_trust::Role::Actor,
+                };
+                let certified =
+                    aurora_trust::Identity::new(role, &identity.peer_id, &identity.region)
+                        .map_err(aurora_trust::TrustError::from)?;
+                let cert = ca.issue(&certified, time::Duration::days(1))?;
+                let tls = NodeTls::from_pem(ca.cert_pem(), &cert.cert_pem, &cert.key_pem)?;
+                Security::Tls(Arc::new(tls))
+            }
+        };
+        Ok(NodeConfig::new(identity, security))
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct TransferSpec {
@@ -54,6 +104,7 @@ pub struct TransferSpec {
     /// The runtimes the hub and the receivers run on; `None`: the caller's.
     pub hub_runtime: Option<Handle>,
     pub receiver_runtime: Option<Handle>,
+    pub security: BenchSecurity,
 }
 
 impl TransferSpec {
@@ -71,6 +122,7 @@ impl TransferSpec {
             timeout: Duration::from_secs(600),
             hub_runtime: None,
             receiver_runtime: None,
+            security: BenchSecurity::default(),
         }
     }
 }
@@ -187,8 +239,9 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
              artifact's {version}"
         )));
     }
-    let mut hub_config =
-        NodeConfig::new(identity(Role::Hub, "hub".into(), "bench"), TOKEN.to_vec());
+    let mut hub_config = spec
+        .security
+        .node(identity(Role::Hub, "hub".into(), "bench"))?;
     hub_config.listen = Some(spec.listen);
     hub_config.socket = spec.socket.clone();
     hub_config.retain_versions = 1;
@@ -198,10 +251,9 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
         .unwrap_or(hub.local_addr().expect("the hub listens"));
     let mut receivers = Vec::with_capacity(spec.receivers);
     for index in 0..spec.receivers {
-        let mut config = NodeConfig::new(
-            identity(Role::Actor, format!("r{index}"), "bench"),
-            TOKEN.to_vec(),
-        );
+        let mut config = spec
+            .security
+            .node(identity(Role::Actor, format!("r{index}"), "bench"))?;
         config.upstreams = vec![address];
         config.streams = spec.streams;
         config.socket = spec.socket.clone();
@@ -333,6 +385,7 @@ pub struct FleetSpec {
     pub tune_interval: Option<Duration>,
     /// Give up starting or waiting after this long.
     pub timeout: Duration,
+    pub security: BenchSecurity,
 }
 
 /// A relay or an actor of a [`Fleet`].
@@ -367,8 +420,9 @@ impl Fleet {
     /// `weights` (the base of what will be published); returns once every member has
     /// all its streams up, so what follows times transfers, not connections.
     pub async fn start(spec: &FleetSpec, weights: &Weights) -> Result<Fleet, TransportError> {
-        let mut hub_config =
-            NodeConfig::new(identity(Role::Hub, "hub".into(), "hub"), TOKEN.to_vec());
+        let mut hub_config = spec
+            .security
+            .node(identity(Role::Hub, "hub".into(), "hub"))?;
         hub_config.listen = Some(spec.hub_listen);
         hub_config.socket = spec.socket.clone();
         let hub = start_on(spec.hub_runtime.as_ref(), spawn_hub(hub_config, None)).await?;
@@ -382,13 +436,13 @@ impl Fleet {
         // machines of their own, and the cores see one decode thread each.
         let decode_pool = DecodePool::new(None)?;
         let config = |role, name: &str, region: &str, upstreams| {
-            let mut config = NodeConfig::new(identity(role, name.into(), region), TOKEN.to_vec());
+            let mut config = spec.security.node(identity(role, name.into(), region))?;
             config.decode_pool = Some(decode_pool.clone());
             config.upstreams = upstreams;
             config.streams = spec.streams;
             config.socket = spec.socket.clone();
             config.tune_interval = spec.tune_interval;
-            config
+            Ok::<_, TransportError>(config)
         };
         for region in &spec.regions {
             let runtime = region.runtime.as_ref();
@@ -402,13 +456,13 @@ impl Fleet {
                 };
                 let weights = weights.clone();
                 let node = if relay {
-                    let mut config = config(role, &name, &region.name, vec![hub_address]);
+                    let mut config = config(role, &name, &region.name, vec![hub_address])?;
                     config.listen = Some(SocketAddr::new(region.address, 0));
                     let relay = start_on(runtime, spawn_relay(config, weights)).await?;
                     upstreams.insert(0, relay.local_addr().expect("a relay listens"));
                     relay
                 } else {
-                    let config = config(role, &name, &region.name, upstreams.clone());
+                    let config = config(role, &name, &region.name, upstreams.clone())?;
                     let engine = std::sync::Arc::new(IdleEngine::default());
                     start_on(runtime, spawn_actor(config, weights, engine)).await?
                 };

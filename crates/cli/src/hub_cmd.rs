@@ -20,7 +20,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::TOKEN_VARIABLE;
-use crate::control_trust::ControlTrustArgs;
+use crate::trust_args::TrustArgs;
 
 #[derive(Args)]
 pub struct HubArgs {
@@ -56,15 +56,17 @@ pub struct HubArgs {
     /// public key (--trainer-key). Without it the deployment is unsigned (insecure).
     #[arg(long)]
     signing_key: Option<PathBuf>,
+    /// Both planes' security (its certificate is the trainer's).
     #[command(flatten)]
-    control_trust: ControlTrustArgs,
+    trust: TrustArgs,
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
-    let token = std::env::var(TOKEN_VARIABLE)
-        .with_context(|| format!("set the bearer token in {TOKEN_VARIABLE}"))?;
-    let security = args.control_trust.server(&token)?;
-    let mut settings = TrainerSettings::new(&args.dir, token, security);
+    let trust = args.trust.load()?;
+    // Only plaintext needs the fleet token, and `control_server` asks for it then.
+    let token = std::env::var(TOKEN_VARIABLE).unwrap_or_default();
+    let mut settings = TrainerSettings::new(&args.dir, token, trust.control_server()?);
+    settings.transport_tls = trust.tls.clone();
     settings.control_listen = args.listen;
     settings.transport_listen = args.transport_listen;
     settings.snapshot_every = args.snapshot_every;

@@ -4,7 +4,6 @@
 mod actor_cmd;
 mod bench;
 mod certs_cmd;
-mod control_trust;
 mod delta_cmd;
 mod fleet;
 mod hub_cmd;
@@ -12,6 +11,7 @@ mod relay_cmd;
 mod run;
 mod store_cmd;
 mod synth_cmd;
+mod trust_args;
 mod wan_cmd;
 mod wan_transfer;
 

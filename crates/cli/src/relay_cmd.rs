@@ -13,7 +13,7 @@ use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_joining_rela
 use clap::Args;
 use serde::Deserialize;
 
-use crate::TOKEN_VARIABLE;
+use crate::trust_args::TrustArgs;
 
 /// Settings of a relay or an actor, from flags or a TOML file with the same keys (flags
 /// win).
@@ -59,6 +59,9 @@ pub struct NodeArgs {
     /// signature. Without it the node takes unsigned versions (an insecure deployment).
     #[arg(long)]
     trainer_key: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(skip)]
+    trust: TrustArgs,
 }
 
 pub(crate) struct Node {
@@ -74,11 +77,6 @@ impl NodeArgs {
             Some(path) => read_config(path)?,
             None => NodeArgs::default(),
         };
-        let id = self.id.or(file.id).context("--id is required")?;
-        let region = self
-            .region
-            .or(file.region)
-            .unwrap_or_else(|| "default".into());
         let upstreams = if self.upstreams.is_empty() {
             file.upstreams
         } else {
@@ -100,14 +98,33 @@ impl NodeArgs {
             )?;
             Some((path, version.context("--version is required")?))
         };
-        let token = std::env::var(TOKEN_VARIABLE)
-            .with_context(|| format!("set the transport token in {TOKEN_VARIABLE}"))?;
-        let identity = Identity {
-            role,
-            peer_id: id,
-            region,
+        let security = self.trust.load()?.transport()?;
+        let id = self.id.or(file.id);
+        let region = self.region.or(file.region);
+        let identity = match security.certified_identity() {
+            // The certificate says who this node is; flags may only repeat it.
+            Some(certified) => {
+                let certified = certified.map_err(anyhow::Error::msg)?;
+                if certified.role != role
+                    || id.as_ref().is_some_and(|id| *id != certified.peer_id)
+                    || region.as_ref().is_some_and(|r| *r != certified.region)
+                {
+                    bail!(
+                        "the certificate is of {} '{}' in region '{}', not of this {role}",
+                        certified.role,
+                        certified.peer_id,
+                        certified.region
+                    );
+                }
+                certified
+            }
+            None => Identity {
+                role,
+                peer_id: id.context("--id is required")?,
+                region: region.unwrap_or_else(|| "default".into()),
+            },
         };
-        let mut config = NodeConfig::new(identity, token.into_bytes());
+        let mut config = NodeConfig::new(identity, security);
         config.upstreams = upstreams;
         if let Some(streams) = self.streams.or(file.streams) {
             config.streams = streams.get();

@@ -13,8 +13,10 @@ use aurora_api::{
 };
 use aurora_proto::{Identity, Role, VersionRef, Weights};
 use aurora_transport::{Engine, NodeConfig, NodeHandle, spawn_actor, spawn_joining_actor};
+use aurora_trust::NodeTls;
 use tokio::task::JoinHandle;
 
+use crate::trainer::{certified_or, transport_security};
 use crate::{ControlClient, ControlSecurity, NodeError};
 
 /// Heartbeat period; a control plane declares an actor dead after a few missed.
@@ -37,6 +39,9 @@ pub struct ActorSettings {
     /// How the control plane is reached: mutual TLS, or plaintext with the fleet token.
     /// Registering gives the actor a token of its own for every later call.
     pub control_security: ControlSecurity,
+    /// The segment transport's TLS material (its certificate names the actor's
+    /// identity there); `None`: insecure plaintext, authenticated by the token.
+    pub transport_tls: Option<Arc<NodeTls>>,
     /// Parallel TCP streams per upstream session.
     pub streams: u8,
     /// The trainer's public key: every artifact and commit must carry its signature
@@ -60,7 +65,7 @@ impl ActorNode {
         engine: Arc<E>,
         join_timeout: Duration,
     ) -> Result<ActorNode, NodeError> {
-        let transport = spawn_joining_actor(node_config(&settings), engine).await?;
+        let transport = spawn_joining_actor(node_config(&settings)?, engine).await?;
         ActorNode::register(settings, transport, join_timeout).await
     }
 
@@ -70,7 +75,7 @@ impl ActorNode {
         weights: Weights,
         engine: Arc<E>,
     ) -> Result<ActorNode, NodeError> {
-        let transport = spawn_actor(node_config(&settings), weights, engine).await?;
+        let transport = spawn_actor(node_config(&settings)?, weights, engine).await?;
         ActorNode::register(settings, transport, Duration::ZERO).await
     }
 
@@ -179,19 +184,18 @@ impl Drop for ActorNode {
     }
 }
 
-fn node_config(settings: &ActorSettings) -> NodeConfig {
-    let mut node = NodeConfig::new(
-        Identity {
-            role: Role::Actor,
-            peer_id: format!("actor-{}", settings.id),
-            region: settings.region.clone(),
-        },
-        settings.token.clone().into_bytes(),
-    );
+fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
+    let plaintext = Identity {
+        role: Role::Actor,
+        peer_id: format!("actor-{}", settings.id),
+        region: settings.region.clone(),
+    };
+    let security = transport_security(&settings.transport_tls, &settings.token);
+    let mut node = NodeConfig::new(certified_or(plaintext, &security)?, security);
     node.upstreams = settings.upstreams.clone();
     node.streams = settings.streams;
     node.trainer_key = settings.trainer_key;
-    node
+    Ok(node)
 }
 
 async fn heartbeats(client: Arc<ControlClient>, actor: u64) {

@@ -13,6 +13,7 @@ use aurora_hub::{Hub, HubConfig, Limits, Security, ServeConfig, StepResults, Sys
 use aurora_proto::{Identity, Role, VersionRef};
 use aurora_store::Store;
 use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
+use aurora_trust::NodeTls;
 use tokio::runtime::Handle;
 
 use crate::NodeError;
@@ -27,8 +28,11 @@ pub struct TrainerSettings {
     pub control_listen: SocketAddr,
     /// The segment transport's hub.
     pub transport_listen: SocketAddr,
-    /// The fleet token of the transport.
+    /// The fleet token of the segment transport when that runs in insecure plaintext.
     pub token: String,
+    /// The segment transport's TLS material (its certificate names the hub's identity);
+    /// `None`: insecure plaintext, peers authenticated by the token.
+    pub transport_tls: Option<Arc<NodeTls>>,
     /// How the control plane's API is served: mutual TLS, or plaintext with a fleet
     /// token.
     pub control_security: Security,
@@ -61,6 +65,7 @@ impl TrainerSettings {
             control_listen: loopback,
             transport_listen: loopback,
             token: token.into(),
+            transport_tls: None,
             control_security,
             control_limits: Limits::default(),
             streams: 4,
@@ -127,14 +132,13 @@ impl TrainerNode {
             },
         ));
 
-        let mut node = NodeConfig::new(
-            Identity {
-                role: Role::Hub,
-                peer_id: "hub".into(),
-                region: "hub".into(),
-            },
-            settings.token.clone().into_bytes(),
-        );
+        let plaintext = Identity {
+            role: Role::Hub,
+            peer_id: "hub".into(),
+            region: "hub".into(),
+        };
+        let security = transport_security(&settings.transport_tls, &settings.token);
+        let mut node = NodeConfig::new(certified_or(plaintext, &security)?, security);
         node.listen = Some(settings.transport_listen);
         node.streams = settings.streams;
         node.signing_key = settings.signing_key.clone();
@@ -386,4 +390,30 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
     Ok(stored
         .last_key_value()
         .map(|(&version, &hash)| VersionRef { version, hash }))
+}
+
+/// The segment transport's security: TLS with `tls`, else insecure plaintext with the
+/// fleet token.
+pub(crate) fn transport_security(
+    tls: &Option<Arc<NodeTls>>,
+    token: &str,
+) -> aurora_transport::Security {
+    match tls {
+        Some(tls) => aurora_transport::Security::Tls(tls.clone()),
+        None => aurora_transport::Security::InsecurePlaintext {
+            token: token.as_bytes().to_vec(),
+        },
+    }
+}
+
+/// The identity a node has on the segment protocol: its certificate's under TLS,
+/// else `plaintext`.
+pub(crate) fn certified_or(
+    plaintext: Identity,
+    security: &aurora_transport::Security,
+) -> Result<Identity, NodeError> {
+    security
+        .certified_identity()
+        .unwrap_or(Ok(plaintext))
+        .map_err(NodeError::Usage)
 }

@@ -183,7 +183,7 @@ impl Pair {
                         let conn = self.next_conn;
                         self.next_conn += 1;
                         self.conns[stream as usize] = Some(conn);
-                        self.sender.accepted(self.now, conn);
+                        self.sender.accepted(self.now, conn, None);
                         self.receiver.connected(self.now, session, stream, conn);
                     }
                     ReceiverEvent::Close { conn } => {

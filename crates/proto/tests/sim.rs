@@ -625,7 +625,7 @@ impl Sim {
                 let now = self.now;
                 match self.node(server) {
                     Some(node) if open => {
-                        node.sender_mut().unwrap().accepted(now, conn);
+                        node.sender_mut().unwrap().accepted(now, conn, None);
                         let latency = self.latency();
                         self.at(latency, Event::Connected { conn });
                         self.drain(server);

@@ -1,5 +1,5 @@
-//! TCP connections: socket options, frame reading and writing, and the two tasks that
-//! move frames between a socket and the node's event loop.
+//! Connections: socket options, frame reading and writing, and the two tasks that move
+//! frames between a socket (plain TCP, or TLS over it) and the node's event loop.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -8,15 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use aurora_proto::frame::{PREFIX_BYTES, peek_prefix};
+use aurora_proto::frame::{MAX_CONTROL_FRAME_BYTES, PREFIX_BYTES, peek_prefix};
 use aurora_proto::{ConnId, Frame, FrameError};
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
+use tokio_rustls::{TlsConnector, TlsStream};
 
 use crate::node::Event;
+use crate::security::{self, Refusal};
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,15 @@ pub enum ConnError {
     Truncated,
     #[error("invalid frame: {0}")]
     Frame(#[from] FrameError),
+    #[error(
+        "the first frame ({frame}, {len} bytes) exceeds the {limit} bytes a Hello may take: \
+         nothing larger is read before authentication"
+    )]
+    FirstFrameTooLarge {
+        frame: &'static str,
+        len: usize,
+        limit: usize,
+    },
     #[error("socket error")]
     Io(#[from] std::io::Error),
 }
@@ -94,6 +104,16 @@ pub fn congestion_of(stream: &TcpStream) -> std::io::Result<String> {
 /// inside a frame [`ConnError::Truncated`]. The prefix is checked against the frame
 /// type's limit before the body is read, so an oversized frame allocates nothing.
 pub async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Frame, ConnError> {
+    read_frame_within(reader, usize::MAX).await
+}
+
+/// [`read_frame`], refusing a frame whose body is over `limit` bytes whatever its type:
+/// the first frame of an inbound connection, read before the peer is authenticated,
+/// may be no larger than a Hello ([`FIRST_FRAME_LIMIT`]).
+async fn read_frame_within(
+    reader: &mut (impl AsyncReadExt + Unpin),
+    limit: usize,
+) -> Result<Frame, ConnError> {
     let mut prefix = [0u8; PREFIX_BYTES];
     let mut filled = 0;
     while filled < PREFIX_BYTES {
@@ -107,7 +127,15 @@ pub async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Fram
         }
         filled += n;
     }
-    let (_, total) = peek_prefix(&prefix)?;
+    let (kind, total) = peek_prefix(&prefix)?;
+    let len = total - 4;
+    if len > limit {
+        return Err(ConnError::FirstFrameTooLarge {
+            frame: kind.name(),
+            len,
+            limit,
+        });
+    }
     let mut buf = BytesMut::zeroed(total);
     buf[..PREFIX_BYTES].copy_from_slice(&prefix);
     reader
@@ -135,6 +163,16 @@ pub async fn write_frame(
     Ok(())
 }
 
+/// The largest first frame of an inbound connection: a Hello, as every control frame,
+/// fits in [`MAX_CONTROL_FRAME_BYTES`].
+pub(crate) const FIRST_FRAME_LIMIT: usize = MAX_CONTROL_FRAME_BYTES;
+
+/// A connected socket, with TLS over it or not (docs/wire-protocol.md §2.1).
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
 /// What the writer task is asked to do.
 pub(crate) enum WriteCmd {
     Frame { frame: Frame, close_after: bool },
@@ -143,24 +181,45 @@ pub(crate) enum WriteCmd {
 /// Starts the reader and writer tasks of a connected socket. Frames read go to
 /// `events`; frames to write come through the returned sender, whose capacity is the
 /// window the state machine already respects (plus room for a few control frames).
-/// Every byte read is added to `read_bytes` as it arrives. The abort handle stops the
+/// Every byte read is added to `read_bytes` as it arrives. The first frame of an
+/// `inbound` connection may be no larger than a Hello. The abort handle stops the
 /// reader when the node closes the connection.
 pub(crate) fn spawn_conn(
     tasks: &mut tokio::task::JoinSet<()>,
     conn: ConnId,
-    stream: TcpStream,
+    stream: Stream,
+    inbound: bool,
     window: usize,
     events: mpsc::Sender<Event>,
     read_bytes: Option<Arc<AtomicU64>>,
 ) -> (mpsc::Sender<WriteCmd>, tokio::task::AbortHandle) {
-    let (reader, writer) = stream.into_split();
     let (tx, rx) = mpsc::channel(window.max(1) + CONTROL_ROOM);
-    let reader = Counted {
-        inner: reader,
-        bytes: read_bytes,
+    let first_limit = if inbound {
+        FIRST_FRAME_LIMIT
+    } else {
+        usize::MAX
     };
-    let reader = tasks.spawn(read_loop(conn, reader, events.clone()));
-    tasks.spawn(write_loop(conn, writer, rx, events));
+    // A plain socket splits into owned halves; a TLS stream's halves share its session.
+    let reader = match stream {
+        Stream::Plain(stream) => {
+            let (reader, writer) = stream.into_split();
+            tasks.spawn(write_loop(conn, writer, rx, events.clone()));
+            let reader = Counted {
+                inner: reader,
+                bytes: read_bytes,
+            };
+            tasks.spawn(read_loop(conn, reader, first_limit, events))
+        }
+        Stream::Tls(stream) => {
+            let (reader, writer) = tokio::io::split(*stream);
+            tasks.spawn(write_loop(conn, writer, rx, events.clone()));
+            let reader = Counted {
+                inner: reader,
+                bytes: read_bytes,
+            };
+            tasks.spawn(read_loop(conn, reader, first_limit, events))
+        }
+    };
     (tx, reader)
 }
 
@@ -191,10 +250,17 @@ impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
     }
 }
 
-async fn read_loop(conn: ConnId, mut reader: Counted<OwnedReadHalf>, events: mpsc::Sender<Event>) {
+async fn read_loop(
+    conn: ConnId,
+    mut reader: Counted<impl AsyncRead + Unpin>,
+    first_limit: usize,
+    events: mpsc::Sender<Event>,
+) {
+    let mut limit = first_limit;
     loop {
-        match read_frame(&mut reader).await {
+        match read_frame_within(&mut reader, limit).await {
             Ok(frame) => {
+                limit = usize::MAX;
                 if events.send(Event::Frame { conn, frame }).await.is_err() {
                     return;
                 }
@@ -217,7 +283,7 @@ async fn read_loop(conn: ConnId, mut reader: Counted<OwnedReadHalf>, events: mps
 
 async fn write_loop(
     conn: ConnId,
-    mut writer: OwnedWriteHalf,
+    mut writer: impl AsyncWrite + Unpin,
     mut commands: mpsc::Receiver<WriteCmd>,
     events: mpsc::Sender<Event>,
 ) {
@@ -243,20 +309,42 @@ async fn write_loop(
     let _ = writer.shutdown().await;
 }
 
-/// Connects to `address` within `timeout`.
+/// Connects to `address` and, with a TLS connector, completes a handshake that proves
+/// the upstream a trainer or a relay of the fleet, all within `timeout`. The error says
+/// why not, with the refusal a failed handshake counts as.
 pub(crate) async fn dial(
     address: SocketAddr,
     timeout: Duration,
     options: &SocketOptions,
-) -> Result<TcpStream, String> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
-        .await
-        .map_err(|_| format!("connecting to {address} timed out after {timeout:?}"))?
-        .map_err(|e| format!("connecting to {address}: {e}"))?;
-    options
-        .apply(&stream)
-        .map_err(|e| format!("socket options for {address}: {e}"))?;
-    Ok(stream)
+    tls: Option<&TlsConnector>,
+) -> Result<Stream, (String, Option<Refusal>)> {
+    let connect = async {
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|e| (format!("connecting to {address}: {e}"), None))?;
+        options
+            .apply(&stream)
+            .map_err(|e| (format!("socket options for {address}: {e}"), None))?;
+        match tls {
+            None => Ok(Stream::Plain(stream)),
+            Some(connector) => {
+                security::connect(connector, stream)
+                    .await
+                    .map_err(|(why, refusal)| {
+                        (
+                            format!("TLS handshake with {address} failed: {why}"),
+                            Some(refusal),
+                        )
+                    })
+            }
+        }
+    };
+    tokio::time::timeout(timeout, connect).await.map_err(|_| {
+        (
+            format!("connecting to {address} timed out after {timeout:?}"),
+            None,
+        )
+    })?
 }
 
 #[cfg(test)]
@@ -298,6 +386,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_first_frame_larger_than_a_hello_is_refused_before_its_body_is_read() {
+        // A Segment frame announcing 1 MiB: fine later on, never as a first frame.
+        let mut announced: &[u8] = &[0x00, 0x00, 0x10, 0x00, 0x06];
+        let error = read_frame_within(&mut announced, FIRST_FRAME_LIMIT)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ConnError::FirstFrameTooLarge {
+                    frame: "Segment",
+                    len: 0x10_0000,
+                    limit: FIRST_FRAME_LIMIT
+                }
+            ),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
     async fn an_oversized_or_cut_frame_is_an_error_not_a_wait() {
         let mut oversized: &[u8] = &[0xFF, 0xFF, 0xFF, 0x7F, 0x0C];
         assert!(matches!(
@@ -326,9 +434,16 @@ mod tests {
     async fn sockets_use_bbr_unless_told_otherwise_where_the_kernel_has_it() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let stream = dial(address, Duration::from_secs(5), &SocketOptions::default())
-            .await
-            .unwrap();
+        let Stream::Plain(stream) = dial(
+            address,
+            Duration::from_secs(5),
+            &SocketOptions::default(),
+            None,
+        )
+        .await
+        .unwrap() else {
+            unreachable!("no TLS asked for")
+        };
         // Any process may choose an algorithm of this list (root any available one).
         let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
             .unwrap_or_default();
@@ -352,16 +467,19 @@ mod tests {
         let options = SocketOptions {
             congestion: Some("reno".into()),
         };
-        let stream = dial(address, Duration::from_secs(5), &options)
+        let Stream::Plain(stream) = dial(address, Duration::from_secs(5), &options, None)
             .await
-            .unwrap();
+            .unwrap()
+        else {
+            unreachable!("no TLS asked for")
+        };
         assert_eq!(congestion_of(&stream).unwrap(), "reno");
         let unknown = SocketOptions {
             congestion: Some("no-such-algorithm".into()),
         };
-        let error = dial(address, Duration::from_secs(5), &unknown)
-            .await
-            .unwrap_err();
+        let Err((error, None)) = dial(address, Duration::from_secs(5), &unknown, None).await else {
+            panic!("an unknown algorithm is refused")
+        };
         assert!(error.contains("socket options"), "{error}");
     }
 }

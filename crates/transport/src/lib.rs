@@ -18,6 +18,7 @@ mod conn;
 mod decode;
 mod engine;
 mod node;
+mod security;
 
 #[cfg(target_os = "linux")]
 pub use conn::congestion_of;
@@ -28,3 +29,4 @@ pub use node::{
     MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector,
     spawn_hub, spawn_joining_actor, spawn_joining_relay, spawn_relay,
 };
+pub use security::{Limits, Refusal, Refusals, Security};

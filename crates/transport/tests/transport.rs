@@ -9,7 +9,7 @@ use std::time::Duration;
 use aurora_proto::Role;
 use aurora_store::Store;
 use aurora_transport::{
-    IdleEngine, NodeHandle, spawn_actor, spawn_hub, spawn_joining_actor, spawn_relay,
+    IdleEngine, NodeHandle, Security, spawn_actor, spawn_hub, spawn_joining_actor, spawn_relay,
 };
 use util::{Chain, Fault, Proxy, active_at, config, trainer_key, within};
 
@@ -465,7 +465,9 @@ async fn a_wrong_token_is_refused_and_the_actor_never_subscribes() {
     let chain = Chain::new(1, 1);
     let hub = hub(None).await;
     let mut intruder = config(Role::Actor, "intruder", &[hub.local_addr().unwrap()]);
-    intruder.token = b"guess".to_vec();
+    intruder.security = Security::InsecurePlaintext {
+        token: b"guess".to_vec(),
+    };
     let actor = spawn_actor(intruder, chain.weights(0), Arc::new(IdleEngine::default()))
         .await
         .unwrap();

@@ -15,6 +15,7 @@ use aurora_engine::{Policy, Problem};
 use aurora_node::{ActorNode, ActorSettings, ControlSecurity};
 use aurora_proto::{VersionRef, Weights};
 use aurora_transport::Engine;
+use aurora_trust::NodeTls;
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use super::config::RunConfig;
@@ -35,6 +36,8 @@ pub struct ActorArgs {
     pub upstreams: Vec<SocketAddr>,
     pub token: String,
     pub control_security: ControlSecurity,
+    /// The segment transport's TLS material; `None`: insecure plaintext.
+    pub transport_tls: Option<Arc<NodeTls>>,
 }
 
 pub fn run(args: ActorArgs) -> Result<()> {
@@ -116,6 +119,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         upstreams: args.upstreams.clone(),
         token: args.token.clone(),
         control_security: args.control_security.clone(),
+        transport_tls: args.transport_tls.clone(),
         streams: config.streams,
         trainer_key: Some(super::trainer_key(&args.run_dir)?),
     };

@@ -9,6 +9,7 @@ pub mod config;
 mod procs;
 pub mod report;
 mod trainer;
+mod trust;
 mod warmup;
 
 use std::collections::BTreeMap;
@@ -20,11 +21,11 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::TOKEN_VARIABLE;
-use crate::control_trust::ControlTrustArgs;
+use crate::trust_args::{self, TrustArgs};
 use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
 use aurora_proto::{Identity, Role};
-use aurora_transport::{NodeConfig, spawn_joining_relay};
+use aurora_transport::{NodeConfig, Security, spawn_joining_relay};
 use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -37,10 +38,6 @@ use report::StepRecord;
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest wait for one step.
 const STEP_TIMEOUT: Duration = Duration::from_secs(300);
-/// How the trainer and actors of a run reach the control plane, passed to each: plain
-/// HTTP with the fleet token this process draws for the run, whose nodes all run on this
-/// machine (or its emulated WAN). The one place to switch to a fleet CA the run creates.
-const CONTROL_TRUST: &str = "--insecure-plaintext";
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -80,7 +77,7 @@ pub enum NodeCommand {
         #[arg(long, default_value_t = 0)]
         transport_port: u16,
         #[command(flatten)]
-        control_trust: ControlTrustArgs,
+        trust: TrustArgs,
     },
     Relay {
         #[arg(long)]
@@ -91,6 +88,8 @@ pub enum NodeCommand {
         region: String,
         #[arg(long)]
         upstream: SocketAddr,
+        #[command(flatten)]
+        trust: TrustArgs,
     },
     Actor {
         #[arg(long)]
@@ -105,7 +104,7 @@ pub enum NodeCommand {
         #[arg(long, required = true)]
         upstream: Vec<SocketAddr>,
         #[command(flatten)]
-        control_trust: ControlTrustArgs,
+        trust: TrustArgs,
     },
 }
 
@@ -155,50 +154,51 @@ pub fn control_config() -> Config {
 }
 
 pub fn run_node(command: NodeCommand) -> Result<()> {
-    let token = std::env::var(TOKEN_VARIABLE)
-        .with_context(|| format!("set the token in {TOKEN_VARIABLE}"))?;
+    let token = trust_args::token()?;
     match command {
         NodeCommand::Trainer {
             dir,
             bind,
             control_port,
             transport_port,
-            control_trust,
-        } => {
-            let security = control_trust.server(&token)?;
-            trainer::run(
-                &dir,
-                trainer::Listen {
-                    bind,
-                    control_port,
-                    transport_port,
-                },
-                token,
-                security,
-            )
-        }
+            trust,
+        } => trainer::run(
+            &dir,
+            trainer::Listen {
+                bind,
+                control_port,
+                transport_port,
+            },
+            token,
+            trust.load()?,
+        ),
         NodeCommand::Relay {
             dir,
             bind,
             region,
             upstream,
-        } => relay(&dir, bind, region, upstream, token),
+            trust,
+        } => relay(&dir, bind, region, upstream, trust.load()?.transport()?),
         NodeCommand::Actor {
             dir,
             id,
             region,
             control,
             upstream,
-            control_trust,
-        } => actor::run(actor::ActorArgs {
-            run_dir: dir,
-            id,
-            region,
-            control,
-            upstreams: upstream,
-            control_security: control_trust.client(&token)?,
-            token,
-        }),
+            trust,
+        } => {
+            let trust = trust.load()?;
+            actor::run(actor::ActorArgs {
+                run_dir: dir,
+                id,
+                region,
+                control,
+                upstreams: upstream,
+                control_security: trust.control_client()?,
+                token,
+                transport_tls: trust.tls,
+            })
+        }
     }
 }
 
@@ -207,18 +207,20 @@ fn relay(
     bind: IpAddr,
     region: String,
     upstream: SocketAddr,
-    token: String,
+    security: Security,
 ) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
     crate::runtime(Some(1))?.block_on(async move {
-        let mut node = NodeConfig::new(
-            Identity {
-                role: Role::Relay,
-                peer_id: format!("relay-{region}"),
-                region,
-            },
-            token.into_bytes(),
-        );
+        let plaintext = Identity {
+            role: Role::Relay,
+            peer_id: format!("relay-{region}"),
+            region,
+        };
+        let identity = match security.certified_identity() {
+            Some(certified) => certified.map_err(anyhow::Error::msg)?,
+            None => plaintext,
+        };
+        let mut node = NodeConfig::new(identity, security);
         node.listen = Some(SocketAddr::new(bind, 0));
         node.upstreams = vec![upstream];
         node.streams = config.streams;
@@ -368,8 +370,13 @@ impl Fleet<'_> {
             region.into(),
             "--control".into(),
             self.control.to_string(),
-            CONTROL_TRUST.into(),
         ];
+        args.extend(trust::node_args(
+            &self.run_dir,
+            aurora_trust::Role::Actor,
+            &id.to_string(),
+            region,
+        )?);
         if let Some((_, relay)) = self.relays.get(region) {
             args.extend(["--upstream".into(), relay.to_string()]);
         }
@@ -408,6 +415,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let run_dir = run_dir.canonicalize()?;
     config.save(&run_dir.join("config.toml"))?;
     ensure_trainer_key(&run_dir)?;
+    trust::ensure_ca(&run_dir)?;
     let token = blake3::hash(format!("{:?}{}", Instant::now(), std::process::id()).as_bytes())
         .to_hex()
         .to_string();
@@ -425,8 +433,13 @@ pub fn run(args: RunArgs) -> Result<()> {
             run_dir.display().to_string(),
             "--bind".into(),
             placement.bind(trainer_region)?.to_string(),
-            CONTROL_TRUST.into(),
         ];
+        args.extend(trust::node_args(
+            &run_dir,
+            aurora_trust::Role::Trainer,
+            "trainer",
+            trainer_region,
+        )?);
         if let Some((control, transport)) = ports {
             args.extend([
                 "--control-port".into(),
@@ -501,7 +514,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     for region in &config.regions {
         let name = format!("relay-{}", region.name);
-        let relay_args: Vec<String> = vec![
+        let mut relay_args: Vec<String> = vec![
             "run-node".into(),
             "relay".into(),
             "--dir".into(),
@@ -513,6 +526,12 @@ pub fn run(args: RunArgs) -> Result<()> {
             "--upstream".into(),
             hub_transport.to_string(),
         ];
+        relay_args.extend(trust::node_args(
+            &run_dir,
+            aurora_trust::Role::Relay,
+            &name,
+            &region.name,
+        )?);
         let node = Node::spawn(
             &name,
             placement.command(&region.name)?,

@@ -15,10 +15,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::trust_args::NodeTrust;
 use anyhow::{Context, Result, bail};
 use aurora_delta::{Checkpoint, Encoding};
 use aurora_engine::{Policy, RolloutGroup, TrainStats, Trainer};
-use aurora_hub::{Hub, Security, StepResults};
+use aurora_hub::{Hub, StepResults};
 use aurora_node::{Published, TrainerNode, TrainerSettings};
 use aurora_store::{Store, TrainerData};
 use serde::{Deserialize, Serialize};
@@ -32,9 +33,11 @@ const POLL: Duration = Duration::from_millis(20);
 /// actor to the others long before.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 
-pub fn run(run_dir: &Path, listen: Listen, token: String, security: Security) -> Result<()> {
+pub fn run(run_dir: &Path, listen: Listen, token: String, trust: NodeTrust) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    crate::runtime(Some(2))?.block_on(train(run_dir, listen, config, token, security))
+    let mut settings = TrainerSettings::new(run_dir, token, trust.control_server()?);
+    settings.transport_tls = trust.tls;
+    crate::runtime(Some(2))?.block_on(train(settings, listen, config))
 }
 
 /// Where the trainer node listens: a restarted trainer takes the ports it had, so relays
@@ -85,15 +88,9 @@ struct Pending {
     events: Vec<String>,
 }
 
-async fn train(
-    run_dir: &Path,
-    listen: Listen,
-    config: RunConfig,
-    token: String,
-    security: Security,
-) -> Result<()> {
+async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig) -> Result<()> {
     let started = Instant::now();
-    let mut settings = TrainerSettings::new(run_dir, token, security);
+    let run_dir: &Path = &settings.dir.clone();
     settings.control_listen = SocketAddr::new(listen.bind, listen.control_port);
     settings.transport_listen = SocketAddr::new(listen.bind, listen.transport_port);
     settings.streams = config.streams;

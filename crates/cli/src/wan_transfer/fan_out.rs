@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::setup::{TIMEOUT, runtime_in};
-use super::{CommonArgs, checkpoint_pair, load_average, write_json};
+use super::{CommonArgs, TransportSecurity, checkpoint_pair, load_average, write_json};
 use crate::wan_cmd::{growth, load_scaled};
 
 /// The version every benchmark publishes: the step from the synthetic base (version 0).
@@ -44,6 +44,7 @@ struct MemberTimes {
 #[derive(Serialize)]
 struct FanOutRow {
     mode: &'static str,
+    security: TransportSecurity,
     links: Vec<LinkBytes>,
     /// From publication (cut-through: from the first segment leaving the encoder).
     first_received_s: f64,
@@ -79,7 +80,12 @@ enum Publication {
     Live,
 }
 
-pub(super) fn fan_out(common: &CommonArgs, actors: usize, streams: u8) -> Result<()> {
+pub(super) fn fan_out(
+    common: &CommonArgs,
+    actors: usize,
+    streams: u8,
+    securities: &[TransportSecurity],
+) -> Result<()> {
     ensure!(actors >= 1, "--actors must be at least 1");
     let scenario = load_scaled(&common.scenario, common.rate_scale)?;
     if scenario.regions.len() < 2 {
@@ -144,11 +150,15 @@ pub(super) fn fan_out(common: &CommonArgs, actors: usize, streams: u8) -> Result
         .collect::<Result<Vec<_>>>()?;
     let main = crate::runtime(Some(1))?;
     let mut rows = Vec::new();
-    for (mode, relays, publication) in [
+    let modes = [
         ("direct", false, Publication::Stored),
         ("relays", true, Publication::Stored),
         ("cut-through", true, Publication::Live),
-    ] {
+    ];
+    for ((mode, relays, publication), &security) in modes
+        .into_iter()
+        .flat_map(|mode| securities.iter().map(move |security| (mode, security)))
+    {
         let spec = FleetSpec {
             regions: regions.clone(),
             relays,
@@ -158,6 +168,7 @@ pub(super) fn fan_out(common: &CommonArgs, actors: usize, streams: u8) -> Result
             socket: SocketOptions::default(),
             tune_interval: None,
             timeout: TIMEOUT,
+            security: security.bench()?,
         };
         tracing::info!(mode, "starting the fleet");
         let fleet = main
@@ -218,7 +229,7 @@ pub(super) fn fan_out(common: &CommonArgs, actors: usize, streams: u8) -> Result
                 }
             })
             .collect();
-        let row = fan_out_row(mode, links, &reports, cut_through);
+        let row = fan_out_row((mode, security), links, &reports, cut_through);
         print_fan_out_row(&row)?;
         rows.push(row);
     }
@@ -241,7 +252,7 @@ pub(super) fn fan_out(common: &CommonArgs, actors: usize, streams: u8) -> Result
 /// Times of a fan-out; for a cut-through one they count from the first segment leaving
 /// the encoder (`cut_through`: first segment and extraction end, from its start).
 fn fan_out_row(
-    mode: &'static str,
+    (mode, security): (&'static str, TransportSecurity),
     links: Vec<LinkBytes>,
     reports: &[StagedReport],
     cut_through: Option<(Duration, Duration)>,
@@ -263,6 +274,7 @@ fn fan_out_row(
     };
     FanOutRow {
         mode,
+        security,
         links,
         first_received_s: extreme(|m| m.received_s, f64::min, f64::INFINITY),
         last_received_s: extreme(|m| m.received_s, f64::max, 0.0),
@@ -287,9 +299,10 @@ fn print_fan_out_row(row: &FanOutRow) -> Result<()> {
         })
         .collect();
     let mut text = format!(
-        "{:<12} {}; received first {:.3} s, last {:.3} s; staged first {:.3} s, last {:.3} s \
-         (last/first {:.2}); load {}\n",
+        "{:<12} {:<9} {}; received first {:.3} s, last {:.3} s; staged first {:.3} s, last \
+         {:.3} s (last/first {:.2}); load {}\n",
         row.mode,
+        row.security.name(),
         links.join(", "),
         row.first_received_s,
         row.last_received_s,
@@ -321,9 +334,10 @@ fn print_fan_out_verdict(output: &FanOutOutput) -> Result<()> {
         let most = row.links.iter().map(|l| l.copies).fold(0.0, f64::max);
         let spread = row.last_staged_s / row.first_staged_s;
         text += &format!(
-            "{}: at most {most:.2} copies per cross-region link{}; last staged {:.2}x the \
+            "{} {}: at most {most:.2} copies per cross-region link{}; last staged {:.2}x the \
              first: target <= {SPREAD} {} (last received {:.2}x the first)\n",
             row.mode,
+            row.security.name(),
             if row.mode == "direct" {
                 String::new()
             } else {

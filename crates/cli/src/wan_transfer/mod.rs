@@ -25,9 +25,10 @@ use anyhow::{Context, Result, ensure};
 use aurora_delta::OwnedTensor;
 use aurora_proto::frame::MAX_STREAMS;
 use aurora_wan::measure::Congestion;
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use crate::fleet::BenchSecurity;
 use encodings::encodings;
 use fan_out::fan_out;
 use streams::{StreamModes, streams_bench};
@@ -73,6 +74,9 @@ pub enum TransferCommand {
         /// as between the steps of a long session.
         #[arg(long)]
         warm_idle_seconds: Option<f64>,
+        /// Each transfer once per value, one right after the other: what TLS costs.
+        #[arg(long, value_delimiter = ',', default_value = "plaintext,tls")]
+        security: Vec<TransportSecurity>,
     },
     /// An `aurora` delta from the hub (first region) to the actors of every other
     /// region: directly, through one relay per region, and through relays cut-through
@@ -85,7 +89,36 @@ pub enum TransferCommand {
         actors: usize,
         #[arg(long, default_value_t = 4)]
         streams: u8,
+        /// Each mode once per value, one right after the other: what TLS costs.
+        #[arg(long, value_delimiter = ',', default_value = "plaintext,tls")]
+        security: Vec<TransportSecurity>,
     },
+}
+
+/// How the benchmark's nodes secure their connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransportSecurity {
+    /// Plain TCP with a token (`--insecure-plaintext`).
+    Plaintext,
+    /// Mutual TLS 1.3, each node with a certificate of a fleet CA made for the run.
+    Tls,
+}
+
+impl TransportSecurity {
+    fn name(self) -> &'static str {
+        match self {
+            TransportSecurity::Plaintext => "plaintext",
+            TransportSecurity::Tls => "tls",
+        }
+    }
+
+    fn bench(self) -> Result<BenchSecurity> {
+        Ok(match self {
+            TransportSecurity::Plaintext => BenchSecurity::InsecurePlaintext,
+            TransportSecurity::Tls => BenchSecurity::tls()?,
+        })
+    }
 }
 
 #[derive(Args)]
@@ -134,6 +167,7 @@ pub fn run(command: TransferCommand) -> Result<()> {
             seconds,
             warmup_seconds,
             warm_idle_seconds,
+            security,
         } => {
             check_streams(&streams)?;
             check_streams(&adaptive_max)?;
@@ -151,6 +185,7 @@ pub fn run(command: TransferCommand) -> Result<()> {
                 warm_idle: warm_idle_seconds
                     .map(|idle| duration(idle, "warm-idle-seconds"))
                     .transpose()?,
+                security,
             };
             streams_bench(&common, &modes)
         }
@@ -158,9 +193,10 @@ pub fn run(command: TransferCommand) -> Result<()> {
             common,
             actors,
             streams,
+            security,
         } => {
             check_streams(&[streams])?;
-            fan_out(&common, actors, streams)
+            fan_out(&common, actors, streams, &security)
         }
     }
 }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::setup::PointToPoint;
-use super::{CommonArgs, checkpoint_pair, load_average, mbps, write_json};
+use super::{CommonArgs, TransportSecurity, checkpoint_pair, load_average, mbps, write_json};
 use crate::wan_cmd::{growth, load_scaled};
 
 /// Full-checkpoint steps: D(1 -> 2) from the target back to the base's weights, and
@@ -49,6 +49,8 @@ pub(super) struct StreamModes {
     /// Idle time after a warm-up transfer on the same sessions, for a second, warm
     /// transfer of every mode; `None`: cold sessions only.
     pub(super) warm_idle: Option<Duration>,
+    /// Every transfer once per security, one right after the other.
+    pub(super) security: Vec<TransportSecurity>,
 }
 
 /// One transfer of `streams`: a mode's name, how its congestion control is shown and
@@ -65,6 +67,7 @@ struct StreamRun {
 struct StreamRow {
     /// A congestion control with a fixed stream count, or `adaptive`.
     mode: String,
+    security: TransportSecurity,
     /// `cold`: fresh connections; `warm`: connections that carried the step before.
     session: &'static str,
     congestion: String,
@@ -138,12 +141,13 @@ pub(super) fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<
     };
     crate::print_stdout(&format!(
         "{}: a full checkpoint of {} bytes, each transfer stopped after {:?}; steady = from \
-         {:?} to the last byte read{warm_sessions}\n{:<9} {:<5} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>13} {:>14}\n",
+         {:?} to the last byte read{warm_sessions}\n{:<9} {:<9} {:<5} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8} {:>9} {:>10} {:>7} {:>13} {:>14}\n",
         scenario.name,
         artifact.len(),
         modes.time_limit,
         modes.warmup,
         "mode",
+        "security",
         "",
         "congestion",
         "streams",
@@ -162,18 +166,29 @@ pub(super) fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<
     let sessions: Vec<(&'static str, Option<(Bytes, Duration)>)> = std::iter::once(("cold", None))
         .chain(warm_up.map(|warm_up| ("warm", Some(warm_up))))
         .collect();
-    for (run, (session, warm_up)) in runs
-        .iter()
-        .flat_map(|run| sessions.iter().map(move |session| (run, session)))
-    {
+    for (run, (session, warm_up), &security) in runs.iter().flat_map(|run| {
+        sessions.iter().flat_map(move |session| {
+            modes
+                .security
+                .iter()
+                .map(move |security| (run, session, security))
+        })
+    }) {
         let mut spec = net.spec(&artifact, run.streams)?;
+        spec.security = security.bench()?;
         spec.socket = SocketOptions {
             congestion: run.congestion.clone(),
         };
         spec.tune_interval = run.tune_interval;
         spec.time_limit = Some(modes.time_limit);
         spec.warm_up = warm_up.clone();
-        tracing::info!(mode = run.mode, streams = run.streams, session, "transfer");
+        tracing::info!(
+            mode = run.mode,
+            streams = run.streams,
+            session,
+            ?security,
+            "transfer"
+        );
         let before = net.network.counters();
         let report = main.block_on(fleet::transfer(spec)).with_context(|| {
             format!(
@@ -186,7 +201,14 @@ pub(super) fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<
             growth(&before, &after, |d| d.counters.lost),
             growth(&before, &after, |d| d.counters.queue_full),
         );
-        let row = stream_row(run, session, &report, modes.warmup, net.link_mbps, drops);
+        let row = stream_row(
+            (run, security),
+            session,
+            &report,
+            modes.warmup,
+            net.link_mbps,
+            drops,
+        );
         print_stream_row(&row)?;
         rows.push(row);
     }
@@ -209,7 +231,7 @@ pub(super) fn streams_bench(common: &CommonArgs, modes: &StreamModes) -> Result<
 }
 
 fn stream_row(
-    run: &StreamRun,
+    (run, security): (&StreamRun, TransportSecurity),
     session: &'static str,
     report: &TransferReport,
     warmup: Duration,
@@ -220,6 +242,7 @@ fn stream_row(
     let goodput_mbps = mbps(report.delivered_bytes(), seconds);
     StreamRow {
         mode: run.mode.clone(),
+        security,
         session,
         congestion: run.label.clone(),
         streams: run.streams,
@@ -250,8 +273,9 @@ fn stream_row(
 
 fn print_stream_row(row: &StreamRow) -> Result<()> {
     crate::print_stdout(&format!(
-        "{:<9} {:<5} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8.2} {:>9.1} {:>10} {:>7} {:>13} {:>14}\n",
+        "{:<9} {:<9} {:<5} {:<14} {:>7} {:>5} {:>14} {:>5} {:>8.2} {:>9.1} {:>10} {:>7} {:>13} {:>14}\n",
         row.mode,
+        row.security.name(),
         row.session,
         row.congestion,
         row.streams,
@@ -287,8 +311,9 @@ fn print_stream_verdict(rows: &[StreamRow], link_mbps: Option<f64>) -> Result<()
     let mut text = String::new();
     for adaptive in rows.iter().filter(|row| row.mode == "adaptive") {
         text += &format!(
-            "adaptive, {} ({}, tuned up to {} streams, {} at the end), target >= {:.0}% of \
+            "adaptive, {}, {} ({}, tuned up to {} streams, {} at the end), target >= {:.0}% of \
              {link} Mbps: whole transfer {}, steady state {}\n",
+            adaptive.security.name(),
             adaptive.session,
             adaptive.congestion,
             adaptive.streams,
@@ -307,5 +332,41 @@ fn print_stream_verdict(rows: &[StreamRow], link_mbps: Option<f64>) -> Result<()
             100.0 * baseline.goodput_mbps / link
         );
     }
+    text += &tls_cost(rows);
     crate::print_stdout(&text)
+}
+
+/// The target: TLS at most 5% slower than plaintext, each mode's TLS row against the
+/// plaintext row timed right before it (steady state where known: the whole transfer
+/// also holds the handshakes and slow start).
+fn tls_cost(rows: &[StreamRow]) -> String {
+    const TARGET: f64 = 0.05;
+    let rate = |row: &StreamRow| row.steady_mbps.unwrap_or(row.goodput_mbps);
+    let mut text = String::new();
+    for tls in rows
+        .iter()
+        .filter(|row| row.security == TransportSecurity::Tls)
+    {
+        let Some(plain) = rows.iter().find(|row| {
+            row.security == TransportSecurity::Plaintext
+                && (row.mode.as_str(), row.session, row.streams)
+                    == (tls.mode.as_str(), tls.session, tls.streams)
+        }) else {
+            continue;
+        };
+        let slower = 1.0 - rate(tls) / rate(plain);
+        let verdict = if slower <= TARGET { "met" } else { "NOT met" };
+        text += &format!(
+            "TLS cost, {} {} on {} streams: {:.1} against {:.1} Mbps plaintext, {:+.1}% \
+             (target <= {:.0}% slower: {verdict})\n",
+            tls.mode,
+            tls.session,
+            tls.streams,
+            rate(tls),
+            rate(plain),
+            -100.0 * slower,
+            100.0 * TARGET,
+        );
+    }
+    text
 }

@@ -66,6 +66,30 @@ fn os(text: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(text)
 }
 
+/// A fleet CA in `dir` (`aurora certs init`).
+fn fleet(dir: &std::path::Path) {
+    aurora(&["certs", "init", "--dir"]).arg(dir).ok();
+}
+
+/// The segment transport's flags of node `id` of the fleet in `dir`, issuing its
+/// certificate (`aurora certs issue`).
+fn certified(dir: &std::path::Path, role: &str, id: &str, region: &str) -> Vec<std::ffi::OsString> {
+    aurora(&[
+        "certs", "issue", "--role", role, "--id", id, "--region", region, "--dir",
+    ])
+    .arg(dir)
+    .ok();
+    let file = |name: String| dir.join(name).into_os_string();
+    vec![
+        "--ca".into(),
+        file("ca.pem".into()),
+        "--cert".into(),
+        file(format!("{id}.pem")),
+        "--key".into(),
+        file(format!("{id}.key")),
+    ]
+}
+
 /// `aurora hub` on any free ports, with its store and database in `dir`.
 fn start_hub(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Process {
     let mut args = vec![
@@ -104,58 +128,64 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
         );
         aurora(&["store", "put-delta"]).arg(&root).arg(&delta).ok();
     }
-    let hub = start_hub(&s.path("hub"), &[]);
+    // Every node with a certificate of the fleet's CA: mutual TLS on every connection.
+    let certs = s.path("fleet");
+    fleet(&certs);
+    let hub_tls = certified(&certs, "trainer", "hub", "hub");
+    let hub_flags: Vec<&std::ffi::OsStr> = hub_tls.iter().map(|f| f.as_os_str()).collect();
+    let hub = start_hub(&s.path("hub"), &hub_flags);
     let hub_address = hub.expect("transport listening on ");
-    let relay = Process::start(
-        "relay",
-        &[
-            os("relay"),
-            os("--listen"),
-            os("127.0.0.1:0"),
-            os("--id"),
-            os("relay-eu"),
-            os("--region"),
-            os("eu"),
-            os("--upstream"),
-            os(&hub_address),
-            os("--weights"),
-            steps[0].as_os_str(),
-            os("--version"),
-            os("0"),
-        ],
-    );
+    let relay_tls = certified(&certs, "relay", "relay-eu", "eu");
+    let relay_args: Vec<&std::ffi::OsStr> = [
+        os("relay"),
+        os("--listen"),
+        os("127.0.0.1:0"),
+        os("--upstream"),
+        os(&hub_address),
+        os("--weights"),
+        steps[0].as_os_str(),
+        os("--version"),
+        os("0"),
+    ]
+    .into_iter()
+    .chain(relay_tls.iter().map(|f| f.as_os_str()))
+    .collect();
+    let relay = Process::start("relay", &relay_args);
     let relay_address = relay.expect("listening on ");
-    // The actor takes its settings from a file.
+    // The actor takes its settings from a file, its identity from its certificate.
     let config = s.write(
         "actor.toml",
         format!(
-            "id = \"a1\"\nregion = \"eu\"\nupstreams = [\"{relay_address}\", \"{hub_address}\"]\n\
+            "region = \"eu\"\nupstreams = [\"{relay_address}\", \"{hub_address}\"]\n\
              weights = \"{}\"\nversion = 0\nstreams = 3\n",
             steps[0].display()
         )
         .as_bytes(),
     );
-    let actor = Process::start("actor", &[os("actor"), os("--config"), config.as_os_str()]);
+    let actor_tls = certified(&certs, "actor", "a1", "eu");
+    let actor_args: Vec<&std::ffi::OsStr> = [os("actor"), os("--config"), config.as_os_str()]
+        .into_iter()
+        .chain(actor_tls.iter().map(|f| f.as_os_str()))
+        .collect();
+    let actor = Process::start("actor", &actor_args);
     let expected = weights_hash(&steps[3]).to_hex();
     assert_eq!(actor.expect("active 3 "), expected);
     assert_eq!(relay.expect("active 3 "), expected);
 
     // No weights on this machine: the relay serves no snapshot, the hub's store does.
-    let newcomer = Process::start(
-        "newcomer",
-        &[
-            os("actor"),
-            os("--join"),
-            os("--id"),
-            os("a2"),
-            os("--region"),
-            os("eu"),
-            os("--upstream"),
-            os(&relay_address),
-            os("--upstream"),
-            os(&hub_address),
-        ],
-    );
+    let newcomer_tls = certified(&certs, "actor", "a2", "eu");
+    let newcomer_args: Vec<&std::ffi::OsStr> = [
+        os("actor"),
+        os("--join"),
+        os("--upstream"),
+        os(&relay_address),
+        os("--upstream"),
+        os(&hub_address),
+    ]
+    .into_iter()
+    .chain(newcomer_tls.iter().map(|f| f.as_os_str()))
+    .collect();
+    let newcomer = Process::start("newcomer", &newcomer_args);
     // From the store's only snapshot (version 0), then the deltas.
     assert_eq!(newcomer.expect("active 3 "), expected);
 }
@@ -182,6 +212,9 @@ fn an_actor_without_its_settings_says_what_is_missing() {
     ])
     .fails();
     crate::util::assert_error_mentions(&run, &["--join takes the weights from an upstream"]);
+    // Neither certificates nor plaintext asked for by name: nothing starts.
+    let run = aurora(&["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"]).fails();
+    crate::util::assert_error_mentions(&run, &["--ca, --cert and --key", "--insecure-plaintext"]);
     let bad = s.write("bad.toml", b"id = \"a1\"\nstreams = \"many\"\n");
     let run = aurora(&["actor", "--config"]).arg(&bad).fails();
     crate::util::assert_error_mentions(&run, &["parsing", "bad.toml"]);
@@ -225,6 +258,7 @@ fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
         watched.as_os_str(),
         os("--poll-ms"),
         os("20"),
+        os("--insecure-plaintext"),
     ];
     save(0, true);
     let hub = start_hub(&hub_dir, &watch);
@@ -242,6 +276,7 @@ fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
             os("eu"),
             os("--upstream"),
             os(&hub_address),
+            os("--insecure-plaintext"),
         ],
     );
     assert_eq!(actor.expect("active 0 "), hash(0));

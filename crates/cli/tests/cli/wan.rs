@@ -204,8 +204,22 @@ fn transfer_fan_out_crosses_each_region_link_once_through_relays() {
     let output: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = output["rows"].as_array().unwrap();
-    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
-    assert_eq!(modes, ["direct", "relays", "cut-through"]);
+    // Each mode in plaintext, then over TLS right after.
+    let modes: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["mode"].as_str().unwrap(), r["security"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("direct", "plaintext"),
+            ("direct", "tls"),
+            ("relays", "plaintext"),
+            ("relays", "tls"),
+            ("cut-through", "plaintext"),
+            ("cut-through", "tls"),
+        ]
+    );
     for row in rows {
         let members = row["members"].as_array().unwrap();
         assert_eq!(members.len(), 4, "{row}");

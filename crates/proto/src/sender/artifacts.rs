@@ -299,6 +299,17 @@ impl Sender {
         inserted
     }
 
+    /// The driver's answer to [`SenderEvent::Load`] when it cannot load `key` now (it
+    /// is at its budget of concurrent builds): the sessions that want it are told it is
+    /// unavailable for `reason`, so their receivers come back after a backoff, and the
+    /// next Want of any session lets it be asked for again. A composed delta's sessions
+    /// replay the deltas instead. Nothing waits in a queue.
+    pub fn load_deferred(&mut self, key: ArtifactKey, reason: String) {
+        self.loading.remove(&key);
+        self.stats.loads_deferred += 1;
+        self.deferred.insert(key, reason);
+    }
+
     fn insert(
         &mut self,
         key: ArtifactKey,
@@ -396,7 +407,7 @@ impl Sender {
     /// Why `key` cannot be sent from here, or `None` while it may yet come: loading from
     /// the store (asked for here) or not published yet.
     pub(super) fn why_unavailable(&mut self, key: ArtifactKey) -> Option<String> {
-        if let Some(reason) = self.unavailable.get(&key) {
+        if let Some(reason) = self.unavailable.get(&key).or(self.deferred.get(&key)) {
             return Some(reason.clone());
         }
         if self.loadable(key) {

@@ -176,7 +176,20 @@ pub struct SenderStats {
     pub sessions_dropped: u64,
     /// Offers of composed deltas (a catch-up served in one artifact).
     pub composed_offers: u64,
+    /// Hellos refused because the peer is not who it says: a wrong token, or a Hello
+    /// that does not name the identity of the connection's certificate.
+    pub refused_auth: u64,
+    /// Hellos refused as replays: of a session that ended, or of a superseded epoch.
+    pub refused_stale: u64,
+    /// Connections closed without a Hello within the handshake timeout.
+    pub handshake_timeouts: u64,
+    /// Loads the driver deferred (over its build budget): the sessions wanting them
+    /// were told to come back later.
+    pub loads_deferred: u64,
 }
+
+/// Ended sessions remembered so that a replayed Hello cannot revive one.
+pub const MAX_RETIRED_SESSIONS: usize = 4096;
 
 pub struct Sender {
     config: SenderConfig,
@@ -192,6 +205,12 @@ pub struct Sender {
     /// Artifacts that cannot be served, with why: sessions wanting one are told it is
     /// unavailable, except those of a composed delta, which replay the deltas instead.
     unavailable: BTreeMap<ArtifactKey, String>,
+    /// Artifacts the driver cannot load now (over its build budget), with why: sessions
+    /// wanting one are told it is unavailable, and the next Want asks again.
+    deferred: BTreeMap<ArtifactKey, String>,
+    /// Sessions that ended here (a set, and its order to forget the oldest).
+    retired: BTreeSet<u64>,
+    retired_order: VecDeque<u64>,
     commit: Option<Commit>,
     sessions: HashMap<u64, Session>,
     conns: BTreeMap<ConnId, Conn>,
@@ -215,6 +234,9 @@ impl Sender {
             floor: 0,
             loading: BTreeSet::new(),
             unavailable: BTreeMap::new(),
+            deferred: BTreeMap::new(),
+            retired: BTreeSet::new(),
+            retired_order: VecDeque::new(),
             commit: None,
             sessions: HashMap::new(),
             conns: BTreeMap::new(),
@@ -419,6 +441,7 @@ impl Sender {
         }
         for conn in late {
             self.conns.remove(&conn);
+            self.stats.handshake_timeouts += 1;
             self.events.push_back(SenderEvent::Close {
                 conn,
                 reason: "no Hello in time".into(),

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::SenderStats;
 use super::artifacts::{Artifact, ArtifactKey};
 use crate::frame::{ArtifactKind, Frame};
-use crate::{ConnId, ranges};
+use crate::{ConnId, Identity, ranges};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SegState {
@@ -61,6 +61,9 @@ impl SendVersion {
 pub(super) struct Session {
     pub(super) peer_id: String,
     pub(super) streams: Vec<Option<ConnId>>,
+    /// The epoch of the latest connection welcomed on each stream: a Hello of an epoch
+    /// not above it is a replay.
+    pub(super) epochs: Vec<u32>,
     /// None until the first Want: nothing is sent before the subscriber says what it has.
     pub(super) next_version: Option<u64>,
     /// The version the latest Want asked for as a snapshot (its next version).
@@ -89,6 +92,8 @@ impl Session {
 }
 
 pub(super) struct Conn {
+    /// Who the TLS handshake proved the peer to be (none over plaintext).
+    pub(super) peer: Option<Identity>,
     pub(super) session: Option<u64>,
     pub(super) stream: u8,
     pub(super) epoch: u32,

@@ -4,21 +4,24 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
-use super::Sender;
-use super::SenderEvent;
 use super::artifacts::ArtifactKey;
 use super::session::{Conn, SegState, Session};
+use super::{MAX_RETIRED_SESSIONS, Sender, SenderEvent};
 use crate::frame::{
     Frame, Hello, MAX_STREAMS, PROTOCOL_VERSION, Progress, RejectCode, Role, Welcome,
 };
-use crate::{ConnId, ranges};
+use crate::{ConnId, Identity, ranges};
 
 impl Sender {
-    /// A downstream connected; its first frame must be a Hello.
-    pub fn accepted(&mut self, now: Instant, conn: ConnId) {
+    /// A downstream connected at `now` (for a TLS connection, when the TCP connection
+    /// was accepted: the handshake timeout covers the TLS handshake and the Hello); its
+    /// first frame must be a Hello. `peer` is the identity its TLS certificate proves,
+    /// none over plaintext: with [`crate::Auth::Certificate`] the Hello must name it.
+    pub fn accepted(&mut self, now: Instant, conn: ConnId, peer: Option<Identity>) {
         self.conns.insert(
             conn,
             Conn {
+                peer,
                 session: None,
                 stream: 0,
                 epoch: 0,
@@ -56,6 +59,7 @@ impl Sender {
         }
         if session.streams.iter().all(Option::is_none) {
             self.sessions.remove(&id);
+            self.retire(id);
             self.evict();
         }
     }
@@ -97,6 +101,9 @@ impl Sender {
                     return;
                 }
                 session.last_want = Some(seq);
+                // A deferred load is tried again for whoever wants it next: the Want of
+                // a receiver back from its backoff, or of another session moving on.
+                self.deferred.clear();
                 let snapshot = snapshot.then_some(next_version);
                 let composed = self.composed_choice(next_version, composed, &progress);
                 self.on_want(
@@ -163,12 +170,10 @@ impl Sender {
                 format!("unknown Hello flags {:#x}", hello.flags),
             );
         }
-        if !self.config.auth.admits(&hello.peer_id, &hello.token) {
-            return self.refuse(
-                conn,
-                RejectCode::Auth,
-                format!("peer '{}' is unknown or its token is wrong", hello.peer_id),
-            );
+        let certified = self.conns.get(&conn).and_then(|c| c.peer.as_ref());
+        if let Err(reason) = self.config.auth.check(certified, &hello) {
+            self.stats.refused_auth += 1;
+            return self.refuse(conn, RejectCode::Auth, reason);
         }
         if hello.role == Role::Hub {
             return self.refuse(
@@ -206,6 +211,10 @@ impl Sender {
             }
             _ => {}
         }
+        if let Some(reason) = self.stale(&hello) {
+            self.stats.refused_stale += 1;
+            return self.refuse(conn, RejectCode::Refused, reason);
+        }
         debug_assert!(hello.streams <= MAX_STREAMS, "checked by the decoder");
         let session = self.sessions.entry(hello.session).or_insert_with(|| {
             self.events.push_back(SenderEvent::Subscribed {
@@ -217,6 +226,7 @@ impl Sender {
             Session {
                 peer_id: hello.peer_id.clone(),
                 streams: vec![None; hello.streams as usize],
+                epochs: vec![0; hello.streams as usize],
                 next_version: None,
                 snapshot: None,
                 composed: None,
@@ -227,6 +237,7 @@ impl Sender {
                 nacks: 0,
             }
         });
+        session.epochs[hello.stream as usize] = hello.epoch;
         // A reconnecting stream replaces the connection it had.
         if let Some(old) = session.streams[hello.stream as usize].replace(conn) {
             self.events.push_back(SenderEvent::Close {
@@ -250,6 +261,41 @@ impl Sender {
         c.epoch = hello.epoch;
         c.last_send = now;
         c.direct.push_back((welcome, false));
+    }
+
+    /// Why `hello` is a replay, if it is: it names a session that has ended here, or a
+    /// stream of a live session at an epoch not above the one already welcomed (a
+    /// downstream counts up the epoch of every connection it makes on a stream). Either
+    /// would take over or revive what the peer has moved on from.
+    fn stale(&self, hello: &Hello) -> Option<String> {
+        if self.retired.contains(&hello.session) {
+            return Some(format!(
+                "session {} of peer '{}' has ended: a new session takes a new id",
+                hello.session, hello.peer_id
+            ));
+        }
+        let session = self.sessions.get(&hello.session)?;
+        let welcomed = *session.epochs.get(hello.stream as usize)?;
+        (hello.epoch <= welcomed).then(|| {
+            format!(
+                "stream {} of session {} is at epoch {welcomed}: a Hello of epoch {} from \
+                 peer '{}' is stale",
+                hello.stream, hello.session, hello.epoch, hello.peer_id
+            )
+        })
+    }
+
+    /// Remembers that session `id` ended, so that no Hello revives it; the oldest of
+    /// [`MAX_RETIRED_SESSIONS`] are forgotten.
+    pub(super) fn retire(&mut self, id: u64) {
+        if self.retired.len() == MAX_RETIRED_SESSIONS
+            && let Some(oldest) = self.retired_order.pop_front()
+        {
+            self.retired.remove(&oldest);
+        }
+        if self.retired.insert(id) {
+            self.retired_order.push_back(id);
+        }
     }
 
     /// The composed delta a Want at `next_version` is served, if any: a store-backed
@@ -408,6 +454,7 @@ impl Sender {
         };
         tracing::info!(peer = session.peer_id, reason, "dropping a session");
         self.stats.sessions_dropped += 1;
+        self.retire(id);
         for conn in session.streams.into_iter().flatten() {
             self.conns.remove(&conn);
             self.events.push_back(SenderEvent::Close {

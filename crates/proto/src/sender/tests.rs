@@ -36,7 +36,7 @@ fn hello(session: u64, stream: u8, streams: u8) -> Hello {
 /// Sends a Hello on a fresh connection and returns the answer.
 fn handshake(sender: &mut Sender, conn: ConnId, hello: Hello) -> Transmit {
     let now = Instant::now();
-    sender.accepted(now, conn);
+    sender.accepted(now, conn, None);
     sender.handle_frame(now, conn, Frame::Hello(hello));
     sender.poll_transmit(now).expect("an answer")
 }
@@ -144,7 +144,7 @@ fn handshakes_are_checked() {
     );
 
     let now = Instant::now();
-    s.accepted(now, 8);
+    s.accepted(now, 8, None);
     s.handle_frame(now, 8, Frame::Keepalive);
     refused(
         s.poll_transmit(now).unwrap(),
@@ -184,7 +184,7 @@ fn per_peer_tokens_and_the_session_limit() {
 fn a_handshake_that_never_comes_is_closed() {
     let mut s = sender();
     let start = Instant::now();
-    s.accepted(start, 1);
+    s.accepted(start, 1, None);
     let deadline = s.poll_timeout().unwrap();
     assert_eq!(deadline, start + s.config.handshake_timeout);
     s.handle_timeout(deadline);
@@ -1015,5 +1015,177 @@ fn the_signature_travels_in_the_seal_as_it_came() {
     assert!(
         pair.events
             .contains(&ReceiverEvent::Commit(commit(1, Some(&key))))
+    );
+}
+
+/// A hub that authenticates its subscribers by their TLS certificates.
+fn certified_sender() -> Sender {
+    Sender::new(SenderConfig::new(
+        identity(Role::Hub, "hub"),
+        Auth::Certificate,
+    ))
+}
+
+/// A Hello as a downstream sends it over TLS: no token.
+fn tls_hello(peer_id: &str, session: u64, stream: u8, streams: u8, epoch: u32) -> Hello {
+    Hello {
+        peer_id: peer_id.into(),
+        token: Vec::new(),
+        epoch,
+        ..hello(session, stream, streams)
+    }
+}
+
+/// Sends a Hello on a fresh connection whose certificate proved `peer`.
+fn handshake_as(sender: &mut Sender, conn: ConnId, peer: Option<Identity>, hello: Hello) -> Frame {
+    let now = Instant::now();
+    sender.accepted(now, conn, peer);
+    sender.handle_frame(now, conn, Frame::Hello(hello));
+    let answer = sender.poll_transmit(now).expect("an answer");
+    assert_eq!(answer.conn, conn);
+    sender.on_sent(now, conn);
+    answer.frame
+}
+
+#[track_caller]
+fn rejected(frame: Frame, code: RejectCode, needle: &str) {
+    match frame {
+        Frame::Reject { code: c, reason } => {
+            assert_eq!(c, code, "{reason}");
+            assert!(reason.contains(needle), "{reason}");
+        }
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+}
+
+/// Everything the sender writes on `conn` until it has nothing more.
+fn written_on(sender: &mut Sender, conn: ConnId, now: Instant) -> Vec<Frame> {
+    let mut frames = Vec::new();
+    while let Some(t) = sender.poll_transmit(now) {
+        sender.on_sent(now, t.conn);
+        if t.conn == conn {
+            frames.push(t.frame);
+        }
+    }
+    frames
+}
+
+#[test]
+fn an_impersonator_is_refused_and_the_real_peer_is_unaffected() {
+    let mut s = certified_sender();
+    s.insert_artifact(StoredArtifact::unsigned(artifact(1, 4).0))
+        .unwrap();
+    let now = Instant::now();
+    let a1 = identity(Role::Actor, "a1");
+    let welcome = handshake_as(&mut s, 1, Some(a1.clone()), tls_hello("a1", 5, 0, 2, 1));
+    assert!(matches!(welcome, Frame::Welcome(_)));
+
+    // A fleet member with a valid certificate of its own names a1 to take over the
+    // second stream of a1's session.
+    let a2 = identity(Role::Actor, "a2");
+    let forged = tls_hello("a1", 5, 1, 2, 1);
+    rejected(
+        handshake_as(&mut s, 2, Some(a2), forged),
+        RejectCode::Auth,
+        "the Hello names actor 'a1' but the connection's certificate is actor 'a2'",
+    );
+    // No certificate at all (a plaintext connection reaching a TLS sender).
+    rejected(
+        handshake_as(&mut s, 3, None, tls_hello("a1", 6, 0, 1, 1)),
+        RejectCode::Auth,
+        "no certificate",
+    );
+    // The trainer's certificate names itself truthfully, and still may not subscribe.
+    let hub = Hello {
+        role: Role::Hub,
+        ..tls_hello("hub2", 7, 0, 1, 1)
+    };
+    rejected(
+        handshake_as(&mut s, 4, Some(identity(Role::Hub, "hub2")), hub),
+        RejectCode::Auth,
+        "may not subscribe",
+    );
+    assert_eq!(s.stats().refused_auth, 3);
+    assert_eq!(s.sessions(), 1);
+
+    // a1 is served all of version 1 on its own connection, as if nothing happened.
+    s.handle_frame(now, 1, want(1, 1, false, Vec::new()));
+    let frames = written_on(&mut s, 1, now);
+    let segments = frames
+        .iter()
+        .filter(|f| matches!(f, Frame::Segment { version: 1, .. }))
+        .count();
+    assert_eq!(segments, 4, "{frames:?}");
+    assert!(matches!(frames[0], Frame::Offer { version: 1, .. }));
+}
+
+#[test]
+fn replayed_hellos_of_an_earlier_epoch_or_session_are_refused() {
+    let mut s = certified_sender();
+    s.insert_artifact(StoredArtifact::unsigned(artifact(1, 2).0))
+        .unwrap();
+    let now = Instant::now();
+    let a1 = || Some(identity(Role::Actor, "a1"));
+    let first = tls_hello("a1", 5, 0, 1, 1);
+    let second = tls_hello("a1", 5, 0, 1, 2);
+    assert!(matches!(
+        handshake_as(&mut s, 1, a1(), first.clone()),
+        Frame::Welcome(_)
+    ));
+    // The stream reconnects (epoch 2) and replaces its first connection.
+    assert!(matches!(
+        handshake_as(&mut s, 2, a1(), second.clone()),
+        Frame::Welcome(_)
+    ));
+    // Either Hello sent again would take the live stream over.
+    for (conn, replay) in [(3, first), (4, second.clone())] {
+        rejected(
+            handshake_as(&mut s, conn, a1(), replay),
+            RejectCode::Refused,
+            "is stale",
+        );
+    }
+    // The live connection still carries the session.
+    s.handle_frame(now, 2, want(1, 1, false, Vec::new()));
+    let frames = written_on(&mut s, 2, now);
+    assert!(
+        matches!(frames[0], Frame::Offer { version: 1, .. }),
+        "{frames:?}"
+    );
+
+    // Once the session has ended, its Hellos cannot revive it; a new session can start.
+    s.closed(2);
+    assert_eq!(s.sessions(), 0);
+    rejected(
+        handshake_as(&mut s, 5, a1(), second),
+        RejectCode::Refused,
+        "session 5 of peer 'a1' has ended",
+    );
+    assert!(matches!(
+        handshake_as(&mut s, 6, a1(), tls_hello("a1", 6, 0, 1, 1)),
+        Frame::Welcome(_)
+    ));
+    assert_eq!(s.stats().refused_stale, 3);
+}
+
+#[test]
+fn a_deferred_snapshot_is_unavailable_until_the_next_want_asks_again() {
+    let mut pair = Pair::new(store_sender(4, 2), joining_receiver(1));
+    let load = crate::SenderEvent::Load(ArtifactKey::Snapshot(2));
+    assert!(pair.sender_events.contains(&load));
+    pair.sender
+        .load_deferred(ArtifactKey::Snapshot(2), "at the build budget".into());
+    pair.pump();
+    assert!(lost_upstream(&pair, "at the build budget"));
+    assert_eq!(pair.sender.stats().loads_deferred, 1);
+
+    // The receiver comes back (a new session): the snapshot is asked for again.
+    pair.sender_events.clear();
+    pair.receiver.start_session(pair.now, 78);
+    pair.pump();
+    assert!(
+        pair.sender_events.contains(&load),
+        "{:?}",
+        pair.sender_events
     );
 }

@@ -9,16 +9,19 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use aurora_delta::{ArtifactKind, DeltaError, DeltaFile, Hash, PatchChunk, SigningKey, Statement};
-use aurora_proto::{ArtifactKey, Commit, ConnId, Node, Sender, StoredArtifact, Weights};
+use aurora_proto::{ArtifactKey, Commit, ConnId, Identity, Node, Sender, StoredArtifact, Weights};
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
+use tokio_rustls::TlsConnector;
 
-use crate::conn::{WriteCmd, spawn_conn};
+use crate::conn::{Stream, WriteCmd, spawn_conn};
 use crate::decode::DecodePool;
 use crate::engine::Engine;
+use crate::security::{Refusal, RefusalCounters};
+
+use super::accept::Permit;
 
 use super::handle::Command;
 use super::{NodeConfig, NodeStatus, TransportError, error_chain};
@@ -29,9 +32,18 @@ pub(super) const EVENT_QUEUE: usize = 1024;
 pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(crate) enum Event {
+    /// An inbound connection past its TLS handshake (if any): `peer` is the identity
+    /// its certificate proves, none over plaintext.
     Accepted {
-        stream: TcpStream,
+        stream: Stream,
+        peer: Option<Identity>,
+        address: SocketAddr,
+        /// When the TCP connection was accepted: the Hello's deadline counts from here.
+        accepted_at: Instant,
+        permit: Permit,
     },
+    /// A connection was refused before it reached the loop (the counts changed).
+    Refused,
     Frame {
         conn: ConnId,
         frame: aurora_proto::Frame,
@@ -46,7 +58,9 @@ pub(crate) enum Event {
     Dialed {
         session: u64,
         stream: u8,
-        result: Result<TcpStream, String>,
+        /// The connected stream, or why not (and the refusal, for a failed TLS
+        /// handshake).
+        result: Result<Stream, (String, Option<Refusal>)>,
     },
     Decoded {
         version: u64,
@@ -123,6 +137,10 @@ pub(super) struct ConnEntry {
     pub(super) writer: mpsc::Sender<WriteCmd>,
     pub(super) inbound: bool,
     pub(super) reader: AbortHandle,
+    /// The authenticated peer of an inbound connection, for its cap.
+    pub(super) peer: Option<String>,
+    /// An inbound connection's place under the total cap, given back with the entry.
+    pub(super) _permit: Option<Permit>,
 }
 
 /// An artifact being published live, kept (as shared buffers) to store it when sealed.
@@ -142,6 +160,16 @@ pub(super) struct Driver<E: Engine> {
     pub(super) store: Option<Arc<Store>>,
     pub(super) live: BTreeMap<u64, Live>,
     pub(super) conns: HashMap<ConnId, ConnEntry>,
+    /// Inbound connections of each authenticated peer.
+    pub(super) peer_conns: HashMap<String, usize>,
+    /// Snapshot and composed-delta builds running, with the bytes each is charged.
+    pub(super) builds: BTreeMap<ArtifactKey, u64>,
+    /// The size of a whole checkpoint (the store's newest snapshot): what a build is
+    /// charged.
+    pub(super) checkpoint_bytes: u64,
+    pub(super) refusals: Arc<RefusalCounters>,
+    /// Dials upstreams over TLS (none in plaintext).
+    pub(super) connector: Option<TlsConnector>,
     pub(super) next_conn: ConnId,
     /// Index into the upstreams of the current (or next) session.
     pub(super) upstream: usize,
@@ -228,12 +256,35 @@ impl<E: Engine> Driver<E> {
     pub(super) fn on_event(&mut self, event: Event) {
         let now = Instant::now();
         match event {
-            Event::Accepted { stream } => {
-                let conn = self.add_conn(stream, true);
+            Event::Accepted {
+                stream,
+                peer,
+                address,
+                accepted_at,
+                permit,
+            } => {
+                if let Some(peer) = &peer {
+                    let open = self.peer_conns.get(&peer.peer_id).copied().unwrap_or(0);
+                    let cap = self.config.limits.max_connections_per_peer;
+                    if open >= cap {
+                        self.refusals.count(Refusal::PeerCap);
+                        tracing::warn!(
+                            %address,
+                            peer = peer.peer_id,
+                            "refused a connection: {open} connections of this peer are open, \
+                             the cap is {cap}"
+                        );
+                        return;
+                    }
+                    *self.peer_conns.entry(peer.peer_id.clone()).or_default() += 1;
+                }
+                let key = peer.as_ref().map(|p| p.peer_id.clone());
+                let conn = self.add_conn(stream, Some((permit, key)));
                 if let Some(sender) = self.node.sender_mut() {
-                    sender.accepted(now, conn);
+                    sender.accepted(accepted_at, conn, peer);
                 }
             }
+            Event::Refused => {}
             Event::Frame { conn, frame } => {
                 let Some(entry) = self.conns.get(&conn) else {
                     return;
@@ -247,7 +298,7 @@ impl<E: Engine> Driver<E> {
                 }
             }
             Event::Closed { conn, reason } => {
-                let Some(entry) = self.conns.remove(&conn) else {
+                let Some(entry) = self.remove_conn(conn) else {
                     return;
                 };
                 tracing::debug!(conn, reason, inbound = entry.inbound, "connection closed");
@@ -266,13 +317,20 @@ impl<E: Engine> Driver<E> {
                 result,
             } => match result {
                 Ok(socket) => {
-                    let conn = self.add_conn(socket, false);
+                    let conn = self.add_conn(socket, None);
                     if let Some(receiver) = self.node.receiver_mut() {
                         receiver.connected(now, session, stream, conn);
                     }
                 }
-                Err(reason) => {
-                    tracing::debug!(reason, "dial failed");
+                Err((reason, refusal)) => {
+                    match refusal {
+                        Some(refusal) => {
+                            // The upstream failed to prove itself (or refused us).
+                            self.refusals.count(refusal);
+                            tracing::warn!(?refusal, "upstream refused: {reason}");
+                        }
+                        None => tracing::debug!(reason, "dial failed"),
+                    }
                     if let Some(receiver) = self.node.receiver_mut() {
                         receiver.dial_failed(session, stream, &reason);
                     }
@@ -314,6 +372,7 @@ impl<E: Engine> Driver<E> {
             // Reading the catalog is cheap next to the put that just finished.
             Event::Stored { version } => self.read_store(Some(version)),
             Event::Loaded { key, result } => {
+                self.builds.remove(&key);
                 let Some(sender) = self.node.sender_mut() else {
                     return;
                 };
@@ -342,32 +401,59 @@ impl<E: Engine> Driver<E> {
         {
             Ok((latest, snapshots)) => {
                 sender.set_loadable(latest.max(stored));
+                self.checkpoint_bytes = snapshots
+                    .last_key_value()
+                    .map_or(0, |(_, record)| record.size_bytes);
                 sender.set_snapshots(snapshots.into_keys());
             }
             Err(error) => tracing::warn!(%error, "cannot read the store's catalog"),
         }
     }
 
-    pub(super) fn add_conn(&mut self, stream: TcpStream, inbound: bool) -> ConnId {
+    /// Starts the tasks of a connection: an inbound one with its place under the total
+    /// cap and its authenticated peer, an outbound one with neither.
+    pub(super) fn add_conn(
+        &mut self,
+        stream: Stream,
+        inbound: Option<(Permit, Option<String>)>,
+    ) -> ConnId {
         let conn = self.next_conn;
         self.next_conn += 1;
         let (writer, reader) = spawn_conn(
             &mut self.tasks,
             conn,
             stream,
+            inbound.is_some(),
             self.config.window_frames,
             self.events_tx.clone(),
-            (!inbound).then(|| self.upstream_bytes.clone()),
+            inbound.is_none().then(|| self.upstream_bytes.clone()),
         );
+        let (permit, peer) = inbound.map_or((None, None), |(permit, peer)| (Some(permit), peer));
         self.conns.insert(
             conn,
             ConnEntry {
                 writer,
-                inbound,
+                inbound: permit.is_some(),
                 reader,
+                peer,
+                _permit: permit,
             },
         );
         conn
+    }
+
+    /// Forgets a connection, giving back its places under the caps.
+    pub(super) fn remove_conn(&mut self, conn: ConnId) -> Option<ConnEntry> {
+        let entry = self.conns.remove(&conn)?;
+        if let Some(peer) = &entry.peer
+            && let Some(open) = self.peer_conns.get_mut(peer)
+        {
+            *open -= 1;
+            if *open == 0 {
+                self.peer_conns.remove(peer);
+            }
+        }
+        Some(entry)
     }
 
     pub(super) fn on_command(&mut self, command: Command) {
@@ -532,6 +618,14 @@ impl<E: Engine> Driver<E> {
             }
             return;
         };
+        if let Err(reason) = self.admit_build(key) {
+            self.refusals.count(Refusal::BuildBudget);
+            tracing::warn!(%key, "deferred a build: {reason}");
+            if let Some(sender) = self.node.sender_mut() {
+                sender.load_deferred(key, reason);
+            }
+            return;
+        }
         let segment_bytes = self.config.snapshot_segment_bytes;
         let signing_key = self.config.signing_key.clone();
         let events = self.events_tx.clone();
@@ -539,6 +633,35 @@ impl<E: Engine> Driver<E> {
             let result = read_stored(key, &store, segment_bytes, signing_key.as_deref());
             let _ = events.blocking_send(Event::Loaded { key, result });
         });
+    }
+
+    /// Takes a place in the build budget for `key` if it is a build (a snapshot or a
+    /// composed delta; a stored delta is only read), or says why there is none. One
+    /// build always runs, however large: the budget bounds how many run together.
+    fn admit_build(&mut self, key: ArtifactKey) -> Result<(), String> {
+        let charge = match key {
+            ArtifactKey::Delta(_) => return Ok(()),
+            ArtifactKey::Snapshot(_) => self.checkpoint_bytes,
+            ArtifactKey::Composed { .. } => 2 * self.checkpoint_bytes,
+        };
+        let limits = &self.config.limits;
+        let running = self.builds.len();
+        let charged: u64 = self.builds.values().sum();
+        if running > 0 && running >= limits.max_builds {
+            return Err(format!(
+                "{running} builds are running, the budget is {}; come back later",
+                limits.max_builds
+            ));
+        }
+        if running > 0 && charged + charge > limits.max_build_bytes {
+            return Err(format!(
+                "builds of {charged} bytes are running and this one needs {charge}, the \
+                 budget is {} bytes; come back later",
+                limits.max_build_bytes
+            ));
+        }
+        self.builds.insert(key, charge);
+        Ok(())
     }
 
     /// Carries out everything the node wants done.

@@ -39,9 +39,10 @@ impl<E: Engine> Driver<E> {
                 let address = self.current_upstream();
                 let timeout = self.config.connect_timeout;
                 let options = self.config.socket.clone();
+                let connector = self.connector.clone();
                 let events = self.events_tx.clone();
                 self.tasks.spawn(async move {
-                    let result = dial(address, timeout, &options).await;
+                    let result = dial(address, timeout, &options, connector.as_ref()).await;
                     let _ = events
                         .send(Event::Dialed {
                             session,
@@ -184,7 +185,7 @@ impl<E: Engine> Driver<E> {
     }
 
     pub(super) fn close(&mut self, conn: ConnId) {
-        if let Some(entry) = self.conns.remove(&conn) {
+        if let Some(entry) = self.remove_conn(conn) {
             entry.reader.abort();
         }
         // Dropping the writer's queue makes its task shut the socket down.
@@ -203,6 +204,7 @@ impl<E: Engine> Driver<E> {
         status.target_streams = self.node.receiver().map_or(0, Receiver::stream_count);
         status.sender = self.node.sender().map(|s| s.stats().clone());
         status.subscribers = self.node.sender().map_or(0, Sender::sessions);
+        status.refusals = self.refusals.snapshot();
         let snapshot = status.clone();
         self.status_tx.send_replace(snapshot);
     }

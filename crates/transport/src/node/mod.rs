@@ -12,6 +12,7 @@
 //! of node, `handle` is the caller's side, `driver` the loop that handles events, and
 //! `effects` carries out what the protocol node asks of it.
 
+mod accept;
 mod driver;
 mod effects;
 mod handle;
@@ -27,9 +28,11 @@ use aurora_proto::{
     SenderStats, VersionRef,
 };
 use aurora_store::StoreError;
+use aurora_trust::TrustError;
 
 use crate::conn::SocketOptions;
 use crate::decode::DecodePool;
+use crate::security::{Limits, Refusals, Security};
 
 pub(crate) use self::driver::Event;
 pub use self::handle::NodeHandle;
@@ -43,13 +46,14 @@ pub struct NodeConfig {
     pub identity: Identity,
     /// Accept subscribers here (hubs and relays).
     pub listen: Option<SocketAddr>,
-    /// Who may subscribe (hubs and relays).
-    pub auth: Auth,
+    /// How connections are secured and peers authenticated, both ways: TLS with the
+    /// fleet's certificates, or insecure plaintext with a shared token.
+    pub security: Security,
+    /// What peers may make this node do (connections, handshakes, builds).
+    pub limits: Limits,
     /// Upstreams in order of preference (relays and actors): the region's relay first,
     /// then the hub or a peer relay to fall back to.
     pub upstreams: Vec<SocketAddr>,
-    /// Token presented to upstreams.
-    pub token: Vec<u8>,
     /// Parallel streams per upstream session (the upper bound when tuned).
     pub streams: u8,
     /// Tune the stream count from measured goodput at this interval.
@@ -83,13 +87,13 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
-    pub fn new(identity: Identity, token: Vec<u8>) -> NodeConfig {
+    pub fn new(identity: Identity, security: Security) -> NodeConfig {
         NodeConfig {
             identity,
             listen: None,
-            auth: Auth::Shared(token.clone()),
+            security,
+            limits: Limits::default(),
             upstreams: Vec::new(),
-            token,
             streams: 4,
             tune_interval: None,
             socket: SocketOptions::default(),
@@ -121,8 +125,13 @@ impl NodeConfig {
     }
 
     fn sender(&self, store_backed: bool) -> SenderConfig {
-        let mut config = SenderConfig::new(self.identity.clone(), self.auth.clone());
+        let auth = match &self.security {
+            Security::Tls(_) => Auth::Certificate,
+            Security::InsecurePlaintext { token } => Auth::Shared(token.clone()),
+        };
+        let mut config = SenderConfig::new(self.identity.clone(), auth);
         config.store_backed = store_backed;
+        config.handshake_timeout = self.limits.handshake_timeout;
         config.keepalive_interval = self.keepalive_interval;
         config.stall_timeout = self.stall_timeout;
         config.retain_versions = self.retain_versions;
@@ -132,7 +141,12 @@ impl NodeConfig {
     }
 
     fn receiver_config(&self) -> ReceiverConfig {
-        let mut config = ReceiverConfig::new(self.identity.clone(), self.token.clone());
+        // Over TLS the certificate proves who this node is: a Hello carries no token.
+        let token = match &self.security {
+            Security::Tls(_) => Vec::new(),
+            Security::InsecurePlaintext { token } => token.clone(),
+        };
+        let mut config = ReceiverConfig::new(self.identity.clone(), token);
         config.streams = self.streams;
         config.idle_timeout = self.idle_timeout;
         config.tune_interval = self.tune_interval;
@@ -176,6 +190,13 @@ pub enum TransportError {
     Store(#[from] StoreError),
     #[error("extraction failed")]
     Extraction(#[from] DeltaError),
+    #[error("this node's TLS configuration")]
+    Tls(#[from] TrustError),
+    #[error("this node is configured as {configured:?} but its certificate says {certified}")]
+    NotTheCertificate {
+        configured: Identity,
+        certified: String,
+    },
     #[error("building the decode thread pool: {0}")]
     Pool(String),
     #[error("invalid benchmark: {0}")]
@@ -216,6 +237,8 @@ pub struct NodeStatus {
     pub diverged: bool,
     /// Activations whose target hash did not match (the weights were restored).
     pub failed_activations: u64,
+    /// Connections and builds refused before the protocol served them, by reason.
+    pub refusals: Refusals,
 }
 
 /// Reports kept in [`NodeStatus::reports`].

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aurora_delta::Hash;
 use aurora_proto::{Node, Sender, VersionRef, Weights};
@@ -12,11 +12,12 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::conn::SocketOptions;
 use crate::decode::DecodePool;
 use crate::engine::{Engine, IdleEngine};
+use crate::security::RefusalCounters;
 
-use super::driver::{Driver, EVENT_QUEUE, Event};
+use super::accept::{Gate, accept_loop};
+use super::driver::{Driver, EVENT_QUEUE};
 use super::handle::NodeHandle;
 use super::{NodeConfig, NodeStatus, TransportError};
 
@@ -151,8 +152,22 @@ pub(super) async fn spawn<E: Engine>(
     engine: Option<Arc<E>>,
     store: Option<Arc<Store>>,
 ) -> Result<NodeHandle, TransportError> {
+    if let Some(certified) = config.security.certified_identity() {
+        let certified = certified.map_err(|why| TransportError::NotTheCertificate {
+            configured: config.identity.clone(),
+            certified: why,
+        })?;
+        if certified.role != config.identity.role || certified.peer_id != config.identity.peer_id {
+            return Err(TransportError::NotTheCertificate {
+                configured: config.identity.clone(),
+                certified: format!("{} '{}'", certified.role, certified.peer_id),
+            });
+        }
+    }
+    let tls = config.security.endpoints()?;
     let mut tasks = JoinSet::new();
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let refusals = Arc::new(RefusalCounters::default());
     let mut local_addr = None;
     if let Some(address) = config.listen {
         let listener = TcpListener::bind(address)
@@ -163,10 +178,12 @@ pub(super) async fn spawn<E: Engine>(
                 .local_addr()
                 .map_err(|source| TransportError::Listen { address, source })?,
         );
+        let gate = Gate::new(config.limits.clone(), refusals.clone(), events_tx.clone());
         tasks.spawn(accept_loop(
             listener,
             config.socket.clone(),
-            events_tx.clone(),
+            tls.as_ref().map(|tls| tls.acceptor.clone()),
+            gate,
         ));
     }
     let (commands_tx, commands) = mpsc::channel(64);
@@ -196,6 +213,11 @@ pub(super) async fn spawn<E: Engine>(
         store,
         live: BTreeMap::new(),
         conns: HashMap::new(),
+        peer_conns: HashMap::new(),
+        builds: BTreeMap::new(),
+        checkpoint_bytes: 0,
+        refusals,
+        connector: tls.map(|tls| tls.connector),
         next_conn: 1,
         upstream: 0,
         failures: 0,
@@ -207,6 +229,7 @@ pub(super) async fn spawn<E: Engine>(
         status: NodeStatus::default(),
     };
     driver.status = driver.status_tx.borrow().clone();
+    driver.read_store(None);
     if driver.node.receiver().is_some() {
         driver.new_session_at = Some(Instant::now());
     }
@@ -222,29 +245,4 @@ pub(super) async fn spawn<E: Engine>(
         task,
         upstream_bytes,
     })
-}
-
-pub(super) async fn accept_loop(
-    listener: TcpListener,
-    options: SocketOptions,
-    events: mpsc::Sender<Event>,
-) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                if let Err(error) = options.apply(&stream) {
-                    tracing::warn!(%peer, %error, "socket options refused; closing");
-                    continue;
-                }
-                if events.send(Event::Accepted { stream }).await.is_err() {
-                    return;
-                }
-            }
-            Err(error) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aurora_delta::{DeltaFile, Hash};
 use aurora_proto::{Frame, Identity, Role, VersionRef, Weights};
-use aurora_transport::{NodeConfig, NodeHandle, NodeStatus, read_frame, write_frame};
+use aurora_transport::{NodeConfig, NodeHandle, NodeStatus, Security, read_frame, write_frame};
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -117,7 +117,11 @@ pub fn config(role: Role, name: &str, upstreams: &[SocketAddr]) -> NodeConfig {
         peer_id: name.into(),
         region: "eu-west".into(),
     };
-    let mut config = NodeConfig::new(identity, TOKEN.to_vec());
+    // The fault proxy reads frames: these tests run in plaintext (tests/tls.rs covers TLS).
+    let security = Security::InsecurePlaintext {
+        token: TOKEN.to_vec(),
+    };
+    let mut config = NodeConfig::new(identity, security);
     config.upstreams = upstreams.to_vec();
     config.streams = 2;
     if role != Role::Actor {

@@ -1,0 +1,258 @@
+//! How a node's segment connections are secured (docs/wire-protocol.md §2.1,
+//! docs/security-transport.md): mutual TLS 1.3 against the fleet CA, or plaintext behind
+//! an explicit insecure setting; the limits on what a stranger can make a node do; and
+//! the counts of what was refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use aurora_proto::{Identity, Role};
+use aurora_trust::tls::{SEGMENT_ALPN, UnexpectedRole, explain};
+use aurora_trust::{NodeTls, TrustError};
+use rustls::{AlertDescription, CertificateError, OtherError};
+use tokio::net::TcpStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::conn::Stream;
+
+/// How a node authenticates the peers of its segment connections and proves itself.
+#[derive(Clone, Debug)]
+pub enum Security {
+    /// TLS 1.3, both sides presenting a certificate of the fleet CA. A downstream
+    /// verifies that its upstream is a trainer or a relay before it sends a byte; an
+    /// upstream binds each Hello to the certificate of its connection. Hellos carry no
+    /// token.
+    Tls(Arc<NodeTls>),
+    /// Plain TCP, peers authenticated by a shared token in their Hello: anyone on the
+    /// path reads the weights and the token, and can replay or forge frames. For
+    /// loopback tests and closed networks only; a node running so logs a warning.
+    InsecurePlaintext { token: Vec<u8> },
+}
+
+impl Security {
+    /// The TLS endpoints of this setting, built once per node.
+    pub(crate) fn endpoints(&self) -> Result<Option<TlsEndpoints>, TrustError> {
+        let Security::Tls(tls) = self else {
+            tracing::warn!(
+                "segment connections are INSECURE PLAINTEXT: peers are authenticated by a \
+                 shared token anyone on the path can read, and the weights travel in clear"
+            );
+            return Ok(None);
+        };
+        Ok(Some(TlsEndpoints {
+            acceptor: TlsAcceptor::from(tls.server_config(SEGMENT_ALPN)?),
+            connector: TlsConnector::from(tls.client_config(
+                SEGMENT_ALPN,
+                &[aurora_trust::Role::Trainer, aurora_trust::Role::Relay],
+            )?),
+        }))
+    }
+
+    /// The identity this node's certificate gives it on the segment protocol (none in
+    /// plaintext), or why it has none (an observer's certificate).
+    pub fn certified_identity(&self) -> Option<Result<Identity, String>> {
+        match self {
+            Security::Tls(tls) => Some(segment_identity(tls.identity())),
+            Security::InsecurePlaintext { .. } => None,
+        }
+    }
+}
+
+/// A node's TLS server and client sides.
+#[derive(Clone)]
+pub(crate) struct TlsEndpoints {
+    pub(crate) acceptor: TlsAcceptor,
+    pub(crate) connector: TlsConnector,
+}
+
+/// The identity a certificate gives on the segment protocol: a trainer serves as the
+/// hub; an observer has no part in it.
+pub(crate) fn segment_identity(identity: &aurora_trust::Identity) -> Result<Identity, String> {
+    let role = match identity.role {
+        aurora_trust::Role::Trainer => Role::Hub,
+        aurora_trust::Role::Relay => Role::Relay,
+        aurora_trust::Role::Actor => Role::Actor,
+        aurora_trust::Role::Observer => {
+            return Err(format!(
+                "{identity} has no part in the segment protocol: only trainers, relays and \
+                 actors do"
+            ));
+        }
+    };
+    Ok(Identity {
+        role,
+        peer_id: identity.id.clone(),
+        region: identity.region.clone(),
+    })
+}
+
+/// Dials TLS over a connected socket, verifying the upstream's certificate and role
+/// before anything is sent.
+pub(crate) async fn connect(
+    connector: &TlsConnector,
+    tcp: TcpStream,
+) -> Result<Stream, (String, Refusal)> {
+    connector
+        .connect(aurora_trust::tls::server_name(), tcp)
+        .await
+        .map(|stream| Stream::Tls(Box::new(stream.into())))
+        .map_err(|error| describe(&error))
+}
+
+/// The limits on what peers, authenticated or not, can make a node do. Every one is a
+/// bound on memory, descriptors or threads a stranger could otherwise take.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// From accepting a connection to its Hello, the TLS handshake included; a
+    /// connection that has not said Hello by then is closed.
+    pub handshake_timeout: Duration,
+    /// Inbound connections at once, authenticated or not.
+    pub max_connections: usize,
+    /// Inbound connections from one source address still in their TLS handshake.
+    pub max_unauthenticated_per_address: usize,
+    /// Inbound connections of one authenticated peer (its session's streams, and the
+    /// reconnections that replace them).
+    pub max_connections_per_peer: usize,
+    /// Snapshot and composed-delta builds a hub runs at once; a session wanting one
+    /// more is told to come back later (Unavailable), never queued.
+    pub max_builds: usize,
+    /// Memory the builds a hub runs at once may take, each charged the size of a whole
+    /// checkpoint (twice for a composed delta, which rebuilds two sets of weights). One
+    /// build always runs, however large.
+    pub max_build_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+            max_unauthenticated_per_address: 64,
+            // A session has at most 64 streams; a reconnection overlaps the connection
+            // it replaces.
+            max_connections_per_peer: 2 * aurora_proto::frame::MAX_STREAMS as usize,
+            max_builds: 2,
+            max_build_bytes: 32 << 30,
+        }
+    }
+}
+
+/// Why a connection or a request was refused before the protocol served it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The peer did not speak TLS (a plaintext client on a TLS port).
+    NotTls,
+    /// Its certificate is not of the fleet CA (or a peer refused ours as such).
+    UnknownCa,
+    /// Its certificate has expired or is not valid yet.
+    Expired,
+    /// Its certificate's role may not take this part (an upstream that is not a trainer
+    /// or a relay; an observer subscribing).
+    WrongRole,
+    /// Any other failed handshake: no certificate, another protocol (ALPN), a broken
+    /// message, the connection closed in the middle.
+    Handshake,
+    /// The TLS handshake was not done within the handshake timeout.
+    HandshakeTimeout,
+    /// Over the cap of connections in their handshake from one address.
+    AddressCap,
+    /// Over the cap of connections of one authenticated peer.
+    PeerCap,
+    /// Over the cap of connections in total.
+    TotalCap,
+    /// A snapshot or composed-delta build over the hub's budget.
+    BuildBudget,
+}
+
+/// Refusals counted by reason (see [`Refusal`]). Hellos refused by the protocol (a
+/// Hello that does not name its certificate's identity, a replay, no Hello in time)
+/// are counted in [`aurora_proto::SenderStats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refusals {
+    pub not_tls: u64,
+    pub unknown_ca: u64,
+    pub expired: u64,
+    pub wrong_role: u64,
+    pub handshake: u64,
+    pub handshake_timeout: u64,
+    pub address_cap: u64,
+    pub peer_cap: u64,
+    pub total_cap: u64,
+    pub build_budget: u64,
+}
+
+impl Refusals {
+    pub fn total(&self) -> u64 {
+        self.not_tls
+            + self.unknown_ca
+            + self.expired
+            + self.wrong_role
+            + self.handshake
+            + self.handshake_timeout
+            + self.address_cap
+            + self.peer_cap
+            + self.total_cap
+            + self.build_budget
+    }
+}
+
+/// [`Refusals`] counted from any task.
+#[derive(Debug, Default)]
+pub(crate) struct RefusalCounters([AtomicU64; 10]);
+
+impl RefusalCounters {
+    pub(crate) fn count(&self, refusal: Refusal) {
+        self.0[refusal as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> Refusals {
+        let get = |refusal: Refusal| self.0[refusal as usize].load(Ordering::Relaxed);
+        Refusals {
+            not_tls: get(Refusal::NotTls),
+            unknown_ca: get(Refusal::UnknownCa),
+            expired: get(Refusal::Expired),
+            wrong_role: get(Refusal::WrongRole),
+            handshake: get(Refusal::Handshake),
+            handshake_timeout: get(Refusal::HandshakeTimeout),
+            address_cap: get(Refusal::AddressCap),
+            peer_cap: get(Refusal::PeerCap),
+            total_cap: get(Refusal::TotalCap),
+            build_budget: get(Refusal::BuildBudget),
+        }
+    }
+}
+
+/// A failed handshake for a log line, and its reason for the counts.
+pub(crate) fn describe(error: &std::io::Error) -> (String, Refusal) {
+    let Some(tls) = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return (error.to_string(), Refusal::Handshake);
+    };
+    (explain(tls), classify(tls))
+}
+
+fn classify(error: &rustls::Error) -> Refusal {
+    use rustls::Error as E;
+    match error {
+        // The first bytes were not a TLS record: an HTTP request, a version 1 Hello.
+        E::InvalidMessage(_) => Refusal::NotTls,
+        E::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature)
+        | E::AlertReceived(AlertDescription::UnknownCA) => Refusal::UnknownCa,
+        E::InvalidCertificate(
+            CertificateError::Expired
+            | CertificateError::ExpiredContext { .. }
+            | CertificateError::NotValidYet
+            | CertificateError::NotValidYetContext { .. },
+        )
+        | E::AlertReceived(AlertDescription::CertificateExpired) => Refusal::Expired,
+        E::InvalidCertificate(CertificateError::Other(OtherError(inner)))
+            if inner.downcast_ref::<UnexpectedRole>().is_some() =>
+        {
+            Refusal::WrongRole
+        }
+        _ => Refusal::Handshake,
+    }
+}
