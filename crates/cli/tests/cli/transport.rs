@@ -100,8 +100,6 @@ fn start_hub(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Process {
         os("127.0.0.1:0"),
         os("--transport-listen"),
         os("127.0.0.1:0"),
-        // These tests are about the transport; the control plane's TLS is the hub's.
-        os("--insecure-plaintext"),
     ];
     args.extend_from_slice(extra);
     Process::start("hub", &args)

@@ -127,6 +127,20 @@ impl Aurora {
             assert!(killed.is_ok_and(|s| s.success()), "killing {group}");
         }
         let status = child.wait().expect("the run is reaped");
+        if found {
+            // The nodes were killed with it, but die on their own time: one still holding
+            // its store's locks or ports would fail the next run over the directory. The
+            // group is gone once no process answers a signal 0 (there is no event for it).
+            let group = format!("-{}", child.id());
+            while Command::new("kill")
+                .args(["-0", "--", &group])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                std::thread::yield_now();
+            }
+        }
         assert!(
             found,
             "`{}` ended ({status}) without printing {marker:?}:\n{seen}",
