@@ -288,7 +288,15 @@ async fn write_loop(
     events: mpsc::Sender<Event>,
 ) {
     while let Some(WriteCmd::Frame { frame, close_after }) = commands.recv().await {
-        if let Err(error) = write_frame(&mut writer, &frame).await {
+        // A TLS stream may keep the end of a frame in its buffer when the socket is full:
+        // flushed, the frame is on the socket before it is reported sent, and nothing
+        // waits for the next frame (perhaps a keepalive, seconds later) to push it out.
+        // A plain socket's flush does nothing.
+        let written = match write_frame(&mut writer, &frame).await {
+            Ok(()) => writer.flush().await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = written {
             let _ = events
                 .send(Event::Closed {
                     conn,
