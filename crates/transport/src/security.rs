@@ -1,5 +1,5 @@
 //! How a node's segment connections are secured (docs/wire-protocol.md §2.1,
-//! docs/security-transport.md): mutual TLS 1.3 against the fleet CA, or plaintext behind
+//! docs/security.md §4): mutual TLS 1.3 against the fleet CA, or plaintext behind
 //! an explicit insecure setting; the limits on what a stranger can make a node do; and
 //! the counts of what was refused.
 

@@ -1,4 +1,4 @@
-//! Mutual TLS on loopback sockets, against strangers (docs/security-transport.md): a
+//! Mutual TLS on loopback sockets, against strangers (docs/security.md §4): a
 //! plaintext client, a certificate of another CA, an expired certificate, an upstream of
 //! the wrong role, a Hello naming another peer, silent and half-sent handshakes and a
 //! flood beyond the caps. Each is refused, counted by reason and stages nothing, while an
