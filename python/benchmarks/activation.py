@@ -73,11 +73,12 @@ def main() -> None:
         # The first version, as a user's engine would start from it.
         os.link(files[0], model_dir / "model.safetensors")
         engine = VllmEngine.start(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256)
-        trainer = aurora_rl.Trainer(scratch / "trainer", snapshot_every=0)
+        trainer = aurora_rl.Trainer(scratch / "trainer", snapshot_every=0, insecure_plaintext=True)
         states = [load_file(str(path)) for path in files]
         trainer.publish(states[0])
         actor = aurora_rl.Actor(engine, id=1, region="here", control=trainer.control_address,
-                                upstreams=[trainer.transport_address], token=trainer.token)
+                                upstreams=[trainer.transport_address], token=trainer.token,
+                                insecure_plaintext=True)
         aurora_s, changed_tensors = [], []
         for version in range(1, len(files)):
             trainer.publish(states[version])

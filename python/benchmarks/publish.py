@@ -58,7 +58,7 @@ def child(variant: str, base_path: str, target_path: str, scratch: str) -> None:
     # Touch every page, so the loaded tensors are resident before the baseline is read.
     checksum = sum(int(t.view(-1)[:: 4096].float().sum().item() != 0) for t in [*base.values(), *target.values()])
     if variant == "publish":
-        trainer = aurora_rl.Trainer(Path(scratch) / "trainer", snapshot_every=0)
+        trainer = aurora_rl.Trainer(Path(scratch) / "trainer", snapshot_every=0, insecure_plaintext=True)
         trainer.publish(base)
     loaded = status_bytes("VmRSS")
     reset_peak()

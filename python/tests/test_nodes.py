@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from conftest import run
 from test_engines import next_version, small_qwen3
 
 import aurora_rl
@@ -62,8 +63,26 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return small_qwen3(tmp_path_factory.mktemp("qwen3"))
 
 
-def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path):
-    trainer = aurora_rl.Trainer(tmp_path / "trainer", snapshot_every=2, insecure_plaintext=True)
+def fleet(aurora_bin: Path, dir: Path, nodes: list[tuple[str, str, str]]) -> dict[str, dict]:
+    """A fleet CA and the trainer's signing key in `dir` (`aurora certs init`), and a
+    certificate for each (role, id, region): each node's TLS keyword arguments."""
+    run(aurora_bin, "certs", "init", "--dir", dir)
+    arguments = {}
+    for role, id, region in nodes:
+        run(aurora_bin, "certs", "issue", "--dir", dir, "--role", role, "--id", id, "--region", region)
+        arguments[id] = {"ca": dir / "ca.pem", "cert": dir / f"{id}.pem", "key": dir / f"{id}.key"}
+    return arguments
+
+
+@pytest.mark.parametrize("secure", [True, False], ids=["tls-signed", "insecure-plaintext"])
+def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path, aurora_bin, secure):
+    if secure:
+        nodes = fleet(aurora_bin, tmp_path / "fleet", [("trainer", "trainer", "hub"), ("actor", "1", "us")])
+        trainer_args = {**nodes["trainer"], "signing_key": tmp_path / "fleet" / "signing.key"}
+        actor_args = {**nodes["1"], "trainer_key": tmp_path / "fleet" / "signing.pub"}
+    else:
+        trainer_args = actor_args = {"insecure_plaintext": True}
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", snapshot_every=2, **trainer_args)
     weights = load_file(str(model_dir / "model.safetensors"))
     published = [trainer.publish(weights)]
     assert published[0].version == 0
@@ -76,7 +95,7 @@ def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path):
         control=trainer.control_address,
         upstreams=[trainer.transport_address],
         token=trainer.token,
-        insecure_plaintext=True,
+        **actor_args,
     )
     assert actor.active == (0, published[0].weights_hash)
     loop = ActorLoop(actor)

@@ -7,10 +7,16 @@ use anyhow::{Context, Result};
 use aurora_trust::{FleetCa, Identity, NodeFiles, Role, TrustError};
 use clap::{Args, Subcommand};
 
+/// The trainer's version-signing key in a fleet directory, and its public half.
+const SIGNING_KEY: &str = "signing.key";
+const SIGNING_PUBLIC_KEY: &str = "signing.pub";
+
 #[derive(Subcommand, Debug)]
 pub enum CertsCommand {
     /// Create a fleet CA: `ca.pem` (for every node) and `ca.key` (mode 0600, for whoever
-    /// issues certificates) in DIR.
+    /// issues certificates) in DIR; and the trainer's version-signing key: `signing.key`
+    /// (mode 0600, for the trainer: `--signing-key`) and `signing.pub` (for every relay and
+    /// actor: `--trainer-key`).
     Init {
         /// The fleet's directory.
         #[arg(long)]
@@ -54,7 +60,17 @@ pub fn run(command: CertsCommand) -> Result<()> {
     match command {
         CertsCommand::Init { dir, name } => {
             FleetCa::create(&name)?.save(&dir)?;
-            println!("fleet CA written to {}", dir.display());
+            let signing = aurora_trust::signing::generate()?;
+            aurora_trust::signing::write_public_key(
+                &dir.join(SIGNING_PUBLIC_KEY),
+                &signing.verifying_key(),
+            )?;
+            aurora_trust::signing::write_signing_key(&dir.join(SIGNING_KEY), &signing)?;
+            println!(
+                "fleet CA and the trainer's signing key (fingerprint {}) written to {}",
+                aurora_trust::signing::fingerprint(&signing.verifying_key()),
+                dir.display()
+            );
             Ok(())
         }
         CertsCommand::Issue(args) => {

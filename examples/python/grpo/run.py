@@ -159,7 +159,7 @@ class Processes:
     def start_relay(self, region: str) -> None:
         process = self._start(
             [self.aurora_bin, "relay", "--listen", "127.0.0.1:0", "--id", f"relay-{region}", "--region", region,
-             "--upstream", self.trainer.transport_address, "--join"],
+             "--upstream", self.trainer.transport_address, "--join", "--insecure-plaintext"],
             f"relay-{region}",
         )
         line = read_line(process, 120, f"relay {region}")
