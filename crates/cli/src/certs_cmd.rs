@@ -60,15 +60,13 @@ pub fn run(command: CertsCommand) -> Result<()> {
     match command {
         CertsCommand::Init { dir, name } => {
             FleetCa::create(&name)?.save(&dir)?;
-            let signing = aurora_trust::signing::generate()?;
-            aurora_trust::signing::write_public_key(
+            let public = aurora_trust::signing::create_key_pair(
+                &dir.join(SIGNING_KEY),
                 &dir.join(SIGNING_PUBLIC_KEY),
-                &signing.verifying_key(),
             )?;
-            aurora_trust::signing::write_signing_key(&dir.join(SIGNING_KEY), &signing)?;
             println!(
                 "fleet CA and the trainer's signing key (fingerprint {}) written to {}",
-                aurora_trust::signing::fingerprint(&signing.verifying_key()),
+                aurora_trust::signing::fingerprint(&public),
                 dir.display()
             );
             Ok(())

@@ -57,6 +57,16 @@ pub fn generate() -> Result<SigningKey, KeyFileError> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
+/// Generates a signing key and writes it to `private` (mode 0600) and its public half to
+/// `public`, the public half first: a crash between the two leaves no private key whose
+/// public half is missing. Returns the public key.
+pub fn create_key_pair(private: &Path, public: &Path) -> Result<VerifyingKey, KeyFileError> {
+    let key = generate()?;
+    write_public_key(public, &key.verifying_key())?;
+    write_signing_key(private, &key)?;
+    Ok(key.verifying_key())
+}
+
 /// Writes `key` to `path` as PKCS#8 PEM with mode 0600.
 pub fn write_signing_key(path: &Path, key: &SigningKey) -> Result<(), KeyFileError> {
     let pem = key

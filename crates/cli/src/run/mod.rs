@@ -120,9 +120,7 @@ fn ensure_trainer_key(run_dir: &Path) -> Result<()> {
     if private.exists() {
         return Ok(());
     }
-    let key = aurora_trust::signing::generate()?;
-    aurora_trust::signing::write_public_key(&run_dir.join(TRAINER_KEY_FILE), &key.verifying_key())?;
-    aurora_trust::signing::write_signing_key(&private, &key)?;
+    aurora_trust::signing::create_key_pair(&private, &run_dir.join(TRAINER_KEY_FILE))?;
     Ok(())
 }
 
