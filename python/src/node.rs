@@ -22,7 +22,7 @@ use pyo3::types::PyBytes;
 
 use crate::dlpack::export_bytes;
 use crate::errors::delta_error;
-use crate::trust::ControlTrust;
+use crate::trust::TrustArgs;
 use crate::{TensorArg, Tensors};
 
 /// An error's message and every cause after it.
@@ -182,16 +182,15 @@ impl TrainerNodeCore {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
         }
-        let trust = ControlTrust {
+        let trust = TrustArgs {
             ca,
             cert,
             key,
             insecure_plaintext,
+            fleet_token: token,
         }
         .load()?;
-        let security = trust.server(&token)?;
-        let mut settings = TrainerSettings::new(directory, token, security);
-        settings.transport_tls = trust.tls.clone();
+        let mut settings = TrainerSettings::new(directory, trust);
         settings.control_listen = address(control_listen)?;
         settings.transport_listen = address(transport_listen)?;
         settings.streams = streams;
@@ -399,14 +398,14 @@ impl ActorNodeCore {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
         }
-        let trust = ControlTrust {
+        let trust = TrustArgs {
             ca,
             cert,
             key,
             insecure_plaintext,
+            fleet_token: token,
         }
         .load()?;
-        let control_security = trust.client(&token)?;
         let settings = ActorSettings {
             id,
             region,
@@ -415,9 +414,7 @@ impl ActorNodeCore {
                 .iter()
                 .map(|u| address(u))
                 .collect::<PyResult<_>>()?,
-            token,
-            control_security,
-            transport_tls: trust.tls.clone(),
+            trust,
             streams,
             trainer_key: trainer_key
                 .map(|path| aurora_trust::signing::load_public_key(&path))

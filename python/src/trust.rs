@@ -4,41 +4,37 @@
 //! token). Neither is refused, so nobody runs in clear by leaving an argument out.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use aurora_hub::Security;
-use aurora_node::ControlSecurity;
-use aurora_trust::{NodeTls, TlsFiles};
+use aurora_node::NodeTrust;
+use aurora_trust::TlsFiles;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::node::message_chain;
 
 /// The arguments as the Python classes pass them.
-pub(crate) struct ControlTrust {
+pub(crate) struct TrustArgs {
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub insecure_plaintext: bool,
+    /// Authenticates peers only over plaintext.
+    pub fleet_token: String,
 }
 
-/// The node's certificates, or `None` with `insecure_plaintext`.
-pub(crate) struct Trust {
-    pub tls: Option<Arc<NodeTls>>,
-}
-
-impl ControlTrust {
-    pub fn load(self) -> PyResult<Trust> {
-        let tls = match (self.ca, self.cert, self.key, self.insecure_plaintext) {
-            (None, None, None, true) => Ok(None),
-            (Some(ca), Some(cert), Some(key), false) => NodeTls::load(&TlsFiles { ca, cert, key })
-                .map(|tls| Some(Arc::new(tls)))
-                .map_err(|error| {
+impl TrustArgs {
+    pub fn load(self) -> PyResult<NodeTrust> {
+        match (self.ca, self.cert, self.key, self.insecure_plaintext) {
+            (None, None, None, true) => NodeTrust::insecure_plaintext(self.fleet_token)
+                .map_err(|error| PyValueError::new_err(message_chain(&error))),
+            (Some(ca), Some(cert), Some(key), false) => {
+                NodeTrust::load(&TlsFiles { ca, cert, key }).map_err(|error| {
                     PyValueError::new_err(format!(
                         "loading the node's certificates: {}",
                         message_chain(&error)
                     ))
-                }),
+                })
+            }
             (.., true) => Err(PyValueError::new_err(
                 "give ca, cert and key, or insecure_plaintext=True, not both",
             )),
@@ -46,29 +42,6 @@ impl ControlTrust {
                 "the node needs ca, cert and key (files from `aurora certs`), or \
                  insecure_plaintext=True to run over plain TCP and HTTP with the fleet token",
             )),
-        }?;
-        Ok(Trust { tls })
-    }
-}
-
-impl Trust {
-    /// How a trainer node serves the control plane; `fleet_token` over plaintext.
-    pub fn server(&self, fleet_token: &str) -> PyResult<Security> {
-        let security = match &self.tls {
-            Some(tls) => Security::mutual_tls(tls),
-            None => Security::insecure_plaintext(fleet_token),
-        };
-        security.map_err(|error| PyValueError::new_err(message_chain(&error)))
-    }
-
-    /// How an actor node calls the control plane; `fleet_token` over plaintext.
-    pub fn client(&self, fleet_token: &str) -> PyResult<ControlSecurity> {
-        match &self.tls {
-            Some(tls) => ControlSecurity::mutual_tls(tls)
-                .map_err(|error| PyValueError::new_err(message_chain(&error))),
-            None => Ok(ControlSecurity::InsecurePlaintext {
-                fleet_token: fleet_token.to_owned(),
-            }),
         }
     }
 }

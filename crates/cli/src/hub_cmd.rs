@@ -19,7 +19,6 @@ use aurora_node::{TrainerNode, TrainerSettings};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::TOKEN_VARIABLE;
 use crate::trust_args::TrustArgs;
 
 #[derive(Args)]
@@ -62,11 +61,7 @@ pub struct HubArgs {
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
-    let trust = args.trust.load()?;
-    // Only plaintext needs the fleet token, and `control_server` asks for it then.
-    let token = std::env::var(TOKEN_VARIABLE).unwrap_or_default();
-    let mut settings = TrainerSettings::new(&args.dir, token, trust.control_server()?);
-    settings.transport_tls = trust.tls.clone();
+    let mut settings = TrainerSettings::new(&args.dir, args.trust.load()?);
     settings.control_listen = args.listen;
     settings.transport_listen = args.transport_listen;
     settings.snapshot_every = args.snapshot_every;

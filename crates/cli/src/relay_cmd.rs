@@ -98,7 +98,7 @@ impl NodeArgs {
             )?;
             Some((path, version.context("--version is required")?))
         };
-        let security = self.trust.load()?.transport()?;
+        let security = self.trust.load()?.transport();
         let id = self.id.or(file.id);
         let region = self.region.or(file.region);
         let identity = match security.certified_identity() {

@@ -5,11 +5,10 @@
 //! itself.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use aurora_node::ControlSecurity;
-use aurora_trust::{NodeTls, TlsFiles};
+use aurora_node::NodeTrust;
+use aurora_trust::TlsFiles;
 use clap::Args;
 
 use crate::TOKEN_VARIABLE;
@@ -33,18 +32,8 @@ pub struct TrustArgs {
     insecure_plaintext: bool,
 }
 
-/// What a node's flags gave: its TLS material, or `None` where plaintext was asked for by
-/// name.
-pub struct NodeTrust {
-    pub tls: Option<Arc<NodeTls>>,
-}
-
 impl TrustArgs {
     pub fn load(&self) -> Result<NodeTrust> {
-        Ok(NodeTrust { tls: self.tls()? })
-    }
-
-    fn tls(&self) -> Result<Option<Arc<NodeTls>>> {
         match (&self.ca, &self.cert, &self.key, self.insecure_plaintext) {
             (Some(ca), Some(cert), Some(key), false) => {
                 let files = TlsFiles {
@@ -52,51 +41,14 @@ impl TrustArgs {
                     cert: cert.clone(),
                     key: key.clone(),
                 };
-                let tls = NodeTls::load(&files).context("loading the node's TLS material")?;
-                Ok(Some(Arc::new(tls)))
+                NodeTrust::load(&files).context("loading the node's TLS material")
             }
-            (None, None, None, true) => {
-                tracing::warn!(
-                    "--insecure-plaintext: weights, tokens and control calls cross the network \
-                     in clear"
-                );
-                Ok(None)
-            }
+            (None, None, None, true) => Ok(NodeTrust::insecure_plaintext(token()?)?),
             _ => bail!(
                 "this node needs --ca, --cert and --key (the fleet's certificates, from \
                  `aurora certs`), or --insecure-plaintext to run without TLS"
             ),
         }
-    }
-}
-
-impl NodeTrust {
-    /// The segment transport's security.
-    pub fn transport(&self) -> Result<aurora_transport::Security> {
-        Ok(match self.tls.clone() {
-            Some(tls) => aurora_transport::Security::Tls(tls),
-            None => aurora_transport::Security::InsecurePlaintext {
-                token: token()?.into_bytes(),
-            },
-        })
-    }
-
-    /// How the hub serves the control plane.
-    pub fn control_server(&self) -> Result<aurora_hub::Security> {
-        Ok(match &self.tls {
-            Some(tls) => aurora_hub::Security::mutual_tls(tls)?,
-            None => aurora_hub::Security::insecure_plaintext(&token()?)?,
-        })
-    }
-
-    /// How a client calls the control plane.
-    pub fn control_client(&self) -> Result<ControlSecurity> {
-        Ok(match &self.tls {
-            Some(tls) => ControlSecurity::mutual_tls(tls)?,
-            None => ControlSecurity::InsecurePlaintext {
-                fleet_token: token()?,
-            },
-        })
     }
 }
 

@@ -17,6 +17,12 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// idle keep-alive connection stays open.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest time a response may wait for the peer to take any of its bytes: a client that
+/// stops reading would otherwise hold its connection, and the memory of the responses
+/// queued behind, for as long as it likes. Progress restarts the wait, so a slow but
+/// moving link is never cut.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Longest time a TLS handshake may take from the accepted connection: a round trip and
 /// two certificate verifications, a fraction of a second across continents.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,6 +41,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// See [`REQUEST_TIMEOUT`].
     pub request_timeout: Duration,
+    /// See [`WRITE_TIMEOUT`].
+    pub write_timeout: Duration,
     /// Open connections, all peers together; more are closed at once.
     pub max_connections: usize,
     /// Open connections from one source address, counted from the accept, before the
@@ -58,6 +66,7 @@ impl Default for Limits {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             header_read_timeout: HEADER_READ_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
             max_connections: 4096,
             // A region's actors may share one NAT address.
             max_connections_per_address: 256,

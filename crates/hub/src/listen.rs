@@ -7,7 +7,8 @@
 //! [`Limits::max_connections_per_address`] connections, each for at most
 //! [`Limits::handshake_timeout`] unless it completes a handshake; once the handshake
 //! has verified its certificate, against its identity too. A connection over a cap is
-//! closed at once.
+//! closed at once, and one whose peer stops taking its responses after
+//! [`Limits::write_timeout`].
 
 use std::convert::Infallible;
 use std::fmt;
@@ -301,15 +302,21 @@ impl Connection {
 
     /// HTTP/1 on `stream`, each request tagged with the peer.
     async fn serve(self, stream: impl AsyncRead + AsyncWrite + Unpin, identity: Option<Identity>) {
-        let stream = Watched {
-            inner: stream,
-            mid_request: Arc::default(),
-        };
-        let mid_request = Arc::clone(&stream.mid_request);
         let peer = Peer {
             address: self.address,
             identity,
         };
+        let stream = Watched {
+            inner: stream,
+            mid_request: Arc::default(),
+            write_stall: WriteStall {
+                timeout: self.limits.write_timeout,
+                deadline: None,
+                hub: Arc::clone(&self.hub),
+                peer: peer.clone(),
+            },
+        };
+        let mid_request = Arc::clone(&stream.mid_request);
         let tagged = peer.clone();
         let service = TowerToHyperService::new(tower::util::MapRequest::new(
             self.router,
@@ -345,11 +352,50 @@ impl Connection {
 }
 
 /// A connection's stream, noting whether bytes of a request arrived since the last
-/// response was written. (A request pipelined behind the previous one and cut short
-/// counts as idle: a corner no client of ours reaches.)
+/// response was written (a request pipelined behind the previous one and cut short
+/// counts as idle: a corner no client of ours reaches), and ending a write the peer
+/// does not take in time.
 struct Watched<S> {
     inner: S,
     mid_request: Arc<AtomicBool>,
+    write_stall: WriteStall,
+}
+
+/// The deadline of a write that cannot progress, started when the stream first blocks
+/// and cleared by any progress. Hyper has no write timeout of its own.
+struct WriteStall {
+    timeout: Duration,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    hub: Arc<Hub>,
+    peer: Peer,
+}
+
+impl WriteStall {
+    /// `polled` as it came, unless it is still blocked when the deadline passes: then
+    /// the refusal is counted (before the connection closes, so that whoever sees it
+    /// closed sees it counted) and the write fails.
+    fn watch<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if !polled.is_pending() {
+            self.deadline = None;
+            return polled;
+        }
+        let timeout = self.timeout;
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if deadline.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.hub.refusals().record(
+            Refusal::Timeout(Timeout::Write),
+            &self.peer,
+            &format_args!("took none of its response within {timeout:?}"),
+        );
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the peer took none of its response within {timeout:?}"),
+        )))
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
@@ -379,11 +425,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         {
             self.mid_request.store(false, Ordering::Relaxed);
         }
-        polled
+        self.write_stall.watch(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.write_stall.watch(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

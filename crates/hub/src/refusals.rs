@@ -68,6 +68,8 @@ labels! {
         Header => "header",
         /// Handling a request: body upload, queueing and the call.
         Request => "request",
+        /// A response the peer did not read.
+        Write => "write",
     }
 }
 

@@ -110,6 +110,7 @@ fn short_limits() -> Limits {
         handshake_timeout: Duration::from_millis(300),
         header_read_timeout: Duration::from_millis(300),
         request_timeout: Duration::from_millis(600),
+        write_timeout: Duration::from_millis(300),
         ..Limits::default()
     }
 }
@@ -540,6 +541,38 @@ async fn slow_clients_are_cut_off_by_the_timeouts() {
             Refusal::Timeout(Timeout::Request),
             1,
             "request not handled within 600ms; retry",
+        )
+        .await;
+    assert_eq!(fleet.connect(&honest).await.heartbeat(1, &token).await, 200);
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_answers_is_cut_off() {
+    let fleet = Fleet::start(&[10], short_limits()).await;
+    // An idle connection would be closed by the header timeout, so the honest actor calls
+    // on a new one.
+    let (_, token) = fleet.honest_actor(1).await;
+    let honest = fleet.node(Role::Actor, "1");
+
+    // A verified observer with a small receive window asks for the metrics again and
+    // again and reads none of the answers.
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let tcp = socket.connect(fleet.address).await.unwrap();
+    let hoarder = fleet.node(Role::Observer, "hoarder");
+    let connector =
+        TlsConnector::from(hoarder.client_config(CONTROL_ALPN, &[Role::Trainer]).unwrap());
+    let mut hoarder = connector.connect(server_name(), tcp).await.unwrap();
+    // Its requests are taken as long as the hub writes answers; once those fill the
+    // buffers on the way, the hub stops reading, and its next write fails only when
+    // the hub has ended the connection.
+    let request = b"GET /metrics HTTP/1.1\r\nHost: hub\r\n\r\n";
+    while hoarder.write_all(request).await.is_ok() {}
+    fleet
+        .assert_refused(
+            Refusal::Timeout(Timeout::Write),
+            1,
+            "took none of its response within 300ms",
         )
         .await;
     assert_eq!(fleet.connect(&honest).await.heartbeat(1, &token).await, 200);

@@ -13,11 +13,9 @@ use aurora_api::{
 };
 use aurora_proto::{Identity, Role, VersionRef, Weights};
 use aurora_transport::{Engine, NodeConfig, NodeHandle, spawn_actor, spawn_joining_actor};
-use aurora_trust::NodeTls;
 use tokio::task::JoinHandle;
 
-use crate::trainer::{certified_or, transport_security};
-use crate::{ControlClient, ControlSecurity, NodeError};
+use crate::{ControlClient, NodeError, NodeTrust};
 
 /// Heartbeat period; a control plane declares an actor dead after a few missed.
 const HEARTBEAT: Duration = Duration::from_millis(1000);
@@ -34,14 +32,10 @@ pub struct ActorSettings {
     pub control: SocketAddr,
     /// Transport upstreams in order of preference: the region's relay, then the hub.
     pub upstreams: Vec<SocketAddr>,
-    /// The fleet token of the transport.
-    pub token: String,
-    /// How the control plane is reached: mutual TLS, or plaintext with the fleet token.
-    /// Registering gives the actor a token of its own for every later call.
-    pub control_security: ControlSecurity,
-    /// The segment transport's TLS material (its certificate names the actor's
-    /// identity there); `None`: insecure plaintext, authenticated by the token.
-    pub transport_tls: Option<Arc<NodeTls>>,
+    /// How both planes are reached: the actor's certificate (its id must be the
+    /// actor's number), or insecure plaintext with the fleet token. Registering gives
+    /// the actor a token of its own for every later control call.
+    pub trust: NodeTrust,
     /// Parallel TCP streams per upstream session.
     pub streams: u8,
     /// The trainer's public key: every artifact and commit must carry its signature
@@ -95,7 +89,7 @@ impl ActorNode {
         })?
         .map_err(NodeError::Transport)?;
         let active = joined.active.expect("waited for an active version");
-        let fleet = ControlClient::new(settings.control, &settings.control_security);
+        let fleet = ControlClient::new(settings.control, &settings.trust.control_client()?);
         let registered: RegisterResponse = fleet
             .post(
                 "/v1/register",
@@ -190,8 +184,10 @@ fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
         peer_id: format!("actor-{}", settings.id),
         region: settings.region.clone(),
     };
-    let security = transport_security(&settings.transport_tls, &settings.token);
-    let mut node = NodeConfig::new(certified_or(plaintext, &security)?, security);
+    let mut node = NodeConfig::new(
+        settings.trust.identity(plaintext)?,
+        settings.trust.transport(),
+    );
     node.upstreams = settings.upstreams.clone();
     node.streams = settings.streams;
     node.trainer_key = settings.trainer_key;

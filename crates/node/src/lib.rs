@@ -23,6 +23,7 @@ mod client;
 mod error;
 mod handoff;
 mod trainer;
+mod trust;
 
 pub use actor::{ActorNode, ActorSettings};
 pub use aurora_hub::StepResults;
@@ -30,3 +31,4 @@ pub use client::{ControlClient, ControlSecurity};
 pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};
 pub use trainer::{Published, TrainerNode, TrainerSettings};
+pub use trust::NodeTrust;

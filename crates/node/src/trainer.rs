@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use aurora_control::{PromptId, StepId, Version, WeightsHash};
 use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
-use aurora_hub::{Hub, HubConfig, Limits, Security, ServeConfig, StepResults, SystemClock};
+use aurora_hub::{Hub, HubConfig, Limits, ServeConfig, StepResults, SystemClock};
 use aurora_proto::{Identity, Role, VersionRef};
 use aurora_store::Store;
 use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
-use aurora_trust::NodeTls;
 use tokio::runtime::Handle;
 
-use crate::NodeError;
+use crate::{NodeError, NodeTrust};
 
 /// Settings of a trainer node.
 #[derive(Clone, Debug)]
@@ -28,14 +27,8 @@ pub struct TrainerSettings {
     pub control_listen: SocketAddr,
     /// The segment transport's hub.
     pub transport_listen: SocketAddr,
-    /// The fleet token of the segment transport when that runs in insecure plaintext.
-    pub token: String,
-    /// The segment transport's TLS material (its certificate names the hub's identity);
-    /// `None`: insecure plaintext, peers authenticated by the token.
-    pub transport_tls: Option<Arc<NodeTls>>,
-    /// How the control plane's API is served: mutual TLS, or plaintext with a fleet
-    /// token.
-    pub control_security: Security,
+    /// How both planes are served: the trainer's certificate, or insecure plaintext.
+    pub trust: NodeTrust,
     /// The API's caps and timeouts.
     pub control_limits: Limits,
     /// Parallel TCP streams per downstream session.
@@ -54,19 +47,13 @@ pub struct TrainerSettings {
 }
 
 impl TrainerSettings {
-    pub fn new(
-        dir: impl Into<PathBuf>,
-        token: impl Into<String>,
-        control_security: Security,
-    ) -> TrainerSettings {
+    pub fn new(dir: impl Into<PathBuf>, trust: NodeTrust) -> TrainerSettings {
         let loopback = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
         TrainerSettings {
             dir: dir.into(),
             control_listen: loopback,
             transport_listen: loopback,
-            token: token.into(),
-            transport_tls: None,
-            control_security,
+            trust,
             control_limits: Limits::default(),
             streams: 4,
             snapshot_every: 10,
@@ -127,7 +114,7 @@ impl TrainerNode {
             hub.clone(),
             http,
             ServeConfig {
-                security: settings.control_security.clone(),
+                security: settings.trust.control_server()?,
                 limits: settings.control_limits.clone(),
             },
         ));
@@ -137,8 +124,10 @@ impl TrainerNode {
             peer_id: "hub".into(),
             region: "hub".into(),
         };
-        let security = transport_security(&settings.transport_tls, &settings.token);
-        let mut node = NodeConfig::new(certified_or(plaintext, &security)?, security);
+        let mut node = NodeConfig::new(
+            settings.trust.identity(plaintext)?,
+            settings.trust.transport(),
+        );
         node.listen = Some(settings.transport_listen);
         node.streams = settings.streams;
         node.signing_key = settings.signing_key.clone();
@@ -390,30 +379,4 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
     Ok(stored
         .last_key_value()
         .map(|(&version, &hash)| VersionRef { version, hash }))
-}
-
-/// The segment transport's security: TLS with `tls`, else insecure plaintext with the
-/// fleet token.
-pub(crate) fn transport_security(
-    tls: &Option<Arc<NodeTls>>,
-    token: &str,
-) -> aurora_transport::Security {
-    match tls {
-        Some(tls) => aurora_transport::Security::Tls(tls.clone()),
-        None => aurora_transport::Security::InsecurePlaintext {
-            token: token.as_bytes().to_vec(),
-        },
-    }
-}
-
-/// The identity a node has on the segment protocol: its certificate's under TLS,
-/// else `plaintext`.
-pub(crate) fn certified_or(
-    plaintext: Identity,
-    security: &aurora_transport::Security,
-) -> Result<Identity, NodeError> {
-    security
-        .certified_identity()
-        .unwrap_or(Ok(plaintext))
-        .map_err(NodeError::Usage)
 }

@@ -12,10 +12,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use aurora_api::{ClaimResponse, WireLease, WireResult};
 use aurora_engine::{Policy, Problem};
-use aurora_node::{ActorNode, ActorSettings, ControlSecurity};
+use aurora_node::{ActorNode, ActorSettings, NodeTrust};
 use aurora_proto::{VersionRef, Weights};
 use aurora_transport::Engine;
-use aurora_trust::NodeTls;
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use super::config::RunConfig;
@@ -34,10 +33,7 @@ pub struct ActorArgs {
     pub control: SocketAddr,
     /// Transport upstreams in order of preference: the region's relay, then the hub.
     pub upstreams: Vec<SocketAddr>,
-    pub token: String,
-    pub control_security: ControlSecurity,
-    /// The segment transport's TLS material; `None`: insecure plaintext.
-    pub transport_tls: Option<Arc<NodeTls>>,
+    pub trust: NodeTrust,
 }
 
 pub fn run(args: ActorArgs) -> Result<()> {
@@ -117,9 +113,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         region: args.region.clone(),
         control: args.control,
         upstreams: args.upstreams.clone(),
-        token: args.token.clone(),
-        control_security: args.control_security.clone(),
-        transport_tls: args.transport_tls.clone(),
+        trust: args.trust.clone(),
         streams: config.streams,
         trainer_key: Some(super::trainer_key(&args.run_dir)?),
     };

@@ -21,11 +21,12 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::TOKEN_VARIABLE;
-use crate::trust_args::{self, TrustArgs};
+use crate::trust_args::TrustArgs;
 use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
+use aurora_node::NodeTrust;
 use aurora_proto::{Identity, Role};
-use aurora_transport::{NodeConfig, Security, spawn_joining_relay};
+use aurora_transport::{NodeConfig, spawn_joining_relay};
 use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -152,7 +153,6 @@ pub fn control_config() -> Config {
 }
 
 pub fn run_node(command: NodeCommand) -> Result<()> {
-    let token = trust_args::token()?;
     match command {
         NodeCommand::Trainer {
             dir,
@@ -167,7 +167,6 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
                 control_port,
                 transport_port,
             },
-            token,
             trust.load()?,
         ),
         NodeCommand::Relay {
@@ -176,7 +175,7 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
             region,
             upstream,
             trust,
-        } => relay(&dir, bind, region, upstream, trust.load()?.transport()?),
+        } => relay(&dir, bind, region, upstream, trust.load()?),
         NodeCommand::Actor {
             dir,
             id,
@@ -184,19 +183,14 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
             control,
             upstream,
             trust,
-        } => {
-            let trust = trust.load()?;
-            actor::run(actor::ActorArgs {
-                run_dir: dir,
-                id,
-                region,
-                control,
-                upstreams: upstream,
-                control_security: trust.control_client()?,
-                token,
-                transport_tls: trust.tls,
-            })
-        }
+        } => actor::run(actor::ActorArgs {
+            run_dir: dir,
+            id,
+            region,
+            control,
+            upstreams: upstream,
+            trust: trust.load()?,
+        }),
     }
 }
 
@@ -205,7 +199,7 @@ fn relay(
     bind: IpAddr,
     region: String,
     upstream: SocketAddr,
-    security: Security,
+    trust: NodeTrust,
 ) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
     crate::runtime(Some(1))?.block_on(async move {
@@ -214,11 +208,7 @@ fn relay(
             peer_id: format!("relay-{region}"),
             region,
         };
-        let identity = match security.certified_identity() {
-            Some(certified) => certified.map_err(anyhow::Error::msg)?,
-            None => plaintext,
-        };
-        let mut node = NodeConfig::new(identity, security);
+        let mut node = NodeConfig::new(trust.identity(plaintext)?, trust.transport());
         node.listen = Some(SocketAddr::new(bind, 0));
         node.upstreams = vec![upstream];
         node.streams = config.streams;

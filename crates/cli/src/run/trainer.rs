@@ -15,11 +15,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::trust_args::NodeTrust;
 use anyhow::{Context, Result, bail};
 use aurora_delta::{Checkpoint, Encoding};
 use aurora_engine::{Policy, RolloutGroup, TrainStats, Trainer};
 use aurora_hub::{Hub, StepResults};
+use aurora_node::NodeTrust;
 use aurora_node::{Published, TrainerNode, TrainerSettings};
 use aurora_store::{Store, TrainerData};
 use serde::{Deserialize, Serialize};
@@ -33,10 +33,9 @@ const POLL: Duration = Duration::from_millis(20);
 /// actor to the others long before.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 
-pub fn run(run_dir: &Path, listen: Listen, token: String, trust: NodeTrust) -> Result<()> {
+pub fn run(run_dir: &Path, listen: Listen, trust: NodeTrust) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
-    let mut settings = TrainerSettings::new(run_dir, token, trust.control_server()?);
-    settings.transport_tls = trust.tls;
+    let settings = TrainerSettings::new(run_dir, trust);
     crate::runtime(Some(2))?.block_on(train(settings, listen, config))
 }
 

@@ -1,0 +1,100 @@
+//! How a node proves who it is, one setting for both planes: the fleet's certificates
+//! (mutual TLS 1.3 on the segment transport and on the control API, docs/security.md),
+//! or plaintext with the fleet token, asked for by name. The CLI's flags and the Python
+//! classes' arguments both come down to a [`NodeTrust`], so every face of a node runs
+//! the same rules.
+
+use std::fmt;
+use std::sync::Arc;
+
+use aurora_proto::Identity;
+use aurora_trust::{NodeTls, TlsFiles, TrustError};
+
+use crate::{ControlSecurity, NodeError};
+
+#[derive(Clone)]
+pub enum NodeTrust {
+    /// The node's certificate and key, and the fleet CA its peers' certificates must
+    /// chain to. The certificate names the node's role, id and region.
+    Certificates(Arc<NodeTls>),
+    /// INSECURE: plain TCP and HTTP, peers authenticated by the shared fleet token.
+    /// Anyone on the path reads the weights and the tokens, replays requests and can
+    /// impersonate a node. For loopback and closed test networks only.
+    InsecurePlaintext { fleet_token: String },
+}
+
+impl NodeTrust {
+    /// The certificates in `files`.
+    pub fn load(files: &TlsFiles) -> Result<NodeTrust, TrustError> {
+        Ok(NodeTrust::Certificates(Arc::new(NodeTls::load(files)?)))
+    }
+
+    /// Plaintext with `fleet_token`, which must not be empty (it would let anyone in).
+    pub fn insecure_plaintext(fleet_token: impl Into<String>) -> Result<NodeTrust, NodeError> {
+        let fleet_token = fleet_token.into();
+        if fleet_token.is_empty() {
+            return Err(NodeError::Usage(
+                "the fleet token is empty: plaintext needs a shared secret".into(),
+            ));
+        }
+        tracing::warn!(
+            "insecure plaintext: weights, tokens and control calls cross the network in clear"
+        );
+        Ok(NodeTrust::InsecurePlaintext { fleet_token })
+    }
+
+    /// The segment transport's security.
+    pub fn transport(&self) -> aurora_transport::Security {
+        match self {
+            NodeTrust::Certificates(tls) => aurora_transport::Security::Tls(Arc::clone(tls)),
+            NodeTrust::InsecurePlaintext { fleet_token } => {
+                aurora_transport::Security::InsecurePlaintext {
+                    token: fleet_token.as_bytes().to_vec(),
+                }
+            }
+        }
+    }
+
+    /// How a trainer node serves the control plane: its certificate must be a trainer's.
+    pub fn control_server(&self) -> Result<aurora_hub::Security, NodeError> {
+        let security = match self {
+            NodeTrust::Certificates(tls) => aurora_hub::Security::mutual_tls(tls),
+            NodeTrust::InsecurePlaintext { fleet_token } => {
+                aurora_hub::Security::insecure_plaintext(fleet_token)
+            }
+        };
+        security.map_err(|error| NodeError::Usage(format!("serving the control plane: {error}")))
+    }
+
+    /// How a node calls the control plane.
+    pub fn control_client(&self) -> Result<ControlSecurity, NodeError> {
+        match self {
+            NodeTrust::Certificates(tls) => ControlSecurity::mutual_tls(tls)
+                .map_err(|error| NodeError::Usage(format!("calling the control plane: {error}"))),
+            NodeTrust::InsecurePlaintext { fleet_token } => {
+                Ok(ControlSecurity::InsecurePlaintext {
+                    fleet_token: fleet_token.clone(),
+                })
+            }
+        }
+    }
+
+    /// The node's identity on the segment protocol: its certificate's, or `plaintext`
+    /// where it has none.
+    pub fn identity(&self, plaintext: Identity) -> Result<Identity, NodeError> {
+        self.transport()
+            .certified_identity()
+            .unwrap_or(Ok(plaintext))
+            .map_err(NodeError::Usage)
+    }
+}
+
+impl fmt::Debug for NodeTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the token.
+        match self {
+            NodeTrust::Certificates(tls) => write!(f, "Certificates({})", tls.identity()),
+            NodeTrust::InsecurePlaintext { .. } => f.write_str("InsecurePlaintext"),
+        }
+    }
+}
