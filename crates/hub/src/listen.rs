@@ -374,7 +374,11 @@ impl WriteStall {
     /// `polled` as it came, unless it is still blocked when the deadline passes: then
     /// the refusal is counted (before the connection closes, so that whoever sees it
     /// closed sees it counted) and the write fails.
-    fn watch<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
         if !polled.is_pending() {
             self.deadline = None;
             return polled;

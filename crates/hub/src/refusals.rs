@@ -1,18 +1,23 @@
 //! Every connection and request the hub turns away, counted by reason for `/metrics`
 //! (docs/control-api.md, "Metrics") and logged once, where it is decided, with a line
-//! naming the peer and what was wrong. Refusals are rare for honest peers, so one lock
-//! over the counters costs nothing; a flood of them contends only with itself.
+//! naming the peer and what was wrong; a flood of one reason logs a window's budget of
+//! lines ([`RefusalLog`]) and is otherwise only counted. Refusals are rare for honest
+//! peers, so one lock over the counters costs nothing; a flood of them contends only
+//! with itself.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use aurora_trust::{Admission, RefusalLog};
 
 /// Declares a label enum with every value (`ALL`, for zeros in the metrics) and its
 /// label text.
 macro_rules! labels {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
         $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum $name { $($(#[$vmeta])* $variant,)+ }
 
         impl $name {
@@ -90,7 +95,7 @@ labels! {
 }
 
 /// One refusal, by kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Refusal {
     Handshake(HandshakeFailure),
     Connection(ConnectionLimit),
@@ -148,18 +153,21 @@ pub(crate) const METRICS: [(&str, &str); 4] = [
 #[derive(Debug)]
 pub struct Refusals {
     counts: Mutex<BTreeMap<Refusal, u64>>,
+    log: RefusalLog<Refusal>,
 }
 
 impl Default for Refusals {
     fn default() -> Refusals {
         Refusals {
             counts: Mutex::new(Refusal::all().map(|refusal| (refusal, 0)).collect()),
+            log: RefusalLog::default(),
         }
     }
 }
 
 impl Refusals {
-    /// Counts `refusal` and logs it once: `peer` is who was refused, `detail` why.
+    /// Counts `refusal` and logs it once (within the log's budget per reason, see
+    /// [`RefusalLog`]): `peer` is who was refused, `detail` why.
     pub fn record(&self, refusal: Refusal, peer: &dyn fmt::Display, detail: &dyn fmt::Display) {
         *self
             .counts
@@ -168,7 +176,20 @@ impl Refusals {
             .entry(refusal)
             .or_default() += 1;
         let (metric, _, label) = refusal.metric();
-        tracing::warn!(%peer, metric, label, "refused {peer}: {detail}");
+        match self.log.admit(refusal, Instant::now()) {
+            Admission::Log { skipped_before: 0 } => {
+                tracing::warn!(%peer, metric, label, "refused {peer}: {detail}")
+            }
+            Admission::Log { skipped_before } => tracing::warn!(
+                %peer,
+                metric,
+                label,
+                skipped_before,
+                "refused {peer}: {detail} ({skipped_before} more of these were refused in the \
+                 last window without a log line)"
+            ),
+            Admission::Skip => {}
+        }
     }
 
     /// How many of `refusal` were counted.

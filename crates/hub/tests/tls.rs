@@ -560,8 +560,11 @@ async fn a_client_that_never_reads_its_answers_is_cut_off() {
     socket.set_recv_buffer_size(4096).unwrap();
     let tcp = socket.connect(fleet.address).await.unwrap();
     let hoarder = fleet.node(Role::Observer, "hoarder");
-    let connector =
-        TlsConnector::from(hoarder.client_config(CONTROL_ALPN, &[Role::Trainer]).unwrap());
+    let connector = TlsConnector::from(
+        hoarder
+            .client_config(CONTROL_ALPN, &[Role::Trainer])
+            .unwrap(),
+    );
     let mut hoarder = connector.connect(server_name(), tcp).await.unwrap();
     // Its requests are taken as long as the hub writes answers; once those fill the
     // buffers on the way, the hub stops reading, and its next write fails only when

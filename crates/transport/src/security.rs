@@ -3,13 +3,14 @@
 //! an explicit insecure setting; the limits on what a stranger can make a node do; and
 //! the counts of what was refused.
 
+use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aurora_proto::{Identity, Role};
 use aurora_trust::tls::{SEGMENT_ALPN, UnexpectedRole, explain};
-use aurora_trust::{NodeTls, TrustError};
+use aurora_trust::{Admission, NodeTls, RefusalLog, TrustError};
 use rustls::{AlertDescription, CertificateError, OtherError};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -139,7 +140,7 @@ impl Default for Limits {
 }
 
 /// Why a connection or a request was refused before the protocol served it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Refusal {
     /// The peer did not speak TLS (a plaintext client on a TLS port).
     NotTls,
@@ -197,17 +198,36 @@ impl Refusals {
     }
 }
 
-/// [`Refusals`] counted from any task.
+/// [`Refusals`] counted from any task, each logged within the log's budget per reason
+/// ([`RefusalLog`]), so that a flood of strangers is counted in full without a log line
+/// each.
 #[derive(Debug, Default)]
-pub(crate) struct RefusalCounters([AtomicU64; 10]);
+pub(crate) struct RefusalCounters {
+    counts: [AtomicU64; 10],
+    log: RefusalLog<Refusal>,
+}
 
 impl RefusalCounters {
-    pub(crate) fn count(&self, refusal: Refusal) {
-        self.0[refusal as usize].fetch_add(1, Ordering::Relaxed);
+    /// Counts `refusal` of `peer` (an address, a peer's id, an artifact) and logs `why`.
+    pub(crate) fn record(&self, refusal: Refusal, peer: &dyn fmt::Display, why: &dyn fmt::Display) {
+        self.counts[refusal as usize].fetch_add(1, Ordering::Relaxed);
+        match self.log.admit(refusal, Instant::now()) {
+            Admission::Log { skipped_before: 0 } => {
+                tracing::warn!(%peer, ?refusal, "refused {peer}: {why}")
+            }
+            Admission::Log { skipped_before } => tracing::warn!(
+                %peer,
+                ?refusal,
+                skipped_before,
+                "refused {peer}: {why} ({skipped_before} more of these were refused in the \
+                 last window without a log line)"
+            ),
+            Admission::Skip => {}
+        }
     }
 
     pub(crate) fn snapshot(&self) -> Refusals {
-        let get = |refusal: Refusal| self.0[refusal as usize].load(Ordering::Relaxed);
+        let get = |refusal: Refusal| self.counts[refusal as usize].load(Ordering::Relaxed);
         Refusals {
             not_tls: get(Refusal::NotTls),
             unknown_ca: get(Refusal::UnknownCa),

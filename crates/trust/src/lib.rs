@@ -4,10 +4,12 @@
 //! - [`certs`]: the fleet's certificate authority and the node certificates it issues.
 //! - [`tls`]: TLS 1.3 configurations with mutual authentication against the fleet CA.
 //! - [`signing`]: the trainer's ed25519 key, which signs every version.
+//! - [`refusal_log`]: how many log lines the refusals of strangers may cause.
 
 pub mod certs;
 mod files;
 pub mod identity;
+pub mod refusal_log;
 pub mod signing;
 pub mod tls;
 
@@ -15,6 +17,7 @@ use std::path::PathBuf;
 
 pub use certs::{FleetCa, NodeCertificate, NodeFiles};
 pub use identity::{Identity, IdentityError, Role};
+pub use refusal_log::{Admission, RefusalLog};
 pub use tls::{NodeTls, TlsFiles, peer_identity};
 
 impl From<files::FileError> for TrustError {

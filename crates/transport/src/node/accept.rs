@@ -79,8 +79,7 @@ impl Gate {
 
     /// Counts and logs a refusal, once per event, and has the node publish its status.
     pub(crate) fn refuse(&self, refusal: Refusal, peer: impl std::fmt::Display, why: &str) {
-        self.refusals.count(refusal);
-        tracing::warn!(%peer, ?refusal, "refused a connection: {why}");
+        self.refusals.record(refusal, &peer, &why);
         // A full queue means the loop is busy and publishes its status soon anyway.
         let _ = self.events.try_send(Event::Refused);
     }

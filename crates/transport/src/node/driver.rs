@@ -267,12 +267,12 @@ impl<E: Engine> Driver<E> {
                     let open = self.peer_conns.get(&peer.peer_id).copied().unwrap_or(0);
                     let cap = self.config.limits.max_connections_per_peer;
                     if open >= cap {
-                        self.refusals.count(Refusal::PeerCap);
-                        tracing::warn!(
-                            %address,
-                            peer = peer.peer_id,
-                            "refused a connection: {open} connections of this peer are open, \
-                             the cap is {cap}"
+                        self.refusals.record(
+                            Refusal::PeerCap,
+                            &format_args!("{} at {address}", peer.peer_id),
+                            &format_args!(
+                                "{open} connections of this peer are open, the cap is {cap}"
+                            ),
                         );
                         return;
                     }
@@ -326,8 +326,7 @@ impl<E: Engine> Driver<E> {
                     match refusal {
                         Some(refusal) => {
                             // The upstream failed to prove itself (or refused us).
-                            self.refusals.count(refusal);
-                            tracing::warn!(?refusal, "upstream refused: {reason}");
+                            self.refusals.record(refusal, &"the upstream", &reason);
                         }
                         None => tracing::debug!(reason, "dial failed"),
                     }
@@ -619,8 +618,11 @@ impl<E: Engine> Driver<E> {
             return;
         };
         if let Err(reason) = self.admit_build(key) {
-            self.refusals.count(Refusal::BuildBudget);
-            tracing::warn!(%key, "deferred a build: {reason}");
+            self.refusals.record(
+                Refusal::BuildBudget,
+                &format_args!("a build of {key}"),
+                &reason,
+            );
             if let Some(sender) = self.node.sender_mut() {
                 sender.load_deferred(key, reason);
             }
