@@ -3,12 +3,13 @@
 //! an explicit insecure setting; the limits on what a stranger can make a node do; and
 //! the counts of what was refused.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aurora_proto::{Identity, Role};
+use aurora_proto::{ArtifactKey, Identity, Role};
 use aurora_trust::tls::{SEGMENT_ALPN, UnexpectedRole, explain};
 use aurora_trust::{Admission, NodeTls, RefusalLog, TrustError};
 use rustls::{AlertDescription, CertificateError, OtherError};
@@ -136,6 +137,55 @@ impl Default for Limits {
             max_builds: 2,
             max_build_bytes: 32 << 30,
         }
+    }
+}
+
+/// The snapshot and composed-delta builds a hub runs, against [`Limits::max_builds`]
+/// and [`Limits::max_build_bytes`]. One build always runs, however large: the budget
+/// bounds how many run together, never whether a large model can be served at all.
+#[derive(Debug, Default)]
+pub(crate) struct BuildBudget {
+    /// Each running build with the bytes it is charged.
+    running: BTreeMap<ArtifactKey, u64>,
+}
+
+impl BuildBudget {
+    /// Takes a place for `key` if it is a build (a stored delta is only read) of a
+    /// model whose whole checkpoint takes `checkpoint_bytes`, or says why there is none.
+    pub(crate) fn admit(
+        &mut self,
+        key: ArtifactKey,
+        checkpoint_bytes: u64,
+        limits: &Limits,
+    ) -> Result<(), String> {
+        let charge = match key {
+            ArtifactKey::Delta(_) => return Ok(()),
+            ArtifactKey::Snapshot(_) => checkpoint_bytes,
+            // It rebuilds two sets of weights.
+            ArtifactKey::Composed { .. } => checkpoint_bytes.saturating_mul(2),
+        };
+        let running = self.running.len();
+        let charged: u64 = self.running.values().sum();
+        if running > 0 && running >= limits.max_builds {
+            return Err(format!(
+                "{running} builds are running, the budget is {}; come back later",
+                limits.max_builds
+            ));
+        }
+        if running > 0 && charged.saturating_add(charge) > limits.max_build_bytes {
+            return Err(format!(
+                "builds of {charged} bytes are running and this one needs {charge}, the \
+                 budget is {} bytes; come back later",
+                limits.max_build_bytes
+            ));
+        }
+        self.running.insert(key, charge);
+        Ok(())
+    }
+
+    /// `key`'s build (if it was one) has ended.
+    pub(crate) fn finished(&mut self, key: ArtifactKey) {
+        self.running.remove(&key);
     }
 }
 
@@ -274,5 +324,70 @@ fn classify(error: &rustls::Error) -> Refusal {
             Refusal::WrongRole
         }
         _ => Refusal::Handshake,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn limits(max_builds: usize, max_build_bytes: u64) -> Limits {
+        Limits {
+            max_builds,
+            max_build_bytes,
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn builds_are_capped_in_count_and_stored_deltas_never() {
+        let limits = limits(2, 100 * GIB);
+        let mut budget = BuildBudget::default();
+        budget
+            .admit(ArtifactKey::Snapshot(4), GIB, &limits)
+            .unwrap();
+        let composed = ArtifactKey::Composed { base: 1, target: 4 };
+        budget.admit(composed, GIB, &limits).unwrap();
+        let refused = budget
+            .admit(ArtifactKey::Snapshot(5), GIB, &limits)
+            .unwrap_err();
+        assert_eq!(
+            refused,
+            "2 builds are running, the budget is 2; come back later"
+        );
+        // Reading a stored delta builds nothing.
+        budget.admit(ArtifactKey::Delta(5), GIB, &limits).unwrap();
+        budget.finished(composed);
+        budget
+            .admit(ArtifactKey::Snapshot(5), GIB, &limits)
+            .unwrap();
+    }
+
+    #[test]
+    fn builds_are_capped_in_bytes_but_one_always_runs() {
+        let limits = limits(8, 3 * GIB);
+        let mut budget = BuildBudget::default();
+        // Larger than the whole budget, alone: it runs, or a large model is never served.
+        let composed = ArtifactKey::Composed { base: 1, target: 4 };
+        budget.admit(composed, 2 * GIB, &limits).unwrap();
+        let refused = budget
+            .admit(ArtifactKey::Snapshot(4), 2 * GIB, &limits)
+            .unwrap_err();
+        assert_eq!(
+            refused,
+            format!(
+                "builds of {} bytes are running and this one needs {}, the budget is {} \
+                 bytes; come back later",
+                4 * GIB,
+                2 * GIB,
+                3 * GIB
+            )
+        );
+        budget.finished(composed);
+        budget
+            .admit(ArtifactKey::Snapshot(4), 2 * GIB, &limits)
+            .unwrap();
     }
 }

@@ -1,7 +1,7 @@
 //! Mutual TLS on loopback sockets, against strangers (docs/security.md §4): a
 //! plaintext client, a certificate of another CA, an expired certificate, an upstream of
-//! the wrong role, a Hello naming another peer, silent and half-sent handshakes and a
-//! flood beyond the caps. Each is refused, counted by reason and stages nothing, while an
+//! the wrong role, a Hello naming another peer, silent and half-sent handshakes, a
+//! flood beyond the caps and one peer's connections beyond its own. Each is refused, counted by reason and stages nothing, while an
 //! honest actor of the same hub keeps receiving its versions.
 
 // Each test binary uses a part of the helpers.
@@ -64,6 +64,7 @@ fn config(ca: &FleetCa, role: Role, name: &str, upstreams: &[SocketAddr]) -> Nod
         handshake_timeout: HANDSHAKE_TIMEOUT,
         max_connections: 10,
         max_unauthenticated_per_address: 5,
+        max_connections_per_peer: 3,
         ..Limits::default()
     };
     config
@@ -268,6 +269,42 @@ async fn slow_loris_and_a_flood_are_capped_and_timed_out_while_versions_flow() {
         "two over the address cap, two over the total, eight timed out: {:?}",
         status.refusals
     );
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_s_connections_are_capped_while_versions_flow() {
+    let ca = FleetCa::create("ours").unwrap();
+    let chain = Chain::new(2, 14);
+    let (hub, actor) = hub_and_actor(&ca, &chain).await;
+    let address = hub.local_addr().unwrap();
+
+    // A fleet member opens connections and completes their handshakes: three are
+    // admitted (the cap of one peer), the fourth is refused once its certificate has
+    // named the peer.
+    let a9 = tls(&ca, &ca, aurora_trust::Role::Actor, "a9", None);
+    let connector = TlsConnector::from(
+        a9.client_config(SEGMENT_ALPN, &[aurora_trust::Role::Trainer])
+            .unwrap(),
+    );
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let tcp = TcpStream::connect(address).await.unwrap();
+        held.push(
+            connector
+                .connect(aurora_trust::tls::server_name(), tcp)
+                .await
+                .unwrap(),
+        );
+    }
+    refusals_reach(&hub, "one peer's cap", |s| s.refusals.peer_cap == 1).await;
+
+    // The honest actor, another peer, is served meanwhile.
+    chain.publish_live(&hub, 2).await;
+    active_at(&actor, 2, "the honest actor at version 2").await;
+    let status = hub.status();
+    assert_eq!(status.subscribers, 1);
+    assert_eq!(status.refusals.total(), 1, "{:?}", status.refusals);
     drop(held);
 }
 

@@ -19,7 +19,7 @@ use tokio_rustls::TlsConnector;
 use crate::conn::{Stream, WriteCmd, spawn_conn};
 use crate::decode::DecodePool;
 use crate::engine::Engine;
-use crate::security::{Refusal, RefusalCounters};
+use crate::security::{BuildBudget, Refusal, RefusalCounters};
 
 use super::accept::Permit;
 
@@ -162,8 +162,8 @@ pub(super) struct Driver<E: Engine> {
     pub(super) conns: HashMap<ConnId, ConnEntry>,
     /// Inbound connections of each authenticated peer.
     pub(super) peer_conns: HashMap<String, usize>,
-    /// Snapshot and composed-delta builds running, with the bytes each is charged.
-    pub(super) builds: BTreeMap<ArtifactKey, u64>,
+    /// Snapshot and composed-delta builds running.
+    pub(super) builds: BuildBudget,
     /// The size of a whole checkpoint (the store's newest snapshot): what a build is
     /// charged.
     pub(super) checkpoint_bytes: u64,
@@ -371,7 +371,7 @@ impl<E: Engine> Driver<E> {
             // Reading the catalog is cheap next to the put that just finished.
             Event::Stored { version } => self.read_store(Some(version)),
             Event::Loaded { key, result } => {
-                self.builds.remove(&key);
+                self.builds.finished(key);
                 let Some(sender) = self.node.sender_mut() else {
                     return;
                 };
@@ -617,7 +617,10 @@ impl<E: Engine> Driver<E> {
             }
             return;
         };
-        if let Err(reason) = self.admit_build(key) {
+        let admitted = self
+            .builds
+            .admit(key, self.checkpoint_bytes, &self.config.limits);
+        if let Err(reason) = admitted {
             self.refusals.record(
                 Refusal::BuildBudget,
                 &format_args!("a build of {key}"),
@@ -635,35 +638,6 @@ impl<E: Engine> Driver<E> {
             let result = read_stored(key, &store, segment_bytes, signing_key.as_deref());
             let _ = events.blocking_send(Event::Loaded { key, result });
         });
-    }
-
-    /// Takes a place in the build budget for `key` if it is a build (a snapshot or a
-    /// composed delta; a stored delta is only read), or says why there is none. One
-    /// build always runs, however large: the budget bounds how many run together.
-    fn admit_build(&mut self, key: ArtifactKey) -> Result<(), String> {
-        let charge = match key {
-            ArtifactKey::Delta(_) => return Ok(()),
-            ArtifactKey::Snapshot(_) => self.checkpoint_bytes,
-            ArtifactKey::Composed { .. } => 2 * self.checkpoint_bytes,
-        };
-        let limits = &self.config.limits;
-        let running = self.builds.len();
-        let charged: u64 = self.builds.values().sum();
-        if running > 0 && running >= limits.max_builds {
-            return Err(format!(
-                "{running} builds are running, the budget is {}; come back later",
-                limits.max_builds
-            ));
-        }
-        if running > 0 && charged + charge > limits.max_build_bytes {
-            return Err(format!(
-                "builds of {charged} bytes are running and this one needs {charge}, the \
-                 budget is {} bytes; come back later",
-                limits.max_build_bytes
-            ));
-        }
-        self.builds.insert(key, charge);
-        Ok(())
     }
 
     /// Carries out everything the node wants done.

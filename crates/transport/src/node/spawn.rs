@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 use crate::decode::DecodePool;
 use crate::engine::{Engine, IdleEngine};
-use crate::security::RefusalCounters;
+use crate::security::{BuildBudget, RefusalCounters};
 
 use super::accept::{Gate, accept_loop};
 use super::driver::{Driver, EVENT_QUEUE};
@@ -214,7 +214,7 @@ pub(super) async fn spawn<E: Engine>(
         live: BTreeMap::new(),
         conns: HashMap::new(),
         peer_conns: HashMap::new(),
-        builds: BTreeMap::new(),
+        builds: BuildBudget::default(),
         checkpoint_bytes: 0,
         refusals,
         connector: tls.map(|tls| tls.connector),
