@@ -416,6 +416,7 @@ impl ActorNodeCore {
                 .collect::<PyResult<_>>()?,
             trust,
             streams,
+            transport_limits: aurora_node::TransportLimits::default(),
             trainer_key: trainer_key
                 .map(|path| aurora_trust::signing::load_public_key(&path))
                 .transpose()

@@ -19,6 +19,7 @@ use aurora_node::{TrainerNode, TrainerSettings};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use crate::limits_file::NodeLimits;
 use crate::trust_args::TrustArgs;
 
 #[derive(Args)]
@@ -55,13 +56,21 @@ pub struct HubArgs {
     /// public key (--trainer-key). Without it the deployment is unsigned (insecure).
     #[arg(long)]
     signing_key: Option<PathBuf>,
+    /// A TOML file of limits beyond the defaults: `[control]` (the API's caps and
+    /// timeouts) and `[transport]` (connection caps, the build budget; see
+    /// docs/security.md).
+    #[arg(long)]
+    limits: Option<PathBuf>,
     /// Both planes' security (its certificate is the trainer's).
     #[command(flatten)]
     trust: TrustArgs,
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
+    let limits = NodeLimits::load(args.limits.as_deref())?;
     let mut settings = TrainerSettings::new(&args.dir, args.trust.load()?);
+    settings.control_limits = limits.control;
+    settings.transport_limits = limits.transport;
     settings.control_listen = args.listen;
     settings.transport_listen = args.transport_listen;
     settings.snapshot_every = args.snapshot_every;

@@ -7,6 +7,7 @@ mod certs_cmd;
 mod delta_cmd;
 mod fleet;
 mod hub_cmd;
+mod limits_file;
 mod relay_cmd;
 mod run;
 mod store_cmd;

@@ -13,6 +13,7 @@ use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_joining_rela
 use clap::Args;
 use serde::Deserialize;
 
+use crate::limits_file::NodeLimits;
 use crate::trust_args::TrustArgs;
 
 /// Settings of a relay or an actor, from flags or a TOML file with the same keys (flags
@@ -59,6 +60,10 @@ pub struct NodeArgs {
     /// signature. Without it the node takes unsigned versions (an insecure deployment).
     #[arg(long)]
     trainer_key: Option<PathBuf>,
+    /// A TOML file of limits beyond the defaults (its `[transport]` table: connection
+    /// caps, the handshake timeout, `max_held_bytes`; see docs/security.md).
+    #[arg(long)]
+    limits: Option<PathBuf>,
     #[command(flatten)]
     #[serde(skip)]
     trust: TrustArgs,
@@ -98,6 +103,8 @@ impl NodeArgs {
             )?;
             Some((path, version.context("--version is required")?))
         };
+        // Files are checked before the node's secrets are read.
+        let limits = NodeLimits::load(self.limits.or(file.limits).as_deref())?.transport;
         let security = self.trust.load()?.transport();
         let id = self.id.or(file.id);
         let region = self.region.or(file.region);
@@ -136,6 +143,7 @@ impl NodeArgs {
         config.socket = SocketOptions {
             congestion: self.congestion.or(file.congestion),
         };
+        config.limits = limits;
         config.trainer_key = match self.trainer_key.or(file.trainer_key) {
             Some(path) => {
                 let key = aurora_trust::signing::load_public_key(&path)?;

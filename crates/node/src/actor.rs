@@ -38,6 +38,8 @@ pub struct ActorSettings {
     pub trust: NodeTrust,
     /// Parallel TCP streams per upstream session.
     pub streams: u8,
+    /// What the upstream may make this node hold, and what peers may ask of it.
+    pub transport_limits: aurora_transport::Limits,
     /// The trainer's public key: every artifact and commit must carry its signature
     /// (docs/security.md). `None`: an unsigned deployment.
     pub trainer_key: Option<aurora_delta::VerifyingKey>,
@@ -190,6 +192,7 @@ fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
     );
     node.upstreams = settings.upstreams.clone();
     node.streams = settings.streams;
+    node.limits = settings.transport_limits.clone();
     node.trainer_key = settings.trainer_key;
     Ok(node)
 }

@@ -26,7 +26,8 @@ mod trainer;
 mod trust;
 
 pub use actor::{ActorNode, ActorSettings};
-pub use aurora_hub::StepResults;
+pub use aurora_hub::{Limits as ControlLimits, StepResults};
+pub use aurora_transport::Limits as TransportLimits;
 pub use client::{ControlClient, ControlSecurity};
 pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};

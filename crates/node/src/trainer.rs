@@ -31,6 +31,8 @@ pub struct TrainerSettings {
     pub trust: NodeTrust,
     /// The API's caps and timeouts.
     pub control_limits: Limits,
+    /// The segment transport's caps, timeouts and build budget.
+    pub transport_limits: aurora_transport::Limits,
     /// Parallel TCP streams per downstream session.
     pub streams: u8,
     /// Every this many versions the store keeps a whole snapshot (version 0 always),
@@ -55,6 +57,7 @@ impl TrainerSettings {
             transport_listen: loopback,
             trust,
             control_limits: Limits::default(),
+            transport_limits: aurora_transport::Limits::default(),
             streams: 4,
             snapshot_every: 10,
             encoding: Encoding::Aurora,
@@ -129,6 +132,7 @@ impl TrainerNode {
             settings.trust.transport(),
         );
         node.listen = Some(settings.transport_listen);
+        node.limits = settings.transport_limits.clone();
         node.streams = settings.streams;
         node.signing_key = settings.signing_key.clone();
         if let Some(key) = &settings.signing_key {

@@ -104,7 +104,7 @@ pub(crate) async fn connect(
 
 /// The limits on what peers, authenticated or not, can make a node do. Every one is a
 /// bound on memory, descriptors or threads a stranger could otherwise take.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// From accepting a connection to its Hello, the TLS handshake included; a
     /// connection that has not said Hello by then is closed.
@@ -123,6 +123,10 @@ pub struct Limits {
     /// checkpoint (twice for a composed delta, which rebuilds two sets of weights). One
     /// build always runs, however large.
     pub max_build_bytes: u64,
+    /// Bytes of incomplete artifacts a relay or an actor holds from its upstream
+    /// ([`aurora_proto::ReceiverConfig::max_held_bytes`]); beyond it the session ends,
+    /// and the node asks again.
+    pub max_held_bytes: u64,
 }
 
 impl Default for Limits {
@@ -136,6 +140,7 @@ impl Default for Limits {
             max_connections_per_peer: 2 * aurora_proto::frame::MAX_STREAMS as usize,
             max_builds: 2,
             max_build_bytes: 32 << 30,
+            max_held_bytes: 8 << 30,
         }
     }
 }

@@ -115,6 +115,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         upstreams: args.upstreams.clone(),
         trust: args.trust.clone(),
         streams: config.streams,
+        transport_limits: aurora_node::TransportLimits::default(),
         trainer_key: Some(super::trainer_key(&args.run_dir)?),
     };
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;

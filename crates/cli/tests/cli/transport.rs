@@ -234,6 +234,29 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         .arg(&zero)
         .fails();
     crate::util::assert_error_mentions(&run, &["zero.toml"]);
+    // Limits beyond the defaults are checked before anything starts, by key.
+    let limits = s.write("limits.toml", b"[transport]\nmax_held_bytes = 0\n");
+    let run = aurora(&["relay", "--join", "--id", "r1", "--upstream", "127.0.0.1:9"])
+        .arg("--insecure-plaintext")
+        .arg("--limits")
+        .arg(&limits)
+        .fails();
+    crate::util::assert_error_mentions(
+        &run,
+        &["limits.toml", "transport.max_held_bytes must be at least 1"],
+    );
+    let limits = s.write("hub-limits.toml", b"[control]\nwrite_timeout = 5\n");
+    let run = aurora(&["hub", "--insecure-plaintext", "--dir"])
+        .arg(s.path("hub"))
+        .arg("--limits")
+        .arg(&limits)
+        .fails();
+    crate::util::assert_error_mentions(&run, &["hub-limits.toml"]);
+    assert!(
+        run.stderr.contains("unknown field `write_timeout`"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]

@@ -61,7 +61,7 @@ pub enum SessionEnd {
     },
     #[error("the table of version {version} does not hash to its artifact id {id}")]
     WrongTable { version: u64, id: Hash },
-    #[error("holding more than {limit} bytes of incomplete artifacts")]
+    #[error("holding more than {limit} bytes of incomplete artifacts (the limit `max_held_bytes`)")]
     OverBudget { limit: u64 },
 }
 

@@ -151,6 +151,7 @@ impl NodeConfig {
         config.idle_timeout = self.idle_timeout;
         config.tune_interval = self.tune_interval;
         config.trainer_key = self.pinned_key();
+        config.max_held_bytes = self.limits.max_held_bytes;
         config
     }
 
