@@ -57,7 +57,8 @@ class Actor:
     the engine was started from, and their ``version``) it starts from them and takes
     only the deltas after. Then it registers with the control plane, over mutual TLS with
     the actor's certificate (``ca``, ``cert``, ``key``: its id must be ``id``), or, with
-    ``insecure_plaintext=True``, over plain HTTP with the fleet ``token`` (loopback only).
+    ``insecure_plaintext=True``, over plain HTTP with the fleet ``token`` (loopback only;
+    over TLS no token is needed).
     With ``trainer_key`` (the trainer's public key, PEM) it takes only versions and commits
     the trainer signed.
     """
@@ -70,7 +71,7 @@ class Actor:
         region: str,
         control: str,
         upstreams: Sequence[str],
-        token: str,
+        token: Optional[str] = None,
         streams: int = 4,
         join_timeout: float = 300.0,
         weights: Optional[Mapping[str, Tensor]] = None,
@@ -91,7 +92,7 @@ class Actor:
             region,
             control,
             list(upstreams),
-            token,
+            token or "",
             streams,
             join_timeout,
             local,

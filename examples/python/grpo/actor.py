@@ -8,7 +8,7 @@ With vLLM in this process, after every activation it reads the weights the engin
 computes with back from its layers and checks their hash against the version's.
 
     python actor.py --id 1 --region us --control HOST:PORT --upstream RELAY \
-        --upstream HUB --token TOKEN --model-dir DIR
+        --upstream HUB --model-dir DIR --ca CA --cert CERT --key KEY --trainer-key PUB
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def main() -> None:
     parser.add_argument("--region", required=True)
     parser.add_argument("--control", required=True)
     parser.add_argument("--upstream", action="append", required=True)
-    parser.add_argument("--token", default=os.environ.get("AURORA_TOKEN"))
+    parser.add_argument("--ca", required=True, help="the fleet CA's certificate (aurora certs init)")
+    parser.add_argument("--cert", required=True, help="this actor's certificate (aurora certs issue)")
+    parser.add_argument("--key", required=True, help="this actor's private key")
+    parser.add_argument("--trainer-key", required=True, help="the trainer's public key: every version must be signed by it")
     parser.add_argument("--model-dir", required=True, help="the model's config.json (weights come from the hub)")
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt (the GRPO group)")
@@ -69,9 +72,10 @@ def main() -> None:
         region=args.region,
         control=args.control,
         upstreams=args.upstream,
-        token=args.token,
-        # The example's processes all run on this machine.
-        insecure_plaintext=True,
+        ca=args.ca,
+        cert=args.cert,
+        key=args.key,
+        trainer_key=args.trainer_key,
     )
     # One line on stdout tells the orchestrator the actor serves.
     print(f"joined {actor.active[0]}", flush=True)

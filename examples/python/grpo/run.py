@@ -140,26 +140,53 @@ def grpo_step(model, optimizer, results: aurora_rl.StepResults, clip: float = 0.
     return stats | {"loss": loss.item()}
 
 
+class Fleet:
+    """The run's trust: a fleet CA and the trainer's signing key (``aurora certs init``),
+    and a certificate for each node as it starts (``aurora certs issue``), so every
+    connection runs mutual TLS and every version is signed, as across the internet."""
+
+    def __init__(self, directory: Path, aurora_bin: str):
+        self.directory, self.aurora_bin = directory, aurora_bin
+        subprocess.run([aurora_bin, "certs", "init", "--dir", str(directory)], check=True, capture_output=True)
+        self.signing_key = directory / "signing.key"
+        self.trainer_key = directory / "signing.pub"
+
+    def issue(self, role: str, id: str, region: str) -> dict[str, Path]:
+        """A node's certificate and key, issued now: its ``ca``, ``cert`` and ``key`` files."""
+        subprocess.run(
+            [self.aurora_bin, "certs", "issue", "--dir", str(self.directory),
+             "--role", role, "--id", id, "--region", region],
+            check=True, capture_output=True,
+        )
+        return {"ca": self.directory / "ca.pem", "cert": self.directory / f"{id}.pem", "key": self.directory / f"{id}.key"}
+
+    def flags(self, role: str, id: str, region: str) -> list[str]:
+        """The command-line flags of a node's certificate and the trainer's public key."""
+        files = self.issue(role, id, region)
+        return [f"--{name}={path}" for name, path in files.items()] + [f"--trainer-key={self.trainer_key}"]
+
+
 class Processes:
     """The relays and actors this run started, with their logs in the run directory."""
 
-    def __init__(self, out: Path, aurora_bin: str, trainer: aurora_rl.Trainer, model_dir: Path, engine: str):
-        self.out, self.aurora_bin, self.trainer, self.model_dir, self.engine = out, aurora_bin, trainer, model_dir, engine
+    def __init__(self, out: Path, aurora_bin: str, trainer: aurora_rl.Trainer, fleet: Fleet, model_dir: Path, engine: str):
+        self.out, self.aurora_bin, self.trainer, self.fleet = out, aurora_bin, trainer, fleet
+        self.model_dir, self.engine = model_dir, engine
         self.relays: dict[str, str] = {}
         self.actors: dict[int, subprocess.Popen] = {}
         self.all: list[subprocess.Popen] = []
 
     def _start(self, command: list[str], name: str) -> subprocess.Popen:
         log = open(self.out / f"{name}.log", "w")
-        env = {**os.environ, "AURORA_TOKEN": self.trainer.token, "NO_COLOR": "1"}
+        env = {**os.environ, "NO_COLOR": "1"}
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         self.all.append(process)
         return process
 
     def start_relay(self, region: str) -> None:
         process = self._start(
-            [self.aurora_bin, "relay", "--listen", "127.0.0.1:0", "--id", f"relay-{region}", "--region", region,
-             "--upstream", self.trainer.transport_address, "--join", "--insecure-plaintext"],
+            [self.aurora_bin, "relay", "--listen", "127.0.0.1:0", "--upstream", self.trainer.transport_address,
+             "--join", *self.fleet.flags("relay", f"relay-{region}", region)],
             f"relay-{region}",
         )
         line = read_line(process, 120, f"relay {region}")
@@ -170,7 +197,7 @@ class Processes:
             [sys.executable, str(HERE / "actor.py"), "--id", str(actor), "--region", region,
              "--control", self.trainer.control_address, "--upstream", self.relays[region],
              "--upstream", self.trainer.transport_address, "--model-dir", str(self.model_dir),
-             "--engine", self.engine],
+             "--engine", self.engine, *self.fleet.flags("actor", str(actor), region)],
             f"actor-{actor}",
         )
 
@@ -265,17 +292,18 @@ def main() -> None:
     base_accuracy, warmup_steps = warm_up(model, held_out, args.warmup_accuracy, args.warmup_max_steps, args.seed)
     logger.info("%d parameters; warm-up: %d steps, held-out accuracy %.3f", model.num_parameters(), warmup_steps, base_accuracy)
 
+    fleet = Fleet(args.out / "fleet", args.aurora_bin)
     trainer = aurora_rl.Trainer(
         args.out / "trainer",
         snapshot_every=5,
         control={"heartbeat_timeout_ms": 4000, "lease": {"initial_ms": 20000, "min_ms": 3000, "max_ms": 60000}},
-        # Every process of the example runs on this machine.
-        insecure_plaintext=True,
+        signing_key=fleet.signing_key,
+        **fleet.issue("trainer", "trainer", "us"),
     )
     weights = export(model)
     dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     trainer.publish(weights)
-    processes = Processes(args.out, args.aurora_bin, trainer, model_dir, args.engine)
+    processes = Processes(args.out, args.aurora_bin, trainer, fleet, model_dir, args.engine)
     metrics = open(args.out / "metrics.jsonl", "w")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     try:
