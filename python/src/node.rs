@@ -242,12 +242,9 @@ impl TrainerNodeCore {
         let state = Tensors::borrow(state)?;
         let checkpoint = state.checkpoint()?;
         let node = &self.node;
-        py.detach(|| {
-            let image = checkpoint.to_safetensors().map_err(NodeError::Delta)?;
-            node.publish_first(version, &image)
-        })
-        .map(published)
-        .map_err(node_error)
+        py.detach(|| node.publish_first(version, &checkpoint))
+            .map(published)
+            .map_err(node_error)
     }
 
     fn publish(

@@ -112,6 +112,14 @@ impl MappedFile {
     }
 }
 
+/// The mapped bytes, so that a map can own a shared buffer (`bytes::Bytes::from_owner`)
+/// that serves a file without copying it into memory.
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
 /// Writes `path` atomically: `fill` writes into a temporary file beside it, which is
 /// synced and renamed over `path` only if `fill` succeeds.
 pub fn write_atomically<E: From<FileError>>(
@@ -177,6 +185,21 @@ fn sync_directory(directory: &Path) -> Result<()> {
     File::open(directory)
         .and_then(|d| d.sync_all())
         .map_err(io_error(directory))
+}
+
+/// Writes `checkpoint` as a safetensors file (crash-safe), tensor by tensor from where
+/// its data lies: no image of the whole model is made in memory. Returns the file's
+/// size.
+pub fn write_checkpoint(path: &Path, checkpoint: &Checkpoint<'_>) -> Result<u64> {
+    replace_atomically(path, |temporary| {
+        safetensors::serialize_to_file(checkpoint.safetensors_views(), None, temporary).map_err(
+            |error| FileError::Serialize {
+                path: path.to_path_buf(),
+                reason: error.to_string(),
+            },
+        )
+    })?;
+    Ok(fs::metadata(path).map_err(io_error(path))?.len())
 }
 
 /// Writes tensors as a safetensors file (crash-safe).
@@ -492,6 +515,23 @@ mod tests {
             .map(|e| e.unwrap().path())
             .filter(|p| *p != case.base_path)
             .collect()
+    }
+
+    #[test]
+    fn a_checkpoint_written_tensor_by_tensor_is_its_safetensors_image() {
+        let case = case();
+        let target = Checkpoint::from_safetensors(&case.target).unwrap();
+        let path = case.dir.path().join("written.safetensors");
+        let size = write_checkpoint(&path, &target).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), target.to_safetensors().unwrap());
+        assert_eq!(size, fs::metadata(&path).unwrap().len());
+        // Nothing but the two checkpoints: no temporary file left.
+        let mut names: Vec<_> = fs::read_dir(case.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["base.safetensors", "written.safetensors"]);
     }
 
     #[test]

@@ -251,17 +251,7 @@ impl Watcher {
         let files = self.map(name)?;
         let target = checkpoint_of(&files).with_context(|| format!("reading checkpoint {name}"))?;
         let published = match &self.base {
-            None => {
-                let image;
-                // One file is published as it is; shards are joined into one image.
-                let bytes = if files.len() == 1 {
-                    files[0].bytes()
-                } else {
-                    image = target.to_safetensors()?;
-                    &image
-                };
-                node.publish_first(0, bytes)?
-            }
+            None => node.publish_first(0, &target)?,
             Some(base) => node.publish(&checkpoint_of(base)?, &target)?,
         };
         runtime.block_on(node.commit())?;

@@ -63,8 +63,9 @@ impl TensorView<'_> {
     }
 }
 
-/// A tensor as `safetensors::serialize` reads it.
-struct SafetensorsView<'a> {
+/// A tensor of a [`Checkpoint`] as `safetensors` serialises it
+/// ([`Checkpoint::safetensors_views`]).
+pub struct SafetensorsView<'a> {
     dtype: safetensors::Dtype,
     shape: Vec<usize>,
     data: &'a [u8],
@@ -182,16 +183,21 @@ impl<'a> Checkpoint<'a> {
     /// The checkpoint as a safetensors file image: the bytes `safetensors::serialize`
     /// writes for these tensors (one copy of their data).
     pub fn to_safetensors(&self) -> Result<Vec<u8>> {
-        let views = self.tensors.iter().map(|t| {
+        safetensors::serialize(self.safetensors_views(), None)
+            .map_err(|e| DeltaError::Checkpoint(format!("writing a safetensors image: {e}")))
+    }
+
+    /// Every tensor as `safetensors` serialises it, borrowing the data: what writes a
+    /// checkpoint to a file tensor by tensor, never as one image in memory.
+    pub fn safetensors_views(&self) -> impl Iterator<Item = (&str, SafetensorsView<'_>)> {
+        self.tensors.iter().map(|t| {
             let view = SafetensorsView {
                 dtype: t.dtype.to_safetensors(),
                 shape: t.shape.iter().map(|&d| d as usize).collect(),
                 data: t.data,
             };
             (t.name.as_str(), view)
-        });
-        safetensors::serialize(views, None)
-            .map_err(|e| DeltaError::Checkpoint(format!("writing a safetensors image: {e}")))
+        })
     }
 
     /// The weights hash: BLAKE3 over every tensor in name order (docs/delta-format.md §2).

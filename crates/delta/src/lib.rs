@@ -32,7 +32,9 @@ mod undo;
 pub use apply::{
     OwnedTensor, Patch, PatchChunk, apply, check_base, decode, decode_segment, owned_checkpoint,
 };
-pub use checkpoint::{Checkpoint, Hash, TensorLayout, TensorView, safetensors_layout};
+pub use checkpoint::{
+    Checkpoint, Hash, SafetensorsView, TensorLayout, TensorView, safetensors_layout,
+};
 pub use codec::scan::count_changed;
 pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk};
 pub use compose::{compose, invert, replay};

@@ -183,16 +183,21 @@ impl TrainerNode {
         *self.latest.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Publishes the first version from `image`, a safetensors file image: stored as a
-    /// snapshot, which every node that joins takes over the wire.
-    pub fn publish_first(&self, version: u64, image: &[u8]) -> Result<Published, NodeError> {
+    /// Publishes the first version, `weights`: stored as a snapshot (written tensor by
+    /// tensor, never as one image in memory), which every node that joins takes over the
+    /// wire.
+    pub fn publish_first(
+        &self,
+        version: u64,
+        weights: &Checkpoint<'_>,
+    ) -> Result<Published, NodeError> {
         if let Some(latest) = self.latest() {
             return Err(NodeError::Usage(format!(
                 "version {} is published already: publish the next versions from it",
                 latest.version
             )));
         }
-        let record = self.store.put_snapshot(version, image)?;
+        let record = self.store.put_snapshot_checkpoint(version, weights)?;
         self.runtime.block_on(self.transport.store_changed())?;
         self.hub
             .publish_version(Version(version), WeightsHash(record.weights_hash.0))?;
@@ -265,8 +270,7 @@ impl TrainerNode {
         )?;
         let manifest = self.transport.publish_extraction(&extraction)?;
         if self.settings.snapshot_every > 0 && version % self.settings.snapshot_every == 0 {
-            self.store
-                .put_snapshot(version, &target.to_safetensors()?)?;
+            self.store.put_snapshot_checkpoint(version, target)?;
             self.runtime.block_on(self.transport.store_changed())?;
         }
         self.set_latest(version, target_hash);

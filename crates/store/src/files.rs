@@ -19,10 +19,13 @@ pub(crate) const CATALOG: &str = "catalog.redb";
 pub(crate) const DELTAS: &str = "deltas";
 pub(crate) const SNAPSHOTS: &str = "snapshots";
 pub(crate) const COMPOSED: &str = "composed";
+/// Snapshots as the artifacts joiners take, built on demand: derived data, named by the
+/// snapshot they come from and kept only while it is.
+pub(crate) const SNAPSHOT_ARTIFACTS: &str = "snapshot-artifacts";
 
 /// Every directory of artifact files.
 pub(crate) fn artifact_dirs() -> impl Iterator<Item = &'static str> {
-    [DELTAS, SNAPSHOTS, COMPOSED]
+    [DELTAS, SNAPSHOTS, COMPOSED, SNAPSHOT_ARTIFACTS]
         .into_iter()
         .chain(TrainerData::ALL.map(|kind| kind.location().0))
 }
@@ -48,11 +51,23 @@ impl Store {
             .join(format!("{}-{}.{extension}", record.version, record.hash))
     }
 
-    pub(crate) fn snapshot_path(&self, record: &SnapshotRecord) -> PathBuf {
-        self.root.join(SNAPSHOTS).join(format!(
-            "{}-{}.safetensors",
-            record.version, record.weights_hash
+    /// Where the snapshot of `record` is kept as the artifact a joiner takes, cut into
+    /// segments of about `segment_target_bytes`.
+    pub(crate) fn snapshot_artifact_path(
+        &self,
+        record: &SnapshotRecord,
+        segment_target_bytes: usize,
+    ) -> PathBuf {
+        self.root.join(SNAPSHOT_ARTIFACTS).join(format!(
+            "{}-{segment_target_bytes}.adelta",
+            snapshot_stem(record)
         ))
+    }
+
+    pub(crate) fn snapshot_path(&self, record: &SnapshotRecord) -> PathBuf {
+        self.root
+            .join(SNAPSHOTS)
+            .join(format!("{}.safetensors", snapshot_stem(record)))
     }
 
     /// Deletes every file in the artifact directories that no record names: the
@@ -74,6 +89,17 @@ impl Store {
             let records = self.trainer_data_records(kind)?;
             referenced.extend(records.values().map(|r| self.trainer_data_path(r)));
         }
+        // A snapshot's artifacts (one per segment size) go with it.
+        let snapshot_stems: BTreeSet<String> = snapshots.values().map(snapshot_stem).collect();
+        let is_referenced = |path: &Path| {
+            referenced.contains(path)
+                || path.parent() == Some(&self.root.join(SNAPSHOT_ARTIFACTS))
+                    && path
+                        .file_name()
+                        .and_then(|name| name.to_str())
+                        .and_then(|name| name.rsplit_once('-'))
+                        .is_some_and(|(stem, _)| snapshot_stems.contains(stem))
+        };
         for dir in artifact_dirs() {
             let dir = self.root.join(dir);
             let io = |source| StoreError::Io {
@@ -82,7 +108,7 @@ impl Store {
             };
             for entry in fs::read_dir(&dir).map_err(io)? {
                 let path = entry.map_err(io)?.path();
-                if !referenced.contains(&path) {
+                if !is_referenced(&path) {
                     tracing::warn!(path = %path.display(), "removing a file the catalog does not list");
                     remove_unreferenced(&path)?;
                 }
@@ -90,6 +116,36 @@ impl Store {
         }
         Ok(())
     }
+}
+
+impl Store {
+    /// Deletes the artifacts built from the snapshot of `record` (every segment size):
+    /// they go when it goes.
+    pub(crate) fn remove_snapshot_artifacts(&self, record: &SnapshotRecord) -> Result<()> {
+        let dir = self.root.join(SNAPSHOT_ARTIFACTS);
+        let io = |source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        };
+        let prefix = format!("{}-", snapshot_stem(record));
+        for entry in fs::read_dir(&dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            let built_from_it = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .and_then(|name| name.strip_prefix(&prefix))
+                .is_some_and(|rest| !rest.contains('-'));
+            if built_from_it {
+                remove_unreferenced(&path)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What names a snapshot's files: its version and weights hash.
+fn snapshot_stem(record: &SnapshotRecord) -> String {
+    format!("{}-{}", record.version, record.weights_hash)
 }
 
 /// Writes `bytes` to `path` crash-safely, lets `record` add the catalog entry, and
@@ -101,8 +157,20 @@ pub(crate) fn commit_with_file(
     bytes: &[u8],
     record: impl FnOnce(&WriteTransaction) -> Result<()>,
 ) -> Result<()> {
-    write_file(path, bytes)?;
-    let committed = record(&txn).and_then(|()| txn.commit().map_err(catalog));
+    commit_with_written(txn, path, || write_file(path, bytes), |txn, ()| record(txn))
+}
+
+/// [`commit_with_file`] with the file made by `write`, which must write `path`
+/// crash-safely (a file too large to hold in memory, written as it is produced); what
+/// it returns (the file's size, say) goes to `record`.
+pub(crate) fn commit_with_written<T>(
+    txn: WriteTransaction,
+    path: &Path,
+    write: impl FnOnce() -> Result<T>,
+    record: impl FnOnce(&WriteTransaction, T) -> Result<()>,
+) -> Result<()> {
+    let written = write()?;
+    let committed = record(&txn, written).and_then(|()| txn.commit().map_err(catalog));
     if committed.is_err() {
         let _ = fs::remove_file(path);
     }

@@ -8,6 +8,9 @@
 //!   deltas/<target_version>-<id hex>.adelta       D(v): turns version v-1 into v
 //!   snapshots/<version>-<weights hash hex>.safetensors
 //!   composed/<base>-<target>-<id hex>.adelta      C(base -> target), built on demand
+//!   snapshot-artifacts/<version>-<weights hash hex>-<segment bytes>.adelta
+//!                                                 a snapshot as joiners take it, built on
+//!                                                 demand, kept while the snapshot is
 //!   rollouts/<version>-<hash hex>.json            the rollouts version v was trained on
 //!   trainer/<version>-<hash hex>.state            the trainer's state once it made v
 //! ```
@@ -57,7 +60,9 @@
 //!
 //! A snapshot travels to a peer with no weights as an artifact in the delta format
 //! ([`Store::snapshot_artifact`]): the delta from the empty checkpoint to it, every tensor
-//! added, base and target version both its version (docs/wire-protocol.md §4.4).
+//! added, base and target version both its version (docs/wire-protocol.md §4.4). It is
+//! written to a file as it is extracted and served from the file's map, so a hub holds
+//! no model-sized buffer for it.
 //!
 //! # Acceptance rule
 //!

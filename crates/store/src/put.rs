@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use aurora_checkpoint::MappedFile;
+use aurora_checkpoint::{MappedFile, write_checkpoint};
 use aurora_delta::{ArtifactSignature, Checkpoint, DeltaFile, Hash};
 use redb::ReadableTable;
 
@@ -12,7 +12,7 @@ use crate::catalog::{
     delta_value, get_delta, get_snapshot, known_weights, snapshot_value, trainer_data_record,
 };
 use crate::error::catalog;
-use crate::files::commit_with_file;
+use crate::files::{commit_with_file, commit_with_written};
 use crate::{Result, Store, StoreError};
 
 impl Store {
@@ -101,55 +101,76 @@ impl Store {
     pub fn put_snapshot(&self, version: u64, safetensors: &[u8]) -> Result<SnapshotRecord> {
         let checkpoint = Checkpoint::from_safetensors(safetensors)
             .map_err(|source| StoreError::InvalidSnapshot { version, source })?;
-        let record = SnapshotRecord {
-            version,
-            weights_hash: checkpoint.weights_hash(),
-            size_bytes: safetensors.len() as u64,
-        };
-        let txn = self.db.begin_write().map_err(catalog)?;
-        {
-            let deltas = txn.open_table(DELTA_TABLE).map_err(catalog)?;
-            let snapshots = txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
-            if let Some(existing) = get_snapshot(&snapshots, version)? {
-                if existing.weights_hash == record.weights_hash {
-                    return Ok(existing);
-                }
-                return Err(StoreError::Conflict {
-                    kind: "snapshot",
-                    version,
-                    existing: existing.weights_hash,
-                    offered: record.weights_hash,
-                });
-            }
-            let known = get_delta(&deltas, version)?
-                .map(|d| d.target_hash)
-                .or(get_delta(&deltas, version + 1)?.map(|d| d.base_hash));
-            if let Some(known) = known
-                && known != record.weights_hash
-            {
-                return Err(StoreError::WrongWeights {
-                    kind: "snapshot",
-                    version,
-                    known,
-                    offered: record.weights_hash,
-                });
-            }
-        }
-        commit_with_file(txn, &self.snapshot_path(&record), safetensors, |txn| {
-            txn.open_table(SNAPSHOT_TABLE)
-                .map_err(catalog)?
-                .insert(version, snapshot_value(&record))
-                .map_err(catalog)?;
-            Ok(())
-        })?;
-        tracing::info!(version, hash = %record.weights_hash, bytes = record.size_bytes, "stored snapshot");
-        Ok(record)
+        self.put_snapshot_checkpoint(version, &checkpoint)
     }
 
     /// [`Store::put_snapshot`] from a safetensors file, memory-mapped rather than read.
     pub fn put_snapshot_file(&self, version: u64, path: &Path) -> Result<SnapshotRecord> {
         let file = MappedFile::open(path)?;
         self.put_snapshot(version, file.bytes())
+    }
+
+    /// Stores `checkpoint` as the snapshot of `version`, written tensor by tensor from
+    /// where its data lies (no image of the model in memory), after checking its weights
+    /// hash against the deltas into and out of `version`. The file is the canonical
+    /// safetensors form of the tensors, whatever form they came in.
+    pub fn put_snapshot_checkpoint(
+        &self,
+        version: u64,
+        checkpoint: &Checkpoint<'_>,
+    ) -> Result<SnapshotRecord> {
+        let weights_hash = checkpoint.weights_hash();
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let deltas = txn.open_table(DELTA_TABLE).map_err(catalog)?;
+            let snapshots = txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
+            if let Some(existing) = get_snapshot(&snapshots, version)? {
+                if existing.weights_hash == weights_hash {
+                    return Ok(existing);
+                }
+                return Err(StoreError::Conflict {
+                    kind: "snapshot",
+                    version,
+                    existing: existing.weights_hash,
+                    offered: weights_hash,
+                });
+            }
+            let known = get_delta(&deltas, version)?
+                .map(|d| d.target_hash)
+                .or(get_delta(&deltas, version + 1)?.map(|d| d.base_hash));
+            if let Some(known) = known
+                && known != weights_hash
+            {
+                return Err(StoreError::WrongWeights {
+                    kind: "snapshot",
+                    version,
+                    known,
+                    offered: weights_hash,
+                });
+            }
+        }
+        let mut record = SnapshotRecord {
+            version,
+            weights_hash,
+            size_bytes: 0,
+        };
+        // The name depends on the version and the weights hash alone.
+        let path = self.snapshot_path(&record);
+        commit_with_written(
+            txn,
+            &path,
+            || Ok(write_checkpoint(&path, checkpoint)?),
+            |txn, size_bytes| {
+                record.size_bytes = size_bytes;
+                txn.open_table(SNAPSHOT_TABLE)
+                    .map_err(catalog)?
+                    .insert(version, snapshot_value(&record))
+                    .map_err(catalog)?;
+                Ok(())
+            },
+        )?;
+        tracing::info!(version, hash = %record.weights_hash, bytes = record.size_bytes, "stored snapshot");
+        Ok(record)
     }
 
     /// Stores `version`'s trainer data of `kind` (opaque bytes: the trainer's

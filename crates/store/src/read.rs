@@ -1,7 +1,9 @@
 //! Serving stored artifacts, each verified against its record before it is returned.
 
-use aurora_checkpoint::MappedFile;
-use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
+use std::path::Path;
+
+use aurora_checkpoint::{FileError, MappedFile, write_delta};
+use aurora_delta::{Checkpoint, DeltaError, DeltaFile, Encoding, ExtractOptions, Extraction, Hash};
 
 use crate::catalog::{
     DELTA_TABLE, SNAPSHOT_TABLE, SnapshotRecord, TrainerData, delta_record, snapshot_record,
@@ -75,10 +77,31 @@ impl Store {
     /// The snapshot of `version` as an artifact for a peer with no weights: the delta
     /// from the empty checkpoint to it (every tensor added, in dense chunks), whose base
     /// and target version are both `version`, cut into segments of about
-    /// `segment_target_bytes`. The snapshot is verified as it is read; the artifact is
-    /// the same bytes for the same snapshot and segment size, whoever builds it, so a
-    /// transfer resumes across upstreams.
-    pub fn snapshot_artifact(&self, version: u64, segment_target_bytes: usize) -> Result<Vec<u8>> {
+    /// `segment_target_bytes`. It is the same bytes for the same snapshot and segment
+    /// size, whoever builds it, so a transfer resumes across upstreams.
+    ///
+    /// Built once into `snapshot-artifacts/`, segment by segment as it is extracted from
+    /// the mapped snapshot, and mapped from there: neither building nor serving it holds
+    /// the model in memory, however large. Every call verifies the file whole (its
+    /// manifest, every segment, and its target against the snapshot's record); a
+    /// damaged one is built again.
+    pub fn snapshot_artifact(
+        &self,
+        version: u64,
+        segment_target_bytes: usize,
+    ) -> Result<MappedFile> {
+        let record = self.stored("snapshot", SNAPSHOT_TABLE, version, snapshot_record)?;
+        let path = self.snapshot_artifact_path(&record, segment_target_bytes);
+        if path.exists() {
+            match verified_snapshot_artifact(&path, &record) {
+                Ok(file) => return Ok(file),
+                Err(error) => tracing::warn!(
+                    path = %path.display(),
+                    %error,
+                    "the snapshot artifact does not verify; building it again"
+                ),
+            }
+        }
         let (file, record) = self.verified_snapshot(version)?;
         let target = Checkpoint::from_safetensors(file.bytes())
             .map_err(|source| StoreError::InvalidSnapshot { version, source })?;
@@ -92,9 +115,67 @@ impl Store {
             target_hash: Some(record.weights_hash),
             ..ExtractOptions::default()
         };
-        let (_, bytes) = Extraction::new(&empty, &target, options)
-            .and_then(|extraction| extraction.to_bytes())
+        let extraction = Extraction::new(&empty, &target, options)
             .map_err(|source| StoreError::SnapshotArtifact { version, source })?;
-        Ok(bytes)
+        write_delta(&path, &extraction.header().encode(), |sink| {
+            extraction.run(|segment| sink(segment).map_err(BuildError::File))
+        })
+        .map_err(|error| match error {
+            BuildError::File(error) => StoreError::File(error),
+            BuildError::Extraction(source) => StoreError::SnapshotArtifact { version, source },
+        })?;
+        verified_snapshot_artifact(&path, &record)
     }
+}
+
+/// Why writing an artifact as it is extracted failed.
+enum BuildError {
+    Extraction(DeltaError),
+    File(FileError),
+}
+
+impl From<DeltaError> for BuildError {
+    fn from(error: DeltaError) -> BuildError {
+        BuildError::Extraction(error)
+    }
+}
+
+impl From<FileError> for BuildError {
+    fn from(error: FileError) -> BuildError {
+        BuildError::File(error)
+    }
+}
+
+/// Maps the artifact of the snapshot `record` at `path` and verifies it whole: its
+/// manifest and every segment, the snapshot's version as base and target, its weights
+/// hash as target.
+fn verified_snapshot_artifact(path: &Path, record: &SnapshotRecord) -> Result<MappedFile> {
+    let file = MappedFile::open(path)?;
+    let corrupted = |reason: String| StoreError::Corrupted {
+        kind: "snapshot artifact",
+        version: record.version,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
+    for index in 0..delta.segment_count() {
+        delta
+            .verify_segment(index)
+            .map_err(|e| corrupted(e.to_string()))?;
+    }
+    let header = delta.header();
+    if (header.base_version, header.target_version) != (record.version, record.version)
+        || header.target_hash != record.weights_hash
+    {
+        return Err(corrupted(format!(
+            "it takes version {} to {} with weights {}, the snapshot is version {} with weights {}",
+            header.base_version,
+            header.target_version,
+            header.target_hash,
+            record.version,
+            record.weights_hash
+        )));
+    }
+    drop(delta);
+    Ok(file)
 }

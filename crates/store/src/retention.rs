@@ -129,6 +129,9 @@ impl Store {
         for path in paths {
             remove_unreferenced(&path)?;
         }
+        for record in &doomed_snapshots {
+            self.remove_snapshot_artifacts(record)?;
+        }
         let report = PruneReport {
             deltas: doomed_deltas.iter().map(|d| d.version).collect(),
             snapshots: doomed_snapshots.iter().map(|s| s.version).collect(),

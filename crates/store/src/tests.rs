@@ -1,6 +1,6 @@
 use super::*;
 use crate::catalog::SCHEMA_TABLE;
-use crate::files::{CATALOG, COMPOSED, DELTAS, SNAPSHOTS};
+use crate::files::{CATALOG, COMPOSED, DELTAS, SNAPSHOT_ARTIFACTS, SNAPSHOTS};
 use aurora_delta::{
     Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor,
     owned_checkpoint,
@@ -293,10 +293,20 @@ fn prune_keeps_what_live_actors_and_new_actors_need() {
     let store = store_with(dir.path(), 6);
     store.put_snapshot(4, &snapshot(4)).unwrap();
     let before = store.catch_up_plan(1).unwrap();
+    // Joiners took both snapshots: their artifacts go with them.
+    store.snapshot_artifact(0, 64).unwrap();
+    store.snapshot_artifact(4, 64).unwrap();
+    store.snapshot_artifact(4, 128).unwrap();
 
     let report = store.prune(5, &[1]).unwrap();
     assert_eq!(report.deltas, vec![1]);
     assert_eq!(report.snapshots, vec![0]);
+    let artifacts = files(&dir.path().join(SNAPSHOT_ARTIFACTS));
+    assert_eq!(artifacts.len(), 2, "{artifacts:?}");
+    assert!(
+        artifacts.iter().all(|name| name.starts_with("4-")),
+        "{artifacts:?}"
+    );
     assert!(report.bytes_freed > 0);
     // The live actor's plan is unchanged and every artifact in it is still served.
     assert_eq!(store.catch_up_plan(1).unwrap(), before);
@@ -394,7 +404,7 @@ fn a_snapshot_travels_as_the_delta_from_the_empty_checkpoint() {
     let record = store.put_snapshot(3, &snapshot(3)).unwrap();
     assert_eq!(snapshots(&store), [0, 3]);
 
-    let bytes = store.snapshot_artifact(3, 64).unwrap();
+    let bytes = store.snapshot_artifact(3, 64).unwrap().bytes().to_vec();
     let file = DeltaFile::parse(&bytes).unwrap();
     let header = file.header();
     assert_eq!((header.base_version, header.target_version), (3, 3));
@@ -409,11 +419,32 @@ fn a_snapshot_travels_as_the_delta_from_the_empty_checkpoint() {
     );
     let applied = aurora_delta::apply(&file, &Checkpoint::default(), None).unwrap();
     assert_eq!(applied, weights(0.0, 3), "it rebuilds the snapshot exactly");
+    let built = |store: &Store, segment_bytes| {
+        store
+            .snapshot_artifact(3, segment_bytes)
+            .unwrap()
+            .bytes()
+            .to_vec()
+    };
     assert_eq!(
-        store.snapshot_artifact(3, 64).unwrap(),
+        built(&store, 64),
         bytes,
         "the same snapshot always gives the same artifact"
     );
+
+    // Built once, kept beside the snapshot while it is stored, reopened or not.
+    let artifacts = dir.path().join(SNAPSHOT_ARTIFACTS);
+    let artifact = artifacts.join(format!("3-{}-64.adelta", record.weights_hash));
+    assert_eq!(
+        files(&artifacts),
+        [format!("3-{}-64.adelta", record.weights_hash)]
+    );
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert!(artifact.exists());
+    // A damaged artifact is never served: it is built again.
+    flip_byte_in_middle(&artifact);
+    assert_eq!(built(&store, 64), bytes);
 
     assert!(matches!(
         store.snapshot_artifact(2, 64),
@@ -422,15 +453,21 @@ fn a_snapshot_travels_as_the_delta_from_the_empty_checkpoint() {
             version: 2
         })
     ));
+    // A damaged snapshot builds nothing.
     let path = dir
         .path()
         .join(SNAPSHOTS)
         .join(format!("3-{}.safetensors", record.weights_hash));
     flip_byte_in_middle(&path);
     assert!(matches!(
-        store.snapshot_artifact(3, 64),
+        store.snapshot_artifact(3, 32),
         Err(StoreError::Corrupted { version: 3, .. })
     ));
+    assert!(
+        !artifacts
+            .join(format!("3-{}-32.adelta", record.weights_hash))
+            .exists()
+    );
 }
 
 #[test]

@@ -337,7 +337,10 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
     hub.store_changed().await.unwrap();
 
     let snapshot_segments = aurora_delta::DeltaFile::parse(
-        &store.snapshot_artifact(3, SNAPSHOT_SEGMENT_BYTES).unwrap(),
+        store
+            .snapshot_artifact(3, SNAPSHOT_SEGMENT_BYTES)
+            .unwrap()
+            .bytes(),
     )
     .unwrap()
     .segment_count();

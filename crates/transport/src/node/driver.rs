@@ -98,8 +98,7 @@ pub(super) fn read_stored(
     signing_key: Option<&SigningKey>,
 ) -> Result<StoredArtifact, String> {
     let chain = |e: StoreError| error_chain(&e);
-    let built = |bytes: Vec<u8>| {
-        let bytes = Bytes::from(bytes);
+    let built = |bytes: Bytes| {
         let signature = match signing_key {
             Some(signing_key) => {
                 let file = DeltaFile::parse(&bytes).map_err(|e| e.to_string())?;
@@ -114,20 +113,23 @@ pub(super) fn read_stored(
         ArtifactKey::Delta(version) => {
             let record = store.delta_record(version).map_err(chain)?;
             let file = store.delta(version).map_err(chain)?;
+            // Served from the map: the page cache holds it, not the process.
             Ok(StoredArtifact {
-                bytes: Bytes::copy_from_slice(file.bytes()),
+                bytes: Bytes::from_owner(file),
                 signature: record.signature,
             })
         }
         ArtifactKey::Snapshot(version) => store
             .snapshot_artifact(version, snapshot_segment_bytes)
             .map_err(chain)
+            .map(Bytes::from_owner)
             .and_then(built),
         ArtifactKey::Composed { base, target } => {
             let (plan, bytes) = store.composed_catch_up(base, target).map_err(chain)?;
             tracing::info!(base, target, ?plan, bytes = plan.bytes(), "catch-up plan");
             bytes
                 .ok_or_else(|| format!("the catch-up plan is {plan:?}"))
+                .map(Bytes::from)
                 .and_then(built)
         }
     }
