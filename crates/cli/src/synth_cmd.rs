@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use aurora_synth::{PRESETS, Synth, SynthConfig, preset};
+use aurora_synth::{PRESETS, SynthConfig, preset};
 use clap::Args;
 
 #[derive(Args)]
@@ -47,21 +47,23 @@ pub fn run(args: SynthArgs) -> Result<()> {
         lr = args.lr,
         "generating synthetic checkpoints"
     );
-    let bar = indicatif::ProgressBar::new(args.steps + 1);
+    // One tensor at a time: memory holds the largest tensor's training state, not the
+    // model's, so the 8B shape is written on a machine of 24 GiB.
+    let paths: Vec<PathBuf> = (0..=args.steps)
+        .map(|step| args.out.join(format!("step-{step:05}.safetensors")))
+        .collect();
+    let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} eta {eta}")
-            .expect("valid template"),
+        indicatif::ProgressStyle::with_template(
+            "{msg:>12} [{bar:30}] {bytes}/{total_bytes} eta {eta}",
+        )
+        .expect("valid template"),
     );
     bar.set_message("synth");
-    let mut synth = Synth::new(config);
-    for step in 0..=args.steps {
-        if step > 0 {
-            synth.step();
-        }
-        let path = args.out.join(format!("step-{step:05}.safetensors"));
-        aurora_checkpoint::write_safetensors(&path, &synth.export())?;
-        bar.inc(1);
-    }
+    aurora_synth::write_checkpoints(&config, &paths, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
     bar.finish_and_clear();
     println!(
         "wrote {} checkpoints of {} parameters to {}",

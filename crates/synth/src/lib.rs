@@ -18,7 +18,11 @@
 //! element and step, not from a seeded stream: the output is identical for any thread
 //! count and stays bit-stable across dependency upgrades, which the tests rely on.
 
+mod files;
+
 use rayon::prelude::*;
+
+pub use files::write_checkpoints;
 
 use aurora_checkpoint::safetensors_bytes;
 use aurora_delta::{
@@ -207,6 +211,128 @@ const ELEMENTS_WITHOUT_GRADIENT: f64 = 0.06;
 /// Work is split into blocks this large so both cores share every large tensor.
 const BLOCK: usize = 1 << 16;
 
+impl TensorState {
+    /// Tensor `index` of the model at version 0: its master weights, and momentum at
+    /// its steady state.
+    fn new(seed: u64, index: usize, spec: TensorSpec) -> TensorState {
+        let key = mix(seed ^ mix(index as u64 + 1));
+        let len = spec.shape.iter().product::<u64>() as usize;
+        let row_len = if spec.name.contains("embed_tokens") || spec.name.contains("lm_head") {
+            spec.shape[1]
+        } else {
+            0
+        };
+        // Layers differ in scale; output projections are smaller, as in trained models.
+        let scale: f32 = 0.025
+            * (0.7 + 0.7 * unit(mix(key ^ 0x5CA1E)) as f32)
+            * if spec.name.contains("o_proj") || spec.name.contains("down_proj") {
+                0.6
+            } else {
+                1.0
+            };
+        let mut master = vec![0f32; len];
+        master
+            .par_chunks_mut(BLOCK)
+            .enumerate()
+            .for_each(|(block, values)| {
+                for (i, value) in values.iter_mut().enumerate() {
+                    let h = mix(key ^ mix((block * BLOCK + i) as u64));
+                    *value = if spec.is_norm {
+                        1.0 + 0.05 * gaussian(h)
+                    } else if h.is_multiple_of(100) {
+                        3e-4 * gaussian(mix(h))
+                    } else {
+                        scale * gaussian(mix(h))
+                    };
+                }
+            });
+        // The optimizer starts warm, as in the middle of a run: momentum at its
+        // steady state, so every step has the same statistics.
+        let mut momentum = vec![0f32; len];
+        momentum
+            .par_chunks_mut(BLOCK)
+            .enumerate()
+            .for_each(|(block, values)| {
+                for (i, value) in values.iter_mut().enumerate() {
+                    let element = mix(key ^ mix((block * BLOCK + i) as u64));
+                    *value =
+                        DRIFT * gaussian(element) + MOMENTUM_NOISE * gaussian(mix(element ^ 0x3A4));
+                }
+            });
+        TensorState {
+            momentum,
+            spec,
+            key,
+            row_len,
+            master,
+        }
+    }
+
+    /// Optimizer step number `step` at learning rate `lr`.
+    fn step(&mut self, step: u64, lr: f32) {
+        let key = self.key;
+        let row_len = self.row_len;
+        self.master
+            .par_chunks_mut(BLOCK)
+            .zip(self.momentum.par_chunks_mut(BLOCK))
+            .enumerate()
+            .for_each(|(block, (master, momentum))| {
+                for i in 0..master.len() {
+                    let index = (block * BLOCK + i) as u64;
+                    let element = mix(key ^ mix(index));
+                    if !has_gradient(key, index, row_len, element) {
+                        continue;
+                    }
+                    let drift = DRIFT * gaussian(element);
+                    let noise = gaussian(mix(element ^ mix(step)));
+                    momentum[i] = BETA1 * momentum[i] + (1.0 - BETA1) * (drift + noise);
+                    // Adam's second moment of this gradient is 1 + drift^2.
+                    let update = momentum[i] / (1.0 + drift * drift).sqrt();
+                    master[i] -= lr * update;
+                }
+            });
+    }
+
+    /// The dtype the trainer exports this tensor in.
+    fn export_dtype(spec: &TensorSpec, f32_norms: bool) -> Dtype {
+        if spec.is_norm && f32_norms {
+            Dtype::F32
+        } else {
+            Dtype::Bf16
+        }
+    }
+
+    /// The current weights as the trainer exports them, written into `out` (of the
+    /// export's size).
+    fn export_into(&self, f32_norms: bool, out: &mut [u8]) {
+        if Self::export_dtype(&self.spec, f32_norms) == Dtype::F32 {
+            for (out, value) in out.chunks_exact_mut(4).zip(&self.master) {
+                out.copy_from_slice(&value.to_le_bytes());
+            }
+        } else {
+            out.par_chunks_mut(2 * BLOCK)
+                .zip(self.master.par_chunks(BLOCK))
+                .for_each(|(out, values)| {
+                    for (o, v) in out.chunks_exact_mut(2).zip(values) {
+                        o.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
+                    }
+                });
+        }
+    }
+
+    fn export(&self, f32_norms: bool) -> OwnedTensor {
+        let dtype = Self::export_dtype(&self.spec, f32_norms);
+        let mut data = vec![0u8; self.master.len() * dtype.size_bytes()];
+        self.export_into(f32_norms, &mut data);
+        OwnedTensor {
+            name: self.spec.name.clone(),
+            dtype,
+            shape: self.spec.shape.clone(),
+            data,
+        }
+    }
+}
+
 impl Synth {
     /// Initial weights (version 0).
     pub fn new(config: SynthConfig) -> Synth {
@@ -215,60 +341,7 @@ impl Synth {
             .tensors()
             .into_iter()
             .enumerate()
-            .map(|(index, spec)| {
-                let key = mix(config.seed ^ mix(index as u64 + 1));
-                let len = spec.shape.iter().product::<u64>() as usize;
-                let row_len = if spec.name.contains("embed_tokens") || spec.name.contains("lm_head")
-                {
-                    spec.shape[1]
-                } else {
-                    0
-                };
-                // Layers differ in scale; output projections are smaller, as in trained models.
-                let scale: f32 = 0.025
-                    * (0.7 + 0.7 * unit(mix(key ^ 0x5CA1E)) as f32)
-                    * if spec.name.contains("o_proj") || spec.name.contains("down_proj") {
-                        0.6
-                    } else {
-                        1.0
-                    };
-                let mut master = vec![0f32; len];
-                master
-                    .par_chunks_mut(BLOCK)
-                    .enumerate()
-                    .for_each(|(block, values)| {
-                        for (i, value) in values.iter_mut().enumerate() {
-                            let h = mix(key ^ mix((block * BLOCK + i) as u64));
-                            *value = if spec.is_norm {
-                                1.0 + 0.05 * gaussian(h)
-                            } else if h.is_multiple_of(100) {
-                                3e-4 * gaussian(mix(h))
-                            } else {
-                                scale * gaussian(mix(h))
-                            };
-                        }
-                    });
-                // The optimizer starts warm, as in the middle of a run: momentum at its
-                // steady state, so every step has the same statistics.
-                let mut momentum = vec![0f32; len];
-                momentum
-                    .par_chunks_mut(BLOCK)
-                    .enumerate()
-                    .for_each(|(block, values)| {
-                        for (i, value) in values.iter_mut().enumerate() {
-                            let element = mix(key ^ mix((block * BLOCK + i) as u64));
-                            *value = DRIFT * gaussian(element)
-                                + MOMENTUM_NOISE * gaussian(mix(element ^ 0x3A4));
-                        }
-                    });
-                TensorState {
-                    momentum,
-                    spec,
-                    key,
-                    row_len,
-                    master,
-                }
-            })
+            .map(|(index, spec)| TensorState::new(config.seed, index, spec))
             .collect();
         Synth {
             config,
@@ -284,31 +357,8 @@ impl Synth {
     /// One optimizer step.
     pub fn step(&mut self) {
         self.step += 1;
-        let step = self.step;
-        let lr = self.config.learning_rate;
         for tensor in &mut self.tensors {
-            let key = tensor.key;
-            let row_len = tensor.row_len;
-            tensor
-                .master
-                .par_chunks_mut(BLOCK)
-                .zip(tensor.momentum.par_chunks_mut(BLOCK))
-                .enumerate()
-                .for_each(|(block, (master, momentum))| {
-                    for i in 0..master.len() {
-                        let index = (block * BLOCK + i) as u64;
-                        let element = mix(key ^ mix(index));
-                        if !has_gradient(key, index, row_len, element) {
-                            continue;
-                        }
-                        let drift = DRIFT * gaussian(element);
-                        let noise = gaussian(mix(element ^ mix(step)));
-                        momentum[i] = BETA1 * momentum[i] + (1.0 - BETA1) * (drift + noise);
-                        // Adam's second moment of this gradient is 1 + drift^2.
-                        let update = momentum[i] / (1.0 + drift * drift).sqrt();
-                        master[i] -= lr * update;
-                    }
-                });
+            tensor.step(self.step, self.config.learning_rate);
         }
     }
 
@@ -316,29 +366,7 @@ impl Synth {
     pub fn export(&self) -> Vec<OwnedTensor> {
         self.tensors
             .iter()
-            .map(|tensor| {
-                let f32_out = tensor.spec.is_norm && self.config.f32_norms;
-                let mut data = vec![0u8; tensor.master.len() * if f32_out { 4 } else { 2 }];
-                if f32_out {
-                    for (out, value) in data.chunks_exact_mut(4).zip(&tensor.master) {
-                        out.copy_from_slice(&value.to_le_bytes());
-                    }
-                } else {
-                    data.par_chunks_mut(2 * BLOCK)
-                        .zip(tensor.master.par_chunks(BLOCK))
-                        .for_each(|(out, values)| {
-                            for (o, v) in out.chunks_exact_mut(2).zip(values) {
-                                o.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
-                            }
-                        });
-                }
-                OwnedTensor {
-                    name: tensor.spec.name.clone(),
-                    dtype: if f32_out { Dtype::F32 } else { Dtype::Bf16 },
-                    shape: tensor.spec.shape.clone(),
-                    data,
-                }
-            })
+            .map(|tensor| tensor.export(self.config.f32_norms))
             .collect()
     }
 }
