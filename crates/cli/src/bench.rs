@@ -1,5 +1,6 @@
 //! `aurora bench codec`: delta sizes and codec throughput, each next to its baseline;
-//! `aurora bench control`: scheduling in the deterministic simulator.
+//! `aurora bench control`: scheduling in the deterministic simulator; `aurora bench
+//! scale`: the whole path at a model's real size (`bench_scale.rs`).
 //!
 //! For every density: bytes per changed element of int32 indices, the published `leb128`
 //! encoding, ours, and the empirical information floor given the base exponent; extraction
@@ -39,6 +40,10 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
+    /// The whole path at a model's real size: a hub publishing a synthetic chain, a relay
+    /// and two actors joining by snapshot over the wire and following every delta, as
+    /// processes; time, peak anonymous memory per node and bytes on the wire per phase.
+    Scale(crate::bench_scale::ScaleArgs),
 }
 
 #[derive(Serialize)]
@@ -104,6 +109,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
             json,
         } => codec(&preset, &densities, seed, json),
         BenchCommand::Control { seed } => control(seed),
+        BenchCommand::Scale(args) => crate::bench_scale::run(args),
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod actor_cmd;
 mod bench;
+mod bench_scale;
 mod certs_cmd;
 mod delta_cmd;
 mod fleet;

@@ -1,0 +1,488 @@
+//! `aurora bench scale`: the whole path at a model's real size, as separate processes on
+//! this machine, measured per node and phase. A synthetic chain of checkpoints
+//! ([`aurora_synth::write_checkpoints`]) is saved one by one into a directory that
+//! `aurora hub --watch` publishes (extraction, the store, cut-through streaming); a relay
+//! and two actors start with no weights and join by the hub's snapshot over the wire
+//! (mutual TLS, signed versions), then follow every delta. For each phase (the synthetic
+//! checkpoints, the join, each delta) it records the time, each process's peak anonymous
+//! resident memory (`RssAnon`: file-backed pages, the page cache of mapped checkpoints,
+//! are not the process's to keep), and the bytes that crossed loopback; and it checks
+//! every node ends on the last checkpoint's weights hash.
+//!
+//! Memory is sampled every [`SAMPLE_INTERVAL`], so a peak shorter than that can be
+//! missed; the growth from one model size to the next is what the figures show.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use aurora_checkpoint::MappedFile;
+use aurora_synth::{PRESETS, SynthConfig, preset};
+use clap::Args;
+use serde::Serialize;
+
+/// How often each process's memory is read.
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Longest wait for one phase: joining an 8B model by snapshot on a loaded machine takes
+/// minutes.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+#[derive(Args)]
+pub struct ScaleArgs {
+    /// Model shape (`aurora synth` presets: tiny, small, medium, 0.6b, 1.7b, 4b, 8b).
+    #[arg(long, default_value = "0.6b")]
+    preset: String,
+    /// Deltas to follow after the join.
+    #[arg(long, default_value_t = 3)]
+    deltas: u64,
+    /// The synthetic trainer's learning rate (1e-6: about 1% of BF16 elements change).
+    #[arg(long, default_value_t = 1e-6)]
+    lr: f32,
+    /// Where the checkpoints, the nodes' directories and their logs go (several times
+    /// the model's size on disk); removed at the end unless --keep.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long)]
+    keep: bool,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One phase's figures.
+#[derive(Serialize)]
+struct Phase {
+    name: String,
+    seconds: f64,
+    /// Peak `RssAnon` of each process in this phase, bytes.
+    peak_anonymous_bytes: BTreeMap<String, u64>,
+    /// Bytes sent over loopback during the phase (every node's traffic, each byte once).
+    wire_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    preset: String,
+    parameters: u64,
+    checkpoint_bytes: u64,
+    phases: Vec<Phase>,
+}
+
+pub fn run(args: ScaleArgs) -> Result<()> {
+    let shape = preset(&args.preset).with_context(|| {
+        let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+        format!(
+            "unknown preset '{}' (known: {})",
+            args.preset,
+            names.join(", ")
+        )
+    })?;
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("runs/scale-{}", args.preset)));
+    ensure!(
+        !dir.exists(),
+        "{} exists: give a new directory (--dir)",
+        dir.display()
+    );
+    std::fs::create_dir_all(dir.join("logs"))
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let memory = Memory::start();
+    let mut phases = Vec::new();
+
+    // The trainer's checkpoints, made by this process.
+    memory.watch("bench", std::process::id());
+    let checkpoints: Vec<PathBuf> = (0..=args.deltas)
+        .map(|v| {
+            dir.join("checkpoints")
+                .join(format!("step-{v:05}.safetensors"))
+        })
+        .collect();
+    std::fs::create_dir_all(dir.join("checkpoints"))?;
+    let config = SynthConfig {
+        learning_rate: args.lr,
+        ..SynthConfig::new(shape, 0)
+    };
+    let started = memory.phase();
+    aurora_synth::write_checkpoints(&config, &checkpoints, |_, _| {})?;
+    phases.push(memory.end("synth", started));
+    memory.forget("bench");
+    let hashes = checkpoints
+        .iter()
+        .map(|path| {
+            Ok(MappedFile::open(path)?
+                .checkpoint()?
+                .weights_hash()
+                .to_hex())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let checkpoint_bytes = std::fs::metadata(&checkpoints[0])?.len();
+
+    let fleet = Fleet::create(&dir)?;
+    let watched = dir.join("watch");
+    let save = |version: u64| -> Result<()> {
+        let checkpoint = watched.join(format!("checkpoint-{version}"));
+        std::fs::create_dir_all(&checkpoint)?;
+        // A link, not a copy: the trainer's file as it wrote it.
+        std::fs::hard_link(
+            &checkpoints[version as usize],
+            checkpoint.join("model.safetensors"),
+        )?;
+        std::fs::write(checkpoint.join("COMPLETE"), b"")?;
+        Ok(())
+    };
+    save(0)?;
+
+    let started = memory.phase();
+    let hub_dir = dir.join("hub");
+    let mut hub_args = vec![
+        "hub".into(),
+        "--dir".into(),
+        hub_dir.display().to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--transport-listen".into(),
+        "127.0.0.1:0".into(),
+        "--watch".into(),
+        watched.display().to_string(),
+        "--poll-ms".into(),
+        "50".into(),
+        "--signing-key".into(),
+        fleet.signing_key().display().to_string(),
+    ];
+    hub_args.extend(fleet.issue("trainer", "hub", "hub")?);
+    let hub = Node::start("hub", &hub_args, &dir)?;
+    memory.watch("hub", hub.id());
+    let hub_address = hub.expect("transport listening on ")?;
+    ensure!(
+        hub.expect("published checkpoint-0 as version 0 ")? == hashes[0],
+        "the hub published other weights than the checkpoint's"
+    );
+    let mut relay_args = vec![
+        "relay".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--upstream".into(),
+        hub_address.clone(),
+        "--join".into(),
+    ];
+    relay_args.extend(fleet.downstream("relay", "relay-eu")?);
+    let relay = Node::start("relay", &relay_args, &dir)?;
+    memory.watch("relay", relay.id());
+    let relay_address = relay.expect("listening on ")?;
+    let mut actors = Vec::new();
+    for id in ["a1", "a2"] {
+        let mut actor_args = vec![
+            "actor".into(),
+            "--join".into(),
+            "--upstream".into(),
+            relay_address.clone(),
+            "--upstream".into(),
+            hub_address.clone(),
+        ];
+        actor_args.extend(fleet.downstream("actor", id)?);
+        let actor = Node::start(id, &actor_args, &dir)?;
+        memory.watch(id, actor.id());
+        actors.push(actor);
+    }
+    let every_node_at = |version: u64| -> Result<()> {
+        for node in actors.iter().chain([&relay]) {
+            let hash = node.expect(&format!("active {version} "))?;
+            ensure!(
+                hash == hashes[version as usize],
+                "{} activated version {version} as {hash}, the checkpoint's weights are {}",
+                node.name,
+                hashes[version as usize]
+            );
+        }
+        Ok(())
+    };
+    every_node_at(0)?;
+    phases.push(memory.end("join (snapshot)", started));
+
+    for version in 1..=args.deltas {
+        let started = memory.phase();
+        save(version)?;
+        hub.expect(&format!(
+            "published checkpoint-{version} as version {version} "
+        ))?;
+        every_node_at(version)?;
+        phases.push(memory.end(&format!("delta {version}"), started));
+    }
+    let report = Report {
+        preset: args.preset.clone(),
+        parameters: shape.parameters(),
+        checkpoint_bytes,
+        phases,
+    };
+    print(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    drop((hub, relay, actors));
+    if !args.keep {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+fn print(report: &Report) {
+    let mb = |bytes: u64| bytes as f64 / 1e6;
+    println!(
+        "{} ({} parameters, {:.1} MB checkpoint): peak anonymous memory (MB) per process and phase",
+        report.preset,
+        report.parameters,
+        mb(report.checkpoint_bytes)
+    );
+    let names = ["bench", "hub", "relay", "a1", "a2"];
+    print!("{:<18} {:>9}", "phase", "seconds");
+    for name in names {
+        print!(" {name:>8}");
+    }
+    println!(" {:>10}", "wire MB");
+    for phase in &report.phases {
+        print!("{:<18} {:>9.2}", phase.name, phase.seconds);
+        for name in names {
+            match phase.peak_anonymous_bytes.get(name) {
+                Some(&bytes) => print!(" {:>8.1}", mb(bytes)),
+                None => print!(" {:>8}", "-"),
+            }
+        }
+        println!(" {:>10.1}", mb(phase.wire_bytes));
+    }
+}
+
+/// The fleet's certificates and signing key (`aurora certs`), in `<dir>/fleet`.
+struct Fleet {
+    dir: PathBuf,
+}
+
+impl Fleet {
+    fn create(dir: &Path) -> Result<Fleet> {
+        let fleet = Fleet {
+            dir: dir.join("fleet"),
+        };
+        let init = [
+            "certs".into(),
+            "init".into(),
+            "--dir".into(),
+            fleet.dir.display().to_string(),
+        ];
+        run_aurora(&init)?;
+        Ok(fleet)
+    }
+
+    fn signing_key(&self) -> PathBuf {
+        self.dir.join("signing.key")
+    }
+
+    /// Issues node `id`'s certificate; its trust flags.
+    fn issue(&self, role: &str, id: &str, region: &str) -> Result<Vec<String>> {
+        let issue = [
+            "certs", "issue", "--role", role, "--id", id, "--region", region, "--dir",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([self.dir.display().to_string()])
+        .collect::<Vec<_>>();
+        run_aurora(&issue)?;
+        let file = |name: String| self.dir.join(name).display().to_string();
+        Ok(vec![
+            "--ca".into(),
+            file("ca.pem".into()),
+            "--cert".into(),
+            file(format!("{id}.pem")),
+            "--key".into(),
+            file(format!("{id}.key")),
+        ])
+    }
+
+    /// A relay's or an actor's flags: its certificate, and the trainer's key pinned.
+    fn downstream(&self, role: &str, id: &str) -> Result<Vec<String>> {
+        let mut flags = self.issue(role, id, "eu")?;
+        flags.push("--trainer-key".into());
+        flags.push(self.dir.join("signing.pub").display().to_string());
+        Ok(flags)
+    }
+}
+
+fn run_aurora(args: &[String]) -> Result<()> {
+    let output = Command::new(std::env::current_exe()?)
+        .args(args)
+        .output()
+        .context("running aurora")?;
+    ensure!(
+        output.status.success(),
+        "`aurora {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// A node process of this binary, its stdout lines on a channel, its log in
+/// `<dir>/logs/<name>.log`; killed when dropped.
+struct Node {
+    name: &'static str,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Node {
+    fn start(name: &'static str, args: &[String], dir: &Path) -> Result<Node> {
+        let log = std::fs::File::create(dir.join("logs").join(format!("{name}.log")))?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting the {name}"))?;
+        let stdout = child.stdout.take().expect("piped");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Node { name, child, lines })
+    }
+
+    fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The rest of the next line starting with `prefix`.
+    fn expect(&self, prefix: &str) -> Result<String> {
+        let deadline = Instant::now() + PHASE_TIMEOUT;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(wait) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return Ok(rest.to_string());
+                    }
+                }
+                Err(_) => bail!(
+                    "the {} printed no line starting with {prefix:?} (see its log)",
+                    self.name
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Samples the anonymous resident memory of the watched processes, keeping each one's
+/// peak since the phase began.
+struct Memory {
+    shared: Arc<Mutex<Sampled>>,
+    stop: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Sampled {
+    watched: BTreeMap<String, u32>,
+    peaks: BTreeMap<String, u64>,
+}
+
+/// When a phase began: its clock and the loopback counter.
+struct PhaseStart {
+    at: Instant,
+    wire_bytes: u64,
+}
+
+impl Memory {
+    fn start() -> Memory {
+        let shared = Arc::new(Mutex::new(Sampled::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sampled, stopped) = (shared.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let mut sampled = sampled.lock().unwrap_or_else(|p| p.into_inner());
+                let readings: Vec<(String, u64)> = sampled
+                    .watched
+                    .iter()
+                    .filter_map(|(name, &pid)| Some((name.clone(), anonymous_bytes(pid)?)))
+                    .collect();
+                for (name, bytes) in readings {
+                    let peak = sampled.peaks.entry(name).or_default();
+                    *peak = (*peak).max(bytes);
+                }
+                drop(sampled);
+                std::thread::sleep(SAMPLE_INTERVAL);
+            }
+        });
+        Memory { shared, stop }
+    }
+
+    fn watch(&self, name: &str, pid: u32) {
+        self.lock().watched.insert(name.into(), pid);
+    }
+
+    fn forget(&self, name: &str) {
+        self.lock().watched.remove(name);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sampled> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A phase begins: peaks start again from the processes' present memory.
+    fn phase(&self) -> PhaseStart {
+        self.lock().peaks.clear();
+        PhaseStart {
+            at: Instant::now(),
+            wire_bytes: loopback_bytes(),
+        }
+    }
+
+    fn end(&self, name: &str, start: PhaseStart) -> Phase {
+        let phase = Phase {
+            name: name.into(),
+            seconds: start.at.elapsed().as_secs_f64(),
+            peak_anonymous_bytes: self.lock().peaks.clone(),
+            wire_bytes: loopback_bytes().saturating_sub(start.wire_bytes),
+        };
+        tracing::info!(phase = name, seconds = phase.seconds, "phase done");
+        let _ = std::io::stdout().flush();
+        phase
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `RssAnon` of process `pid`, or `None` once it is gone.
+fn anonymous_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("RssAnon:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Bytes the loopback interface has sent.
+fn loopback_bytes() -> u64 {
+    std::fs::read_to_string("/sys/class/net/lo/statistics/tx_bytes")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
