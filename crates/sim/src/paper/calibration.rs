@@ -68,6 +68,7 @@ const BYTES_PER_CHANGE: [(f64, f64, f64, f64); 4] = [
 pub const AURORA_EXTRACT_GBPS_PER_CORE: f64 = 4.88;
 /// LEB128 extraction at 1% on two threads, halved. BENCHMARKS.md, "Throughput", the
 /// `leb128` line, session 9 (`66bd5e7`): 6.28 GB/s on two threads.
+#[allow(clippy::approx_constant, reason = "a measured 6.28 GB/s, not τ")]
 pub const LEB128_EXTRACT_GBPS_PER_CORE: f64 = 6.28 / 2.0;
 /// aurora decode+apply at 1%, GB of model per second on one core. BENCHMARKS.md,
 /// "Throughput", session 14.

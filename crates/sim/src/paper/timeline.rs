@@ -9,6 +9,8 @@
 //! generation at that batch boundary. With lag 1 and shipping faster than
 //! generation, the step time is generation plus activation: the sync is hidden.
 
+use std::ops::Range;
+
 /// How a system moves each new version to the actors.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SyncPlan {
@@ -76,27 +78,24 @@ pub fn simulate(plan: &SyncPlan, train_s: f64, steps: &[GeneratedStep]) -> Vec<S
     timings
 }
 
-/// Accepted tokens per second over the steps after the first `warm_up`.
-pub fn throughput(timings: &[StepTiming], warm_up: usize) -> f64 {
-    let Some(first) = timings.get(warm_up.saturating_sub(1)) else {
-        return 0.0;
-    };
-    let tail = &timings[warm_up..];
-    let (Some(last), true) = (tail.last(), warm_up > 0) else {
-        return 0.0;
-    };
-    let tokens: f64 = tail.iter().map(|timing| timing.tokens).sum();
-    tokens / (last.end_s - first.end_s)
+/// Accepted tokens per second over `steps`, from the end of the step before them.
+pub fn throughput(timings: &[StepTiming], steps: Range<usize>) -> f64 {
+    let tokens: f64 = timings.get(steps.clone()).map_or(0.0, |window| {
+        window.iter().map(|timing| timing.tokens).sum()
+    });
+    span_s(timings, &steps).map_or(0.0, |span_s| tokens / span_s)
 }
 
-/// Mean time per step over the steps after the first `warm_up`.
-pub fn mean_step_s(timings: &[StepTiming], warm_up: usize) -> f64 {
-    match (timings.get(warm_up.saturating_sub(1)), timings.last()) {
-        (Some(first), Some(last)) if timings.len() > warm_up && warm_up > 0 => {
-            (last.end_s - first.end_s) / (timings.len() - warm_up) as f64
-        }
-        _ => 0.0,
-    }
+/// Mean time per step over `steps`, from the end of the step before them.
+pub fn mean_step_s(timings: &[StepTiming], steps: Range<usize>) -> f64 {
+    span_s(timings, &steps).map_or(0.0, |span_s| span_s / steps.len() as f64)
+}
+
+/// From the end of the step before `steps` to the end of their last.
+fn span_s(timings: &[StepTiming], steps: &Range<usize>) -> Option<f64> {
+    let before = timings.get(steps.start.checked_sub(1)?)?;
+    let last = timings.get(steps.end.checked_sub(1)?)?;
+    (steps.end > steps.start).then_some(last.end_s - before.end_s)
 }
 
 struct Sender<'a> {
@@ -179,7 +178,7 @@ mod tests {
     #[test]
     fn a_sync_shorter_than_generation_is_hidden_by_one_step_of_lag() {
         let timings = simulate(&plan(1, 5.0, false), 10.0, &steps(30, 20.0));
-        assert!((mean_step_s(&timings, 5) - 20.0).abs() < 1e-9);
+        assert!((mean_step_s(&timings, 5..30) - 20.0).abs() < 1e-9);
     }
 
     #[test]
@@ -187,7 +186,7 @@ mod tests {
         // Step n needs version n-1, trained from step n-2: every two steps take one
         // generation, one training and one shipment (20 + 10 + 25 s).
         let timings = simulate(&plan(1, 25.0, false), 10.0, &steps(40, 20.0));
-        let step_s = mean_step_s(&timings, 10);
+        let step_s = mean_step_s(&timings, 10..40);
         assert!((step_s - 27.5).abs() < 1e-9, "{step_s}");
     }
 
@@ -195,7 +194,7 @@ mod tests {
     fn a_sender_slower_than_generation_sets_the_pace_unless_versions_may_be_older() {
         let full = |lag| {
             let timings = simulate(&plan(lag, 100.0, true), 10.0, &steps(80, 20.0));
-            mean_step_s(&timings, 20)
+            mean_step_s(&timings, 20..80)
         };
         // With one step of lag the version a step needs was trained from the step
         // before it, so each shipment serves one step; more lag lets the newest
@@ -211,7 +210,7 @@ mod tests {
         let mut with_pause = plan(1, 1.0, false);
         with_pause.activation_s = 2.0;
         let timings = simulate(&with_pause, 1.0, &steps(20, 10.0));
-        assert!((mean_step_s(&timings, 5) - 12.0).abs() < 1e-9);
-        assert!((throughput(&timings, 5) - 1000.0 / 12.0).abs() < 1e-9);
+        assert!((mean_step_s(&timings, 5..20) - 12.0).abs() < 1e-9);
+        assert!((throughput(&timings, 5..20) - 1000.0 / 12.0).abs() < 1e-9);
     }
 }
