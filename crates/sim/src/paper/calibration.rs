@@ -15,18 +15,6 @@ pub enum Encoding {
 }
 
 impl Encoding {
-    /// Every encoding, in the order the report prints them.
-    pub const ALL: [Encoding; 3] = [Encoding::Int32, Encoding::Leb128, Encoding::Aurora];
-
-    /// The name the report prints.
-    pub fn name(self) -> &'static str {
-        match self {
-            Encoding::Int32 => "int32",
-            Encoding::Leb128 => "LEB128",
-            Encoding::Aurora => "aurora",
-        }
-    }
-
     /// Bytes per changed element at `density`: linear in log density between the
     /// measured points, the nearest point outside them.
     pub fn bytes_per_change(self, density: f64) -> f64 {
@@ -119,3 +107,21 @@ pub const TRANSPORT_TRANSFERS: [(f64, f64, f64, u32, f64); 4] = [
 /// every call journaled and fsynced. BENCHMARKS.md, "Control plane persistence",
 /// 2026-11-21 (`1ca95e3`), `cargo bench -p aurora-hub --bench persistence`.
 pub const HUB_DURABLE_CALLS_PER_S: f64 = 2_558.0;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_per_change_meet_the_measurements_and_lie_between_them() {
+        assert_eq!(Encoding::Aurora.bytes_per_change(0.01), 0.885);
+        assert_eq!(Encoding::Leb128.bytes_per_change(0.0983), 3.001);
+        assert_eq!(Encoding::Int32.bytes_per_change(0.5), 6.00);
+        assert_eq!(Encoding::Aurora.bytes_per_change(1e-5), 1.034);
+        let between = Encoding::Aurora.bytes_per_change(0.02);
+        assert!(between < 0.885 && between > 0.785, "{between}");
+        // Halfway in log density between 1% and 3.01% is 1.735%.
+        let halfway = Encoding::Leb128.bytes_per_change((0.01_f64 * 0.0301).sqrt());
+        assert!((halfway - (3.234 + 3.018) / 2.0).abs() < 1e-9, "{halfway}");
+    }
+}

@@ -252,9 +252,7 @@ impl Bench {
             receiver), which the model, calibrated on one stream, cannot know";
         let cubic = CongestionControl::Cubic;
         Section {
-            title: "Per-step transfer cost by encoding and streams (paper: Section 3, the \
-                    encodings table)"
-                .into(),
+            title: "1. Per-step transfer cost by encoding and streams".into(),
             setting: format!(
                 "Qwen3-8B at {:.0}% density; sizes from the codec's bytes per changed element; \
                  the paper's WAN path: 1 Gbps, {:.0} ms, CUBIC",
@@ -349,7 +347,7 @@ impl Bench {
             ));
         }
         Section {
-            title: "Transfer time against bandwidth (paper: Section 6, the bandwidth sweep)".into(),
+            title: "2. Transfer time against bandwidth".into(),
             setting: "Qwen3-8B; a clean 30 ms path (the paper's sweep is emulated; its round \
                       trip is not in what this simulation could read)"
                 .into(),
@@ -408,9 +406,7 @@ impl Bench {
             }
         }
         Ok(Section {
-            title: "Throughput and step time against every baseline (paper: Section 6, \
-                    end-to-end; abstract)"
-                .into(),
+            title: "3. Throughput and step time against every baseline".into(),
             setting: "four regions, one A100 actor each, the H100 trainer in the first; \
                       generation scheduled by the control core"
                 .into(),
@@ -419,24 +415,28 @@ impl Bench {
     }
 
     fn datacenters(&self) -> Result<Section, Violation> {
-        const ABSOLUTE_WHY: &str = "the simulated A100 decodes Qwen3-8B at about 5,700 \
-            tokens/s (half the memory roofline at 256 sequences); the paper's pool makes \
-            7,137 tokens/s in all, so its actors (or their number) are slower: ratios, \
-            not absolute rates, carry over";
+        const ABSOLUTE_WHY: &str = "the simulated A100 decodes at half its memory roofline \
+            with 256 sequences (the first row); the paper's whole pool makes 7,137 tokens/s, \
+            so its actors are slower or fewer (its Table 2 would say which): ratios carry \
+            over, absolute rates do not";
         const FULL_DROP_WHY: &str = "two effects the same way: the simulated actors \
-            generate a step about three times faster than the paper's (above), and the \
-            simulated full sync crosses each region on one loss-bound stream (about 375 \
-            Mbps) where the paper's runs at about the link's rate; both make the full \
-            broadcast a larger share of the step";
+            generate faster than the paper's (above), and the simulated full sync crosses \
+            each region on one loss-bound stream (about 375 Mbps, the paper's own \
+            one-stream rate) where the paper's full sync runs at about the link's rate; \
+            both make the full broadcast a larger share of the step";
         const AURORA_DROP_WHY: &str = "the model hides aurora's whole sync behind \
-            generation in every placement (training plus a 72 MB delta is well under a \
-            generation), so spreading actors costs nothing; the paper's 13.7% comes from \
+            generation in every placement (training plus shipping the delta of section 1 \
+            take less than a generation), so spreading actors costs nothing; the paper's 13.7% comes from \
             what the model leaves out: cross-region stragglers, control round trips, \
             the relays' own hops on real machines";
         let model = QWEN3_8B;
         let placements: [&[usize]; 4] =
             [&[0, 0, 0, 0], &[0, 0, 1, 1], &[0, 0, 1, 2], &[0, 1, 2, 3]];
-        let mut rows = Vec::new();
+        let mut rows = vec![Row::simulated(
+            "an A100's decode of Qwen3-8B",
+            a100_in(0).kind.tokens_per_s(&model, &PAPER_WORKLOAD),
+            "tokens/s",
+        )];
         let (mut full_first, mut aurora_first) = (0.0, 0.0);
         for (index, regions) in placements.iter().enumerate() {
             let pool: Vec<PoolActor> = regions.iter().map(|&region| a100_in(region)).collect();
@@ -486,7 +486,7 @@ impl Bench {
             }
         }
         Ok(Section {
-            title: "1 to 4 datacenters (paper: Section 6, geo-distribution)".into(),
+            title: "4. 1 to 4 datacenters".into(),
             setting: "Qwen3-8B, four A100 actors spread over 1 to 4 regions".into(),
             rows,
         })
@@ -494,8 +494,8 @@ impl Bench {
 
     fn heterogeneity(&self) -> Result<Section, Violation> {
         const MEMORY_BOUND_WHY: &str = "the decode model is memory-bound, so an L40 \
-            (864 GB/s, 48 GB) makes only 0.26 to 0.41 of an A100's tokens and an equal \
-            split waits for it far longer; the paper's gains imply an L40 at about 0.6 \
+            (864 GB/s, 48 GB) makes well under half an A100's tokens (the share rows) and \
+            an equal split waits for it far longer; the paper's gains imply an L40 at about 0.6 \
             of an A100, near the FLOPs ratio (181 against 312 TFLOPS): its engines run \
             compute-bound";
         let pool = [a100_in(0), a100_in(1), l40_in(2), l40_in(3)];
@@ -528,9 +528,7 @@ impl Bench {
             );
         }
         Ok(Section {
-            title: "Heterogeneous A100 + L40, uniform against proportional (paper: Section 6, \
-                    scheduling)"
-                .into(),
+            title: "5. Heterogeneous A100 + L40, uniform against proportional".into(),
             setting: "two A100 and two L40 actors in four regions, aurora; each split run \
                       through the control core"
                 .into(),
@@ -540,7 +538,7 @@ impl Bench {
 
     fn relays(&self) -> Result<Section, Violation> {
         const HIDDEN_WHY: &str = "without relays a region's 1 Gbps path carries one copy \
-            of the delta per actor (72 MB each for 8B), but training plus two copies still \
+            of the delta per actor (section 1's size for 8B), but training plus two copies still \
             fit inside one generation, so hardly a step waits (only the 4B model, whose \
             generation is shortest, shows a little); the paper's gain says its sync was \
             partly exposed: slower paths, larger deltas (LEB128), or more actors per region";
@@ -568,7 +566,7 @@ impl Bench {
             );
         }
         Ok(Section {
-            title: "Relays against none (paper: Section 6, relay fan-out)".into(),
+            title: "6. Relays against none".into(),
             setting: "four regions, two A100 actors each, aurora".into(),
             rows,
         })
@@ -650,9 +648,8 @@ impl Bench {
             ));
         }
         Ok(Section {
-            title: "Membership: a preemption at step 6, a new actor at step 14, 1 to 4 actors \
-                    added mid-run (paper: Section 6, elasticity; its figures are plots, not \
-                    numbers)"
+            title: "7. A preemption at step 6, a new actor at step 14, 1 to 4 actors added \
+                    mid-run (no paper figure is cited for these)"
                 .into(),
             setting: "Qwen3-8B, four A100 actors in four regions, aurora; preemptions and \
                       joins through the control core's membership"

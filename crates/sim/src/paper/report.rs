@@ -168,8 +168,9 @@ impl fmt::Display for PaperReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "The paper's evaluation (arXiv 2602.11456), simulated: the control core under \
-             virtual time, a TCP model, measured codec costs.\n"
+            "The paper's evaluation (arXiv 2602.11456; figures as issue 24 cites them), simulated: \
+             the control core under virtual time, a TCP model, measured codec costs \
+             (docs/paper-eval.md).\n"
         )?;
         writeln!(
             f,

@@ -306,3 +306,33 @@ impl Network {
         if region == 0 { self.lan } else { self.wan }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_slows_less_than_the_weights_grow_and_needs_the_memory() {
+        let a100 = ActorKind { gpu: A100, gpus: 1 };
+        let rate = |kind: ActorKind, model| kind.tokens_per_s(&model, &PAPER_WORKLOAD);
+        let slowdown = rate(a100, QWEN3_4B) / rate(a100, QWEN3_14B);
+        // The KV cache every iteration reads does not grow with the parameters.
+        assert!(slowdown > 1.0 && slowdown < QWEN3_14B.parameters / QWEN3_4B.parameters);
+        let l40 = ActorKind { gpu: L40, gpus: 1 };
+        assert!(rate(l40, QWEN3_8B) < rate(a100, QWEN3_8B));
+        assert_eq!(
+            rate(a100, DENSE_70B),
+            0.0,
+            "141 GB of weights do not fit 80 GB"
+        );
+        let four_h100 = ActorKind { gpu: H100, gpus: 4 };
+        assert!(rate(four_h100, DENSE_70B) > 0.0);
+    }
+
+    #[test]
+    fn a_step_trains_in_proportion_to_parameters() {
+        let ratio = PAPER_TRAINER.step_s(&QWEN3_14B, &PAPER_WORKLOAD)
+            / PAPER_TRAINER.step_s(&QWEN3_4B, &PAPER_WORKLOAD);
+        assert!((ratio - QWEN3_14B.parameters / QWEN3_4B.parameters).abs() < 1e-9);
+    }
+}

@@ -38,8 +38,6 @@ pub struct GeneratedStep {
 /// When a step ran in the pipeline.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepTiming {
-    /// Generation started (after any activation).
-    pub start_s: f64,
     /// Generation ended.
     pub end_s: f64,
     /// Accepted tokens.
@@ -68,7 +66,6 @@ pub fn simulate(plan: &SyncPlan, train_s: f64, steps: &[GeneratedStep]) -> Vec<S
         }
         let end_s = start_s + step.generation_s;
         timings.push(StepTiming {
-            start_s,
             end_s,
             tokens: step.tokens,
         });
