@@ -76,6 +76,9 @@ pub struct Deployment {
     pub actors_per_region: Vec<u32>,
     /// The transfer-time model.
     pub tcp: TcpModel,
+    /// The encoding aurora's deltas travel in (its own; LEB128 to ask what the paper's
+    /// encoding would cost on the same path).
+    pub delta_encoding: Encoding,
 }
 
 impl Deployment {
@@ -114,10 +117,10 @@ impl Deployment {
             },
             System::Aurora | System::AuroraWithoutRelays => {
                 let relays = system == System::Aurora;
-                let delta_bytes = model.delta_bytes(Encoding::Aurora, self.workload.density);
+                let delta_bytes = model.delta_bytes(self.delta_encoding, self.workload.density);
                 let transfer_s =
                     self.fan_out_s(delta_bytes, MULTI_STREAMS, relays, CongestionControl::Bbr);
-                let extraction_s = self.trainer.extraction_s(model, Encoding::Aurora);
+                let extraction_s = self.trainer.extraction_s(model, self.delta_encoding);
                 // Cut-through: a relay forwards and an actor decodes each segment as it
                 // lands, so only the last segment's hop and decode follow the last byte.
                 let segments = (delta_bytes / SEGMENT_BYTES).ceil().max(1.0);

@@ -151,7 +151,7 @@ impl fmt::Display for Row {
         let flag = if self.flagged() { "!" } else { "" };
         write!(
             f,
-            "  {:<44} {:>18} {:>16} {:>9} {flag}",
+            "  {:<62} {:>18} {:>16} {:>9} {flag}",
             self.label,
             paper,
             value(self.simulated, self.unit),
@@ -194,7 +194,7 @@ impl fmt::Display for PaperReport {
         }
         writeln!(
             f,
-            "\n  {:<44} {:>18} {:>16} {:>9}",
+            "\n  {:<62} {:>18} {:>16} {:>9}",
             "figure", "paper", "simulated", "diff"
         )?;
         for section in &self.sections {

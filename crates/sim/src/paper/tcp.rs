@@ -109,6 +109,19 @@ impl TcpModel {
         )
     }
 
+    /// Seconds to deliver `bytes` on streams that carried a transfer before and kept
+    /// their window (BBR keeps its path model across idle periods; aurora keeps its
+    /// sessions between steps): no slow start.
+    pub fn warm_transfer_s(
+        &self,
+        bytes: f64,
+        link: Link,
+        cc: CongestionControl,
+        streams: u32,
+    ) -> f64 {
+        bytes * 8.0 / self.steady_bps(link, cc, streams) + link.rtt_s / 2.0
+    }
+
     /// Seconds until every receiver of a fan-out has `bytes`: the flows share the
     /// sender's uplink (`uplink_bps`, before efficiency) by max-min fairness, each
     /// flow capped by its own path; the slowest flow finishes last.
@@ -268,6 +281,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_warm_transfer_skips_slow_start() {
+        let model = TcpModel::calibrated();
+        let link = clean(1e10, 0.03);
+        let cold = model.transfer_s(2e8, link, CongestionControl::Bbr, 4);
+        let warm = model.warm_transfer_s(2e8, link, CongestionControl::Bbr, 4);
+        let steady_s = 2e8 * 8.0 / (1e10 * model.goodput_efficiency);
+        assert!((warm - steady_s - 0.015).abs() < 1e-12, "{warm}");
+        assert!(cold > warm + 5.0 * 0.03, "{cold} {warm}");
     }
 
     #[test]
