@@ -317,3 +317,60 @@ impl fmt::Display for Beyond {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testbed::PAPER_NETWORK;
+    use super::*;
+
+    #[test]
+    fn the_threshold_search_finds_the_first_saturating_value() {
+        assert_eq!(
+            first_saturating(|x| f64::from(x) / 100.0, 1, 1_000),
+            Some(101)
+        );
+        assert_eq!(first_saturating(|_| 2.0, 5, 1_000), Some(5));
+        assert_eq!(first_saturating(|_| 0.5, 5, 1_000), None);
+    }
+
+    #[test]
+    fn shared_resources_grow_with_the_pool_and_the_model_resources_do_not() {
+        let costs = Costs {
+            tcp: TcpModel::calibrated(),
+            network: PAPER_NETWORK,
+        };
+        let scale = |actors| ScaleStep {
+            regions: 16,
+            actors,
+            model: DENSE_70B,
+            preemptions_per_hour: 0.05,
+        };
+        let (small, large) = (costs.limits(&scale(64)), costs.limits(&scale(4_096)));
+        for (small, large) in small.iter().zip(&large) {
+            match small.resource {
+                "extraction" | "an actor's decode" => {
+                    assert_eq!(small.utilisation, large.utilisation, "{}", small.resource)
+                }
+                _ => assert!(large.utilisation > small.utilisation, "{}", small.resource),
+            }
+        }
+    }
+
+    #[test]
+    fn without_churn_the_uplink_carries_one_delta_per_other_region() {
+        let costs = Costs {
+            tcp: TcpModel::calibrated(),
+            network: PAPER_NETWORK,
+        };
+        let scale = ScaleStep {
+            regions: 5,
+            actors: 1_000,
+            model: QWEN3_8B,
+            preemptions_per_hour: 0.0,
+        };
+        let expected_s = 4.0 * Costs::delta_bytes(&QWEN3_8B) * 8.0
+            / (PAPER_NETWORK.uplink_bps * costs.tcp.goodput_efficiency);
+        let utilisation = costs.uplink(&scale);
+        assert!((utilisation - expected_s / costs.window_s(&QWEN3_8B)).abs() < 1e-12);
+    }
+}
