@@ -54,11 +54,26 @@ pub struct ResourceLimit {
     pub utilisation: f64,
 }
 
+/// One scale worked out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaleOutcome {
+    /// The scale.
+    pub scale: ScaleStep,
+    /// Seconds per step.
+    pub step_s: f64,
+    /// Each shared resource, busiest first.
+    pub limits: Vec<ResourceLimit>,
+    /// Share of the pool's generation lost to preemptions: a preempted actor's work
+    /// in flight (half a step on average) and the time its replacement spends taking
+    /// the snapshot over its region's path before it works again.
+    pub churn_loss: f64,
+}
+
 /// The beyond-the-paper answers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Beyond {
-    /// Each scale with its step time and resources, busiest first.
-    pub scales: Vec<(ScaleStep, f64, Vec<ResourceLimit>)>,
+    /// Each scale, what it costs, busiest resource first.
+    pub scales: Vec<ScaleOutcome>,
     /// At the largest scale's model, regions and churn: the pool size at which each
     /// resource saturates (`None`: not up to [`MAX_ACTORS`]; 0: at any size).
     pub saturating_actors: Vec<(&'static str, Option<u32>)>,
@@ -109,12 +124,17 @@ pub fn analyse(tcp: &TcpModel, network: &Network) -> Beyond {
         network: *network,
     };
     let steps = scale_steps();
-    let scales: Vec<(ScaleStep, f64, Vec<ResourceLimit>)> = steps
+    let scales: Vec<ScaleOutcome> = steps
         .iter()
         .map(|&scale| {
             let mut limits = costs.limits(&scale);
             limits.sort_by(|a, b| b.utilisation.total_cmp(&a.utilisation));
-            (scale, costs.generation_s(&scale.model), limits)
+            ScaleOutcome {
+                scale,
+                step_s: costs.generation_s(&scale.model),
+                limits,
+                churn_loss: costs.churn_loss(&scale),
+            }
         })
         .collect();
     let largest = steps[steps.len() - 1];
@@ -222,6 +242,18 @@ impl Costs {
         deltas_s / self.window_s(model) + snapshots_s / step_s
     }
 
+    fn churn_loss(&self, scale: &ScaleStep) -> f64 {
+        let model = &scale.model;
+        let rejoin_s = self.tcp.transfer_s(
+            model.checkpoint_bytes(),
+            self.network.path(1),
+            CongestionControl::Bbr,
+            4,
+        );
+        let lost_s_per_preemption = self.generation_s(model) / 2.0 + rejoin_s;
+        scale.preemptions_per_hour * lost_s_per_preemption / 3600.0
+    }
+
     fn limits(&self, scale: &ScaleStep) -> Vec<ResourceLimit> {
         let model = &scale.model;
         let window_s = self.window_s(model);
@@ -271,19 +303,22 @@ impl fmt::Display for Beyond {
             "  (budget: generation minus training for the version's path; the whole step for \
              control calls and snapshot joins)"
         )?;
-        for (scale, step_s, limits) in &self.scales {
+        for outcome in &self.scales {
+            let (scale, limits) = (&outcome.scale, &outcome.limits);
             let shares: Vec<String> = limits
                 .iter()
                 .map(|limit| format!("{} {:.0}%", limit.resource, 100.0 * limit.utilisation))
                 .collect();
             writeln!(
                 f,
-                "  {} regions, {} actors, {}, {:.0}%/h preempted, step {:.1} s: {}",
+                "  {} regions, {} actors, {}, {:.0}%/h preempted, step {:.1} s, {:.2}% of \
+                 generation lost to churn: {}",
                 scale.regions,
                 scale.actors,
                 scale.model.name,
                 100.0 * scale.preemptions_per_hour,
-                step_s,
+                outcome.step_s,
+                100.0 * outcome.churn_loss,
                 shares.join(", ")
             )?;
             if let Some(first) = limits.first().filter(|limit| limit.utilisation > 1.0) {
@@ -294,7 +329,7 @@ impl fmt::Display for Beyond {
             None => "not within the search".to_owned(),
             Some(value) => format!("{value} {unit}"),
         };
-        let largest = self.scales.last().map(|(scale, ..)| *scale);
+        let largest = self.scales.last().map(|outcome| outcome.scale);
         if let Some(scale) = largest {
             writeln!(
                 f,

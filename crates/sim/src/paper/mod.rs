@@ -25,7 +25,7 @@ mod timeline;
 use aurora_control::SplitPolicy;
 
 pub use baselines::{Deployment, System};
-pub use beyond::{Beyond, ResourceLimit, ScaleStep};
+pub use beyond::{Beyond, ResourceLimit, ScaleOutcome, ScaleStep};
 pub use calibration::Encoding;
 pub use report::{FLAG_THRESHOLD, PaperFigure, PaperReport, Row, Section};
 pub use tcp::{CongestionControl, Link, TcpModel};
