@@ -140,8 +140,8 @@ impl Deployment {
                     ship_s: transfer_s.max(extraction_s),
                     tail_s: last_segment_s,
                     // The engine reloads every tensor with a change, which at 1% is
-                    // every tensor (README: in-place writes of changed elements only
-                    // are not built).
+                    // every tensor: writing only the changed elements into a GPU's
+                    // parameters is not built (BENCHMARKS.md, "Activation into vLLM").
                     activation_s: reload_s,
                     skips_versions: false,
                 }

@@ -244,12 +244,7 @@ impl Costs {
 
     fn churn_loss(&self, scale: &ScaleStep) -> f64 {
         let model = &scale.model;
-        let rejoin_s = self.tcp.transfer_s(
-            model.checkpoint_bytes(),
-            self.network.path(1),
-            CongestionControl::Bbr,
-            4,
-        );
+        let rejoin_s = self.network.snapshot_join_s(&self.tcp, model);
         let lost_s_per_preemption = self.generation_s(model) / 2.0 + rejoin_s;
         scale.preemptions_per_hour * lost_s_per_preemption / 3600.0
     }

@@ -670,14 +670,7 @@ impl Bench {
         let base = one_a100_per_region(4);
         let deployment = self.deployment(model, &base);
         let reference = self.generate(&model, &base, SplitPolicy::Proportional, Vec::new())?;
-        // A newcomer takes the newest snapshot over its region's WAN path before it can
-        // register with weights.
-        let snapshot_s = self.tcp.transfer_s(
-            model.checkpoint_bytes(),
-            self.network.path(1),
-            CongestionControl::Bbr,
-            4,
-        );
+        let snapshot_s = self.network.snapshot_join_s(&self.tcp, &model);
         let step_opened = |step: usize| reference.opened_at_s.get(step).copied().unwrap_or(0.0);
         let mut pool = base.clone();
         pool.push(PoolActor {

@@ -11,7 +11,7 @@ use super::calibration::{
     AURORA_DECODE_GBPS_PER_CORE, AURORA_EXTRACT_GBPS_PER_CORE, CODEC_PARALLEL_EFFICIENCY, Encoding,
     LEB128_EXTRACT_GBPS_PER_CORE,
 };
-use super::tcp::Link;
+use super::tcp::{CongestionControl, Link, TcpModel};
 
 /// A decoder-only transformer, as far as sizes and decode costs go.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -300,6 +300,18 @@ pub const PAPER_NETWORK: Network = Network {
 };
 
 impl Network {
+    /// Seconds a newcomer (or a preempted actor's replacement) in another region takes
+    /// to fetch the newest snapshot before it can work: the whole checkpoint over its
+    /// region's path, on aurora's four BBR streams (relays serve no snapshots).
+    pub fn snapshot_join_s(&self, tcp: &TcpModel, model: &ModelShape) -> f64 {
+        tcp.transfer_s(
+            model.checkpoint_bytes(),
+            self.wan,
+            CongestionControl::Bbr,
+            4,
+        )
+    }
+
     /// The path to a region: the datacenter's own network for the trainer's region,
     /// the WAN for any other.
     pub fn path(&self, region: usize) -> Link {
