@@ -11,6 +11,7 @@ mod hub_cmd;
 mod limits_file;
 mod relay_cmd;
 mod run;
+mod sim_cmd;
 mod store_cmd;
 mod synth_cmd;
 mod trust_args;
@@ -55,6 +56,9 @@ enum Command {
     /// Benchmarks, each next to its baseline.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Deterministic simulations of the whole system.
+    #[command(subcommand)]
+    Sim(sim_cmd::SimCommand),
     /// Train a small model with GRPO over a hub, relays and actors on this machine.
     Run(run::RunArgs),
     /// A node of `aurora run` (started by it).
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
         Command::Actor(args) => actor_cmd::run(args),
         Command::Synth(args) => synth_cmd::run(args),
         Command::Bench(command) => bench::run(command),
+        Command::Sim(command) => sim_cmd::run(command),
         Command::Run(args) => run::run(args),
         Command::RunNode(command) => run::run_node(command),
         Command::Wan(command) => wan_cmd::run(command),

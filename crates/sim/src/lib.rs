@@ -36,7 +36,8 @@
 //! exactly (the test reads `AURORA_SIM_SEEDS` to rerun chosen seeds).
 //!
 //! [`compare_split_policies`] and [`preemption_timeline`] run fixed scenarios and
-//! return plain data for a benchmark to print.
+//! return plain data for a benchmark to print. [`paper`] reproduces the AuroraRL
+//! paper's evaluation at its scale on top of the same driver, and goes past it.
 //!
 //! [`ControlPlane`]: aurora_control::ControlPlane
 //! [`ControlPlane::check_invariants`]: aurora_control::ControlPlane::check_invariants
@@ -44,6 +45,7 @@
 
 mod bench;
 mod driver;
+pub mod paper;
 mod report;
 mod scenario;
 mod world;

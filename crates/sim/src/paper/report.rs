@@ -1,0 +1,215 @@
+//! The comparison as data, and as the text `aurora sim paper` prints.
+
+use std::fmt;
+
+use super::beyond::Beyond;
+use super::tcp::TcpModel;
+
+/// A difference from the paper above this share is flagged and must be explained.
+pub const FLAG_THRESHOLD: f64 = 0.20;
+
+/// A figure as the paper gives it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PaperFigure {
+    /// One value.
+    Value(f64),
+    /// A range over the paper's configurations.
+    Range(f64, f64),
+}
+
+/// One line of a comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// What is compared.
+    pub label: String,
+    /// The paper's figure, where it gives one.
+    pub paper: Option<PaperFigure>,
+    /// The simulation's figure.
+    pub simulated: f64,
+    /// The unit of both.
+    pub unit: &'static str,
+    /// Why the simulation differs by more than [`FLAG_THRESHOLD`], where it does.
+    pub explanation: Option<&'static str>,
+    /// The largest difference the documentation accepts for this row (the regression
+    /// test holds the simulation to it).
+    pub tolerance: f64,
+}
+
+impl Row {
+    /// A figure the paper also gives.
+    pub fn compared(
+        label: impl Into<String>,
+        paper: PaperFigure,
+        simulated: f64,
+        unit: &'static str,
+    ) -> Row {
+        Row {
+            label: label.into(),
+            paper: Some(paper),
+            simulated,
+            unit,
+            explanation: None,
+            tolerance: FLAG_THRESHOLD,
+        }
+    }
+
+    /// A figure of the simulation alone.
+    pub fn simulated(label: impl Into<String>, simulated: f64, unit: &'static str) -> Row {
+        Row {
+            label: label.into(),
+            paper: None,
+            simulated,
+            unit,
+            explanation: None,
+            tolerance: f64::INFINITY,
+        }
+    }
+
+    /// The reason for a difference above the threshold, and the difference the
+    /// documentation accepts because of it.
+    pub fn explained(mut self, explanation: &'static str, tolerance: f64) -> Row {
+        self.explanation = Some(explanation);
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// Relative difference from the paper: against its value, or against the nearer
+    /// end of its range (zero inside it).
+    pub fn difference(&self) -> Option<f64> {
+        match self.paper? {
+            PaperFigure::Value(paper) => Some(self.simulated / paper - 1.0),
+            PaperFigure::Range(low, _) if self.simulated < low => Some(self.simulated / low - 1.0),
+            PaperFigure::Range(_, high) if self.simulated > high => {
+                Some(self.simulated / high - 1.0)
+            }
+            PaperFigure::Range(..) => Some(0.0),
+        }
+    }
+
+    /// Whether the difference is above the threshold.
+    pub fn flagged(&self) -> bool {
+        self.difference()
+            .is_some_and(|difference| difference.abs() > FLAG_THRESHOLD)
+    }
+}
+
+/// The rows of one of the paper's results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Section {
+    /// The result, and where the paper gives it.
+    pub title: String,
+    /// The setting simulated.
+    pub setting: String,
+    /// The figures.
+    pub rows: Vec<Row>,
+}
+
+/// Everything `aurora sim paper` prints.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PaperReport {
+    /// The calibrated transfer model.
+    pub tcp: TcpModel,
+    /// The WAN loss rate inferred from the paper's int32 transfer.
+    pub wan_loss: f64,
+    /// The model's own check against `aurora wan`: (what, measured s, model s).
+    pub transport_check: Vec<(String, f64, f64)>,
+    /// One per result of the paper.
+    pub sections: Vec<Section>,
+    /// Beyond the paper.
+    pub beyond: Beyond,
+}
+
+impl PaperReport {
+    /// Every row, in print order.
+    pub fn rows(&self) -> impl Iterator<Item = &Row> {
+        self.sections.iter().flat_map(|section| &section.rows)
+    }
+}
+
+fn value(number: f64, unit: &str) -> String {
+    let digits = match number.abs() {
+        n if n >= 1000.0 => 0,
+        n if n >= 100.0 => 1,
+        n if n >= 10.0 => 2,
+        _ => 3,
+    };
+    format!("{number:.digits$} {unit}")
+}
+
+impl fmt::Display for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let paper = match self.paper {
+            None => "-".to_owned(),
+            Some(PaperFigure::Value(paper)) => value(paper, self.unit),
+            Some(PaperFigure::Range(low, high)) => {
+                format!("{}-{}", value(low, "").trim_end(), value(high, self.unit))
+            }
+        };
+        let difference = self
+            .difference()
+            .map_or_else(String::new, |d| format!("{:+.1}%", 100.0 * d));
+        let flag = if self.flagged() { "!" } else { "" };
+        write!(
+            f,
+            "  {:<62} {:>18} {:>16} {:>9} {flag}",
+            self.label,
+            paper,
+            value(self.simulated, self.unit),
+            difference
+        )?;
+        if let (true, Some(why)) = (self.flagged(), self.explanation) {
+            write!(f, "\n      why: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for PaperReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "The paper's evaluation (arXiv 2602.11456; figures as issue 24 cites them), simulated: \
+             the control core under virtual time, a TCP model, measured codec costs \
+             (docs/paper-eval.md).\n"
+        )?;
+        writeln!(
+            f,
+            "TCP model: C = {:.2} in the loss bound (fitted to `aurora wan bench`, CUBIC, 0.1% loss), \
+             goodput {:.1}% of the rate (BBR sweep); WAN loss {:.2e} (inferred from the paper's \
+             int32 transfer)",
+            self.tcp.mathis_constant,
+            100.0 * self.tcp.goodput_efficiency,
+            self.wan_loss
+        )?;
+        writeln!(
+            f,
+            "  the model against the segment transport (`aurora wan transfer encodings`):"
+        )?;
+        for (what, measured, model) in &self.transport_check {
+            writeln!(
+                f,
+                "    {what:<40} measured {measured:>7.3} s, model {model:>7.3} s ({:+.1}%)",
+                100.0 * (model / measured - 1.0)
+            )?;
+        }
+        writeln!(
+            f,
+            "\n  {:<62} {:>18} {:>16} {:>9}",
+            "figure", "paper", "simulated", "diff"
+        )?;
+        for section in &self.sections {
+            writeln!(f, "\n{}\n  ({})", section.title, section.setting)?;
+            for row in &section.rows {
+                writeln!(f, "{row}")?;
+            }
+        }
+        let flagged = self.rows().filter(|row| row.flagged()).count();
+        let compared = self.rows().filter(|row| row.paper.is_some()).count();
+        writeln!(
+            f,
+            "\n{compared} figures compared with the paper, {flagged} differ by more than {:.0}% (marked !, each with why)",
+            100.0 * FLAG_THRESHOLD
+        )?;
+        write!(f, "\n{}", self.beyond)
+    }
+}
