@@ -173,14 +173,14 @@ impl BuildBudget {
         let charged: u64 = self.running.values().sum();
         if running > 0 && running >= limits.max_builds {
             return Err(format!(
-                "{running} builds are running, the budget is {}; come back later",
+                "{running} builds are running, the budget is {} (`max_builds`); come back later",
                 limits.max_builds
             ));
         }
         if running > 0 && charged.saturating_add(charge) > limits.max_build_bytes {
             return Err(format!(
                 "builds of {charged} bytes are running and this one needs {charge}, the \
-                 budget is {} bytes; come back later",
+                 budget is {} bytes (`max_build_bytes`); come back later",
                 limits.max_build_bytes
             ));
         }
@@ -360,7 +360,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             refused,
-            "2 builds are running, the budget is 2; come back later"
+            "2 builds are running, the budget is 2 (`max_builds`); come back later"
         );
         // Reading a stored delta builds nothing.
         budget.admit(ArtifactKey::Delta(5), GIB, &limits).unwrap();
@@ -384,7 +384,7 @@ mod tests {
             refused,
             format!(
                 "builds of {} bytes are running and this one needs {}, the budget is {} \
-                 bytes; come back later",
+                 bytes (`max_build_bytes`); come back later",
                 4 * GIB,
                 2 * GIB,
                 3 * GIB
