@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use aurora_checkpoint::MappedFile;
-use aurora_synth::{PRESETS, SynthConfig, preset};
+use aurora_synth::SynthConfig;
 use clap::Args;
 use serde::Serialize;
 
@@ -75,14 +75,7 @@ struct Report {
 }
 
 pub fn run(args: ScaleArgs) -> Result<()> {
-    let shape = preset(&args.preset).with_context(|| {
-        let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-        format!(
-            "unknown preset '{}' (known: {})",
-            args.preset,
-            names.join(", ")
-        )
-    })?;
+    let shape = crate::synth_cmd::shape(&args.preset)?;
     let dir = args
         .dir
         .clone()

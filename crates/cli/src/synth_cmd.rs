@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use aurora_synth::{PRESETS, SynthConfig, preset};
+use aurora_synth::{ModelShape, PRESETS, SynthConfig, preset};
 use clap::Args;
 
 #[derive(Args)]
@@ -24,15 +24,16 @@ pub struct SynthArgs {
     pub out: PathBuf,
 }
 
-pub fn run(args: SynthArgs) -> Result<()> {
-    let shape = preset(&args.preset).with_context(|| {
+/// The model shape of preset `name`, or an error listing the known ones.
+pub fn shape(name: &str) -> Result<ModelShape> {
+    preset(name).with_context(|| {
         let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-        format!(
-            "unknown preset '{}' (known: {})",
-            args.preset,
-            names.join(", ")
-        )
-    })?;
+        format!("unknown preset '{name}' (known: {})", names.join(", "))
+    })
+}
+
+pub fn run(args: SynthArgs) -> Result<()> {
+    let shape = shape(&args.preset)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let config = SynthConfig {

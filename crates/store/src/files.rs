@@ -239,12 +239,7 @@ pub(crate) fn open_delta_artifact(
         path: path.to_path_buf(),
         reason,
     };
-    let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
-    for index in 0..delta.segment_count() {
-        delta
-            .verify_segment(index)
-            .map_err(|e| corrupted(e.to_string()))?;
-    }
+    let delta = verified_delta(&file, corrupted)?;
     let header = delta.header();
     if delta.id != id
         || header.base_version != base_version
@@ -256,6 +251,21 @@ pub(crate) fn open_delta_artifact(
         )));
     }
     Ok(file)
+}
+
+/// `file` parsed as a delta-format artifact with its manifest and every segment hash
+/// verified; what is wrong goes to `corrupted`.
+pub(crate) fn verified_delta(
+    file: &MappedFile,
+    corrupted: impl Fn(String) -> StoreError,
+) -> Result<DeltaFile<'_>> {
+    let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
+    for index in 0..delta.segment_count() {
+        delta
+            .verify_segment(index)
+            .map_err(|e| corrupted(e.to_string()))?;
+    }
+    Ok(delta)
 }
 
 /// Deletes a file no record names; one already gone is fine (a crash may have come after

@@ -3,13 +3,13 @@
 use std::path::Path;
 
 use aurora_checkpoint::{FileError, MappedFile, write_delta};
-use aurora_delta::{Checkpoint, DeltaError, DeltaFile, Encoding, ExtractOptions, Extraction, Hash};
+use aurora_delta::{Checkpoint, DeltaError, Encoding, ExtractOptions, Extraction, Hash};
 
 use crate::catalog::{
     DELTA_TABLE, SNAPSHOT_TABLE, SnapshotRecord, TrainerData, delta_record, snapshot_record,
     trainer_data_record,
 };
-use crate::files::{open_artifact, open_delta_artifact};
+use crate::files::{open_artifact, open_delta_artifact, verified_delta};
 use crate::{Result, Store, StoreError};
 
 impl Store {
@@ -157,12 +157,7 @@ fn verified_snapshot_artifact(path: &Path, record: &SnapshotRecord) -> Result<Ma
         path: path.to_path_buf(),
         reason,
     };
-    let delta = DeltaFile::parse(file.bytes()).map_err(|e| corrupted(e.to_string()))?;
-    for index in 0..delta.segment_count() {
-        delta
-            .verify_segment(index)
-            .map_err(|e| corrupted(e.to_string()))?;
-    }
+    let delta = verified_delta(&file, &corrupted)?;
     let header = delta.header();
     if (header.base_version, header.target_version) != (record.version, record.version)
         || header.target_hash != record.weights_hash
