@@ -696,11 +696,19 @@ fn sync_summary(records: &[StepRecord], training: Duration) -> Option<String> {
     let transfer_s = mean(|r| r.times.transfer_s);
     let activation_s = mean(|r| r.times.activation_s);
     let bytes = mean(|r| r.sync_bytes as f64);
+    let dense = mean(|r| r.dense_bytes as f64);
+    let (least, most) = report::density_range(records)?;
     Some(format!(
-        "sync per version: {:.0} KB, extraction to staged everywhere {transfer_s:.3} s, \
-         activation {activation_s:.3} s: {:.1}% of the mean step ({step_s:.2} s)",
+        "sync per version: {:.0} KB (1:{:.0} of the {:.0} KB checkpoint), extraction to \
+         staged everywhere {transfer_s:.3} s, activation {activation_s:.3} s: {:.1}% of the \
+         mean step ({step_s:.2} s)\nelements changed per step: {:.3}% to {:.3}%, {}",
         bytes / 1e3,
-        100.0 * (transfer_s + activation_s) / step_s
+        dense / bytes.max(1.0),
+        dense / 1e3,
+        100.0 * (transfer_s + activation_s) / step_s,
+        100.0 * least,
+        100.0 * most,
+        report::regime(records)
     ))
 }
 
@@ -771,7 +779,7 @@ fn describe(record: &StepRecord) -> String {
         record.tokens_per_s,
         record.sync_bytes as f64 / 1e3,
         record.dense_bytes as f64 / 1e3,
-        100.0 * record.density,
+        100.0 * record.density(),
         record.times.generation_s,
         record.times.training_s,
         record.times.extraction_s,
