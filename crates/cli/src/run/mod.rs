@@ -30,7 +30,7 @@ use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use config::{Fault, RunConfig, SyncMode};
+use config::{Fault, Preset, RunConfig, SyncMode};
 use procs::{Line, Node, expect_line};
 use report::StepRecord;
 
@@ -41,7 +41,12 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Settings to override the built-in defaults (TOML; see `RunConfig`).
+    /// The settings to start from: `default` learns within minutes; `sparse` is the
+    /// paper's regime (a 50M-parameter model, at most 2% of its elements changed per
+    /// step), for comparing delta with full sync.
+    #[arg(long, value_enum, default_value = "default", conflicts_with = "resume")]
+    preset: Preset,
+    /// Settings to override the preset's (TOML; see `RunConfig`).
     #[arg(long, conflicts_with = "resume")]
     config: Option<PathBuf>,
     /// The run directory: settings, logs, store, metrics, report. Its warm-up cache is
@@ -396,8 +401,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut config = match &args.config {
         _ if args.resume => RunConfig::load(&args.dir.join("config.toml"))
             .context("resuming needs the run directory of a run that started")?,
-        Some(path) => RunConfig::load(path)?,
-        None => RunConfig::default(),
+        Some(path) => RunConfig::load_over(&args.preset.config(), path)?,
+        None => args.preset.config(),
     };
     if let Some(sync) = args.sync {
         config.sync = sync;
