@@ -29,7 +29,7 @@ pub struct ModelConfig {
 }
 
 /// Preset names accepted by [`ModelConfig::preset`].
-pub const PRESET_NAMES: [&str; 3] = ["tiny", "default", "large"];
+pub const PRESET_NAMES: [&str; 4] = ["tiny", "default", "large", "xlarge"];
 
 impl Default for ModelConfig {
     /// About 1.6 million parameters: sized so that warm-up plus a few dozen GRPO steps
@@ -78,11 +78,28 @@ impl ModelConfig {
         }
     }
 
+    /// About 50 million parameters (100 MB of BF16): the smallest size at which a
+    /// checkpoint crosses a 1 Gbps link in most of a second, so that shipping it whole is
+    /// bound by bandwidth rather than by round trips, as for the models the project is
+    /// for; a step still takes seconds on two CPU cores with short sequences.
+    pub fn xlarge() -> Self {
+        ModelConfig {
+            hidden_size: 768,
+            num_layers: 8,
+            num_heads: 12,
+            num_kv_heads: 4,
+            head_dim: 64,
+            intermediate_size: 2048,
+            ..ModelConfig::tiny()
+        }
+    }
+
     pub fn preset(name: &str) -> Option<Self> {
         match name.to_ascii_lowercase().as_str() {
             "tiny" => Some(Self::tiny()),
             "default" => Some(Self::default()),
             "large" => Some(Self::large()),
+            "xlarge" => Some(Self::xlarge()),
             _ => None,
         }
     }
@@ -268,6 +285,8 @@ mod tests {
         assert!(ModelConfig::preset("huge").is_none());
         let default = ModelConfig::default().parameters();
         assert!((1_000_000..3_000_000).contains(&default), "{default}");
+        let xlarge = ModelConfig::xlarge().parameters();
+        assert!((45_000_000..55_000_000).contains(&xlarge), "{xlarge}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use config::{Fault, RunConfig, SyncMode};
+use config::{Fault, Preset, RunConfig, SyncMode};
 use procs::{Line, Node, expect_line};
 use report::StepRecord;
 
@@ -42,7 +42,12 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Settings to override the built-in defaults (TOML; see `RunConfig`).
+    /// The settings to start from: `default` learns within minutes; `sparse` is the
+    /// paper's regime (a 50M-parameter model, at most 2% of its elements changed per
+    /// step), for comparing delta with full sync.
+    #[arg(long, value_enum, default_value = "default", conflicts_with = "resume")]
+    preset: Preset,
+    /// Settings to override the preset's (TOML; see `RunConfig`).
     #[arg(long, conflicts_with = "resume")]
     config: Option<PathBuf>,
     /// The run directory: settings, logs, store, metrics, report. Its warm-up cache is
@@ -386,8 +391,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut config = match &args.config {
         _ if args.resume => RunConfig::load(&args.dir.join("config.toml"))
             .context("resuming needs the run directory of a run that started")?,
-        Some(path) => RunConfig::load(path)?,
-        None => RunConfig::default(),
+        Some(path) => RunConfig::load_over(&args.preset.config(), path)?,
+        None => args.preset.config(),
     };
     if let Some(sync) = args.sync {
         config.sync = sync;
@@ -686,11 +691,19 @@ fn sync_summary(records: &[StepRecord], training: Duration) -> Option<String> {
     let transfer_s = mean(|r| r.times.transfer_s);
     let activation_s = mean(|r| r.times.activation_s);
     let bytes = mean(|r| r.sync_bytes as f64);
+    let dense = mean(|r| r.dense_bytes as f64);
+    let (least, most) = report::density_range(records)?;
     Some(format!(
-        "sync per version: {:.0} KB, extraction to staged everywhere {transfer_s:.3} s, \
-         activation {activation_s:.3} s: {:.1}% of the mean step ({step_s:.2} s)",
+        "sync per version: {:.0} KB (1:{:.0} of the {:.0} KB checkpoint), extraction to \
+         staged everywhere {transfer_s:.3} s, activation {activation_s:.3} s: {:.1}% of the \
+         mean step ({step_s:.2} s)\nelements changed per step: {:.3}% to {:.3}%, {}",
         bytes / 1e3,
-        100.0 * (transfer_s + activation_s) / step_s
+        dense / bytes.max(1.0),
+        dense / 1e3,
+        100.0 * (transfer_s + activation_s) / step_s,
+        100.0 * least,
+        100.0 * most,
+        report::regime(records)
     ))
 }
 
@@ -761,7 +774,7 @@ fn describe(record: &StepRecord) -> String {
         record.tokens_per_s,
         record.sync_bytes as f64 / 1e3,
         record.dense_bytes as f64 / 1e3,
-        100.0 * record.density,
+        100.0 * record.density(),
         record.times.generation_s,
         record.times.training_s,
         record.times.extraction_s,

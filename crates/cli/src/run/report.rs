@@ -55,12 +55,50 @@ pub struct StepRecord {
     /// checkpoint with `--sync full`.
     pub sync_bytes: u64,
     pub dense_bytes: u64,
-    /// Share of elements that changed in the new version.
-    pub density: f64,
+    /// BF16 elements of the new version that differ from the previous version's.
+    pub changed_elements: u64,
+    /// BF16 elements of the model.
+    pub elements: u64,
     pub times: StepTimes,
     pub actors: Vec<ActorRecord>,
     /// What happened during the step (faults, joins, leaves).
     pub events: Vec<String>,
+}
+
+impl StepRecord {
+    /// Share of the elements that changed in the new version.
+    pub fn density(&self) -> f64 {
+        self.changed_elements as f64 / self.elements.max(1) as f64
+    }
+}
+
+/// The most a step may change, as a share of the elements, in the sparse regime: an RL
+/// step at the paper's learning rates changes about 1%, and a delta that sparse is a
+/// fiftieth of the checkpoint or less.
+pub const SPARSE_DENSITY_MAX: f64 = 0.02;
+
+/// Which regime a run's steps were in: sparse when every step changed at most
+/// [`SPARSE_DENSITY_MAX`] of the elements, dense otherwise.
+pub fn regime(steps: &[StepRecord]) -> String {
+    let percent = 100.0 * SPARSE_DENSITY_MAX;
+    let dense = steps
+        .iter()
+        .filter(|s| s.density() > SPARSE_DENSITY_MAX)
+        .count();
+    match dense {
+        0 => format!("sparse regime (every step changed at most {percent}% of the elements)"),
+        _ => format!(
+            "dense regime ({dense} of {} steps changed more than {percent}% of the elements)",
+            steps.len()
+        ),
+    }
+}
+
+/// The least and the most elements a step changed, as shares; None for no step.
+pub fn density_range(steps: &[StepRecord]) -> Option<(f64, f64)> {
+    let densities = steps.iter().map(StepRecord::density);
+    let least = densities.clone().reduce(f64::min)?;
+    Some((least, densities.fold(least, f64::max)))
 }
 
 pub fn read_metrics(path: &Path) -> Result<Vec<StepRecord>> {
@@ -114,6 +152,7 @@ fn render(title: &str, steps: &[StepRecord]) -> Result<String> {
          text-align:right}}</style></head><body><h1>{title}</h1>"
     )?;
     html.push_str(&summary(steps));
+    html.push_str(&density_table(steps));
     html.push_str(&chart(
         "Reward and held-out accuracy",
         "score",
@@ -154,11 +193,13 @@ fn summary(steps: &[StepRecord]) -> String {
     let percent = |a: Option<f64>| a.map_or("n/a".into(), |a| format!("{:.1}%", 100.0 * a));
     let sync: u64 = steps.iter().map(|s| s.sync_bytes).sum();
     let dense: u64 = steps.iter().map(|s| s.dense_bytes).sum();
+    let (least, most) = density_range(steps).unwrap_or_default();
     format!(
         "<table><tr><th>steps</th><td>{}</td></tr>\
          <tr><th>mean reward, first and last step</th><td>{:.3} to {:.3}</td></tr>\
          <tr><th>held-out accuracy, first and last evaluation</th><td>{} to {}</td></tr>\
          <tr><th>bytes sent per receiver (all steps)</th><td>{:.2} MB of {:.2} MB dense ({:.1}x less)</td></tr>\
+         <tr><th>elements changed per step</th><td>{:.3}% to {:.3}%: {}</td></tr>\
          <tr><th>final weights hash</th><td>{}</td></tr></table>",
         steps.len(),
         first.train.mean_reward,
@@ -168,7 +209,39 @@ fn summary(steps: &[StepRecord]) -> String {
         sync as f64 / 1e6,
         dense as f64 / 1e6,
         dense as f64 / sync.max(1) as f64,
+        100.0 * least,
+        100.0 * most,
+        regime(steps),
         last.weights_hash,
+    )
+}
+
+/// Every step's density and bytes against the dense checkpoint.
+fn density_table(steps: &[StepRecord]) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let mut rows = String::new();
+    for step in steps {
+        let _ = write!(
+            rows,
+            "<tr><td>{}</td><td>v{}</td><td>{} of {}</td><td>{:.3}%</td><td>{:.1}</td>\
+             <td>{:.1}</td><td>1:{:.0}</td></tr>",
+            step.step,
+            step.trained_version,
+            step.changed_elements,
+            step.elements,
+            100.0 * step.density(),
+            step.sync_bytes as f64 / 1e3,
+            step.dense_bytes as f64 / 1e3,
+            step.dense_bytes as f64 / step.sync_bytes.max(1) as f64,
+        );
+    }
+    format!(
+        "<h2>Density per step</h2><p>{}</p><table><tr><th>step</th><th>version</th>\
+         <th>elements changed</th><th>density</th><th>KB sent</th><th>KB dense</th>\
+         <th>sent : dense</th></tr>{rows}</table>",
+        regime(steps)
     )
 }
 
@@ -267,7 +340,8 @@ mod tests {
             tokens_per_s: 500.0,
             sync_bytes: 10_000,
             dense_bytes: 1_000_000,
-            density: 0.01,
+            changed_elements: 5_000 * (step + 1),
+            elements: 500_000,
             times: StepTimes {
                 generation_s: 2.0,
                 training_s: 1.0,
@@ -301,10 +375,37 @@ mod tests {
             "0.200 to 0.600",
             "100.0x less",
             "killed actor 2 &lt;pid 7&gt;",
+            "1.000% to 3.000%",
+            "dense regime (1 of 3 steps changed more than 2% of the elements)",
+            "<td>10000 of 500000</td><td>2.000%</td>",
+            "1:100",
         ] {
             assert!(html.contains(expected), "missing {expected}");
         }
         assert_eq!(html.matches("<svg").count(), 4);
+    }
+
+    #[test]
+    fn the_regime_is_sparse_only_when_every_step_changes_at_most_two_percent() {
+        let check = |changed: &[u64], expected: &str| {
+            let steps: Vec<StepRecord> = changed
+                .iter()
+                .enumerate()
+                .map(|(index, &changed)| StepRecord {
+                    changed_elements: changed,
+                    ..step(index as u64, 0.0, None)
+                })
+                .collect();
+            assert_eq!(regime(&steps), expected);
+        };
+        check(
+            &[0, 10_000],
+            "sparse regime (every step changed at most 2% of the elements)",
+        );
+        check(
+            &[10_000, 10_001, 50],
+            "dense regime (1 of 3 steps changed more than 2% of the elements)",
+        );
     }
 
     #[test]

@@ -221,7 +221,10 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             exports.insert(trained, bytes);
 
             let extraction = Instant::now();
-            let (published, density) = publish(&node, &exports, trained).await?;
+            // Watched from the start, so what the trainer does after publishing (such as
+            // checkpointing its state) is not counted as transfer time.
+            let staged = tokio::spawn(wait_until_staged(hub.clone(), trained, extraction));
+            let published = publish(&node, &exports, trained).await?;
             times.extraction_s = extraction.elapsed().as_secs_f64();
             if published.version != trained {
                 bail!("published version {}, trained {trained}", published.version);
@@ -235,7 +238,10 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
                 ));
             }
             let sync_bytes = published.artifact_bytes;
-            times.transfer_s = wait_until_staged(&hub, trained, extraction).await;
+            times.transfer_s = staged.await?;
+            // Counted once every actor has staged the version: a measurement, kept off
+            // the way of its segments.
+            let changed = count_changed(&exports, trained).await?;
             let accuracy = (trained % config.eval_every == 0 || trained == config.steps)
                 .then(|| evaluate(&config, &exports.get(trained)?))
                 .transpose()?;
@@ -252,7 +258,8 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
                 tokens_per_s: tokens as f64 / generation_s.max(1e-3),
                 sync_bytes,
                 dense_bytes: exports.get(trained)?.len() as u64,
-                density,
+                changed_elements: changed.elements,
+                elements: changed.of,
                 times,
                 actors: Vec::new(),
                 events,
@@ -493,34 +500,56 @@ fn rollout_groups(
 }
 
 /// Publishes version `trained`: the node extracts it against its predecessor and
-/// streams it out as the encoder produces segments (and stores it). Returns what was
-/// published and the share of elements that changed.
-async fn publish(
-    node: &Arc<TrainerNode>,
+/// streams it out as the encoder produces segments (and stores it).
+async fn publish(node: &Arc<TrainerNode>, exports: &Exports, trained: u64) -> Result<Published> {
+    let node = node.clone();
+    with_checkpoints(exports, trained, move |base, target| {
+        Ok(node.publish(base, target)?)
+    })
+    .await
+}
+
+/// The elements of a version that differ from its predecessor's, of all its elements.
+struct Changed {
+    elements: u64,
+    of: u64,
+}
+
+/// Counts what version `trained` changed, element by element, whatever the sync mode
+/// sends.
+async fn count_changed(exports: &Exports, trained: u64) -> Result<Changed> {
+    with_checkpoints(exports, trained, |base, target| {
+        Ok(Changed {
+            elements: base
+                .tensors()
+                .iter()
+                .zip(target.tensors())
+                .map(|(b, t)| aurora_delta::count_changed(b.data, t.data, b.dtype.size_bytes()))
+                .sum(),
+            of: target.tensors().iter().map(|t| t.element_count()).sum(),
+        })
+    })
+    .await
+}
+
+/// Runs `work` on a blocking thread over the exports of `trained` and its predecessor.
+async fn with_checkpoints<T: Send + 'static>(
     exports: &Exports,
     trained: u64,
-) -> Result<(Published, f64)> {
+    work: impl FnOnce(&Checkpoint<'_>, &Checkpoint<'_>) -> Result<T> + Send + 'static,
+) -> Result<T> {
     let (base, target) = (exports.get(trained - 1)?, exports.get(trained)?);
-    let node = node.clone();
-    tokio::task::spawn_blocking(move || -> Result<(Published, f64)> {
+    tokio::task::spawn_blocking(move || {
         let base = Checkpoint::from_safetensors(&base)?;
         let target = Checkpoint::from_safetensors(&target)?;
-        let changed: u64 = base
-            .tensors()
-            .iter()
-            .zip(target.tensors())
-            .map(|(b, t)| aurora_delta::count_changed(b.data, t.data, b.dtype.size_bytes()))
-            .sum();
-        let elements: u64 = target.tensors().iter().map(|t| t.element_count()).sum();
-        let published = node.publish(&base, &target)?;
-        Ok((published, changed as f64 / elements.max(1) as f64))
+        work(&base, &target)
     })
     .await?
 }
 
 /// Seconds from `since` until every live actor has staged or activated `version`.
-async fn wait_until_staged(hub: &Hub, version: u64, since: Instant) -> f64 {
-    until_every_actor(hub, since, |m| {
+async fn wait_until_staged(hub: Arc<Hub>, version: u64, since: Instant) -> f64 {
+    until_every_actor(&hub, since, |m| {
         m.active.0 >= version || m.staged.is_some_and(|s| s.0 >= version)
     })
     .await

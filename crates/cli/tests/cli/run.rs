@@ -304,12 +304,15 @@ fn delta_and_full_sync_give_the_same_weights_and_rewards_at_every_step() {
     let dir = scratch.path("run");
     let mut runs = Vec::new();
     for sync in ["delta", "full"] {
-        aurora(&["run", "--sync", sync, "--config"])
+        let run = aurora(&["run", "--sync", sync, "--config"])
             .arg(&config)
             .arg("--dir")
             .arg(&dir)
             .ok();
         runs.push(metrics(&dir));
+        if sync == "delta" {
+            assert_density_is_counted(&dir, &run.stdout, runs.last().unwrap());
+        }
     }
     let (delta, full) = (&runs[0], &runs[1]);
     assert_eq!(delta.len(), 4);
@@ -334,6 +337,44 @@ fn delta_and_full_sync_give_the_same_weights_and_rewards_at_every_step() {
         hashes.insert(d["weights_hash"].as_str().unwrap().to_string());
     }
     assert_eq!(hashes.len(), 4, "the weights changed at every step");
+}
+
+/// Fails unless every step's changed elements are those its stored delta holds, and the
+/// run's output and report state each step's density and the regime they make: the tiny
+/// model at its learning rate changes most elements, the dense regime.
+#[track_caller]
+fn assert_density_is_counted(dir: &Path, stdout: &str, steps: &[Value]) {
+    let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    for step in steps {
+        let version = step["trained_version"].as_u64().unwrap().to_string();
+        let stored: Value = serde_json::from_str(
+            &aurora(&["store", "inspect", "--json"])
+                .arg(dir.join("store"))
+                .arg(&version)
+                .ok()
+                .stdout,
+        )
+        .unwrap();
+        let stats = &stored["delta"]["stats"];
+        assert_eq!(
+            step["changed_elements"], stats["bytes"]["changed"],
+            "v{version}"
+        );
+        assert_eq!(step["elements"], stats["elements"], "v{version}");
+        let density = 100.0 * stats["density"].as_f64().unwrap();
+        assert!(density > 2.0, "v{version}: {density}%");
+        let row = format!(
+            "<td>v{version}</td><td>{} of {}</td><td>{density:.3}%</td>",
+            stats["bytes"]["changed"], stats["elements"]
+        );
+        assert!(report.contains(&row), "no {row} in the report");
+    }
+    let regime = "dense regime (4 of 4 steps changed more than 2% of the elements)";
+    assert!(report.contains(regime), "no regime in the report");
+    assert!(
+        stdout.contains("elements changed per step: ") && stdout.contains(regime),
+        "{stdout}"
+    );
 }
 
 #[test]
