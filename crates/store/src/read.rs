@@ -157,7 +157,7 @@ fn verified_snapshot_artifact(path: &Path, record: &SnapshotRecord) -> Result<Ma
         path: path.to_path_buf(),
         reason,
     };
-    let delta = verified_delta(&file, &corrupted)?;
+    let delta = verified_delta(&file, corrupted)?;
     let header = delta.header();
     if (header.base_version, header.target_version) != (record.version, record.version)
         || header.target_hash != record.weights_hash
