@@ -594,6 +594,97 @@ impl Patch {
     }
 }
 
+/// The target of a layout-changing artifact that starts from nothing (a snapshot: every
+/// tensor added), built segment by segment as they are decoded: a [`Patch`] would hold
+/// every decoded chunk (the whole model, again) until the last one arrived, and then
+/// build the image beside them. Here the image is the only copy. Chunks are placed
+/// exactly as [`Patch::materialize_image`] places them; what was never written, or
+/// written from bytes that were not the trainer's, fails the weights hash at
+/// [`TargetImage::finish`].
+pub struct TargetImage {
+    /// The artifact's header, and the chunks of the segment being written.
+    patch: Patch,
+    image: Vec<u8>,
+    layout: Vec<TensorLayout>,
+}
+
+impl TargetImage {
+    /// The target's safetensors image, every tensor zero, for an artifact whose every
+    /// target tensor is new.
+    pub fn new(header: DeltaHeader) -> Result<TargetImage> {
+        let initial = header
+            .tensors
+            .iter()
+            .filter_map(|entry| entry.change.target().map(|spec| (entry, spec)))
+            .map(|(entry, spec)| {
+                if let TensorChange::Patched(_) = entry.change {
+                    return Err(DeltaError::BaseMismatch(format!(
+                        "tensor '{}' is patched: only an artifact whose tensors are all new \
+                         builds a target from nothing",
+                        entry.name
+                    )));
+                }
+                Ok((
+                    entry.name.clone(),
+                    InitialTensor {
+                        dtype: spec.dtype.to_safetensors(),
+                        shape: spec.shape.iter().map(|&d| d as usize).collect(),
+                        data: None,
+                        len: spec.byte_len() as usize,
+                    },
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let image = safetensors::serialize(initial, None)
+            .map_err(|e| DeltaError::Checkpoint(format!("writing the target image: {e}")))?;
+        let layout = safetensors_layout(&image)?;
+        Ok(TargetImage {
+            patch: Patch {
+                header,
+                chunks: Vec::new(),
+            },
+            image,
+            layout,
+        })
+    }
+
+    pub fn header(&self) -> &DeltaHeader {
+        &self.patch.header
+    }
+
+    /// Writes one segment's decoded chunks in place (each checked to lie inside its
+    /// tensor, none overlapping another of the segment).
+    pub fn write(&mut self, chunks: Vec<PatchChunk>) -> Result<()> {
+        self.patch.chunks = chunks;
+        let written = self
+            .patch
+            .swap_into_target_layout(&mut self.image, &self.layout);
+        self.patch.chunks.clear();
+        written
+    }
+
+    /// The finished image and its layout, once its weights hash is the artifact's
+    /// target hash.
+    pub fn finish(self) -> Result<(Vec<u8>, Vec<TensorLayout>, Hash)> {
+        let actual = Checkpoint::from_layout(&self.image, &self.layout)?.weights_hash();
+        if actual != self.patch.header.target_hash {
+            return Err(DeltaError::TargetMismatch {
+                expected: self.patch.header.target_hash,
+                actual,
+            });
+        }
+        Ok((self.image, self.layout, actual))
+    }
+
+    /// Every target tensor's name: an engine reloads all of them.
+    pub fn tensor_names(&self) -> Vec<String> {
+        self.layout
+            .iter()
+            .map(|tensor| tensor.name.clone())
+            .collect()
+    }
+}
+
 /// What a target tensor starts from before its changes: the base's values for a patched
 /// tensor (checked against the delta's spec: a patch may reach here without
 /// `check_base`), zeros (`None`) for one added or reshaped.

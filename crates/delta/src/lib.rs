@@ -30,7 +30,8 @@ pub mod stats;
 mod undo;
 
 pub use apply::{
-    OwnedTensor, Patch, PatchChunk, apply, check_base, decode, decode_segment, owned_checkpoint,
+    OwnedTensor, Patch, PatchChunk, TargetImage, apply, check_base, decode, decode_segment,
+    owned_checkpoint,
 };
 pub use checkpoint::{
     Checkpoint, Hash, SafetensorsView, TensorLayout, TensorView, safetensors_layout,

@@ -46,7 +46,7 @@ pub use sender::{
     Transmit,
 };
 pub use tuner::StreamTuner;
-pub use weights::Weights;
+pub use weights::{Staged, Weights};
 
 /// A connection, named by the driver; unique among a node's connections for its
 /// lifetime.

@@ -23,6 +23,7 @@ use crate::actor::{ActorAction, ActorCore, ActorStatus};
 use crate::frame::{ArtifactKind, Frame, Role, VersionRef, Welcome};
 use crate::receiver::{Artifact, Receiver, ReceiverEvent, SessionEnd};
 use crate::sender::{ArtifactKey, Sender, SenderEvent};
+use crate::weights::Staged;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
@@ -66,7 +67,7 @@ pub enum Output {
     },
     /// Wait for the engine's safe point, then call [`Node::safe_point`].
     AwaitSafePoint,
-    /// Apply the staged patch of `version` ([`Node::take_patch`]), then call
+    /// Apply what is staged for `version` ([`Node::take_staged`]), then call
     /// [`Node::activated`]. No decode is outstanding: the weights are free to change. A
     /// joining node's snapshot comes without a safe point: its engine runs nothing yet.
     Activate {
@@ -120,8 +121,8 @@ pub struct Node {
     /// The version being decoded against the active weights, at most one: only the
     /// next version's base is the active weights.
     staging: Option<Staging>,
-    /// The staged patch, until it is activated.
-    patch: Option<(u64, Patch)>,
+    /// What is staged, until it is activated.
+    patch: Option<(u64, Staged)>,
     /// Decodes handed to the driver and not yet reported, of any version: while one is
     /// out the weights are being read, so an activation waits for them.
     decodes_out: usize,
@@ -251,8 +252,8 @@ impl Node {
         }
     }
 
-    /// The staged patch of `version`, for [`Output::Activate`].
-    pub fn take_patch(&mut self, version: u64) -> Option<Patch> {
+    /// What is staged for `version`, for [`Output::Activate`].
+    pub fn take_staged(&mut self, version: u64) -> Option<Staged> {
         match self.patch.take() {
             Some((staged, patch)) if staged == version => Some(patch),
             other => {
@@ -465,7 +466,15 @@ impl Node {
             }
             _ => false,
         };
-        if fits && self.patch.is_none() && self.staging.is_none() {
+        // A joining node builds a snapshot's image from each segment as it comes, and its
+        // receiver may keep only their hashes: a newer snapshot (or another artifact of
+        // the same version) replaces the one it was building, never waits behind it.
+        let supersedes = kind == ArtifactKind::Snapshot
+            && self.staging.as_ref().is_some_and(|staging| {
+                staging.kind == ArtifactKind::Snapshot
+                    && (staging.version, &staging.header) != (version, &header)
+            });
+        if fits && self.patch.is_none() && (self.staging.is_none() || supersedes) {
             self.staging = Some(Staging {
                 version,
                 kind,
@@ -553,8 +562,14 @@ impl Node {
             })
             .collect::<Result<Vec<_>, String>>()
             .and_then(|segments| {
+                // A snapshot's segments were decoded into its image as they came.
+                if staging.kind == ArtifactKind::Snapshot {
+                    return Ok(Staged::Snapshot(staging.header.clone()));
+                }
                 let chunks = segments.into_iter().flatten().collect();
-                Patch::new(DeltaHeader::clone(&staging.header), chunks).map_err(|e| e.to_string())
+                Patch::new(DeltaHeader::clone(&staging.header), chunks)
+                    .map(Staged::Patch)
+                    .map_err(|e| e.to_string())
             })
             .map(|patch| self.patch = Some((version, patch)));
         if let Some(actor) = &mut self.actor {

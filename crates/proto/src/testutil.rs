@@ -272,7 +272,7 @@ pub fn connected_joining(streams: u8, snapshot: u64) -> Receiver {
     welcomed(joining_receiver(streams), Some(snapshot))
 }
 
-fn welcomed(mut r: Receiver, snapshot: Option<u64>) -> Receiver {
+pub fn welcomed(mut r: Receiver, snapshot: Option<u64>) -> Receiver {
     let now = Instant::now();
     let streams = r.stream_count();
     r.start_session(now, 5);

@@ -3,20 +3,69 @@
 //! patch and checking the target hash. Pure computation: drivers run it off their event
 //! loop.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use aurora_delta::{
-    Checkpoint, DeltaError, DeltaHeader, Hash, Patch, PatchChunk, TensorLayout, check_base,
-    decode_segment, safetensors_layout,
+    Checkpoint, DeltaError, DeltaHeader, Hash, Patch, PatchChunk, TargetImage, TensorLayout,
+    check_base, decode_segment, safetensors_layout,
 };
 
 use crate::frame::{ArtifactKind, VersionRef};
 
 /// A checkpoint held as a safetensors image, with its version and verified hash.
-/// Cloning copies the image without hashing it again.
-#[derive(Clone)]
+/// Cloning copies the image without hashing it again (not a snapshot being built).
 pub struct Weights {
     image: Vec<u8>,
     layout: Vec<TensorLayout>,
     active: VersionRef,
+    /// The snapshot a joining node is taking, built in place as its segments are
+    /// decoded (on any thread: decodes share the weights).
+    building: Mutex<Option<TargetImage>>,
+}
+
+impl Clone for Weights {
+    fn clone(&self) -> Weights {
+        Weights {
+            image: self.image.clone(),
+            layout: self.layout.clone(),
+            active: self.active,
+            building: Mutex::new(None),
+        }
+    }
+}
+
+/// What an activation applies: a patch to the active weights, or the image a snapshot's
+/// segments were decoded into.
+pub enum Staged {
+    Patch(Patch),
+    /// [`Weights::decode_segment`] wrote every segment of the snapshot `header` names.
+    Snapshot(Arc<DeltaHeader>),
+}
+
+impl Staged {
+    pub fn target_version(&self) -> u64 {
+        match self {
+            Staged::Patch(patch) => patch.header.target_version,
+            Staged::Snapshot(header) => header.target_version,
+        }
+    }
+
+    /// The tensors an engine must reload, in name order (every one for a snapshot).
+    pub fn changed_tensors(&self) -> Vec<String> {
+        match self {
+            Staged::Patch(patch) => patch.changed_tensors(),
+            Staged::Snapshot(header) => {
+                let mut names: Vec<String> = header
+                    .tensors
+                    .iter()
+                    .filter(|entry| entry.change.target().is_some())
+                    .map(|entry| entry.name.clone())
+                    .collect();
+                names.sort();
+                names
+            }
+        }
+    }
 }
 
 impl Weights {
@@ -28,6 +77,7 @@ impl Weights {
             image,
             layout,
             active: VersionRef { version, hash },
+            building: Mutex::new(None),
         })
     }
 
@@ -41,6 +91,7 @@ impl Weights {
                 version: 0,
                 hash: crate::snapshot::empty_weights_hash(),
             },
+            building: Mutex::new(None),
         }
     }
 
@@ -85,14 +136,36 @@ impl Weights {
         }
         let base = Checkpoint::from_layout(&self.image, &self.layout)?;
         check_base(header, &base, Some(self.active.hash))?;
-        decode_segment(header, index, segment, &base)
+        let chunks = decode_segment(header, index, segment, &base)?;
+        if kind != ArtifactKind::Snapshot {
+            return Ok(chunks);
+        }
+        // A snapshot's chunks go straight into its image: holding them until the last
+        // segment would hold the model twice.
+        let mut building = self.building.lock().unwrap_or_else(PoisonError::into_inner);
+        let image = match building.take() {
+            Some(image) if image.header() == header => building.insert(image),
+            // A decode of a snapshot superseded by a newer one: it must not take the
+            // newer one's image away, and its result is not wanted.
+            Some(image) if image.header().target_version > header.target_version => {
+                *building = Some(image);
+                return Ok(Vec::new());
+            }
+            _ => building.insert(TargetImage::new(header.clone())?),
+        };
+        image.write(chunks)?;
+        Ok(Vec::new())
     }
 
     /// Applies a staged patch. A patch that keeps every tensor's dtype and shape is
     /// applied in place; one that adds, removes or reshapes tensors (a snapshot) is
     /// materialised into a new image, hashed once. On a target hash mismatch the weights are left as
     /// they were and the error returned; on success they are the target version.
-    pub fn activate(&mut self, mut patch: Patch) -> Result<Hash, DeltaError> {
+    pub fn activate(&mut self, staged: Staged) -> Result<Hash, DeltaError> {
+        let mut patch = match staged {
+            Staged::Patch(patch) => patch,
+            Staged::Snapshot(header) => return self.activate_snapshot(&header),
+        };
         let version = patch.header.target_version;
         if patch.preserves_layout() {
             let hash = patch.apply_in_place(&mut self.image, &self.layout)?;
@@ -110,8 +183,37 @@ impl Weights {
                 version,
                 hash: expected,
             },
+            building: Mutex::new(None),
         };
         Ok(expected)
+    }
+
+    /// Becomes the snapshot `header` names, built by the decodes of its segments.
+    fn activate_snapshot(&mut self, header: &DeltaHeader) -> Result<Hash, DeltaError> {
+        let building = self
+            .building
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .filter(|image| image.header() == header)
+            .ok_or_else(|| {
+                DeltaError::Malformed(format!(
+                    "no segment of the snapshot of version {} was decoded",
+                    header.target_version
+                ))
+            })?;
+        // The image is what the engine loads: its own hash is the one checked.
+        let (image, layout, hash) = building.finish()?;
+        *self = Weights {
+            image,
+            layout,
+            active: VersionRef {
+                version: header.target_version,
+                hash,
+            },
+            building: Mutex::new(None),
+        };
+        Ok(hash)
     }
 }
 
@@ -140,16 +242,17 @@ mod tests {
         (image, artifact)
     }
 
-    fn patch(weights: &Weights, file: &DeltaFile<'_>) -> Patch {
-        let chunks = (0..file.segment_count())
-            .flat_map(|index| {
-                let segment = file.verify_segment(index).unwrap();
-                weights
-                    .decode_segment(ArtifactKind::Snapshot, file.header(), index as u32, segment)
-                    .unwrap()
-            })
-            .collect();
-        Patch::new(file.header().clone(), chunks).unwrap()
+    /// Decodes every segment of the snapshot `file` into `weights` (in reverse order:
+    /// any order builds the same image); what is staged.
+    fn decode_all(weights: &Weights, file: &DeltaFile<'_>) -> Staged {
+        for index in (0..file.segment_count()).rev() {
+            let segment = file.verify_segment(index).unwrap();
+            let chunks = weights
+                .decode_segment(ArtifactKind::Snapshot, file.header(), index as u32, segment)
+                .unwrap();
+            assert!(chunks.is_empty(), "written into the image, not held");
+        }
+        Staged::Snapshot(Arc::new(file.header().clone()))
     }
 
     #[test]
@@ -159,8 +262,9 @@ mod tests {
         assert!(file.segment_count() > 1);
         let mut weights = Weights::empty();
         assert!(weights.is_empty());
-        let patch = patch(&weights, &file);
-        let hash = weights.activate(patch).unwrap();
+        let staged = decode_all(&weights, &file);
+        assert_eq!(staged.changed_tensors().len(), file.header().tensors.len());
+        let hash = weights.activate(staged).unwrap();
         assert_eq!(hash, file.header().target_hash);
         assert_eq!(weights.active(), VersionRef { version: 7, hash });
         assert!(weights.image() == image.as_slice(), "byte for byte");
@@ -186,14 +290,31 @@ mod tests {
     fn a_snapshot_that_does_not_reach_its_target_leaves_the_weights_empty() {
         let (_, artifact) = snapshot();
         let file = DeltaFile::parse(&artifact).unwrap();
+        // One segment never written: the image misses its target.
         let mut weights = Weights::empty();
-        let mut patch = patch(&weights, &file);
-        patch.header.target_hash = Hash([1; 32]);
-        let error = weights.activate(patch).unwrap_err();
+        for index in 1..file.segment_count() {
+            let segment = file.verify_segment(index).unwrap();
+            weights
+                .decode_segment(ArtifactKind::Snapshot, file.header(), index as u32, segment)
+                .unwrap();
+        }
+        let error = weights
+            .activate(Staged::Snapshot(Arc::new(file.header().clone())))
+            .unwrap_err();
         assert!(
             matches!(error, DeltaError::TargetMismatch { .. }),
             "{error}"
         );
         assert!(weights.is_empty());
+        // Nothing decoded at all.
+        let error = weights
+            .activate(Staged::Snapshot(Arc::new(file.header().clone())))
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("no segment of the snapshot of version 7"),
+            "{error}"
+        );
     }
 }

@@ -84,7 +84,7 @@ fn segments_are_decoded_as_they_arrive_and_staged_once_complete() {
     }
     poll(&mut node);
     assert_eq!(node.actor_status().unwrap().staged, Some(1));
-    assert!(node.take_patch(1).is_some());
+    assert!(node.take_staged(1).is_some());
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn a_revoked_segment_is_decoded_again_and_activation_waits_for_the_stale_decode(
     // Its result comes back late and is not used.
     node.decoded(1, 0, forged[0].2, Err("garbage".into()));
     assert!(poll(&mut node).contains(&Output::Activate { version: 1 }));
-    assert!(node.take_patch(1).is_some());
+    assert!(node.take_staged(1).is_some());
 }
 
 #[test]
@@ -144,7 +144,7 @@ fn a_segment_that_does_not_decode_refuses_the_version() {
         (status.active.map(|a| a.version), status.staged),
         (Some(0), None)
     );
-    assert!(node.take_patch(1).is_none());
+    assert!(node.take_staged(1).is_none());
 }
 
 #[test]
@@ -185,7 +185,7 @@ fn a_joining_actor_stages_its_snapshot_as_it_arrives_and_activates_it_without_a_
         "{outputs:?}"
     );
     assert!(!outputs.contains(&Output::AwaitSafePoint));
-    assert!(node.take_patch(3).is_some());
+    assert!(node.take_staged(3).is_some());
     node.activated(3, Ok(weights(3)));
     poll(&mut node);
     assert_eq!(

@@ -129,7 +129,9 @@ impl Receiver {
 /// Delivery copies nothing: joining a full checkpoint's gigabyte on the event loop
 /// held up everything else for the better part of a second (BENCHMARKS.md). A
 /// consumer that needs the bytes contiguous calls [`Artifact::to_bytes`] where it may
-/// take its time (a relay forwards segments as they arrive and never needs it).
+/// take its time (a relay forwards segments as they arrive and never needs it). A
+/// snapshot's segments are empty when its receiver did not hold them
+/// ([`super::ReceiverConfig::hold_snapshot_segments`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
     kind: ArtifactKind,

@@ -257,16 +257,25 @@ impl Receiver {
         });
         // Segments that overtook the offer on another stream are announced now, so a
         // relay republishes them after the descriptor.
-        for (index, held) in assembly.segments.iter().enumerate() {
+        let release = kind == ArtifactKind::Snapshot && !self.config.hold_snapshot_segments;
+        let mut released = 0;
+        for (index, held) in assembly.segments.iter_mut().enumerate() {
             if let Some((hash, bytes)) = held {
                 self.events.push_back(ReceiverEvent::Segment {
                     version,
                     index: index as u32,
                     hash: *hash,
-                    bytes: bytes.clone(),
+                    bytes: if release {
+                        released += bytes.len() as u64;
+                        std::mem::take(bytes)
+                    } else {
+                        bytes.clone()
+                    },
                 });
             }
         }
+        assembly.held_bytes -= released;
+        self.held_bytes -= released;
         self.check_table(version)
     }
 
@@ -339,6 +348,13 @@ impl Receiver {
             *counter += bytes.len() as u64;
         }
         if assembly.descriptor.is_some() {
+            if assembly.kind == Some(ArtifactKind::Snapshot) && !self.config.hold_snapshot_segments
+            {
+                // Announced, and kept no longer: the hash stands for it.
+                assembly.segments[index as usize] = Some((hash, Bytes::new()));
+                assembly.held_bytes -= bytes.len() as u64;
+                self.held_bytes -= bytes.len() as u64;
+            }
             self.events.push_back(ReceiverEvent::Segment {
                 version,
                 index,

@@ -63,6 +63,12 @@ pub struct ReceiverConfig {
     pub versions_ahead: u64,
     /// Bytes of incomplete artifacts held at most.
     pub max_held_bytes: u64,
+    /// Whether a snapshot's segments are held until it is complete. A consumer that
+    /// takes each segment as it is announced (an actor building the snapshot's image as
+    /// it decodes) sets this off: the receiver then keeps only each segment's hash, and
+    /// the complete artifact's segments are empty. Holding them would hold the whole
+    /// model for nothing.
+    pub hold_snapshot_segments: bool,
     /// Bad copies of one segment tolerated before the upstream is given up.
     pub max_segment_failures: u32,
     /// An upstream that sends nothing (not even a keepalive) for this long is lost.
@@ -83,6 +89,7 @@ impl ReceiverConfig {
             streams: 4,
             versions_ahead: 4,
             max_held_bytes: 8 << 30,
+            hold_snapshot_segments: true,
             max_segment_failures: 8,
             idle_timeout: Duration::from_secs(10),
             tune_interval: None,

@@ -821,3 +821,46 @@ fn a_welcome_with_an_unsigned_commit_is_refused() {
     let (events, _) = drain(&mut r);
     assert!(events.contains(&ReceiverEvent::Commit(commit(4, Some(&trainer_key())))));
 }
+
+#[test]
+fn a_joining_receiver_that_does_not_hold_snapshot_segments_keeps_only_their_hashes() {
+    let mut config = ReceiverConfig::new(
+        crate::testutil::identity(Role::Actor, "a1"),
+        crate::testutil::TOKEN.to_vec(),
+    );
+    config.hold_snapshot_segments = false;
+    let mut r = crate::testutil::welcomed(Receiver::joining(config), Some(4));
+    let now = Instant::now();
+    let (bytes, manifest) = snapshot_artifact(4, 3);
+    let mut frames = frames_of(&bytes, ArtifactKind::Snapshot);
+    // One segment overtakes the offer: announced (and let go) when the offer comes.
+    frames.swap(0, 1);
+    for frame in frames {
+        r.handle_frame(now, 1, frame);
+    }
+    let (events, _) = drain(&mut r);
+    let announced: Vec<(u32, usize)> = events
+        .iter()
+        .filter_map(|e| match e {
+            ReceiverEvent::Segment { index, bytes, .. } => Some((*index, bytes.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(announced.len(), 3, "{events:?}");
+    for (index, len) in announced {
+        assert_eq!(len, manifest.segments[index as usize].len as usize);
+    }
+    let artifact = events
+        .iter()
+        .find_map(|e| match e {
+            ReceiverEvent::Complete { artifact, .. } => Some(artifact),
+            _ => None,
+        })
+        .expect("the snapshot is complete");
+    let held: Vec<(Hash, usize)> = artifact
+        .segments()
+        .map(|(_, hash, bytes)| (hash, bytes.len()))
+        .collect();
+    let expected: Vec<(Hash, usize)> = manifest.segments.iter().map(|s| (s.hash, 0)).collect();
+    assert_eq!(held, expected, "only the hashes are kept");
+}

@@ -107,9 +107,9 @@ impl<E: Engine> Driver<E> {
             }
             Output::Activate { version } => {
                 let shared = self.weights.take().expect("activation needs the weights");
-                let (mut weights, patch) =
-                    match (Arc::try_unwrap(shared), self.node.take_patch(version)) {
-                        (Ok(weights), Some(patch)) => (weights, patch),
+                let (mut weights, staged) =
+                    match (Arc::try_unwrap(shared), self.node.take_staged(version)) {
+                        (Ok(weights), Some(staged)) => (weights, staged),
                         (shared, _) => {
                             // The node activates only a staged patch with no decode out.
                             self.weights = Some(shared.map_or_else(|arc| arc, Arc::new));
@@ -122,8 +122,8 @@ impl<E: Engine> Driver<E> {
                 // Not on the decode pool: the engine is paused at its safe point until
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
-                    let changed = patch.changed_tensors();
-                    let result = weights.activate(patch);
+                    let changed = staged.changed_tensors();
+                    let result = weights.activate(staged);
                     let changed = if result.is_ok() { changed } else { Vec::new() };
                     let _ = events.blocking_send(Event::Activated {
                         version,
