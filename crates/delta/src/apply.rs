@@ -392,6 +392,17 @@ impl Patch {
         buffer: &mut [u8],
         layout: &[TensorLayout],
     ) -> Result<()> {
+        self.swap_into(buffer, layout, Threads::Pool)
+    }
+
+    /// Swaps the changes into `buffer` (laid out as `layout`), on the current rayon pool
+    /// or on the calling thread alone.
+    fn swap_into(
+        &mut self,
+        buffer: &mut [u8],
+        layout: &[TensorLayout],
+        threads: Threads,
+    ) -> Result<()> {
         let placements = self.placements(buffer.len(), layout)?;
         // Chunks cover disjoint ranges, so the buffer splits into one slice per chunk and
         // the swaps run on the current rayon pool: a large model's commit is then bound by
@@ -408,10 +419,13 @@ impl Patch {
             jobs.push((chunk, slice, placement.element_bytes));
             (rest, rest_start) = (tail, placement.bytes.end);
         }
-        jobs.into_par_iter()
-            .for_each(|(chunk, slice, element_bytes)| {
-                chunk.changes.swap_into(slice, element_bytes)
-            });
+        let swap = |(chunk, slice, element_bytes): (&mut PatchChunk, &mut [u8], usize)| {
+            chunk.changes.swap_into(slice, element_bytes)
+        };
+        match threads {
+            Threads::Pool => jobs.into_par_iter().for_each(swap),
+            Threads::Caller => jobs.into_iter().for_each(swap),
+        }
         Ok(())
     }
 
@@ -594,6 +608,15 @@ impl Patch {
     }
 }
 
+/// Where a swap runs.
+#[derive(Clone, Copy)]
+enum Threads {
+    /// The current rayon pool.
+    Pool,
+    /// The calling thread alone.
+    Caller,
+}
+
 /// The target of a layout-changing artifact that starts from nothing (a snapshot: every
 /// tensor added), built segment by segment as they are decoded: a [`Patch`] would hold
 /// every decoded chunk (the whole model, again) until the last one arrived, and then
@@ -653,12 +676,14 @@ impl TargetImage {
     }
 
     /// Writes one segment's decoded chunks in place (each checked to lie inside its
-    /// tensor, none overlapping another of the segment).
+    /// tensor, none overlapping another of the segment), on the calling thread alone:
+    /// the caller may hold a lock around it, and a rayon worker waiting inside a lock
+    /// can take another task that waits on the same lock.
     pub fn write(&mut self, chunks: Vec<PatchChunk>) -> Result<()> {
         self.patch.chunks = chunks;
         let written = self
             .patch
-            .swap_into_target_layout(&mut self.image, &self.layout);
+            .swap_into(&mut self.image, &self.layout, Threads::Caller);
         self.patch.chunks.clear();
         written
     }
