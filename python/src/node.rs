@@ -418,16 +418,18 @@ impl ActorNodeCore {
                 .map(|path| aurora_trust::signing::load_public_key(&path))
                 .transpose()
                 .map_err(key_error)?,
+            // Host memory stays flat beside the engine's own copy: the image is an
+            // unnamed file in the temporary directory ($TMPDIR), mapped.
+            images: Arc::new(aurora_checkpoint::FileImages::new(std::env::temp_dir())),
         };
         let timeout = seconds(join_timeout_s, "join timeout")?;
         let local = match weights {
             Some((version, tensors)) => {
                 let tensors = Tensors::borrow(tensors)?;
                 let checkpoint = tensors.checkpoint()?;
-                let image = py
-                    .detach(|| checkpoint.to_safetensors())
-                    .map_err(delta_error)?;
-                Some(Weights::new(image, version).map_err(delta_error)?)
+                let images = settings.images.clone();
+                let weights = py.detach(|| Weights::from_checkpoint(&checkpoint, version, images));
+                Some(weights.map_err(delta_error)?)
             }
             None => None,
         };

@@ -17,6 +17,9 @@ use aurora_delta::{
 };
 use memmap2::{Mmap, MmapMut};
 
+mod images;
+pub use images::FileImages;
+
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     // The source is printed by the error chain (`{:#}`), not repeated here.
@@ -343,7 +346,8 @@ fn recover_locked(path: &Path, file: &File) -> Result<Option<JournalInfo>> {
 /// Everything is verified before `out` is made. When the delta keeps the layout, `out`
 /// starts as a copy of the file (made by the kernel, without passing through this
 /// process) and the changes are written into its map, so memory holds the patch, not
-/// the model; otherwise the target is built in memory once.
+/// the model; otherwise the target is built once in an unnamed file beside `out`, then
+/// written to it.
 pub fn apply_to_file(base: &Path, delta: &DeltaFile<'_>, fused: bool, out: &Path) -> Result<Hash> {
     let base_file = MappedFile::open(base)?;
     let layout = weights_layout(base_file.bytes(), delta, fused).map_err(delta_error(base))?;
@@ -388,7 +392,11 @@ pub fn apply_to_file(base: &Path, delta: &DeltaFile<'_>, fused: bool, out: &Path
         }));
     }
     let view = base_file.checkpoint()?;
-    let (image, _) = patch.materialize_image(&view).map_err(FileError::Apply)?;
+    let out_dir = out.parent().filter(|dir| !dir.as_os_str().is_empty());
+    let scratch = FileImages::new(out_dir.unwrap_or(Path::new(".")));
+    let (image, _) = patch
+        .materialize_image(&view, &scratch)
+        .map_err(FileError::Apply)?;
     write_atomically(out, |writer| {
         writer.write_all(&image).map_err(io_error(out))
     })?;

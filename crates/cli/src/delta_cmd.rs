@@ -1,7 +1,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use aurora_checkpoint::{MappedFile, write_atomically, write_delta, write_safetensors};
+use aurora_checkpoint::{FileImages, MappedFile, write_atomically, write_delta, write_safetensors};
 use aurora_delta::{
     ArtifactKind, DeltaHeader, DetachedSignature, Encoding, ExtractOptions, Extraction, Manifest,
     check_base, compose, decode, invert, key_fingerprint, owned_checkpoint, stats::delta_stats,
@@ -287,7 +287,11 @@ pub fn run(command: DeltaCommand) -> Result<()> {
                 let spinner = crate::spinner("applying");
                 let applied = check_base(parsed.header(), &view, None)
                     .with_context(|| format!("checking base {}", base.display()))
-                    .and_then(|()| Ok(decode(&parsed, &view)?.materialize_image(&view)?));
+                    .and_then(|()| {
+                        // Built in a mapped file: a large model is not held in memory.
+                        let scratch = FileImages::new(std::env::temp_dir());
+                        Ok(decode(&parsed, &view)?.materialize_image(&view, &scratch)?)
+                    });
                 spinner.finish_and_clear();
                 applied?;
                 println!(

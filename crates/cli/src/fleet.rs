@@ -454,7 +454,7 @@ impl Fleet {
                 } else {
                     (Role::Actor, format!("{}-actor{index}", region.name))
                 };
-                let weights = weights.clone();
+                let weights = weights.try_clone()?;
                 let node = if relay {
                     let mut config = config(role, &name, &region.name, vec![hub_address])?;
                     config.listen = Some(SocketAddr::new(region.address, 0));

@@ -52,6 +52,7 @@ struct TransportLimits {
     max_builds: Option<usize>,
     max_build_bytes: Option<u64>,
     max_held_bytes: Option<u64>,
+    max_decode_backlog_bytes: Option<u64>,
 }
 
 impl NodeLimits {
@@ -102,6 +103,7 @@ impl LimitsFile {
         set!(set_count, transport.max_builds => to.max_builds);
         set!(set_count, transport.max_build_bytes => to.max_build_bytes);
         set!(set_count, transport.max_held_bytes => to.max_held_bytes);
+        set!(set_count, transport.max_decode_backlog_bytes => to.max_decode_backlog_bytes);
         Ok(limits)
     }
 }

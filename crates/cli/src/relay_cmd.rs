@@ -6,8 +6,10 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::num::NonZeroU8;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use aurora_checkpoint::{FileImages, MappedFile};
 use aurora_proto::{Identity, Role, Weights};
 use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_joining_relay, spawn_relay};
 use clap::Args;
@@ -64,6 +66,12 @@ pub struct NodeArgs {
     /// caps, the handshake timeout, `max_held_bytes`; see docs/security.md).
     #[arg(long)]
     limits: Option<PathBuf>,
+    /// Where the node keeps the model's image: an unnamed file in this directory,
+    /// mapped into memory, so the node's own memory stays flat whatever the model's
+    /// size (the file's space goes back when the node ends). Default: the system's
+    /// temporary directory.
+    #[arg(long)]
+    image_dir: Option<PathBuf>,
     #[command(flatten)]
     #[serde(skip)]
     trust: TrustArgs,
@@ -158,11 +166,16 @@ impl NodeArgs {
                 None
             }
         };
+        let image_dir = self
+            .image_dir
+            .or(file.image_dir)
+            .unwrap_or_else(std::env::temp_dir);
+        tracing::info!(dir = %image_dir.display(), "the model's image lives in a mapped file");
+        config.images = Arc::new(FileImages::new(image_dir));
         let weights = start
             .map(|(path, version)| {
-                let image =
-                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-                Weights::new(image, version)
+                let file = MappedFile::open(&path)?;
+                Weights::from_checkpoint(&file.checkpoint()?, version, config.images.clone())
                     .with_context(|| format!("{} is not a checkpoint", path.display()))
             })
             .transpose()?;

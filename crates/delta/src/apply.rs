@@ -12,12 +12,13 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use crate::bits::ByteReader;
-use crate::checkpoint::{Checkpoint, Hash, TensorLayout, TensorView, safetensors_layout};
+use crate::checkpoint::{Checkpoint, Hash, TensorLayout, TensorView};
 use crate::codec::{Changes, ChunkEncoding, ChunkRecord, decode_changes};
 use crate::error::{DeltaError, Result};
 use crate::format::{
     DeltaFile, DeltaHeader, MAX_CHUNK_ELEMENTS, TensorChange, TensorEntry, TensorSpec,
 };
+use crate::image::{Image, ImageSpace, InitialTensor, safetensors_image};
 
 /// The decoded changes of one chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -485,28 +486,16 @@ impl Patch {
     pub fn materialize_image(
         mut self,
         base: &Checkpoint<'_>,
-    ) -> Result<(Vec<u8>, Vec<TensorLayout>)> {
+        space: &dyn ImageSpace,
+    ) -> Result<(Image, Vec<TensorLayout>)> {
         let initial = self
             .header
             .tensors
             .iter()
             .filter_map(|entry| entry.change.target().map(|spec| (entry, spec)))
-            .map(|(entry, spec)| {
-                let data = initial_data(entry, base)?;
-                Ok((
-                    entry.name.clone(),
-                    InitialTensor {
-                        dtype: spec.dtype.to_safetensors(),
-                        shape: spec.shape.iter().map(|&d| d as usize).collect(),
-                        data,
-                        len: spec.byte_len() as usize,
-                    },
-                ))
-            })
+            .map(|(entry, spec)| initial_tensor(entry, spec, initial_data(entry, base)?))
             .collect::<Result<Vec<_>>>()?;
-        let mut image = safetensors::serialize(initial, None)
-            .map_err(|e| DeltaError::Checkpoint(format!("writing the target image: {e}")))?;
-        let layout = safetensors_layout(&image)?;
+        let (mut image, layout) = safetensors_image(space, initial)?;
         self.finish_target(&mut image, &layout)?;
         Ok((image, layout))
     }
@@ -627,14 +616,14 @@ enum Threads {
 pub struct TargetImage {
     /// The artifact's header, and the chunks of the segment being written.
     patch: Patch,
-    image: Vec<u8>,
+    image: Image,
     layout: Vec<TensorLayout>,
 }
 
 impl TargetImage {
-    /// The target's safetensors image, every tensor zero, for an artifact whose every
-    /// target tensor is new.
-    pub fn new(header: DeltaHeader) -> Result<TargetImage> {
+    /// The target's safetensors image in `space`, every tensor zero, for an artifact
+    /// whose every target tensor is new.
+    pub fn new(header: DeltaHeader, space: &dyn ImageSpace) -> Result<TargetImage> {
         let initial = header
             .tensors
             .iter()
@@ -647,20 +636,10 @@ impl TargetImage {
                         entry.name
                     )));
                 }
-                Ok((
-                    entry.name.clone(),
-                    InitialTensor {
-                        dtype: spec.dtype.to_safetensors(),
-                        shape: spec.shape.iter().map(|&d| d as usize).collect(),
-                        data: None,
-                        len: spec.byte_len() as usize,
-                    },
-                ))
+                initial_tensor(entry, spec, None)
             })
             .collect::<Result<Vec<_>>>()?;
-        let image = safetensors::serialize(initial, None)
-            .map_err(|e| DeltaError::Checkpoint(format!("writing the target image: {e}")))?;
-        let layout = safetensors_layout(&image)?;
+        let (image, layout) = safetensors_image(space, initial)?;
         Ok(TargetImage {
             patch: Patch {
                 header,
@@ -690,7 +669,7 @@ impl TargetImage {
 
     /// The finished image and its layout, once its weights hash is the artifact's
     /// target hash.
-    pub fn finish(self) -> Result<(Vec<u8>, Vec<TensorLayout>, Hash)> {
+    pub fn finish(self) -> Result<(Image, Vec<TensorLayout>, Hash)> {
         let actual = Checkpoint::from_layout(&self.image, &self.layout)?.weights_hash();
         if actual != self.patch.header.target_hash {
             return Err(DeltaError::TargetMismatch {
@@ -724,34 +703,24 @@ fn initial_data<'a>(entry: &TensorEntry, base: &Checkpoint<'a>) -> Result<Option
     Ok(Some(tensor.data))
 }
 
-/// A target tensor as `safetensors::serialize` reads it: borrowed from the base, or
-/// zeros made only while it is copied into the image.
-struct InitialTensor<'a> {
-    dtype: safetensors::Dtype,
-    shape: Vec<usize>,
+/// A target tensor of an image being built, from `data` or zeros.
+fn initial_tensor<'a>(
+    entry: &TensorEntry,
+    spec: &TensorSpec,
     data: Option<&'a [u8]>,
-    len: usize,
-}
-
-impl safetensors::View for InitialTensor<'_> {
-    fn dtype(&self) -> safetensors::Dtype {
-        self.dtype
-    }
-
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        match self.data {
-            Some(data) => std::borrow::Cow::Borrowed(data),
-            None => std::borrow::Cow::Owned(vec![0; self.len]),
-        }
-    }
-
-    fn data_len(&self) -> usize {
-        self.len
-    }
+) -> Result<InitialTensor<'a>> {
+    let len = usize::try_from(spec.byte_len()).map_err(|_| DeltaError::LimitExceeded {
+        what: "tensor size in bytes",
+        value: spec.byte_len(),
+        limit: usize::MAX as u64,
+    })?;
+    Ok(InitialTensor {
+        name: entry.name.clone(),
+        dtype: spec.dtype,
+        shape: spec.shape.clone(),
+        data,
+        len,
+    })
 }
 
 /// Verifies, decodes and materialises `delta` on top of `base` in one call.

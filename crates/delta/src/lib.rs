@@ -25,6 +25,7 @@ mod error;
 mod extract;
 mod format;
 pub mod fused;
+mod image;
 mod signature;
 pub mod stats;
 mod undo;
@@ -47,6 +48,7 @@ pub use format::{
     MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,
     assemble,
 };
+pub use image::{Heap, Image, ImageMemory, ImageSpace, checkpoint_image};
 pub use signature::{
     ARTIFACT_DOMAIN, ArtifactKind, ArtifactSignature, COMMIT_DOMAIN, DETACHED_BYTES,
     DETACHED_MAGIC, DETACHED_VERSION, DetachedSignature, SignatureError, SigningKey, Statement,

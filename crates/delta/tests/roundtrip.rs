@@ -3,9 +3,9 @@
 //! special values, and over many steps of realistic training.
 
 use aurora_delta::{
-    Checkpoint, DeltaError, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, OwnedTensor,
-    Patch, Segment, TensorLayout, apply, check_base, decode, decode_segment, owned_checkpoint,
-    safetensors_layout,
+    Checkpoint, DeltaError, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Heap,
+    OwnedTensor, Patch, Segment, TensorLayout, apply, check_base, decode, decode_segment,
+    owned_checkpoint, safetensors_layout,
 };
 use proptest::prelude::*;
 
@@ -301,7 +301,7 @@ fn added_removed_renamed_and_reshaped_tensors_are_explicit() {
     let tensors = decode(&delta, &view).unwrap().materialize(&view).unwrap();
     let (written, written_layout) = decode(&delta, &view)
         .unwrap()
-        .materialize_image(&view)
+        .materialize_image(&view, &Heap)
         .unwrap();
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
@@ -314,7 +314,7 @@ fn added_removed_renamed_and_reshaped_tensors_are_explicit() {
         })
         .collect();
     assert!(
-        written == safetensors::serialize(views, None).unwrap(),
+        *written == *safetensors::serialize(views, None).unwrap(),
         "byte for byte"
     );
     assert_eq!(
@@ -331,7 +331,7 @@ fn added_removed_renamed_and_reshaped_tensors_are_explicit() {
     let wrong_view = Checkpoint::from_layout(&wrong_image, &wrong_layout).unwrap();
     let error = decode(&delta, &view)
         .unwrap()
-        .materialize_image(&wrong_view)
+        .materialize_image(&wrong_view, &Heap)
         .unwrap_err();
     assert!(error.to_string().contains("'keep'"), "{error}");
 }

@@ -43,6 +43,9 @@ pub struct ActorSettings {
     /// The trainer's public key: every artifact and commit must carry its signature
     /// (docs/security.md). `None`: an unsigned deployment.
     pub trainer_key: Option<aurora_delta::VerifyingKey>,
+    /// Where the image of a snapshot taken over the wire is built (and the images
+    /// after it): the heap, or mapped files (`aurora_checkpoint::FileImages`).
+    pub images: Arc<dyn aurora_delta::ImageSpace>,
 }
 
 pub struct ActorNode {
@@ -194,6 +197,7 @@ fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
     node.streams = settings.streams;
     node.limits = settings.transport_limits.clone();
     node.trainer_key = settings.trainer_key;
+    node.images = settings.images.clone();
     Ok(node)
 }
 

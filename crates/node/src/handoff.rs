@@ -189,7 +189,7 @@ mod tests {
     use super::*;
 
     fn weights() -> Arc<Weights> {
-        Arc::new(Weights::empty())
+        Arc::new(Weights::empty(Arc::new(aurora_delta::Heap)))
     }
 
     #[test]

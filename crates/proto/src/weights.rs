@@ -6,32 +6,25 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use aurora_delta::{
-    Checkpoint, DeltaError, DeltaHeader, Hash, Patch, PatchChunk, TargetImage, TensorLayout,
-    check_base, decode_segment, safetensors_layout,
+    Checkpoint, DeltaError, DeltaHeader, Hash, Heap, Image, ImageSpace, Patch, PatchChunk,
+    TargetImage, TensorLayout, check_base, checkpoint_image, decode_segment, safetensors_layout,
 };
 
 use crate::frame::{ArtifactKind, VersionRef};
 
 /// A checkpoint held as a safetensors image, with its version and verified hash.
-/// Cloning copies the image without hashing it again (not a snapshot being built).
+///
+/// The image lives in the weights' [`ImageSpace`] (the heap, or a mapped file on a node
+/// that must stay flat in memory whatever the model's size), and so does every image
+/// that replaces it: a snapshot being built, a patch that changes the layout.
 pub struct Weights {
-    image: Vec<u8>,
+    image: Image,
     layout: Vec<TensorLayout>,
     active: VersionRef,
+    space: Arc<dyn ImageSpace>,
     /// The snapshot a joining node is taking, built in place as its segments are
     /// decoded (on any thread: decodes share the weights).
     building: Mutex<Option<TargetImage>>,
-}
-
-impl Clone for Weights {
-    fn clone(&self) -> Weights {
-        Weights {
-            image: self.image.clone(),
-            layout: self.layout.clone(),
-            active: self.active,
-            building: Mutex::new(None),
-        }
-    }
 }
 
 /// What an activation applies: a patch to the active weights, or the image a snapshot's
@@ -69,28 +62,64 @@ impl Staged {
 }
 
 impl Weights {
-    /// Takes a safetensors image of `version`; its weights hash is computed here.
+    /// Takes a safetensors image of `version`, on the heap; its weights hash is computed
+    /// here.
     pub fn new(image: Vec<u8>, version: u64) -> Result<Weights, DeltaError> {
         let layout = safetensors_layout(&image)?;
+        let hash = Checkpoint::from_layout(&image, &layout)?.weights_hash();
+        Ok(Weights {
+            image: image.into(),
+            layout,
+            active: VersionRef { version, hash },
+            space: Arc::new(Heap),
+            building: Mutex::new(None),
+        })
+    }
+
+    /// Copies `checkpoint`, as `version`, into an image in `space`, tensor by tensor;
+    /// its weights hash is computed here.
+    pub fn from_checkpoint(
+        checkpoint: &Checkpoint<'_>,
+        version: u64,
+        space: Arc<dyn ImageSpace>,
+    ) -> Result<Weights, DeltaError> {
+        let (image, layout) = checkpoint_image(checkpoint, space.as_ref())?;
         let hash = Checkpoint::from_layout(&image, &layout)?.weights_hash();
         Ok(Weights {
             image,
             layout,
             active: VersionRef { version, hash },
+            space,
+            building: Mutex::new(None),
+        })
+    }
+
+    /// A copy in the same space, without hashing the image again.
+    pub fn try_clone(&self) -> Result<Weights, DeltaError> {
+        let mut image = self.space.allocate(self.image.len()).map_err(|reason| {
+            DeltaError::Checkpoint(format!("copying the weights' image: {reason}"))
+        })?;
+        image.copy_from_slice(&self.image);
+        Ok(Weights {
+            image,
+            layout: self.layout.clone(),
+            active: self.active,
+            space: self.space.clone(),
             building: Mutex::new(None),
         })
     }
 
     /// No tensors at all: what a peer that joins over the wire holds until its snapshot
-    /// is activated. Only a snapshot decodes against it.
-    pub fn empty() -> Weights {
+    /// is activated. Only a snapshot decodes against it; its image is built in `space`.
+    pub fn empty(space: Arc<dyn ImageSpace>) -> Weights {
         Weights {
-            image: Vec::new(),
+            image: Vec::new().into(),
             layout: Vec::new(),
             active: VersionRef {
                 version: 0,
                 hash: crate::snapshot::empty_weights_hash(),
             },
+            space,
             building: Mutex::new(None),
         }
     }
@@ -151,7 +180,7 @@ impl Weights {
                 *building = Some(image);
                 return Ok(Vec::new());
             }
-            _ => building.insert(TargetImage::new(header.clone())?),
+            _ => building.insert(TargetImage::new(header.clone(), self.space.as_ref())?),
         };
         image.write(chunks)?;
         Ok(Vec::new())
@@ -175,15 +204,17 @@ impl Weights {
         let expected = patch.header.target_hash;
         // The image is what the engine loads: its own hash is the one checked.
         let base = Checkpoint::from_layout(&self.image, &self.layout)?;
-        let (image, layout) = patch.materialize_image(&base)?;
-        *self = Weights {
-            image,
-            layout,
-            active: VersionRef {
-                version,
-                hash: expected,
-            },
-            building: Mutex::new(None),
+        let (image, layout) = patch.materialize_image(&base, self.space.as_ref())?;
+        // No snapshot can be built on weights that hold tensors.
+        *self
+            .building
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.image = image;
+        self.layout = layout;
+        self.active = VersionRef {
+            version,
+            hash: expected,
         };
         Ok(expected)
     }
@@ -204,14 +235,11 @@ impl Weights {
             })?;
         // The image is what the engine loads: its own hash is the one checked.
         let (image, layout, hash) = building.finish()?;
-        *self = Weights {
-            image,
-            layout,
-            active: VersionRef {
-                version: header.target_version,
-                hash,
-            },
-            building: Mutex::new(None),
+        self.image = image;
+        self.layout = layout;
+        self.active = VersionRef {
+            version: header.target_version,
+            hash,
         };
         Ok(hash)
     }
@@ -260,7 +288,7 @@ mod tests {
         let (image, artifact) = snapshot();
         let file = DeltaFile::parse(&artifact).unwrap();
         assert!(file.segment_count() > 1);
-        let mut weights = Weights::empty();
+        let mut weights = Weights::empty(Arc::new(Heap));
         assert!(weights.is_empty());
         let staged = decode_all(&weights, &file);
         assert_eq!(staged.changed_tensors().len(), file.header().tensors.len());
@@ -277,7 +305,7 @@ mod tests {
             .unwrap_err();
         assert!(matches!(error, DeltaError::BaseMismatch(_)), "{error}");
         // Nor is a snapshot's header a delta: offered as one, it is refused by version.
-        let error = Weights::empty()
+        let error = Weights::empty(Arc::new(Heap))
             .decode_segment(ArtifactKind::Delta, file.header(), 0, segment)
             .unwrap_err();
         assert!(
@@ -291,7 +319,7 @@ mod tests {
         let (_, artifact) = snapshot();
         let file = DeltaFile::parse(&artifact).unwrap();
         // One segment never written: the image misses its target.
-        let mut weights = Weights::empty();
+        let mut weights = Weights::empty(Arc::new(Heap));
         for index in 1..file.segment_count() {
             let segment = file.verify_segment(index).unwrap();
             weights

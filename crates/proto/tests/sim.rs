@@ -25,7 +25,7 @@
 //! A failure prints its seed; `AURORA_SIM_SEED=n` replays one.
 
 use std::collections::{BTreeMap, BinaryHeap};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aurora_delta::{
@@ -735,7 +735,7 @@ impl Sim {
                 let peer = &mut self.peers[node];
                 if peer.node.is_none() && peer.weights.is_none() {
                     peer.node = Some(joiner(&peer.name.clone(), 2));
-                    peer.weights = Some(Weights::empty());
+                    peer.weights = Some(Weights::empty(Arc::new(aurora_delta::Heap)));
                     self.at(Duration::ZERO, Event::NewSession { node });
                 }
             }

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::{TlsConnector, TlsStream};
 
+use crate::decode::DecodeBacklog;
 use crate::node::Event;
 use crate::security::{self, Refusal};
 
@@ -182,8 +183,9 @@ pub(crate) enum WriteCmd {
 /// `events`; frames to write come through the returned sender, whose capacity is the
 /// window the state machine already respects (plus room for a few control frames).
 /// Every byte read is added to `read_bytes` as it arrives. The first frame of an
-/// `inbound` connection may be no larger than a Hello. The abort handle stops the
-/// reader when the node closes the connection.
+/// `inbound` connection may be no larger than a Hello. With a `backlog`, no frame is
+/// read while it is over its limit. The abort handle stops the reader when the node
+/// closes the connection.
 pub(crate) fn spawn_conn(
     tasks: &mut tokio::task::JoinSet<()>,
     conn: ConnId,
@@ -192,6 +194,7 @@ pub(crate) fn spawn_conn(
     window: usize,
     events: mpsc::Sender<Event>,
     read_bytes: Option<Arc<AtomicU64>>,
+    backlog: Option<Arc<DecodeBacklog>>,
 ) -> (mpsc::Sender<WriteCmd>, tokio::task::AbortHandle) {
     let (tx, rx) = mpsc::channel(window.max(1) + CONTROL_ROOM);
     let first_limit = if inbound {
@@ -208,7 +211,7 @@ pub(crate) fn spawn_conn(
                 inner: reader,
                 bytes: read_bytes,
             };
-            tasks.spawn(read_loop(conn, reader, first_limit, events))
+            tasks.spawn(read_loop(conn, reader, first_limit, backlog, events))
         }
         Stream::Tls(stream) => {
             let (reader, writer) = tokio::io::split(*stream);
@@ -217,7 +220,7 @@ pub(crate) fn spawn_conn(
                 inner: reader,
                 bytes: read_bytes,
             };
-            tasks.spawn(read_loop(conn, reader, first_limit, events))
+            tasks.spawn(read_loop(conn, reader, first_limit, backlog, events))
         }
     };
     (tx, reader)
@@ -254,10 +257,14 @@ async fn read_loop(
     conn: ConnId,
     mut reader: Counted<impl AsyncRead + Unpin>,
     first_limit: usize,
+    backlog: Option<Arc<DecodeBacklog>>,
     events: mpsc::Sender<Event>,
 ) {
     let mut limit = first_limit;
     loop {
+        if let Some(backlog) = &backlog {
+            backlog.room().await;
+        }
         match read_frame_within(&mut reader, limit).await {
             Ok(frame) => {
                 limit = usize::MAX;

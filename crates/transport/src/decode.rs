@@ -12,6 +12,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Notify;
+
 use crate::node::TransportError;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -94,6 +96,55 @@ impl DecodePool {
     }
 }
 
+/// The bytes of segments a node has handed to its decodes and that are not decoded yet,
+/// against [`crate::Limits::max_decode_backlog_bytes`]. Segments can cross a fast link
+/// faster than a loaded machine decodes them; past the limit the node reads no more from
+/// its upstreams until decodes catch up, so TCP holds the sender back instead of the node
+/// holding the model again in segments waiting for their turn.
+#[derive(Debug)]
+pub(crate) struct DecodeBacklog {
+    bytes: AtomicU64,
+    limit: u64,
+    drained: Notify,
+}
+
+impl DecodeBacklog {
+    pub(crate) fn new(limit: u64) -> Arc<DecodeBacklog> {
+        Arc::new(DecodeBacklog {
+            bytes: AtomicU64::new(0),
+            limit,
+            drained: Notify::new(),
+        })
+    }
+
+    /// A segment of `bytes` goes to the decode pool.
+    pub(crate) fn submitted(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+    }
+
+    /// A segment of `bytes` is decoded (or failed to).
+    pub(crate) fn decoded(&self, bytes: u64) {
+        let before = self.bytes.fetch_sub(bytes, Ordering::SeqCst);
+        if before - bytes <= self.limit {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// Returns once the backlog is within its limit.
+    pub(crate) async fn room(&self) {
+        loop {
+            // Registered before the check, so a decode finishing between the two wakes it.
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.bytes.load(Ordering::SeqCst) <= self.limit {
+                return;
+            }
+            drained.await;
+        }
+    }
+}
+
 /// Decoding is throughput work that must never delay a node's latency-bound work; the
 /// scheduler still gives it every idle cycle.
 fn lower_this_threads_priority() {
@@ -115,7 +166,32 @@ fn lower_this_threads_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
     use std::sync::mpsc;
+    use std::task::{Context, Poll, Waker};
+
+    fn poll_once(future: std::pin::Pin<&mut impl Future<Output = ()>>) -> Poll<()> {
+        future.poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    /// Reading waits while more than the limit waits to be decoded, and goes on once
+    /// decodes bring it back within the limit.
+    #[test]
+    fn a_backlog_over_its_limit_holds_reading_until_decodes_drain_it() {
+        let backlog = DecodeBacklog::new(100);
+        backlog.submitted(100);
+        assert!(
+            poll_once(std::pin::pin!(backlog.room())).is_ready(),
+            "at the limit"
+        );
+        backlog.submitted(60);
+        let mut room = std::pin::pin!(backlog.room());
+        assert!(poll_once(room.as_mut()).is_pending());
+        backlog.decoded(30);
+        assert!(poll_once(room.as_mut()).is_pending(), "still 130 bytes");
+        backlog.decoded(60);
+        assert!(poll_once(room.as_mut()).is_ready());
+    }
 
     /// Jobs of three members queued before any runs come out one member at a time, in
     /// turn, whatever order they were queued in.

@@ -127,6 +127,9 @@ pub struct Limits {
     /// ([`aurora_proto::ReceiverConfig::max_held_bytes`]); beyond it the session ends,
     /// and the node asks again.
     pub max_held_bytes: u64,
+    /// Bytes of received segments a relay or an actor lets wait for its decode pool;
+    /// beyond it, it reads nothing more from its upstreams until decodes catch up.
+    pub max_decode_backlog_bytes: u64,
 }
 
 impl Default for Limits {
@@ -141,6 +144,7 @@ impl Default for Limits {
             max_builds: 2,
             max_build_bytes: 32 << 30,
             max_held_bytes: 8 << 30,
+            max_decode_backlog_bytes: 128 << 20,
         }
     }
 }

@@ -117,6 +117,8 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         streams: config.streams,
         transport_limits: aurora_node::TransportLimits::default(),
         trainer_key: Some(super::trainer_key(&args.run_dir)?),
+        // The built-in models are small, and the engine holds its own copy anyway.
+        images: Arc::new(aurora_delta::Heap),
     };
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;
     let outcome = generate_forever(&config, &node, &engine).await;

@@ -17,7 +17,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio_rustls::TlsConnector;
 
 use crate::conn::{Stream, WriteCmd, spawn_conn};
-use crate::decode::DecodePool;
+use crate::decode::{DecodeBacklog, DecodePool};
 use crate::engine::Engine;
 use crate::security::{BuildBudget, Refusal, RefusalCounters};
 
@@ -158,6 +158,9 @@ pub(super) struct Driver<E: Engine> {
     pub(super) weights: Option<Arc<Weights>>,
     /// The pool this node decodes on and its member key there.
     pub(super) decoder: Option<(Arc<DecodePool>, u64)>,
+    /// What waits for the decoder; reading from upstreams pauses while it is over its
+    /// limit.
+    pub(super) backlog: Arc<DecodeBacklog>,
     pub(super) engine: Option<Arc<E>>,
     pub(super) store: Option<Arc<Store>>,
     pub(super) live: BTreeMap<u64, Live>,
@@ -428,6 +431,7 @@ impl<E: Engine> Driver<E> {
             self.config.window_frames,
             self.events_tx.clone(),
             inbound.is_none().then(|| self.upstream_bytes.clone()),
+            inbound.is_none().then(|| self.backlog.clone()),
         );
         let (permit, peer) = inbound.map_or((None, None), |(permit, peer)| (Some(permit), peer));
         self.conns.insert(

@@ -83,8 +83,11 @@ impl<E: Engine> Driver<E> {
                     .clone()
                     .expect("a node with weights has a decode pool");
                 let events = self.events_tx.clone();
+                let backlog = self.backlog.clone();
+                backlog.submitted(bytes.len() as u64);
                 pool.submit(member, move || {
                     let result = weights.decode_segment(kind, &header, index, &bytes);
+                    backlog.decoded(bytes.len() as u64);
                     // Let go of the weights before reporting: once the last decode is
                     // in, the loop takes them for activation, and a share still held
                     // here would fail it as "not ready".

@@ -22,7 +22,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aurora_delta::{ArtifactSignature, DeltaError, SigningKey, Statement, VerifyingKey};
+use aurora_delta::{
+    ArtifactSignature, DeltaError, Heap, ImageSpace, SigningKey, Statement, VerifyingKey,
+};
 use aurora_proto::{
     Auth, Identity, Receiver, ReceiverConfig, ReceiverStats, SenderConfig, SenderError,
     SenderStats, VersionRef,
@@ -76,6 +78,11 @@ pub struct NodeConfig {
     /// thread per core. Nodes of one process may share a pool: they then take turns,
     /// one segment each. Hubs and collectors decode nothing.
     pub decode_pool: Option<Arc<DecodePool>>,
+    /// Where a relay or an actor that joins with no weights builds the image of the
+    /// snapshot it takes (and the images after it): the heap, or unnamed files mapped
+    /// from a directory (`aurora_checkpoint::FileImages`), which keep the node's memory
+    /// flat whatever the model's size. A node started with weights keeps theirs.
+    pub images: Arc<dyn ImageSpace>,
     /// The trainer's signing key, on a hub that signs what it serves (docs/security.md):
     /// each delta when its extraction ends, each snapshot or composed delta as it is
     /// built from the store, each Commit. Such a hub also pins its public half, so it
@@ -105,6 +112,7 @@ impl NodeConfig {
             window_frames: 4,
             snapshot_segment_bytes: 256 << 10,
             decode_pool: None,
+            images: Arc::new(Heap),
             signing_key: None,
             trainer_key: None,
         }

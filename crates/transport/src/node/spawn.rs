@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::decode::DecodePool;
+use crate::decode::{DecodeBacklog, DecodePool};
 use crate::engine::{Engine, IdleEngine};
 use crate::security::{BuildBudget, RefusalCounters};
 
@@ -72,14 +72,8 @@ pub(super) async fn start_relay(
         None => Node::joining_relay(receiver, sender),
     };
     let engine = Arc::new(IdleEngine::default());
-    spawn(
-        config,
-        node,
-        Some(weights.unwrap_or_else(Weights::empty)),
-        Some(engine),
-        None,
-    )
-    .await
+    let weights = weights.unwrap_or_else(|| Weights::empty(config.images.clone()));
+    spawn(config, node, Some(weights), Some(engine), None).await
 }
 
 /// Starts an actor: it receives from its upstreams, stages each delta against its
@@ -117,7 +111,7 @@ pub(super) async fn start_actor<E: Engine>(
         Some(active) => Node::actor(receiver, active),
         None => Node::joining_actor(receiver),
     };
-    let weights = weights.unwrap_or_else(Weights::empty);
+    let weights = weights.unwrap_or_else(|| Weights::empty(config.images.clone()));
     spawn(config, node, Some(weights), Some(engine), None).await
 }
 
@@ -203,12 +197,14 @@ pub(super) async fn spawn<E: Engine>(
         let member = pool.member();
         (pool, member)
     });
+    let backlog = DecodeBacklog::new(config.limits.max_decode_backlog_bytes);
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
         node,
         weights: weights.map(Arc::new),
         decoder,
+        backlog,
         engine,
         store,
         live: BTreeMap::new(),
