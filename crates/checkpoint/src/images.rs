@@ -21,6 +21,13 @@ impl FileImages {
         FileImages { dir: dir.into() }
     }
 
+    /// Files in the directory `path` is in: scratch space for building what will be
+    /// written to `path`, on the same disk.
+    pub fn beside(path: &Path) -> FileImages {
+        let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty());
+        FileImages::new(dir.unwrap_or(Path::new(".")))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

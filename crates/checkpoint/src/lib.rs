@@ -392,8 +392,7 @@ pub fn apply_to_file(base: &Path, delta: &DeltaFile<'_>, fused: bool, out: &Path
         }));
     }
     let view = base_file.checkpoint()?;
-    let out_dir = out.parent().filter(|dir| !dir.as_os_str().is_empty());
-    let scratch = FileImages::new(out_dir.unwrap_or(Path::new(".")));
+    let scratch = FileImages::beside(out);
     let (image, _) = patch
         .materialize_image(&view, &scratch)
         .map_err(FileError::Apply)?;

@@ -64,6 +64,10 @@ struct Phase {
     peak_anonymous_bytes: BTreeMap<String, u64>,
     /// Bytes sent over loopback during the phase (every node's traffic, each byte once).
     wire_bytes: u64,
+    /// Disk in use at the phase's end beyond what was used before the benchmark began:
+    /// checkpoints, the store, and the nodes' mapped images (unnamed files, seen only
+    /// in the filesystem's totals).
+    disk_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -87,7 +91,7 @@ pub fn run(args: ScaleArgs) -> Result<()> {
     );
     std::fs::create_dir_all(dir.join("logs"))
         .with_context(|| format!("creating {}", dir.display()))?;
-    let memory = Memory::start();
+    let memory = Memory::start(&dir)?;
     let mut phases = Vec::new();
 
     // The trainer's checkpoints, made by this process.
@@ -158,6 +162,9 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         hub.expect("published checkpoint-0 as version 0 ")? == hashes[0],
         "the hub published other weights than the checkpoint's"
     );
+    // The nodes' images: unnamed mapped files, here so that they take this disk.
+    let images = dir.join("images");
+    std::fs::create_dir_all(&images)?;
     let mut relay_args = vec![
         "relay".into(),
         "--listen".into(),
@@ -165,6 +172,8 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         "--upstream".into(),
         hub_address.clone(),
         "--join".into(),
+        "--image-dir".into(),
+        images.display().to_string(),
     ];
     relay_args.extend(fleet.downstream("relay", "relay-eu")?);
     let relay = Node::start("relay", &relay_args, &dir)?;
@@ -179,6 +188,8 @@ pub fn run(args: ScaleArgs) -> Result<()> {
             relay_address.clone(),
             "--upstream".into(),
             hub_address.clone(),
+            "--image-dir".into(),
+            images.display().to_string(),
         ];
         actor_args.extend(fleet.downstream("actor", id)?);
         let actor = Node::start(id, &actor_args, &dir)?;
@@ -240,7 +251,7 @@ fn print(report: &Report) {
     for name in names {
         print!(" {name:>8}");
     }
-    println!(" {:>10}", "wire MB");
+    println!(" {:>10} {:>9}", "wire MB", "disk GB");
     for phase in &report.phases {
         print!("{:<18} {:>9.2}", phase.name, phase.seconds);
         for name in names {
@@ -249,7 +260,11 @@ fn print(report: &Report) {
                 None => print!(" {:>8}", "-"),
             }
         }
-        println!(" {:>10.1}", mb(phase.wire_bytes));
+        println!(
+            " {:>10.1} {:>9.1}",
+            mb(phase.wire_bytes),
+            phase.disk_bytes as f64 / 1e9
+        );
     }
 }
 
@@ -386,6 +401,9 @@ impl Drop for Node {
 struct Memory {
     shared: Arc<Mutex<Sampled>>,
     stop: Arc<AtomicBool>,
+    /// The benchmark's directory, and its filesystem's use before the benchmark.
+    dir: PathBuf,
+    disk_before: u64,
 }
 
 #[derive(Default)]
@@ -401,7 +419,7 @@ struct PhaseStart {
 }
 
 impl Memory {
-    fn start() -> Memory {
+    fn start(dir: &Path) -> Result<Memory> {
         let shared = Arc::new(Mutex::new(Sampled::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let (sampled, stopped) = (shared.clone(), stop.clone());
@@ -421,7 +439,12 @@ impl Memory {
                 std::thread::sleep(SAMPLE_INTERVAL);
             }
         });
-        Memory { shared, stop }
+        Ok(Memory {
+            shared,
+            stop,
+            dir: dir.to_path_buf(),
+            disk_before: disk_used(dir),
+        })
     }
 
     fn watch(&self, name: &str, pid: u32) {
@@ -451,6 +474,7 @@ impl Memory {
             seconds: start.at.elapsed().as_secs_f64(),
             peak_anonymous_bytes: self.lock().peaks.clone(),
             wire_bytes: loopback_bytes().saturating_sub(start.wire_bytes),
+            disk_bytes: disk_used(&self.dir).saturating_sub(self.disk_before),
         };
         tracing::info!(phase = name, seconds = phase.seconds, "phase done");
         let _ = std::io::stdout().flush();
@@ -462,6 +486,19 @@ impl Drop for Memory {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// Bytes in use on the filesystem holding `dir` (0 if it cannot be read).
+fn disk_used(dir: &Path) -> u64 {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return 0;
+    };
+    // SAFETY: `stats` is written by the call; `path` is a valid C string.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+        return 0;
+    }
+    (stats.f_blocks - stats.f_bfree) as u64 * stats.f_frsize as u64
 }
 
 /// `RssAnon` of process `pid`, or `None` once it is gone.

@@ -320,7 +320,8 @@ pub fn run(command: DeltaCommand) -> Result<()> {
                 .map(MappedFile::delta)
                 .collect::<Result<Vec<_>, _>>()?;
             let spinner = crate::spinner("composing");
-            let composed = compose(&base_file.checkpoint()?, &chain, encode.options());
+            let scratch = FileImages::beside(&out);
+            let composed = compose(&base_file.checkpoint()?, &chain, encode.options(), &scratch);
             spinner.finish_and_clear();
             let (manifest, bytes) = composed?;
             write_bytes(&out, &bytes)?;
@@ -340,6 +341,7 @@ pub fn run(command: DeltaCommand) -> Result<()> {
                 &delta_file.delta()?,
                 &base_file.checkpoint()?,
                 encode.options(),
+                &FileImages::beside(&out),
             );
             spinner.finish_and_clear();
             let (manifest, bytes) = inverted?;

@@ -6,26 +6,30 @@
 //! its endpoints (changes that cancel out along the chain vanish), and an inverse is an
 //! ordinary delta from the target back to the base.
 
-use crate::apply::{OwnedTensor, apply, owned_checkpoint};
-use crate::checkpoint::{Checkpoint, Hash};
+use crate::apply::{check_base, decode};
+use crate::checkpoint::{Checkpoint, Hash, TensorLayout};
 use crate::error::{DeltaError, Result};
 use crate::extract::{ExtractOptions, Extraction};
 use crate::format::{DeltaFile, Manifest};
+use crate::image::{Image, ImageSpace, checkpoint_image};
 
 /// Composes `chain` (consecutive deltas starting at `base`) into one delta from `base`
 /// to the chain's last target. `options.base_hash`, when given, is the caller's word for
-/// the weights hash of `base` (checked against the chain, not recomputed).
+/// the weights hash of `base` (checked against the chain, not recomputed). The chain's
+/// end is rebuilt in `space`.
 pub fn compose(
     base: &Checkpoint<'_>,
     chain: &[DeltaFile<'_>],
     options: ExtractOptions,
+    space: &dyn ImageSpace,
 ) -> Result<(Manifest, Vec<u8>)> {
     let (first, last) = match (chain.first(), chain.last()) {
         (Some(first), Some(last)) => (first.header(), last.header()),
         _ => return Err(DeltaError::BrokenChain("the chain is empty".into())),
     };
-    let end = replay(base, chain, options.base_hash)?.expect("the chain is not empty");
-    let end_view = owned_checkpoint(&end)?;
+    let (end, layout) =
+        replay(base, chain, options.base_hash, space)?.expect("the chain is not empty");
+    let end_view = Checkpoint::from_layout(&end, &layout)?;
     let options = ExtractOptions {
         base_version: first.base_version,
         target_version: last.target_version,
@@ -38,13 +42,18 @@ pub fn compose(
 
 /// Applies `chain` (consecutive deltas starting at `base`) link by link, each link
 /// verified by its target hash, and returns the weights after the last one (`None` for
-/// an empty chain). `base_hash`: the weights hash of `base` when the caller has verified
-/// it already; otherwise it is computed once.
+/// an empty chain) as an image in `space`. `base_hash`: the weights hash of `base` when
+/// the caller has verified it already; otherwise it is computed once.
+///
+/// The base is copied into the image once and each link is applied to it in place, so
+/// the chain is replayed in one model's worth of `space` (two, for the moment a link that
+/// changes the layout is materialised), never on the heap.
 pub fn replay(
     base: &Checkpoint<'_>,
     chain: &[DeltaFile<'_>],
     base_hash: Option<Hash>,
-) -> Result<Option<Vec<OwnedTensor>>> {
+    space: &dyn ImageSpace,
+) -> Result<Option<(Image, Vec<TensorLayout>)>> {
     for (i, pair) in chain.windows(2).enumerate() {
         let (a, b) = (pair[0].header(), pair[1].header());
         if a.target_version != b.base_version || a.target_hash != b.base_hash {
@@ -59,35 +68,43 @@ pub fn replay(
             )));
         }
     }
-    let mut current: Option<Vec<OwnedTensor>> = None;
-    for delta in chain {
-        let next = {
-            let view = match &current {
-                Some(tensors) => owned_checkpoint(tensors)?,
-                None => base.clone(),
-            };
-            // Each link after the first starts from weights whose hash the previous link
-            // has just verified.
-            let known = match current {
-                Some(_) => Some(delta.header().base_hash),
-                None => base_hash,
-            };
-            apply(delta, &view, known)?
-        };
-        current = Some(next);
+    if chain.is_empty() {
+        return Ok(None);
     }
-    Ok(current)
+    let (mut image, mut layout) = checkpoint_image(base, space)?;
+    // Each link after the first starts from weights whose hash the previous link has
+    // just verified.
+    let mut known = base_hash;
+    for delta in chain {
+        let mut patch = {
+            let view = Checkpoint::from_layout(&image, &layout)?;
+            check_base(delta.header(), &view, known)?;
+            let patch = decode(delta, &view)?;
+            if !patch.preserves_layout() {
+                (image, layout) = patch.materialize_image(&view, space)?;
+                known = Some(delta.header().target_hash);
+                continue;
+            }
+            patch
+        };
+        patch.apply_in_place(&mut image, &layout)?;
+        known = Some(delta.header().target_hash);
+    }
+    Ok(Some((image, layout)))
 }
 
-/// The inverse of `delta`: applied to its target it yields `base` exactly.
+/// The inverse of `delta`: applied to its target it yields `base` exactly. The target is
+/// rebuilt in `space`.
 pub fn invert(
     delta: &DeltaFile<'_>,
     base: &Checkpoint<'_>,
     options: ExtractOptions,
+    space: &dyn ImageSpace,
 ) -> Result<(Manifest, Vec<u8>)> {
     let header = delta.header();
-    let target = apply(delta, base, None)?;
-    let target_view = owned_checkpoint(&target)?;
+    let (target, layout) =
+        replay(base, std::slice::from_ref(delta), None, space)?.expect("one delta");
+    let target_view = Checkpoint::from_layout(&target, &layout)?;
     let options = ExtractOptions {
         base_version: header.target_version,
         target_version: header.base_version,

@@ -728,7 +728,7 @@ fn composed_and_inverted_deltas_are_exact() {
     let last = owned_checkpoint(&versions[4]).unwrap();
 
     let (manifest, composed) =
-        aurora_delta::compose(&first, &chain, ExtractOptions::default()).unwrap();
+        aurora_delta::compose(&first, &chain, ExtractOptions::default(), &Heap).unwrap();
     assert_eq!(
         (manifest.header.base_version, manifest.header.target_version),
         (0, 4)
@@ -753,19 +753,26 @@ fn composed_and_inverted_deltas_are_exact() {
 
     // Replaying the chain reaches the last version; a caller's word for the base hash
     // is checked against the chain, not trusted.
-    let replayed = aurora_delta::replay(&first, &chain, Some(first.weights_hash()))
-        .unwrap()
-        .expect("a chain of four");
+    let (replayed, layout) =
+        aurora_delta::replay(&first, &chain, Some(first.weights_hash()), &Heap)
+            .unwrap()
+            .expect("a chain of four");
     assert_eq!(
-        owned_checkpoint(&replayed).unwrap().weights_hash(),
+        Checkpoint::from_layout(&replayed, &layout)
+            .unwrap()
+            .weights_hash(),
         last.weights_hash()
     );
-    assert!(aurora_delta::replay(&first, &[], None).unwrap().is_none());
+    assert!(
+        aurora_delta::replay(&first, &[], None, &Heap)
+            .unwrap()
+            .is_none()
+    );
     let claimed = ExtractOptions {
         base_hash: Some(last.weights_hash()),
         ..ExtractOptions::default()
     };
-    let error = aurora_delta::compose(&first, &chain, claimed).unwrap_err();
+    let error = aurora_delta::compose(&first, &chain, claimed, &Heap).unwrap_err();
     assert!(
         matches!(error, aurora_delta::DeltaError::WrongBase { .. }),
         "{error}"
@@ -773,11 +780,12 @@ fn composed_and_inverted_deltas_are_exact() {
 
     // A gap in the chain is refused and named.
     let gapped = [chain[0].clone(), chain[2].clone()];
-    let error = aurora_delta::compose(&first, &gapped, ExtractOptions::default()).unwrap_err();
+    let error =
+        aurora_delta::compose(&first, &gapped, ExtractOptions::default(), &Heap).unwrap_err();
     assert!(error.to_string().contains("chain is broken"), "{error}");
 
     let (inverse_manifest, inverse) =
-        aurora_delta::invert(&chain[0], &first, ExtractOptions::default()).unwrap();
+        aurora_delta::invert(&chain[0], &first, ExtractOptions::default(), &Heap).unwrap();
     assert_eq!(
         (
             inverse_manifest.header.base_hash,

@@ -1,10 +1,8 @@
 //! Composed deltas C(base -> target): built on first request from a snapshot and its
 //! chain of deltas, then stored and served like any artifact.
 
-use aurora_checkpoint::MappedFile;
-use aurora_delta::{
-    Checkpoint, DeltaError, DeltaFile, ExtractOptions, Hash, compose, owned_checkpoint, replay,
-};
+use aurora_checkpoint::{FileImages, MappedFile};
+use aurora_delta::{Checkpoint, DeltaError, DeltaFile, ExtractOptions, Hash, compose, replay};
 use redb::ReadableTable;
 
 use crate::catalog::{COMPOSED_TABLE, ComposedRecord, composed_record, composed_value};
@@ -99,23 +97,33 @@ impl Store {
         };
         let parsed = chain.parse().map_err(failed)?;
         let (to_base, to_target) = parsed.split_at((base - chain.start) as usize);
-        chain.with_weights(to_base, failed, |base_weights, base_hash| {
+        let scratch = self.scratch();
+        chain.with_weights(to_base, &scratch, failed, |base_weights, base_hash| {
             let options = ExtractOptions {
                 base_hash: Some(base_hash),
                 ..ExtractOptions::default()
             };
-            Ok(compose(base_weights, to_target, options)?.1)
+            Ok(compose(base_weights, to_target, options, &scratch)?.1)
         })
     }
 
     /// The safetensors image of `version`'s weights, rebuilt from the newest snapshot at
     /// or below it and the deltas after that snapshot, each verified by its target hash
-    /// as it is applied: what a restarted trainer reads for a version it no longer holds.
+    /// as it is applied: what a restarted trainer of the built-in engine (whose models
+    /// are small) reads for a version it no longer holds.
     pub fn weights_image(&self, version: u64) -> Result<Vec<u8>> {
         let chain = self.chain_to(version, version)?;
         let failed = |source| StoreError::Rebuild { version, source };
         let parsed = chain.parse().map_err(failed)?;
-        chain.with_weights(&parsed, failed, |weights, _| weights.to_safetensors())
+        chain.with_weights(&parsed, &self.scratch(), failed, |weights, _| {
+            weights.to_safetensors()
+        })
+    }
+
+    /// Where weights are rebuilt: unnamed files in the store's directory, mapped, so a
+    /// rebuild holds no model in memory and leaves nothing behind.
+    fn scratch(&self) -> FileImages {
+        FileImages::new(&self.root)
     }
 
     /// The newest snapshot at or below `base` whose chain of deltas reaches `reach`, and
@@ -161,11 +169,12 @@ impl Chain {
     }
 
     /// Calls `then` with the weights after applying `deltas` (the first ones of this
-    /// chain) to the snapshot, each verified by its target hash as it is applied, and
-    /// their hash; a failure of either is mapped by `failed`.
+    /// chain) to the snapshot in `scratch`, each verified by its target hash as it is
+    /// applied, and their hash; a failure of either is mapped by `failed`.
     fn with_weights<T>(
         &self,
         deltas: &[DeltaFile<'_>],
+        scratch: &FileImages,
         failed: impl Fn(DeltaError) -> StoreError,
         then: impl FnOnce(&Checkpoint<'_>, Hash) -> std::result::Result<T, DeltaError>,
     ) -> Result<T> {
@@ -178,9 +187,9 @@ impl Chain {
         let hash = deltas
             .last()
             .map_or(self.weights_hash, |delta| delta.header().target_hash);
-        let rebuilt = replay(&start, deltas, Some(self.weights_hash)).map_err(&failed)?;
+        let rebuilt = replay(&start, deltas, Some(self.weights_hash), scratch).map_err(&failed)?;
         let weights = match &rebuilt {
-            Some(tensors) => owned_checkpoint(tensors).map_err(&failed)?,
+            Some((image, layout)) => Checkpoint::from_layout(image, layout).map_err(&failed)?,
             None => start,
         };
         then(&weights, hash).map_err(failed)

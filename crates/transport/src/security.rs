@@ -119,9 +119,10 @@ pub struct Limits {
     /// Snapshot and composed-delta builds a hub runs at once; a session wanting one
     /// more is told to come back later (Unavailable), never queued.
     pub max_builds: usize,
-    /// Memory the builds a hub runs at once may take, each charged the size of a whole
-    /// checkpoint (twice for a composed delta, which rebuilds two sets of weights). One
-    /// build always runs, however large.
+    /// Scratch space the builds a hub runs at once may take (mapped files in the store's
+    /// directory: disk and page cache, not the hub's own memory), each charged the size
+    /// of a whole checkpoint (twice for a composed delta, which rebuilds two sets of
+    /// weights). One build always runs, however large.
     pub max_build_bytes: u64,
     /// Bytes of incomplete artifacts a relay or an actor holds from its upstream
     /// ([`aurora_proto::ReceiverConfig::max_held_bytes`]); beyond it the session ends,
