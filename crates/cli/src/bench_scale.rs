@@ -1,13 +1,14 @@
 //! `aurora bench scale`: the whole path at a model's real size, as separate processes on
 //! this machine, measured per node and phase. A synthetic chain of checkpoints
-//! ([`aurora_synth::write_checkpoints`]) is saved one by one into a directory that
-//! `aurora hub --watch` publishes (extraction, the store, cut-through streaming); a relay
-//! and two actors start with no weights and join by the hub's snapshot over the wire
-//! (mutual TLS, signed versions), then follow every delta. For each phase (the synthetic
-//! checkpoints, the join, each delta) it records the time, each process's peak anonymous
-//! resident memory (`RssAnon`: file-backed pages, the page cache of mapped checkpoints,
-//! are not the process's to keep), and the bytes that crossed loopback; and it checks
-//! every node ends on the last checkpoint's weights hash.
+//! ([`aurora_synth::write_checkpoints`]) is written one version at a time into a
+//! directory that `aurora hub --watch` publishes (extraction, the store, cut-through
+//! streaming); a relay and two actors start with no weights and join by the hub's
+//! snapshot over the wire (mutual TLS, signed versions), their images in mapped files,
+//! then follow every delta. For each phase (each synthetic checkpoint, the join, each
+//! delta) it records the time, each process's peak anonymous resident memory (`RssAnon`:
+//! file-backed pages, the page cache of mapped checkpoints and images, are not the
+//! process's to keep), the bytes that crossed loopback and the disk in use; and it
+//! checks every node is on each checkpoint's weights hash.
 //!
 //! Memory is sampled every [`SAMPLE_INTERVAL`], so a peak shorter than that can be
 //! missed; the growth from one model size to the next is what the figures show.
@@ -107,19 +108,22 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         learning_rate: args.lr,
         ..SynthConfig::new(shape, 0)
     };
-    let started = memory.phase();
-    aurora_synth::write_checkpoints(&config, &checkpoints, |_, _| {})?;
-    phases.push(memory.end("synth", started));
-    memory.forget("bench");
-    let hashes = checkpoints
-        .iter()
-        .map(|path| {
-            Ok(MappedFile::open(path)?
-                .checkpoint()?
-                .weights_hash()
-                .to_hex())
-        })
-        .collect::<Result<Vec<_>>>()?;
+    // The chain is written a version at a time, as the phases need it, and each
+    // checkpoint is removed once the next is published: the disk holds two of them at
+    // most, beside the store and the nodes' images.
+    let synth = |version: u64, phases: &mut Vec<Phase>| -> Result<String> {
+        memory.watch("bench", std::process::id());
+        let started = memory.phase();
+        let path = &checkpoints[version as usize];
+        aurora_synth::write_checkpoints(&config, version, std::slice::from_ref(path), |_, _| {})?;
+        phases.push(memory.end(&format!("synth {version}"), started));
+        memory.forget("bench");
+        Ok(MappedFile::open(path)?
+            .checkpoint()?
+            .weights_hash()
+            .to_hex())
+    };
+    let mut hashes = vec![synth(0, &mut phases)?];
     let checkpoint_bytes = std::fs::metadata(&checkpoints[0])?.len();
 
     let fleet = Fleet::create(&dir)?;
@@ -196,7 +200,7 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         memory.watch(id, actor.id());
         actors.push(actor);
     }
-    let every_node_at = |version: u64| -> Result<()> {
+    let every_node_at = |version: u64, hashes: &[String]| -> Result<()> {
         for node in actors.iter().chain([&relay]) {
             let hash = node.expect(&format!("active {version} "))?;
             ensure!(
@@ -208,17 +212,22 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         }
         Ok(())
     };
-    every_node_at(0)?;
+    every_node_at(0, &hashes)?;
     phases.push(memory.end("join (snapshot)", started));
 
     for version in 1..=args.deltas {
+        hashes.push(synth(version, &mut phases)?);
         let started = memory.phase();
         save(version)?;
         hub.expect(&format!(
             "published checkpoint-{version} as version {version} "
         ))?;
-        every_node_at(version)?;
+        every_node_at(version, &hashes)?;
         phases.push(memory.end(&format!("delta {version}"), started));
+        // The hub now extracts from this version's files, not the last one's.
+        let previous = version - 1;
+        std::fs::remove_file(&checkpoints[previous as usize])?;
+        std::fs::remove_dir_all(watched.join(format!("checkpoint-{previous}")))?;
     }
     let report = Report {
         preset: args.preset.clone(),

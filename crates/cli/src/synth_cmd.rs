@@ -61,7 +61,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
         .expect("valid template"),
     );
     bar.set_message("synth");
-    aurora_synth::write_checkpoints(&config, &paths, |done, total| {
+    aurora_synth::write_checkpoints(&config, 0, &paths, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })?;

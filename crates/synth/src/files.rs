@@ -16,11 +16,14 @@ use memmap2::MmapMut;
 
 use crate::{SynthConfig, TensorSpec, TensorState};
 
-/// Writes versions `0..paths.len()` of `config`'s model to `paths` (version v to
-/// `paths[v]`), each file appearing under its name only once complete. `progress` is
-/// called with the bytes written so far, out of the total of every file.
+/// Writes versions `first..first + paths.len()` of `config`'s model to `paths` (version
+/// `first + i` to `paths[i]`), each file appearing under its name only once complete.
+/// The versions before `first` are computed, not written: a caller short of disk writes
+/// a chain a few versions at a time. `progress` is called with the bytes written so
+/// far, out of the total of every file.
 pub fn write_checkpoints(
     config: &SynthConfig,
+    first_version: u64,
     paths: &[PathBuf],
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(), FileError> {
@@ -37,13 +40,14 @@ pub fn write_checkpoints(
     let total = bytes_per_file * paths.len() as u64;
     let mut done = 0;
 
-    // Version 0 through safetensors itself, which lays the file out; tensors are made
-    // one at a time as it asks for their data.
+    // The first version through safetensors itself, which lays the file out; tensors
+    // are made one at a time as it asks for their data.
     let first_temporary = temporary(first);
     let views = specs.iter().enumerate().map(|(index, spec)| {
         let shape = spec.shape.iter().map(|&d| d as usize).collect();
         let view = LazyExport {
             config,
+            version: first_version,
             index,
             spec,
             shape,
@@ -59,7 +63,7 @@ pub fn write_checkpoints(
     done += bytes_per_file;
     progress(done, total);
 
-    // Every later version: the same layout, so a copy of version 0 is patched tensor by
+    // Every later version: the same layout, so a copy of the first is patched tensor by
     // tensor through a map.
     let mut later = Vec::new();
     for path in &paths[1..] {
@@ -85,8 +89,8 @@ pub fn write_checkpoints(
                 .find(|tensor| tensor.name == spec.name)
                 .map(|tensor| tensor.bytes.clone())
                 .expect("every tensor of the shape is in the file made from it");
-            let mut state = TensorState::new(config.seed, index, spec.clone());
-            for (step, (_, _, map)) in (1..).zip(later.iter_mut()) {
+            let mut state = TensorState::at(config, index, spec, first_version);
+            for (step, (_, _, map)) in (first_version + 1..).zip(later.iter_mut()) {
                 state.step(step, config.learning_rate);
                 state.export_into(config.f32_norms, &mut map[range.clone()]);
                 done += range.len() as u64;
@@ -123,9 +127,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
     }
 }
 
-/// A tensor of version 0, made only when safetensors asks for its data.
+/// A tensor of `version`, made only when safetensors asks for its data.
 struct LazyExport<'a> {
     config: &'a SynthConfig,
+    version: u64,
     index: usize,
     spec: &'a TensorSpec,
     /// The spec's shape as safetensors asks for it.
@@ -142,7 +147,7 @@ impl safetensors::View for LazyExport<'_> {
     }
 
     fn data(&self) -> Cow<'_, [u8]> {
-        let state = TensorState::new(self.config.seed, self.index, self.spec.clone());
+        let state = TensorState::at(self.config, self.index, self.spec, self.version);
         Cow::Owned(state.export(self.config.f32_norms).data)
     }
 
@@ -170,7 +175,10 @@ mod tests {
                 .map(|v| dir.path().join(format!("{f32_norms}-{v}.safetensors")))
                 .collect();
             let mut reported = Vec::new();
-            write_checkpoints(&config, &paths, |done, total| reported.push((done, total))).unwrap();
+            write_checkpoints(&config, 0, &paths, |done, total| {
+                reported.push((done, total))
+            })
+            .unwrap();
             let mut synth = Synth::new(config);
             for (version, path) in paths.iter().enumerate() {
                 if version > 0 {
@@ -184,5 +192,21 @@ mod tests {
         }
         // Nothing but the finished files.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 8);
+    }
+
+    #[test]
+    fn a_chain_written_from_a_later_version_is_the_same_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SynthConfig {
+            learning_rate: 1e-3,
+            ..SynthConfig::new(preset("tiny").unwrap(), 5)
+        };
+        let path = |name: &str| dir.path().join(name);
+        let whole = [path("0"), path("1"), path("2"), path("3")];
+        write_checkpoints(&config, 0, &whole, |_, _| {}).unwrap();
+        let tail = [path("2-again"), path("3-again")];
+        write_checkpoints(&config, 2, &tail, |_, _| {}).unwrap();
+        assert_eq!(fs::read(&whole[2]).unwrap(), fs::read(&tail[0]).unwrap());
+        assert_eq!(fs::read(&whole[3]).unwrap(), fs::read(&tail[1]).unwrap());
     }
 }

@@ -212,6 +212,16 @@ const ELEMENTS_WITHOUT_GRADIENT: f64 = 0.06;
 const BLOCK: usize = 1 << 16;
 
 impl TensorState {
+    /// Tensor `index` of `config`'s model at `version`: version 0 stepped `version`
+    /// times.
+    fn at(config: &SynthConfig, index: usize, spec: &TensorSpec, version: u64) -> TensorState {
+        let mut state = TensorState::new(config.seed, index, spec.clone());
+        for step in 1..=version {
+            state.step(step, config.learning_rate);
+        }
+        state
+    }
+
     /// Tensor `index` of the model at version 0: its master weights, and momentum at
     /// its steady state.
     fn new(seed: u64, index: usize, spec: TensorSpec) -> TensorState {
