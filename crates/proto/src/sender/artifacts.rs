@@ -5,14 +5,19 @@
 //! by one rule: deltas beyond the retained window, the others once no session is served
 //! them (a snapshot is a whole checkpoint; a composed delta serves only its base).
 //!
-//! Each artifact is held with the trainer's signature, served in its Seal as it came:
-//! a sender cannot make one. A sender with a pinned trainer key
-//! ([`super::SenderConfig::trainer_key`]) refuses an artifact whose signature is
-//! missing or does not verify, so a signed deployment never serves an unsigned one.
+//! Each artifact is held with the trainer's two signatures, served as they came (a
+//! sender cannot make one): the descriptor's in its Offer, the artifact's in its Seal
+//! (docs/wire-protocol.md §4.4). A sender with a pinned trainer key
+//! ([`super::SenderConfig::trainer_key`]) refuses an artifact either of whose
+//! signatures is missing or does not verify, so a signed deployment never serves an
+//! unsigned one.
 
 use std::fmt;
 
-use aurora_delta::{ArtifactSignature, DeltaFile, DeltaHeader, Hash, SegmentEntry, Statement};
+use aurora_delta::{
+    ArtifactSignature, DeltaError, DeltaFile, DeltaHeader, Hash, SegmentEntry, SigningKey,
+    Statement,
+};
 use bytes::Bytes;
 
 use super::{Sender, SenderError, SenderEvent};
@@ -82,11 +87,14 @@ impl fmt::Display for ArtifactKey {
     }
 }
 
-/// A complete artifact's bytes as a store holds them, with the trainer's signature.
+/// A complete artifact's bytes as a store holds them, with the trainer's signatures.
 #[derive(Debug, Clone)]
 pub struct StoredArtifact {
     pub bytes: Bytes,
+    /// Over the artifact ([`Statement::artifact`]), served in its Seal.
     pub signature: Option<ArtifactSignature>,
+    /// Over its descriptor ([`Statement::offer`]), served in its Offer.
+    pub offer_signature: Option<ArtifactSignature>,
 }
 
 impl StoredArtifact {
@@ -95,12 +103,45 @@ impl StoredArtifact {
         StoredArtifact {
             bytes,
             signature: None,
+            offer_signature: None,
         }
     }
+
+    /// The artifact `bytes` as `kind`, signed by `key` (a hub signs so what it extracts
+    /// or builds).
+    pub fn signed(
+        bytes: Bytes,
+        kind: ArtifactKind,
+        key: &SigningKey,
+    ) -> Result<StoredArtifact, DeltaError> {
+        let file = DeltaFile::parse(&bytes)?;
+        let statement = Statement::artifact(kind, file.id, file.header());
+        let signature = Some(aurora_delta::sign(key, &statement));
+        let offer_signature = Some(offer_signature(key, kind, &bytes)?);
+        Ok(StoredArtifact {
+            bytes,
+            signature,
+            offer_signature,
+        })
+    }
+}
+
+/// `key`'s signature of the Offer of the artifact that begins `bytes` (its descriptor
+/// then anything), as `kind`.
+pub fn offer_signature(
+    key: &SigningKey,
+    kind: ArtifactKind,
+    bytes: &[u8],
+) -> Result<ArtifactSignature, DeltaError> {
+    let (header, descriptor_len) = DeltaHeader::decode(bytes)?;
+    let statement = Statement::offer(kind, header.target_version, &bytes[..descriptor_len]);
+    Ok(aurora_delta::sign(key, &statement))
 }
 
 pub(super) struct Artifact {
     pub(super) descriptor: Bytes,
+    /// The trainer's signature over the descriptor, served in the Offer.
+    pub(super) offer_signature: Option<ArtifactSignature>,
     pub(super) segments: Vec<Option<(Hash, Bytes)>>,
     pub(super) seal: Option<Seal>,
 }
@@ -121,14 +162,23 @@ impl Artifact {
 impl Sender {
     /// Starts publishing a delta whose segments will follow ([`Sender::add_segment`]) and
     /// whose table comes last ([`Sender::seal_artifact`]): cut-through from an extraction
-    /// or a relay's upstream. `descriptor` is the delta's preamble and header.
-    pub fn begin_artifact(&mut self, descriptor: Bytes) -> Result<u64, SenderError> {
-        let version = self.begin(descriptor)?;
+    /// or a relay's upstream. `descriptor` is the delta's preamble and header, and
+    /// `offer_signature` the trainer's signature over it, as it came.
+    pub fn begin_artifact(
+        &mut self,
+        descriptor: Bytes,
+        offer_signature: Option<ArtifactSignature>,
+    ) -> Result<u64, SenderError> {
+        let version = self.begin(descriptor, offer_signature)?;
         self.evict();
         Ok(version)
     }
 
-    fn begin(&mut self, descriptor: Bytes) -> Result<u64, SenderError> {
+    fn begin(
+        &mut self,
+        descriptor: Bytes,
+        offer_signature: Option<ArtifactSignature>,
+    ) -> Result<u64, SenderError> {
         let header = parse_descriptor(&descriptor)?;
         let version = header.target_version;
         if header.base_version >= version {
@@ -139,6 +189,7 @@ impl Sender {
             });
         }
         let key = ArtifactKey::Delta(version);
+        self.check_offer_signature(key, &descriptor, offer_signature)?;
         if let Some(existing) = self.artifacts.get(&key) {
             if existing.descriptor == descriptor {
                 return Ok(version);
@@ -150,6 +201,7 @@ impl Sender {
             key,
             Artifact {
                 descriptor,
+                offer_signature,
                 segments: Vec::new(),
                 seal: None,
             },
@@ -322,7 +374,7 @@ impl Sender {
             // any segment held must match, and the table (with the signature) seals it.
             if self.artifacts.get(&key).is_none_or(|a| a.seal.is_none()) {
                 let (descriptor, segments) = stored_parts(&artifact.bytes, file);
-                self.begin(descriptor)?;
+                self.begin(descriptor, artifact.offer_signature)?;
                 self.artifacts.get_mut(&key).expect("just begun").segments = segments;
                 let table = file.manifest.segments.clone();
                 if let Err(error) = self.seal_artifact(version, file.id, table, artifact.signature)
@@ -343,11 +395,13 @@ impl Sender {
                 aurora_delta::verify(trainer_key, &statement, artifact.signature.as_ref())?;
             }
             let (descriptor, segments) = stored_parts(&artifact.bytes, file);
+            self.check_offer_signature(key, &descriptor, artifact.offer_signature)?;
             self.unavailable.remove(&key);
             self.artifacts.insert(
                 key,
                 Artifact {
                     descriptor,
+                    offer_signature: artifact.offer_signature,
                     segments,
                     seal: Some(Seal {
                         id: file.id,
@@ -358,6 +412,22 @@ impl Sender {
             );
         }
         self.evict();
+        Ok(())
+    }
+
+    /// With a pinned trainer key, `signature` must be the trainer's over the Offer of
+    /// `key` with `descriptor`: a receiver refuses an Offer without it before it
+    /// allocates anything the descriptor claims.
+    fn check_offer_signature(
+        &self,
+        key: ArtifactKey,
+        descriptor: &[u8],
+        signature: Option<ArtifactSignature>,
+    ) -> Result<(), SenderError> {
+        if let Some(trainer_key) = &self.config.trainer_key {
+            let statement = Statement::offer(key.kind(), key.version(), descriptor);
+            aurora_delta::verify(trainer_key, &statement, signature.as_ref())?;
+        }
         Ok(())
     }
 

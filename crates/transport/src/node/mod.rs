@@ -22,7 +22,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aurora_delta::{ArtifactSignature, DeltaError, SigningKey, Statement, VerifyingKey};
+use aurora_delta::{
+    ArtifactKind, ArtifactSignature, DeltaError, SigningKey, Statement, VerifyingKey,
+};
 use aurora_proto::{
     Auth, Identity, Receiver, ReceiverConfig, ReceiverStats, SenderConfig, SenderError,
     SenderStats, VersionRef,
@@ -122,6 +124,18 @@ impl NodeConfig {
         self.signing_key
             .as_ref()
             .map(|key| aurora_delta::sign(key, statement))
+    }
+
+    /// The trainer's signature of the Offer of the delta whose descriptor is
+    /// `descriptor`, on a hub that signs.
+    pub(crate) fn sign_offer(
+        &self,
+        descriptor: &[u8],
+    ) -> Result<Option<ArtifactSignature>, DeltaError> {
+        self.signing_key
+            .as_ref()
+            .map(|key| aurora_proto::offer_signature(key, ArtifactKind::Delta, descriptor))
+            .transpose()
     }
 
     fn sender(&self, store_backed: bool) -> SenderConfig {
