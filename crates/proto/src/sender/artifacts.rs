@@ -317,6 +317,8 @@ impl Sender {
 
     /// Publishes a complete delta artifact (from a store): its structure, manifest
     /// hash and signature are checked here, its segment hashes by the store that read it.
+    /// For a delta sealed here already (published cut-through) it replaces the parts the
+    /// delta was published in: `bytes` must be that artifact, which its id vouches for.
     pub fn insert_artifact(&mut self, artifact: StoredArtifact) -> Result<u64, SenderError> {
         let file = DeltaFile::parse(&artifact.bytes)?;
         let version = file.header().target_version;
@@ -370,9 +372,18 @@ impl Sender {
     ) -> Result<(), SenderError> {
         key.check(file.header())?;
         if let ArtifactKey::Delta(version) = key {
-            // A delta may be held in part (published cut-through): its descriptor and
-            // any segment held must match, and the table (with the signature) seals it.
-            if self.artifacts.get(&key).is_none_or(|a| a.seal.is_none()) {
+            let sealed = self.artifacts.get_mut(&key).filter(|a| a.seal.is_some());
+            if let Some(held) = sealed {
+                // Sealed here already (published cut-through, then joined whole to be
+                // stored): the same artifact is served from its whole bytes from now on,
+                // so the buffers it was published in are freed and it is held once.
+                if held.seal.as_ref().is_some_and(|seal| seal.id == file.id) {
+                    (held.descriptor, held.segments) = stored_parts(&artifact.bytes, file);
+                }
+            } else {
+                // A delta may be held in part (published cut-through): its descriptor and
+                // any segment held must match, and the table (with the signature) seals
+                // it.
                 let (descriptor, segments) = stored_parts(&artifact.bytes, file);
                 self.begin(descriptor, artifact.offer_signature)?;
                 self.artifacts.get_mut(&key).expect("just begun").segments = segments;

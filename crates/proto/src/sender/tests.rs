@@ -440,6 +440,63 @@ fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     assert_eq!(pair.complete(), [(1, bytes)]);
 }
 
+/// A segment's buffer that counts its release: whether a sender still holds it.
+struct Tracked {
+    bytes: Vec<u8>,
+    released: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl AsRef<[u8]> for Tracked {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.released
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
+    let (bytes, manifest) = artifact(1, 3);
+    let file = DeltaFile::parse(&bytes).unwrap();
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut s = sender();
+    s.begin_artifact(Bytes::from(file.header().encode()), None)
+        .unwrap();
+    for (index, entry) in manifest.segments.iter().enumerate() {
+        let segment = Bytes::from_owner(Tracked {
+            bytes: file.verify_segment(index).unwrap().to_vec(),
+            released: released.clone(),
+        });
+        s.add_segment(1, index as u32, entry.hash, segment).unwrap();
+    }
+    s.seal_artifact(1, manifest.id(), manifest.segments.clone(), None)
+        .unwrap();
+    let held = || released.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(held(), 0, "the sender holds every segment it was given");
+    // The hub joins the delta to store it: the sender serves the joined bytes from now
+    // on, and the buffers the segments came in are freed.
+    let whole = Bytes::copy_from_slice(&bytes);
+    s.insert_artifact(StoredArtifact::unsigned(whole.clone()))
+        .unwrap();
+    assert_eq!(held(), 3, "the segments' own buffers are released");
+    let pair = Pair::new(s, receiver(1, 1));
+    assert_eq!(pair.complete(), [(1, bytes)]);
+    let within = whole.as_ptr() as usize..whole.as_ptr() as usize + whole.len();
+    for (_, frame) in &pair.written {
+        if let Frame::Segment { bytes, .. } = frame {
+            assert!(
+                within.contains(&(bytes.as_ptr() as usize)),
+                "served from `whole`"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_table_that_does_not_match_is_refused() {
     let (bytes, manifest) = artifact(1, 2);

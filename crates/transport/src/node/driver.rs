@@ -519,11 +519,17 @@ impl<E: Engine> Driver<E> {
                 let live = self.live.remove(&version);
                 match (sealed, live) {
                     (Ok(()), Some(live)) => {
-                        let mut artifact = live.descriptor.to_vec();
+                        // Sized exactly: a growing buffer would copy itself as it grows,
+                        // and keep up to twice the delta's size once frozen.
+                        let tail = manifest.encode_tail();
+                        let len =
+                            live.descriptor.len() + manifest.payload_bytes() as usize + tail.len();
+                        let mut artifact = Vec::with_capacity(len);
+                        artifact.extend_from_slice(&live.descriptor);
                         for bytes in live.segments.values() {
                             artifact.extend_from_slice(bytes);
                         }
-                        artifact.extend_from_slice(&manifest.encode_tail());
+                        artifact.extend_from_slice(&tail);
                         // The store keeps the artifact's signature; the Offer's is made
                         // again whenever the delta is read back.
                         let artifact = StoredArtifact {
@@ -531,6 +537,16 @@ impl<E: Engine> Driver<E> {
                             signature,
                             offer_signature: None,
                         };
+                        // The sender serves the joined artifact from now on and the
+                        // segments' own buffers are freed: the delta is held once while
+                        // the store writes it, and after.
+                        let adopted = self
+                            .hub_sender()
+                            .and_then(|s| s.insert_artifact(artifact.clone()).map_err(Into::into));
+                        if let Err(error) = adopted {
+                            let _ = reply.send(Err(error));
+                            return;
+                        }
                         self.store_then(version, artifact, |r| {
                             let _ = reply.send(r.map(|_| ()));
                         });
