@@ -85,23 +85,11 @@ fn artifact_and_commit_statements_never_collide() {
     assert!(statement().to_bytes().starts_with(ARTIFACT_DOMAIN));
     let offer = Statement::offer(ArtifactKind::Delta, 5, &header().encode());
     assert!(offer.to_bytes().starts_with(OFFER_DOMAIN));
+    let pinned = key(1).verifying_key();
     for other in [commit, statement()] {
-        assert!(
-            verify(
-                &key(1).verifying_key(),
-                &offer,
-                Some(&sign(&key(1), &other))
-            )
-            .is_err()
-        );
-        assert!(
-            verify(
-                &key(1).verifying_key(),
-                &other,
-                Some(&sign(&key(1), &offer))
-            )
-            .is_err()
-        );
+        for (signed, checked) in [(&other, &offer), (&offer, &other)] {
+            assert!(verify(&pinned, checked, Some(&sign(&key(1), signed))).is_err());
+        }
     }
 }
 
@@ -112,12 +100,12 @@ fn an_offer_signature_binds_the_kind_the_version_and_every_descriptor_byte() {
     let signature = sign(&key(1), &offer);
     let pinned = key(1).verifying_key();
     assert_eq!(verify(&pinned, &offer, Some(&signature)), Ok(()));
-    let mut grown = descriptor.clone();
-    grown[descriptor.len() - 1] ^= 1;
+    let mut altered = descriptor.clone();
+    altered[descriptor.len() - 1] ^= 1;
     for other in [
         Statement::offer(ArtifactKind::Delta, 5, &descriptor),
         Statement::offer(ArtifactKind::Snapshot, 6, &descriptor),
-        Statement::offer(ArtifactKind::Snapshot, 5, &grown),
+        Statement::offer(ArtifactKind::Snapshot, 5, &altered),
     ] {
         assert!(
             verify(&pinned, &other, Some(&signature)).is_err(),
