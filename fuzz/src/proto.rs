@@ -7,8 +7,9 @@
 //!   a receiver joining with no weights (2 mod 4), a receiver that pins the trainer key
 //!   of [`trainer_key`] (3 mod 4) or the sender (1 mod 4) state machines, on two streams.
 //!   Nothing may panic, and whatever the receiver delivers as complete must be a valid
-//!   artifact whose every segment verifies; a pinned receiver delivers only an artifact
-//!   whose Seal carried the trainer's signature, and reports only signed commits.
+//!   artifact whose every segment verifies; a pinned receiver takes only an Offer that
+//!   carries the trainer's signature of its descriptor, delivers only an artifact whose
+//!   Seal carried the trainer's signature, and reports only signed commits.
 
 use std::time::{Duration, Instant};
 
@@ -139,6 +140,17 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
                             .expect("a delivered segment verifies");
                     }
                 }
+                ReceiverEvent::Offered {
+                    version,
+                    kind,
+                    descriptor,
+                    signature,
+                    ..
+                } if pinned => {
+                    let statement = Statement::offer(kind, version, &descriptor);
+                    aurora_delta::verify(&key, &statement, signature.as_ref())
+                        .expect("a pinned receiver takes only signed offers");
+                }
                 ReceiverEvent::Sealed {
                     version, signature, ..
                 } if pinned => {
@@ -186,8 +198,8 @@ fn sender_state(frames: &[Frame]) {
 }
 
 /// Seeds: valid conversations, so the fuzzer starts inside the state machines: to a
-/// receiver of an unsigned deployment, to one that pins the trainer key (the Seal and the
-/// Commit signed), and to the sender.
+/// receiver of an unsigned deployment, to one that pins the trainer key (the Offer, the
+/// Seal and the Commit signed), and to the sender.
 pub fn seed_streams() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("receiver", receiver_seed(None)),
@@ -208,6 +220,9 @@ fn receiver_seed(key: Option<&SigningKey>) -> Vec<u8> {
             version: 1,
             kind: ArtifactKind::Delta,
             descriptor: Bytes::from(file.header().encode()),
+            signature: key.map(|key| {
+                aurora_proto::offer_signature(key, ArtifactKind::Delta, &bytes).expect("valid")
+            }),
         },
         Frame::Seal {
             version: 1,

@@ -1,4 +1,4 @@
-//! Frames of the segment protocol, version 2 (docs/wire-protocol.md §3 and §4).
+//! Frames of the segment protocol, version 3 (docs/wire-protocol.md §3 and §4).
 //!
 //! ```text
 //! frame   length:u32  type:u8  body[length - 1]
@@ -16,8 +16,9 @@ use aurora_delta::{ArtifactSignature, Hash, MAX_SEGMENT_BYTES, SegmentEntry, Sta
 use bytes::{BufMut, Bytes};
 
 /// The protocol version this build speaks (docs/wire-protocol.md §2). 2 added the
-/// trainer's signatures to Seal, Commit and Welcome.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// trainer's signatures to Seal, Commit and Welcome; 3 its signature of the descriptor
+/// to Offer.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// First bytes of every Hello body: a peer that is not an aurora transport is refused
 /// with a clear error instead of a confusing parse failure.
 pub const HELLO_MAGIC: [u8; 8] = *b"AURORA\x00\x01";
@@ -296,6 +297,9 @@ pub enum Frame {
         version: u64,
         kind: ArtifactKind,
         descriptor: Bytes,
+        /// The trainer's signature over the descriptor ([`Statement::offer`]), checked
+        /// before anything is allocated from it; None in an unsigned deployment.
+        signature: Option<ArtifactSignature>,
     },
     Segment {
         version: u64,
@@ -501,11 +505,13 @@ impl Frame {
                 version,
                 kind,
                 descriptor,
+                signature,
             } => {
                 out.put_u64_le(*version);
                 out.put_u8(*kind as u8);
                 out.put_u32_le(descriptor.len() as u32);
                 out.put_slice(descriptor);
+                put_option_signature(out, signature.as_ref());
             }
             Frame::Segment {
                 version,
@@ -574,12 +580,16 @@ impl Frame {
         PREFIX_BYTES
             + match self {
                 Frame::Segment { bytes, .. } => 8 + 4 + 32 + 4 + bytes.len(),
-                Frame::Offer { descriptor, .. } => 8 + 1 + 4 + descriptor.len(),
+                Frame::Offer {
+                    descriptor,
+                    signature,
+                    ..
+                } => 8 + 1 + 4 + descriptor.len() + option_signature_len(signature),
                 Frame::Seal {
                     segments,
                     signature,
                     ..
-                } => 8 + 32 + 4 + 36 * segments.len() + 1 + signature.map_or(0, |_| 64),
+                } => 8 + 32 + 4 + 36 * segments.len() + option_signature_len(signature),
                 other => other.to_bytes().len() - PREFIX_BYTES,
             }
     }
@@ -766,6 +776,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 version,
                 kind,
                 descriptor: r.bytes(len, "descriptor")?,
+                signature: r.option_signature()?,
             }
         }
         FrameType::Segment => {
@@ -860,6 +871,11 @@ fn put_version_ref(out: &mut Vec<u8>, v: &VersionRef) {
 fn put_commit(out: &mut Vec<u8>, commit: &Commit) {
     put_version_ref(out, &commit.target);
     put_option_signature(out, commit.signature.as_ref());
+}
+
+/// Bytes [`put_option_signature`] writes.
+fn option_signature_len(signature: &Option<ArtifactSignature>) -> usize {
+    1 + signature.map_or(0, |_| 64)
 }
 
 /// A flag (0 or 1), then the 64 bytes of the signature when 1.

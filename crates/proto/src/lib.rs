@@ -1,4 +1,4 @@
-//! The segment protocol of aurora, version 2: frames, messages and I/O-free state
+//! The segment protocol of aurora, version 3: frames, messages and I/O-free state
 //! machines. Specified in `docs/wire-protocol.md`; section numbers in comments refer to
 //! it.
 //!
@@ -43,7 +43,7 @@ pub use receiver::{
 };
 pub use sender::{
     ArtifactKey, Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, StoredArtifact,
-    Transmit,
+    Transmit, offer_signature,
 };
 pub use tuner::StreamTuner;
 pub use weights::{Staged, Weights};

@@ -346,6 +346,7 @@ impl Node {
                 kind,
                 descriptor,
                 header,
+                signature,
             } => {
                 match kind {
                     ArtifactKind::Snapshot => {
@@ -359,8 +360,10 @@ impl Node {
                         if self.snapshot == Some(version) {
                             self.snapshot = None;
                         }
+                        // The signature goes downstream as it came: a relay cannot
+                        // make one.
                         if let Some(sender) = &mut self.sender
-                            && let Err(e) = sender.begin_artifact(descriptor)
+                            && let Err(e) = sender.begin_artifact(descriptor, signature)
                         {
                             self.outputs.push_back(relay_error(e));
                         }

@@ -323,8 +323,8 @@ pub fn commit(version: u64, key: Option<&aurora_delta::SigningKey>) -> crate::Co
     commit
 }
 
-/// The frames a sender would send for `bytes` offered as `kind`, the Seal signed by
-/// `key` if given.
+/// The frames a sender would send for `bytes` offered as `kind`, the Offer and the Seal
+/// signed by `key` if given.
 pub fn signed_frames(
     bytes: &Bytes,
     kind: crate::frame::ArtifactKind,
@@ -337,6 +337,7 @@ pub fn signed_frames(
             version,
             kind,
             descriptor: Bytes::from(file.header().encode()),
+            signature: key.map(|key| crate::offer_signature(key, kind, bytes).unwrap()),
         },
         Frame::Seal {
             version,

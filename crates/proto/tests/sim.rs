@@ -14,11 +14,15 @@
 //! serves one composed delta from the actor's version to the latest when that is
 //! cheaper than replaying the deltas.
 //!
-//! The deployment signs: the hub's artifacts and commits carry the trainer's signature,
-//! and every relay and actor pins the trainer key. A second test adds a malicious relay
-//! in one region that serves forged deltas (other weights, every hash, the table, the id
-//! and the target hash made to match) under the trainer's signatures of the real ones,
-//! or none: every actor must refuse them and end on the published weights.
+//! The deployment signs: the hub's artifacts, their Offers and its commits carry the
+//! trainer's signature, and every relay and actor pins the trainer key. A second test
+//! adds a malicious relay in one region that serves forged deltas (other weights, every
+//! hash, the table, the id and the target hash made to match) under the trainer's
+//! signatures of the real ones, or none: every actor must refuse them and end on the
+//! published weights. The joiner dials it first, and it offers forged snapshots whose
+//! descriptors claim a 2 TiB tensor, unsigned or signed by another key: the joiner must
+//! refuse each at its Offer, never hand a segment of one to a decoder (where an image
+//! would be sized from it), and join from the hub.
 //!
 //! Checkers: no activation ever produces weights other than the published ones; in the
 //! end every live relay and actor is at the last version with byte-identical weights.
@@ -29,8 +33,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aurora_delta::{
-    ArtifactKind, Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, Hash, PatchChunk,
-    SigningKey, Statement,
+    ArtifactKind, Checkpoint, DeltaFile, DeltaHeader, Dtype, Encoding, ExtractOptions, Extraction,
+    Hash, PatchChunk, SigningKey, TensorChange, TensorEntry, TensorSpec,
 };
 use aurora_proto::{
     ArtifactKey, Auth, Commit, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig,
@@ -93,12 +97,38 @@ fn trainer_key() -> SigningKey {
     SigningKey::from_bytes(&[0x42; 32])
 }
 
-/// `bytes` as `kind`, with the trainer's signature, as the hub serves it.
+/// `bytes` as `kind`, with the trainer's signatures, as the hub serves it.
 fn signed(bytes: Bytes, kind: ArtifactKind) -> StoredArtifact {
-    let file = DeltaFile::parse(&bytes).unwrap();
-    let statement = Statement::artifact(kind, file.id, file.header());
-    let signature = Some(aurora_delta::sign(&trainer_key(), &statement));
-    StoredArtifact { bytes, signature }
+    StoredArtifact::signed(bytes, kind, &trainer_key()).unwrap()
+}
+
+/// What the malicious relay offers a joiner as the snapshot of `version`: a well-formed
+/// artifact whose descriptor claims one BF16 tensor of 2 TiB, signed by another key
+/// (even versions) or not at all. A joiner that sized an image from the descriptor
+/// before checking it would try to allocate what it claims.
+fn forged_snapshot(version: u64) -> StoredArtifact {
+    let header = DeltaHeader {
+        base_version: version,
+        target_version: version,
+        base_hash: Checkpoint::default().weights_hash(),
+        target_hash: Hash([0xEE; 32]),
+        encoding: Encoding::Dense,
+        tensors: vec![TensorEntry {
+            name: "model.embed_tokens.weight".into(),
+            change: TensorChange::Added(TensorSpec {
+                dtype: Dtype::Bf16,
+                shape: vec![1 << 20, 1 << 20],
+            }),
+        }],
+    };
+    let (_, bytes) = aurora_delta::assemble(&header, &[b"forged".to_vec(), vec![0; 64]]);
+    let bytes = Bytes::from(bytes);
+    if version.is_multiple_of(2) {
+        let stranger = SigningKey::from_bytes(&[0x13; 32]);
+        StoredArtifact::signed(bytes, ArtifactKind::Snapshot, &stranger).unwrap()
+    } else {
+        StoredArtifact::unsigned(bytes)
+    }
 }
 
 /// The trainer's signed commit of `version`.
@@ -239,7 +269,11 @@ enum Event {
     SafePoint {
         node: usize,
     },
-    Loaded(ArtifactKey),
+    /// `node`'s driver answers its sender's [`Output::Load`].
+    Loaded {
+        node: usize,
+        key: ArtifactKey,
+    },
     /// A peer with no weights starts.
     Join {
         node: usize,
@@ -441,25 +475,27 @@ impl Sim {
             }
             peers.push(Peer::new(node, &name, upstreams, Some(0)));
         }
-        // Joins later (node None until then), its region's relay first.
+        // Joins later (node None until then), its region's relay first, or the rogue.
+        let mut upstreams = vec![RELAYS[0], HUB, RELAYS[1]];
+        if rogue {
+            upstreams.insert(0, ROGUE);
+        }
         peers.push(Peer {
             node: None,
             name: "joiner".into(),
-            upstreams: vec![RELAYS[0], HUB, RELAYS[1]],
+            upstreams,
             upstream: 0,
             weights: None,
             timer: None,
         });
         if rogue {
-            // It checks nothing it is given: it serves what it forged.
-            let mut config = sender_config(Role::Relay, "rogue", false);
+            // It checks nothing it is given: it serves what it forged, snapshots included
+            // (it poses as a hub with a store).
+            let mut config = sender_config(Role::Relay, "rogue", true);
             config.trainer_key = None;
-            peers.push(Peer::new(
-                Node::hub(Sender::new(config)),
-                "rogue",
-                vec![],
-                None,
-            ));
+            let mut rogue = Sender::new(config);
+            rogue.set_snapshots([0]);
+            peers.push(Peer::new(Node::hub(rogue), "rogue", vec![], None));
         }
         let mut sim = Sim {
             seed,
@@ -703,7 +739,21 @@ impl Sim {
                 }
                 self.drain(node);
             }
-            Event::Loaded(key) => {
+            Event::Loaded { node, key } if node == ROGUE => {
+                let artifact = match key {
+                    ArtifactKey::Snapshot(version) => Ok(forged_snapshot(version)),
+                    _ => Err("the rogue builds nothing else".to_string()),
+                };
+                let sender = self.node(ROGUE).unwrap().sender_mut().unwrap();
+                let loaded = sender.loaded(key, artifact);
+                assert_eq!(
+                    loaded.is_ok(),
+                    matches!(key, ArtifactKey::Snapshot(_)),
+                    "{loaded:?}"
+                );
+                self.drain(ROGUE);
+            }
+            Event::Loaded { key, .. } => {
                 let bytes = match key {
                     ArtifactKey::Delta(version) => Ok(chain().deltas[version as usize - 1].clone()),
                     // Built from the store and signed by the hub as it loads them.
@@ -808,8 +858,11 @@ impl Sim {
         let head = file.header().encode();
         let sender = self.peers[HUB].node.as_mut().unwrap().sender_mut().unwrap();
         let count = file.segment_count();
+        let signed = signed(bytes.clone(), ArtifactKind::Delta);
         if step == 0 {
-            sender.begin_artifact(Bytes::from(head)).unwrap();
+            sender
+                .begin_artifact(Bytes::from(head), signed.offer_signature)
+                .unwrap();
         } else if step <= count {
             let index = step - 1;
             let segment = Bytes::copy_from_slice(file.verify_segment(index).unwrap());
@@ -822,22 +875,29 @@ impl Sim {
                 )
                 .unwrap();
         } else {
-            let signature = signed(bytes.clone(), ArtifactKind::Delta).signature;
             sender
-                .seal_artifact(version, file.id, file.manifest.segments.clone(), signature)
+                .seal_artifact(
+                    version,
+                    file.id,
+                    file.manifest.segments.clone(),
+                    signed.signature,
+                )
                 .unwrap();
             sender.set_loadable(Some(version));
             sender.set_snapshots((0..=version).filter(|v| v.is_multiple_of(SNAPSHOT_EVERY)));
             sender.commit(signed_commit(version)).unwrap();
             if let Some(rogue) = self.peers.get_mut(ROGUE).and_then(|p| p.node.as_mut()) {
-                // The forgery under the real delta's signature (a relay forwards the
-                // signature it got), or with the signature stripped.
+                // The forgery under the real delta's signatures (a relay forwards the
+                // signatures it got), or with them stripped.
+                let stripped = !version.is_multiple_of(2);
                 let forged = StoredArtifact {
                     bytes: forged(version),
-                    signature: signature.filter(|_| version.is_multiple_of(2)),
+                    signature: signed.signature.filter(|_| !stripped),
+                    offer_signature: signed.offer_signature.filter(|_| !stripped),
                 };
                 let rogue = rogue.sender_mut().unwrap();
                 rogue.insert_artifact(forged).unwrap();
+                rogue.set_snapshots((0..=version).filter(|v| v.is_multiple_of(SNAPSHOT_EVERY)));
                 // Commits are authentic: it can only forward those.
                 rogue.commit(signed_commit(version)).unwrap();
                 self.drain(ROGUE);
@@ -999,7 +1059,7 @@ impl Sim {
                     ArtifactKey::Delta(_) => self.rng.millis(1, 20),
                     _ => self.rng.millis(5, 60),
                 };
-                self.at(after, Event::Loaded(key));
+                self.at(after, Event::Loaded { node, key });
             }
             Output::Decode {
                 version,
@@ -1010,6 +1070,18 @@ impl Sim {
                 bytes,
             } => {
                 let peer = &self.peers[node];
+                // A snapshot's image is sized from its descriptor as its first segment
+                // decodes: only the trainer's may get here.
+                assert!(
+                    kind != ArtifactKind::Snapshot
+                        || *header
+                            == *DeltaFile::parse(&chain().snapshots[&version])
+                                .unwrap()
+                                .header(),
+                    "seed {}: {} decodes a snapshot of version {version} the trainer did not offer",
+                    self.seed,
+                    peer.name
+                );
                 let weights = peer.weights.as_ref().unwrap();
                 // Only segments verified against the table reach the decoder, and only
                 // for the version whose base is the active weights: a failure is a bug.
@@ -1210,5 +1282,12 @@ fn a_malicious_relay_is_refused_by_every_actor_and_the_honest_path_is_unaffected
         for relay in RELAYS {
             assert!(!sim.refused.contains_key(&relay), "seed {seed}");
         }
+        // The joiner dials the rogue first and refuses its forged snapshot at the Offer
+        // (`output` checks that none of it reaches a decoder); `run_with` checks that it
+        // joined from the hub.
+        assert!(
+            sim.refused.get(&JOINER).copied().unwrap_or(0) > 0,
+            "seed {seed}: the joiner never refused the rogue"
+        );
     }
 }

@@ -8,6 +8,12 @@
 //! statement begins with a domain string, so a signature over one kind of statement can
 //! never verify as another. Signing and verifying are pure: keys in, bytes out.
 //!
+//! An artifact's id is known only when its extraction ends, after its descriptor and
+//! first segments went out cut-through; a receiver that builds from the descriptor
+//! (a joiner allocates a snapshot's image from it) cannot wait for it. So the descriptor
+//! is signed on its own too, as the Offer that carries it ([`Statement::Offer`]), and
+//! checked before anything is decoded or allocated for it.
+//!
 //! A detached signature file (`FILE.sig`, docs/delta-format.md §10) carries one artifact
 //! signature with the signer's public key, so `aurora delta verify --key` can say
 //! whether the file was signed by another key or altered since.
@@ -19,6 +25,8 @@ use crate::{DeltaHeader, Encoding, Hash, Manifest};
 
 /// First bytes of every artifact statement.
 pub const ARTIFACT_DOMAIN: &[u8] = b"aurora-artifact-signature-v1\0";
+/// First bytes of every Offer statement (an artifact's descriptor).
+pub const OFFER_DOMAIN: &[u8] = b"aurora-offer-signature-v1\0";
 /// First bytes of every commit statement.
 pub const COMMIT_DOMAIN: &[u8] = b"aurora-commit-signature-v1\0";
 /// Magic of a detached signature file.
@@ -91,6 +99,13 @@ pub enum Statement {
     },
     /// Version `version`, whose weights hash is `weights_hash`, is committed.
     Commit { version: u64, weights_hash: Hash },
+    /// The artifact of `kind` to `version` has the descriptor (preamble and header, so
+    /// every size a receiver allocates from) whose BLAKE3 hash is `descriptor`.
+    Offer {
+        kind: ArtifactKind,
+        version: u64,
+        descriptor: Hash,
+    },
 }
 
 impl Statement {
@@ -110,6 +125,16 @@ impl Statement {
     /// The statement of the artifact `manifest` describes (its id is computed here).
     pub fn manifest(kind: ArtifactKind, manifest: &Manifest) -> Statement {
         Statement::artifact(kind, manifest.id(), &manifest.header)
+    }
+
+    /// The statement of the Offer of the artifact of `kind` to `version` whose
+    /// descriptor is `descriptor` (docs/wire-protocol.md §4.4).
+    pub fn offer(kind: ArtifactKind, version: u64, descriptor: &[u8]) -> Statement {
+        Statement::Offer {
+            kind,
+            version,
+            descriptor: Hash::of(descriptor),
+        }
     }
 
     /// The canonical bytes that are signed: the domain string, then every field at a
@@ -143,6 +168,16 @@ impl Statement {
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&weights_hash.0);
             }
+            Statement::Offer {
+                kind,
+                version,
+                descriptor,
+            } => {
+                out.extend_from_slice(OFFER_DOMAIN);
+                out.push(*kind as u8);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&descriptor.0);
+            }
         }
         out
     }
@@ -167,6 +202,14 @@ impl std::fmt::Display for Statement {
             } => write!(
                 f,
                 "the commit of version {version} (weights {weights_hash})"
+            ),
+            Statement::Offer {
+                kind,
+                version,
+                descriptor,
+            } => write!(
+                f,
+                "the Offer of {kind} to version {version} (descriptor {descriptor})"
             ),
         }
     }

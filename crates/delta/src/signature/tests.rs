@@ -83,6 +83,41 @@ fn artifact_and_commit_statements_never_collide() {
     assert!(verify(&key(1).verifying_key(), &older, Some(&signature)).is_err());
     assert!(commit.to_bytes().starts_with(COMMIT_DOMAIN));
     assert!(statement().to_bytes().starts_with(ARTIFACT_DOMAIN));
+    let offer = Statement::offer(ArtifactKind::Delta, 5, &header().encode());
+    assert!(offer.to_bytes().starts_with(OFFER_DOMAIN));
+    let pinned = key(1).verifying_key();
+    for other in [commit, statement()] {
+        for (signed, checked) in [(&other, &offer), (&offer, &other)] {
+            assert!(verify(&pinned, checked, Some(&sign(&key(1), signed))).is_err());
+        }
+    }
+}
+
+#[test]
+fn an_offer_signature_binds_the_kind_the_version_and_every_descriptor_byte() {
+    let descriptor = header().encode();
+    let offer = Statement::offer(ArtifactKind::Snapshot, 5, &descriptor);
+    let signature = sign(&key(1), &offer);
+    let pinned = key(1).verifying_key();
+    assert_eq!(verify(&pinned, &offer, Some(&signature)), Ok(()));
+    let mut altered = descriptor.clone();
+    altered[descriptor.len() - 1] ^= 1;
+    for other in [
+        Statement::offer(ArtifactKind::Delta, 5, &descriptor),
+        Statement::offer(ArtifactKind::Snapshot, 6, &descriptor),
+        Statement::offer(ArtifactKind::Snapshot, 5, &altered),
+    ] {
+        assert!(
+            verify(&pinned, &other, Some(&signature)).is_err(),
+            "{other}"
+        );
+    }
+    let err = verify(&key(2).verifying_key(), &offer, Some(&signature)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the Offer of a snapshot to version 5"),
+        "{err}"
+    );
 }
 
 proptest! {

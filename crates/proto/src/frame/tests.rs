@@ -34,7 +34,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn hello() -> Hello {
     Hello {
-        protocol_version: 2,
+        protocol_version: 3,
         flags: 0,
         role: Role::Actor,
         peer_id: "a1".into(),
@@ -52,7 +52,7 @@ fn hello() -> Hello {
     }
 }
 
-// Golden bytes: version 1 of the wire protocol must never change
+// Golden bytes: version 3 of the wire protocol must never change
 // (docs/wire-protocol.md §4 shows the same layouts).
 
 #[test]
@@ -63,7 +63,7 @@ fn hello_golden_bytes() {
             &[86, 0, 0, 0],               // length: type + body
             &[0x01],                      // type Hello
             b"AURORA\x00\x01",            // magic
-            &[2, 0],                      // protocol version 2
+            &[3, 0],                      // protocol version 3
             &[0, 0],                      // flags
             &[3],                         // role actor
             &[2, b'a', b'1'],             // peer id "a1"
@@ -83,7 +83,7 @@ fn hello_golden_bytes() {
 fn welcome_and_reject_golden_bytes() {
     golden(
         Frame::Welcome(Welcome {
-            protocol_version: 2,
+            protocol_version: 3,
             role: Role::Hub,
             peer_id: "h".into(),
             region: "".into(),
@@ -94,7 +94,7 @@ fn welcome_and_reject_golden_bytes() {
         &[
             &[26, 0, 0, 0],
             &[0x02],                      // type Welcome
-            &[2, 0],                      // protocol version
+            &[3, 0],                      // protocol version
             &[1],                         // role hub
             &[1, b'h'],                   // peer id
             &[0],                         // region ""
@@ -105,7 +105,7 @@ fn welcome_and_reject_golden_bytes() {
     );
     golden(
         Frame::Welcome(Welcome {
-            protocol_version: 2,
+            protocol_version: 3,
             role: Role::Relay,
             peer_id: "r".into(),
             region: "".into(),
@@ -122,7 +122,7 @@ fn welcome_and_reject_golden_bytes() {
         &[
             &[115, 0, 0, 0],
             &[0x02],                   // type Welcome
-            &[2, 0],                   // protocol version
+            &[3, 0],                   // protocol version
             &[2],                      // role relay
             &[1, b'r'],                // peer id
             &[0],                      // region ""
@@ -225,14 +225,16 @@ fn composed_catch_up_golden_bytes() {
             version: 8,
             kind: ArtifactKind::Composed,
             descriptor: Bytes::from_static(b"HDR"),
+            signature: None,
         },
         &[
-            &[17, 0, 0, 0],
+            &[18, 0, 0, 0],
             &[0x05],                   // type Offer
             &[8, 0, 0, 0, 0, 0, 0, 0], // version
             &[3],                      // kind composed delta
             &[3, 0, 0, 0],             // descriptor length
             b"HDR",
+            &[0], // unsigned
         ],
     );
 }
@@ -244,14 +246,16 @@ fn transfer_frames_golden_bytes() {
             version: 7,
             kind: ArtifactKind::Delta,
             descriptor: Bytes::from_static(b"HDR"),
+            signature: None,
         },
         &[
-            &[17, 0, 0, 0],
+            &[18, 0, 0, 0],
             &[0x05],                   // type Offer
             &[7, 0, 0, 0, 0, 0, 0, 0], // version
             &[1],                      // kind delta
             &[3, 0, 0, 0],             // descriptor length
             b"HDR",
+            &[0], // unsigned
         ],
     );
     golden(
@@ -259,14 +263,17 @@ fn transfer_frames_golden_bytes() {
             version: 7,
             kind: ArtifactKind::Snapshot,
             descriptor: Bytes::from_static(b"HDR"),
+            signature: Some(ArtifactSignature([0x66; 64])),
         },
         &[
-            &[17, 0, 0, 0],
+            &[82, 0, 0, 0],
             &[0x05],                   // type Offer
             &[7, 0, 0, 0, 0, 0, 0, 0], // version
             &[2],                      // kind snapshot
             &[3, 0, 0, 0],             // descriptor length
             b"HDR",
+            &[1], // signed: the trainer's signature of the descriptor
+            &[0x66; 64],
         ],
     );
     golden(
@@ -749,6 +756,7 @@ fn hostile_values_are_named() {
         version: 1,
         kind: ArtifactKind::Delta,
         descriptor: Bytes::new(),
+        signature: None,
     }
     .to_bytes();
     bad_kind[PREFIX_BYTES + 8] = 5;
@@ -851,6 +859,7 @@ fn the_join_fields_are_bounded() {
             version: 1,
             kind: ArtifactKind::Snapshot,
             descriptor: Bytes::new(),
+            signature: None,
         }
         .to_bytes();
         bytes[PREFIX_BYTES + 8] = code;
@@ -1005,16 +1014,18 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         (
             any::<u64>(),
             any::<bool>(),
-            prop::collection::vec(any::<u8>(), 0..200)
+            prop::collection::vec(any::<u8>(), 0..200),
+            arb_signature()
         )
-            .prop_map(|(version, snapshot, descriptor)| Frame::Offer {
+            .prop_map(|(version, snapshot, descriptor, signature)| Frame::Offer {
                 version,
                 kind: if snapshot {
                     ArtifactKind::Snapshot
                 } else {
                     ArtifactKind::Delta
                 },
-                descriptor: Bytes::from(descriptor)
+                descriptor: Bytes::from(descriptor),
+                signature,
             }),
         (
             any::<u64>(),

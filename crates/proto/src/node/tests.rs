@@ -4,11 +4,13 @@
 //! still reads the weights.
 
 use super::*;
+use crate::receiver::{ReceiverConfig, ReceiverEvent, SessionEnd, Violation};
 use crate::sender::{Sender, SenderConfig};
 use crate::testutil::{
-    TOKEN, artifact, connected, connected_joining, frames, frames_of, identity, snapshot_artifact,
-    weights,
+    Pair, TOKEN, artifact, connected, connected_joining, frames, frames_of, identity,
+    pinned_receiver, signed_frames, snapshot_artifact, trainer_key, weights, welcomed,
 };
+use aurora_delta::Statement;
 
 fn actor() -> Node {
     Node::actor(
@@ -225,4 +227,146 @@ fn a_joining_relay_never_republishes_its_snapshot_and_serves_what_follows() {
         feed(&mut node, frame);
     }
     assert_eq!(node.sender().unwrap().latest(), Some(4));
+}
+
+/// A joining actor that pins the trainer key, welcomed by a hub offering the snapshot of
+/// `snapshot`; like the transport's joiners it keeps only the hashes of snapshot
+/// segments, which are written into the image as they are decoded.
+fn pinned_joiner(snapshot: u64) -> Node {
+    let mut config = ReceiverConfig::new(identity(Role::Actor, "a1"), TOKEN.to_vec());
+    config.trainer_key = Some(trainer_key().verifying_key());
+    config.hold_snapshot_segments = false;
+    Node::joining_actor(welcomed(Receiver::joining(config), Some(snapshot)))
+}
+
+/// The descriptor of a snapshot of `version` that claims one BF16 tensor of 2 TiB: it
+/// parses and names a snapshot, so only a signature tells it from the trainer's.
+fn huge_snapshot_descriptor(version: u64) -> Bytes {
+    let header = DeltaHeader {
+        base_version: version,
+        target_version: version,
+        base_hash: crate::snapshot::empty_weights_hash(),
+        target_hash: weights(version),
+        encoding: aurora_delta::Encoding::Dense,
+        tensors: vec![aurora_delta::TensorEntry {
+            name: "model.embed_tokens.weight".into(),
+            change: aurora_delta::TensorChange::Added(aurora_delta::TensorSpec {
+                dtype: aurora_delta::Dtype::Bf16,
+                shape: vec![1 << 20, 1 << 20],
+            }),
+        }],
+    };
+    Bytes::from(header.encode())
+}
+
+/// Whether `outputs` end the session on a signature refusal whose message has `what`.
+fn refused_signature(outputs: &[Output], what: &str) -> bool {
+    outputs.iter().any(|o| {
+        matches!(
+            o,
+            Output::UpstreamLost {
+                reason: SessionEnd::Violation(Violation::Signature(error)),
+            } if error.to_string().contains(what)
+        )
+    })
+}
+
+#[test]
+fn a_forged_snapshot_offer_is_refused_at_the_offer_before_anything_is_built_from_it() {
+    let key = trainer_key();
+    let (honest, _) = snapshot_artifact(3, 2);
+    let honest = signed_frames(&honest, ArtifactKind::Snapshot, Some(&key));
+    let Frame::Offer {
+        signature: trainer_signature,
+        ..
+    } = honest[0].clone()
+    else {
+        unreachable!("the first frame is the Offer")
+    };
+    let descriptor = huge_snapshot_descriptor(3);
+    let stranger = aurora_delta::SigningKey::from_bytes(&[0x13; 32]);
+    let forged_statement = Statement::offer(ArtifactKind::Snapshot, 3, &descriptor);
+    let forgeries = [
+        (None, "carries no signature"),
+        (
+            Some(aurora_delta::sign(&stranger, &forged_statement)),
+            "does not verify",
+        ),
+        // The trainer's signature of the real descriptor, moved onto the forged one.
+        (trainer_signature, "does not verify"),
+    ];
+    for (signature, why) in forgeries {
+        let mut node = pinned_joiner(3);
+        let outputs = feed(
+            &mut node,
+            Frame::Offer {
+                version: 3,
+                kind: ArtifactKind::Snapshot,
+                descriptor: descriptor.clone(),
+                signature,
+            },
+        );
+        assert!(
+            refused_signature(&outputs, "the Offer of a snapshot to version 3"),
+            "refused at the Offer ({why}): {outputs:?}"
+        );
+        assert!(refused_signature(&outputs, why), "{outputs:?}");
+        assert_eq!(node.receiver().unwrap().stats().violations, 1);
+        // A segment behind the Offer is never handed to a decoder, the only place an
+        // image is allocated from a descriptor.
+        let outputs = feed(&mut node, honest[2].clone());
+        assert!(decodes(&outputs).is_empty(), "{outputs:?}");
+        let status = node.actor_status().unwrap();
+        assert_eq!((status.active, status.staged), (None, None));
+    }
+
+    // The trainer's own Offer is taken, and its segments decoded as they come.
+    let mut node = pinned_joiner(3);
+    let outputs = feed(&mut node, honest[0].clone());
+    assert!(!refused_signature(&outputs, ""), "{outputs:?}");
+    assert_eq!(decodes(&feed(&mut node, honest[2].clone())).len(), 1);
+}
+
+#[test]
+fn a_relay_forwards_the_trainer_s_offer_signature_and_a_pinned_actor_takes_the_version() {
+    let key = trainer_key();
+    let pinned = Some(key.verifying_key());
+    let mut config = SenderConfig::new(
+        identity(Role::Relay, "relay"),
+        crate::Auth::Shared(TOKEN.to_vec()),
+    );
+    config.trainer_key = pinned;
+    let mut relay = Node::relay(
+        welcomed(pinned_receiver(1, 1, pinned), None),
+        Sender::new(config),
+        VersionRef {
+            version: 0,
+            hash: weights(0),
+        },
+    );
+    let (bytes, _) = artifact(1, 3);
+    let frames = signed_frames(&bytes, ArtifactKind::Delta, Some(&key));
+    for frame in frames.clone() {
+        let outputs = feed(&mut relay, frame);
+        assert!(
+            !outputs.iter().any(|o| matches!(
+                o,
+                Output::Notice(Notice::RelayError(_)) | Output::UpstreamLost { .. }
+            )),
+            "{outputs:?}"
+        );
+    }
+    // What the relay serves, to an actor that pins the key: it takes nothing unsigned.
+    let served = std::mem::replace(relay.sender_mut().unwrap(), crate::testutil::sender());
+    let mut pair = Pair::new(served, pinned_receiver(1, 1, pinned));
+    pair.pump();
+    assert_eq!(pair.complete(), [(1, bytes)]);
+    let Frame::Offer { signature, .. } = &frames[0] else {
+        unreachable!("the first frame is the Offer")
+    };
+    assert!(signature.is_some());
+    assert!(pair.events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::Offered { signature: forwarded, .. } if forwarded == signature
+    )));
 }

@@ -106,8 +106,8 @@ pub enum Violation {
         index: u32,
         len: usize,
     },
-    /// A Seal or a Commit without the pinned trainer key's valid signature: altered,
-    /// stripped, or made by someone else (docs/security.md).
+    /// An Offer, a Seal or a Commit without the pinned trainer key's valid signature:
+    /// altered, stripped, or made by someone else (docs/security.md).
     #[error("{0}")]
     Signature(#[from] SignatureError),
 }

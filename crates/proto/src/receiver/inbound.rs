@@ -39,7 +39,8 @@ impl Receiver {
                 version,
                 kind,
                 descriptor,
-            } => self.on_offer(version, kind, descriptor),
+                signature,
+            } => self.on_offer(version, kind, descriptor, signature),
             Frame::Segment {
                 version,
                 index,
@@ -188,6 +189,7 @@ impl Receiver {
         version: u64,
         kind: ArtifactKind,
         descriptor: Bytes,
+        signature: Option<ArtifactSignature>,
     ) -> Result<(), SessionEnd> {
         if !self.window_check(version)? {
             return Ok(());
@@ -204,6 +206,16 @@ impl Receiver {
         }
         if composed_ok && !self.wants_composed() {
             return Err(Violation::ComposedNotAccepted(version).into());
+        }
+        if let Some(key) = &self.config.trainer_key {
+            // Before the descriptor is parsed or anything is sized from it: a joiner
+            // allocates a snapshot's whole image from its header (docs/security.md §5).
+            let statement = Statement::offer(kind, version, &descriptor);
+            if let Err(error) = aurora_delta::verify(key, &statement, signature.as_ref()) {
+                // What arrived of the version came from the same upstream.
+                self.drop_assemblies(&[version]);
+                return Err(Violation::Signature(error).into());
+            }
         }
         let bad_descriptor =
             |source: DescriptorFault| SessionEnd::BadDescriptor { version, source };
@@ -254,6 +266,7 @@ impl Receiver {
             kind,
             descriptor,
             header,
+            signature,
         });
         // Segments that overtook the offer on another stream are announced now, so a
         // relay republishes them after the descriptor.

@@ -16,12 +16,15 @@
 //! snapshot an upstream offers in its Welcome, wants it with the snapshot flag, and
 //! continues with the deltas after it like any other receiver.
 //!
-//! With a pinned trainer key ([`ReceiverConfig::trainer_key`]) a version is reported
-//! sealed, and so delivered, only when its Seal carries the trainer's signature over the
-//! artifact (kind, id, versions, weights hashes, encoding), and a Commit is reported
-//! only with the trainer's signature over it: an upstream that alters an artifact and
-//! re-hashes everything it can is caught at the Seal, and one that strips or forges a
-//! signature is given up like any other protocol violation.
+//! With a pinned trainer key ([`ReceiverConfig::trainer_key`]) an Offer is taken only
+//! when it carries the trainer's signature over its kind, version and descriptor,
+//! checked before the descriptor is parsed, so nothing is sized from a descriptor the
+//! trainer did not make; a version is reported sealed, and so delivered, only when its
+//! Seal carries the trainer's signature over the artifact (kind, id, versions, weights
+//! hashes, encoding), and a Commit is reported only with the trainer's signature over
+//! it: an upstream that alters an artifact and re-hashes everything it can is caught at
+//! the Seal, and one that strips or forges a signature is given up like any other
+//! protocol violation.
 //!
 //! An actor's receiver accepts composed catch-up ([`Receiver::accept_composed`]): its
 //! Wants say so, and an upstream may answer one that is behind with a single composed
@@ -76,8 +79,9 @@ pub struct ReceiverConfig {
     /// When set, the stream count is tuned ([`StreamTuner`]) at this interval: each
     /// session starts with one stream and opens more, up to `streams`, while they pay.
     pub tune_interval: Option<Duration>,
-    /// The trainer's public key, where the deployment signs: a Seal or a Commit without
-    /// its valid signature is a protocol violation, and nothing of it is delivered.
+    /// The trainer's public key, where the deployment signs: an Offer, a Seal or a
+    /// Commit without its valid signature is a protocol violation, and nothing of it is
+    /// delivered.
     pub trainer_key: Option<VerifyingKey>,
 }
 
@@ -109,13 +113,15 @@ pub enum ReceiverEvent {
     Connected { upstream: Welcome },
     /// The session is over; start another one, on another upstream if this one failed.
     UpstreamLost { reason: SessionEnd },
-    /// The descriptor of `version` arrived (relays publish a delta's downstream; actors
-    /// may start decoding its segments against their weights).
+    /// The descriptor of `version` arrived, and (with a pinned trainer key) its signature
+    /// verifies (relays publish a delta's downstream with the signature as it came;
+    /// actors may start decoding its segments against their weights).
     Offered {
         version: u64,
         kind: ArtifactKind,
         descriptor: Bytes,
         header: Arc<DeltaHeader>,
+        signature: Option<ArtifactSignature>,
     },
     /// A verified segment (relays forward it at once); never before its version's
     /// `Offered`.

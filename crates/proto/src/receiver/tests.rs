@@ -156,6 +156,7 @@ fn protocol_violations_give_the_upstream_up() {
             version: 2,
             kind: crate::frame::ArtifactKind::Delta,
             descriptor,
+            signature: None,
         },
         "carries the header of version 1",
     );
@@ -164,6 +165,7 @@ fn protocol_violations_give_the_upstream_up() {
             version: 1,
             kind: crate::frame::ArtifactKind::Delta,
             descriptor: Bytes::from_static(b"junk"),
+            signature: None,
         },
         "offer of version 1",
     );
@@ -311,7 +313,7 @@ fn a_new_session_after_a_lost_upstream_resumes_without_duplicates() {
     let (bytes, manifest) = artifact(2, 12);
     let file = aurora_delta::DeltaFile::parse(&bytes).unwrap();
     pair.sender
-        .begin_artifact(Bytes::from(file.header().encode()))
+        .begin_artifact(Bytes::from(file.header().encode()), None)
         .unwrap();
     for index in 0..6 {
         let segment = Bytes::copy_from_slice(file.verify_segment(index).unwrap());

@@ -5,14 +5,19 @@
 //! by one rule: deltas beyond the retained window, the others once no session is served
 //! them (a snapshot is a whole checkpoint; a composed delta serves only its base).
 //!
-//! Each artifact is held with the trainer's signature, served in its Seal as it came:
-//! a sender cannot make one. A sender with a pinned trainer key
-//! ([`super::SenderConfig::trainer_key`]) refuses an artifact whose signature is
-//! missing or does not verify, so a signed deployment never serves an unsigned one.
+//! Each artifact is held with the trainer's two signatures, served as they came (a
+//! sender cannot make one): the descriptor's in its Offer, the artifact's in its Seal
+//! (docs/wire-protocol.md §4.4). A sender with a pinned trainer key
+//! ([`super::SenderConfig::trainer_key`]) refuses an artifact either of whose
+//! signatures is missing or does not verify, so a signed deployment never serves an
+//! unsigned one.
 
 use std::fmt;
 
-use aurora_delta::{ArtifactSignature, DeltaFile, DeltaHeader, Hash, SegmentEntry, Statement};
+use aurora_delta::{
+    ArtifactSignature, DeltaError, DeltaFile, DeltaHeader, Hash, SegmentEntry, SigningKey,
+    Statement,
+};
 use bytes::Bytes;
 
 use super::{Sender, SenderError, SenderEvent};
@@ -82,11 +87,14 @@ impl fmt::Display for ArtifactKey {
     }
 }
 
-/// A complete artifact's bytes as a store holds them, with the trainer's signature.
+/// A complete artifact's bytes as a store holds them, with the trainer's signatures.
 #[derive(Debug, Clone)]
 pub struct StoredArtifact {
     pub bytes: Bytes,
+    /// Over the artifact ([`Statement::artifact`]), served in its Seal.
     pub signature: Option<ArtifactSignature>,
+    /// Over its descriptor ([`Statement::offer`]), served in its Offer.
+    pub offer_signature: Option<ArtifactSignature>,
 }
 
 impl StoredArtifact {
@@ -95,12 +103,45 @@ impl StoredArtifact {
         StoredArtifact {
             bytes,
             signature: None,
+            offer_signature: None,
         }
     }
+
+    /// The artifact `bytes` as `kind`, signed by `key` (a hub signs so what it extracts
+    /// or builds).
+    pub fn signed(
+        bytes: Bytes,
+        kind: ArtifactKind,
+        key: &SigningKey,
+    ) -> Result<StoredArtifact, DeltaError> {
+        let file = DeltaFile::parse(&bytes)?;
+        let statement = Statement::artifact(kind, file.id, file.header());
+        let signature = Some(aurora_delta::sign(key, &statement));
+        let offer_signature = Some(offer_signature(key, kind, &bytes)?);
+        Ok(StoredArtifact {
+            bytes,
+            signature,
+            offer_signature,
+        })
+    }
+}
+
+/// `key`'s signature of the Offer of the artifact that begins `bytes` (its descriptor
+/// then anything), as `kind`.
+pub fn offer_signature(
+    key: &SigningKey,
+    kind: ArtifactKind,
+    bytes: &[u8],
+) -> Result<ArtifactSignature, DeltaError> {
+    let (header, descriptor_len) = DeltaHeader::decode(bytes)?;
+    let statement = Statement::offer(kind, header.target_version, &bytes[..descriptor_len]);
+    Ok(aurora_delta::sign(key, &statement))
 }
 
 pub(super) struct Artifact {
     pub(super) descriptor: Bytes,
+    /// The trainer's signature over the descriptor, served in the Offer.
+    pub(super) offer_signature: Option<ArtifactSignature>,
     pub(super) segments: Vec<Option<(Hash, Bytes)>>,
     pub(super) seal: Option<Seal>,
 }
@@ -121,14 +162,23 @@ impl Artifact {
 impl Sender {
     /// Starts publishing a delta whose segments will follow ([`Sender::add_segment`]) and
     /// whose table comes last ([`Sender::seal_artifact`]): cut-through from an extraction
-    /// or a relay's upstream. `descriptor` is the delta's preamble and header.
-    pub fn begin_artifact(&mut self, descriptor: Bytes) -> Result<u64, SenderError> {
-        let version = self.begin(descriptor)?;
+    /// or a relay's upstream. `descriptor` is the delta's preamble and header, and
+    /// `offer_signature` the trainer's signature over it, as it came.
+    pub fn begin_artifact(
+        &mut self,
+        descriptor: Bytes,
+        offer_signature: Option<ArtifactSignature>,
+    ) -> Result<u64, SenderError> {
+        let version = self.begin(descriptor, offer_signature)?;
         self.evict();
         Ok(version)
     }
 
-    fn begin(&mut self, descriptor: Bytes) -> Result<u64, SenderError> {
+    fn begin(
+        &mut self,
+        descriptor: Bytes,
+        offer_signature: Option<ArtifactSignature>,
+    ) -> Result<u64, SenderError> {
         let header = parse_descriptor(&descriptor)?;
         let version = header.target_version;
         if header.base_version >= version {
@@ -139,6 +189,7 @@ impl Sender {
             });
         }
         let key = ArtifactKey::Delta(version);
+        self.check_offer_signature(key, &descriptor, offer_signature)?;
         if let Some(existing) = self.artifacts.get(&key) {
             if existing.descriptor == descriptor {
                 return Ok(version);
@@ -150,6 +201,7 @@ impl Sender {
             key,
             Artifact {
                 descriptor,
+                offer_signature,
                 segments: Vec::new(),
                 seal: None,
             },
@@ -265,6 +317,8 @@ impl Sender {
 
     /// Publishes a complete delta artifact (from a store): its structure, manifest
     /// hash and signature are checked here, its segment hashes by the store that read it.
+    /// For a delta sealed here already (published cut-through) it replaces the parts the
+    /// delta was published in: `bytes` must be that artifact, which its id vouches for.
     pub fn insert_artifact(&mut self, artifact: StoredArtifact) -> Result<u64, SenderError> {
         let file = DeltaFile::parse(&artifact.bytes)?;
         let version = file.header().target_version;
@@ -318,11 +372,20 @@ impl Sender {
     ) -> Result<(), SenderError> {
         key.check(file.header())?;
         if let ArtifactKey::Delta(version) = key {
-            // A delta may be held in part (published cut-through): its descriptor and
-            // any segment held must match, and the table (with the signature) seals it.
-            if self.artifacts.get(&key).is_none_or(|a| a.seal.is_none()) {
+            let sealed = self.artifacts.get_mut(&key).filter(|a| a.seal.is_some());
+            if let Some(held) = sealed {
+                // Sealed here already (published cut-through, then joined whole to be
+                // stored): the same artifact is served from its whole bytes from now on,
+                // so the buffers it was published in are freed and it is held once.
+                if held.seal.as_ref().is_some_and(|seal| seal.id == file.id) {
+                    (held.descriptor, held.segments) = stored_parts(&artifact.bytes, file);
+                }
+            } else {
+                // A delta may be held in part (published cut-through): its descriptor and
+                // any segment held must match, and the table (with the signature) seals
+                // it.
                 let (descriptor, segments) = stored_parts(&artifact.bytes, file);
-                self.begin(descriptor)?;
+                self.begin(descriptor, artifact.offer_signature)?;
                 self.artifacts.get_mut(&key).expect("just begun").segments = segments;
                 let table = file.manifest.segments.clone();
                 if let Err(error) = self.seal_artifact(version, file.id, table, artifact.signature)
@@ -343,11 +406,13 @@ impl Sender {
                 aurora_delta::verify(trainer_key, &statement, artifact.signature.as_ref())?;
             }
             let (descriptor, segments) = stored_parts(&artifact.bytes, file);
+            self.check_offer_signature(key, &descriptor, artifact.offer_signature)?;
             self.unavailable.remove(&key);
             self.artifacts.insert(
                 key,
                 Artifact {
                     descriptor,
+                    offer_signature: artifact.offer_signature,
                     segments,
                     seal: Some(Seal {
                         id: file.id,
@@ -358,6 +423,22 @@ impl Sender {
             );
         }
         self.evict();
+        Ok(())
+    }
+
+    /// With a pinned trainer key, `signature` must be the trainer's over the Offer of
+    /// `key` with `descriptor`: a receiver refuses an Offer without it before it
+    /// allocates anything the descriptor claims.
+    fn check_offer_signature(
+        &self,
+        key: ArtifactKey,
+        descriptor: &[u8],
+        signature: Option<ArtifactSignature>,
+    ) -> Result<(), SenderError> {
+        if let Some(trainer_key) = &self.config.trainer_key {
+            let statement = Statement::offer(key.kind(), key.version(), descriptor);
+            aurora_delta::verify(trainer_key, &statement, signature.as_ref())?;
+        }
         Ok(())
     }
 

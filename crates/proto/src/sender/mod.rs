@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use aurora_delta::{DeltaError, Hash, SignatureError, VerifyingKey};
 
 use self::artifacts::Artifact;
-pub use self::artifacts::{ArtifactKey, StoredArtifact};
+pub use self::artifacts::{ArtifactKey, StoredArtifact, offer_signature};
 pub use self::auth::Auth;
 use self::session::{Conn, Session, next_artifact_frame};
 use crate::frame::{Commit, Frame, MAX_TRANSFER_SEGMENTS, Role, VersionRef};

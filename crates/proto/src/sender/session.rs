@@ -126,6 +126,7 @@ pub(super) fn next_artifact_frame(
             version,
             kind,
             descriptor: artifact.descriptor.clone(),
+            signature: artifact.offer_signature,
         });
     }
     if let Some(seal) = &artifact.seal

@@ -415,7 +415,7 @@ fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     let head = file.header().encode();
     let mut pair = Pair::new(sender(), receiver(2, 1));
     pair.sender
-        .begin_artifact(Bytes::from(head.clone()))
+        .begin_artifact(Bytes::from(head.clone()), None)
         .unwrap();
     let mut offset = head.len();
     for (index, entry) in manifest.segments.iter().enumerate() {
@@ -440,12 +440,69 @@ fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     assert_eq!(pair.complete(), [(1, bytes)]);
 }
 
+/// A segment's buffer that counts its release: whether a sender still holds it.
+struct Tracked {
+    bytes: Vec<u8>,
+    released: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl AsRef<[u8]> for Tracked {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.released
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
+    let (bytes, manifest) = artifact(1, 3);
+    let file = DeltaFile::parse(&bytes).unwrap();
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut s = sender();
+    s.begin_artifact(Bytes::from(file.header().encode()), None)
+        .unwrap();
+    for (index, entry) in manifest.segments.iter().enumerate() {
+        let segment = Bytes::from_owner(Tracked {
+            bytes: file.verify_segment(index).unwrap().to_vec(),
+            released: released.clone(),
+        });
+        s.add_segment(1, index as u32, entry.hash, segment).unwrap();
+    }
+    s.seal_artifact(1, manifest.id(), manifest.segments.clone(), None)
+        .unwrap();
+    let held = || released.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(held(), 0, "the sender holds every segment it was given");
+    // The hub joins the delta to store it: the sender serves the joined bytes from now
+    // on, and the buffers the segments came in are freed.
+    let whole = Bytes::copy_from_slice(&bytes);
+    s.insert_artifact(StoredArtifact::unsigned(whole.clone()))
+        .unwrap();
+    assert_eq!(held(), 3, "the segments' own buffers are released");
+    let pair = Pair::new(s, receiver(1, 1));
+    assert_eq!(pair.complete(), [(1, bytes)]);
+    let within = whole.as_ptr() as usize..whole.as_ptr() as usize + whole.len();
+    for (_, frame) in &pair.written {
+        if let Frame::Segment { bytes, .. } = frame {
+            assert!(
+                within.contains(&(bytes.as_ptr() as usize)),
+                "served from `whole`"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_table_that_does_not_match_is_refused() {
     let (bytes, manifest) = artifact(1, 2);
     let head = DeltaFile::parse(&bytes).unwrap().header().encode();
     let mut s = sender();
-    s.begin_artifact(Bytes::from(head)).unwrap();
+    s.begin_artifact(Bytes::from(head), None).unwrap();
     let error = s
         .seal_artifact(1, Hash::default(), manifest.segments.clone(), None)
         .unwrap_err();
@@ -465,7 +522,7 @@ fn a_table_that_does_not_match_is_refused() {
         Err(SenderError::UnknownVersion { version: 2 })
     ));
     assert!(
-        s.begin_artifact(Bytes::from_static(b"garbage"))
+        s.begin_artifact(Bytes::from_static(b"garbage"), None)
             .unwrap_err()
             .to_string()
             .contains("artifact refused")
@@ -954,9 +1011,17 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
     );
     assert!(unsigned.unwrap_err().to_string().contains("no signature"));
     assert_eq!(s.held(ArtifactKind::Delta), 0, "nothing of it is held");
-    // Cut-through: the Seal is refused without the signature, taken with it.
+    // Cut-through: the Offer is refused without the signature of its descriptor, or
+    // with another's, and so is the Seal; each is taken with its own.
     let descriptor = Bytes::from(manifest.header.encode());
-    s.begin_artifact(descriptor).unwrap();
+    let offer_signature = crate::offer_signature(&key, ArtifactKind::Delta, &bytes).unwrap();
+    let other_offer = crate::offer_signature(&key, ArtifactKind::Delta, &artifact(2, 2).0).unwrap();
+    for wrong in [None, Some(other_offer)] {
+        let begun = s.begin_artifact(descriptor.clone(), wrong);
+        assert!(matches!(begun, Err(SenderError::Signature(_))), "{begun:?}");
+        assert_eq!(s.held(ArtifactKind::Delta), 0, "nothing of it is held");
+    }
+    s.begin_artifact(descriptor, Some(offer_signature)).unwrap();
     let other = artifact_signature(&key, &artifact(1, 3).0, ArtifactKind::Delta);
     for wrong in [None, Some(other)] {
         let sealed = s.seal_artifact(1, manifest.id(), manifest.segments.clone(), wrong);
@@ -968,20 +1033,31 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
     s.seal_artifact(1, manifest.id(), manifest.segments.clone(), Some(signature))
         .unwrap();
 
-    // A snapshot's signature is over the snapshot kind: a delta's will not do.
+    // A snapshot's signatures are over the snapshot kind: a delta's will not do, for
+    // the artifact or for its Offer.
     let (snapshot, _) = snapshot_artifact(2, 2);
-    let as_delta = artifact_signature(&key, &snapshot, ArtifactKind::Delta);
-    let loaded = s.loaded(
-        ArtifactKey::Snapshot(2),
-        Ok(StoredArtifact {
-            bytes: snapshot.clone(),
-            signature: Some(as_delta),
-        }),
-    );
-    assert!(
-        matches!(loaded, Err(SenderError::Signature(_))),
-        "{loaded:?}"
-    );
+    let signed = StoredArtifact::signed(snapshot.clone(), ArtifactKind::Snapshot, &key).unwrap();
+    let as_delta = StoredArtifact::signed(snapshot.clone(), ArtifactKind::Delta, &key).unwrap();
+    let wrong_artifact = StoredArtifact {
+        signature: as_delta.signature,
+        ..signed.clone()
+    };
+    let wrong_offer = StoredArtifact {
+        offer_signature: as_delta.offer_signature,
+        ..signed.clone()
+    };
+    let no_offer = StoredArtifact {
+        offer_signature: None,
+        ..signed.clone()
+    };
+    for wrong in [wrong_artifact, wrong_offer, no_offer] {
+        let loaded = s.loaded(ArtifactKey::Snapshot(2), Ok(wrong));
+        assert!(
+            matches!(loaded, Err(SenderError::Signature(_))),
+            "{loaded:?}"
+        );
+    }
+    assert_eq!(s.held(ArtifactKind::Snapshot), 0);
 
     assert!(matches!(
         s.commit(commit(1, None)),
@@ -991,26 +1067,25 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
 }
 
 #[test]
-fn the_signature_travels_in_the_seal_as_it_came() {
+fn the_signatures_travel_in_the_offer_and_the_seal_as_they_came() {
     let key = trainer_key();
     let (bytes, _) = artifact(1, 2);
-    let signature = artifact_signature(&key, &bytes, ArtifactKind::Delta);
+    let signed = StoredArtifact::signed(bytes.clone(), ArtifactKind::Delta, &key).unwrap();
     let mut pair = Pair::new(
         pinned_sender(),
         crate::testutil::pinned_receiver(1, 1, Some(key.verifying_key())),
     );
-    pair.sender
-        .insert_artifact(StoredArtifact {
-            bytes: bytes.clone(),
-            signature: Some(signature),
-        })
-        .unwrap();
+    pair.sender.insert_artifact(signed.clone()).unwrap();
     pair.sender.commit(commit(1, Some(&key))).unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(1, bytes)]);
     assert!(pair.events.iter().any(|e| matches!(
         e,
-        ReceiverEvent::Sealed { signature: Some(s), .. } if *s == signature
+        ReceiverEvent::Offered { signature: Some(s), .. } if Some(*s) == signed.offer_signature
+    )));
+    assert!(pair.events.iter().any(|e| matches!(
+        e,
+        ReceiverEvent::Sealed { signature: Some(s), .. } if Some(*s) == signed.signature
     )));
     assert!(
         pair.events

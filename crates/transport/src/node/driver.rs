@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{ArtifactKind, DeltaError, DeltaFile, Hash, PatchChunk, SigningKey, Statement};
+use aurora_delta::{ArtifactKind, DeltaError, Hash, PatchChunk, SigningKey, Statement};
 use aurora_proto::{ArtifactKey, Commit, ConnId, Identity, Node, Sender, StoredArtifact, Weights};
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
@@ -87,10 +87,13 @@ pub(crate) enum Event {
     },
 }
 
-/// The artifact `key` names with its signature (blocking: reads, and may build, from
+/// The artifact `key` names with its signatures (blocking: reads, and may build, from
 /// the store), or why there is none. A stored delta comes with the signature it was
-/// stored with; a snapshot or composed delta, built here, is signed with `signing_key`
-/// where the hub signs. A composed delta is declined when replaying is no dearer.
+/// stored with, and its Offer is signed with `signing_key` as it is read where the hub
+/// signs and the delta is signed (the catalog keeps one signature per delta, and an
+/// unsigned one stays wholly unsigned); a snapshot or composed delta, built here, is
+/// signed with `signing_key` where the hub signs. A composed delta is declined when
+/// replaying is no dearer.
 pub(super) fn read_stored(
     key: ArtifactKey,
     store: &Store,
@@ -98,25 +101,29 @@ pub(super) fn read_stored(
     signing_key: Option<&SigningKey>,
 ) -> Result<StoredArtifact, String> {
     let chain = |e: StoreError| error_chain(&e);
-    let built = |bytes: Bytes| {
-        let signature = match signing_key {
-            Some(signing_key) => {
-                let file = DeltaFile::parse(&bytes).map_err(|e| e.to_string())?;
-                let statement = Statement::artifact(key.kind(), file.id, file.header());
-                Some(aurora_delta::sign(signing_key, &statement))
-            }
-            None => None,
-        };
-        Ok(StoredArtifact { bytes, signature })
+    let built = |bytes: Bytes| match signing_key {
+        Some(signing_key) => {
+            StoredArtifact::signed(bytes, key.kind(), signing_key).map_err(|e| e.to_string())
+        }
+        None => Ok(StoredArtifact::unsigned(bytes)),
     };
     match key {
         ArtifactKey::Delta(version) => {
             let record = store.delta_record(version).map_err(chain)?;
             let file = store.delta(version).map_err(chain)?;
             // Served from the map: the page cache holds it, not the process.
+            let bytes = Bytes::from_owner(file);
+            let offer_signature = match signing_key.filter(|_| record.signature.is_some()) {
+                Some(signing_key) => Some(
+                    aurora_proto::offer_signature(signing_key, ArtifactKind::Delta, &bytes)
+                        .map_err(|e| e.to_string())?,
+                ),
+                None => None,
+            };
             Ok(StoredArtifact {
-                bytes: Bytes::from_owner(file),
+                bytes,
                 signature: record.signature,
+                offer_signature,
             })
         }
         ArtifactKey::Snapshot(version) => store
@@ -464,9 +471,14 @@ impl<E: Engine> Driver<E> {
     pub(super) fn on_command(&mut self, command: Command) {
         match command {
             Command::Begin { descriptor, reply } => {
-                let result = self
-                    .hub_sender()
-                    .and_then(|s| s.begin_artifact(descriptor.clone()).map_err(Into::into));
+                // The descriptor goes out before extraction starts, and joiners size what
+                // they build from it: it is signed on its own, now.
+                let signed = self.config.sign_offer(&descriptor).map_err(Into::into);
+                let result = signed.and_then(|signature| {
+                    self.hub_sender()?
+                        .begin_artifact(descriptor.clone(), signature)
+                        .map_err(Into::into)
+                });
                 if let Ok(version) = result {
                     self.live.insert(
                         version,
@@ -511,15 +523,34 @@ impl<E: Engine> Driver<E> {
                 let live = self.live.remove(&version);
                 match (sealed, live) {
                     (Ok(()), Some(live)) => {
-                        let mut artifact = live.descriptor.to_vec();
+                        // Sized exactly: a growing buffer would copy itself as it grows,
+                        // and keep up to twice the delta's size once frozen.
+                        let tail = manifest.encode_tail();
+                        let len =
+                            live.descriptor.len() + manifest.payload_bytes() as usize + tail.len();
+                        let mut artifact = Vec::with_capacity(len);
+                        artifact.extend_from_slice(&live.descriptor);
                         for bytes in live.segments.values() {
                             artifact.extend_from_slice(bytes);
                         }
-                        artifact.extend_from_slice(&manifest.encode_tail());
+                        artifact.extend_from_slice(&tail);
+                        // The store keeps the artifact's signature; the Offer's is made
+                        // again whenever the delta is read back.
                         let artifact = StoredArtifact {
                             bytes: Bytes::from(artifact),
                             signature,
+                            offer_signature: None,
                         };
+                        // The sender serves the joined artifact from now on and the
+                        // segments' own buffers are freed: the delta is held once while
+                        // the store writes it, and after.
+                        let adopted = self
+                            .hub_sender()
+                            .and_then(|s| s.insert_artifact(artifact.clone()).map_err(Into::into));
+                        if let Err(error) = adopted {
+                            let _ = reply.send(Err(error));
+                            return;
+                        }
                         self.store_then(version, artifact, |r| {
                             let _ = reply.send(r.map(|_| ()));
                         });
@@ -574,17 +605,12 @@ impl<E: Engine> Driver<E> {
         }
     }
 
-    /// A complete delta to publish, with the hub's signature where it signs.
+    /// A complete delta to publish, with the hub's signatures where it signs.
     fn signed_delta(&self, bytes: Bytes) -> Result<StoredArtifact, TransportError> {
-        let signature = match &self.config.signing_key {
-            Some(_) => {
-                let file = DeltaFile::parse(&bytes)?;
-                let statement = Statement::artifact(ArtifactKind::Delta, file.id, file.header());
-                self.config.sign(&statement)
-            }
-            None => None,
-        };
-        Ok(StoredArtifact { bytes, signature })
+        Ok(match &self.config.signing_key {
+            Some(key) => StoredArtifact::signed(bytes, ArtifactKind::Delta, key)?,
+            None => StoredArtifact::unsigned(bytes),
+        })
     }
 
     pub(super) fn hub_sender(&mut self) -> Result<&mut Sender, TransportError> {

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aurora_delta::{
-    ArtifactSignature, DeltaError, Heap, ImageSpace, SigningKey, Statement, VerifyingKey,
+    ArtifactKind, ArtifactSignature, DeltaError, Heap, ImageSpace, SigningKey, Statement,
+    VerifyingKey,
 };
 use aurora_proto::{
     Auth, Identity, Receiver, ReceiverConfig, ReceiverStats, SenderConfig, SenderError,
@@ -130,6 +131,18 @@ impl NodeConfig {
         self.signing_key
             .as_ref()
             .map(|key| aurora_delta::sign(key, statement))
+    }
+
+    /// The trainer's signature of the Offer of the delta whose descriptor is
+    /// `descriptor`, on a hub that signs.
+    pub(crate) fn sign_offer(
+        &self,
+        descriptor: &[u8],
+    ) -> Result<Option<ArtifactSignature>, DeltaError> {
+        self.signing_key
+            .as_ref()
+            .map(|key| aurora_proto::offer_signature(key, ArtifactKind::Delta, descriptor))
+            .transpose()
     }
 
     fn sender(&self, store_backed: bool) -> SenderConfig {
