@@ -259,17 +259,22 @@ impl TrainerNode {
         base: &Arc<Vec<u8>>,
         target: Arc<Vec<u8>>,
     ) -> Result<Published, NodeError> {
-        let known_base = self.lock_latest().as_ref().and_then(|latest| {
-            let image = latest.image.as_ref()?;
-            Arc::ptr_eq(image, base).then_some(latest.version.hash)
-        });
         let published = self.publish_checked(
             &Checkpoint::from_safetensors(base)?,
             &Checkpoint::from_safetensors(&target)?,
-            known_base,
+            self.known_hash(base),
         )?;
         self.set_latest(published.version, published.weights_hash, Some(target));
         Ok(published)
+    }
+
+    /// The weights hash of `image` if it is the newest version's image, held since it was
+    /// published (the same allocation: equal bytes elsewhere could be written meanwhile).
+    fn known_hash(&self, image: &Arc<Vec<u8>>) -> Option<Hash> {
+        self.lock_latest().as_ref().and_then(|latest| {
+            let held = latest.image.as_ref()?;
+            Arc::ptr_eq(held, image).then_some(latest.version.hash)
+        })
     }
 
     /// Publishes `target` against `base`, whose weights hash is `known_base` when the
@@ -460,4 +465,67 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
     Ok(stored
         .last_key_value()
         .map(|(&version, &hash)| VersionRef { version, hash }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aurora_synth::{Synth, SynthConfig, preset};
+
+    /// Safetensors images of `count` successive versions of a small synthetic model.
+    fn images(count: usize) -> Vec<Arc<Vec<u8>>> {
+        let shape = preset("tiny").expect("the tiny preset");
+        let mut synth = Synth::new(SynthConfig::new(shape, 7));
+        (0..count)
+            .map(|_| {
+                let image = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+                synth.step();
+                Arc::new(image)
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_image_published_last_and_still_held_skips_the_base_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let trust = NodeTrust::insecure_plaintext("fleet").unwrap();
+        let node = Arc::new(
+            TrainerNode::start(TrainerSettings::new(dir.path(), trust))
+                .await
+                .unwrap(),
+        );
+        let images = images(4);
+        let publishing = node.clone();
+        tokio::task::spawn_blocking(move || {
+            let node = publishing;
+            node.publish_first(0, &Checkpoint::from_safetensors(&images[0]).unwrap())
+                .unwrap();
+            // Published from a borrowed checkpoint: nothing is held.
+            assert_eq!(node.known_hash(&images[0]), None);
+            let v1 = node.publish_image(&images[0], images[1].clone()).unwrap();
+            assert_eq!(node.known_hash(&images[1]), Some(v1.weights_hash));
+            // The same bytes in another allocation are not vouched for.
+            let copy = Arc::new(images[1].as_ref().clone());
+            assert_eq!(node.known_hash(&copy), None);
+            // A base that is not the newest version is still refused.
+            let error = node
+                .publish_image(&images[0], images[2].clone())
+                .unwrap_err();
+            assert!(error.to_string().contains("is not version 1"), "{error}");
+            // The copy is hashed, found to be version 1, and published against.
+            let v2 = node.publish_image(&copy, images[2].clone()).unwrap();
+            assert_eq!(v2.version, 2);
+            let v3 = node.publish_image(&images[2], images[3].clone()).unwrap();
+            assert_eq!(v3.version, 3);
+            assert_eq!(
+                v3.weights_hash,
+                Checkpoint::from_safetensors(&images[3])
+                    .unwrap()
+                    .weights_hash()
+            );
+            assert_eq!(node.known_hash(&images[2]), None);
+        })
+        .await
+        .unwrap();
+    }
 }
