@@ -14,9 +14,9 @@
 //!   Python inference loop): it parks activations until the engine's driver reaches a
 //!   safe point and takes them.
 //!
-//! Async methods run on the caller's tokio runtime; [`TrainerNode::publish`] and
-//! [`Handoff::at_safe_point`] block their thread and must not be called from an async
-//! task.
+//! Async methods run on the caller's tokio runtime; [`TrainerNode::publish`],
+//! [`TrainerNode::publish_image`] and [`Handoff::at_safe_point`] block their thread and
+//! must not be called from an async task.
 
 mod actor;
 mod client;

@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aurora_control::{PromptId, StepId, Version, WeightsHash};
 use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
@@ -67,6 +67,14 @@ impl TrainerSettings {
     }
 }
 
+/// The newest published version, with its image when it was published from an image the
+/// node shares ([`TrainerNode::publish_image`]): nobody can write that image while the
+/// node holds a share, so it still has the hash computed when it was published.
+struct Latest {
+    version: VersionRef,
+    image: Option<Arc<Vec<u8>>>,
+}
+
 /// A version as published.
 #[derive(Clone, Copy, Debug)]
 pub struct Published {
@@ -85,8 +93,10 @@ pub struct TrainerNode {
     settings: TrainerSettings,
     control_address: SocketAddr,
     transport_address: SocketAddr,
-    /// The newest published version.
-    latest: Mutex<Option<VersionRef>>,
+    latest: Mutex<Option<Latest>>,
+    /// Hashes and encodes each version on every core: from the end of training until
+    /// every actor has staged it, the version is what the run waits for.
+    publishing: rayon::ThreadPool,
 }
 
 impl TrainerNode {
@@ -157,7 +167,17 @@ impl TrainerNode {
             settings,
             control_address,
             transport_address,
-            latest: Mutex::new(latest),
+            latest: Mutex::new(latest.map(|version| Latest {
+                version,
+                image: None,
+            })),
+            publishing: rayon::ThreadPoolBuilder::new()
+                .num_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
+                .thread_name(|index| format!("aurora-publish-{index}"))
+                .build()
+                .map_err(|error| {
+                    NodeError::Usage(format!("starting the publishing threads: {error}"))
+                })?,
         })
     }
 
@@ -180,7 +200,11 @@ impl TrainerNode {
 
     /// The newest published version.
     pub fn latest(&self) -> Option<VersionRef> {
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock_latest().as_ref().map(|latest| latest.version)
+    }
+
+    fn lock_latest(&self) -> std::sync::MutexGuard<'_, Option<Latest>> {
+        self.latest.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Publishes the first version, `weights`: stored as a snapshot (written tensor by
@@ -201,7 +225,7 @@ impl TrainerNode {
         self.runtime.block_on(self.transport.store_changed())?;
         self.hub
             .publish_version(Version(version), WeightsHash(record.weights_hash.0))?;
-        self.set_latest(version, record.weights_hash);
+        self.set_latest(version, record.weights_hash, None);
         Ok(Published {
             version,
             weights_hash: record.weights_hash,
@@ -220,18 +244,59 @@ impl TrainerNode {
         base: &Checkpoint<'_>,
         target: &Checkpoint<'_>,
     ) -> Result<Published, NodeError> {
+        let published = self.publish_checked(base, target, None)?;
+        self.set_latest(published.version, published.weights_hash, None);
+        Ok(published)
+    }
+
+    /// [`TrainerNode::publish`] from safetensors images the node may keep a share of (a
+    /// trainer's exports): `target` is kept as the newest version's image, so when the
+    /// next version is published against it as `base`, its weights hash is the one
+    /// computed now instead of being computed again. A base the node does not hold
+    /// (the first version after a restart, another allocation) is hashed and checked.
+    pub fn publish_image(
+        &self,
+        base: &Arc<Vec<u8>>,
+        target: Arc<Vec<u8>>,
+    ) -> Result<Published, NodeError> {
+        let published = self.publish_checked(
+            &Checkpoint::from_safetensors(base)?,
+            &Checkpoint::from_safetensors(&target)?,
+            self.known_hash(base),
+        )?;
+        self.set_latest(published.version, published.weights_hash, Some(target));
+        Ok(published)
+    }
+
+    /// The weights hash of `image` if it is the newest version's image, held since it was
+    /// published (the same allocation: equal bytes elsewhere could be written meanwhile).
+    fn known_hash(&self, image: &Arc<Vec<u8>>) -> Option<Hash> {
+        self.lock_latest().as_ref().and_then(|latest| {
+            let held = latest.image.as_ref()?;
+            Arc::ptr_eq(held, image).then_some(latest.version.hash)
+        })
+    }
+
+    /// Publishes `target` against `base`, whose weights hash is `known_base` when the
+    /// caller knows it for certain, and returns it for the caller to record as the latest.
+    fn publish_checked(
+        &self,
+        base: &Checkpoint<'_>,
+        target: &Checkpoint<'_>,
+        known_base: Option<Hash>,
+    ) -> Result<Published, NodeError> {
         let latest = self
             .latest()
             .ok_or_else(|| NodeError::Usage("publish the first version first".into()))?;
         let version = latest.version + 1;
-        let (base_hash, target_hash) = std::thread::scope(|s| {
-            let base = s.spawn(|| base.weights_hash());
-            let target = target.weights_hash();
-            (
-                base.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                target,
+        let started = Instant::now();
+        let (base_hash, target_hash) = self.publishing.install(|| {
+            rayon::join(
+                || known_base.unwrap_or_else(|| base.weights_hash()),
+                || target.weights_hash(),
             )
         });
+        let hashed = started.elapsed();
         if base_hash != latest.hash {
             return Err(NodeError::Usage(format!(
                 "the base is not version {} as published (weights hash {}, published {}): were \
@@ -268,12 +333,22 @@ impl TrainerNode {
                 ..ExtractOptions::default()
             },
         )?;
-        let manifest = self.transport.publish_extraction(&extraction)?;
+        let announced = started.elapsed();
+        let manifest = self
+            .publishing
+            .install(|| self.transport.publish_extraction(&extraction))?;
+        tracing::info!(
+            version,
+            base_hashed = known_base.is_none(),
+            hashing_s = hashed.as_secs_f64(),
+            announcing_s = (announced - hashed).as_secs_f64(),
+            streaming_and_storing_s = (started.elapsed() - announced).as_secs_f64(),
+            "published"
+        );
         if self.settings.snapshot_every > 0 && version % self.settings.snapshot_every == 0 {
             self.store.put_snapshot_checkpoint(version, target)?;
             self.runtime.block_on(self.transport.store_changed())?;
         }
-        self.set_latest(version, target_hash);
         Ok(Published {
             version,
             weights_hash: target_hash,
@@ -331,8 +406,11 @@ impl TrainerNode {
         }
     }
 
-    fn set_latest(&self, version: u64, hash: Hash) {
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(VersionRef { version, hash });
+    fn set_latest(&self, version: u64, hash: Hash, image: Option<Arc<Vec<u8>>>) {
+        *self.lock_latest() = Some(Latest {
+            version: VersionRef { version, hash },
+            image,
+        });
     }
 }
 
@@ -387,4 +465,67 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
     Ok(stored
         .last_key_value()
         .map(|(&version, &hash)| VersionRef { version, hash }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aurora_synth::{Synth, SynthConfig, preset};
+
+    /// Safetensors images of `count` successive versions of a small synthetic model.
+    fn images(count: usize) -> Vec<Arc<Vec<u8>>> {
+        let shape = preset("tiny").expect("the tiny preset");
+        let mut synth = Synth::new(SynthConfig::new(shape, 7));
+        (0..count)
+            .map(|_| {
+                let image = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+                synth.step();
+                Arc::new(image)
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_image_published_last_and_still_held_skips_the_base_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let trust = NodeTrust::insecure_plaintext("fleet").unwrap();
+        let node = Arc::new(
+            TrainerNode::start(TrainerSettings::new(dir.path(), trust))
+                .await
+                .unwrap(),
+        );
+        let images = images(4);
+        let publishing = node.clone();
+        tokio::task::spawn_blocking(move || {
+            let node = publishing;
+            node.publish_first(0, &Checkpoint::from_safetensors(&images[0]).unwrap())
+                .unwrap();
+            // Published from a borrowed checkpoint: nothing is held.
+            assert_eq!(node.known_hash(&images[0]), None);
+            let v1 = node.publish_image(&images[0], images[1].clone()).unwrap();
+            assert_eq!(node.known_hash(&images[1]), Some(v1.weights_hash));
+            // The same bytes in another allocation are not vouched for.
+            let copy = Arc::new(images[1].as_ref().clone());
+            assert_eq!(node.known_hash(&copy), None);
+            // A base that is not the newest version is still refused.
+            let error = node
+                .publish_image(&images[0], images[2].clone())
+                .unwrap_err();
+            assert!(error.to_string().contains("is not version 1"), "{error}");
+            // The copy is hashed, found to be version 1, and published against.
+            let v2 = node.publish_image(&copy, images[2].clone()).unwrap();
+            assert_eq!(v2.version, 2);
+            let v3 = node.publish_image(&images[2], images[3].clone()).unwrap();
+            assert_eq!(v3.version, 3);
+            assert_eq!(
+                v3.weights_hash,
+                Checkpoint::from_safetensors(&images[3])
+                    .unwrap()
+                    .weights_hash()
+            );
+            assert_eq!(node.known_hash(&images[2]), None);
+        })
+        .await
+        .unwrap();
+    }
 }

@@ -228,15 +228,12 @@ fn relay(
     })
 }
 
-/// Every node's environment. One compute thread each: the nodes already share the
-/// machine's cores, and extra rayon workers would only spin (results do not depend on
-/// the thread count; see the engine's documentation).
-fn node_env(token: &str) -> [(&str, &str); 3] {
-    [
-        (TOKEN_VARIABLE, token),
-        ("AURORA_LOG", "info"),
-        ("RAYON_NUM_THREADS", "1"),
-    ]
+/// Every node's environment, beside `AURORA_LOG`, which nodes inherit (info when unset).
+/// One compute thread each: the nodes already share the machine's cores, and extra rayon
+/// workers would only spin (results do not depend on the thread count; see the engine's
+/// documentation).
+fn node_env(token: &str) -> [(&str, &str); 2] {
+    [(TOKEN_VARIABLE, token), ("RAYON_NUM_THREADS", "1")]
 }
 
 /// The processes of a run, by role.
@@ -345,7 +342,7 @@ struct Fleet<'a> {
 }
 
 impl Fleet<'_> {
-    fn env(&self) -> [(&str, &str); 3] {
+    fn env(&self) -> [(&str, &str); 2] {
         node_env(&self.token)
     }
 
@@ -679,8 +676,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// The weights' path to the actors as a share of the step time: the mean step is the
-/// RL part of the run (warm-up excluded) over its steps.
+/// The weights' path to the actors, and the time it held the run up as a share of the
+/// step time (`report::sync_held_s`): the mean step is the RL part of the run (warm-up
+/// excluded) over its steps.
 fn sync_summary(records: &[StepRecord], training: Duration) -> Option<String> {
     let steps = records.len() as f64;
     if steps == 0.0 {
@@ -690,17 +688,19 @@ fn sync_summary(records: &[StepRecord], training: Duration) -> Option<String> {
     let step_s = training.as_secs_f64() / steps;
     let transfer_s = mean(|r| r.times.transfer_s);
     let activation_s = mean(|r| r.times.activation_s);
+    let held_s = mean(|r| r.times.sync_held_s);
     let bytes = mean(|r| r.sync_bytes as f64);
     let dense = mean(|r| r.dense_bytes as f64);
     let (least, most) = report::density_range(records)?;
     Some(format!(
         "sync per version: {:.0} KB (1:{:.0} of the {:.0} KB checkpoint), extraction to \
-         staged everywhere {transfer_s:.3} s, activation {activation_s:.3} s: {:.1}% of the \
-         mean step ({step_s:.2} s)\nelements changed per step: {:.3}% to {:.3}%, {}",
+         staged everywhere {transfer_s:.3} s, activation {activation_s:.3} s; sync held the \
+         run up {held_s:.3} s per step: {:.1}% of the mean step ({step_s:.2} s)\nelements \
+         changed per step: {:.3}% to {:.3}%, {}",
         bytes / 1e3,
         dense / bytes.max(1.0),
         dense / 1e3,
-        100.0 * (transfer_s + activation_s) / step_s,
+        100.0 * held_s / step_s,
         100.0 * least,
         100.0 * most,
         report::regime(records)
@@ -763,7 +763,7 @@ fn describe(record: &StepRecord) -> String {
         .map(|a| format!("{}:v{}", a.id, a.version))
         .collect();
     format!(
-        "step {:>3} v{}->v{} reward {:.3}{} {:>6.0} tok/s sync {:.1} KB of {:.1} KB ({:.2}% changed) gen {:.1}s train {:.1}s extract {:.2}s transfer {:.2}s activate {:.2}s actors [{}]",
+        "step {:>3} v{}->v{} reward {:.3}{} {:>6.0} tok/s sync {:.1} KB of {:.1} KB ({:.2}% changed) gen {:.1}s train {:.1}s extract {:.2}s transfer {:.2}s activate {:.2}s held {:.2}s actors [{}]",
         record.step,
         record.version,
         record.trained_version,
@@ -780,6 +780,7 @@ fn describe(record: &StepRecord) -> String {
         record.times.extraction_s,
         record.times.transfer_s,
         record.times.activation_s,
+        record.times.sync_held_s,
         versions.join(" ")
     )
 }

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 /// Wall-clock time of one step's phases, in seconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct StepTimes {
-    /// From opening the step to its last accepted rollout.
+    /// From opening the step to its last accepted rollout (the step the record's
+    /// rollouts come from).
     pub generation_s: f64,
     /// The trainer's update on the step's rollouts and the BF16 export.
     pub training_s: f64,
@@ -23,6 +24,26 @@ pub struct StepTimes {
     pub transfer_s: f64,
     /// The slowest actor's activation (apply and hash check) of the version.
     pub activation_s: f64,
+    /// How much weight sync lengthened the iteration that trained the version (see
+    /// [`sync_held_s`]).
+    #[serde(default)]
+    pub sync_held_s: f64,
+}
+
+/// How much weight sync lengthens one iteration of the run's loop, in seconds. An
+/// iteration opens a step on the newest version and ends once two things are done: the
+/// trainer has trained the next version and every actor has staged it (a step opens only
+/// on a version actors hold), and the actors have generated the step (each first
+/// activating the version committed at the opening, paused at its batch boundary). All
+/// times are from the opening: `trained` when the trainer's export is ready (extraction
+/// starts), `staged` when every actor holds the new version, `generated` when the step's
+/// last result is accepted, `activation` how long the actors' switch to the committed
+/// version took. With sync free the iteration would end at max(trained, generated -
+/// activation); it ends at max(staged, generated). Staging the actors do while they
+/// generate, and activating while the trainer is still training, hold nothing up and
+/// count for nothing; what the trainer or the actors wait for counts once.
+pub fn sync_held_s(trained: f64, staged: f64, generated: f64, activation: f64) -> f64 {
+    (staged.max(generated) - trained.max(generated - activation)).max(0.0)
 }
 
 /// One actor as the hub saw it at the end of a step.
@@ -348,6 +369,7 @@ mod tests {
                 extraction_s: 0.1,
                 transfer_s: 0.2,
                 activation_s: 0.05,
+                sync_held_s: 0.2,
             },
             actors: vec![],
             events: if step == 1 {
@@ -422,5 +444,29 @@ mod tests {
         std::fs::write(&path, text + "{not json\n").unwrap();
         let error = format!("{:#}", read_metrics(&path).unwrap_err());
         assert!(error.contains("line 3"), "{error}");
+    }
+
+    #[test]
+    fn sync_holds_the_trainer_up_when_it_is_the_slower_side() {
+        // Trained at 8 s, staged at 8.4 s; the actors were done at 3 s, 1.8 s of it
+        // activating: only the wait for staging lengthened the iteration.
+        let held = sync_held_s(8.0, 8.4, 3.0, 1.8);
+        assert!((held - 0.4).abs() < 1e-9, "{held}");
+    }
+
+    #[test]
+    fn sync_holds_the_actors_up_when_they_are_the_slower_side() {
+        // Staged at 2.5 s, long before the actors finished at 9 s, 0.3 s of which they
+        // spent activating: the staging was hidden, the activation was not.
+        let held = sync_held_s(2.0, 2.5, 9.0, 0.3);
+        assert!((held - 0.3).abs() < 1e-9, "{held}");
+    }
+
+    #[test]
+    fn sync_counts_only_what_it_adds_past_the_other_side() {
+        // Free sync would end at max(5, 6 - 1) = 5; the iteration ends at max(5.5, 6).
+        let held = sync_held_s(5.0, 5.5, 6.0, 1.0);
+        assert!((held - 1.0).abs() < 1e-9, "{held}");
+        assert_eq!(sync_held_s(5.0, 5.0, 4.0, 0.0), 0.0);
     }
 }

@@ -25,7 +25,7 @@ use aurora_store::{Store, TrainerData};
 use serde::{Deserialize, Serialize};
 
 use super::config::{RunConfig, SyncMode};
-use super::report::{ActorRecord, StepRecord, StepTimes};
+use super::report::{ActorRecord, StepRecord, StepTimes, sync_held_s};
 
 /// How often the trainer looks at the control plane while it waits.
 const POLL: Duration = Duration::from_millis(20);
@@ -190,17 +190,21 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
         if k < config.steps {
             announce(&format!("open {k}"))?;
         }
+        // Watched from the opening: the step is generated once its last result is
+        // accepted, whatever the trainer does meanwhile.
+        let generated = (k < config.steps).then(|| tokio::spawn(until_generated(hub.clone(), k)));
         let latest = node.commit().await?;
-        if latest.version > 0 {
+        let activation = (latest.version > 0).then(|| {
             tokio::spawn(measure_activation(
                 hub.clone(),
                 latest.version,
                 activations.clone(),
-            ));
-        }
+            ))
+        });
 
         // Train on the previous step while this one generates.
         let mut record = None;
+        let mut trained_at = 0.0;
         if let Some(Pending {
             trained_on,
             generation_s,
@@ -220,6 +224,7 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             times.generation_s = generation_s;
             exports.insert(trained, bytes);
 
+            trained_at = opened.elapsed().as_secs_f64();
             let extraction = Instant::now();
             // Watched from the start, so what the trainer does after publishing (such as
             // checkpointing its state) is not counted as transfer time.
@@ -266,17 +271,29 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             });
         }
 
-        if k < config.steps {
+        let mut generation_s = 0.0;
+        if let Some(generated) = generated {
             let results = node.wait_step(STEP_TIMEOUT).await?;
+            generation_s = generated.await?.duration_since(opened).as_secs_f64();
             previous = Some(store_pending(
                 &config,
                 &store,
                 k + 1,
                 &results,
-                opened.elapsed(),
+                generation_s,
             )?);
         }
+        let activation_s = match activation {
+            Some(activation) => activation.await?,
+            None => 0.0,
+        };
         if let Some(mut record) = record {
+            record.times.sync_held_s = sync_held_s(
+                trained_at,
+                trained_at + record.times.transfer_s,
+                generation_s,
+                activation_s,
+            );
             // The activation of the version this step generated on, measured when the
             // step opened (zero for the initial version, which is loaded, not applied).
             record.times.activation_s = activations
@@ -334,7 +351,7 @@ fn store_pending(
     store: &Store,
     version: u64,
     results: &StepResults,
-    generation: Duration,
+    generation_s: f64,
 ) -> Result<Pending> {
     let mut events = Vec::new();
     let trained_on = TrainedOn {
@@ -348,7 +365,7 @@ fn store_pending(
     )?;
     Ok(Pending {
         trained_on,
-        generation_s: generation.as_secs_f64(),
+        generation_s,
         events,
     })
 }
@@ -382,7 +399,13 @@ async fn pending_after_restart(
         Some(results) => results,
         None => node.wait_step(STEP_TIMEOUT).await?,
     };
-    store_pending(config, store, version, &results, waiting.elapsed())
+    store_pending(
+        config,
+        store,
+        version,
+        &results,
+        waiting.elapsed().as_secs_f64(),
+    )
 }
 
 /// The trainer as it was when it published `latest`: the newest stored state at or
@@ -449,15 +472,33 @@ fn resume(config: &RunConfig, store: &Store, latest: u64) -> Result<(Trainer, Ex
     Ok((trainer, exports, latest - from))
 }
 
+/// Seconds from now until every actor runs `version`, also kept in `into`.
 async fn measure_activation(
     hub: Arc<Hub>,
     version: u64,
     into: Arc<std::sync::Mutex<BTreeMap<u64, f64>>>,
-) {
+) -> f64 {
     let seconds = until_every_actor(&hub, Instant::now(), |m| m.active.0 >= version).await;
     into.lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(version, seconds);
+    seconds
+}
+
+/// When the control plane has step `step` complete (its last result accepted), as seen
+/// by polling it.
+async fn until_generated(hub: Arc<Hub>, step: u64) -> Instant {
+    loop {
+        let done = hub.inspect(|core| {
+            core.step_progress().is_some_and(|progress| {
+                progress.step.0 > step || (progress.step.0 == step && progress.completion.is_some())
+            })
+        });
+        if done {
+            return Instant::now();
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// The accepted rollouts of a step, validated: an actor could send anything.
@@ -500,13 +541,15 @@ fn rollout_groups(
 }
 
 /// Publishes version `trained`: the node extracts it against its predecessor and
-/// streams it out as the encoder produces segments (and stores it).
+/// streams it out as the encoder produces segments (and stores it). The node keeps a
+/// share of each export it publishes, so it knows the predecessor's hash already.
 async fn publish(node: &Arc<TrainerNode>, exports: &Exports, trained: u64) -> Result<Published> {
-    let node = node.clone();
-    with_checkpoints(exports, trained, move |base, target| {
-        Ok(node.publish(base, target)?)
-    })
-    .await
+    let (node, base, target) = (
+        node.clone(),
+        exports.get(trained - 1)?,
+        exports.get(trained)?,
+    );
+    tokio::task::spawn_blocking(move || Ok(node.publish_image(&base, target)?)).await?
 }
 
 /// The elements of a version that differ from its predecessor's, of all its elements.
