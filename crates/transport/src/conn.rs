@@ -179,28 +179,37 @@ pub(crate) enum WriteCmd {
     Frame { frame: Frame, close_after: bool },
 }
 
+/// Which way a connection was made, and what that asks of its reader.
+pub(crate) enum Direction {
+    /// Accepted: its first frame may be no larger than a Hello.
+    Inbound,
+    /// Dialed to an upstream: every byte read is added to `read_bytes` as it arrives,
+    /// and no frame is read while `backlog` is over its limit.
+    Upstream {
+        read_bytes: Arc<AtomicU64>,
+        backlog: Arc<DecodeBacklog>,
+    },
+}
+
 /// Starts the reader and writer tasks of a connected socket. Frames read go to
 /// `events`; frames to write come through the returned sender, whose capacity is the
 /// window the state machine already respects (plus room for a few control frames).
-/// Every byte read is added to `read_bytes` as it arrives. The first frame of an
-/// `inbound` connection may be no larger than a Hello. With a `backlog`, no frame is
-/// read while it is over its limit. The abort handle stops the reader when the node
-/// closes the connection.
+/// The abort handle stops the reader when the node closes the connection.
 pub(crate) fn spawn_conn(
     tasks: &mut tokio::task::JoinSet<()>,
     conn: ConnId,
     stream: Stream,
-    inbound: bool,
+    direction: Direction,
     window: usize,
     events: mpsc::Sender<Event>,
-    read_bytes: Option<Arc<AtomicU64>>,
-    backlog: Option<Arc<DecodeBacklog>>,
 ) -> (mpsc::Sender<WriteCmd>, tokio::task::AbortHandle) {
     let (tx, rx) = mpsc::channel(window.max(1) + CONTROL_ROOM);
-    let first_limit = if inbound {
-        FIRST_FRAME_LIMIT
-    } else {
-        usize::MAX
+    let (first_limit, read_bytes, backlog) = match direction {
+        Direction::Inbound => (FIRST_FRAME_LIMIT, None, None),
+        Direction::Upstream {
+            read_bytes,
+            backlog,
+        } => (usize::MAX, Some(read_bytes), Some(backlog)),
     };
     // A plain socket splits into owned halves; a TLS stream's halves share its session.
     let reader = match stream {

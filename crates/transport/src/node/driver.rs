@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_rustls::TlsConnector;
 
-use crate::conn::{Stream, WriteCmd, spawn_conn};
+use crate::conn::{Direction, Stream, WriteCmd, spawn_conn};
 use crate::decode::{DecodeBacklog, DecodePool};
 use crate::engine::Engine;
 use crate::security::{BuildBudget, Refusal, RefusalCounters};
@@ -430,15 +430,20 @@ impl<E: Engine> Driver<E> {
     ) -> ConnId {
         let conn = self.next_conn;
         self.next_conn += 1;
+        let direction = match inbound {
+            Some(_) => Direction::Inbound,
+            None => Direction::Upstream {
+                read_bytes: self.upstream_bytes.clone(),
+                backlog: self.backlog.clone(),
+            },
+        };
         let (writer, reader) = spawn_conn(
             &mut self.tasks,
             conn,
             stream,
-            inbound.is_some(),
+            direction,
             self.config.window_frames,
             self.events_tx.clone(),
-            inbound.is_none().then(|| self.upstream_bytes.clone()),
-            inbound.is_none().then(|| self.backlog.clone()),
         );
         let (permit, peer) = inbound.map_or((None, None), |(permit, peer)| (Some(permit), peer));
         self.conns.insert(
