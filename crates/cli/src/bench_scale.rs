@@ -51,6 +51,9 @@ pub struct ScaleArgs {
     dir: Option<PathBuf>,
     #[arg(long)]
     keep: bool,
+    /// Where the nodes keep their images (unnamed mapped files); default: inside --dir.
+    #[arg(long)]
+    image_dir: Option<PathBuf>,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -167,7 +170,7 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         "the hub published other weights than the checkpoint's"
     );
     // The nodes' images: unnamed mapped files, here so that they take this disk.
-    let images = dir.join("images");
+    let images = args.image_dir.clone().unwrap_or_else(|| dir.join("images"));
     std::fs::create_dir_all(&images)?;
     let mut relay_args = vec![
         "relay".into(),

@@ -113,6 +113,14 @@ impl NodeArgs {
         };
         // Files are checked before the node's secrets are read.
         let limits = NodeLimits::load(self.limits.or(file.limits).as_deref())?.transport;
+        let image_dir = self
+            .image_dir
+            .or(file.image_dir)
+            .unwrap_or_else(std::env::temp_dir);
+        // Checked now: the first image is made only when a snapshot arrives.
+        if !image_dir.is_dir() {
+            bail!("--image-dir {} is not a directory", image_dir.display());
+        }
         let security = self.trust.load()?.transport();
         let id = self.id.or(file.id);
         let region = self.region.or(file.region);
@@ -166,10 +174,6 @@ impl NodeArgs {
                 None
             }
         };
-        let image_dir = self
-            .image_dir
-            .or(file.image_dir)
-            .unwrap_or_else(std::env::temp_dir);
         tracing::info!(dir = %image_dir.display(), "the model's image lives in a mapped file");
         config.images = Arc::new(FileImages::new(image_dir));
         let weights = start

@@ -245,6 +245,12 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         &run,
         &["limits.toml", "transport.max_held_bytes must be at least 1"],
     );
+    // So is the directory the model's image will live in.
+    let run = aurora(&["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"])
+        .arg("--image-dir")
+        .arg(s.path("no-such-dir"))
+        .fails();
+    crate::util::assert_error_mentions(&run, &["--image-dir", "no-such-dir", "not a directory"]);
     let limits = s.write("hub-limits.toml", b"[control]\nwrite_timeout = 5\n");
     let run = aurora(&["hub", "--insecure-plaintext", "--dir"])
         .arg(s.path("hub"))
