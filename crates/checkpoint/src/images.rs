@@ -27,10 +27,6 @@ impl FileImages {
         let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty());
         FileImages::new(dir.unwrap_or(Path::new(".")))
     }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
 }
 
 struct MappedImage(MmapMut);
