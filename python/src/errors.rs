@@ -71,6 +71,7 @@ pub fn delta_error(error: Rust) -> PyErr {
         | Rust::ChunkMalformed { .. }
         | Rust::BrokenChain(_)
         | Rust::Journal(_)
+        | Rust::Spill(_)
         | Rust::Cancelled => DeltaError::new_err(message),
     }
 }

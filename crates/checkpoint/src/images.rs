@@ -1,9 +1,13 @@
 //! Images in files mapped into memory: what keeps a relay's or an actor's memory flat
 //! whatever the model's size (`aurora_delta::ImageSpace`).
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use aurora_delta::{Image, ImageMemory, ImageSpace};
+use aurora_delta::{Image, ImageMemory, ImageSpace, Spill};
 use memmap2::MmapMut;
 
 /// Allocates each image as an unnamed file in `dir`, mapped shared: its pages are the
@@ -56,6 +60,45 @@ impl ImageSpace for FileImages {
         let map = unsafe { MmapMut::map_mut(&file) }.map_err(in_dir)?;
         Ok(Image::new(MappedImage(map)))
     }
+
+    fn spill(&self) -> Result<Arc<dyn Spill>, String> {
+        let file = tempfile::tempfile_in(&self.dir)
+            .map_err(|e| format!("in {}: {e}", self.dir.display()))?;
+        Ok(Arc::new(FileSpill {
+            file,
+            end: AtomicU64::new(0),
+        }))
+    }
+}
+
+/// A [`Spill`] in an unnamed file: what it holds is page cache, written back and dropped
+/// under pressure, not the process's memory.
+#[derive(Debug)]
+struct FileSpill {
+    file: File,
+    /// Where the next append goes: appends from several threads each take their own
+    /// range, then write it without a lock.
+    end: AtomicU64,
+}
+
+impl Spill for FileSpill {
+    fn append(&self, bytes: &[u8]) -> Result<u64, String> {
+        let offset = self.end.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.write_at(offset, bytes)?;
+        Ok(offset)
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), String> {
+        self.file
+            .read_exact_at(out, offset)
+            .map_err(|e| format!("reading {} bytes at {offset}: {e}", out.len()))
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<(), String> {
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| format!("writing {} bytes at {offset}: {e}", bytes.len()))
+    }
 }
 
 #[cfg(test)]
@@ -76,9 +119,51 @@ mod tests {
     }
 
     #[test]
+    fn a_spill_keeps_appends_from_many_threads_apart_and_rewrites_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let spill = FileImages::new(dir.path()).spill().unwrap();
+        let offsets: Vec<(u8, u64)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8u8)
+                .map(|byte| {
+                    let spill = &spill;
+                    scope.spawn(move || {
+                        (
+                            byte,
+                            spill.append(&vec![byte; 1000 + byte as usize]).unwrap(),
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (byte, offset) in &offsets {
+            let mut out = vec![0u8; 1000 + *byte as usize];
+            spill.read_at(*offset, &mut out).unwrap();
+            assert!(out.iter().all(|b| b == byte), "append of {byte}");
+        }
+        spill.write_at(offsets[3].1 + 10, &[0xAA; 4]).unwrap();
+        let mut out = [0u8; 6];
+        spill.read_at(offsets[3].1 + 9, &mut out).unwrap();
+        assert_eq!(out, [3, 0xAA, 0xAA, 0xAA, 0xAA, 3]);
+        let end = offsets
+            .iter()
+            .map(|(b, o)| o + 1000 + *b as u64)
+            .max()
+            .unwrap();
+        let error = spill.read_at(end, &mut out).unwrap_err();
+        assert!(
+            error.contains(&format!("reading 6 bytes at {end}")),
+            "{error}"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "unnamed");
+    }
+
+    #[test]
     fn a_missing_directory_is_an_error_naming_it() {
         let images = FileImages::new("/nonexistent/aurora-images");
         let error = images.allocate(16).unwrap_err();
+        assert!(error.contains("/nonexistent/aurora-images"), "{error}");
+        let error = images.spill().unwrap_err();
         assert!(error.contains("/nonexistent/aurora-images"), "{error}");
     }
 }

@@ -271,62 +271,20 @@ impl Patch {
     /// partly undefined.
     pub fn new(header: DeltaHeader, mut chunks: Vec<PatchChunk>) -> Result<Patch> {
         chunks.sort_by_key(|c| (c.tensor, c.start));
-        let mut covered: HashMap<u32, u64> = HashMap::new();
-        for pair in chunks.windows(2) {
-            if pair[0].tensor == pair[1].tensor && pair[0].start + pair[0].len > pair[1].start {
-                return Err(DeltaError::ChunkMalformed {
-                    tensor: header.tensors[pair[1].tensor as usize].name.clone(),
-                    start: pair[1].start,
-                    reason: "overlaps the previous chunk".into(),
-                });
-            }
-        }
-        for chunk in &chunks {
-            *covered.entry(chunk.tensor).or_default() += chunk.len;
-        }
-        for (index, entry) in header.tensors.iter().enumerate() {
-            if let TensorChange::Added(spec) | TensorChange::Replaced { target: spec, .. } =
-                &entry.change
-            {
-                let have = covered.get(&(index as u32)).copied().unwrap_or(0);
-                if have != spec.element_count() {
-                    return Err(DeltaError::Malformed(format!(
-                        "new tensor '{}' has {have} of its {} elements",
-                        entry.name,
-                        spec.element_count()
-                    )));
-                }
-            }
-        }
+        check_ranges(&header, chunks.iter().map(PatchChunk::range))?;
         Ok(Patch { header, chunks })
     }
 
     /// Whether the target has exactly the base's tensors, dtypes and shapes, so the
     /// delta can be applied in place.
     pub fn preserves_layout(&self) -> bool {
-        self.header
-            .tensors
-            .iter()
-            .all(|e| matches!(e.change, TensorChange::Patched(_)))
+        preserves_layout(&self.header)
     }
 
     /// The names of the target's tensors whose values this patch changes (every target
     /// tensor when it changes the layout), in name order: what an engine must reload.
     pub fn changed_tensors(&self) -> Vec<String> {
-        let layout_changes = !self.preserves_layout();
-        let mut touched = vec![false; self.header.tensors.len()];
-        for chunk in &self.chunks {
-            touched[chunk.tensor as usize] = true;
-        }
-        self.header
-            .tensors
-            .iter()
-            .zip(touched)
-            .filter(|(entry, touched)| {
-                entry.change.target().is_some() && (*touched || layout_changes)
-            })
-            .map(|(entry, _)| entry.name.clone())
-            .collect()
+        changed_tensors(&self.header, self.chunks.iter().map(|c| c.tensor))
     }
 
     pub fn changed_elements(&self) -> u64 {
@@ -370,20 +328,7 @@ impl Patch {
     /// Fails, naming a tensor, unless the patch keeps every tensor's name, dtype and
     /// shape ([`Patch::preserves_layout`]), as writing into the base's buffer needs.
     pub fn check_in_place(&self) -> Result<()> {
-        match self
-            .header
-            .tensors
-            .iter()
-            .find(|e| !matches!(e.change, TensorChange::Patched(_)))
-        {
-            Some(entry) => Err(DeltaError::Unsupported {
-                name: entry.name.clone(),
-                reason:
-                    "the delta adds, removes or reshapes tensors, so it cannot be applied in place"
-                        .into(),
-            }),
-            None => Ok(()),
-        }
+        check_in_place(&self.header)
     }
 
     /// [`Patch::swap_in_place`] into a buffer whose tensors have the target's names,
@@ -404,78 +349,21 @@ impl Patch {
         layout: &[TensorLayout],
         threads: Threads,
     ) -> Result<()> {
-        let placements = self.placements(buffer.len(), layout)?;
-        // Chunks cover disjoint ranges, so the buffer splits into one slice per chunk and
-        // the swaps run on the current rayon pool: a large model's commit is then bound by
-        // memory bandwidth rather than one core.
-        let mut chunks: Vec<Option<&mut PatchChunk>> = self.chunks.iter_mut().map(Some).collect();
-        let mut jobs = Vec::with_capacity(placements.len());
-        let (mut rest, mut rest_start) = (buffer, 0);
-        for placement in placements {
-            let chunk = chunks[placement.chunk]
-                .take()
-                .expect("each chunk is placed once");
-            let (slice, tail) = std::mem::take(&mut rest)[placement.bytes.start - rest_start..]
-                .split_at_mut(placement.bytes.len());
-            jobs.push((chunk, slice, placement.element_bytes));
-            (rest, rest_start) = (tail, placement.bytes.end);
-        }
-        let swap = |(chunk, slice, element_bytes): (&mut PatchChunk, &mut [u8], usize)| {
-            chunk.changes.swap_into(slice, element_bytes)
-        };
-        match threads {
-            Threads::Pool => jobs.into_par_iter().for_each(swap),
-            Threads::Caller => jobs.into_iter().for_each(swap),
-        }
-        Ok(())
+        swap_chunks(&self.header, &mut self.chunks, buffer, layout, threads)
     }
 
-    /// Where each chunk lies in a buffer of `buffer_len` bytes whose tensors sit where
-    /// `layout` says (with the target's names, dtypes and shapes), in buffer order; checks
-    /// that every chunk lies inside the buffer and that no two overlap.
+    /// Where each chunk lies in a buffer of `buffer_len` bytes (see [`placements`]).
     pub(crate) fn placements(
         &self,
         buffer_len: usize,
         layout: &[TensorLayout],
     ) -> Result<Vec<Placement>> {
-        let by_name: HashMap<&str, &TensorLayout> =
-            layout.iter().map(|l| (l.name.as_str(), l)).collect();
-        let mut placements = Vec::with_capacity(self.chunks.len());
-        for (index, chunk) in self.chunks.iter().enumerate() {
-            let entry = &self.header.tensors[chunk.tensor as usize];
-            let spec = entry
-                .change
-                .target()
-                .expect("chunks belong to target tensors");
-            let place = by_name.get(entry.name.as_str()).ok_or_else(|| {
-                DeltaError::BaseMismatch(format!("tensor '{}' is not in the buffer", entry.name))
-            })?;
-            ensure_spec(&entry.name, place.dtype, &place.shape, spec)?;
-            let element_bytes = spec.dtype.size_bytes();
-            let start = place.bytes.start + chunk.start as usize * element_bytes;
-            let end = start + chunk.len as usize * element_bytes;
-            if end > place.bytes.end || place.bytes.end > buffer_len {
-                return Err(DeltaError::BaseMismatch(format!(
-                    "tensor '{}' lies outside the buffer",
-                    entry.name
-                )));
-            }
-            placements.push(Placement {
-                chunk: index,
-                bytes: start..end,
-                element_bytes,
-            });
-        }
-        placements.sort_unstable_by_key(|p| p.bytes.start);
-        for pair in placements.windows(2) {
-            if pair[1].bytes.start < pair[0].bytes.end {
-                return Err(DeltaError::BaseMismatch(format!(
-                    "tensor '{}' overlaps another in the buffer",
-                    self.header.tensors[self.chunks[pair[1].chunk].tensor as usize].name
-                )));
-            }
-        }
-        Ok(placements)
+        placements(
+            &self.header,
+            self.chunks.iter().map(PatchChunk::range),
+            buffer_len,
+            layout,
+        )
     }
 
     /// Builds the target as a safetensors image, the same bytes `safetensors::serialize`
@@ -597,9 +485,203 @@ impl Patch {
     }
 }
 
+/// The tensor and element range a chunk covers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChunkRange {
+    pub tensor: u32,
+    pub start: u64,
+    pub len: u64,
+}
+
+impl PatchChunk {
+    pub(crate) fn range(&self) -> ChunkRange {
+        ChunkRange {
+            tensor: self.tensor,
+            start: self.start,
+            len: self.len,
+        }
+    }
+}
+
+/// Checks the chunks of a delta, sorted by tensor then start: none overlaps the one
+/// before, and no new tensor is left partly undefined.
+pub(crate) fn check_ranges(
+    header: &DeltaHeader,
+    sorted: impl Iterator<Item = ChunkRange>,
+) -> Result<()> {
+    let mut covered: HashMap<u32, u64> = HashMap::new();
+    let mut previous: Option<ChunkRange> = None;
+    for range in sorted {
+        if let Some(previous) = previous
+            && previous.tensor == range.tensor
+            && previous.start + previous.len > range.start
+        {
+            return Err(DeltaError::ChunkMalformed {
+                tensor: header.tensors[range.tensor as usize].name.clone(),
+                start: range.start,
+                reason: "overlaps the previous chunk".into(),
+            });
+        }
+        *covered.entry(range.tensor).or_default() += range.len;
+        previous = Some(range);
+    }
+    for (index, entry) in header.tensors.iter().enumerate() {
+        if let TensorChange::Added(spec) | TensorChange::Replaced { target: spec, .. } =
+            &entry.change
+        {
+            let have = covered.get(&(index as u32)).copied().unwrap_or(0);
+            if have != spec.element_count() {
+                return Err(DeltaError::Malformed(format!(
+                    "new tensor '{}' has {have} of its {} elements",
+                    entry.name,
+                    spec.element_count()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the delta keeps every tensor's name, dtype and shape.
+pub(crate) fn preserves_layout(header: &DeltaHeader) -> bool {
+    header
+        .tensors
+        .iter()
+        .all(|e| matches!(e.change, TensorChange::Patched(_)))
+}
+
+/// Fails, naming a tensor, unless the delta keeps every tensor's name, dtype and shape.
+pub(crate) fn check_in_place(header: &DeltaHeader) -> Result<()> {
+    match header
+        .tensors
+        .iter()
+        .find(|e| !matches!(e.change, TensorChange::Patched(_)))
+    {
+        Some(entry) => Err(DeltaError::Unsupported {
+            name: entry.name.clone(),
+            reason: "the delta adds, removes or reshapes tensors, so it cannot be applied in place"
+                .into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The target tensors an engine must reload after a delta whose chunks are in
+/// `touched`, in name order: every one when the delta changes the layout.
+pub(crate) fn changed_tensors(
+    header: &DeltaHeader,
+    touched: impl Iterator<Item = u32>,
+) -> Vec<String> {
+    let layout_changes = !preserves_layout(header);
+    let mut changed = vec![false; header.tensors.len()];
+    for tensor in touched {
+        changed[tensor as usize] = true;
+    }
+    header
+        .tensors
+        .iter()
+        .zip(changed)
+        .filter(|(entry, changed)| entry.change.target().is_some() && (*changed || layout_changes))
+        .map(|(entry, _)| entry.name.clone())
+        .collect()
+}
+
+/// Swaps `chunks`, which belong to the delta `header` describes, into `buffer` (laid
+/// out as `layout`), on the current rayon pool or on the calling thread alone. Every
+/// chunk is placed before the first write.
+pub(crate) fn swap_chunks(
+    header: &DeltaHeader,
+    chunks: &mut [PatchChunk],
+    buffer: &mut [u8],
+    layout: &[TensorLayout],
+    threads: Threads,
+) -> Result<()> {
+    let placements = placements(
+        header,
+        chunks.iter().map(PatchChunk::range),
+        buffer.len(),
+        layout,
+    )?;
+    // Chunks cover disjoint ranges, so the buffer splits into one slice per chunk and
+    // the swaps run on the current rayon pool: a large model's commit is then bound by
+    // memory bandwidth rather than one core.
+    let mut chunks: Vec<Option<&mut PatchChunk>> = chunks.iter_mut().map(Some).collect();
+    let mut jobs = Vec::with_capacity(placements.len());
+    let (mut rest, mut rest_start) = (buffer, 0);
+    for placement in placements {
+        let chunk = chunks[placement.chunk]
+            .take()
+            .expect("each chunk is placed once");
+        let (slice, tail) = std::mem::take(&mut rest)[placement.bytes.start - rest_start..]
+            .split_at_mut(placement.bytes.len());
+        jobs.push((chunk, slice, placement.element_bytes));
+        (rest, rest_start) = (tail, placement.bytes.end);
+    }
+    let swap = |(chunk, slice, element_bytes): (&mut PatchChunk, &mut [u8], usize)| {
+        chunk.changes.swap_into(slice, element_bytes)
+    };
+    match threads {
+        Threads::Pool => jobs.into_par_iter().for_each(swap),
+        Threads::Caller => jobs.into_iter().for_each(swap),
+    }
+    Ok(())
+}
+
+/// Where each chunk range (in the order given: a placement's `chunk` is its index) lies
+/// in a buffer of `buffer_len` bytes whose tensors sit where `layout` says (with the
+/// target's names, dtypes and shapes), in buffer order; checks that every chunk lies
+/// inside the buffer and that no two overlap.
+pub(crate) fn placements(
+    header: &DeltaHeader,
+    ranges: impl Iterator<Item = ChunkRange>,
+    buffer_len: usize,
+    layout: &[TensorLayout],
+) -> Result<Vec<Placement>> {
+    let by_name: HashMap<&str, &TensorLayout> =
+        layout.iter().map(|l| (l.name.as_str(), l)).collect();
+    let mut placements = Vec::with_capacity(ranges.size_hint().0);
+    let mut tensors = Vec::with_capacity(ranges.size_hint().0);
+    for (index, range) in ranges.enumerate() {
+        let entry = &header.tensors[range.tensor as usize];
+        let spec = entry
+            .change
+            .target()
+            .expect("chunks belong to target tensors");
+        let place = by_name.get(entry.name.as_str()).ok_or_else(|| {
+            DeltaError::BaseMismatch(format!("tensor '{}' is not in the buffer", entry.name))
+        })?;
+        ensure_spec(&entry.name, place.dtype, &place.shape, spec)?;
+        let element_bytes = spec.dtype.size_bytes();
+        let start = place.bytes.start + range.start as usize * element_bytes;
+        let end = start + range.len as usize * element_bytes;
+        if end > place.bytes.end || place.bytes.end > buffer_len {
+            return Err(DeltaError::BaseMismatch(format!(
+                "tensor '{}' lies outside the buffer",
+                entry.name
+            )));
+        }
+        placements.push(Placement {
+            chunk: index,
+            bytes: start..end,
+            element_bytes,
+        });
+        tensors.push(range.tensor);
+    }
+    placements.sort_unstable_by_key(|p| p.bytes.start);
+    for pair in placements.windows(2) {
+        if pair[1].bytes.start < pair[0].bytes.end {
+            return Err(DeltaError::BaseMismatch(format!(
+                "tensor '{}' overlaps another in the buffer",
+                header.tensors[tensors[pair[1].chunk] as usize].name
+            )));
+        }
+    }
+    Ok(placements)
+}
+
 /// Where a swap runs.
 #[derive(Clone, Copy)]
-enum Threads {
+pub(crate) enum Threads {
     /// The current rayon pool.
     Pool,
     /// The calling thread alone.

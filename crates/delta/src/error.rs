@@ -56,6 +56,8 @@ pub enum DeltaError {
     BrokenChain(String),
     #[error("undo journal is invalid: {0}")]
     Journal(String),
+    #[error("the space a staged delta is kept in failed: {0}")]
+    Spill(String),
     #[error("extraction was cancelled by its consumer")]
     Cancelled,
 }

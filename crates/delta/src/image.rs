@@ -3,11 +3,15 @@
 //! A relay's or an actor's weights are one safetensors image as large as the model. On the
 //! heap, an 8B model is 16 GB of anonymous memory per node; in a file mapped into memory,
 //! the kernel pages it like any file, and the node's own memory stays flat whatever the
-//! model's size. This crate does no I/O, so it defines only the interface ([`ImageSpace`])
-//! and the heap ([`Heap`]); the file-backed space is `aurora_checkpoint::FileImages`.
+//! model's size. A staged delta is kept the same way ([`Spill`]): its decoded changes grow
+//! with the model (about 1% of its elements, six bytes each), and a dense one is the whole
+//! model. This crate does no I/O, so it defines only the interfaces ([`ImageSpace`],
+//! [`Spill`]) and the heap ([`Heap`]); the file-backed space is
+//! `aurora_checkpoint::FileImages`.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::checkpoint::{Checkpoint, TensorLayout, safetensors_layout};
 use crate::dtype::Dtype;
@@ -33,6 +37,21 @@ impl ImageMemory for Vec<u8> {
 pub trait ImageSpace: Send + Sync + fmt::Debug {
     /// `len` bytes, every one zero; an error says why they could not be had.
     fn allocate(&self, len: usize) -> std::result::Result<Image, String>;
+
+    /// A new, empty [`Spill`]; an error says why it could not be had.
+    fn spill(&self) -> std::result::Result<Arc<dyn Spill>, String>;
+}
+
+/// Bytes a receiver keeps from staging to activation (a delta's decoded changes,
+/// `crate::SpilledPatch`), of a size known only once the last segment is decoded: they
+/// grow by appends, from any thread, and are read and rewritten in place at activation.
+pub trait Spill: Send + Sync + fmt::Debug {
+    /// Appends `bytes` and returns the offset they start at.
+    fn append(&self, bytes: &[u8]) -> std::result::Result<u64, String>;
+    /// Fills `out` from `offset`, which earlier appends wrote.
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> std::result::Result<(), String>;
+    /// Overwrites bytes earlier appends wrote.
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> std::result::Result<(), String>;
 }
 
 /// Images on the heap: what tests and small models use.
@@ -44,6 +63,50 @@ impl ImageSpace for Heap {
         // Zeroed allocations come from the kernel's zero pages: nothing is resident until
         // it is written.
         Ok(Image::new(vec![0u8; len]))
+    }
+
+    fn spill(&self) -> std::result::Result<Arc<dyn Spill>, String> {
+        Ok(Arc::new(HeapSpill::default()))
+    }
+}
+
+/// A [`Spill`] on the heap.
+#[derive(Debug, Default)]
+struct HeapSpill(Mutex<Vec<u8>>);
+
+impl HeapSpill {
+    fn range(
+        bytes: &[u8],
+        offset: u64,
+        len: usize,
+    ) -> std::result::Result<std::ops::Range<usize>, String> {
+        usize::try_from(offset)
+            .ok()
+            .and_then(|start| Some(start..start.checked_add(len)?))
+            .filter(|range| range.end <= bytes.len())
+            .ok_or_else(|| format!("bytes {offset}..+{len} lie past the {} held", bytes.len()))
+    }
+}
+
+impl Spill for HeapSpill {
+    fn append(&self, bytes: &[u8]) -> std::result::Result<u64, String> {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let offset = held.len() as u64;
+        held.extend_from_slice(bytes);
+        Ok(offset)
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> std::result::Result<(), String> {
+        let held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        out.copy_from_slice(&held[HeapSpill::range(&held, offset, out.len())?]);
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> std::result::Result<(), String> {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let range = HeapSpill::range(&held, offset, bytes.len())?;
+        held[range].copy_from_slice(bytes);
+        Ok(())
     }
 }
 
@@ -204,6 +267,10 @@ mod tests {
         struct Full;
         impl ImageSpace for Full {
             fn allocate(&self, _: usize) -> std::result::Result<Image, String> {
+                Err("no space left on device".into())
+            }
+
+            fn spill(&self) -> std::result::Result<Arc<dyn Spill>, String> {
                 Err("no space left on device".into())
             }
         }

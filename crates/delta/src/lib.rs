@@ -27,6 +27,7 @@ mod format;
 pub mod fused;
 mod image;
 mod signature;
+mod spill;
 pub mod stats;
 mod undo;
 
@@ -48,10 +49,11 @@ pub use format::{
     MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,
     assemble,
 };
-pub use image::{Heap, Image, ImageMemory, ImageSpace, checkpoint_image};
+pub use image::{Heap, Image, ImageMemory, ImageSpace, Spill, checkpoint_image};
 pub use signature::{
     ARTIFACT_DOMAIN, ArtifactKind, ArtifactSignature, COMMIT_DOMAIN, DETACHED_BYTES,
     DETACHED_MAGIC, DETACHED_VERSION, DetachedSignature, OFFER_DOMAIN, SignatureError, SigningKey,
     Statement, VerifyingKey, key_fingerprint, sign, verify,
 };
+pub use spill::{SpilledChunks, SpilledPatch};
 pub use undo::{JOURNAL_MAGIC, JOURNAL_VERSION, JournalInfo, UndoJournal, replay_undo_journal};

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use aurora_delta::{DeltaHeader, Hash, Patch, PatchChunk};
+use aurora_delta::{DeltaHeader, Hash, SpilledChunks, SpilledPatch};
 use bytes::Bytes;
 
 use crate::ConnId;
@@ -138,7 +138,7 @@ struct Staging {
     version: u64,
     kind: ArtifactKind,
     header: Arc<DeltaHeader>,
-    decoded: BTreeMap<u32, (Hash, Result<Vec<PatchChunk>, String>)>,
+    decoded: BTreeMap<u32, (Hash, Result<SpilledChunks, String>)>,
     /// Decodes out, by index, with the hash of the bytes sent.
     decoding: BTreeMap<u32, Hash>,
     /// The complete artifact, once the actor core asked to stage it.
@@ -234,7 +234,7 @@ impl Node {
         version: u64,
         index: u32,
         hash: Hash,
-        outcome: Result<Vec<PatchChunk>, String>,
+        outcome: Result<SpilledChunks, String>,
     ) {
         self.decodes_out = self.decodes_out.saturating_sub(1);
         if let Some(staging) = &mut self.staging
@@ -569,8 +569,7 @@ impl Node {
                 if staging.kind == ArtifactKind::Snapshot {
                     return Ok(Staged::Snapshot(staging.header.clone()));
                 }
-                let chunks = segments.into_iter().flatten().collect();
-                Patch::new(DeltaHeader::clone(&staging.header), chunks)
+                SpilledPatch::new(DeltaHeader::clone(&staging.header), segments)
                     .map(Staged::Patch)
                     .map_err(|e| e.to_string())
             })

@@ -6,8 +6,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use aurora_delta::{
-    Checkpoint, DeltaError, DeltaHeader, Hash, Heap, Image, ImageSpace, Patch, PatchChunk,
-    TargetImage, TensorLayout, check_base, checkpoint_image, decode_segment, safetensors_layout,
+    Checkpoint, DeltaError, DeltaHeader, Hash, Heap, Image, ImageSpace, Spill, SpilledChunks,
+    SpilledPatch, TargetImage, TensorLayout, check_base, checkpoint_image, decode_segment,
+    safetensors_layout,
 };
 
 use crate::frame::{ArtifactKind, VersionRef};
@@ -16,7 +17,8 @@ use crate::frame::{ArtifactKind, VersionRef};
 ///
 /// The image lives in the weights' [`ImageSpace`] (the heap, or a mapped file on a node
 /// that must stay flat in memory whatever the model's size), and so does every image
-/// that replaces it: a snapshot being built, a patch that changes the layout.
+/// that replaces it: a snapshot being built, a patch that changes the layout. A staged
+/// delta's decoded changes go to the same space's [`Spill`].
 pub struct Weights {
     image: Image,
     layout: Vec<TensorLayout>,
@@ -25,12 +27,15 @@ pub struct Weights {
     /// The snapshot a joining node is taking, built in place as its segments are
     /// decoded (on any thread: decodes share the weights).
     building: Mutex<Option<TargetImage>>,
+    /// Where the decodes of the delta being staged (its target version and hash) keep
+    /// their changes.
+    staging: Mutex<Option<(VersionRef, Arc<dyn Spill>)>>,
 }
 
 /// What an activation applies: a patch to the active weights, or the image a snapshot's
 /// segments were decoded into.
 pub enum Staged {
-    Patch(Patch),
+    Patch(SpilledPatch),
     /// [`Weights::decode_segment`] wrote every segment of the snapshot `header` names.
     Snapshot(Arc<DeltaHeader>),
 }
@@ -38,7 +43,7 @@ pub enum Staged {
 impl Staged {
     pub fn target_version(&self) -> u64 {
         match self {
-            Staged::Patch(patch) => patch.header.target_version,
+            Staged::Patch(patch) => patch.header().target_version,
             Staged::Snapshot(header) => header.target_version,
         }
     }
@@ -73,6 +78,7 @@ impl Weights {
             active: VersionRef { version, hash },
             space: Arc::new(Heap),
             building: Mutex::new(None),
+            staging: Mutex::new(None),
         })
     }
 
@@ -91,6 +97,7 @@ impl Weights {
             active: VersionRef { version, hash },
             space,
             building: Mutex::new(None),
+            staging: Mutex::new(None),
         })
     }
 
@@ -106,6 +113,7 @@ impl Weights {
             active: self.active,
             space: self.space.clone(),
             building: Mutex::new(None),
+            staging: Mutex::new(None),
         })
     }
 
@@ -121,6 +129,7 @@ impl Weights {
             },
             space,
             building: Mutex::new(None),
+            staging: Mutex::new(None),
         }
     }
 
@@ -145,15 +154,17 @@ impl Weights {
 
     /// Decodes one verified segment of the delta `header` describes against these
     /// weights, after checking that they are exactly the delta's base (by the cached,
-    /// verified hash). Nothing is written; segments may be decoded in any order, in
-    /// parallel, and their chunks joined into a [`Patch`].
+    /// verified hash). The weights are not written; segments may be decoded in any
+    /// order, in parallel, and their chunks, kept in the weights' spill, joined into a
+    /// [`SpilledPatch`]. A snapshot's segments are written into the image it builds, so
+    /// they return no chunks.
     pub fn decode_segment(
         &self,
         kind: ArtifactKind,
         header: &DeltaHeader,
         index: u32,
         segment: &[u8],
-    ) -> Result<Vec<PatchChunk>, DeltaError> {
+    ) -> Result<SpilledChunks, DeltaError> {
         // A snapshot (its header checked by the receiver) names its own version as its
         // base: the base check below (no tensors, the empty checkpoint's hash) is what
         // makes it fit.
@@ -167,7 +178,7 @@ impl Weights {
         check_base(header, &base, Some(self.active.hash))?;
         let chunks = decode_segment(header, index, segment, &base)?;
         if kind != ArtifactKind::Snapshot {
-            return Ok(chunks);
+            return SpilledChunks::write(&self.staging_spill(header)?, chunks);
         }
         // A snapshot's chunks go straight into its image: holding them until the last
         // segment would hold the model twice.
@@ -178,12 +189,36 @@ impl Weights {
             // newer one's image away, and its result is not wanted.
             Some(image) if image.header().target_version > header.target_version => {
                 *building = Some(image);
-                return Ok(Vec::new());
+                return Ok(SpilledChunks::default());
             }
             _ => building.insert(TargetImage::new(header.clone(), self.space.as_ref())?),
         };
         image.write(chunks)?;
-        Ok(Vec::new())
+        Ok(SpilledChunks::default())
+    }
+
+    /// The spill the delta `header` describes is staged in, made by its first decode.
+    fn staging_spill(&self, header: &DeltaHeader) -> Result<Arc<dyn Spill>, DeltaError> {
+        let target = VersionRef {
+            version: header.target_version,
+            hash: header.target_hash,
+        };
+        let new_spill = || {
+            self.space.spill().map_err(|reason| {
+                DeltaError::Spill(format!(
+                    "making a place for version {}'s changes: {reason}",
+                    target.version
+                ))
+            })
+        };
+        let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*staging {
+            Some((staged, spill)) if *staged == target => Ok(spill.clone()),
+            // A decode of a delta superseded by a newer one: its result is not wanted,
+            // and it must not take the newer one's spill away.
+            Some((staged, _)) if staged.version > target.version => new_spill(),
+            _ => Ok(staging.insert((target, new_spill()?)).1.clone()),
+        }
     }
 
     /// Applies a staged patch. A patch that keeps every tensor's dtype and shape is
@@ -191,16 +226,30 @@ impl Weights {
     /// materialised into a new image, hashed once. On a target hash mismatch the weights are left as
     /// they were and the error returned; on success they are the target version.
     pub fn activate(&mut self, staged: Staged) -> Result<Hash, DeltaError> {
-        let mut patch = match staged {
+        // Whatever the outcome, the spill of this version or an older one is done with.
+        let version = staged.target_version();
+        let staging = self
+            .staging
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if staging
+            .as_ref()
+            .is_some_and(|(staged, _)| staged.version <= version)
+        {
+            *staging = None;
+        }
+        let patch = match staged {
             Staged::Patch(patch) => patch,
             Staged::Snapshot(header) => return self.activate_snapshot(&header),
         };
-        let version = patch.header.target_version;
         if patch.preserves_layout() {
             let hash = patch.apply_in_place(&mut self.image, &self.layout)?;
             self.active = VersionRef { version, hash };
             return Ok(hash);
         }
+        // A delta that adds, removes or reshapes tensors is rare (a model's first version
+        // or a change of architecture): it is read back whole and built into a new image.
+        let patch = patch.load()?;
         let expected = patch.header.target_hash;
         // The image is what the engine loads: its own hash is the one checked.
         let base = Checkpoint::from_layout(&self.image, &self.layout)?;

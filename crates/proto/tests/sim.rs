@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{
     ArtifactKind, Checkpoint, DeltaFile, DeltaHeader, Dtype, Encoding, ExtractOptions, Extraction,
-    Hash, PatchChunk, SigningKey, TensorChange, TensorEntry, TensorSpec,
+    Hash, SigningKey, SpilledChunks, TensorChange, TensorEntry, TensorSpec,
 };
 use aurora_proto::{
     ArtifactKey, Auth, Commit, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig,
@@ -264,7 +264,7 @@ enum Event {
         version: u64,
         index: u32,
         hash: Hash,
-        outcome: Result<Vec<PatchChunk>, String>,
+        outcome: Result<SpilledChunks, String>,
     },
     SafePoint {
         node: usize,

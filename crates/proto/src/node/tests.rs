@@ -73,7 +73,7 @@ fn segments_are_decoded_as_they_arrive_and_staged_once_complete() {
         "the first segment is decoded before the rest arrive"
     );
     let (_, _, hash) = first[0];
-    node.decoded(1, 0, hash, Ok(Vec::new()));
+    node.decoded(1, 0, hash, Ok(SpilledChunks::default()));
     assert!(decodes(&feed(&mut node, seal.clone())).is_empty());
     let mut asked = Vec::new();
     for segment in &segments[1..] {
@@ -82,7 +82,7 @@ fn segments_are_decoded_as_they_arrive_and_staged_once_complete() {
     assert_eq!(asked.iter().map(|d| d.1).collect::<Vec<_>>(), [1, 2]);
     assert_eq!(node.actor_status().unwrap().staged, None);
     for (version, index, hash) in asked {
-        node.decoded(version, index, hash, Ok(Vec::new()));
+        node.decoded(version, index, hash, Ok(SpilledChunks::default()));
     }
     poll(&mut node);
     assert_eq!(node.actor_status().unwrap().staged, Some(1));
@@ -106,7 +106,7 @@ fn a_revoked_segment_is_decoded_again_and_activation_waits_for_the_stale_decode(
     assert_eq!(asked.iter().map(|d| d.1).collect::<Vec<_>>(), [0, 1]);
     assert_ne!(asked[0].2, forged[0].2);
     for (version, index, hash) in asked {
-        node.decoded(version, index, hash, Ok(Vec::new()));
+        node.decoded(version, index, hash, Ok(SpilledChunks::default()));
     }
     let outputs = poll(&mut node);
     assert_eq!(node.actor_status().unwrap().staged, Some(1));
@@ -138,7 +138,7 @@ fn a_segment_that_does_not_decode_refuses_the_version() {
         asked.extend(decodes(&feed(&mut node, frame)));
     }
     assert_eq!(asked.len(), 2);
-    node.decoded(1, 0, asked[0].2, Ok(Vec::new()));
+    node.decoded(1, 0, asked[0].2, Ok(SpilledChunks::default()));
     node.decoded(1, 1, asked[1].2, Err("chunk 3 is truncated".into()));
     poll(&mut node);
     let status = node.actor_status().unwrap();
@@ -179,7 +179,7 @@ fn a_joining_actor_stages_its_snapshot_as_it_arrives_and_activates_it_without_a_
     }
     let mut outputs = feed(&mut node, all[1].clone());
     for (version, index, hash) in asked {
-        node.decoded(version, index, hash, Ok(Vec::new()));
+        node.decoded(version, index, hash, Ok(SpilledChunks::default()));
     }
     outputs.extend(poll(&mut node));
     assert!(

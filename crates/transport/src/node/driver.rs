@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{ArtifactKind, DeltaError, Hash, PatchChunk, SigningKey, Statement};
+use aurora_delta::{ArtifactKind, DeltaError, Hash, SigningKey, SpilledChunks, Statement};
 use aurora_proto::{ArtifactKey, Commit, ConnId, Identity, Node, Sender, StoredArtifact, Weights};
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
@@ -66,12 +66,12 @@ pub(crate) enum Event {
         version: u64,
         index: u32,
         hash: Hash,
-        result: Result<Vec<PatchChunk>, DeltaError>,
+        result: Result<SpilledChunks, DeltaError>,
     },
     SafePoint,
     Activated {
         version: u64,
-        weights: Weights,
+        weights: Arc<Weights>,
         /// The tensors the activation changed (none when it failed).
         changed: Vec<String>,
         result: Result<Hash, DeltaError>,
@@ -364,7 +364,6 @@ impl<E: Engine> Driver<E> {
                 result,
             } => {
                 let result = result.map_err(|e| e.to_string());
-                let weights = Arc::new(weights);
                 // The engine resumes on the new weights, or on the old ones if the patch
                 // did not reproduce the target (they were restored). A joining node's
                 // engine, whose snapshot failed, was never paused and has nothing to run.

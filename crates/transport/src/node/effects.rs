@@ -130,7 +130,7 @@ impl<E: Engine> Driver<E> {
                     let changed = if result.is_ok() { changed } else { Vec::new() };
                     let _ = events.blocking_send(Event::Activated {
                         version,
-                        weights,
+                        weights: Arc::new(weights),
                         changed,
                         result,
                     });
