@@ -332,6 +332,82 @@ mod tests {
         Staged::Snapshot(Arc::new(file.header().clone()))
     }
 
+    /// Stages the delta between two steps of a synthetic trainer in `weights`, holding
+    /// the first: its segments decoded last first, each into the weights' spill.
+    fn stage_step(weights: &Weights, synth: &mut aurora_synth::Synth) -> (Staged, Vec<u8>) {
+        let base = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+        let version = synth.version();
+        synth.step();
+        let target = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+        let options = ExtractOptions {
+            base_version: version,
+            target_version: version + 1,
+            segment_target_bytes: 256,
+            ..ExtractOptions::default()
+        };
+        let (_, artifact) = Extraction::new(
+            &Checkpoint::from_safetensors(&base).unwrap(),
+            &Checkpoint::from_safetensors(&target).unwrap(),
+            options,
+        )
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+        let file = DeltaFile::parse(&artifact).unwrap();
+        assert!(file.segment_count() > 1);
+        let segments: Vec<SpilledChunks> = (0..file.segment_count())
+            .rev()
+            .map(|index| {
+                let segment = file.verify_segment(index).unwrap();
+                weights
+                    .decode_segment(ArtifactKind::Delta, file.header(), index as u32, segment)
+                    .unwrap()
+            })
+            .collect();
+        assert!(segments.iter().any(|chunks| !chunks.is_empty()));
+        let patch = SpilledPatch::new(file.header().clone(), segments).unwrap();
+        (Staged::Patch(patch), target)
+    }
+
+    #[test]
+    fn deltas_staged_in_files_activate_bit_exact_step_after_step() {
+        let shape = aurora_synth::preset("tiny").unwrap();
+        let mut synth = aurora_synth::Synth::new(aurora_synth::SynthConfig::new(shape, 5));
+        let dir = tempfile::tempdir().unwrap();
+        let image = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+        let mut weights = Weights::from_checkpoint(
+            &Checkpoint::from_safetensors(&image).unwrap(),
+            synth.version(),
+            Arc::new(aurora_checkpoint::FileImages::new(dir.path())),
+        )
+        .unwrap();
+        for _ in 0..3 {
+            let (staged, target) = stage_step(&weights, &mut synth);
+            let hash = weights.activate(staged).unwrap();
+            assert_eq!(
+                weights.active(),
+                VersionRef {
+                    version: synth.version(),
+                    hash
+                }
+            );
+            assert!(
+                weights.image() == target.as_slice(),
+                "version {}",
+                synth.version()
+            );
+            assert!(
+                weights.staging.get_mut().unwrap().is_none(),
+                "the spill goes with the activation"
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "unnamed files"
+        );
+    }
+
     #[test]
     fn a_snapshot_decoded_against_no_weights_activates_into_the_exported_image() {
         let (image, artifact) = snapshot();
