@@ -138,11 +138,13 @@ impl ControlPlane {
     pub fn from_snapshot(snapshot: Snapshot) -> Result<ControlPlane, RestoreError> {
         let Snapshot {
             config,
-            ledger,
-            membership,
+            mut ledger,
+            mut membership,
             events,
             clock,
         } = snapshot;
+        ledger.rebuild_index();
+        membership.rebuild_deadlines();
         let core = ControlPlane {
             config,
             ledger,
@@ -345,13 +347,19 @@ impl ControlPlane {
             return Ok(Assignment::CatchUp { target: version });
         }
         let unreserved = self.ledger.unreserved();
-        let (actors, standings) = self.membership.standings(version);
-        let shares = split_among_eligible(unreserved, &standings, self.config.scheduler.split);
-        let share = actors
-            .iter()
-            .zip(shares)
-            .find(|&(&candidate, _)| candidate == actor)
-            .map_or(0, |(_, share)| share);
+        // Splitting costs a pass over the members; with nothing unreserved, as when
+        // every prompt is still reserved, every share is zero without it.
+        let share = if unreserved == 0 {
+            0
+        } else {
+            let (actors, standings) = self.membership.standings(version);
+            let shares = split_among_eligible(unreserved, &standings, self.config.scheduler.split);
+            actors
+                .iter()
+                .zip(shares)
+                .find(|&(&candidate, _)| candidate == actor)
+                .map_or(0, |(_, share)| share)
+        };
         // A claimant whose share rounds to zero would otherwise sit idle beside
         // unclaimed work while the actors owed it are dead but not yet detected.
         let share = share.max(u32::from(unreserved > 0));

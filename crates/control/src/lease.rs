@@ -1,7 +1,9 @@
 //! How long a lease lasts.
 //!
 //! **Lease lifetime rule.** A lease lasts `multiplier * median` of the most recent
-//! completion times (issue to accepted result), with the multiplier between 2 and 3,
+//! completion times (issue to accepted result, of a job's first lease only: a job
+//! issued again goes out at the step's tail in a small claim, and its time says
+//! nothing of a batch's), with the multiplier between 2 and 3,
 //! clamped to `[min_ms, max_ms]`; before any completion is known it lasts
 //! `initial_ms`. An expired lease counts as a completion that took its whole lifetime
 //! (it took at least that long), so that the lifetime grows when the pool slows down

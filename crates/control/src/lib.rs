@@ -37,7 +37,8 @@
 //! released leases, or reserved for actors that did not claim within one lease
 //! lifetime). Each job is handed out under a per-prompt lease (module `ledger`):
 //!
-//! * **Lease lifetime rule.** `2..3 x` the median of recent completion times, clamped
+//! * **Lease lifetime rule.** `2..3 x` the median of recent completion times (of
+//!   jobs' first leases: a re-issued job finishes fast at a step's tail), clamped
 //!   to configured bounds, with an initial value before anything is known; an expired
 //!   lease counts as a completion that took its whole lifetime, so the lifetime grows
 //!   when the pool slows down (module `lease`). Leases that run out return their

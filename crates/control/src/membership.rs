@@ -14,7 +14,7 @@
 //! with the smallest id takes over: deterministic, so every replica of the core (and
 //! every replay of a simulation) picks the same one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -135,7 +135,59 @@ pub(crate) enum Joined {
 pub(crate) struct Membership {
     members: BTreeMap<ActorId, Member>,
     relays: BTreeMap<Region, ActorId>,
+    /// Derived from `members`: not stored, rebuilt on restore.
+    #[serde(skip)]
+    deadlines: Deadlines,
 }
+
+/// The members by when they fall silent and by when their preemption window ends,
+/// kept beside them because every call asks whose window has ended and the driver
+/// asks for the next deadline after every call: at 1,000 actors a pass over the
+/// members for each was most of the core's time (`cargo bench -p aurora-control
+/// --bench calls`, a profile of `aurora sim paper`). Changed only where `last_seen`
+/// or `leaving_at` change; [`Membership::check`] compares it with a rebuild.
+#[derive(Clone, Debug, Default)]
+struct Deadlines {
+    last_seen: BTreeSet<(Millis, ActorId)>,
+    leaving_at: BTreeSet<(Millis, ActorId)>,
+}
+
+impl Deadlines {
+    fn of(members: &BTreeMap<ActorId, Member>) -> Deadlines {
+        let mut deadlines = Deadlines::default();
+        for (&actor, member) in members {
+            deadlines.add(actor, member);
+        }
+        deadlines
+    }
+
+    fn add(&mut self, actor: ActorId, member: &Member) {
+        self.last_seen.insert((member.last_seen, actor));
+        if let Some(at) = member.leaving_at {
+            self.leaving_at.insert((at, actor));
+        }
+    }
+
+    fn remove(&mut self, actor: ActorId, member: &Member) {
+        self.last_seen.remove(&(member.last_seen, actor));
+        if let Some(at) = member.leaving_at {
+            self.leaving_at.remove(&(at, actor));
+        }
+    }
+
+    fn agrees_with(&self, other: &Deadlines) -> bool {
+        self.last_seen == other.last_seen && self.leaving_at == other.leaving_at
+    }
+}
+
+/// Derived from the members, which `Membership` compares already (see `JobIndex`).
+impl PartialEq for Deadlines {
+    fn eq(&self, _: &Deadlines) -> bool {
+        true
+    }
+}
+
+impl Eq for Deadlines {}
 
 impl Membership {
     /// Adds an actor, or replaces the registration of one that is already a member (a
@@ -171,19 +223,21 @@ impl Membership {
             }
         };
         let region = registration.region.clone();
-        self.members.insert(
-            actor,
-            Member {
-                region: registration.region,
-                capabilities: registration.capabilities,
-                active: registration.active,
-                staged: registration.staged,
-                estimate,
-                last_seen: now,
-                leaving_at: None,
-                last_settled_at,
-            },
-        );
+        if let Some(old) = self.members.get(&actor) {
+            self.deadlines.remove(actor, old);
+        }
+        let member = Member {
+            region: registration.region,
+            capabilities: registration.capabilities,
+            active: registration.active,
+            staged: registration.staged,
+            estimate,
+            last_seen: now,
+            leaving_at: None,
+            last_settled_at,
+        };
+        self.deadlines.add(actor, &member);
+        self.members.insert(actor, member);
         if let Some(old_region) = old_region.filter(|old| *old != region) {
             self.refresh_relay(&old_region, events);
         }
@@ -198,32 +252,38 @@ impl Membership {
         now: Millis,
     ) -> Result<&mut Member, UnknownActor> {
         let member = self.members.get_mut(&actor).ok_or(UnknownActor(actor))?;
-        member.last_seen = member.last_seen.max(now);
+        if now > member.last_seen {
+            self.deadlines.last_seen.remove(&(member.last_seen, actor));
+            self.deadlines.last_seen.insert((now, actor));
+            member.last_seen = now;
+        }
         Ok(member)
     }
 
     /// Removes `actor`, handing its region's relay role on if it held it.
     pub(crate) fn remove(&mut self, actor: ActorId, events: &mut EventQueue) -> Option<Member> {
         let member = self.members.remove(&actor)?;
+        self.deadlines.remove(actor, &member);
         self.refresh_relay(&member.region, events);
         Some(member)
     }
 
     /// Actors not heard from for `timeout_ms` at `now`.
     pub(crate) fn silent(&self, now: Millis, timeout_ms: u64) -> Vec<ActorId> {
-        self.members
+        self.deadlines
+            .last_seen
             .iter()
-            .filter(|(_, member)| now >= member.last_seen.saturating_add(timeout_ms))
-            .map(|(&actor, _)| actor)
+            .take_while(|&&(last_seen, _)| now >= last_seen.saturating_add(timeout_ms))
+            .map(|&(_, actor)| actor)
             .collect()
     }
 
     /// When the next actor falls silent, if nobody is heard from before then.
     pub(crate) fn next_silence(&self, timeout_ms: u64) -> Option<Millis> {
-        self.members
-            .values()
-            .map(|member| member.last_seen.saturating_add(timeout_ms))
-            .min()
+        self.deadlines
+            .last_seen
+            .first()
+            .map(|&(last_seen, _)| last_seen.saturating_add(timeout_ms))
     }
 
     /// Restarts every actor's silence clock at `now`.
@@ -231,6 +291,7 @@ impl Membership {
         for member in self.members.values_mut() {
             member.last_seen = member.last_seen.max(now);
         }
+        self.deadlines = Deadlines::of(&self.members);
     }
 
     /// Every member by id, with its eligibility for a step on `version` and its
@@ -310,7 +371,9 @@ impl Membership {
         let leaving_at = member
             .leaving_at
             .map_or(leaving_at, |at| at.min(leaving_at));
+        self.deadlines.remove(actor, member);
         member.leaving_at = Some(leaving_at);
+        self.deadlines.add(actor, member);
         let region = member.region.clone();
         self.refresh_relay(&region, events);
         true
@@ -318,16 +381,22 @@ impl Membership {
 
     /// Members whose preemption window has ended at `now`.
     pub(crate) fn leaving_due(&self, now: Millis) -> Vec<ActorId> {
-        self.members
+        self.deadlines
+            .leaving_at
             .iter()
-            .filter(|(_, member)| member.leaving_at.is_some_and(|at| now >= at))
-            .map(|(&actor, _)| actor)
+            .take_while(|&&(at, _)| now >= at)
+            .map(|&(_, actor)| actor)
             .collect()
     }
 
     /// When the next preemption window ends.
     pub(crate) fn next_leaving(&self) -> Option<Millis> {
-        self.members.values().filter_map(|m| m.leaving_at).min()
+        self.deadlines.leaving_at.first().map(|&(at, _)| at)
+    }
+
+    /// Rebuilds the deadlines from the members: a deserialized membership has none.
+    pub(crate) fn rebuild_deadlines(&mut self) {
+        self.deadlines = Deadlines::of(&self.members);
     }
 
     /// Checks the membership's invariants: what [`crate::ControlPlane::restore`]
@@ -364,6 +433,9 @@ impl Membership {
             {
                 return Err(RestoreError::LeavingTooLate { actor, leaving_at });
             }
+        }
+        if !self.deadlines.agrees_with(&Deadlines::of(&self.members)) {
+            return Err(RestoreError::MemberDeadlines);
         }
         for (region, &relay) in &self.relays {
             if !self.qualifies(relay, region) {

@@ -160,6 +160,14 @@ pub enum RestoreError {
     /// A completed step still has live leases or reservations.
     #[error("{0} has completed but still has live leases or reservations")]
     LiveAfterCompletion(StepId),
+    /// The members' index by deadline disagrees with the members: a bug in the core,
+    /// never a property of stored data (the index is rebuilt on restore).
+    #[error("the members' deadlines disagree with the members")]
+    MemberDeadlines,
+    /// A step's index of its jobs by state disagrees with the jobs: a bug in the
+    /// core, never a property of stored data (the index is rebuilt on restore).
+    #[error("the job index of {0} disagrees with its jobs")]
+    JobIndex(StepId),
     /// A step marked complete with its full batch has jobs not accepted.
     #[error("{0} completed in full without all its jobs accepted")]
     IncompleteCompletion(StepId),

@@ -72,6 +72,39 @@ pub struct RunReport {
     /// Trainer crashes, by what the trainer was doing: opening a step, waiting for one,
     /// or training on one.
     pub trainer_crashes: TrainerCrashes,
+    /// The calls the actors made to the control plane, and its timer's ticks.
+    pub calls: ControlCalls,
+    /// Leases granted on a prompt that had been leased before in its step (after an
+    /// expiry, a departure or a rejected result): the work the core handed out again.
+    pub reissued_leases: u64,
+    /// Live leases the core took back from departing actors.
+    pub returned_leases: u64,
+}
+
+/// Control-plane calls of a run, by kind: what a hub would journal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControlCalls {
+    pub register: u64,
+    pub heartbeat: u64,
+    pub report_versions: u64,
+    pub claim: u64,
+    pub submit: u64,
+    /// Graceful leaves and preemption notices.
+    pub leave_or_preempt: u64,
+    /// The hub's own timer: ticks that reached the core.
+    pub tick: u64,
+}
+
+impl ControlCalls {
+    /// Every call an actor made (ticks are the hub's own, not requests).
+    pub fn requests(&self) -> u64 {
+        self.register
+            + self.heartbeat
+            + self.report_versions
+            + self.claim
+            + self.submit
+            + self.leave_or_preempt
+    }
 }
 
 /// Trainer crashes that happened, by the trainer's phase when it crashed.

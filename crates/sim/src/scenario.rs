@@ -344,11 +344,17 @@ impl Scenario {
 
     pub(crate) fn config(&self) -> Config {
         Config {
+            // The limits fit the scenario (at least the small pools' 16 actors and 256
+            // prompts): a run measures the core at the scale it is given.
             limits: Limits {
-                max_actors: 16,
-                max_batch_size: 256,
+                max_actors: u32::try_from(self.actors.len()).unwrap_or(u32::MAX).max(16),
+                max_batch_size: self.batch_size.max(256),
                 max_leases_per_actor: 256,
-                max_pending_events: 4096,
+                // One sweep may expire every lease of the batch at once, and the
+                // driver needs every event (a dropped one is a violation).
+                max_pending_events: (self.batch_size
+                    + u32::try_from(self.actors.len()).unwrap_or(u32::MAX))
+                .max(4096),
                 max_tokens_per_result: 100_000,
             },
             lease: LeaseConfig {

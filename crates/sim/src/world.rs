@@ -15,6 +15,9 @@ pub(crate) const DISSEMINATION_ALLOWANCE_MS: u64 = 600;
 pub(crate) const MAX_TIMER_LAG_MS: u64 = 2_000;
 /// Warning window of a preemption notice; below the heartbeat timeout.
 pub(crate) const PREEMPTION_GRACE_MS: u64 = 3_000;
+/// Prompts and actors up to which the driver checks the whole state after every event
+/// (beyond, less often: `driver::full_check_every`).
+pub(crate) const FULL_CHECK_BUDGET: u64 = 1_024;
 /// A step that takes longer than this has stalled.
 pub(crate) const STEP_TIME_LIMIT_MS: u64 = 600_000;
 

@@ -80,6 +80,7 @@ impl Sim<'_> {
         if now >= self.actors[index].next_heartbeat {
             self.actors[index].next_heartbeat = now.saturating_add(HEARTBEAT_MS);
             let id = actor_id(index);
+            self.calls.heartbeat += 1;
             if self.hub_mut()?.heartbeat(id, now).is_err() {
                 self.register(index)?;
             }
@@ -106,6 +107,7 @@ impl Sim<'_> {
             staged: actor.staged,
         };
         let now = self.now;
+        self.calls.register += 1;
         match self.hub_mut()?.register(actor_id(index), registration, now) {
             Ok(readiness) => {
                 self.incarnations[index] += 1;
@@ -128,6 +130,7 @@ impl Sim<'_> {
             self.now,
         );
         self.actors[index].versions_to_report = false;
+        self.calls.report_versions += 1;
         match self
             .hub_mut()?
             .report_versions(actor_id(index), active, staged, now)
@@ -161,6 +164,7 @@ impl Sim<'_> {
 
     fn claim(&mut self, index: usize) -> Result<(), Violation> {
         let now = self.now;
+        self.calls.claim += 1;
         let assignment = match self.hub_mut()?.claim(actor_id(index), now) {
             Ok(assignment) => assignment,
             Err(_) => return self.register(index),
@@ -212,6 +216,9 @@ impl Sim<'_> {
             };
             if self.grants.insert(grant.lease, record).is_some() {
                 return Err(self.violation(format!("{} granted twice", grant.lease)));
+            }
+            if grant.lease.attempt > 0 {
+                self.reissued_leases += 1;
             }
             self.latest_grant.insert(grant.prompt, grant.lease);
         }
@@ -297,6 +304,7 @@ impl Sim<'_> {
         let now = self.now;
         let id = actor_id(index);
         let estimate_before = self.hub_mut()?.member(id).map(|member| member.estimate);
+        self.calls.submit += 1;
         let outcomes = match self.hub_mut()?.submit(id, reports, now) {
             Ok(outcomes) => outcomes,
             Err(error) => return Err(self.violation(format!("submit: {error}"))),

@@ -104,8 +104,8 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// Invariants that hold between any two events.
-    pub(super) fn check_state(&self) -> Result<(), Violation> {
+    /// No step stays open past the time limit: cheap, so checked after every event.
+    pub(super) fn check_progress(&self) -> Result<(), Violation> {
         if let TrainerPhase::StepOpen(step) = self.trainer
             && let Some(posted) = self.posted.get(&step)
             && self.now.saturating_since(posted.opened_at) > STEP_TIME_LIMIT_MS
@@ -114,6 +114,12 @@ impl Sim<'_> {
                 "stalled: {step} open for over {STEP_TIME_LIMIT_MS} ms"
             )));
         }
+        Ok(())
+    }
+
+    /// Invariants that hold between any two events.
+    pub(super) fn check_state(&self) -> Result<(), Violation> {
+        self.check_progress()?;
         let Some(hub) = self.hub.as_ref() else {
             return Ok(());
         };

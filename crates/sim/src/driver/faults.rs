@@ -19,6 +19,7 @@ impl Sim<'_> {
                 if self.reachable(actor) && self.actors[actor].registered {
                     // An error means the hub had already forgotten it (heartbeat
                     // timeout), which is just as good.
+                    self.calls.leave_or_preempt += 1;
                     let _ = self.hub_mut()?.leave(actor_id(actor));
                 }
                 self.take_offline(actor, Presence::Departed);
@@ -31,6 +32,7 @@ impl Sim<'_> {
                 }
                 if self.reachable(actor) && self.actors[actor].registered {
                     // As for a leave, an error means the hub had forgotten it already.
+                    self.calls.leave_or_preempt += 1;
                     let _ = self.hub_mut()?.preempt(actor_id(actor), now);
                 }
                 // The machine goes at the end of the window whether or not the notice

@@ -2,6 +2,11 @@
 //! each scale, how much of its budget each shared resource needs, and at what scale
 //! each runs out.
 //!
+//! The control plane is not modelled but run: the real core schedules 1,000 actors
+//! over 16 regions with a 70B model's step times and spot preemptions through the
+//! crate's driver ([`CoreAtScale`]), and the calls it counts there are what the
+//! control plane's budget is charged with at every scale.
+//!
 //! With one step of lag, a version must be trained, extracted, shipped and staged
 //! while the actors generate the step before: the window left after training is the
 //! budget of every resource on that path. Control calls and snapshot joins run all the
@@ -11,22 +16,34 @@
 
 use std::fmt;
 
+use aurora_control::{Permille, SplitPolicy};
+
 use super::calibration::{Encoding, HUB_DURABLE_CALLS_PER_S};
 use super::tcp::{CongestionControl, TcpModel};
 use super::testbed::{
     A100, ActorKind, DENSE_70B, H100, ModelShape, Network, PAPER_TRAINER, PAPER_WORKLOAD, QWEN3_8B,
     QWEN3_14B, actor_decode_s,
 };
+use crate::report::{RunReport, Violation};
+use crate::scenario::{ActorSpec, Fault, Scenario, ScheduledFault};
+use crate::world::SplitMix64;
 
 /// Assumption: the trainer is sized so that a step's training takes this share of its
 /// generation.
 const TRAIN_SHARE_OF_GENERATION: f64 = 0.5;
 /// Prompt groups per actor and step: the batch grows with the pool.
 const PROMPTS_PER_ACTOR: f64 = 64.0;
-/// Control calls per actor and step besides heartbeats: claim, submit, version report.
-const CALLS_PER_ACTOR_STEP: f64 = 3.0;
-/// Heartbeats per actor and second (`crates/node`'s actor: one a second).
-const HEARTBEATS_PER_S: f64 = 1.0;
+/// Steps of the control core's run at scale: enough for the estimates and the lease
+/// lifetime to settle and for several preemptions at 5% an hour, few enough to keep
+/// `aurora sim paper` within seconds.
+const CORE_STEPS: u32 = 12;
+/// Steps of that run its step times leave out: every actor starts from the newcomer
+/// estimate, far below its rate, and the estimates need about this many steps to
+/// converge (the run's own per-step line shows it). Preemptions come after that many
+/// steps of generation as [`Costs::generation_s`] times them.
+const CORE_WARM_UP: usize = 5;
+/// The seed of the run at scale.
+const CORE_SEED: u64 = 70_001_000;
 /// Largest pool the thresholds are searched to.
 const MAX_ACTORS: u32 = 1_000_000;
 /// Largest number of regions the thresholds are searched to.
@@ -69,6 +86,100 @@ pub struct ScaleOutcome {
     pub churn_loss: f64,
 }
 
+/// The control core run at the largest scale, under virtual time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreAtScale {
+    /// The scale run.
+    pub scale: ScaleStep,
+    /// Prompt groups per step.
+    pub batch_size: u32,
+    /// Steps the run asked for.
+    pub steps_asked: u32,
+    /// When each preemption notice came, seconds of virtual time.
+    pub preempted_at_s: Vec<f64>,
+    /// The actors preempted, by index.
+    pub preempted: Vec<usize>,
+    /// What the driver reported (every invariant held, or there would be none).
+    pub report: RunReport,
+}
+
+impl CoreAtScale {
+    /// Seconds of virtual time the run took.
+    pub fn virtual_s(&self) -> f64 {
+        self.report.finished_at.0 as f64 / 1e3
+    }
+
+    /// Each step's opening-to-completion time, seconds, and whether a preemption
+    /// notice came while it was open (its holder's work in flight is then lost).
+    pub fn steps(&self) -> Vec<(f64, bool)> {
+        self.report
+            .steps
+            .iter()
+            .map(|step| {
+                let (open, close) = (
+                    step.opened_at.0 as f64 / 1e3,
+                    step.completed_at.0 as f64 / 1e3,
+                );
+                let preempted = self
+                    .preempted_at_s
+                    .iter()
+                    .any(|&at| open <= at && at < close);
+                (step.step_ms() as f64 / 1e3, preempted)
+            })
+            .collect()
+    }
+
+    /// Mean step, seconds, of the steps with (`true`) or without a preemption, the
+    /// warm-up left out (estimates and lease lifetimes start from defaults).
+    pub fn mean_step_s(&self, preempted: bool) -> Option<f64> {
+        let chosen: Vec<f64> = self
+            .steps()
+            .into_iter()
+            .skip(CORE_WARM_UP)
+            .filter(|&(_, with)| with == preempted)
+            .map(|(seconds, _)| seconds)
+            .collect();
+        (!chosen.is_empty()).then(|| chosen.iter().sum::<f64>() / chosen.len() as f64)
+    }
+
+    /// Share of the step-open time the actors that were never preempted spent idle:
+    /// the scheduler's balance (zero if every actor finished its share together).
+    pub fn idle_share(&self) -> f64 {
+        let (busy, idle) = self
+            .report
+            .actors
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !self.preempted.contains(index))
+            .fold((0u64, 0u64), |(busy, idle), (_, actor)| {
+                (busy + actor.busy_ms, idle + actor.idle_ms)
+            });
+        idle as f64 / (busy + idle).max(1) as f64
+    }
+
+    /// Calls an actor makes per second besides heartbeats, and heartbeats per second.
+    fn rates_per_actor(&self) -> ControlRates {
+        let actor_s = f64::from(self.scale.actors) * self.virtual_s();
+        let calls = &self.report.calls;
+        let steps = self.report.steps.len().max(1) as f64;
+        ControlRates {
+            heartbeats_per_s: calls.heartbeat as f64 / actor_s,
+            calls_per_step: (calls.requests() - calls.heartbeat) as f64
+                / (steps * f64::from(self.scale.actors)),
+        }
+    }
+}
+
+/// What each actor costs the control plane, as the run at scale measured it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ControlRates {
+    /// Heartbeats per actor and second.
+    heartbeats_per_s: f64,
+    /// Every other call per actor and step: claims (polls while idle included),
+    /// submissions, version reports, registrations, preemption notices.
+    calls_per_step: f64,
+}
+
 /// The beyond-the-paper answers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Beyond {
@@ -79,6 +190,8 @@ pub struct Beyond {
     pub saturating_actors: Vec<(&'static str, Option<u32>)>,
     /// The regions at which the trainer's uplink saturates with deltas alone, per model.
     pub saturating_regions: Vec<(&'static str, Option<u32>)>,
+    /// The control core run at the largest scale.
+    pub core: CoreAtScale,
 }
 
 /// The scales the report walks through, the paper's first.
@@ -117,13 +230,22 @@ pub fn scale_steps() -> [ScaleStep; 5] {
     ]
 }
 
-/// Works out every scale's resources and the thresholds.
-pub fn analyse(tcp: &TcpModel, network: &Network) -> Beyond {
-    let costs = Costs {
+/// Runs the control core at the largest scale, then works out every scale's resources
+/// and the thresholds, the control plane's with the calls the run counted.
+pub fn analyse(tcp: &TcpModel, network: &Network) -> Result<Beyond, Violation> {
+    let steps = scale_steps();
+    let largest = steps[steps.len() - 1];
+    let mut costs = Costs {
         tcp: *tcp,
         network: *network,
+        // Replaced by the run's rates below; the run itself does not read them.
+        rates: ControlRates {
+            heartbeats_per_s: 0.0,
+            calls_per_step: 0.0,
+        },
     };
-    let steps = scale_steps();
+    let core = costs.run_core(largest)?;
+    costs.rates = core.rates_per_actor();
     let scales: Vec<ScaleOutcome> = steps
         .iter()
         .map(|&scale| {
@@ -137,7 +259,6 @@ pub fn analyse(tcp: &TcpModel, network: &Network) -> Beyond {
             }
         })
         .collect();
-    let largest = steps[steps.len() - 1];
     let names: Vec<&'static str> = costs.limits(&largest).iter().map(|l| l.resource).collect();
     let saturating_actors = names
         .iter()
@@ -170,11 +291,12 @@ pub fn analyse(tcp: &TcpModel, network: &Network) -> Beyond {
             (model.name, first_saturating(utilisation, 1, MAX_REGIONS))
         })
         .collect();
-    Beyond {
+    Ok(Beyond {
         scales,
         saturating_actors,
         saturating_regions,
-    }
+        core,
+    })
 }
 
 /// The smallest value in `from..=to` at which `utilisation` passes 1 (it grows with
@@ -201,6 +323,7 @@ fn first_saturating(utilisation: impl Fn(u32) -> f64, from: u32, to: u32) -> Opt
 struct Costs {
     tcp: TcpModel,
     network: Network,
+    rates: ControlRates,
 }
 
 impl Costs {
@@ -218,6 +341,76 @@ impl Costs {
         let (shortest, longest) = PAPER_WORKLOAD.group_tokens();
         let tokens = PROMPTS_PER_ACTOR * (shortest + longest) as f64 / 2.0;
         tokens / Self::actor(model).tokens_per_s(model, &PAPER_WORKLOAD)
+    }
+
+    /// Runs the real control core at `scale` through the driver: its actors spread
+    /// evenly over the regions, each at the decode rate of its replica, [`PROMPTS_PER_ACTOR`]
+    /// groups a step each, and preemption notices at `scale`'s rate per hour at
+    /// seeded times and actors (never actor 0, whom the driver keeps alive). A
+    /// replacement would first take a snapshot for longer than the run lasts
+    /// ([`Network::snapshot_join_s`]), so none joins within it.
+    fn run_core(&self, scale: ScaleStep) -> Result<CoreAtScale, Violation> {
+        let model = &scale.model;
+        let tokens_per_s = Self::actor(model)
+            .tokens_per_s(model, &PAPER_WORKLOAD)
+            .round() as u64;
+        let actors: Vec<ActorSpec> = (0..scale.actors)
+            .map(|index| ActorSpec {
+                label: format!("70B-{index}"),
+                tokens_per_s,
+                region: format!("region-{}", index % scale.regions),
+                can_relay: true,
+                joins_at_ms: 0,
+            })
+            .collect();
+        let batch_size = (PROMPTS_PER_ACTOR * f64::from(scale.actors)) as u32;
+        // Preemptions fall after the warm-up as generation alone would time it,
+        // uniformly over the rest of the run.
+        let step_s = self.generation_s(model);
+        let (from_s, horizon_s) = (step_s * CORE_WARM_UP as f64, step_s * f64::from(CORE_STEPS));
+        let expected =
+            f64::from(scale.actors) * scale.preemptions_per_hour * (horizon_s - from_s) / 3600.0;
+        let mut rng = SplitMix64(CORE_SEED);
+        let mut preempted = Vec::new();
+        let mut faults = Vec::new();
+        while (preempted.len() as f64) < expected.round() {
+            let actor = rng.range(1, u64::from(scale.actors) - 1) as usize;
+            if preempted.contains(&actor) {
+                continue;
+            }
+            let at_ms = rng.range((from_s * 1e3) as u64, (horizon_s * 1e3) as u64);
+            preempted.push(actor);
+            faults.push(ScheduledFault {
+                at_ms,
+                fault: Fault::Preempt { actor },
+            });
+        }
+        faults.sort_by_key(|fault| fault.at_ms);
+        let scenario = Scenario {
+            seed: CORE_SEED,
+            actors,
+            steps: CORE_STEPS,
+            batch_size,
+            split: SplitPolicy::Proportional,
+            partial_batch: None,
+            drift: Permille::clamped(0),
+            tokens_per_prompt: PAPER_WORKLOAD.group_tokens(),
+            // Training overlaps generation (one step of lag), as in the paper's rows.
+            train_ms: 0,
+            faults: faults.clone(),
+        };
+        let report = crate::run(&scenario)?;
+        Ok(CoreAtScale {
+            scale,
+            batch_size,
+            steps_asked: CORE_STEPS,
+            preempted_at_s: faults
+                .iter()
+                .map(|fault| fault.at_ms as f64 / 1e3)
+                .collect(),
+            preempted,
+            report,
+        })
     }
 
     /// Seconds a version may take from trained to staged without stalling a step.
@@ -260,8 +453,8 @@ impl Costs {
                 .transfer_s(delta, self.network.path(1), CongestionControl::Bbr, 4);
         let relay_out_s = delta * actors_per_region * 8.0
             / (self.network.lan.rate_bps * self.tcp.goodput_efficiency);
-        let calls_per_s =
-            f64::from(scale.actors) * (HEARTBEATS_PER_S + CALLS_PER_ACTOR_STEP / step_s);
+        let calls_per_s = f64::from(scale.actors)
+            * (self.rates.heartbeats_per_s + self.rates.calls_per_step / step_s);
         vec![
             ResourceLimit {
                 resource: "trainer uplink",
@@ -320,6 +513,7 @@ impl fmt::Display for Beyond {
                 writeln!(f, "    saturated first: {}", first.resource)?;
             }
         }
+        write!(f, "{}", self.core)?;
         let describe = |found: &Option<u32>, unit: &str| match found {
             None => "not within the search".to_owned(),
             Some(value) => format!("{value} {unit}"),
@@ -348,10 +542,168 @@ impl fmt::Display for Beyond {
     }
 }
 
+impl fmt::Display for CoreAtScale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (scale, report) = (&self.scale, &self.report);
+        let calls = &report.calls;
+        let steps = report.steps.len();
+        let virtual_s = self.virtual_s();
+        writeln!(
+            f,
+            "  the control core itself at {} regions, {} actors, {}, {:.0}%/h preempted \
+             ({} prompt groups a step, {} steps under virtual time, {:.0} s):",
+            scale.regions,
+            scale.actors,
+            scale.model.name,
+            100.0 * scale.preemptions_per_hour,
+            self.batch_size,
+            self.steps_asked,
+            virtual_s
+        )?;
+        let stalled = report.steps.iter().filter(|step| step.partial).count();
+        writeln!(
+            f,
+            "    steps completed                {steps} of {}, {stalled} partial; {} preemption notices",
+            self.steps_asked,
+            self.preempted.len()
+        )?;
+        let seconds = |mean: Option<f64>| mean.map_or("none".to_owned(), |s| format!("{s:.1} s"));
+        let hit = self
+            .steps()
+            .iter()
+            .skip(CORE_WARM_UP)
+            .filter(|&&(_, with)| with)
+            .count();
+        writeln!(
+            f,
+            "    mean step after step {CORE_WARM_UP}         {} without a preemption, {} with one ({hit} steps)",
+            seconds(self.mean_step_s(false)),
+            seconds(self.mean_step_s(true))
+        )?;
+        writeln!(
+            f,
+            "    leases re-issued               {} of {} granted ({} expired, {} returned by \
+             preempted actors)",
+            report.reissued_leases,
+            u64::from(self.batch_size) * steps as u64 + report.reissued_leases,
+            report.stats.expired,
+            report.returned_leases
+        )?;
+        let times: Vec<String> = self
+            .steps()
+            .iter()
+            .map(|&(seconds, preempted)| {
+                format!("{seconds:.1}{}", if preempted { "*" } else { "" })
+            })
+            .collect();
+        writeln!(f, "    each step, s (* a preemption)  {}", times.join(" "))?;
+        writeln!(
+            f,
+            "    idle while a step is open      {:.1}% of the never-preempted actors' time",
+            100.0 * self.idle_share()
+        )?;
+        let per_step = |count: u64| count as f64 / steps.max(1) as f64;
+        writeln!(
+            f,
+            "    control calls per step         {:.0}: heartbeats {:.0}, claims {:.0}, submits {:.0}, \
+             version reports {:.0}, registrations {:.0}, leaves and notices {:.1}",
+            per_step(calls.requests()),
+            per_step(calls.heartbeat),
+            per_step(calls.claim),
+            per_step(calls.submit),
+            per_step(calls.report_versions),
+            per_step(calls.register),
+            per_step(calls.leave_or_preempt)
+        )?;
+        let per_s = calls.requests() as f64 / virtual_s.max(1e-9);
+        writeln!(
+            f,
+            "    control calls per second       {per_s:.0} ({:.2} an actor; and {:.1} timer ticks), \
+             {:.0}% of the hub's {HUB_DURABLE_CALLS_PER_S:.0} durable calls/s",
+            per_s / f64::from(scale.actors),
+            calls.tick as f64 / virtual_s.max(1e-9),
+            100.0 * per_s / HUB_DURABLE_CALLS_PER_S
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use aurora_control::Rejection;
+
     use super::super::testbed::PAPER_NETWORK;
     use super::*;
+
+    /// The control core at 1,000 actors, 64,000 prompts a step and spot preemptions:
+    /// what must hold of it beyond the driver's own checks (which it passed, or there
+    /// would be no report).
+    #[test]
+    fn the_core_at_scale_completes_every_step_and_accounts_for_every_lease() {
+        let beyond = analyse(&TcpModel::calibrated(), &PAPER_NETWORK).unwrap();
+        let core = &beyond.core;
+        let report = &core.report;
+        let steps = report.steps.len() as u64;
+        assert_eq!(steps, u64::from(core.steps_asked));
+        assert!(report.steps.iter().all(|step| !step.partial));
+        assert!(!core.preempted.is_empty(), "the run preempts no one");
+        // Every prompt accepted once; every lease granted again follows exactly one
+        // lease that ended without a result: an expiry or a departure (no actor
+        // misbehaves here, so no result is rejected for its content).
+        assert_eq!(report.stats.accepted, u64::from(core.batch_size) * steps);
+        assert_eq!(
+            report.reissued_leases,
+            report.stats.expired + report.returned_leases
+        );
+        for reason in [
+            Rejection::WrongVersion,
+            Rejection::WrongHash,
+            Rejection::TokenCountOutOfRange,
+        ] {
+            assert!(!report.stats.rejected.contains_key(&reason), "{reason:?}");
+        }
+        // A preempted actor loses at most the leases it held: its share of a step,
+        // which its estimate may make up to twice the even share.
+        let share = u64::from(core.batch_size) / u64::from(core.scale.actors);
+        assert!(report.returned_leases <= 2 * share * core.preempted.len() as u64);
+        // After the warm-up no step stalls, preempted or not: within a quarter of the
+        // analytical generation (the slowest actor's draw of long groups, and the
+        // tail of re-issued prompts, are the difference).
+        let costs = Costs {
+            tcp: TcpModel::calibrated(),
+            network: PAPER_NETWORK,
+            rates: core.rates_per_actor(),
+        };
+        let generation_s = costs.generation_s(&core.scale.model);
+        for (index, (seconds, _)) in core.steps().into_iter().enumerate().skip(CORE_WARM_UP) {
+            assert!(
+                seconds < 1.25 * generation_s,
+                "step {index}: {seconds:.1} s against {generation_s:.1} s of generation"
+            );
+        }
+        // One heartbeat a second per actor, and every other call counted.
+        let rates = core.rates_per_actor();
+        assert!((0.9..=1.1).contains(&rates.heartbeats_per_s), "{rates:?}");
+        let calls = &report.calls;
+        assert!(
+            calls.claim >= calls.submit && calls.submit >= steps * 900,
+            "{calls:?}"
+        );
+        assert!(core.idle_share() < 0.3, "idle {:.3}", core.idle_share());
+        // The control plane's budget is charged with what the run counted.
+        let control = |scale: &ScaleOutcome| {
+            scale
+                .limits
+                .iter()
+                .find(|limit| limit.resource == "control plane")
+                .map(|l| l.utilisation)
+        };
+        let measured = calls.requests() as f64 / core.virtual_s() / HUB_DURABLE_CALLS_PER_S;
+        let modelled = beyond.scales.last().and_then(control).unwrap();
+        assert!(
+            (modelled / measured - 1.0).abs() < 0.25,
+            "{modelled} against {measured}"
+        );
+    }
 
     #[test]
     fn the_threshold_search_finds_the_first_saturating_value() {
@@ -368,6 +720,10 @@ mod tests {
         let costs = Costs {
             tcp: TcpModel::calibrated(),
             network: PAPER_NETWORK,
+            rates: ControlRates {
+                heartbeats_per_s: 1.0,
+                calls_per_step: 3.0,
+            },
         };
         let scale = |actors| ScaleStep {
             regions: 16,
@@ -391,6 +747,10 @@ mod tests {
         let costs = Costs {
             tcp: TcpModel::calibrated(),
             network: PAPER_NETWORK,
+            rates: ControlRates {
+                heartbeats_per_s: 1.0,
+                calls_per_step: 3.0,
+            },
         };
         let scale = ScaleStep {
             regions: 5,

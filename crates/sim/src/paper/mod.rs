@@ -25,7 +25,7 @@ mod timeline;
 use aurora_control::SplitPolicy;
 
 pub use baselines::{Deployment, System};
-pub use beyond::{Beyond, ResourceLimit, ScaleOutcome, ScaleStep};
+pub use beyond::{Beyond, CoreAtScale, ResourceLimit, ScaleOutcome, ScaleStep};
 pub use calibration::Encoding;
 pub use report::{FLAG_THRESHOLD, PaperFigure, PaperReport, Row, Section};
 pub use tcp::{CongestionControl, Link, TcpModel};
@@ -78,7 +78,7 @@ pub fn paper_evaluation() -> Result<PaperReport, Violation> {
         wan_loss,
         transport_check: transport_check(&tcp),
         sections,
-        beyond: beyond::analyse(&tcp, &network),
+        beyond: beyond::analyse(&tcp, &network)?,
     })
 }
 
