@@ -6,8 +6,9 @@
 //! record and what the call changed besides the core (accepted payloads, tokens);
 //! only then does the caller get the answer, and do waiters on the core
 //! ([`Hub::wait_for`]) look again. The commit is synced to disk unless the call
-//! promised nothing a restart must keep (module `journal` says which). The cost of a call is therefore what it
-//! changed, not the size of the state (module `store` explains the checkpoints).
+//! promised nothing a restart must keep (module `journal` says which). The cost of a
+//! call is therefore what it changed, not the size of the state (module `store`
+//! explains the checkpoints).
 //!
 //! # A failed commit stops the hub
 //!
