@@ -4,8 +4,11 @@
 //! under the lock, read the clock, apply the command to the live core, drain its
 //! events into the log, and commit one transaction holding the command's journal
 //! record and what the call changed besides the core (accepted payloads, tokens);
-//! only then does the caller get the answer. The cost of a call is therefore what it
-//! changed, not the size of the state (module `store` explains the checkpoints).
+//! only then does the caller get the answer, and do waiters on the core
+//! ([`Hub::wait_for`]) look again. The commit is synced to disk unless the call
+//! promised nothing a restart must keep (module `journal` says which). The cost of a
+//! call is therefore what it changed, not the size of the state (module `store`
+//! explains the checkpoints).
 //!
 //! # A failed commit stops the hub
 //!
@@ -142,6 +145,9 @@ pub struct Hub {
     refusals: Refusals,
     /// Becomes true once the hub has stopped, for whoever serves it to exit on.
     stopped: tokio::sync::watch::Sender<bool>,
+    /// Counts the calls saved, so that [`Hub::wait_for`] wakes on each change of the
+    /// core instead of polling it.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// What changes with every call, under one lock.
@@ -186,6 +192,7 @@ impl Hub {
             leases_issued: AtomicU64::new(0),
             refusals: Refusals::default(),
             stopped: tokio::sync::watch::Sender::new(false),
+            changes: tokio::sync::watch::Sender::new(0),
         };
         // Resuming changes the state, so it is journaled like any call: a later replay
         // must repeat it to reach the state the following calls were made on.
@@ -420,6 +427,25 @@ impl Hub {
         )
     }
 
+    /// Waits until `ready` finds what it looks for in the core (as [`Hub::inspect`]
+    /// shows it), looking again after every call that changed it: the trainer learns
+    /// that every actor staged a version, or that a step completed, as the call that
+    /// made it so returns, not at its next poll. Never resolves if the core never gets
+    /// there: callers bound the wait.
+    pub async fn wait_for<T>(&self, mut ready: impl FnMut(&ControlPlane) -> Option<T>) -> T {
+        let mut changes = self.changes.subscribe();
+        loop {
+            // Marked seen before the look, so that a call saved after the look wakes
+            // the wait below.
+            changes.borrow_and_update();
+            if let Some(found) = self.inspect(&mut ready) {
+                return found;
+            }
+            // The sender lives in `self`, so the channel cannot close while this waits.
+            let _ = changes.changed().await;
+        }
+    }
+
     /// Reads the core unless the hub has stopped, so that what it shows is on disk
     /// (for status and metrics).
     pub fn read<T>(&self, read: impl FnOnce(&ControlPlane) -> T) -> Result<T, CallError> {
@@ -516,9 +542,10 @@ impl Hub {
             at: now,
             call: command.into(),
         };
-        if let Err(error) = self
-            .store
-            .commit(&mut live.journal, &live.core, &record, &changes)
+        let durable = C::durable(&output);
+        if let Err(error) =
+            self.store
+                .commit(&mut live.journal, &live.core, &record, &changes, durable)
         {
             live.stopped = true;
             self.stopped.send_replace(true);
@@ -535,6 +562,8 @@ impl Hub {
         if let Some((actor, hash)) = changes.issued_token {
             tokens.insert(actor, hash);
         }
+        self.changes
+            .send_modify(|saved| *saved = saved.wrapping_add(1));
         Ok(output)
     }
 }

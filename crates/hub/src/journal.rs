@@ -7,6 +7,28 @@
 //! checkpoint through the same `apply`. The core is deterministic (the same calls at
 //! the same times give the same state), so the replay rebuilds exactly the state the
 //! live calls left, while each record holds only what its call was given.
+//!
+//! # Which calls wait for the disk
+//!
+//! Every call is journaled, in the order it ran, but not every call is synced to disk
+//! before its answer ([`Command::durable`]). A call whose answer promises nothing the
+//! caller relies on after a crash is committed without an fsync: a heartbeat, and a
+//! claim that granted no lease ("no work", "no open step", "catch up", "leaving").
+//! All they change is when an actor was last heard from, and what was due by then
+//! (expired leases, ended preemption windows), which the restart's [`Resume`] does
+//! again at its own time and whose silence it forgives. redb makes such a commit
+//! durable with the next synced one, so what a crash can lose is always a suffix of the
+//! journal made of these calls only: the state after a restart is one the live hub
+//! passed through, followed by `Resume`, as if those calls had never arrived.
+//!
+//! Everything else is synced before it is answered: a lease granted (only its holder's
+//! results are accepted), an acceptance (the trainer gets it once), a registration (its
+//! token), a published version, an opened or taken step, a leave or preemption, a tick
+//! that applied something due, and a version report. The last is on the path from a
+//! staged delta to the trainer's next step, but an actor reports its versions once per
+//! change (`aurora_node::ActorNode`), and one whose report was lost would be answered
+//! `catch_up` for a version it holds, which it does not report again: a lost report
+//! would leave it idle.
 
 use aurora_control::{
     Accepted, ActorId, Assignment, ControlPlane, MembershipError, Millis, OpenStepError, PromptId,
@@ -23,6 +45,12 @@ pub(crate) trait Command: Into<Call> {
     /// Runs the call on `core` at `now`. The only place that maps a command to the
     /// core's methods, for live calls and replays alike, so the two cannot differ.
     fn apply(&self, core: &mut ControlPlane, now: Millis) -> Self::Output;
+
+    /// Whether the call, having answered `output`, must be on disk before the answer
+    /// is sent (see the module documentation); most must.
+    fn durable(_output: &Self::Output) -> bool {
+        true
+    }
 }
 
 /// One journal record: a command and the time it ran at.
@@ -158,6 +186,11 @@ impl Command for Heartbeat {
     fn apply(&self, core: &mut ControlPlane, now: Millis) -> Self::Output {
         core.heartbeat(self.actor, now)
     }
+
+    /// A heartbeat only says the actor was heard from, which a restart forgives.
+    fn durable(_: &Self::Output) -> bool {
+        false
+    }
 }
 
 /// [`ControlPlane::report_versions`].
@@ -188,6 +221,12 @@ impl Command for Claim {
 
     fn apply(&self, core: &mut ControlPlane, now: Millis) -> Self::Output {
         (core.claim(self.actor, now), now)
+    }
+
+    /// Only a granted lease is a promise: the idle actors' claims, many a second
+    /// between steps, change nothing a restart needs.
+    fn durable((assignment, _): &Self::Output) -> bool {
+        matches!(assignment, Ok(Assignment::Work { leases, .. }) if !leases.is_empty())
     }
 }
 

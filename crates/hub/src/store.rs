@@ -17,11 +17,14 @@
 //!   next can read them again.
 //! * `actor_tokens: actor -> hash`: the BLAKE3 hash of each member's current token.
 //!
-//! Every call is one write transaction committed with redb's default durability
-//! (fsync before `commit` returns), so a reader after a crash sees the state before
+//! Every call is one write transaction, so a reader after a crash sees the state before
 //! the call or after it, never a torn one, and never an acceptance without its
 //! payload. The transaction holds the call's record, the payloads it accepted and the
-//! tokens it issued or revoked: what the call changed, not the whole state.
+//! tokens it issued or revoked: what the call changed, not the whole state. A call
+//! that must survive a crash is committed with redb's default durability (fsync before
+//! `commit` returns); one that need not ([`crate::journal`] says which) without it,
+//! and redb then persists it with the next durable commit, in order: a crash loses at
+//! most the non-durable commits after the last durable one, never one before it.
 //!
 //! # Checkpoints
 //!
@@ -37,7 +40,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use aurora_control::{ActorId, ControlPlane, PromptId, RestoreError, Snapshot, StepId};
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 use serde_json::value::RawValue;
 use thiserror::Error;
 
@@ -291,13 +296,16 @@ impl StateStore {
 
     /// Saves one call in one transaction: its `record` (or, when the journal has
     /// grown to the checkpoint's size, a checkpoint of `core`, the state after the
-    /// call) and its `changes`. When this returns `Ok`, a crash cannot lose them.
+    /// call) and its `changes`. When this returns `Ok` and the call was `durable`, a
+    /// crash cannot lose them; otherwise they are on disk once a later durable call
+    /// returns.
     pub(crate) fn commit(
         &self,
         journal: &mut Journal,
         core: &ControlPlane,
         record: &Record,
         changes: &Changes<'_>,
+        durable: bool,
     ) -> Result<(), PersistError> {
         let record = serde_json::to_vec(record)?;
         let seq = journal.next;
@@ -308,7 +316,13 @@ impl StateStore {
         } else {
             None
         };
-        let txn = self.db.begin_write().map_err(redb::Error::from)?;
+        let mut txn = self.db.begin_write().map_err(redb::Error::from)?;
+        if !durable {
+            // Refused only after a persistent savepoint changed in the transaction,
+            // and the hub makes none.
+            txn.set_durability(Durability::None)
+                .map_err(redb::Error::from)?;
+        }
         {
             let mut records = txn.open_table(JOURNAL).map_err(redb::Error::from)?;
             match &checkpoint {

@@ -392,3 +392,92 @@ async fn a_call_that_cannot_be_saved_stops_the_hub_until_it_restarts() {
         Ok(_) => panic!("the hub restarted without sequence numbers"),
     }
 }
+
+/// The sequence number of the next call, from [`journal`]'s answer.
+fn next_record((checkpoint, records): &(u64, Vec<(u64, String)>)) -> u64 {
+    records.last().map_or(*checkpoint, |(seq, _)| seq + 1)
+}
+
+/// The core as a restart at the clock's time would carry it on from `core`.
+fn resumed(hub: &TestHub, core: &ControlPlane) -> ControlPlane {
+    let mut core = core.clone();
+    core.resume(hub.clock.now());
+    core
+}
+
+#[test]
+fn a_crash_loses_at_most_the_idle_claims_and_heartbeats_after_the_last_synced_call() {
+    let hub = TestHub::with_config_and_step(short_leases(), &[10, 11]);
+    hub.hub.register(ActorId(1), registration(1)).unwrap();
+    assert_eq!(claim(&hub, 1).unwrap().len(), 2);
+    // A granted lease is synced before the claim is answered.
+    let leased = |hub: &TestHub| {
+        hub.hub
+            .inspect(|core| core.step_report().unwrap().leased.len())
+    };
+    assert_eq!(leased(&hub.crash_image().reopen().unwrap()), 2);
+    hub.hub.register(ActorId(2), registration(1)).unwrap();
+    let synced = (
+        journal(&hub.crash_image()),
+        hub.hub.inspect(ControlPlane::clone),
+    );
+    // Actor 2 finds nothing left, again and again, and both send heartbeats: none of
+    // these calls waits for the disk, and none is a promise a restart must keep.
+    for _ in 0..20 {
+        hub.clock.advance(50);
+        assert_eq!(claim(&hub, 2).unwrap(), []);
+        hub.hub.heartbeat(ActorId(1)).unwrap();
+    }
+    let image = hub.crash_image();
+    assert_eq!(journal(&image), synced.0, "an idle call was synced");
+    // A process killed now restarts from the last synced call: a state the live hub
+    // passed through, carried on by the restart.
+    let restarted = image.reopen().unwrap();
+    assert_eq!(
+        restarted.hub.inspect(ControlPlane::clone),
+        resumed(&hub, &synced.1)
+    );
+
+    // A call that waits for the disk takes the unsynced ones before it along.
+    hub.hub.register(ActorId(3), registration(1)).unwrap();
+    let image = hub.crash_image();
+    assert_eq!(next_record(&journal(&image)), next_record(&synced.0) + 41);
+    assert_eq!(
+        image.reopen().unwrap().hub.inspect(ControlPlane::clone),
+        resumed(&hub, &hub.hub.inspect(ControlPlane::clone)),
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_on_the_core_wakes_on_the_call_that_satisfies_it_without_polling() {
+    let hub = TestHub::with_step(&[10]);
+    hub.hub.register(ActorId(1), registration(1)).unwrap();
+    let waiting = hub.hub.clone();
+    let staged = tokio::spawn(async move {
+        waiting
+            .wait_for(|core| {
+                core.member(ActorId(1))
+                    .and_then(|member| member.staged)
+                    .filter(|&staged| staged >= Version(2))
+            })
+            .await
+    });
+    // The waiter looks once and finds nothing; calls that change other things wake it
+    // to look again, and it goes back to waiting.
+    tokio::task::yield_now().await;
+    hub.hub.heartbeat(ActorId(1)).unwrap();
+    hub.hub
+        .publish_version(Version(2), hash(Version(2)))
+        .unwrap();
+    tokio::task::yield_now().await;
+    assert!(!staged.is_finished());
+
+    let reported = tokio::time::Instant::now();
+    hub.hub
+        .report_versions(ActorId(1), Version(1), Some(Version(2)))
+        .unwrap();
+    assert_eq!(staged.await.unwrap(), Version(2));
+    // The clock is paused and advances only when every task sleeps: a waiter that
+    // polled on a timer would have moved it.
+    assert_eq!(reported.elapsed(), Duration::ZERO);
+}

@@ -234,8 +234,19 @@ async fn report_versions(
                 active,
                 staged,
             };
+            let reporting = std::time::Instant::now();
             match client.post::<_, Ack>("/v1/versions", &request).await {
-                Ok(_) => reported = Some((active, staged)),
+                Ok(_) => {
+                    // The report's round trip is on the path from a staged version to
+                    // the trainer's next step: logged to tell it from the staging.
+                    tracing::debug!(
+                        active,
+                        staged,
+                        report_s = reporting.elapsed().as_secs_f64(),
+                        "versions reported"
+                    );
+                    reported = Some((active, staged));
+                }
                 Err(error) => {
                     tracing::warn!("reporting versions: {error}");
                     tokio::time::sleep(RETRY).await;

@@ -388,22 +388,20 @@ impl TrainerNode {
         Ok(results.filter(|results| results.outcome.step == StepId(step)))
     }
 
-    /// Waits up to `timeout` for the open step to complete.
+    /// Waits up to `timeout` for the open step to complete, woken by the call that
+    /// completes it.
     pub async fn wait_step(&self, timeout: Duration) -> Result<StepResults, NodeError> {
-        const POLL: Duration = Duration::from_millis(20);
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(results) = self.take_step()? {
-                return Ok(results);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(NodeError::Timeout {
-                    what: "the step's completion".into(),
-                    timeout,
-                });
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        let completed = self.hub.wait_for(|core| core.step_outcome().map(|_| ()));
+        tokio::time::timeout(timeout, completed)
+            .await
+            .map_err(|_| NodeError::Timeout {
+                what: "the step's completion".into(),
+                timeout,
+            })?;
+        // Only this node takes outcomes, so the one just seen is still there.
+        self.take_step()?.ok_or_else(|| {
+            NodeError::Usage("the completed step's outcome was taken by another caller".into())
+        })
     }
 
     fn set_latest(&self, version: u64, hash: Hash, image: Option<Arc<Vec<u8>>>) {
@@ -483,6 +481,70 @@ mod tests {
                 Arc::new(image)
             })
             .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_step_wait_ends_with_the_submission_that_completes_the_step_or_times_out() {
+        use aurora_api::RolloutResult;
+        use aurora_control::{
+            ActorId, Assignment, Capabilities, Region, Registration, RolloutReport,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let trust = NodeTrust::insecure_plaintext("fleet").unwrap();
+        let node = Arc::new(
+            TrainerNode::start(TrainerSettings::new(dir.path(), trust))
+                .await
+                .unwrap(),
+        );
+        let image = images(1).remove(0);
+        let publishing = node.clone();
+        let v0 = tokio::task::spawn_blocking(move || {
+            publishing.publish_first(0, &Checkpoint::from_safetensors(&image).unwrap())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        node.open_step(&[5]).unwrap();
+        let timeout = Duration::from_millis(50);
+        let error = node.wait_step(timeout).await.unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("the step's completion did not happen"),
+            "{error}"
+        );
+
+        let waiting = node.clone();
+        let completed =
+            tokio::spawn(async move { waiting.wait_step(Duration::from_secs(60)).await });
+        let (hub, actor) = (node.hub(), ActorId(1));
+        let registration = Registration {
+            region: Region::new("us").unwrap(),
+            capabilities: Capabilities { can_relay: false },
+            active: Version(0),
+            staged: None,
+        };
+        hub.register(actor, registration).unwrap();
+        let Assignment::Work { leases, .. } = hub.claim(actor).unwrap().0 else {
+            panic!("no work for the only actor");
+        };
+        let results: Vec<RolloutResult> = leases
+            .iter()
+            .map(|grant| RolloutResult {
+                report: RolloutReport {
+                    lease: grant.lease,
+                    version: grant.version,
+                    weights_hash: WeightsHash(v0.weights_hash.0),
+                    tokens: 10,
+                },
+                payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+            })
+            .collect();
+        hub.submit(actor, &results).unwrap();
+        let results = completed.await.unwrap().unwrap();
+        assert_eq!(results.outcome.accepted, [(PromptId(5), actor)]);
+        // Taken once: the next wait finds no completed step.
+        assert!(node.wait_step(timeout).await.is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,8 +27,6 @@ use serde::{Deserialize, Serialize};
 use super::config::{RunConfig, SyncMode};
 use super::report::{ActorRecord, StepRecord, StepTimes, sync_held_s};
 
-/// How often the trainer looks at the control plane while it waits.
-const POLL: Duration = Duration::from_millis(20);
 /// Longest wait for a step's rollouts: the lease machinery hands the prompts of a dead
 /// actor to the others long before.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -485,20 +483,17 @@ async fn measure_activation(
     seconds
 }
 
-/// When the control plane has step `step` complete (its last result accepted), as seen
-/// by polling it.
+/// When the control plane has step `step` complete (its last result accepted), as the
+/// call that completed it returns.
 async fn until_generated(hub: Arc<Hub>, step: u64) -> Instant {
-    loop {
-        let done = hub.inspect(|core| {
-            core.step_progress().is_some_and(|progress| {
+    hub.wait_for(|core| {
+        core.step_progress()
+            .is_some_and(|progress| {
                 progress.step.0 > step || (progress.step.0 == step && progress.completion.is_some())
             })
-        });
-        if done {
-            return Instant::now();
-        }
-        tokio::time::sleep(POLL).await;
-    }
+            .then(Instant::now)
+    })
+    .await
 }
 
 /// The accepted rollouts of a step, validated: an actor could send anything.
@@ -605,18 +600,19 @@ async fn until_every_actor(
     since: Instant,
     condition: impl Fn(&aurora_control::Member) -> bool,
 ) -> f64 {
-    let deadline = since + Duration::from_secs(60);
-    loop {
-        let done = hub.inspect(|core| {
-            core.members()
-                .values()
-                .filter(|m| m.leaving_at.is_none())
-                .all(&condition)
-        });
-        if done || Instant::now() > deadline {
-            return since.elapsed().as_secs_f64();
-        }
-        tokio::time::sleep(POLL).await;
+    let deadline = tokio::time::Instant::from_std(since) + Duration::from_secs(60);
+    // Woken by each call that changes the core, so the time is that of the report
+    // that satisfied the condition, not of a poll after it.
+    let satisfied = hub.wait_for(|core| {
+        core.members()
+            .values()
+            .filter(|m| m.leaving_at.is_none())
+            .all(&condition)
+            .then(Instant::now)
+    });
+    match tokio::time::timeout_at(deadline, satisfied).await {
+        Ok(at) => at.duration_since(since).as_secs_f64(),
+        Err(_) => since.elapsed().as_secs_f64(),
     }
 }
 

@@ -61,6 +61,23 @@ impl TestHub {
         self.stop().reopen().unwrap()
     }
 
+    /// The database as a process killed now would leave it, in a hub stopped
+    /// beside this one (on the same clock): the file's bytes as the operating system
+    /// holds them, which is what outlives the process, copied while the hub runs.
+    pub fn crash_image(&self) -> StoppedHub {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            self.dir.path().join("hub.redb"),
+            dir.path().join("hub.redb"),
+        )
+        .unwrap();
+        StoppedHub {
+            clock: self.clock.clone(),
+            control: self.control.clone(),
+            dir,
+        }
+    }
+
     /// Stops the hub, leaving its database and clock.
     pub fn stop(self) -> StoppedHub {
         let TestHub {
