@@ -24,9 +24,11 @@ use crate::error::{DeltaError, Result};
 use crate::format::DeltaHeader;
 use crate::image::Spill;
 
-/// Changes read back and swapped in at once, in bytes of the spill (a chunk larger than
-/// this, a dense one of up to 16 Mi elements, goes alone).
-const BATCH_BYTES: usize = 64 << 20;
+/// Changes read back and swapped in at once, in bytes of the spill (a larger chunk goes
+/// alone): what an activation holds in memory, whatever the delta's size. Extraction
+/// makes chunks of at most 8 MiB of tensor data, so a batch still gives every core
+/// several chunks to swap in parallel.
+const BATCH_BYTES: usize = 16 << 20;
 
 /// Bytes of a sparse change's position in the spill.
 const POSITION_BYTES: usize = 4;
@@ -48,20 +50,24 @@ struct SpilledChunk {
 
 impl SpilledChunk {
     fn load(&self) -> Result<PatchChunk> {
-        let mut bytes = vec![0u8; self.len];
-        self.spill
-            .read_at(self.at, &mut bytes)
-            .map_err(|reason| self.failed("reading", reason))?;
+        let read = |at: u64, len: usize| {
+            let mut bytes = vec![0u8; len];
+            self.spill
+                .read_at(at, &mut bytes)
+                .map_err(|reason| self.failed("reading", reason))
+                .map(|()| bytes)
+        };
         let changes = match self.positions {
             Some(count) => {
-                let values = bytes.split_off(count * POSITION_BYTES);
-                let positions = bytes
+                let positions_len = count * POSITION_BYTES;
+                let positions = read(self.at, positions_len)?
                     .chunks_exact(POSITION_BYTES)
                     .map(|p| u32::from_le_bytes(p.try_into().expect("four bytes")))
                     .collect();
+                let values = read(self.at + positions_len as u64, self.len - positions_len)?;
                 Changes::Sparse { positions, values }
             }
-            None => Changes::Dense(bytes),
+            None => Changes::Dense(read(self.at, self.len)?),
         };
         Ok(PatchChunk {
             tensor: self.range.tensor,
