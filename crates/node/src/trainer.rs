@@ -483,19 +483,23 @@ mod tests {
             .collect()
     }
 
+    /// A trainer node over plaintext in a fresh directory (kept alive by the caller).
+    async fn started() -> (tempfile::TempDir, Arc<TrainerNode>) {
+        let dir = tempfile::tempdir().unwrap();
+        let trust = NodeTrust::insecure_plaintext("fleet").unwrap();
+        let node = TrainerNode::start(TrainerSettings::new(dir.path(), trust))
+            .await
+            .unwrap();
+        (dir, Arc::new(node))
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_step_wait_ends_with_the_submission_that_completes_the_step_or_times_out() {
         use aurora_api::RolloutResult;
         use aurora_control::{
             ActorId, Assignment, Capabilities, Region, Registration, RolloutReport,
         };
-        let dir = tempfile::tempdir().unwrap();
-        let trust = NodeTrust::insecure_plaintext("fleet").unwrap();
-        let node = Arc::new(
-            TrainerNode::start(TrainerSettings::new(dir.path(), trust))
-                .await
-                .unwrap(),
-        );
+        let (_dir, node) = started().await;
         let image = images(1).remove(0);
         let publishing = node.clone();
         let v0 = tokio::task::spawn_blocking(move || {
@@ -549,13 +553,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_the_image_published_last_and_still_held_skips_the_base_check() {
-        let dir = tempfile::tempdir().unwrap();
-        let trust = NodeTrust::insecure_plaintext("fleet").unwrap();
-        let node = Arc::new(
-            TrainerNode::start(TrainerSettings::new(dir.path(), trust))
-                .await
-                .unwrap(),
-        );
+        let (_dir, node) = started().await;
         let images = images(4);
         let publishing = node.clone();
         tokio::task::spawn_blocking(move || {
