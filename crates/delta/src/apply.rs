@@ -338,18 +338,13 @@ impl Patch {
         buffer: &mut [u8],
         layout: &[TensorLayout],
     ) -> Result<()> {
-        self.swap_into(buffer, layout, Threads::Pool)
-    }
-
-    /// Swaps the changes into `buffer` (laid out as `layout`), on the current rayon pool
-    /// or on the calling thread alone.
-    fn swap_into(
-        &mut self,
-        buffer: &mut [u8],
-        layout: &[TensorLayout],
-        threads: Threads,
-    ) -> Result<()> {
-        swap_chunks(&self.header, &mut self.chunks, buffer, layout, threads)
+        swap_chunks(
+            &self.header,
+            &mut self.chunks,
+            buffer,
+            layout,
+            Threads::Pool,
+        )
     }
 
     /// Where each chunk lies in a buffer of `buffer_len` bytes (see [`placements`]).
@@ -696,8 +691,7 @@ pub(crate) enum Threads {
 /// written from bytes that were not the trainer's, fails the weights hash at
 /// [`TargetImage::finish`].
 pub struct TargetImage {
-    /// The artifact's header, and the chunks of the segment being written.
-    patch: Patch,
+    header: DeltaHeader,
     image: Image,
     layout: Vec<TensorLayout>,
 }
@@ -723,39 +717,37 @@ impl TargetImage {
             .collect::<Result<Vec<_>>>()?;
         let (image, layout) = safetensors_image(space, initial)?;
         Ok(TargetImage {
-            patch: Patch {
-                header,
-                chunks: Vec::new(),
-            },
+            header,
             image,
             layout,
         })
     }
 
     pub fn header(&self) -> &DeltaHeader {
-        &self.patch.header
+        &self.header
     }
 
     /// Writes one segment's decoded chunks in place (each checked to lie inside its
     /// tensor, none overlapping another of the segment), on the calling thread alone:
     /// the caller may hold a lock around it, and a rayon worker waiting inside a lock
     /// can take another task that waits on the same lock.
-    pub fn write(&mut self, chunks: Vec<PatchChunk>) -> Result<()> {
-        self.patch.chunks = chunks;
-        let written = self
-            .patch
-            .swap_into(&mut self.image, &self.layout, Threads::Caller);
-        self.patch.chunks.clear();
-        written
+    pub fn write(&mut self, mut chunks: Vec<PatchChunk>) -> Result<()> {
+        swap_chunks(
+            &self.header,
+            &mut chunks,
+            &mut self.image,
+            &self.layout,
+            Threads::Caller,
+        )
     }
 
     /// The finished image and its layout, once its weights hash is the artifact's
     /// target hash.
     pub fn finish(self) -> Result<(Image, Vec<TensorLayout>, Hash)> {
         let actual = Checkpoint::from_layout(&self.image, &self.layout)?.weights_hash();
-        if actual != self.patch.header.target_hash {
+        if actual != self.header.target_hash {
             return Err(DeltaError::TargetMismatch {
-                expected: self.patch.header.target_hash,
+                expected: self.header.target_hash,
                 actual,
             });
         }

@@ -163,10 +163,6 @@ impl SpilledChunks {
         Ok(SpilledChunks { chunks: spilled })
     }
 
-    pub fn len(&self) -> usize {
-        self.chunks.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.chunks.is_empty()
     }
