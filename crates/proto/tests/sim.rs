@@ -391,9 +391,14 @@ const JOINER: usize = 9;
 /// first.
 const ROGUE: usize = 10;
 
-fn sender_config(role: Role, name: &str, store_backed: bool) -> SenderConfig {
+/// A sender of the simulation; without `hedging`, overdue versions are never sent again
+/// (wire-protocol §5.13), so any segment a receiver gets twice was resent by resume.
+fn sender_config(role: Role, name: &str, store_backed: bool, hedging: bool) -> SenderConfig {
     let mut config = SenderConfig::new(identity(role, name), Auth::Shared(TOKEN.to_vec()));
     config.store_backed = store_backed;
+    if !hedging {
+        config.hedge_max_bytes = 0;
+    }
     config.keepalive_interval = Duration::from_millis(200);
     config.stall_timeout = Duration::from_secs(3);
     config.handshake_timeout = Duration::from_secs(1);
@@ -444,11 +449,11 @@ fn version_ref(version: u64) -> VersionRef {
 impl Sim {
     /// A run under the faults `seed` picks; with `rogue`, a malicious relay in the
     /// region of `RELAYS[0]` that its actors dial first.
-    fn new(seed: u64, rogue: bool) -> Sim {
+    fn new(seed: u64, rogue: bool, hedging: bool) -> Sim {
         let mut rng = Rng(seed);
         let start = Instant::now();
         let mut peers = Vec::new();
-        let mut hub = Sender::new(sender_config(Role::Hub, "hub", true));
+        let mut hub = Sender::new(sender_config(Role::Hub, "hub", true, hedging));
         hub.set_loadable(None);
         hub.set_snapshots([0]);
         peers.push(Peer::new(Node::hub(hub), "hub", vec![], None));
@@ -456,7 +461,7 @@ impl Sim {
             let name = format!("relay{i}");
             let node = Node::relay(
                 receiver(Role::Relay, &name, 2, version_ref(0)),
-                Sender::new(sender_config(Role::Relay, &name, false)),
+                Sender::new(sender_config(Role::Relay, &name, false, hedging)),
                 version_ref(0),
             );
             peers.push(Peer::new(node, &name, vec![HUB], Some(0)));
@@ -491,7 +496,7 @@ impl Sim {
         if rogue {
             // It checks nothing it is given: it serves what it forged, snapshots included
             // (it poses as a hub with a store).
-            let mut config = sender_config(Role::Relay, "rogue", true);
+            let mut config = sender_config(Role::Relay, "rogue", true, hedging);
             config.trainer_key = None;
             let mut rogue = Sender::new(config);
             rogue.set_snapshots([0]);
@@ -1159,11 +1164,11 @@ impl Peer {
 }
 
 fn run(seed: u64) -> Sim {
-    run_with(seed, false)
+    run_with(seed, false, true)
 }
 
-fn run_with(seed: u64, rogue: bool) -> Sim {
-    let mut sim = Sim::new(seed, rogue);
+fn run_with(seed: u64, rogue: bool, hedging: bool) -> Sim {
+    let mut sim = Sim::new(seed, rogue, hedging);
     sim.run();
     let expected = &chain().images[VERSIONS as usize];
     for peer in &sim.peers[1..=JOINER] {
@@ -1208,7 +1213,7 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
     };
     let mut total = Faults::default();
     for seed in seeds.iter().copied() {
-        let f = run(seed).faults;
+        let f = run_with(seed, false, false).faults;
         // Resuming never sends a receiver a segment it already holds: lost streams and
         // new sessions report exactly what arrived. Only a nack can cost a duplicate (it
         // is sent again when its stream dies, though it may have arrived).
@@ -1249,6 +1254,29 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
     eprintln!("faults over {} seeds: {total:?}", seeds.len());
 }
 
+/// With overdue versions sent again (the default), the same faults end with every
+/// actor on the hub's bytes, and the copies were made.
+#[test]
+fn every_actor_ends_byte_identical_with_overdue_versions_sent_again() {
+    let seeds: Vec<u64> = match std::env::var("AURORA_SIM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("AURORA_SIM_SEED is a number")],
+        Err(_) => (0..SEEDS).collect(),
+    };
+    let mut hedged = 0;
+    for seed in seeds.iter().copied() {
+        let mut sim = run_with(seed, false, true);
+        let hub = sim.peers[HUB].node.as_mut().unwrap().sender_mut().unwrap();
+        hedged += hub.stats().frames_hedged;
+    }
+    if seeds.len() > 1 {
+        assert!(
+            hedged > 0,
+            "no version was ever overdue over {} seeds",
+            seeds.len()
+        );
+    }
+}
+
 #[test]
 fn the_simulation_is_deterministic() {
     let a = run(7);
@@ -1266,7 +1294,7 @@ fn a_malicious_relay_is_refused_by_every_actor_and_the_honest_path_is_unaffected
     for seed in seeds {
         // `run_with` checks that every live peer ends on the published weights, and
         // every activation panics on other weights: a forged delta never activates.
-        let sim = run_with(seed, true);
+        let sim = run_with(seed, true, true);
         for (i, peer) in sim.peers[3..JOINER].iter().enumerate() {
             let node = 3 + i;
             let refused = sim.refused.get(&node).copied().unwrap_or(0);

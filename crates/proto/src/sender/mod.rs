@@ -42,7 +42,9 @@ use aurora_delta::{DeltaError, Hash, SignatureError, VerifyingKey};
 use self::artifacts::Artifact;
 pub use self::artifacts::{ArtifactKey, StoredArtifact, offer_signature};
 pub use self::auth::Auth;
-use self::session::{Conn, Session, next_artifact_frame};
+use self::session::{
+    Conn, Hedge, Session, hedgeable, next_artifact_frame, next_hedge_frame, session_artifact,
+};
 use crate::frame::{Commit, Frame, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
 use crate::snapshot::NotASnapshot;
 use crate::{ConnId, Identity};
@@ -68,6 +70,14 @@ pub struct SenderConfig {
     pub handshake_timeout: Duration,
     pub keepalive_interval: Duration,
     pub stall_timeout: Duration,
+    /// A version no larger than this whose Want has not come back in twice the
+    /// session's delivery time (`hedge_first` before there is one) goes out once more,
+    /// each frame on a stream other than its own (§5.13); 0 never.
+    pub hedge_max_bytes: u64,
+    pub hedge_first: Duration,
+    /// The least wait before a version is sent again, however fast the session: below
+    /// it a late Want is a busy receiver's event loop more likely than a stalled stream.
+    pub hedge_min: Duration,
     /// The trainer's public key, where the deployment signs: every artifact and Commit
     /// this sender is given must carry the trainer's signature, or it is refused and
     /// never served (docs/security.md).
@@ -89,6 +99,9 @@ impl SenderConfig {
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(2),
             stall_timeout: Duration::from_secs(30),
+            hedge_max_bytes: 4 << 20,
+            hedge_first: Duration::from_millis(200),
+            hedge_min: Duration::from_millis(50),
             trainer_key: None,
         }
     }
@@ -186,6 +199,8 @@ pub struct SenderStats {
     /// Loads the driver deferred (over its build budget): the sessions wanting them
     /// were told to come back later.
     pub loads_deferred: u64,
+    /// Frames of overdue versions sent once more on another stream (§5.13).
+    pub frames_hedged: u64,
 }
 
 /// Ended sessions remembered so that a replayed Hello cannot revive one.
@@ -330,7 +345,7 @@ impl Sender {
             .map(|(id, _)| *id)
             .collect();
         for conn in ids {
-            if let Some((frame, close_after)) = self.next_frame(conn) {
+            if let Some((frame, close_after)) = self.next_frame(conn, now) {
                 let c = self.conns.get_mut(&conn).expect("listed above");
                 c.credit -= 1;
                 c.last_send = now;
@@ -348,7 +363,7 @@ impl Sender {
         None
     }
 
-    fn next_frame(&mut self, conn: ConnId) -> Option<(Frame, bool)> {
+    fn next_frame(&mut self, conn: ConnId, now: Instant) -> Option<(Frame, bool)> {
         let c = self.conns.get_mut(&conn)?;
         if let Some(direct) = c.direct.pop_front() {
             return Some(direct);
@@ -367,7 +382,7 @@ impl Sender {
                 // holds only one version beyond its window, this one.
                 let state = session.versions.entry(target).or_default();
                 let on = (c_stream, c_epoch);
-                return next_artifact_frame(state, artifact, key, on, &mut self.stats)
+                return next_artifact_frame(state, artifact, key, on, now, &mut self.stats)
                     .map(|frame| (frame, false));
             }
             let reason = self.why_unavailable(key)?;
@@ -386,22 +401,104 @@ impl Sender {
         for version in next_version..next_version + self.config.versions_ahead {
             let key = session.artifact_for(version);
             let Some(artifact) = self.artifacts.get(&key) else {
-                let reason = self.why_unavailable(key)?;
+                // Not published yet: waited for, and nothing after it goes first.
+                let Some(reason) = self.why_unavailable(key) else {
+                    break;
+                };
                 let session = self.sessions.get_mut(&id).expect("looked up above");
                 session.blocked = true;
                 return Some((Frame::Unavailable { version, reason }, false));
             };
             let state = session.versions.entry(version).or_default();
             let on = (c_stream, c_epoch);
-            if let Some(frame) = next_artifact_frame(state, artifact, key, on, &mut self.stats) {
+            if let Some(frame) = next_artifact_frame(state, artifact, key, on, now, &mut self.stats)
+            {
+                return Some((frame, false));
+            }
+        }
+        // Nothing new to send: the stream carries copies of overdue versions' frames.
+        let session = self.sessions.get_mut(&id).expect("looked up above");
+        for (&version, state) in session.versions.range_mut(next_version..) {
+            let key = session_artifact(session.snapshot, session.composed, version);
+            if let Some(artifact) = self.artifacts.get(&key)
+                && let Some(frame) =
+                    next_hedge_frame(state, artifact, key, c_stream, &mut self.stats)
+            {
                 return Some((frame, false));
             }
         }
         None
     }
 
+    /// When the earliest version waiting for its Want becomes overdue (§5.13).
+    fn next_hedge_at(&self) -> Option<Instant> {
+        self.sessions
+            .values()
+            .flat_map(|session| {
+                let wait = self.hedge_wait(session);
+                session
+                    .versions
+                    .iter()
+                    .filter_map(move |(&version, state)| {
+                        let key = session_artifact(session.snapshot, session.composed, version);
+                        let artifact = self.artifacts.get(&key)?;
+                        (state.hedge.is_none()
+                            && hedgeable(state, artifact, self.config.hedge_max_bytes))
+                        .then_some(state.written_at? + wait)
+                    })
+            })
+            .min()
+    }
+
+    /// Twice the session's delivery time: a version of the usual size is overdue after
+    /// that. Versions of one session differ in size by far less than that margin.
+    fn hedge_wait(&self, session: &Session) -> Duration {
+        session
+            .delivery
+            .map_or(self.config.hedge_first, |delivery| {
+                (delivery * 2).max(self.config.hedge_min)
+            })
+    }
+
+    /// Marks every version overdue at `now` to be sent again.
+    fn hedge_overdue(&mut self, now: Instant) {
+        if self.config.hedge_max_bytes == 0 {
+            return;
+        }
+        let max_bytes = self.config.hedge_max_bytes;
+        let waits: Vec<(u64, Duration)> = self
+            .sessions
+            .iter()
+            .map(|(&id, session)| (id, self.hedge_wait(session)))
+            .collect();
+        for (id, wait) in waits {
+            let session = self.sessions.get_mut(&id).expect("listed above");
+            let (snapshot, composed) = (session.snapshot, session.composed);
+            for (&version, state) in &mut session.versions {
+                let key = session_artifact(snapshot, composed, version);
+                if state.hedge.is_none()
+                    && state.written_at.is_some_and(|at| now >= at + wait)
+                    && self
+                        .artifacts
+                        .get(&key)
+                        .is_some_and(|artifact| hedgeable(state, artifact, max_bytes))
+                {
+                    tracing::debug!(
+                        peer = session.peer_id,
+                        version,
+                        "sending an overdue version again"
+                    );
+                    state.hedge = Some(Hedge::default());
+                }
+            }
+        }
+    }
+
     /// The earliest instant at which [`Sender::handle_timeout`] has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let hedge = (self.config.hedge_max_bytes > 0)
+            .then(|| self.next_hedge_at())
+            .flatten();
         self.conns
             .values()
             .map(|c| {
@@ -413,12 +510,14 @@ impl Sender {
                     c.last_send + self.config.keepalive_interval
                 }
             })
+            .chain(hedge)
             .min()
     }
 
     /// Closes handshakes that took too long, drops stalled sessions and queues
     /// keepalives on idle connections.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.hedge_overdue(now);
         let mut stalled = BTreeSet::new();
         let mut late = Vec::new();
         for (&conn, c) in &mut self.conns {

@@ -2,7 +2,7 @@
 //! state of every segment, from which the next frame a stream carries is chosen.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::SenderStats;
 use super::artifacts::{Artifact, ArtifactKey};
@@ -34,6 +34,22 @@ pub(super) struct SendVersion {
     pub(super) cursor: usize,
     /// Segments sent at least once: a later send is a resend.
     pub(super) ever_sent: BTreeSet<u32>,
+    /// When the latest frame of this version was handed out, on any stream.
+    pub(super) written_at: Option<Instant>,
+    /// The streams the Offer and the Seal went out on.
+    pub(super) offer_on: Option<u8>,
+    pub(super) seal_on: Option<u8>,
+    /// The version is overdue: its frames go out once more, each on a stream other than
+    /// its own (§5.13).
+    pub(super) hedge: Option<Hedge>,
+}
+
+/// What an overdue version has copied so far: each frame at most once.
+#[derive(Default)]
+pub(super) struct Hedge {
+    offer: bool,
+    seal: bool,
+    segments: BTreeSet<u32>,
 }
 
 impl SendVersion {
@@ -77,17 +93,30 @@ pub(super) struct Session {
     /// A version reported unavailable; nothing more is sent until the next Want.
     pub(super) blocked: bool,
     pub(super) nacks: u32,
+    /// The least time seen from a version's last frame handed out to the Want that
+    /// moved past it: a round trip plus the transfer of a version.
+    pub(super) delivery: Option<Duration>,
 }
 
 impl Session {
     /// The artifact this session is served to reach `version`: the composed delta it was
     /// chosen for, the snapshot it joins from, or else the delta.
     pub(super) fn artifact_for(&self, version: u64) -> ArtifactKey {
-        match self.composed {
-            Some((base, target)) if target == version => ArtifactKey::Composed { base, target },
-            _ if self.snapshot == Some(version) => ArtifactKey::Snapshot(version),
-            _ => ArtifactKey::Delta(version),
-        }
+        session_artifact(self.snapshot, self.composed, version)
+    }
+}
+
+/// [`Session::artifact_for`] from the session's `snapshot` and `composed` fields, for
+/// callers that hold its versions mutably.
+pub(super) fn session_artifact(
+    snapshot: Option<u64>,
+    composed: Option<(u64, u64)>,
+    version: u64,
+) -> ArtifactKey {
+    match composed {
+        Some((base, target)) if target == version => ArtifactKey::Composed { base, target },
+        _ if snapshot == Some(version) => ArtifactKey::Snapshot(version),
+        _ => ArtifactKey::Delta(version),
     }
 }
 
@@ -107,9 +136,22 @@ pub(super) struct Conn {
 }
 
 /// The next frame of `artifact` (`key`) that a session whose state is `state` needs,
-/// written on stream (index, epoch) `on`: its Offer, its Seal once known, then each
-/// segment it does not hold, lowest index first.
+/// written on stream (index, epoch) `on` at `now`: its Offer, its Seal once known, then
+/// each segment it does not hold, lowest index first.
 pub(super) fn next_artifact_frame(
+    state: &mut SendVersion,
+    artifact: &Artifact,
+    key: ArtifactKey,
+    on: (u8, u32),
+    now: Instant,
+    stats: &mut SenderStats,
+) -> Option<Frame> {
+    let frame = first_send(state, artifact, key, on, stats)?;
+    state.written_at = Some(now);
+    Some(frame)
+}
+
+fn first_send(
     state: &mut SendVersion,
     artifact: &Artifact,
     key: ArtifactKey,
@@ -119,6 +161,7 @@ pub(super) fn next_artifact_frame(
     let (version, kind) = (key.version(), key.kind());
     if !state.offer_sent {
         state.offer_sent = true;
+        state.offer_on = Some(stream);
         if kind == ArtifactKind::Composed {
             stats.composed_offers += 1;
         }
@@ -133,6 +176,7 @@ pub(super) fn next_artifact_frame(
         && !state.seal_sent
     {
         state.seal_sent = true;
+        state.seal_on = Some(stream);
         return Some(Frame::Seal {
             version,
             id: seal.id,
@@ -152,6 +196,85 @@ pub(super) fn next_artifact_frame(
     if !state.ever_sent.insert(index as u32) {
         stats.segments_resent += 1;
     }
+    Some(Frame::Segment {
+        version,
+        index: index as u32,
+        hash,
+        bytes,
+    })
+}
+
+/// Whether `state`, once overdue, may be sent again: every frame of the sealed
+/// `artifact` is out, and it is no larger than `max_bytes`.
+pub(super) fn hedgeable(state: &SendVersion, artifact: &Artifact, max_bytes: u64) -> bool {
+    let Some(seal) = &artifact.seal else {
+        return false;
+    };
+    state.offer_sent
+        && state.seal_sent
+        && seal
+            .segments
+            .iter()
+            .map(|entry| u64::from(entry.len))
+            .sum::<u64>()
+            <= max_bytes
+        && (0..artifact.segments.len())
+            .all(|i| !artifact.present(i) || state.state(i) != SegState::Unsent)
+}
+
+/// A copy of a frame of an overdue version that went out on another stream than
+/// `stream` and was not copied yet: the Offer, the Seal, then the segments not known to
+/// be held. Receivers ignore whichever copy comes second (§6.2).
+pub(super) fn next_hedge_frame(
+    state: &mut SendVersion,
+    artifact: &Artifact,
+    key: ArtifactKey,
+    stream: u8,
+    stats: &mut SenderStats,
+) -> Option<Frame> {
+    let elsewhere = |on: Option<u8>| on.is_some_and(|on| on != stream);
+    let (offer_on, seal_on) = (state.offer_on, state.seal_on);
+    let hedge = state.hedge.as_mut()?;
+    let version = key.version();
+    if !hedge.offer && elsewhere(offer_on) {
+        hedge.offer = true;
+        stats.frames_hedged += 1;
+        return Some(Frame::Offer {
+            version,
+            kind: key.kind(),
+            descriptor: artifact.descriptor.clone(),
+            signature: artifact.offer_signature,
+        });
+    }
+    if !hedge.seal
+        && elsewhere(seal_on)
+        && let Some(seal) = &artifact.seal
+    {
+        hedge.seal = true;
+        stats.frames_hedged += 1;
+        return Some(Frame::Seal {
+            version,
+            id: seal.id,
+            segments: seal.segments.clone(),
+            signature: seal.signature,
+        });
+    }
+    let index = (0..artifact.segments.len()).find(|&i| {
+        matches!(state.state(i), SegState::Sent { stream: on, .. } if on != stream)
+            && artifact.present(i)
+            && !state
+                .hedge
+                .as_ref()
+                .is_some_and(|h| h.segments.contains(&(i as u32)))
+    })?;
+    state
+        .hedge
+        .as_mut()
+        .expect("checked above")
+        .segments
+        .insert(index as u32);
+    let (hash, bytes) = artifact.segments[index].clone().expect("present");
+    stats.frames_hedged += 1;
     Some(Frame::Segment {
         version,
         index: index as u32,

@@ -106,6 +106,7 @@ impl Sender {
                 self.deferred.clear();
                 let snapshot = snapshot.then_some(next_version);
                 let composed = self.composed_choice(next_version, composed, &progress);
+                self.measure_delivery(now, session_id, next_version);
                 self.on_want(
                     session_id,
                     next_version,
@@ -235,6 +236,7 @@ impl Sender {
                 control: VecDeque::new(),
                 blocked: false,
                 nacks: 0,
+                delivery: None,
             }
         });
         session.epochs[hello.stream as usize] = hello.epoch;
@@ -330,6 +332,19 @@ impl Sender {
             matches!(*declined, ArtifactKey::Composed { base, target: t } if t == target && base <= key.0)
         });
         (target > next_version && !declined).then_some(key)
+    }
+
+    /// A version a Want moves past was delivered: how long that took since its last
+    /// frame went out says when a later one is overdue (§5.13). A version sent again
+    /// says nothing: it took the time of a stall.
+    fn measure_delivery(&mut self, now: Instant, id: u64, next_version: u64) {
+        let session = self.sessions.get_mut(&id).expect("caller checked");
+        for (_, state) in session.versions.range(..next_version) {
+            if let Some(written_at) = state.written_at.filter(|_| state.hedge.is_none()) {
+                let took = now.saturating_duration_since(written_at);
+                session.delivery = Some(session.delivery.map_or(took, |least| least.min(took)));
+            }
+        }
     }
 
     fn on_want(

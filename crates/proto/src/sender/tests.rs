@@ -1264,3 +1264,125 @@ fn a_deferred_snapshot_is_unavailable_until_the_next_want_asks_again() {
         pair.sender_events
     );
 }
+
+/// Opens session 5 with two streams on connections 1 and 2, and passes its Want for
+/// `next_version` on.
+fn two_streams_wanting(sender: &mut Sender, now: Instant, next_version: u64) {
+    for (conn, stream) in [(1, 0), (2, 1)] {
+        handshake(sender, conn, hello(5, stream, 2));
+        sender.on_sent(now, conn);
+    }
+    sender.handle_frame(now, 1, two_stream_want(1, next_version));
+}
+
+fn two_stream_want(seq: u64, next_version: u64) -> Frame {
+    Frame::Want {
+        seq,
+        next_version,
+        snapshot: false,
+        composed: false,
+        live_streams: 0b11,
+        epochs: vec![1, 1],
+        progress: vec![],
+    }
+}
+
+/// Everything the sender hands out at `now`, each written at once, with its connection.
+fn drain_all(sender: &mut Sender, now: Instant) -> Vec<(ConnId, Frame)> {
+    let mut sent = Vec::new();
+    while let Some(t) = sender.poll_transmit(now) {
+        sender.on_sent(now, t.conn);
+        if !matches!(t.frame, Frame::Commit(_) | Frame::Keepalive) {
+            sent.push((t.conn, t.frame));
+        }
+    }
+    sent
+}
+
+/// A frame's identity: its type and, for a segment, its index.
+fn frame_id(frame: &Frame) -> (&'static str, Option<u32>) {
+    match frame {
+        Frame::Segment { index, .. } => ("Segment", Some(*index)),
+        other => (other.frame_type().name(), None),
+    }
+}
+
+/// A small version whose Want does not come back in time goes out once more, every
+/// frame on the stream it did not take the first time, and only once.
+#[test]
+fn an_overdue_small_version_goes_out_again_once_each_frame_on_the_other_stream() {
+    let mut s = sender();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 4).0))
+        .unwrap();
+    let now = Instant::now();
+    two_streams_wanting(&mut s, now, 1);
+    let first = drain_all(&mut s, now);
+    assert_eq!(first.len(), 6, "Offer, Seal and four segments: {first:?}");
+    let conns: std::collections::BTreeSet<ConnId> = first.iter().map(|(c, _)| *c).collect();
+    assert_eq!(conns.len(), 2, "both streams carry the version");
+
+    // Nothing is copied before the version is overdue: the session has no delivery time
+    // yet, so that is `hedge_first` after its last frame.
+    let overdue = now + s.config.hedge_first;
+    assert_eq!(s.poll_timeout(), Some(overdue));
+    s.handle_timeout(overdue - Duration::from_millis(1));
+    assert!(drain_all(&mut s, overdue - Duration::from_millis(1)).is_empty());
+
+    s.handle_timeout(overdue);
+    let copies = drain_all(&mut s, overdue);
+    let original: BTreeMap<_, ConnId> = first.iter().map(|(c, f)| (frame_id(f), *c)).collect();
+    let copied: BTreeMap<_, ConnId> = copies.iter().map(|(c, f)| (frame_id(f), *c)).collect();
+    assert_eq!(copies.len(), 6, "each frame once: {copies:?}");
+    assert_eq!(copied.len(), 6);
+    for (frame, conn) in &copied {
+        assert_ne!(original[frame], *conn, "{frame:?} copied on its own stream");
+    }
+    for (_, frame) in &copies {
+        let same = first.iter().any(|(_, f)| f == frame);
+        assert!(same, "a copy is the frame itself: {frame:?}");
+    }
+    assert_eq!(s.stats().frames_hedged, 6);
+    assert!(
+        s.poll_timeout()
+            .is_none_or(|at| at > overdue + Duration::from_secs(1)),
+        "nothing more is due"
+    );
+    s.handle_timeout(overdue + Duration::from_secs(1));
+    assert!(drain_all(&mut s, overdue + Duration::from_secs(1)).is_empty());
+}
+
+/// A version whose Want comes back in time is never copied, and sets how long later
+/// versions may take: twice that. One larger than `hedge_max_bytes` is never copied.
+#[test]
+fn a_version_delivered_in_time_or_too_large_is_not_sent_again() {
+    let mut s = sender();
+    for version in 1..=2 {
+        s.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 4).0))
+            .unwrap();
+    }
+    s.config.versions_ahead = 1;
+    let now = Instant::now();
+    two_streams_wanting(&mut s, now, 1);
+    assert_eq!(drain_all(&mut s, now).len(), 6);
+    let delivered = now + Duration::from_millis(40);
+    s.handle_frame(delivered, 1, two_stream_want(2, 2));
+    assert_eq!(drain_all(&mut s, delivered).len(), 6, "version 2 goes out");
+    assert_eq!(s.stats().frames_hedged, 0);
+    // Twice the 40 ms version 1 took, from version 2's last frame.
+    let overdue = delivered + Duration::from_millis(80);
+    assert_eq!(s.poll_timeout(), Some(overdue));
+    s.handle_timeout(overdue);
+    assert_eq!(drain_all(&mut s, overdue).len(), 6, "version 2 was overdue");
+
+    let mut large = sender();
+    large
+        .insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 4).0))
+        .unwrap();
+    large.config.hedge_max_bytes = 1;
+    two_streams_wanting(&mut large, now, 1);
+    assert_eq!(drain_all(&mut large, now).len(), 6);
+    let late = now + Duration::from_secs(5);
+    large.handle_timeout(late);
+    assert!(drain_all(&mut large, late).is_empty());
+    assert_eq!(large.stats().frames_hedged, 0);
+}

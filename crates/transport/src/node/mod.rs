@@ -66,6 +66,9 @@ pub struct NodeConfig {
     pub idle_timeout: Duration,
     pub keepalive_interval: Duration,
     pub stall_timeout: Duration,
+    /// A version of at most this many bytes whose receiver's Want is overdue is sent
+    /// once more, each frame on another stream (docs/wire-protocol.md §5.13); 0 never.
+    pub hedge_max_bytes: u64,
     /// Versions a relay keeps in memory for its subscribers.
     pub retain_versions: usize,
     /// Frames in flight per connection (the sender's window).
@@ -109,6 +112,7 @@ impl NodeConfig {
             idle_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(2),
             stall_timeout: Duration::from_secs(30),
+            hedge_max_bytes: 4 << 20,
             retain_versions: 4,
             window_frames: 4,
             snapshot_segment_bytes: 256 << 10,
@@ -155,6 +159,7 @@ impl NodeConfig {
         config.handshake_timeout = self.limits.handshake_timeout;
         config.keepalive_interval = self.keepalive_interval;
         config.stall_timeout = self.stall_timeout;
+        config.hedge_max_bytes = self.hedge_max_bytes;
         config.retain_versions = self.retain_versions;
         config.window_frames = self.window_frames;
         config.trainer_key = self.pinned_key();
