@@ -133,6 +133,10 @@ impl Sender {
             Frame::Keepalive => {}
             Frame::Goodbye { reason } => {
                 tracing::debug!(conn, reason, "downstream said goodbye");
+                // The driver drops the connection on this Close without reporting it
+                // closed: the session forgets it now, and ends with its last stream,
+                // instead of lingering until its stall timeout.
+                self.closed(conn);
                 self.events.push_back(SenderEvent::Close { conn, reason });
             }
             other => self.drop_session(

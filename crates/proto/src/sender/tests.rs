@@ -1386,3 +1386,41 @@ fn a_version_delivered_in_time_or_too_large_is_not_sent_again() {
     assert!(drain_all(&mut large, late).is_empty());
     assert_eq!(large.stats().frames_hedged, 0);
 }
+
+/// A session whose streams all say goodbye ends at once: the driver drops each
+/// connection on the sender's Close without reporting it closed, so a session that kept
+/// them would linger, its windows never refilled, until its stall timeout dropped it.
+#[test]
+fn a_session_whose_streams_say_goodbye_ends_at_once() {
+    let mut s = sender();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 4).0))
+        .unwrap();
+    let now = Instant::now();
+    two_streams_wanting(&mut s, now, 1);
+    drain_all(&mut s, now);
+    assert_eq!(s.sessions(), 1);
+    for conn in [1, 2] {
+        s.handle_frame(
+            now,
+            conn,
+            Frame::Goodbye {
+                reason: "moving on".into(),
+            },
+        );
+    }
+    let closed: Vec<ConnId> = std::iter::from_fn(|| s.poll_event())
+        .filter_map(|event| match event {
+            SenderEvent::Close { conn, .. } => Some(conn),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(closed, vec![1, 2]);
+    assert_eq!(s.sessions(), 0, "the session ended with its last stream");
+    let later = now + s.config.stall_timeout;
+    s.handle_timeout(later);
+    assert!(
+        std::iter::from_fn(|| s.poll_event()).next().is_none(),
+        "nothing left to drop"
+    );
+    assert_eq!(s.stats().sessions_dropped, 0);
+}
