@@ -21,7 +21,7 @@ use aurora_delta::{
 use bytes::Bytes;
 
 use super::{Sender, SenderError, SenderEvent};
-use crate::frame::{ArtifactKind, MAX_TRANSFER_SEGMENTS};
+use crate::frame::{ArtifactKind, Frame, MAX_TRANSFER_SEGMENTS};
 
 /// Which artifact: the delta D(v) from v - 1 to v, the snapshot of v, or the composed
 /// delta C(base -> target). Ordered deltas first, by version, which eviction relies on.
@@ -156,6 +156,44 @@ pub(super) struct Seal {
 impl Artifact {
     pub(super) fn present(&self, index: usize) -> bool {
         self.segments.get(index).is_some_and(Option::is_some)
+    }
+
+    /// The artifact's Offer, as `key`.
+    pub(super) fn offer_frame(&self, key: ArtifactKey) -> Frame {
+        Frame::Offer {
+            version: key.version(),
+            kind: key.kind(),
+            descriptor: self.descriptor.clone(),
+            signature: self.offer_signature,
+        }
+    }
+
+    /// Its Seal, once it is sealed.
+    pub(super) fn seal_frame(&self, version: u64) -> Option<Frame> {
+        let seal = self.seal.as_ref()?;
+        Some(Frame::Seal {
+            version,
+            id: seal.id,
+            segments: seal.segments.clone(),
+            signature: seal.signature,
+        })
+    }
+
+    /// Segment `index`, which must be present.
+    pub(super) fn segment_frame(&self, version: u64, index: usize) -> Frame {
+        let (hash, bytes) = self.segments[index].clone().expect("present");
+        Frame::Segment {
+            version,
+            index: index as u32,
+            hash,
+            bytes,
+        }
+    }
+
+    /// The bytes of its segments, once it is sealed.
+    pub(super) fn sealed_payload_bytes(&self) -> Option<u64> {
+        let seal = self.seal.as_ref()?;
+        Some(seal.segments.iter().map(|entry| u64::from(entry.len)).sum())
     }
 }
 

@@ -430,75 +430,58 @@ impl Sender {
         None
     }
 
-    /// When the earliest version waiting for its Want becomes overdue (§5.13).
-    fn next_hedge_at(&self) -> Option<Instant> {
+    /// When each version waiting for its Want, and not yet sent again, becomes overdue
+    /// (§5.13): (session, version, deadline). None where copies are off.
+    fn hedge_deadlines(&self) -> impl Iterator<Item = (u64, u64, Instant)> + '_ {
+        let max_bytes = self.config.hedge_max_bytes;
         self.sessions
-            .values()
-            .flat_map(|session| {
-                let wait = self.hedge_wait(session);
+            .iter()
+            .filter(move |_| max_bytes > 0)
+            .flat_map(move |(&id, session)| {
+                // Twice the session's delivery time: a version of the usual size is
+                // overdue after that; versions of one session differ in size by far less.
+                let wait = session
+                    .delivery
+                    .map_or(self.config.hedge_first, |delivery| {
+                        (delivery * 2).max(self.config.hedge_min)
+                    });
                 session
                     .versions
                     .iter()
                     .filter_map(move |(&version, state)| {
-                        let key = session_artifact(session.snapshot, session.composed, version);
-                        let artifact = self.artifacts.get(&key)?;
-                        (state.hedge.is_none()
-                            && hedgeable(state, artifact, self.config.hedge_max_bytes))
-                        .then_some(state.written_at? + wait)
+                        let artifact = self.artifacts.get(&session.artifact_for(version))?;
+                        (state.hedge.is_none() && hedgeable(state, artifact, max_bytes))
+                            .then_some((id, version, state.written_at? + wait))
                     })
-            })
-            .min()
-    }
-
-    /// Twice the session's delivery time: a version of the usual size is overdue after
-    /// that. Versions of one session differ in size by far less than that margin.
-    fn hedge_wait(&self, session: &Session) -> Duration {
-        session
-            .delivery
-            .map_or(self.config.hedge_first, |delivery| {
-                (delivery * 2).max(self.config.hedge_min)
             })
     }
 
     /// Marks every version overdue at `now` to be sent again.
     fn hedge_overdue(&mut self, now: Instant) {
-        if self.config.hedge_max_bytes == 0 {
-            return;
-        }
-        let max_bytes = self.config.hedge_max_bytes;
-        let waits: Vec<(u64, Duration)> = self
-            .sessions
-            .iter()
-            .map(|(&id, session)| (id, self.hedge_wait(session)))
+        let overdue: Vec<(u64, u64)> = self
+            .hedge_deadlines()
+            .filter(|&(_, _, deadline)| deadline <= now)
+            .map(|(id, version, _)| (id, version))
             .collect();
-        for (id, wait) in waits {
+        for (id, version) in overdue {
             let session = self.sessions.get_mut(&id).expect("listed above");
-            let (snapshot, composed) = (session.snapshot, session.composed);
-            for (&version, state) in &mut session.versions {
-                let key = session_artifact(snapshot, composed, version);
-                if state.hedge.is_none()
-                    && state.written_at.is_some_and(|at| now >= at + wait)
-                    && self
-                        .artifacts
-                        .get(&key)
-                        .is_some_and(|artifact| hedgeable(state, artifact, max_bytes))
-                {
-                    tracing::debug!(
-                        peer = session.peer_id,
-                        version,
-                        "sending an overdue version again"
-                    );
-                    state.hedge = Some(Hedge::default());
-                }
+            tracing::debug!(
+                peer = session.peer_id,
+                version,
+                "sending an overdue version again"
+            );
+            if let Some(state) = session.versions.get_mut(&version) {
+                state.hedge = Some(Hedge::default());
             }
         }
     }
 
     /// The earliest instant at which [`Sender::handle_timeout`] has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let hedge = (self.config.hedge_max_bytes > 0)
-            .then(|| self.next_hedge_at())
-            .flatten();
+        let hedge = self
+            .hedge_deadlines()
+            .map(|(_, _, deadline)| deadline)
+            .min();
         self.conns
             .values()
             .map(|c| {

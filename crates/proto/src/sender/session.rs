@@ -158,66 +158,47 @@ fn first_send(
     (stream, epoch): (u8, u32),
     stats: &mut SenderStats,
 ) -> Option<Frame> {
-    let (version, kind) = (key.version(), key.kind());
+    let version = key.version();
     if !state.offer_sent {
         state.offer_sent = true;
         state.offer_on = Some(stream);
-        if kind == ArtifactKind::Composed {
+        if key.kind() == ArtifactKind::Composed {
             stats.composed_offers += 1;
         }
-        return Some(Frame::Offer {
-            version,
-            kind,
-            descriptor: artifact.descriptor.clone(),
-            signature: artifact.offer_signature,
-        });
+        return Some(artifact.offer_frame(key));
     }
-    if let Some(seal) = &artifact.seal
-        && !state.seal_sent
+    if !state.seal_sent
+        && let Some(seal) = artifact.seal_frame(version)
     {
         state.seal_sent = true;
         state.seal_on = Some(stream);
-        return Some(Frame::Seal {
-            version,
-            id: seal.id,
-            segments: seal.segments.clone(),
-            signature: seal.signature,
-        });
+        return Some(seal);
     }
     while state.cursor < artifact.segments.len() && state.state(state.cursor) != SegState::Unsent {
         state.cursor += 1;
     }
     let index = (state.cursor..artifact.segments.len())
         .find(|&i| state.state(i) == SegState::Unsent && artifact.present(i))?;
-    let (hash, bytes) = artifact.segments[index].clone().expect("present");
+    let frame = artifact.segment_frame(version, index);
     state.set(index, SegState::Sent { stream, epoch });
     stats.segments_sent += 1;
-    stats.segment_bytes_sent += bytes.len() as u64;
+    if let Frame::Segment { bytes, .. } = &frame {
+        stats.segment_bytes_sent += bytes.len() as u64;
+    }
     if !state.ever_sent.insert(index as u32) {
         stats.segments_resent += 1;
     }
-    Some(Frame::Segment {
-        version,
-        index: index as u32,
-        hash,
-        bytes,
-    })
+    Some(frame)
 }
 
 /// Whether `state`, once overdue, may be sent again: every frame of the sealed
 /// `artifact` is out, and it is no larger than `max_bytes`.
 pub(super) fn hedgeable(state: &SendVersion, artifact: &Artifact, max_bytes: u64) -> bool {
-    let Some(seal) = &artifact.seal else {
-        return false;
-    };
     state.offer_sent
         && state.seal_sent
-        && seal
-            .segments
-            .iter()
-            .map(|entry| u64::from(entry.len))
-            .sum::<u64>()
-            <= max_bytes
+        && artifact
+            .sealed_payload_bytes()
+            .is_some_and(|bytes| bytes <= max_bytes)
         && (0..artifact.segments.len())
             .all(|i| !artifact.present(i) || state.state(i) != SegState::Unsent)
 }
@@ -233,52 +214,24 @@ pub(super) fn next_hedge_frame(
     stats: &mut SenderStats,
 ) -> Option<Frame> {
     let elsewhere = |on: Option<u8>| on.is_some_and(|on| on != stream);
-    let (offer_on, seal_on) = (state.offer_on, state.seal_on);
-    let hedge = state.hedge.as_mut()?;
     let version = key.version();
-    if !hedge.offer && elsewhere(offer_on) {
-        hedge.offer = true;
-        stats.frames_hedged += 1;
-        return Some(Frame::Offer {
-            version,
-            kind: key.kind(),
-            descriptor: artifact.descriptor.clone(),
-            signature: artifact.offer_signature,
-        });
-    }
-    if !hedge.seal
-        && elsewhere(seal_on)
-        && let Some(seal) = &artifact.seal
-    {
-        hedge.seal = true;
-        stats.frames_hedged += 1;
-        return Some(Frame::Seal {
-            version,
-            id: seal.id,
-            segments: seal.segments.clone(),
-            signature: seal.signature,
-        });
-    }
-    let index = (0..artifact.segments.len()).find(|&i| {
-        matches!(state.state(i), SegState::Sent { stream: on, .. } if on != stream)
-            && artifact.present(i)
-            && !state
-                .hedge
-                .as_ref()
-                .is_some_and(|h| h.segments.contains(&(i as u32)))
-    })?;
-    state
-        .hedge
-        .as_mut()
-        .expect("checked above")
-        .segments
-        .insert(index as u32);
-    let (hash, bytes) = artifact.segments[index].clone().expect("present");
+    let hedge = state.hedge.as_ref()?;
+    let frame = if !hedge.offer && elsewhere(state.offer_on) {
+        state.hedge.as_mut()?.offer = true;
+        artifact.offer_frame(key)
+    } else if !hedge.seal && elsewhere(state.seal_on) {
+        let seal = artifact.seal_frame(version)?;
+        state.hedge.as_mut()?.seal = true;
+        seal
+    } else {
+        let index = (0..artifact.segments.len()).find(|&i| {
+            matches!(state.state(i), SegState::Sent { stream: on, .. } if on != stream)
+                && artifact.present(i)
+                && !hedge.segments.contains(&(i as u32))
+        })?;
+        state.hedge.as_mut()?.segments.insert(index as u32);
+        artifact.segment_frame(version, index)
+    };
     stats.frames_hedged += 1;
-    Some(Frame::Segment {
-        version,
-        index: index as u32,
-        hash,
-        bytes,
-    })
+    Some(frame)
 }

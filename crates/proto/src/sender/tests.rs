@@ -1307,16 +1307,30 @@ fn frame_id(frame: &Frame) -> (&'static str, Option<u32>) {
     }
 }
 
+/// A sender holding versions 1 to `versions` (four segments each), set up by `configure`,
+/// with session 5 wanting version 1 on two streams, and what it sent of it at `now`.
+fn serving_two_streams(
+    versions: u64,
+    configure: impl FnOnce(&mut SenderConfig),
+    now: Instant,
+) -> (Sender, Vec<(ConnId, Frame)>) {
+    let mut s = sender();
+    for version in 1..=versions {
+        s.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 4).0))
+            .unwrap();
+    }
+    configure(&mut s.config);
+    two_streams_wanting(&mut s, now, 1);
+    let sent = drain_all(&mut s, now);
+    (s, sent)
+}
+
 /// A small version whose Want does not come back in time goes out once more, every
 /// frame on the stream it did not take the first time, and only once.
 #[test]
 fn an_overdue_small_version_goes_out_again_once_each_frame_on_the_other_stream() {
-    let mut s = sender();
-    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 4).0))
-        .unwrap();
     let now = Instant::now();
-    two_streams_wanting(&mut s, now, 1);
-    let first = drain_all(&mut s, now);
+    let (mut s, first) = serving_two_streams(1, |_| {}, now);
     assert_eq!(first.len(), 6, "Offer, Seal and four segments: {first:?}");
     let conns: std::collections::BTreeSet<ConnId> = first.iter().map(|(c, _)| *c).collect();
     assert_eq!(conns.len(), 2, "both streams carry the version");
@@ -1355,15 +1369,9 @@ fn an_overdue_small_version_goes_out_again_once_each_frame_on_the_other_stream()
 /// versions may take: twice that. One larger than `hedge_max_bytes` is never copied.
 #[test]
 fn a_version_delivered_in_time_or_too_large_is_not_sent_again() {
-    let mut s = sender();
-    for version in 1..=2 {
-        s.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 4).0))
-            .unwrap();
-    }
-    s.config.versions_ahead = 1;
     let now = Instant::now();
-    two_streams_wanting(&mut s, now, 1);
-    assert_eq!(drain_all(&mut s, now).len(), 6);
+    let (mut s, first) = serving_two_streams(2, |config| config.versions_ahead = 1, now);
+    assert_eq!(first.len(), 6);
     let delivered = now + Duration::from_millis(40);
     s.handle_frame(delivered, 1, two_stream_want(2, 2));
     assert_eq!(drain_all(&mut s, delivered).len(), 6, "version 2 goes out");
@@ -1374,13 +1382,8 @@ fn a_version_delivered_in_time_or_too_large_is_not_sent_again() {
     s.handle_timeout(overdue);
     assert_eq!(drain_all(&mut s, overdue).len(), 6, "version 2 was overdue");
 
-    let mut large = sender();
-    large
-        .insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 4).0))
-        .unwrap();
-    large.config.hedge_max_bytes = 1;
-    two_streams_wanting(&mut large, now, 1);
-    assert_eq!(drain_all(&mut large, now).len(), 6);
+    let (mut large, first) = serving_two_streams(1, |config| config.hedge_max_bytes = 1, now);
+    assert_eq!(first.len(), 6);
     let late = now + Duration::from_secs(5);
     large.handle_timeout(late);
     assert!(drain_all(&mut large, late).is_empty());
@@ -1392,12 +1395,8 @@ fn a_version_delivered_in_time_or_too_large_is_not_sent_again() {
 /// them would linger, its windows never refilled, until its stall timeout dropped it.
 #[test]
 fn a_session_whose_streams_say_goodbye_ends_at_once() {
-    let mut s = sender();
-    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 4).0))
-        .unwrap();
     let now = Instant::now();
-    two_streams_wanting(&mut s, now, 1);
-    drain_all(&mut s, now);
+    let (mut s, _) = serving_two_streams(1, |_| {}, now);
     assert_eq!(s.sessions(), 1);
     for conn in [1, 2] {
         s.handle_frame(
