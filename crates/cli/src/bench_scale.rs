@@ -2,9 +2,9 @@
 //! this machine, measured per node and phase. A synthetic chain of checkpoints
 //! ([`aurora_synth::write_checkpoints`]) is written one version at a time into a
 //! directory that `aurora hub --watch` publishes (extraction, the store, cut-through
-//! streaming); a relay and two actors start with no weights and join by the hub's
-//! snapshot over the wire (mutual TLS, signed versions), their images in mapped files,
-//! then follow every delta. For each phase (each synthetic checkpoint, the join, each
+//! streaming); two actors start with no weights and join by the hub's snapshot over the
+//! wire (mutual TLS, signed versions), their images in mapped files, then follow every
+//! delta through a relay, which holds no weights. For each phase (each synthetic checkpoint, the join, each
 //! delta) it records the time, each process's peak anonymous resident memory (`RssAnon`:
 //! file-backed pages, the page cache of mapped checkpoints and images, are not the
 //! process's to keep), the bytes that crossed loopback and the disk in use; and it
@@ -178,9 +178,6 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         "127.0.0.1:0".into(),
         "--upstream".into(),
         hub_address.clone(),
-        "--join".into(),
-        "--image-dir".into(),
-        images.display().to_string(),
     ];
     relay_args.extend(fleet.downstream("relay", "relay-eu")?);
     let relay = Node::start("relay", &relay_args, &dir)?;
@@ -204,7 +201,11 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         actors.push(actor);
     }
     let every_node_at = |version: u64, hashes: &[String]| -> Result<()> {
-        for node in actors.iter().chain([&relay]) {
+        // The relay holds each delta it forwards (the snapshot came from the hub).
+        if version > 0 {
+            relay.expect(&format!("holds {version}"))?;
+        }
+        for node in &actors {
             let hash = node.expect(&format!("active {version} "))?;
             ensure!(
                 hash == hashes[version as usize],

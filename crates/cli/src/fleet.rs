@@ -454,16 +454,16 @@ impl Fleet {
                 } else {
                     (Role::Actor, format!("{}-actor{index}", region.name))
                 };
-                let weights = weights.try_clone()?;
                 let node = if relay {
                     let mut config = config(role, &name, &region.name, vec![hub_address])?;
                     config.listen = Some(SocketAddr::new(region.address, 0));
-                    let relay = start_on(runtime, spawn_relay(config, weights)).await?;
+                    let relay = start_on(runtime, spawn_relay(config)).await?;
                     upstreams.insert(0, relay.local_addr().expect("a relay listens"));
                     relay
                 } else {
                     let config = config(role, &name, &region.name, upstreams.clone())?;
                     let engine = std::sync::Arc::new(IdleEngine::default());
+                    let weights = weights.try_clone()?;
                     start_on(runtime, spawn_actor(config, weights, engine)).await?
                 };
                 fleet.members.push(Member {
@@ -485,8 +485,8 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// Waits until every member has staged `version` (or activated it); times are from
-    /// `start`, in members' order.
+    /// Waits until every actor has staged `version` (or activated it) and every relay
+    /// holds it (relays hold no weights); times are from `start`, in members' order.
     pub async fn staged(
         &self,
         version: u64,
@@ -495,6 +495,7 @@ impl Fleet {
         let mut waits = tokio::task::JoinSet::new();
         for (index, member) in self.members.iter().enumerate() {
             let mut watch = member.node.watch();
+            let relay = member.role == Role::Relay;
             waits.spawn(async move {
                 let mut received = None;
                 loop {
@@ -502,7 +503,8 @@ impl Fleet {
                     if received.is_none() && status.completed.contains(&version) {
                         received = Some(start.elapsed());
                     }
-                    let staged = status.staged == Some(version)
+                    let staged = (relay && received.is_some())
+                        || status.staged == Some(version)
                         || status.active.is_some_and(|a| a.version >= version);
                     if staged {
                         let staged = start.elapsed();

@@ -1,6 +1,6 @@
 //! `aurora relay`: a region's relay, a node of the segment protocol (docs/wire-protocol.md
-//! §8) that activates every version itself and forwards each verified segment to the
-//! region's actors as it arrives.
+//! §8) that forwards each verified segment to the region's actors as it arrives. It holds
+//! no weights: it needs neither the model's memory nor its disk.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::{FileImages, MappedFile};
 use aurora_proto::{Identity, Role, Weights};
-use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_joining_relay, spawn_relay};
+use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_relay};
 use clap::Args;
 use serde::Deserialize;
 
@@ -37,15 +37,15 @@ pub struct NodeArgs {
     #[arg(long = "upstream")]
     #[serde(default)]
     upstreams: Vec<SocketAddr>,
-    /// The weights to start from (a safetensors file) ...
+    /// The weights an actor starts from (a safetensors file) ...
     #[arg(long)]
     weights: Option<PathBuf>,
     /// ... and their version.
     #[arg(long)]
     version: Option<u64>,
-    /// Start with no weights: take the newest snapshot an upstream (a hub with a store)
-    /// offers over the wire, then follow the deltas after it. Instead of --weights and
-    /// --version.
+    /// Start an actor with no weights: take the newest snapshot an upstream (a hub with
+    /// a store) offers over the wire, then follow the deltas after it. Instead of
+    /// --weights and --version.
     #[arg(long)]
     #[serde(default)]
     join: bool,
@@ -66,7 +66,7 @@ pub struct NodeArgs {
     /// caps, the handshake timeout, `max_held_bytes`; see docs/security.md).
     #[arg(long)]
     limits: Option<PathBuf>,
-    /// Where the node keeps the model's image: an unnamed file in this directory,
+    /// Where an actor keeps the model's image: an unnamed file in this directory,
     /// mapped into memory, so the node's own memory stays flat whatever the model's
     /// size (the file's space goes back when the node ends). Default: the system's
     /// temporary directory.
@@ -79,7 +79,7 @@ pub struct NodeArgs {
 
 pub(crate) struct Node {
     pub config: NodeConfig,
-    /// None: the node joins over the wire (--join).
+    /// None: the node joins over the wire (--join), or is a relay.
     pub weights: Option<Weights>,
 }
 
@@ -100,7 +100,16 @@ impl NodeArgs {
         }
         let weights_path = self.weights.or(file.weights);
         let version = self.version.or(file.version);
-        let start = if self.join || file.join {
+        let join = self.join || file.join;
+        let image_dir = self.image_dir.or(file.image_dir);
+        let start = if role == Role::Relay {
+            if weights_path.is_some() || version.is_some() || join || image_dir.is_some() {
+                bail!(
+                    "a relay holds no weights: drop --weights, --version, --join and --image-dir"
+                );
+            }
+            None
+        } else if join {
             if weights_path.is_some() || version.is_some() {
                 bail!("--join takes the weights from an upstream: drop --weights and --version");
             }
@@ -113,10 +122,7 @@ impl NodeArgs {
         };
         // Files are checked before the node's secrets are read.
         let limits = NodeLimits::load(self.limits.or(file.limits).as_deref())?.transport;
-        let image_dir = self
-            .image_dir
-            .or(file.image_dir)
-            .unwrap_or_else(std::env::temp_dir);
+        let image_dir = image_dir.unwrap_or_else(std::env::temp_dir);
         // Checked now: the first image is made only when a snapshot arrives.
         if !image_dir.is_dir() {
             bail!("--image-dir {} is not a directory", image_dir.display());
@@ -174,8 +180,10 @@ impl NodeArgs {
                 None
             }
         };
-        tracing::info!(dir = %image_dir.display(), "the model's image lives in a mapped file");
-        config.images = Arc::new(FileImages::new(image_dir));
+        if role == Role::Actor {
+            tracing::info!(dir = %image_dir.display(), "the model's image lives in a mapped file");
+            config.images = Arc::new(FileImages::new(image_dir));
+        }
         let weights = start
             .map(|(path, version)| {
                 let file = MappedFile::open(&path)?;
@@ -203,22 +211,34 @@ pub struct RelayArgs {
 }
 
 pub fn run(args: RelayArgs) -> Result<()> {
-    let Node {
-        mut config,
-        weights,
-    } = args.node.resolve(Role::Relay)?;
+    let Node { mut config, .. } = args.node.resolve(Role::Relay)?;
     config.listen = Some(args.listen);
     crate::runtime(None)?.block_on(async {
-        let relay = match weights {
-            Some(weights) => spawn_relay(config, weights).await?,
-            None => spawn_joining_relay(config).await?,
-        };
+        let relay = spawn_relay(config).await?;
         let address = relay.local_addr().context("the relay listens")?;
         // One line on stdout announces readiness to scripts and tests; logs go to stderr.
         println!("listening on {address}");
         std::io::stdout().flush()?;
-        report_activations(&relay).await
+        report_held(&relay).await
     })
+}
+
+/// Prints `holds VERSION` on stdout as each version is complete here (verified, and
+/// forwarded as it arrived), until the relay stops.
+async fn report_held(relay: &NodeHandle) -> Result<()> {
+    let mut status = relay.watch();
+    let mut shown = 0;
+    loop {
+        let completed = status.borrow_and_update().completed.clone();
+        for version in completed.iter().skip(shown) {
+            println!("holds {version}");
+        }
+        shown = completed.len();
+        std::io::stdout().flush()?;
+        if status.changed().await.is_err() {
+            bail!("the node stopped");
+        }
+    }
 }
 
 /// Prints `active VERSION HASH` on stdout at every activation, until the node stops.

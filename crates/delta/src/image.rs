@@ -1,6 +1,6 @@
 //! Model-sized safetensors images in memory the caller chooses.
 //!
-//! A relay's or an actor's weights are one safetensors image as large as the model. On the
+//! An actor's weights are one safetensors image as large as the model. On the
 //! heap, an 8B model is 16 GB of anonymous memory per node; in a file mapped into memory,
 //! the kernel pages it like any file, and the node's own memory stays flat whatever the
 //! model's size. A staged delta is kept the same way ([`Spill`]): its decoded changes grow

@@ -1,10 +1,10 @@
 //! One peer of the dissemination tree (docs/wire-protocol.md §8): a hub (sender only),
-//! a relay (receiver, sender and actor: it forwards every verified segment downstream
-//! as it arrives and activates versions itself) or an actor (receiver and actor).
+//! a relay (receiver and sender: it forwards every verified segment downstream as it
+//! arrives, and holds no weights) or an actor (receiver and actor).
 //!
-//! A relay or an actor may also start with no weights ([`Node::joining_actor`],
-//! [`Node::joining_relay`]): it takes a snapshot over the wire, decodes it segment by
-//! segment against the empty checkpoint, activates it at once, then goes on as any other.
+//! An actor may also start with no weights ([`Node::joining_actor`]): it takes a
+//! snapshot over the wire, decodes it segment by segment against the empty checkpoint,
+//! activates it at once, then goes on as any other.
 //!
 //! The node wires its parts together and hands the driver one stream of [`Output`]s.
 //! Drivers feed inputs to the parts directly ([`Node::sender_mut`],
@@ -115,9 +115,6 @@ pub struct Node {
     actor: Option<ActorCore>,
     /// Complete artifacts waiting to be staged and activated.
     artifacts: BTreeMap<u64, Artifact>,
-    /// The version a joining node takes as a snapshot: staged, never republished (a
-    /// relay serves deltas only).
-    snapshot: Option<u64>,
     /// The version being decoded against the active weights, at most one: only the
     /// next version's base is the active weights.
     staging: Option<Staging>,
@@ -150,11 +147,12 @@ impl Node {
         Node::new(Some(sender), None, None)
     }
 
-    /// A relay: receives from upstream, republishes to its subscribers, and activates
-    /// versions from `active` on.
-    pub fn relay(receiver: Receiver, mut sender: Sender, active: VersionRef) -> Node {
-        sender.set_floor(active.version + 1);
-        Node::new(Some(sender), Some(receiver), Some(ActorCore::new(active)))
+    /// A relay: receives from upstream (`receiver` is [`Receiver::relaying`]) and
+    /// republishes to its subscribers. It holds no weights: nobody waits for a relay to
+    /// stage or activate a version, and on a machine it shares, its decodes would only
+    /// slow its actors' down.
+    pub fn relay(receiver: Receiver, sender: Sender) -> Node {
+        Node::new(Some(sender), Some(receiver), None)
     }
 
     /// An actor: it accepts composed catch-up (it stages what it receives and
@@ -170,12 +168,6 @@ impl Node {
         Node::new(None, Some(receiver), Some(ActorCore::joining()))
     }
 
-    /// A relay with no weights: `receiver` is [`Receiver::joining`]. It serves the
-    /// versions after its snapshot.
-    pub fn joining_relay(receiver: Receiver, sender: Sender) -> Node {
-        Node::new(Some(sender), Some(receiver), Some(ActorCore::joining()))
-    }
-
     /// A receiver that only collects artifacts (benchmarks): no staging.
     pub fn collector(receiver: Receiver) -> Node {
         Node::new(None, Some(receiver), None)
@@ -187,7 +179,6 @@ impl Node {
             receiver,
             actor,
             artifacts: BTreeMap::new(),
-            snapshot: None,
             staging: None,
             patch: None,
             decodes_out: 0,
@@ -335,6 +326,14 @@ impl Node {
             }
             ReceiverEvent::Close { conn } => self.outputs.push_back(Output::Close { conn }),
             ReceiverEvent::Connected { upstream } => {
+                // Until a relay has a version complete, each Welcome may move its start
+                // (wire-protocol §6.6): what comes before it is never held here, and
+                // what was begun of it goes.
+                if let (Some(sender), Some(receiver)) = (&mut self.sender, &self.receiver)
+                    && receiver.choosing_start()
+                {
+                    sender.set_floor(receiver.next_version());
+                }
                 self.outputs
                     .push_back(Output::Notice(Notice::Connected(upstream)));
             }
@@ -348,29 +347,13 @@ impl Node {
                 header,
                 signature,
             } => {
-                match kind {
-                    ArtifactKind::Snapshot => {
-                        self.snapshot = Some(version);
-                        // Nothing before the snapshot will ever be held here.
-                        if let Some(sender) = &mut self.sender {
-                            sender.set_floor(version + 1);
-                        }
-                    }
-                    ArtifactKind::Delta => {
-                        if self.snapshot == Some(version) {
-                            self.snapshot = None;
-                        }
-                        // The signature goes downstream as it came: a relay cannot
-                        // make one.
-                        if let Some(sender) = &mut self.sender
-                            && let Err(e) = sender.begin_artifact(descriptor, signature)
-                        {
-                            self.outputs.push_back(relay_error(e));
-                        }
-                    }
-                    // Only an actor's receiver accepts one, and an actor republishes
-                    // nothing.
-                    ArtifactKind::Composed => {}
+                // Only a relay republishes, and its receiver takes deltas alone. The
+                // signature goes downstream as it came: a relay cannot make one.
+                if kind == ArtifactKind::Delta
+                    && let Some(sender) = &mut self.sender
+                    && let Err(e) = sender.begin_artifact(descriptor, signature)
+                {
+                    self.outputs.push_back(relay_error(e));
                 }
                 self.begin_staging(version, kind, header);
             }
@@ -381,7 +364,7 @@ impl Node {
                 bytes,
             } => {
                 self.decode(version, index, hash, &bytes);
-                if let Some(sender) = self.republisher(version)
+                if let Some(sender) = &mut self.sender
                     && let Err(e) = sender.add_segment(version, index, hash, bytes)
                 {
                     self.outputs.push_back(relay_error(e));
@@ -394,7 +377,7 @@ impl Node {
                     staging.decoded.remove(&index);
                     staging.decoding.remove(&index);
                 }
-                if let Some(sender) = self.republisher(version) {
+                if let Some(sender) = &mut self.sender {
                     sender.revoke_segment(version, index);
                 }
             }
@@ -406,7 +389,7 @@ impl Node {
             } => {
                 // The receiver verified the signature where a trainer key is pinned; it
                 // goes downstream as it came: a relay cannot make one.
-                if let Some(sender) = self.republisher(version)
+                if let Some(sender) = &mut self.sender
                     && let Err(e) = sender.seal_artifact(version, id, segments, signature)
                 {
                     self.outputs.push_back(relay_error(e));
@@ -425,6 +408,15 @@ impl Node {
                         kind => actor.delta(kind, artifact.header()),
                     }
                     self.artifacts.insert(version, artifact);
+                } else if let (Some(_), Some(receiver)) = (&self.sender, &mut self.receiver) {
+                    // A relay holds what it forwards: that is what its Hellos and
+                    // reports say, as an actor's say what it runs.
+                    let held = VersionRef {
+                        version,
+                        hash: artifact.header().target_hash,
+                    };
+                    receiver.set_local(held, None);
+                    receiver.report(format!("holds v{version}"));
                 }
             }
             ReceiverEvent::Commit(commit) => {
@@ -440,14 +432,6 @@ impl Node {
                 }
             }
         }
-    }
-
-    /// The sender that republishes `version` (a relay's), unless it is the snapshot
-    /// this node joins from.
-    fn republisher(&mut self, version: u64) -> Option<&mut Sender> {
-        self.sender
-            .as_mut()
-            .filter(|_| self.snapshot != Some(version))
     }
 
     /// Starts decoding `version` as its segments arrive when its base is the active
@@ -643,7 +627,6 @@ impl Node {
                 }
             }
             ActorAction::Rejoin => {
-                self.snapshot = None;
                 if let Some(receiver) = &mut self.receiver {
                     receiver.rejoin();
                     receiver.abandon("served a snapshot that does not activate");

@@ -370,3 +370,25 @@ pub fn hub_welcome(snapshot: Option<u64>) -> Frame {
         snapshot,
     })
 }
+
+/// A hub's Welcome that names `latest` as the newest version it serves (and no snapshot).
+pub fn hub_welcome_at(latest: Option<u64>) -> Frame {
+    let Frame::Welcome(welcome) = hub_welcome(None) else {
+        unreachable!("a Welcome")
+    };
+    Frame::Welcome(Welcome { latest, ..welcome })
+}
+
+/// A relay's receiver (no weights) on one stream, in session 5 on conn 1, welcomed by a
+/// hub whose newest version is `latest`.
+pub fn relaying_receiver(latest: Option<u64>) -> Receiver {
+    let mut r = Receiver::relaying(ReceiverConfig::new(
+        identity(Role::Relay, "relay"),
+        TOKEN.to_vec(),
+    ));
+    let now = Instant::now();
+    r.start_session(now, 5);
+    r.connected(now, 5, 0, 1);
+    r.handle_frame(now, 1, hub_welcome_at(latest));
+    r
+}

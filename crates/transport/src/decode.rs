@@ -1,6 +1,6 @@
-//! Where relays and actors decode segments: a pool of threads at a lower priority than
-//! the process (nice +10 on Linux), so a node answers its sockets, a relay forwards and
-//! an engine generates before a delta is decoded.
+//! Where actors decode segments: a pool of threads at a lower priority than the process
+//! (nice +10 on Linux), so a node answers its sockets and an engine generates before a
+//! delta is decoded.
 //!
 //! Nodes may share one pool (several actors in one process: benchmarks, a local run).
 //! It then takes turns between them, one segment each, instead of first come first

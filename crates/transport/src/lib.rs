@@ -2,9 +2,9 @@
 //! tasks and the store around the sans-IO state machines of `aurora-proto`.
 //!
 //! - [`spawn_hub`], [`spawn_relay`], [`spawn_actor`] and [`spawn_collector`] start a
-//!   node and return a [`NodeHandle`] (publish, commit, status, kill);
-//!   [`spawn_joining_relay`] and [`spawn_joining_actor`] start one with no weights, which
-//!   takes a snapshot over the wire from a hub with a store.
+//!   node and return a [`NodeHandle`] (publish, commit, status, kill); a relay holds no
+//!   weights. [`spawn_joining_actor`] starts an actor with none, which takes a snapshot
+//!   over the wire from a hub with a store.
 //! - [`Engine`] is the boundary to a rollout engine; [`IdleEngine`] is the built-in one.
 //! - Each node can run on a runtime of the caller's choosing (one per emulated region:
 //!   the benchmark fleet of `aurora wan` lives in the CLI and uses only this API).
@@ -27,6 +27,6 @@ pub use decode::DecodePool;
 pub use engine::{Engine, IdleEngine};
 pub use node::{
     MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor, spawn_collector,
-    spawn_hub, spawn_joining_actor, spawn_joining_relay, spawn_relay,
+    spawn_hub, spawn_joining_actor, spawn_relay,
 };
 pub use security::{Limits, Refusal, Refusals, Security};

@@ -128,7 +128,7 @@ pub struct Limits {
     /// ([`aurora_proto::ReceiverConfig::max_held_bytes`]); beyond it the session ends,
     /// and the node asks again.
     pub max_held_bytes: u64,
-    /// Bytes of received segments a relay or an actor lets wait for its decode pool;
+    /// Bytes of received segments an actor lets wait for its decode pool;
     /// beyond it, it reads nothing more from its upstreams until decodes catch up.
     pub max_decode_backlog_bytes: u64,
 }

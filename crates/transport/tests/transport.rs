@@ -9,9 +9,9 @@ use std::time::Duration;
 use aurora_proto::Role;
 use aurora_store::Store;
 use aurora_transport::{
-    IdleEngine, NodeHandle, Security, spawn_actor, spawn_hub, spawn_joining_actor, spawn_relay,
+    IdleEngine, NodeHandle, Security, spawn_actor, spawn_hub, spawn_joining_actor,
 };
-use util::{Chain, Fault, Proxy, active_at, config, trainer_key, within};
+use util::{Chain, Fault, Proxy, active_at, config, connected_relay, held_at, trainer_key, within};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -29,10 +29,8 @@ async fn one_hub_two_relays_six_actors_end_identical_over_ten_versions() {
     let hub_address = hub.local_addr().unwrap();
     let mut relays = Vec::new();
     for name in ["relay-eu", "relay-us"] {
-        let relay = spawn_relay(config(Role::Relay, name, &[hub_address]), chain.weights(0))
-            .await
-            .unwrap();
-        relays.push(relay);
+        // Connected before the first version, so each region's copy comes through it.
+        relays.push(connected_relay(config(Role::Relay, name, &[hub_address])).await);
     }
     let mut actors = Vec::new();
     for index in 0..6 {
@@ -57,8 +55,9 @@ async fn one_hub_two_relays_six_actors_end_identical_over_ten_versions() {
         chain.publish_live(&hub, version).await;
     }
     for relay in &relays {
-        let status = active_at(relay, VERSIONS, "relay").await;
-        assert_eq!(status.active, Some(chain.at(VERSIONS)));
+        let status = held_at(relay, VERSIONS, "relay").await;
+        assert_eq!(status.completed, (1..=VERSIONS).collect::<Vec<_>>());
+        assert_eq!(status.active, None, "a relay holds no weights");
     }
     for (index, (actor, engine)) in actors.iter().enumerate() {
         let status = active_at(actor, VERSIONS, &format!("actor{index}")).await;
@@ -80,12 +79,7 @@ async fn actors_of_a_relay_killed_mid_transfer_fall_back_and_finish_without_star
     let chain = Chain::new(4, 5);
     let hub = hub(None).await;
     let hub_address = hub.local_addr().unwrap();
-    let relay = spawn_relay(
-        config(Role::Relay, "relay", &[hub_address]),
-        chain.weights(0),
-    )
-    .await
-    .unwrap();
+    let relay = connected_relay(config(Role::Relay, "relay", &[hub_address])).await;
     let relay_address = relay.local_addr().unwrap();
     let mut actors = Vec::new();
     for name in ["a1", "a2"] {
@@ -225,7 +219,7 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     let hub_address = hub.local_addr().unwrap();
     let mut relay_config = config(Role::Relay, "relay", &[hub_address]);
     relay_config.retain_versions = 2;
-    let relay = spawn_relay(relay_config, chain.weights(0)).await.unwrap();
+    let relay = connected_relay(relay_config).await;
     let relay_address = relay.local_addr().unwrap();
     let actor_config = config(Role::Actor, "a1", &[relay_address, hub_address]);
     let actor = spawn_actor(
@@ -264,7 +258,7 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     for version in 4..=8 {
         chain.publish_live(&hub, version).await;
     }
-    active_at(&relay, 8, "relay").await;
+    held_at(&relay, 8, "relay").await;
     // The actor comes back with the weights it had: version 3. Neither the relay nor the
     // hub hold version 4 in memory any more. The hub's store plans the catch-up by
     // bytes: one composed delta from 3 to 8 costs less than D(4..=8).
@@ -311,12 +305,7 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
     hub_config.snapshot_segment_bytes = SNAPSHOT_SEGMENT_BYTES;
     let hub = spawn_hub(hub_config, Some(store.clone())).await.unwrap();
     let hub_address = hub.local_addr().unwrap();
-    let relay = spawn_relay(
-        config(Role::Relay, "relay", &[hub_address]),
-        chain.weights(0),
-    )
-    .await
-    .unwrap();
+    let relay = connected_relay(config(Role::Relay, "relay", &[hub_address])).await;
     let relay_address = relay.local_addr().unwrap();
     let veteran = spawn_actor(
         config(Role::Actor, "veteran", &[relay_address, hub_address]),
@@ -391,11 +380,8 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
     for version in 4..=VERSIONS {
         chain.publish_live(&hub, version).await;
     }
-    for (node, name) in [
-        (&relay, "relay"),
-        (&veteran, "veteran"),
-        (&newcomer, "newcomer"),
-    ] {
+    held_at(&relay, VERSIONS, "relay").await;
+    for (node, name) in [(&veteran, "veteran"), (&newcomer, "newcomer")] {
         let status = active_at(node, VERSIONS, name).await;
         assert_eq!(status.active, Some(chain.at(VERSIONS)), "{name}");
         assert_eq!(status.failed_activations, 0, "{name}");

@@ -99,7 +99,7 @@ pub struct RunConfig {
     /// Held-out evaluation every this many steps (and after the last).
     pub eval_every: u64,
     /// A full snapshot goes to the checkpoint store every this many versions (and of the
-    /// initial version): what an actor or relay that joins with no weights starts from,
+    /// initial version): what an actor that joins with no weights starts from,
     /// and where a composed catch-up rebuilds its base.
     pub snapshot_every: u64,
     /// The trainer's state (FP32 master weights, optimizer moments, counters) goes to

@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
 use aurora_node::NodeTrust;
 use aurora_proto::{Identity, Role};
-use aurora_transport::{NodeConfig, spawn_joining_relay};
+use aurora_transport::{NodeConfig, spawn_relay};
 use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -55,7 +55,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "runs/default")]
     dir: PathBuf,
     /// Carry on the run in `--dir` that stopped (its trainer, control plane and store as
-    /// they were; relays and actors start afresh and join from a snapshot), with its
+    /// they were; relays start afresh and actors join from a snapshot), with its
     /// settings; `--steps` may extend it.
     #[arg(long)]
     resume: bool,
@@ -218,8 +218,8 @@ fn relay(
         node.upstreams = vec![upstream];
         node.streams = config.streams;
         node.trainer_key = Some(trainer_key(run_dir)?);
-        // It holds no weights: it takes the hub's newest snapshot over the wire.
-        let handle = spawn_joining_relay(node).await?;
+        // It holds no weights: it forwards from the hub's newest version on.
+        let handle = spawn_relay(node).await?;
         let address = handle.local_addr().context("the relay has no address")?;
         println!("transport {address}");
         std::io::stdout().flush()?;

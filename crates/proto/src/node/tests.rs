@@ -8,7 +8,8 @@ use crate::receiver::{ReceiverConfig, ReceiverEvent, SessionEnd, Violation};
 use crate::sender::{Sender, SenderConfig};
 use crate::testutil::{
     Pair, TOKEN, artifact, connected, connected_joining, frames, frames_of, identity,
-    pinned_receiver, signed_frames, snapshot_artifact, trainer_key, weights, welcomed,
+    pinned_receiver, relaying_receiver, signed_frames, snapshot_artifact, trainer_key, weights,
+    welcomed,
 };
 use aurora_delta::Statement;
 
@@ -199,34 +200,91 @@ fn a_joining_actor_stages_its_snapshot_as_it_arrives_and_activates_it_without_a_
     );
 }
 
-#[test]
-fn a_joining_relay_never_republishes_its_snapshot_and_serves_what_follows() {
-    let sender = Sender::new(SenderConfig::new(
+fn relay_sender() -> Sender {
+    Sender::new(SenderConfig::new(
         identity(Role::Relay, "relay"),
         crate::Auth::Shared(TOKEN.to_vec()),
-    ));
-    let mut node = Node::joining_relay(connected_joining(1, 3), sender);
-    let (bytes, _) = snapshot_artifact(3, 2);
+    ))
+}
+
+#[test]
+fn a_relay_forwards_from_its_upstream_s_newest_version_and_decodes_nothing() {
+    let mut node = Node::relay(relaying_receiver(Some(3)), relay_sender());
+    poll(&mut node);
+    assert_eq!(node.receiver().unwrap().next_version(), 3);
+    let (bytes, _) = artifact(3, 2);
     let mut outputs = Vec::new();
-    for frame in frames_of(&bytes, ArtifactKind::Snapshot) {
+    for frame in frames(&bytes) {
         outputs.extend(feed(&mut node, frame));
     }
     assert!(
-        !outputs
-            .iter()
-            .any(|o| matches!(o, Output::Notice(Notice::RelayError(_)))),
+        !outputs.iter().any(|o| matches!(
+            o,
+            Output::Decode { .. }
+                | Output::AwaitSafePoint
+                | Output::Activate { .. }
+                | Output::Notice(Notice::RelayError(_))
+        )),
+        "a relay holds no weights: {outputs:?}"
+    );
+    assert!(outputs.contains(&Output::Notice(Notice::Complete { version: 3 })));
+    assert_eq!(node.sender().unwrap().latest(), Some(3));
+    assert_eq!(node.actor_status(), None);
+    // What it holds is what its reports (and later Hellos) say.
+    let held = VersionRef {
+        version: 3,
+        hash: weights(3),
+    };
+    assert!(
+        outputs.iter().any(|o| matches!(
+            o,
+            Output::Transmit { frame: Frame::Status { active, staged: None, .. }, .. } if *active == held
+        )),
         "{outputs:?}"
     );
+
+    // A downstream that wants a version from before the relay's start is told it is not
+    // held here: its actor falls back to the hub. (That a relay serves what it holds is
+    // the next test's.)
+    let served = std::mem::replace(node.sender_mut().unwrap(), crate::testutil::sender());
+    let mut behind = Pair::new(served, crate::testutil::receiver(1, 2));
+    behind.pump();
+    assert!(
+        behind.events.iter().any(|e| matches!(
+            e,
+            ReceiverEvent::UpstreamLost {
+                reason: SessionEnd::Unavailable { version: 2, .. }
+            }
+        )),
+        "{:?}",
+        behind.events
+    );
+}
+
+#[test]
+fn a_relay_that_moves_its_start_before_holding_a_version_drops_what_it_began() {
+    let mut node = Node::relay(relaying_receiver(Some(3)), relay_sender());
+    poll(&mut node);
+    let (bytes, _) = artifact(3, 2);
+    feed(&mut node, frames(&bytes)[0].clone());
+    assert_eq!(
+        node.sender().unwrap().latest(),
+        Some(3),
+        "begun at its Offer"
+    );
+    // The session is lost before version 3 is complete; the next upstream's newest is 5.
+    let now = Instant::now();
+    let receiver = node.receiver_mut().unwrap();
+    receiver.start_session(now, 6);
+    receiver.connected(now, 6, 0, 2);
+    receiver.handle_frame(now, 2, crate::testutil::hub_welcome_at(Some(5)));
+    poll(&mut node);
+    assert_eq!(node.receiver().unwrap().next_version(), 5);
     assert_eq!(
         node.sender().unwrap().latest(),
         None,
-        "nothing to serve yet"
+        "version 3 would never be complete here"
     );
-    let (delta, _) = artifact(4, 2);
-    for frame in frames(&delta) {
-        feed(&mut node, frame);
-    }
-    assert_eq!(node.sender().unwrap().latest(), Some(4));
 }
 
 /// A joining actor that pins the trainer key, welcomed by a hub offering the snapshot of
@@ -336,13 +394,11 @@ fn a_relay_forwards_the_trainer_s_offer_signature_and_a_pinned_actor_takes_the_v
         crate::Auth::Shared(TOKEN.to_vec()),
     );
     config.trainer_key = pinned;
+    let mut receiver = ReceiverConfig::new(identity(Role::Relay, "relay"), TOKEN.to_vec());
+    receiver.trainer_key = pinned;
     let mut relay = Node::relay(
-        welcomed(pinned_receiver(1, 1, pinned), None),
+        welcomed(Receiver::relaying(receiver), None),
         Sender::new(config),
-        VersionRef {
-            version: 0,
-            hash: weights(0),
-        },
     );
     let (bytes, _) = artifact(1, 3);
     let frames = signed_frames(&bytes, ArtifactKind::Delta, Some(&key));

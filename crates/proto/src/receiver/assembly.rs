@@ -66,9 +66,8 @@ impl Receiver {
                 Some(ArtifactKind::Composed) => ArtifactKind::Composed,
                 _ => self.kind_of(version),
             };
-            if kind == ArtifactKind::Snapshot {
-                self.start = Start::Weights;
-            }
+            // Delivered: from now on every version follows this one as a delta.
+            self.start = Start::Weights;
             let artifact = Artifact::from_assembly(assembly, kind);
             self.tip = Some(VersionRef {
                 version,

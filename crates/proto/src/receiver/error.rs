@@ -35,9 +35,9 @@ pub enum SessionEnd {
     #[error("{role} {peer_id} offers no snapshot to join from")]
     NoSnapshot { role: Role, peer_id: String },
     #[error(
-        "{role} {peer_id} offers snapshot version {offered}, too close to the last version number"
+        "{role} {peer_id} names version {offered} to start from, too close to the last version number"
     )]
-    SnapshotTooLate {
+    StartTooLate {
         role: Role,
         peer_id: String,
         offered: u64,

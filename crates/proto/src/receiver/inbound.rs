@@ -67,6 +67,15 @@ impl Receiver {
         }
     }
 
+    /// Whether the versions up to the window's end from `start`, and the one composed
+    /// target beyond it, stay countable: an upstream naming a start near `u64::MAX` is
+    /// refused rather than overflowing the window.
+    fn countable_from(&self, start: u64) -> bool {
+        start
+            .checked_add(self.config.versions_ahead.saturating_add(2))
+            .is_some()
+    }
+
     pub(super) fn on_welcome(&mut self, stream: usize, welcome: Welcome) {
         if welcome.protocol_version != PROTOCOL_VERSION {
             return self.lose_upstream(SessionEnd::Version(welcome.protocol_version));
@@ -84,11 +93,8 @@ impl Receiver {
             };
             // Versions up to the window's end and the one composed target beyond it
             // must stay countable.
-            if offered
-                .checked_add(self.config.versions_ahead.saturating_add(2))
-                .is_none()
-            {
-                return self.lose_upstream(SessionEnd::SnapshotTooLate {
+            if !self.countable_from(offered) {
+                return self.lose_upstream(SessionEnd::StartTooLate {
                     role: welcome.role,
                     peer_id: welcome.peer_id,
                     offered,
@@ -105,6 +111,21 @@ impl Receiver {
             }
             self.start = Start::Snapshot(Some(offered));
             self.next_version = offered;
+        }
+        if first && self.start == Start::Newest {
+            let newest = welcome.latest.unwrap_or(0).max(1);
+            if !self.countable_from(newest) {
+                return self.lose_upstream(SessionEnd::StartTooLate {
+                    role: welcome.role,
+                    peer_id: welcome.peer_id,
+                    offered: newest,
+                });
+            }
+            if newest > self.next_version {
+                // What is held of older versions is never delivered now.
+                self.forget_held();
+                self.next_version = newest;
+            }
         }
         let s = self.session.as_mut().expect("caller checked");
         s.streams[stream].welcomed = true;

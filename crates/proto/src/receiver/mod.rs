@@ -170,6 +170,11 @@ pub struct ReceiverStats {
 enum Start {
     /// The weights of `next_version - 1`: every version arrives as a delta.
     Weights,
+    /// Nothing, and nothing needed: a relay's receiver, which forwards deltas and holds
+    /// no weights, starts from the newest version its upstream serves (a Welcome's
+    /// `latest`, at least 1), chosen again at each session's first Welcome until a
+    /// version is delivered.
+    Newest,
     /// No weights: the first version arrives as a snapshot, of the version an upstream
     /// offered (None until a Welcome did), then the deltas after it.
     Snapshot(Option<u64>),
@@ -257,6 +262,21 @@ impl Receiver {
         let mut receiver = Receiver::new(config, 0, VersionRef::default());
         receiver.start = Start::Snapshot(None);
         receiver
+    }
+
+    /// A relay's receiver: it holds no weights, so it wants every version from the newest
+    /// its upstream serves on (docs/wire-protocol.md §8). Its Hellos report version 0
+    /// with the all-zero hash until [`Receiver::set_local`] says what it holds.
+    pub fn relaying(config: ReceiverConfig) -> Receiver {
+        let mut receiver = Receiver::new(config, 1, VersionRef::default());
+        receiver.start = Start::Newest;
+        receiver
+    }
+
+    /// Whether the receiver may still move its first version (a relay's, until it has
+    /// delivered one: [`Receiver::relaying`]).
+    pub fn choosing_start(&self) -> bool {
+        self.start == Start::Newest
     }
 
     /// Lets Wants accept a composed delta for catch-up (docs/wire-protocol.md §6.7). Only

@@ -4,8 +4,9 @@ use super::*;
 use crate::frame::Role;
 use crate::testutil::{
     Pair, artifact, artifact_signature, commit, composed_artifact, connected, connected_composed,
-    connected_joining, connected_pinned, frames, frames_of, hub_welcome, joining_receiver,
-    pinned_receiver, receiver, sender, signed_frames, snapshot_artifact, trainer_key,
+    connected_joining, connected_pinned, frames, frames_of, hub_welcome, hub_welcome_at,
+    joining_receiver, pinned_receiver, receiver, relaying_receiver, sender, signed_frames,
+    snapshot_artifact, trainer_key,
 };
 
 fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
@@ -424,6 +425,51 @@ fn a_snapshot_version_at_the_end_of_the_numbers_is_refused() {
         )),
         "{events:?}"
     );
+}
+
+#[test]
+fn a_relaying_receiver_starts_at_its_upstream_s_newest_version_until_it_holds_one() {
+    let now = Instant::now();
+    let mut r = relaying_receiver(Some(0));
+    assert_eq!(
+        r.next_version(),
+        1,
+        "version 0 comes as no delta: it starts from 1"
+    );
+    // A session before anything is delivered starts again from the newest.
+    r.start_session(now, 6);
+    r.connected(now, 6, 0, 2);
+    r.handle_frame(now, 2, hub_welcome_at(Some(4)));
+    assert_eq!(r.next_version(), 4);
+    let (_, out) = drain(&mut r);
+    assert!(
+        out.iter().any(|(_, f)| matches!(
+            f,
+            Frame::Want {
+                next_version: 4,
+                snapshot: false,
+                composed: false,
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+    let (bytes, _) = artifact(4, 2);
+    for frame in frames(&bytes) {
+        r.handle_frame(now, 2, frame);
+    }
+    assert_eq!(completed(&drain(&mut r).0), [(4, bytes)]);
+    // Holding a version, it follows on from it whatever the next Welcome says.
+    r.start_session(now, 7);
+    r.connected(now, 7, 0, 3);
+    r.handle_frame(now, 3, hub_welcome_at(Some(9)));
+    assert_eq!(r.next_version(), 5);
+}
+
+#[test]
+fn a_relaying_receiver_refuses_a_start_at_the_end_of_the_numbers() {
+    let mut r = relaying_receiver(Some(u64::MAX - 1));
+    lost(&mut r, "names version 18446744073709551614 to start from");
 }
 
 #[test]

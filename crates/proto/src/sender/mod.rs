@@ -278,10 +278,13 @@ impl Sender {
             .max(self.loadable_max)
     }
 
-    /// Versions below `version` will never be held here (a relay that started from
-    /// weights of `version - 1`).
+    /// Versions below `version` will never be held here (a relay that starts from
+    /// `version`): what is held of them goes, and sessions wanting one are told so.
     pub fn set_floor(&mut self, version: u64) {
         self.floor = self.floor.max(version);
+        let floor = self.floor;
+        self.artifacts
+            .retain(|key, _| !matches!(key, ArtifactKey::Delta(v) if *v < floor));
     }
 
     /// Tells a store-backed sender the newest version its store holds.

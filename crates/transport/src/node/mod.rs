@@ -1,5 +1,5 @@
 //! The event loop of one node: owns the sans-IO [`aurora_proto::Node`], its sockets, its
-//! timers and, for relays and actors, its weights and engine.
+//! timers and, for actors, its weights and engine.
 //!
 //! Every socket has a reader and a writer task; they and the listener report to the loop
 //! through one bounded channel, so the loop is the only place where protocol state
@@ -39,9 +39,7 @@ use crate::security::{Limits, Refusals, Security};
 
 pub(crate) use self::driver::Event;
 pub use self::handle::NodeHandle;
-pub use self::spawn::{
-    spawn_actor, spawn_collector, spawn_hub, spawn_joining_actor, spawn_joining_relay, spawn_relay,
-};
+pub use self::spawn::{spawn_actor, spawn_collector, spawn_hub, spawn_joining_actor, spawn_relay};
 
 /// Settings shared by every kind of node.
 #[derive(Debug, Clone)]
@@ -77,12 +75,12 @@ pub struct NodeConfig {
     /// join with no weights. Hubs that serve one store must agree on it: the same
     /// snapshot then gives the same artifact, and a join resumes across them.
     pub snapshot_segment_bytes: usize,
-    /// Where a relay or an actor decodes deltas as their segments arrive, at a lower
+    /// Where an actor decodes deltas as their segments arrive, at a lower
     /// priority than the process ([`DecodePool`]). `None`: a pool of its own, one
     /// thread per core. Nodes of one process may share a pool: they then take turns,
-    /// one segment each. Hubs and collectors decode nothing.
+    /// one segment each. Hubs, relays and collectors decode nothing.
     pub decode_pool: Option<Arc<DecodePool>>,
-    /// Where a relay or an actor that joins with no weights builds the image of the
+    /// Where an actor that joins with no weights builds the image of the
     /// snapshot it takes (and the images after it): the heap, or unnamed files mapped
     /// from a directory (`aurora_checkpoint::FileImages`), which keep the node's memory
     /// flat whatever the model's size. A node started with weights keeps theirs.
@@ -166,7 +164,7 @@ impl NodeConfig {
         config
     }
 
-    fn receiver_config(&self) -> ReceiverConfig {
+    pub(super) fn receiver_config(&self) -> ReceiverConfig {
         // Over TLS the certificate proves who this node is: a Hello carries no token.
         let token = match &self.security {
             Security::Tls(_) => Vec::new(),
@@ -245,7 +243,7 @@ pub enum TransportError {
 /// Where a node stands; published after every event it handles.
 #[derive(Debug, Clone, Default)]
 pub struct NodeStatus {
-    /// The active weights (relays and actors).
+    /// The active weights (actors; relays hold none).
     pub active: Option<VersionRef>,
     pub staged: Option<u64>,
     pub committed: Option<u64>,

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use aurora_delta::Hash;
-use aurora_proto::{Node, Sender, VersionRef, Weights};
+use aurora_proto::{Node, Receiver, Sender, VersionRef, Weights};
 use aurora_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -41,39 +41,23 @@ pub async fn spawn_hub(
     .await
 }
 
-/// Starts a relay with its weights: it receives from its upstreams, activates every
-/// version itself, and forwards each verified segment to its subscribers as it arrives.
-pub async fn spawn_relay(
-    config: NodeConfig,
-    weights: Weights,
-) -> Result<NodeHandle, TransportError> {
-    start_relay(config, Some(weights)).await
-}
-
-/// Starts a relay with no weights (a new region's): it takes the newest snapshot an
-/// upstream offers over the wire, activates it, then serves the versions after it as
-/// [`spawn_relay`] does.
-pub async fn spawn_joining_relay(config: NodeConfig) -> Result<NodeHandle, TransportError> {
-    start_relay(config, None).await
-}
-
-pub(super) async fn start_relay(
-    config: NodeConfig,
-    weights: Option<Weights>,
-) -> Result<NodeHandle, TransportError> {
+/// Starts a relay: it holds no weights, receives every version from the newest its
+/// first upstream serves on, and forwards each verified segment to its subscribers as
+/// it arrives (docs/wire-protocol.md §8).
+pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportError> {
     if config.upstreams.is_empty() {
         return Err(TransportError::NoUpstream("a relay"));
     }
-    let active = weights.as_ref().map(Weights::active);
-    let receiver = config.receiver(active);
+    let receiver = Receiver::relaying(config.receiver_config());
     let sender = Sender::new(config.sender(false));
-    let node = match active {
-        Some(active) => Node::relay(receiver, sender, active),
-        None => Node::joining_relay(receiver, sender),
-    };
-    let engine = Arc::new(IdleEngine::default());
-    let weights = weights.unwrap_or_else(|| Weights::empty(config.images.clone()));
-    spawn(config, node, Some(weights), Some(engine), None).await
+    spawn(
+        config,
+        Node::relay(receiver, sender),
+        None,
+        None::<Arc<IdleEngine>>,
+        None,
+    )
+    .await
 }
 
 /// Starts an actor: it receives from its upstreams, stages each delta against its

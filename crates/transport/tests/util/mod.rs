@@ -157,6 +157,30 @@ pub async fn active_at(node: &NodeHandle, version: u64, name: &str) -> NodeStatu
     .await
 }
 
+/// Starts a relay and waits until its upstream session is up, so that it forwards from
+/// the versions published after this (a relay starts from its upstream's newest).
+pub async fn connected_relay(config: NodeConfig) -> NodeHandle {
+    let relay = aurora_transport::spawn_relay(config).await.unwrap();
+    within(
+        Duration::from_secs(60),
+        "relay connects",
+        relay.wait_for(|s| s.connected),
+    )
+    .await
+    .unwrap();
+    relay
+}
+
+/// Waits until the relay `node` holds `version` complete (relays hold no weights).
+pub async fn held_at(node: &NodeHandle, version: u64, name: &str) -> NodeStatus {
+    within(Duration::from_secs(60), name, async {
+        node.wait_for(|s| s.completed.contains(&version))
+            .await
+            .unwrap()
+    })
+    .await
+}
+
 /// What the proxy does to the server-to-client direction.
 #[derive(Debug, Clone, Copy)]
 pub enum Fault {
