@@ -470,6 +470,12 @@ impl Node {
                 decoding: BTreeMap::new(),
                 artifact: None,
             });
+            // Each segment is decoded as it is announced: the receiver keeps only its
+            // hash, so a delta (or a snapshot) is never held whole beside what its
+            // decodes make, only while its segments wait for a decoder.
+            if let Some(receiver) = &mut self.receiver {
+                receiver.take_segments(version);
+            }
         }
     }
 
@@ -558,6 +564,10 @@ impl Node {
                     .map_err(|e| e.to_string())
             })
             .map(|patch| self.patch = Some((version, patch)));
+        if outcome.is_ok() {
+            // Staged: what activates is the patch, never these bytes again.
+            self.artifacts.remove(&version);
+        }
         if let Some(actor) = &mut self.actor {
             actor.staged(version, outcome);
         }

@@ -433,11 +433,11 @@ fn receiver(role: Role, name: &str, streams: u8, active: VersionRef) -> Receiver
 
 /// A peer with no weights, as it starts (or restarts before its snapshot is active).
 fn joiner(name: &str, streams: u8) -> Node {
-    // As the transport's joiners: the snapshot's image is built from each segment as it
-    // is announced, and the receiver keeps only the hashes.
-    let mut config = receiver_config(Role::Actor, name, streams);
-    config.hold_snapshot_segments = false;
-    Node::joining_actor(Receiver::joining(config))
+    Node::joining_actor(Receiver::joining(receiver_config(
+        Role::Actor,
+        name,
+        streams,
+    )))
 }
 
 fn version_ref(version: u64) -> VersionRef {

@@ -82,11 +82,22 @@ fn segments_are_decoded_as_they_arrive_and_staged_once_complete() {
     }
     assert_eq!(asked.iter().map(|d| d.1).collect::<Vec<_>>(), [1, 2]);
     assert_eq!(node.actor_status().unwrap().staged, None);
+    // Each segment went to its decode as it came: the complete artifact holds only
+    // their hashes, never the delta whole.
+    let held: Vec<usize> = node.artifacts[&1]
+        .segments()
+        .map(|(_, _, bytes)| bytes.len())
+        .collect();
+    assert_eq!(held, [0, 0, 0]);
     for (version, index, hash) in asked {
         node.decoded(version, index, hash, Ok(SpilledChunks::default()));
     }
     poll(&mut node);
     assert_eq!(node.actor_status().unwrap().staged, Some(1));
+    assert!(
+        node.artifacts.is_empty(),
+        "staged: the patch is what activates"
+    );
     assert!(node.take_staged(1).is_some());
 }
 
@@ -288,12 +299,10 @@ fn a_relay_that_moves_its_start_before_holding_a_version_drops_what_it_began() {
 }
 
 /// A joining actor that pins the trainer key, welcomed by a hub offering the snapshot of
-/// `snapshot`; like the transport's joiners it keeps only the hashes of snapshot
-/// segments, which are written into the image as they are decoded.
+/// `snapshot`.
 fn pinned_joiner(snapshot: u64) -> Node {
     let mut config = ReceiverConfig::new(identity(Role::Actor, "a1"), TOKEN.to_vec());
     config.trainer_key = Some(trainer_key().verifying_key());
-    config.hold_snapshot_segments = false;
     Node::joining_actor(welcomed(Receiver::joining(config), Some(snapshot)))
 }
 

@@ -28,6 +28,9 @@ pub(super) struct Assembly {
     pub(super) verified_table: bool,
     pub(super) failures: BTreeMap<u32, u32>,
     pub(super) held_bytes: u64,
+    /// The consumer takes its segments as they are announced
+    /// ([`super::Receiver::take_segments`]): only their hashes are kept.
+    pub(super) taken: bool,
 }
 
 impl Assembly {
@@ -129,8 +132,8 @@ impl Receiver {
 /// held up everything else for the better part of a second (BENCHMARKS.md). A
 /// consumer that needs the bytes contiguous calls [`Artifact::to_bytes`] where it may
 /// take its time (a relay forwards segments as they arrive and never needs it). A
-/// snapshot's segments are empty when its receiver did not hold them
-/// ([`super::ReceiverConfig::hold_snapshot_segments`]).
+/// version's segments are empty where its consumer took them as they were announced
+/// ([`super::Receiver::take_segments`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
     kind: ArtifactKind,

@@ -291,25 +291,16 @@ impl Receiver {
         });
         // Segments that overtook the offer on another stream are announced now, so a
         // relay republishes them after the descriptor.
-        let release = kind == ArtifactKind::Snapshot && !self.config.hold_snapshot_segments;
-        let mut released = 0;
-        for (index, held) in assembly.segments.iter_mut().enumerate() {
+        for (index, held) in assembly.segments.iter().enumerate() {
             if let Some((hash, bytes)) = held {
                 self.events.push_back(ReceiverEvent::Segment {
                     version,
                     index: index as u32,
                     hash: *hash,
-                    bytes: if release {
-                        released += bytes.len() as u64;
-                        std::mem::take(bytes)
-                    } else {
-                        bytes.clone()
-                    },
+                    bytes: bytes.clone(),
                 });
             }
         }
-        assembly.held_bytes -= released;
-        self.held_bytes -= released;
         self.check_table(version)
     }
 
@@ -382,8 +373,7 @@ impl Receiver {
             *counter += bytes.len() as u64;
         }
         if assembly.descriptor.is_some() {
-            if assembly.kind == Some(ArtifactKind::Snapshot) && !self.config.hold_snapshot_segments
-            {
+            if assembly.taken {
                 // Announced, and kept no longer: the hash stands for it.
                 assembly.segments[index as usize] = Some((hash, Bytes::new()));
                 assembly.held_bytes -= bytes.len() as u64;

@@ -66,12 +66,6 @@ pub struct ReceiverConfig {
     pub versions_ahead: u64,
     /// Bytes of incomplete artifacts held at most.
     pub max_held_bytes: u64,
-    /// Whether a snapshot's segments are held until it is complete. A consumer that
-    /// takes each segment as it is announced (an actor building the snapshot's image as
-    /// it decodes) sets this off: the receiver then keeps only each segment's hash, and
-    /// the complete artifact's segments are empty. Holding them would hold the whole
-    /// model for nothing.
-    pub hold_snapshot_segments: bool,
     /// Bad copies of one segment tolerated before the upstream is given up.
     pub max_segment_failures: u32,
     /// An upstream that sends nothing (not even a keepalive) for this long is lost.
@@ -93,7 +87,6 @@ impl ReceiverConfig {
             streams: 4,
             versions_ahead: 4,
             max_held_bytes: 8 << 30,
-            hold_snapshot_segments: true,
             max_segment_failures: 8,
             idle_timeout: Duration::from_secs(10),
             tune_interval: None,
@@ -271,6 +264,23 @@ impl Receiver {
         let mut receiver = Receiver::new(config, 1, VersionRef::default());
         receiver.start = Start::Newest;
         receiver
+    }
+
+    /// The consumer takes each segment of `version` as it is announced (an actor that
+    /// decodes them as they arrive): from now on the receiver keeps only their hashes,
+    /// which stand for them in its Wants and against the table, and the complete
+    /// artifact's segments are empty. Holding them would hold the whole delta, or for a
+    /// snapshot the whole model, until the last one arrived, for nothing.
+    pub fn take_segments(&mut self, version: u64) {
+        let Some(assembly) = self.assemblies.get_mut(&version) else {
+            return;
+        };
+        assembly.taken = true;
+        for (_, bytes) in assembly.segments.iter_mut().flatten() {
+            let released = std::mem::take(bytes).len() as u64;
+            assembly.held_bytes -= released;
+            self.held_bytes -= released;
+        }
     }
 
     /// Whether the receiver may still move its first version (a relay's, until it has

@@ -870,45 +870,66 @@ fn a_welcome_with_an_unsigned_commit_is_refused() {
     assert!(events.contains(&ReceiverEvent::Commit(commit(4, Some(&trainer_key())))));
 }
 
-#[test]
-fn a_joining_receiver_that_does_not_hold_snapshot_segments_keeps_only_their_hashes() {
-    let mut config = ReceiverConfig::new(
-        crate::testutil::identity(Role::Actor, "a1"),
-        crate::testutil::TOKEN.to_vec(),
-    );
-    config.hold_snapshot_segments = false;
-    let mut r = crate::testutil::welcomed(Receiver::joining(config), Some(4));
+/// What a consumer saw: the segments announced (index and length), and the complete
+/// artifact's segments (hash and length).
+struct Taken {
+    announced: Vec<(u32, usize)>,
+    held: Vec<(Hash, usize)>,
+}
+
+/// Feeds `frames` of `version` to `r`, the first segment ahead of its Offer, taking the
+/// segments as they are announced from the Offer on.
+fn taken_as_announced(mut r: Receiver, version: u64, mut frames: Vec<Frame>) -> Taken {
     let now = Instant::now();
-    let (bytes, manifest) = snapshot_artifact(4, 3);
-    let mut frames = frames_of(&bytes, ArtifactKind::Snapshot);
-    // One segment overtakes the offer: announced (and let go) when the offer comes.
     frames.swap(0, 1);
-    for frame in frames {
+    let mut events = Vec::new();
+    for (n, frame) in frames.into_iter().enumerate() {
         r.handle_frame(now, 1, frame);
+        events.extend(drain(&mut r).0);
+        if n == 1 {
+            // The consumer sees the Offer, and the segment that overtook it, and takes
+            // what follows as it comes.
+            r.take_segments(version);
+        }
     }
-    let (events, _) = drain(&mut r);
-    let announced: Vec<(u32, usize)> = events
+    let announced = events
         .iter()
         .filter_map(|e| match e {
             ReceiverEvent::Segment { index, bytes, .. } => Some((*index, bytes.len())),
             _ => None,
         })
         .collect();
-    assert_eq!(announced.len(), 3, "{events:?}");
-    for (index, len) in announced {
-        assert_eq!(len, manifest.segments[index as usize].len as usize);
-    }
     let artifact = events
         .iter()
         .find_map(|e| match e {
             ReceiverEvent::Complete { artifact, .. } => Some(artifact),
             _ => None,
         })
-        .expect("the snapshot is complete");
-    let held: Vec<(Hash, usize)> = artifact
+        .expect("the artifact is complete");
+    let held = artifact
         .segments()
         .map(|(_, hash, bytes)| (hash, bytes.len()))
         .collect();
-    let expected: Vec<(Hash, usize)> = manifest.segments.iter().map(|s| (s.hash, 0)).collect();
-    assert_eq!(held, expected, "only the hashes are kept");
+    Taken { announced, held }
+}
+
+#[test]
+fn a_receiver_whose_consumer_takes_the_segments_keeps_only_their_hashes() {
+    let snapshot = snapshot_artifact(4, 3);
+    let delta = artifact(1, 3);
+    for (receiver, version, (bytes, manifest), kind) in [
+        (connected_joining(1, 4), 4, snapshot, ArtifactKind::Snapshot),
+        (connected(1), 1, delta, ArtifactKind::Delta),
+    ] {
+        let Taken { announced, held } =
+            taken_as_announced(receiver, version, frames_of(&bytes, kind));
+        let expected: Vec<(u32, usize)> = (0..3)
+            .map(|i| (i, manifest.segments[i as usize].len as usize))
+            .collect();
+        let mut announced = announced;
+        announced.sort_unstable();
+        assert_eq!(announced, expected, "{kind:?}: each announced once, whole");
+        let hashes: Vec<(Hash, usize)> = manifest.segments.iter().map(|s| (s.hash, 0)).collect();
+        assert_eq!(held, hashes, "{kind:?}: only the hashes are kept");
+    }
 }

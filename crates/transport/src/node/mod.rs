@@ -183,13 +183,7 @@ impl NodeConfig {
     fn receiver(&self, active: Option<VersionRef>) -> Receiver {
         match active {
             Some(active) => Receiver::new(self.receiver_config(), active.version + 1, active),
-            None => {
-                // Its node builds the snapshot's image from each segment as it is
-                // announced (`Weights::decode_segment`): nothing else needs them.
-                let mut config = self.receiver_config();
-                config.hold_snapshot_segments = false;
-                Receiver::joining(config)
-            }
+            None => Receiver::joining(self.receiver_config()),
         }
     }
 }
