@@ -40,9 +40,9 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
-    /// The whole path at a model's real size: a hub publishing a synthetic chain, a relay
-    /// and two actors joining by snapshot over the wire and following every delta, as
-    /// processes; time, peak anonymous memory per node and bytes on the wire per phase.
+    /// The whole path at a model's real size: a hub publishing a synthetic chain, two
+    /// actors joining by snapshot over the wire and following every delta through a relay,
+    /// as processes; time, peak anonymous memory per node and bytes on the wire per phase.
     Scale(crate::bench_scale::ScaleArgs),
 }
 
