@@ -229,11 +229,12 @@ async fn report_held(relay: &NodeHandle) -> Result<()> {
     let mut status = relay.watch();
     let mut shown = 0;
     loop {
-        let completed = status.borrow_and_update().completed.clone();
-        for version in completed.iter().skip(shown) {
+        // Only what is new: the list grows with every version the relay ever held.
+        let new: Vec<u64> = status.borrow_and_update().completed[shown..].to_vec();
+        for version in &new {
             println!("holds {version}");
         }
-        shown = completed.len();
+        shown += new.len();
         std::io::stdout().flush()?;
         if status.changed().await.is_err() {
             bail!("the node stopped");
