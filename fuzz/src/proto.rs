@@ -219,7 +219,7 @@ fn receiver_seed(key: Option<&SigningKey>) -> Vec<u8> {
         Frame::Offer {
             version: 1,
             kind: ArtifactKind::Delta,
-            descriptor: Bytes::from(file.header().encode()),
+            descriptor: Bytes::from(file.header().encode_pending()),
             signature: key.map(|key| {
                 aurora_proto::offer_signature(key, ArtifactKind::Delta, &bytes).expect("valid")
             }),
@@ -227,6 +227,7 @@ fn receiver_seed(key: Option<&SigningKey>) -> Vec<u8> {
         Frame::Seal {
             version: 1,
             id: file.id,
+            target_hash: file.header().target_hash,
             segments: file.manifest.segments.clone(),
             signature: key.map(|key| aurora_delta::sign(key, &statement)),
         },

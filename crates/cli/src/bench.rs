@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use aurora_delta::{
     ArtifactKind, Checkpoint, DeltaFile, Encoding, ExtractOptions, Extraction, OwnedTensor,
-    Statement, check_base, count_changed, decode, owned_checkpoint, safetensors_layout,
+    Statement, TargetHash, check_base, count_changed, decode, owned_checkpoint, safetensors_layout,
 };
 use aurora_synth::{ModelShape, Synth, SynthConfig, preset};
 use clap::Subcommand;
@@ -287,7 +287,7 @@ fn measure(
         let options = ExtractOptions {
             encoding,
             base_hash: Some(base_hash),
-            target_hash: Some(target_hash),
+            target_hash: TargetHash::Known(target_hash),
             ..ExtractOptions::default()
         };
         pool(threads)?.install(|| {

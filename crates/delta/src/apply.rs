@@ -741,13 +741,14 @@ impl TargetImage {
         )
     }
 
-    /// The finished image and its layout, once its weights hash is the artifact's
-    /// target hash.
-    pub fn finish(self) -> Result<(Image, Vec<TensorLayout>, Hash)> {
+    /// The finished image and its layout, once its weights hash is `target_hash`: the
+    /// artifact's, from its Seal (the header it was built from may have left it
+    /// pending, docs/wire-protocol.md §4.4).
+    pub fn finish(self, target_hash: Hash) -> Result<(Image, Vec<TensorLayout>, Hash)> {
         let actual = Checkpoint::from_layout(&self.image, &self.layout)?.weights_hash();
-        if actual != self.header.target_hash {
+        if actual != target_hash {
             return Err(DeltaError::TargetMismatch {
-                expected: self.header.target_hash,
+                expected: target_hash,
                 actual,
             });
         }

@@ -10,6 +10,10 @@ use crate::error::{DeltaError, Result};
 pub struct Hash(pub [u8; 32]);
 
 impl Hash {
+    /// All zero: no BLAKE3 digest of anything in practice, so it marks a hash not known
+    /// yet (an Offer's pending target hash, wire-protocol §4.4) or no weights at all.
+    pub const ZERO: Hash = Hash([0; 32]);
+
     pub fn of(bytes: &[u8]) -> Hash {
         Hash(*blake3::hash(bytes).as_bytes())
     }

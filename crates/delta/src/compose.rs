@@ -9,7 +9,7 @@
 use crate::apply::{check_base, decode};
 use crate::checkpoint::{Checkpoint, Hash, TensorLayout};
 use crate::error::{DeltaError, Result};
-use crate::extract::{ExtractOptions, Extraction};
+use crate::extract::{ExtractOptions, Extraction, TargetHash};
 use crate::format::{DeltaFile, Manifest};
 use crate::image::{Image, ImageSpace, checkpoint_image};
 
@@ -34,7 +34,7 @@ pub fn compose(
         base_version: first.base_version,
         target_version: last.target_version,
         base_hash: Some(first.base_hash),
-        target_hash: Some(last.target_hash),
+        target_hash: TargetHash::Known(last.target_hash),
         ..options
     };
     Extraction::new(base, &end_view, options)?.to_bytes()
@@ -109,7 +109,7 @@ pub fn invert(
         base_version: header.target_version,
         target_version: header.base_version,
         base_hash: Some(header.target_hash),
-        target_hash: Some(header.base_hash),
+        target_hash: TargetHash::Known(header.base_hash),
         ..options
     };
     Extraction::new(&target_view, base, options)?.to_bytes()

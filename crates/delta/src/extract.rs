@@ -33,9 +33,23 @@ pub struct ExtractOptions {
     pub segment_target_bytes: usize,
     /// Segments buffered between the encoder and a slow consumer.
     pub queue_segments: usize,
-    /// Weights hashes the caller already knows; computed when absent.
+    /// The base's weights hash if the caller knows it; computed when absent.
     pub base_hash: Option<Hash>,
-    pub target_hash: Option<Hash>,
+    pub target_hash: TargetHash,
+}
+
+/// Where the header's target weights hash comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TargetHash {
+    /// Computed by [`Extraction::new`] (beside the base's, when that is computed too).
+    #[default]
+    Compute,
+    /// Known to the caller.
+    Known(Hash),
+    /// Left pending (all zero) in the header, for a caller that computes it while the
+    /// encoder runs and completes the manifest before sealing: a hub offers a delta
+    /// before the hash of its target is done (docs/wire-protocol.md §4.4).
+    Later,
 }
 
 impl Default for ExtractOptions {
@@ -47,7 +61,7 @@ impl Default for ExtractOptions {
             segment_target_bytes: 256 << 10,
             queue_segments: 8,
             base_hash: None,
-            target_hash: None,
+            target_hash: TargetHash::Compute,
         }
     }
 }
@@ -159,12 +173,14 @@ impl<'c, 'a> Extraction<'c, 'a> {
                 change,
             });
         }
-        let (base_hash, target_hash) = match (options.base_hash, options.target_hash) {
-            (Some(b), Some(t)) => (b, t),
-            (b, t) => rayon::join(
-                || b.unwrap_or_else(|| base.weights_hash()),
-                || t.unwrap_or_else(|| target.weights_hash()),
-            ),
+        let hash_target = || match options.target_hash {
+            TargetHash::Compute => target.weights_hash(),
+            TargetHash::Known(hash) => hash,
+            TargetHash::Later => Hash::ZERO,
+        };
+        let (base_hash, target_hash) = match options.base_hash {
+            Some(known) => (known, hash_target()),
+            None => rayon::join(|| base.weights_hash(), hash_target),
         };
         let header = DeltaHeader {
             base_version: options.base_version,

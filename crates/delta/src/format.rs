@@ -21,6 +21,9 @@ pub const MAGIC: [u8; 8] = *b"\x89ADELTA\x1a";
 pub const END_MAGIC: [u8; 8] = *b"ADLTEND\n";
 pub const FORMAT_VERSION: u16 = 1;
 pub const PREAMBLE_BYTES: usize = 16;
+/// Where the target's weights hash lies in the encoded preamble and header (§4, §4.1):
+/// after the preamble, the two versions and the base hash.
+const TARGET_HASH_AT: usize = PREAMBLE_BYTES + 8 + 8 + 32;
 pub const TRAILER_BYTES: usize = 4 + 4 + 32 + 8;
 
 /// Limits a reader enforces before allocating or looping on a declared count.
@@ -157,6 +160,41 @@ impl DeltaHeader {
             });
         }
         Ok((layout, end))
+    }
+
+    /// The preamble and header as an Offer carries them (wire-protocol §4.4, since
+    /// protocol version 4): the target's weights hash left pending, all zero. A hub
+    /// offers a delta while the hash of its target is still being computed and sends
+    /// the hash in the Seal, so one artifact has one descriptor, live or stored.
+    pub fn encode_pending(&self) -> Vec<u8> {
+        let mut out = self.encode();
+        out[TARGET_HASH_AT..TARGET_HASH_AT + 32].fill(0);
+        out
+    }
+
+    /// Whether the target's weights hash is pending (all zero), as in an Offer's
+    /// descriptor.
+    pub fn target_pending(&self) -> bool {
+        self.target_hash == Hash::ZERO
+    }
+
+    /// This header with the target's weights hash `target_hash` (a Seal's).
+    pub fn with_target_hash(&self, target_hash: Hash) -> DeltaHeader {
+        DeltaHeader {
+            target_hash,
+            ..self.clone()
+        }
+    }
+
+    /// Whether `self` is `pending` (a header whose target hash is pending) with the
+    /// target hash filled in: the same artifact, once sealed.
+    pub fn completes(&self, pending: &DeltaHeader) -> bool {
+        pending.target_pending()
+            && self.base_version == pending.base_version
+            && self.target_version == pending.target_version
+            && self.base_hash == pending.base_hash
+            && self.encoding == pending.encoding
+            && self.tensors == pending.tensors
     }
 
     /// Preamble and header bytes: the start of the artifact.
@@ -520,6 +558,31 @@ mod tests {
     }
 
     /// Golden bytes: the header layout of format version 1 must never change.
+    #[test]
+    fn a_pending_descriptor_is_the_header_with_its_target_hash_zeroed_and_completes_back() {
+        let complete = header();
+        let pending_bytes = complete.encode_pending();
+        let (pending, used) = DeltaHeader::decode(&pending_bytes).unwrap();
+        assert_eq!(used, pending_bytes.len());
+        assert!(pending.target_pending());
+        assert_eq!(pending, complete.with_target_hash(Hash::ZERO));
+        // Only the 32 bytes of the target hash differ.
+        let differing: Vec<usize> = (0..used)
+            .filter(|&i| pending_bytes[i] != complete.encode()[i])
+            .collect();
+        assert_eq!(
+            differing,
+            (TARGET_HASH_AT..TARGET_HASH_AT + 32).collect::<Vec<_>>()
+        );
+        assert!(complete.completes(&pending));
+        assert_eq!(pending.with_target_hash(complete.target_hash), complete);
+        // Another artifact, or a header that is not pending, is not completed.
+        assert!(!complete.completes(&complete));
+        let mut other = pending.clone();
+        other.base_version = 5;
+        assert!(!complete.completes(&other));
+    }
+
     #[test]
     fn header_golden_bytes() {
         let bytes = header().encode();

@@ -43,7 +43,7 @@ pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk};
 pub use compose::{compose, invert, replay};
 pub use dtype::Dtype;
 pub use error::{DeltaError, Result};
-pub use extract::{CHUNK_BYTES, ExtractOptions, Extraction, Segment};
+pub use extract::{CHUNK_BYTES, ExtractOptions, Extraction, Segment, TargetHash};
 pub use format::{
     DeltaFile, DeltaHeader, FORMAT_VERSION, MAX_CHUNK_ELEMENTS, MAX_DIMS, MAX_NAME_BYTES,
     MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,

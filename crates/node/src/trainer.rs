@@ -4,11 +4,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use aurora_control::{PromptId, StepId, Version, WeightsHash};
-use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash};
+use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash, TargetHash};
 use aurora_hub::{Hub, HubConfig, Limits, ServeConfig, StepResults, SystemClock};
 use aurora_proto::{Identity, Role, VersionRef};
 use aurora_store::Store;
@@ -290,36 +290,16 @@ impl TrainerNode {
             .ok_or_else(|| NodeError::Usage("publish the first version first".into()))?;
         let version = latest.version + 1;
         let started = Instant::now();
-        let (base_hash, target_hash) = self.publishing.install(|| {
-            rayon::join(
-                || known_base.unwrap_or_else(|| base.weights_hash()),
-                || target.weights_hash(),
-            )
-        });
-        let hashed = started.elapsed();
+        // The descriptor names the base's hash, so it is known before anything goes out:
+        // the image published last, or hashed now (the first version after a restart).
+        let base_hash =
+            known_base.unwrap_or_else(|| self.publishing.install(|| base.weights_hash()));
         if base_hash != latest.hash {
             return Err(NodeError::Usage(format!(
                 "the base is not version {} as published (weights hash {}, published {}): were \
                  its tensors changed in place after publishing? Publish a copy (an export) instead",
                 latest.version, base_hash, latest.hash
             )));
-        }
-        // Published to the control plane first, so actors may report it staged. A node
-        // that stopped between the two announced it already: the version it trains again
-        // must be the same weights.
-        match self.hub.inspect(|core| core.latest_version()) {
-            Some((announced, hash)) if announced.0 == version => {
-                if hash.0 != target_hash.0 {
-                    return Err(NodeError::Usage(format!(
-                        "version {version} was announced with weights {} before a restart, \
-                         and these are {target_hash}: the trainer did not reproduce it",
-                        Hash(hash.0)
-                    )));
-                }
-            }
-            _ => self
-                .hub
-                .publish_version(Version(version), WeightsHash(target_hash.0))?,
         }
         let extraction = Extraction::new(
             base,
@@ -329,20 +309,49 @@ impl TrainerNode {
                 base_version: latest.version,
                 target_version: version,
                 base_hash: Some(base_hash),
-                target_hash: Some(target_hash),
+                target_hash: TargetHash::Later,
                 ..ExtractOptions::default()
             },
         )?;
-        let announced = started.elapsed();
-        let manifest = self
-            .publishing
-            .install(|| self.transport.publish_extraction(&extraction))?;
+        // The target's hash is computed beside the encoder and goes out in the Seal
+        // (docs/wire-protocol.md §4.4): off the path of the segments, which take as long.
+        let phases = Mutex::new((Duration::ZERO, Duration::ZERO));
+        let hash_and_announce = || -> Result<Hash, NodeError> {
+            let target_hash = target.weights_hash();
+            let hashed = started.elapsed();
+            // Published to the control plane before the Seal, so actors may report it
+            // staged. A node that stopped between the two announced it already: the
+            // version it trains again must be the same weights.
+            match self.hub.inspect(|core| core.latest_version()) {
+                Some((announced, hash)) if announced.0 == version => {
+                    if hash.0 != target_hash.0 {
+                        return Err(NodeError::Usage(format!(
+                            "version {version} was announced with weights {} before a \
+                             restart, and these are {target_hash}: the trainer did not \
+                             reproduce it",
+                            Hash(hash.0)
+                        )));
+                    }
+                }
+                _ => self
+                    .hub
+                    .publish_version(Version(version), WeightsHash(target_hash.0))?,
+            }
+            *phases.lock().unwrap_or_else(PoisonError::into_inner) = (hashed, started.elapsed());
+            Ok(target_hash)
+        };
+        let manifest = self.publishing.install(|| {
+            self.transport
+                .publish_extraction(&extraction, hash_and_announce)
+        })?;
+        let (hashed, announced) = *phases.lock().unwrap_or_else(PoisonError::into_inner);
+        let target_hash = manifest.header.target_hash;
         tracing::info!(
             version,
             base_hashed = known_base.is_none(),
-            hashing_s = hashed.as_secs_f64(),
-            announcing_s = (announced - hashed).as_secs_f64(),
-            streaming_and_storing_s = (started.elapsed() - announced).as_secs_f64(),
+            hashed_s = hashed.as_secs_f64(),
+            announced_s = announced.as_secs_f64(),
+            sealed_s = started.elapsed().as_secs_f64(),
             "published"
         );
         if self.settings.snapshot_every > 0 && version % self.settings.snapshot_every == 0 {

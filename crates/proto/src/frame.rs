@@ -17,8 +17,9 @@ use bytes::{BufMut, Bytes};
 
 /// The protocol version this build speaks (docs/wire-protocol.md §2). 2 added the
 /// trainer's signatures to Seal, Commit and Welcome; 3 its signature of the descriptor
-/// to Offer.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// to Offer; 4 moved the target's weights hash from the Offer's descriptor (pending
+/// there) to the Seal.
+pub const PROTOCOL_VERSION: u16 = 4;
 /// First bytes of every Hello body: a peer that is not an aurora transport is refused
 /// with a clear error instead of a confusing parse failure.
 pub const HELLO_MAGIC: [u8; 8] = *b"AURORA\x00\x01";
@@ -310,6 +311,9 @@ pub enum Frame {
     Seal {
         version: u64,
         id: Hash,
+        /// The target's weights hash, pending in the Offer's descriptor: the id is that
+        /// of the descriptor with it filled in.
+        target_hash: Hash,
         segments: Vec<SegmentEntry>,
         /// The trainer's signature over the artifact's statement
         /// ([`Statement::artifact`]); None in an unsigned deployment.
@@ -532,11 +536,13 @@ impl Frame {
             Frame::Seal {
                 version,
                 id,
+                target_hash,
                 segments,
                 signature,
             } => {
                 out.put_u64_le(*version);
                 out.put_slice(&id.0);
+                out.put_slice(&target_hash.0);
                 out.put_u32_le(segments.len() as u32);
                 for segment in segments {
                     out.put_u32_le(segment.len);
@@ -589,7 +595,7 @@ impl Frame {
                     segments,
                     signature,
                     ..
-                } => 8 + 32 + 4 + 36 * segments.len() + option_signature_len(signature),
+                } => 8 + 32 + 32 + 4 + 36 * segments.len() + option_signature_len(signature),
                 other => other.to_bytes().len() - PREFIX_BYTES,
             }
     }
@@ -804,6 +810,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
         FrameType::Seal => {
             let version = r.u64("version")?;
             let id = Hash(r.array("artifact id")?);
+            let target_hash = Hash(r.array("target hash")?);
             let count = r.u32("segment count")?;
             r.limit(
                 "segment count",
@@ -828,6 +835,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
             Frame::Seal {
                 version,
                 id,
+                target_hash,
                 segments,
                 signature: r.option_signature()?,
             }

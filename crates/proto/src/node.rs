@@ -384,13 +384,15 @@ impl Node {
             ReceiverEvent::Sealed {
                 version,
                 id,
+                target_hash,
                 segments,
                 signature,
             } => {
                 // The receiver verified the signature where a trainer key is pinned; it
                 // goes downstream as it came: a relay cannot make one.
                 if let Some(sender) = &mut self.sender
-                    && let Err(e) = sender.seal_artifact(version, id, segments, signature)
+                    && let Err(e) =
+                        sender.seal_artifact(version, target_hash, id, segments, signature)
                 {
                     self.outputs.push_back(relay_error(e));
                 }
@@ -505,11 +507,14 @@ impl Node {
     }
 
     /// The actor core asks for `version`, now complete: decode what is not decoded yet
-    /// from exactly the artifact's segments.
+    /// from exactly the artifact's segments. What was begun at its Offer decoded them
+    /// against the same header, its target hash still pending.
     fn stage(&mut self, version: u64) {
         let artifact = self.artifacts[&version].clone();
         let reuse = self.staging.as_ref().is_some_and(|s| {
-            s.version == version && s.kind == artifact.kind() && s.header == *artifact.header()
+            s.version == version
+                && s.kind == artifact.kind()
+                && (s.header == *artifact.header() || artifact.header().completes(&s.header))
         });
         if !reuse {
             self.staging = Some(Staging {
@@ -555,11 +560,14 @@ impl Node {
             })
             .collect::<Result<Vec<_>, String>>()
             .and_then(|segments| {
-                // A snapshot's segments were decoded into its image as they came.
+                // What activates checks the weights against the complete header's
+                // target hash, the Seal's. A snapshot's segments were decoded into its
+                // image as they came.
+                let header = artifact.header();
                 if staging.kind == ArtifactKind::Snapshot {
-                    return Ok(Staged::Snapshot(staging.header.clone()));
+                    return Ok(Staged::Snapshot(header.clone()));
                 }
-                SpilledPatch::new(DeltaHeader::clone(&staging.header), segments)
+                SpilledPatch::new(DeltaHeader::clone(header), segments)
                     .map(Staged::Patch)
                     .map_err(|e| e.to_string())
             })

@@ -336,12 +336,13 @@ pub fn signed_frames(
         Frame::Offer {
             version,
             kind,
-            descriptor: Bytes::from(file.header().encode()),
+            descriptor: Bytes::from(file.header().encode_pending()),
             signature: key.map(|key| crate::offer_signature(key, kind, bytes).unwrap()),
         },
         Frame::Seal {
             version,
             id: file.id,
+            target_hash: file.header().target_hash,
             segments: file.manifest.segments.clone(),
             signature: key.map(|key| artifact_signature(key, bytes, kind)),
         },

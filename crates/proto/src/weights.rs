@@ -275,7 +275,8 @@ impl Weights {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-            .filter(|image| image.header() == header)
+            // Built from the Offer's header, whose target hash was pending.
+            .filter(|image| image.header() == header || header.completes(image.header()))
             .ok_or_else(|| {
                 DeltaError::Malformed(format!(
                     "no segment of the snapshot of version {} was decoded",
@@ -283,7 +284,7 @@ impl Weights {
                 ))
             })?;
         // The image is what the engine loads: its own hash is the one checked.
-        let (image, layout, hash) = building.finish()?;
+        let (image, layout, hash) = building.finish(header.target_hash)?;
         self.image = image;
         self.layout = layout;
         self.active = VersionRef {

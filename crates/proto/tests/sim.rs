@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{
     ArtifactKind, Checkpoint, DeltaFile, DeltaHeader, Dtype, Encoding, ExtractOptions, Extraction,
-    Hash, SigningKey, SpilledChunks, TensorChange, TensorEntry, TensorSpec,
+    Hash, SigningKey, SpilledChunks, TargetHash, TensorChange, TensorEntry, TensorSpec,
 };
 use aurora_proto::{
     ArtifactKey, Auth, Commit, ConnId, Frame, Identity, Node, Output, Receiver, ReceiverConfig,
@@ -193,7 +193,7 @@ fn composed(base: u64, target: u64) -> Bytes {
         target_version: target,
         segment_target_bytes: 2048,
         base_hash: Some(chain.hashes[base as usize]),
-        target_hash: Some(chain.hashes[target as usize]),
+        target_hash: TargetHash::Known(chain.hashes[target as usize]),
         ..ExtractOptions::default()
     };
     let (_, bytes) = Extraction::new(&from, &to, options)
@@ -860,7 +860,7 @@ impl Sim {
     fn publish(&mut self, version: u64, step: usize) {
         let bytes = chain().deltas[version as usize - 1].clone();
         let file = DeltaFile::parse(&bytes).unwrap();
-        let head = file.header().encode();
+        let head = file.header().encode_pending();
         let sender = self.peers[HUB].node.as_mut().unwrap().sender_mut().unwrap();
         let count = file.segment_count();
         let signed = signed(bytes.clone(), ArtifactKind::Delta);
@@ -883,6 +883,7 @@ impl Sim {
             sender
                 .seal_artifact(
                     version,
+                    file.header().target_hash,
                     file.id,
                     file.manifest.segments.clone(),
                     signed.signature,
@@ -1077,12 +1078,14 @@ impl Sim {
                 let peer = &self.peers[node];
                 // A snapshot's image is sized from its descriptor as its first segment
                 // decodes: only the trainer's may get here.
+                // Decoded from the Offer's header (its target hash pending) or, once
+                // complete, from the artifact's.
+                let offered = || {
+                    let file = DeltaFile::parse(&chain().snapshots[&version]).unwrap();
+                    *header == *file.header() || file.header().completes(&header)
+                };
                 assert!(
-                    kind != ArtifactKind::Snapshot
-                        || *header
-                            == *DeltaFile::parse(&chain().snapshots[&version])
-                                .unwrap()
-                                .header(),
+                    kind != ArtifactKind::Snapshot || offered(),
                     "seed {}: {} decodes a snapshot of version {version} the trainer did not offer",
                     self.seed,
                     peer.name

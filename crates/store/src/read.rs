@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use aurora_checkpoint::{FileError, MappedFile, write_delta};
-use aurora_delta::{Checkpoint, DeltaError, Encoding, ExtractOptions, Extraction, Hash};
+use aurora_delta::{
+    Checkpoint, DeltaError, Encoding, ExtractOptions, Extraction, Hash, TargetHash,
+};
 
 use crate::catalog::{
     DELTA_TABLE, SNAPSHOT_TABLE, SnapshotRecord, TrainerData, delta_record, snapshot_record,
@@ -112,7 +114,7 @@ impl Store {
             target_version: version,
             segment_target_bytes,
             // Verified just above: no second pass over the weights.
-            target_hash: Some(record.weights_hash),
+            target_hash: TargetHash::Known(record.weights_hash),
             ..ExtractOptions::default()
         };
         let extraction = Extraction::new(&empty, &target, options)

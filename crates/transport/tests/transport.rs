@@ -6,10 +6,11 @@ mod util;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aurora_delta::{Checkpoint, ExtractOptions, Extraction, TargetHash};
 use aurora_proto::Role;
 use aurora_store::Store;
 use aurora_transport::{
-    IdleEngine, NodeHandle, Security, spawn_actor, spawn_hub, spawn_joining_actor,
+    IdleEngine, NodeHandle, Security, TransportError, spawn_actor, spawn_hub, spawn_joining_actor,
 };
 use util::{Chain, Fault, Proxy, active_at, config, connected_relay, held_at, trainer_key, within};
 
@@ -72,6 +73,63 @@ async fn one_hub_two_relays_six_actors_end_identical_over_ten_versions() {
     let segments: usize = (1..=VERSIONS).map(|v| chain.segments(v)).sum();
     let hub_sent = hub.status().sender.unwrap().segments_sent;
     assert_eq!(hub_sent, 2 * segments as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_delta_streams_before_its_target_hash_and_seals_with_it() {
+    let chain = Chain::new(1, 5);
+    let hub = Arc::new(hub(None).await);
+    let actor = Arc::new(
+        spawn_actor(
+            config(Role::Actor, "a1", &[hub.local_addr().unwrap()]),
+            chain.weights(0),
+            Arc::new(IdleEngine::default()),
+        )
+        .await
+        .unwrap(),
+    );
+    within(LIMIT, "connect", actor.wait_for(|s| s.connected))
+        .await
+        .unwrap();
+    let runtime = tokio::runtime::Handle::current();
+    let (publisher, watcher) = (hub.clone(), actor.clone());
+    let images = (chain.images[0].clone(), chain.images[1].clone());
+    let expected = chain.at(1);
+    let published = tokio::task::spawn_blocking(move || {
+        let base = Checkpoint::from_safetensors(&images.0).unwrap();
+        let target = Checkpoint::from_safetensors(&images.1).unwrap();
+        let options = ExtractOptions {
+            base_version: 0,
+            target_version: 1,
+            segment_target_bytes: 1024,
+            target_hash: TargetHash::Later,
+            ..ExtractOptions::default()
+        };
+        let extraction = Extraction::new(&base, &target, options).unwrap();
+        let segments = extraction.to_bytes().unwrap().0.segments.len() as u64;
+        assert!(segments > 1);
+        // The hash is held back until the actor holds every segment: they do not wait
+        // for it. Nothing is complete without the Seal.
+        let target_hash = || {
+            let status = runtime.block_on(within(
+                LIMIT,
+                "every segment before the hash",
+                watcher.wait_for(|s| s.receiver.as_ref().is_some_and(|r| r.segments == segments)),
+            ));
+            let status = status.unwrap();
+            assert!(status.completed.is_empty(), "completed before its Seal");
+            Ok::<_, TransportError>(target.weights_hash())
+        };
+        publisher.publish_extraction(&extraction, target_hash)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(published.header.target_hash, expected.hash);
+    hub.commit(expected).await.unwrap();
+    let status = active_at(&actor, 1, "a1").await;
+    assert_eq!(status.active, Some(expected));
+    assert_eq!(status.receiver.unwrap().duplicates, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

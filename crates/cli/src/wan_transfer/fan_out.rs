@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use crate::fleet::{Fleet, FleetRegion, FleetSpec, StagedReport};
 use anyhow::{Context, Result, bail, ensure};
 use aurora_delta::{
-    Checkpoint, Encoding, ExtractOptions, Extraction, owned_checkpoint, safetensors_layout,
+    Checkpoint, Encoding, ExtractOptions, Extraction, TargetHash, owned_checkpoint,
+    safetensors_layout,
 };
 use aurora_proto::Weights;
-use aurora_transport::SocketOptions;
+use aurora_transport::{SocketOptions, TransportError};
 use aurora_wan::Network;
 use bytes::Bytes;
 use serde::Serialize;
@@ -111,7 +112,7 @@ pub(super) fn fan_out(
         base_version: VERSION - 1,
         target_version: VERSION,
         base_hash: Some(weights.active().hash),
-        target_hash: Some(target_view.weights_hash()),
+        target_hash: TargetHash::Known(target_view.weights_hash()),
         ..ExtractOptions::default()
     };
     let alone = Extraction::new(&base_view, &target_view, options.clone())?;
@@ -191,9 +192,14 @@ pub(super) fn fan_out(
                 let start = Instant::now();
                 std::thread::scope(|scope| {
                     let publisher = scope.spawn(|| {
-                        let published = fleet.hub.publish_extraction_observed(&live, |_| {
-                            first.get_or_init(Instant::now);
-                        });
+                        let hash = live.header().target_hash;
+                        let published = fleet.hub.publish_extraction_observed(
+                            &live,
+                            || Ok::<_, TransportError>(hash),
+                            |_| {
+                                first.get_or_init(Instant::now);
+                            },
+                        );
                         (published, start.elapsed())
                     });
                     let reports = main.block_on(fleet.staged(VERSION, start));

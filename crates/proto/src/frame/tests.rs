@@ -34,7 +34,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn hello() -> Hello {
     Hello {
-        protocol_version: 3,
+        protocol_version: 4,
         flags: 0,
         role: Role::Actor,
         peer_id: "a1".into(),
@@ -52,7 +52,7 @@ fn hello() -> Hello {
     }
 }
 
-// Golden bytes: version 3 of the wire protocol must never change
+// Golden bytes: version 4 of the wire protocol must never change
 // (docs/wire-protocol.md §4 shows the same layouts).
 
 #[test]
@@ -63,7 +63,7 @@ fn hello_golden_bytes() {
             &[86, 0, 0, 0],               // length: type + body
             &[0x01],                      // type Hello
             b"AURORA\x00\x01",            // magic
-            &[3, 0],                      // protocol version 3
+            &[4, 0],                      // protocol version 4
             &[0, 0],                      // flags
             &[3],                         // role actor
             &[2, b'a', b'1'],             // peer id "a1"
@@ -83,7 +83,7 @@ fn hello_golden_bytes() {
 fn welcome_and_reject_golden_bytes() {
     golden(
         Frame::Welcome(Welcome {
-            protocol_version: 3,
+            protocol_version: 4,
             role: Role::Hub,
             peer_id: "h".into(),
             region: "".into(),
@@ -94,7 +94,7 @@ fn welcome_and_reject_golden_bytes() {
         &[
             &[26, 0, 0, 0],
             &[0x02],                      // type Welcome
-            &[3, 0],                      // protocol version
+            &[4, 0],                      // protocol version
             &[1],                         // role hub
             &[1, b'h'],                   // peer id
             &[0],                         // region ""
@@ -105,7 +105,7 @@ fn welcome_and_reject_golden_bytes() {
     );
     golden(
         Frame::Welcome(Welcome {
-            protocol_version: 3,
+            protocol_version: 4,
             role: Role::Relay,
             peer_id: "r".into(),
             region: "".into(),
@@ -122,7 +122,7 @@ fn welcome_and_reject_golden_bytes() {
         &[
             &[115, 0, 0, 0],
             &[0x02],                   // type Welcome
-            &[3, 0],                   // protocol version
+            &[4, 0],                   // protocol version
             &[2],                      // role relay
             &[1, b'r'],                // peer id
             &[0],                      // region ""
@@ -297,6 +297,7 @@ fn transfer_frames_golden_bytes() {
         Frame::Seal {
             version: 7,
             id: Hash([0x22; 32]),
+            target_hash: Hash([0x33; 32]),
             segments: vec![SegmentEntry {
                 len: 3,
                 hash: Hash([0x11; 32]),
@@ -304,10 +305,11 @@ fn transfer_frames_golden_bytes() {
             signature: Some(ArtifactSignature([0x66; 64])),
         },
         &[
-            &[146, 0, 0, 0],
+            &[178, 0, 0, 0],
             &[0x07],                   // type Seal
             &[7, 0, 0, 0, 0, 0, 0, 0], // version
             &[0x22; 32],               // artifact id
+            &[0x33; 32],               // the target's weights hash
             &[1, 0, 0, 0],             // one segment
             &[3, 0, 0, 0],             // its length
             &[0x11; 32],               // its hash
@@ -320,14 +322,16 @@ fn transfer_frames_golden_bytes() {
         Frame::Seal {
             version: 7,
             id: Hash([0x22; 32]),
+            target_hash: Hash([0x33; 32]),
             segments: Vec::new(),
             signature: None,
         },
         &[
-            &[46, 0, 0, 0],
+            &[78, 0, 0, 0],
             &[0x07],                   // type Seal
             &[7, 0, 0, 0, 0, 0, 0, 0], // version
             &[0x22; 32],               // artifact id
+            &[0x33; 32],               // the target's weights hash
             &[0, 0, 0, 0],             // no segments
             &[0],                      // unsigned
         ],
@@ -569,11 +573,12 @@ fn segment_index_and_table_size_limits() {
     let mut seal = Frame::Seal {
         version: 1,
         id: Hash::default(),
+        target_hash: Hash::default(),
         segments: Vec::new(),
         signature: None,
     }
     .to_bytes();
-    let count_at = PREFIX_BYTES + 8 + 32;
+    let count_at = PREFIX_BYTES + 8 + 32 + 32;
     seal[count_at..count_at + 4].copy_from_slice(&(MAX_TRANSFER_SEGMENTS + 1).to_le_bytes());
     assert!(matches!(
         decode(&seal).unwrap_err(),
@@ -1042,18 +1047,22 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         (
             any::<u64>(),
             arb_hash(),
+            arb_hash(),
             prop::collection::vec((0..=MAX_SEGMENT_BYTES, arb_hash()), 0..20),
             arb_signature()
         )
-            .prop_map(|(version, id, entries, signature)| Frame::Seal {
-                version,
-                id,
-                segments: entries
-                    .into_iter()
-                    .map(|(len, hash)| SegmentEntry { len, hash })
-                    .collect(),
-                signature,
-            }),
+            .prop_map(
+                |(version, id, target_hash, entries, signature)| Frame::Seal {
+                    version,
+                    id,
+                    target_hash,
+                    segments: entries
+                        .into_iter()
+                        .map(|(len, hash)| SegmentEntry { len, hash })
+                        .collect(),
+                    signature,
+                }
+            ),
         (any::<u64>(), any::<u32>()).prop_map(|(version, index)| Frame::Nack { version, index }),
         (any::<u64>(), arb_text())
             .prop_map(|(version, reason)| Frame::Unavailable { version, reason }),

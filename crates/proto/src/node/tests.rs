@@ -323,7 +323,7 @@ fn huge_snapshot_descriptor(version: u64) -> Bytes {
             }),
         }],
     };
-    Bytes::from(header.encode())
+    Bytes::from(header.encode_pending())
 }
 
 /// Whether `outputs` end the session on a signature refusal whose message has `what`.

@@ -18,11 +18,13 @@ pub(super) const SLOT_BYTES: u64 = 48;
 
 #[derive(Default)]
 pub(super) struct Assembly {
+    /// The Offer's descriptor and its header: pending until the table is verified, then
+    /// completed with the Seal's target hash.
     pub(super) descriptor: Option<(Bytes, Arc<DeltaHeader>)>,
     /// The kind its Offer named (set with the descriptor).
     pub(super) kind: Option<ArtifactKind>,
     pub(super) segments: Vec<Option<(Hash, Bytes)>>,
-    pub(super) table: Option<(Hash, Vec<SegmentEntry>)>,
+    pub(super) table: Option<Table>,
     /// The signature the Seal carried with the table.
     pub(super) signature: Option<ArtifactSignature>,
     pub(super) verified_table: bool,
@@ -33,12 +35,19 @@ pub(super) struct Assembly {
     pub(super) taken: bool,
 }
 
+/// What a Seal carries.
+pub(super) struct Table {
+    pub(super) id: Hash,
+    pub(super) target_hash: Hash,
+    pub(super) entries: Vec<SegmentEntry>,
+}
+
 impl Assembly {
     pub(super) fn is_complete(&self) -> bool {
         match (&self.descriptor, &self.table) {
-            (Some(_), Some((_, entries))) => {
+            (Some(_), Some(table)) => {
                 self.verified_table
-                    && self.segments.len() == entries.len()
+                    && self.segments.len() == table.entries.len()
                     && self.segments.iter().all(Option::is_some)
             }
             _ => false,
@@ -125,8 +134,8 @@ impl Receiver {
     }
 }
 
-/// A complete, verified artifact, held as its parts: the descriptor, the segments in
-/// order (the buffers they arrived in), then table and trailer.
+/// A complete, verified artifact, held as its parts: the preamble and complete header,
+/// the segments in order (the buffers they arrived in), then table and trailer.
 ///
 /// Delivery copies nothing: joining a full checkpoint's gigabyte on the event loop
 /// held up everything else for the better part of a second (BENCHMARKS.md). A
@@ -146,8 +155,9 @@ pub struct Artifact {
 
 impl Artifact {
     pub(super) fn from_assembly(assembly: Assembly, kind: ArtifactKind) -> Artifact {
-        let (descriptor, header) = assembly.descriptor.expect("complete");
-        let (_, entries) = assembly.table.expect("complete");
+        // Complete: the header holds the Seal's target hash.
+        let (_, header) = assembly.descriptor.expect("complete");
+        let entries = assembly.table.expect("complete").entries;
         let segments = assembly
             .segments
             .into_iter()
@@ -160,8 +170,8 @@ impl Artifact {
         .encode_tail();
         Artifact {
             kind,
+            descriptor: Bytes::from(header.encode()),
             header,
-            descriptor,
             segments,
             entries,
             tail: Bytes::from(tail),
@@ -173,7 +183,7 @@ impl Artifact {
         self.kind
     }
 
-    /// The header its descriptor carries (decoded and checked on arrival).
+    /// Its header, complete with the target hash its Seal brought.
     pub fn header(&self) -> &Arc<DeltaHeader> {
         &self.header
     }

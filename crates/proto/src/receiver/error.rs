@@ -119,6 +119,8 @@ pub enum DescriptorFault {
     Header(String),
     #[error("it carries the header of version {header_version} ({stray} stray bytes)")]
     Mismatch { header_version: u64, stray: usize },
+    #[error("it names a target hash, which an Offer leaves pending (all zero) for the Seal")]
+    TargetHashOffered,
     #[error(transparent)]
     NotASnapshot(#[from] NotASnapshot),
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, Manifest, SegmentEntry, Statement};
 use bytes::Bytes;
 
-use super::assembly::{SEGMENT_OVERHEAD_BYTES, SLOT_BYTES};
+use super::assembly::{SEGMENT_OVERHEAD_BYTES, SLOT_BYTES, Table};
 use super::{DescriptorFault, Receiver, ReceiverEvent, SessionEnd, Start, Violation};
 use crate::ConnId;
 use crate::frame::{ArtifactKind, Commit, Frame, PROTOCOL_VERSION, Role, Welcome};
@@ -50,9 +50,10 @@ impl Receiver {
             Frame::Seal {
                 version,
                 id,
+                target_hash,
                 segments,
                 signature,
-            } => self.on_seal(version, id, segments, signature),
+            } => self.on_seal(version, id, target_hash, segments, signature),
             Frame::Commit(commit) => self.on_commit(commit),
             Frame::Unavailable { version, reason } => {
                 Err(SessionEnd::Unavailable { version, reason })
@@ -248,6 +249,9 @@ impl Receiver {
                 stray: descriptor.len() - used,
             }));
         }
+        if !header.target_pending() {
+            return Err(bad_descriptor(DescriptorFault::TargetHashOffered));
+        }
         if kind == ArtifactKind::Snapshot {
             crate::snapshot::check_header(&header, version)
                 .map_err(|e| bad_descriptor(e.into()))?;
@@ -326,12 +330,15 @@ impl Receiver {
             return Ok(());
         }
         let expected = match &assembly.table {
-            Some((_, entries)) if assembly.verified_table => {
-                let entry = entries.get(index as usize).ok_or(Violation::BeyondTable {
-                    version,
-                    index,
-                    len: entries.len(),
-                })?;
+            Some(table) if assembly.verified_table => {
+                let entry = table
+                    .entries
+                    .get(index as usize)
+                    .ok_or(Violation::BeyondTable {
+                        version,
+                        index,
+                        len: table.entries.len(),
+                    })?;
                 Some(entry.hash)
             }
             _ => None,
@@ -393,6 +400,7 @@ impl Receiver {
         &mut self,
         version: u64,
         id: Hash,
+        target_hash: Hash,
         segments: Vec<SegmentEntry>,
         signature: Option<ArtifactSignature>,
     ) -> Result<(), SessionEnd> {
@@ -403,7 +411,11 @@ impl Receiver {
         if assembly.table.is_some() {
             return Ok(());
         }
-        assembly.table = Some((id, segments));
+        assembly.table = Some(Table {
+            id,
+            target_hash,
+            entries: segments,
+        });
         assembly.signature = signature;
         self.check_table(version)
     }
@@ -438,31 +450,36 @@ impl Receiver {
     }
 
     /// Once both descriptor and table are in: the table must hash to the id with the
-    /// header, the trainer's signature (where a key is pinned) must vouch for the
-    /// artifact, and every segment already held must match the table.
+    /// header completed by the Seal's target hash, the trainer's signature (where a key
+    /// is pinned) must vouch for the artifact, and every segment already held must match
+    /// the table. The complete header replaces the pending one.
     pub(super) fn check_table(&mut self, version: u64) -> Result<(), SessionEnd> {
         let assembly = self
             .assemblies
             .get_mut(&version)
             .expect("caller created it");
-        let (Some((_, header)), Some((id, entries))) = (&assembly.descriptor, &assembly.table)
+        let (Some((descriptor, pending)), Some(table)) = (&assembly.descriptor, &assembly.table)
         else {
             return Ok(());
         };
         if assembly.verified_table {
             return Ok(());
         }
-        let computed = Manifest {
-            header: DeltaHeader::clone(header),
+        let Table {
+            id,
+            target_hash,
+            ref entries,
+        } = *table;
+        let manifest = Manifest {
+            header: pending.with_target_hash(target_hash),
             segments: entries.clone(),
-        }
-        .id();
-        if computed != *id {
-            let id = *id;
+        };
+        if manifest.id() != id {
             // Descriptor and table belong to different artifacts (a table that overtook
-            // its Offer may be of the other kind, D(v) or a composed delta to v): what is
-            // held of the version cannot be told apart, so all of it goes, and the next
-            // session's Want asks for it afresh.
+            // its Offer may be of the other kind, D(v) or a composed delta to v), or the
+            // target hash is not the artifact's: what is held of the version cannot be
+            // told apart, so all of it goes, and the next session's Want asks for it
+            // afresh.
             self.drop_assemblies(&[version]);
             return Err(SessionEnd::WrongTable { version, id });
         }
@@ -470,7 +487,7 @@ impl Receiver {
             // The kind is signed too: a delta never passes for a composed delta or a
             // snapshot between the same versions, nor the other way round.
             let kind = assembly.kind.expect("set with the descriptor");
-            let statement = Statement::artifact(kind, *id, header);
+            let statement = Statement::artifact(kind, id, &manifest.header);
             if let Err(error) = aurora_delta::verify(key, &statement, assembly.signature.as_ref()) {
                 // Descriptor, table and segments may all be the upstream's invention:
                 // nothing of the version is kept, and the next session asks afresh.
@@ -478,7 +495,9 @@ impl Receiver {
                 return Err(Violation::Signature(error).into());
             }
         }
+        assembly.descriptor = Some((descriptor.clone(), Arc::new(manifest.header)));
         assembly.verified_table = true;
+        let entries = manifest.segments;
         let mut revoked = Vec::new();
         let mut freed = 0u64;
         for (index, held) in assembly.segments.iter_mut().enumerate() {
@@ -493,13 +512,14 @@ impl Receiver {
         assembly.segments.resize(entries.len(), None);
         assembly.held_bytes -= freed;
         self.held_bytes -= freed;
+        let count = entries.len();
         let sealed = ReceiverEvent::Sealed {
             version,
-            id: *id,
-            segments: entries.clone(),
+            id,
+            target_hash,
+            segments: entries,
             signature: assembly.signature,
         };
-        let count = entries.len();
         for index in revoked {
             tracing::warn!(
                 version,

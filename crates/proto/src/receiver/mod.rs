@@ -108,7 +108,9 @@ pub enum ReceiverEvent {
     UpstreamLost { reason: SessionEnd },
     /// The descriptor of `version` arrived, and (with a pinned trainer key) its signature
     /// verifies (relays publish a delta's downstream with the signature as it came;
-    /// actors may start decoding its segments against their weights).
+    /// actors may start decoding its segments against their weights). Its header's
+    /// target hash is pending: the Seal brings it, and the complete artifact's header
+    /// holds it.
     Offered {
         version: u64,
         kind: ArtifactKind,
@@ -131,6 +133,7 @@ pub enum ReceiverEvent {
     Sealed {
         version: u64,
         id: Hash,
+        target_hash: Hash,
         segments: Vec<SegmentEntry>,
         signature: Option<ArtifactSignature>,
     },

@@ -170,6 +170,20 @@ fn protocol_violations_give_the_upstream_up() {
         },
         "offer of version 1",
     );
+    // Protocol version 4: the target hash comes with the Seal, never in the Offer.
+    let named = aurora_delta::DeltaFile::parse(&bytes)
+        .unwrap()
+        .header()
+        .encode();
+    check(
+        Frame::Offer {
+            version: 1,
+            kind: crate::frame::ArtifactKind::Delta,
+            descriptor: Bytes::from(named),
+            signature: None,
+        },
+        "names a target hash",
+    );
     check(
         Frame::Want {
             seq: 1,
@@ -192,22 +206,62 @@ fn protocol_violations_give_the_upstream_up() {
 }
 
 #[test]
-fn a_bad_table_gives_the_upstream_up() {
+fn a_bad_table_or_target_hash_gives_the_upstream_up() {
+    let damages: [fn(&mut Hash); 2] = [|id| id.0[0] ^= 1, |target| target.0[0] ^= 1];
+    for (which, damage) in damages.into_iter().enumerate() {
+        let mut r = connected(1);
+        let (bytes, _) = artifact(1, 2);
+        let mut all = frames(&bytes);
+        if let Frame::Seal {
+            id, target_hash, ..
+        } = &mut all[1]
+        {
+            damage(if which == 0 { id } else { target_hash });
+        }
+        r.handle_frame(Instant::now(), 1, all[0].clone());
+        r.handle_frame(Instant::now(), 1, all[1].clone());
+        let (events, _) = drain(&mut r);
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                ReceiverEvent::UpstreamLost {
+                    reason: SessionEnd::WrongTable { .. }
+                }
+            )),
+            "damage {which}"
+        );
+    }
+}
+
+#[test]
+fn the_seal_completes_the_pending_header_of_the_offer() {
     let mut r = connected(1);
     let (bytes, _) = artifact(1, 2);
-    let mut all = frames(&bytes);
-    if let Frame::Seal { id, .. } = &mut all[1] {
-        id.0[0] ^= 1;
+    let file = aurora_delta::DeltaFile::parse(&bytes).unwrap();
+    for frame in frames(&bytes) {
+        r.handle_frame(Instant::now(), 1, frame);
     }
-    r.handle_frame(Instant::now(), 1, all[0].clone());
-    r.handle_frame(Instant::now(), 1, all[1].clone());
     let (events, _) = drain(&mut r);
-    assert!(events.iter().any(|e| matches!(
-        e,
-        ReceiverEvent::UpstreamLost {
-            reason: SessionEnd::WrongTable { .. }
-        }
-    )));
+    let offered = events.iter().find_map(|e| match e {
+        ReceiverEvent::Offered { header, .. } => Some(header.clone()),
+        _ => None,
+    });
+    assert!(offered.expect("offered").target_pending());
+    let sealed = events.iter().find_map(|e| match e {
+        ReceiverEvent::Sealed { target_hash, .. } => Some(*target_hash),
+        _ => None,
+    });
+    assert_eq!(sealed, Some(file.header().target_hash));
+    let artifact = events
+        .iter()
+        .find_map(|e| match e {
+            ReceiverEvent::Complete { artifact, .. } => Some(artifact.clone()),
+            _ => None,
+        })
+        .expect("complete");
+    assert_eq!(**artifact.header(), *file.header());
+    // Its bytes are the artifact as the trainer wrote it, complete header included.
+    assert_eq!(artifact.to_bytes(), bytes);
 }
 
 #[test]
@@ -314,7 +368,7 @@ fn a_new_session_after_a_lost_upstream_resumes_without_duplicates() {
     let (bytes, manifest) = artifact(2, 12);
     let file = aurora_delta::DeltaFile::parse(&bytes).unwrap();
     pair.sender
-        .begin_artifact(Bytes::from(file.header().encode()), None)
+        .begin_artifact(Bytes::from(file.header().encode_pending()), None)
         .unwrap();
     for index in 0..6 {
         let segment = Bytes::copy_from_slice(file.verify_segment(index).unwrap());

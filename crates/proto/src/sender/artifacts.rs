@@ -126,19 +126,21 @@ impl StoredArtifact {
     }
 }
 
-/// `key`'s signature of the Offer of the artifact that begins `bytes` (its descriptor
-/// then anything), as `kind`.
+/// `key`'s signature of the Offer of the artifact that begins `bytes` (its preamble and
+/// header then anything), as `kind`: over the descriptor an Offer carries, the header
+/// with its target hash pending (docs/wire-protocol.md §4.4).
 pub fn offer_signature(
     key: &SigningKey,
     kind: ArtifactKind,
     bytes: &[u8],
 ) -> Result<ArtifactSignature, DeltaError> {
-    let (header, descriptor_len) = DeltaHeader::decode(bytes)?;
-    let statement = Statement::offer(kind, header.target_version, &bytes[..descriptor_len]);
+    let (header, _) = DeltaHeader::decode(bytes)?;
+    let statement = Statement::offer(kind, header.target_version, &header.encode_pending());
     Ok(aurora_delta::sign(key, &statement))
 }
 
 pub(super) struct Artifact {
+    /// The header with its target hash pending, as every Offer carries it.
     pub(super) descriptor: Bytes,
     /// The trainer's signature over the descriptor, served in the Offer.
     pub(super) offer_signature: Option<ArtifactSignature>,
@@ -146,9 +148,11 @@ pub(super) struct Artifact {
     pub(super) seal: Option<Seal>,
 }
 
-/// What an artifact's Seal carries: its id, its table and the signature over both.
+/// What an artifact's Seal carries: its id, the target hash its descriptor left
+/// pending, its table and the signature over them.
 pub(super) struct Seal {
     pub(super) id: Hash,
+    pub(super) target_hash: Hash,
     pub(super) segments: Vec<SegmentEntry>,
     pub(super) signature: Option<ArtifactSignature>,
 }
@@ -174,6 +178,7 @@ impl Artifact {
         Some(Frame::Seal {
             version,
             id: seal.id,
+            target_hash: seal.target_hash,
             segments: seal.segments.clone(),
             signature: seal.signature,
         })
@@ -199,8 +204,9 @@ impl Artifact {
 
 impl Sender {
     /// Starts publishing a delta whose segments will follow ([`Sender::add_segment`]) and
-    /// whose table comes last ([`Sender::seal_artifact`]): cut-through from an extraction
-    /// or a relay's upstream. `descriptor` is the delta's preamble and header, and
+    /// whose table and target hash come last ([`Sender::seal_artifact`]): cut-through
+    /// from an extraction or a relay's upstream. `descriptor` is the delta's preamble and
+    /// header with the target hash pending ([`DeltaHeader::encode_pending`]), and
     /// `offer_signature` the trainer's signature over it, as it came.
     pub fn begin_artifact(
         &mut self,
@@ -219,6 +225,9 @@ impl Sender {
     ) -> Result<u64, SenderError> {
         let header = parse_descriptor(&descriptor)?;
         let version = header.target_version;
+        if !header.target_pending() {
+            return Err(SenderError::TargetHashOffered { version });
+        }
         if header.base_version >= version {
             return Err(SenderError::NotTheArtifact {
                 wanted: ArtifactKey::Delta(version),
@@ -292,11 +301,12 @@ impl Sender {
         }
     }
 
-    /// Closes a version being published with its segment table, artifact id and the
-    /// trainer's signature.
+    /// Closes a version being published with the target hash its descriptor left
+    /// pending, its segment table, artifact id and the trainer's signature.
     pub fn seal_artifact(
         &mut self,
         version: u64,
+        target_hash: Hash,
         id: Hash,
         segments: Vec<SegmentEntry>,
         signature: Option<ArtifactSignature>,
@@ -311,7 +321,7 @@ impl Sender {
                 count: segments.len(),
             });
         }
-        let header = parse_descriptor(&artifact.descriptor)?;
+        let header = parse_descriptor(&artifact.descriptor)?.with_target_hash(target_hash);
         let computed = aurora_delta::Manifest {
             header,
             segments: segments.clone(),
@@ -325,7 +335,7 @@ impl Sender {
             });
         }
         if let Some(key) = &trainer_key {
-            let header = parse_descriptor(&artifact.descriptor)?;
+            let header = parse_descriptor(&artifact.descriptor)?.with_target_hash(target_hash);
             let statement = Statement::artifact(ArtifactKind::Delta, id, &header);
             aurora_delta::verify(key, &statement, signature.as_ref())?;
         }
@@ -347,6 +357,7 @@ impl Sender {
         }
         artifact.seal = Some(Seal {
             id,
+            target_hash,
             segments,
             signature,
         });
@@ -426,7 +437,9 @@ impl Sender {
                 self.begin(descriptor, artifact.offer_signature)?;
                 self.artifacts.get_mut(&key).expect("just begun").segments = segments;
                 let table = file.manifest.segments.clone();
-                if let Err(error) = self.seal_artifact(version, file.id, table, artifact.signature)
+                let target_hash = file.header().target_hash;
+                if let Err(error) =
+                    self.seal_artifact(version, target_hash, file.id, table, artifact.signature)
                 {
                     // Nothing of a refused artifact is served.
                     self.artifacts.remove(&key);
@@ -454,6 +467,7 @@ impl Sender {
                     segments,
                     seal: Some(Seal {
                         id: file.id,
+                        target_hash: file.header().target_hash,
                         segments: file.manifest.segments.clone(),
                         signature: artifact.signature,
                     }),
@@ -561,17 +575,18 @@ impl Sender {
     }
 }
 
-/// A stored artifact's descriptor and segments, as slices of its bytes.
+/// A stored artifact's descriptor (its header with the target hash pending, as Offers
+/// carry it) and its segments, as slices of its bytes.
 fn stored_parts(bytes: &Bytes, file: &DeltaFile<'_>) -> (Bytes, Vec<Option<(Hash, Bytes)>>) {
-    let head_len = file.header().encode().len();
-    let mut offset = head_len;
+    let descriptor = file.header().encode_pending();
+    let mut offset = descriptor.len();
     let mut segments = Vec::with_capacity(file.segment_count());
     for entry in &file.manifest.segments {
         let end = offset + entry.len as usize;
         segments.push(Some((entry.hash, bytes.slice(offset..end))));
         offset = end;
     }
-    (bytes.slice(..head_len), segments)
+    (Bytes::from(descriptor), segments)
 }
 
 fn parse_descriptor(descriptor: &[u8]) -> Result<DeltaHeader, SenderError> {

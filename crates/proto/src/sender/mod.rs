@@ -150,6 +150,11 @@ pub enum SenderError {
     Malformed(#[from] DeltaError),
     #[error("artifact refused: {count} bytes after the delta header")]
     TrailingBytes { count: usize },
+    #[error(
+        "the descriptor of version {version} names a target hash: an Offer leaves it pending \
+         (all zero) for the Seal (wire-protocol §4.4)"
+    )]
+    TargetHashOffered { version: u64 },
     #[error("{wanted} was wanted, but the artifact goes from version {base} to {target}")]
     NotTheArtifact {
         wanted: ArtifactKey,

@@ -163,7 +163,7 @@ impl Sender {
                 conn,
                 RejectCode::Version,
                 format!(
-                    "protocol version {} is not supported: this {} speaks version {PROTOCOL_VERSION} (signed offers); upgrade the {} to the same aurora release",
+                    "protocol version {} is not supported: this {} speaks version {PROTOCOL_VERSION} (target hashes in seals); upgrade the {} to the same aurora release",
                     hello.protocol_version, self.config.identity.role, hello.role
                 ),
             );

@@ -412,7 +412,7 @@ fn a_failed_load_is_reported_unavailable() {
 fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     let (bytes, manifest) = artifact(1, 4);
     let file = DeltaFile::parse(&bytes).unwrap();
-    let head = file.header().encode();
+    let head = file.header().encode_pending();
     let mut pair = Pair::new(sender(), receiver(2, 1));
     pair.sender
         .begin_artifact(Bytes::from(head.clone()), None)
@@ -434,7 +434,13 @@ fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     }
     assert!(pair.complete().is_empty());
     pair.sender
-        .seal_artifact(1, manifest.id(), manifest.segments.clone(), None)
+        .seal_artifact(
+            1,
+            manifest.header.target_hash,
+            manifest.id(),
+            manifest.segments.clone(),
+            None,
+        )
         .unwrap();
     pair.pump();
     assert_eq!(pair.complete(), [(1, bytes)]);
@@ -465,7 +471,7 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
     let file = DeltaFile::parse(&bytes).unwrap();
     let released = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut s = sender();
-    s.begin_artifact(Bytes::from(file.header().encode()), None)
+    s.begin_artifact(Bytes::from(file.header().encode_pending()), None)
         .unwrap();
     for (index, entry) in manifest.segments.iter().enumerate() {
         let segment = Bytes::from_owner(Tracked {
@@ -474,8 +480,14 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
         });
         s.add_segment(1, index as u32, entry.hash, segment).unwrap();
     }
-    s.seal_artifact(1, manifest.id(), manifest.segments.clone(), None)
-        .unwrap();
+    s.seal_artifact(
+        1,
+        manifest.header.target_hash,
+        manifest.id(),
+        manifest.segments.clone(),
+        None,
+    )
+    .unwrap();
     let held = || released.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(held(), 0, "the sender holds every segment it was given");
     // The hub joins the delta to store it: the sender serves the joined bytes from now
@@ -500,17 +512,44 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
 #[test]
 fn a_table_that_does_not_match_is_refused() {
     let (bytes, manifest) = artifact(1, 2);
-    let head = DeltaFile::parse(&bytes).unwrap().header().encode();
+    let head = DeltaFile::parse(&bytes).unwrap().header().encode_pending();
     let mut s = sender();
     s.begin_artifact(Bytes::from(head), None).unwrap();
     let error = s
-        .seal_artifact(1, Hash::default(), manifest.segments.clone(), None)
+        .seal_artifact(
+            1,
+            manifest.header.target_hash,
+            Hash::default(),
+            manifest.segments.clone(),
+            None,
+        )
         .unwrap_err();
     assert!(error.to_string().contains("hashes to id"));
+    // The id covers the target hash the descriptor left pending: another one is refused.
+    let error = s
+        .seal_artifact(
+            1,
+            weights(9),
+            manifest.id(),
+            manifest.segments.clone(),
+            None,
+        )
+        .unwrap_err();
+    assert!(error.to_string().contains("hashes to id"));
+    // An Offer leaves the target hash to the Seal: a descriptor that names it is refused.
+    let named = Bytes::from(DeltaFile::parse(&bytes).unwrap().header().encode());
+    let error = sender().begin_artifact(named, None).unwrap_err();
+    assert!(error.to_string().contains("names a target hash"), "{error}");
     s.add_segment(1, 0, weights(9), Bytes::from_static(b"x"))
         .unwrap();
     let error = s
-        .seal_artifact(1, manifest.id(), manifest.segments.clone(), None)
+        .seal_artifact(
+            1,
+            manifest.header.target_hash,
+            manifest.id(),
+            manifest.segments.clone(),
+            None,
+        )
         .unwrap_err();
     assert!(
         error
@@ -1013,7 +1052,7 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
     assert_eq!(s.held(ArtifactKind::Delta), 0, "nothing of it is held");
     // Cut-through: the Offer is refused without the signature of its descriptor, or
     // with another's, and so is the Seal; each is taken with its own.
-    let descriptor = Bytes::from(manifest.header.encode());
+    let descriptor = Bytes::from(manifest.header.encode_pending());
     let offer_signature = crate::offer_signature(&key, ArtifactKind::Delta, &bytes).unwrap();
     let other_offer = crate::offer_signature(&key, ArtifactKind::Delta, &artifact(2, 2).0).unwrap();
     for wrong in [None, Some(other_offer)] {
@@ -1024,14 +1063,26 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
     s.begin_artifact(descriptor, Some(offer_signature)).unwrap();
     let other = artifact_signature(&key, &artifact(1, 3).0, ArtifactKind::Delta);
     for wrong in [None, Some(other)] {
-        let sealed = s.seal_artifact(1, manifest.id(), manifest.segments.clone(), wrong);
+        let sealed = s.seal_artifact(
+            1,
+            manifest.header.target_hash,
+            manifest.id(),
+            manifest.segments.clone(),
+            wrong,
+        );
         assert!(
             matches!(sealed, Err(SenderError::Signature(_))),
             "{sealed:?}"
         );
     }
-    s.seal_artifact(1, manifest.id(), manifest.segments.clone(), Some(signature))
-        .unwrap();
+    s.seal_artifact(
+        1,
+        manifest.header.target_hash,
+        manifest.id(),
+        manifest.segments.clone(),
+        Some(signature),
+    )
+    .unwrap();
 
     // A snapshot's signatures are over the snapshot kind: a delta's will not do, for
     // the artifact or for its Offer.

@@ -154,7 +154,6 @@ pub(super) struct ConnEntry {
 
 /// An artifact being published live, kept (as shared buffers) to store it when sealed.
 pub(super) struct Live {
-    pub(super) descriptor: Bytes,
     pub(super) segments: BTreeMap<u32, Bytes>,
 }
 
@@ -487,7 +486,6 @@ impl<E: Engine> Driver<E> {
                     self.live.insert(
                         version,
                         Live {
-                            descriptor,
                             segments: BTreeMap::new(),
                         },
                     );
@@ -521,19 +519,26 @@ impl<E: Engine> Driver<E> {
                     .config
                     .sign(&Statement::manifest(ArtifactKind::Delta, &manifest));
                 let sealed = self.hub_sender().and_then(|s| {
-                    s.seal_artifact(version, manifest.id(), manifest.segments.clone(), signature)
-                        .map_err(Into::into)
+                    s.seal_artifact(
+                        version,
+                        manifest.header.target_hash,
+                        manifest.id(),
+                        manifest.segments.clone(),
+                        signature,
+                    )
+                    .map_err(Into::into)
                 });
                 let live = self.live.remove(&version);
                 match (sealed, live) {
                     (Ok(()), Some(live)) => {
                         // Sized exactly: a growing buffer would copy itself as it grows,
-                        // and keep up to twice the delta's size once frozen.
+                        // and keep up to twice the delta's size once frozen. The header is
+                        // the complete one: the descriptor left the target hash pending.
+                        let head = manifest.header.encode();
                         let tail = manifest.encode_tail();
-                        let len =
-                            live.descriptor.len() + manifest.payload_bytes() as usize + tail.len();
+                        let len = head.len() + manifest.payload_bytes() as usize + tail.len();
                         let mut artifact = Vec::with_capacity(len);
-                        artifact.extend_from_slice(&live.descriptor);
+                        artifact.extend_from_slice(&head);
                         for bytes in live.segments.values() {
                             artifact.extend_from_slice(bytes);
                         }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aurora_delta::{Extraction, Manifest, Segment};
+use aurora_delta::{Extraction, Hash, Manifest, Segment};
 use aurora_proto::VersionRef;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -107,7 +107,8 @@ impl NodeHandle {
     }
 
     /// Starts publishing a delta whose segments follow (hubs): `descriptor` is its
-    /// preamble and header ([`aurora_delta::DeltaHeader::encode`]).
+    /// preamble and header with the target hash pending
+    /// ([`aurora_delta::DeltaHeader::encode_pending`]); the Seal brings the hash.
     pub async fn begin(&self, descriptor: Bytes) -> Result<u64, TransportError> {
         self.call(|reply| Command::Begin { descriptor, reply })
             .await
@@ -124,7 +125,8 @@ impl NodeHandle {
         .await
     }
 
-    /// Closes a version with its manifest; a hub with a store stores the artifact.
+    /// Closes a version with its manifest, whose header holds the target hash; a hub with
+    /// a store stores the artifact.
     pub async fn seal(&self, version: u64, manifest: Manifest) -> Result<(), TransportError> {
         self.call(|reply| Command::Seal {
             version,
@@ -155,30 +157,57 @@ impl NodeHandle {
             .map_err(|_| TransportError::Stopped)
     }
 
-    /// Runs `extraction` and publishes it cut-through: the header first, each segment as
-    /// the encoder finishes it, the manifest last. Blocks the calling thread, which must
-    /// not be an async task's (use `spawn_blocking`).
-    pub fn publish_extraction(&self, extraction: &Extraction) -> Result<Manifest, TransportError> {
-        self.publish_extraction_observed(extraction, |_| {})
+    /// Runs `extraction` and publishes it cut-through: the descriptor first (its target
+    /// hash pending), each segment as the encoder finishes it, and the Seal with the
+    /// manifest last. `target_hash` runs beside the encoder (the hash of a large model
+    /// takes as long as its extraction) and returns the target's weights hash, which the
+    /// Seal carries (docs/wire-protocol.md §4.4): whatever must precede the Seal (a
+    /// control-plane announcement) belongs in it too. Blocks the calling thread, which
+    /// must not be an async task's (use `spawn_blocking`); both run on its rayon pool.
+    pub fn publish_extraction<E: From<TransportError> + Send>(
+        &self,
+        extraction: &Extraction,
+        target_hash: impl FnOnce() -> Result<Hash, E> + Send,
+    ) -> Result<Manifest, E> {
+        self.publish_extraction_observed(extraction, target_hash, |_| {})
     }
 
     /// [`NodeHandle::publish_extraction`], calling `observe` with each segment as it
     /// leaves the encoder, before it is published (benchmarks time the first one).
-    pub fn publish_extraction_observed(
+    pub fn publish_extraction_observed<E: From<TransportError> + Send>(
         &self,
         extraction: &Extraction,
+        target_hash: impl FnOnce() -> Result<Hash, E> + Send,
         mut observe: impl FnMut(&Segment) + Send,
-    ) -> Result<Manifest, TransportError> {
-        let descriptor = Bytes::from(extraction.header().encode());
+    ) -> Result<Manifest, E> {
+        let descriptor = Bytes::from(extraction.header().encode_pending());
         let version = block_on_reply(&self.commands, |reply| Command::Begin { descriptor, reply })?;
-        let manifest = extraction.run(|segment: Segment| {
-            observe(&segment);
-            block_on_reply(&self.commands, |reply| Command::Segment {
+        // The encoder first: on a pool of one thread the hash follows it.
+        let (extracted, hashed) = rayon::join(
+            || {
+                extraction.run(|segment: Segment| {
+                    observe(&segment);
+                    block_on_reply(&self.commands, |reply| Command::Segment {
+                        version,
+                        segment,
+                        reply,
+                    })
+                })
+            },
+            target_hash,
+        );
+        let mut manifest = extracted?;
+        let hash = hashed?;
+        let header = &extraction.header();
+        if !header.target_pending() && header.target_hash != hash {
+            return Err(TransportError::TargetHashDisagrees {
                 version,
-                segment,
-                reply,
-            })
-        })?;
+                header: header.target_hash,
+                given: hash,
+            }
+            .into());
+        }
+        manifest.header.target_hash = hash;
         block_on_reply(&self.commands, |reply| Command::Seal {
             version,
             manifest: manifest.clone(),

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aurora_delta::{
-    ArtifactKind, ArtifactSignature, DeltaError, Heap, ImageSpace, SigningKey, Statement,
+    ArtifactKind, ArtifactSignature, DeltaError, Hash, Heap, ImageSpace, SigningKey, Statement,
     VerifyingKey,
 };
 use aurora_proto::{
@@ -215,6 +215,15 @@ pub enum TransportError {
     Store(#[from] StoreError),
     #[error("extraction failed")]
     Extraction(#[from] DeltaError),
+    #[error(
+        "the extraction of version {version} names target hash {header} and its publisher \
+         {given}"
+    )]
+    TargetHashDisagrees {
+        version: u64,
+        header: Hash,
+        given: Hash,
+    },
     #[error("this node's TLS configuration")]
     Tls(#[from] TrustError),
     #[error("this node is configured as {configured:?} but its certificate says {certified}")]

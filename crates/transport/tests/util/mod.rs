@@ -75,7 +75,7 @@ impl Chain {
     ) {
         let file = DeltaFile::parse(self.delta(version)).unwrap();
         if range.start == 0 {
-            let descriptor = Bytes::from(file.header().encode());
+            let descriptor = Bytes::from(file.header().encode_pending());
             assert_eq!(hub.begin(descriptor).await.unwrap(), version);
         }
         for index in range {
