@@ -229,12 +229,18 @@ async fn report_held(relay: &NodeHandle) -> Result<()> {
     let mut status = relay.watch();
     let mut shown = 0;
     loop {
-        // Only what is new: the list grows with every version the relay ever held.
-        let new: Vec<u64> = status.borrow_and_update().completed[shown..].to_vec();
-        for version in &new {
+        // Only what is new since the last change: the status keeps the recent versions.
+        let new: Vec<u64> = status
+            .borrow_and_update()
+            .completed
+            .iter()
+            .copied()
+            .filter(|&version| version > shown)
+            .collect();
+        for &version in &new {
             println!("holds {version}");
+            shown = version;
         }
-        shown += new.len();
         std::io::stdout().flush()?;
         if status.changed().await.is_err() {
             bail!("the node stopped");

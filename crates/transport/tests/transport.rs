@@ -10,7 +10,8 @@ use aurora_delta::{Checkpoint, ExtractOptions, Extraction, TargetHash};
 use aurora_proto::Role;
 use aurora_store::Store;
 use aurora_transport::{
-    IdleEngine, NodeHandle, Security, TransportError, spawn_actor, spawn_hub, spawn_joining_actor,
+    COMPLETED_SHOWN, IdleEngine, NodeHandle, Security, TransportError, spawn_actor, spawn_hub,
+    spawn_joining_actor,
 };
 use util::{Chain, Fault, Proxy, active_at, config, connected_relay, held_at, trainer_key, within};
 
@@ -73,6 +74,20 @@ async fn one_hub_two_relays_six_actors_end_identical_over_ten_versions() {
     let segments: usize = (1..=VERSIONS).map(|v| chain.segments(v)).sum();
     let hub_sent = hub.status().sender.unwrap().segments_sent;
     assert_eq!(hub_sent, 2 * segments as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_s_status_keeps_only_its_recent_completed_versions() {
+    let versions = COMPLETED_SHOWN as u64 + 6;
+    let chain = Chain::new(versions, 11);
+    let hub = hub(None).await;
+    let relay = connected_relay(config(Role::Relay, "relay", &[hub.local_addr().unwrap()])).await;
+    for version in 1..=versions {
+        chain.publish_live(&hub, version).await;
+    }
+    let status = held_at(&relay, versions, "relay").await;
+    let first = versions - COMPLETED_SHOWN as u64 + 1;
+    assert_eq!(status.completed, (first..=versions).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

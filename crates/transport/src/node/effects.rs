@@ -9,8 +9,8 @@ use aurora_proto::{ConnId, Notice, Output, Receiver, Sender};
 use crate::conn::{WriteCmd, dial};
 use crate::engine::Engine;
 
-use super::MAX_REPORTS;
 use super::driver::{BACKOFF_MAX, Driver, Event};
+use super::{COMPLETED_SHOWN, MAX_REPORTS};
 
 impl<E: Engine> Driver<E> {
     pub(super) fn output(&mut self, output: Output) {
@@ -149,7 +149,13 @@ impl<E: Engine> Driver<E> {
             }
             Notice::Complete { version } => {
                 tracing::debug!(version, "version received and verified");
-                self.status.completed.push(version);
+                let completed = &mut self.status.completed;
+                completed.push(version);
+                // The status is copied to every watcher at every event: it keeps the
+                // recent versions, not every one a long run ever completed.
+                if completed.len() > COMPLETED_SHOWN {
+                    completed.drain(..completed.len() - COMPLETED_SHOWN);
+                }
             }
             Notice::Joined { version } => {
                 tracing::info!(version, "received the snapshot to join from");

@@ -250,7 +250,8 @@ pub struct NodeStatus {
     pub active: Option<VersionRef>,
     pub staged: Option<u64>,
     pub committed: Option<u64>,
-    /// Versions completed and verified by the receiver, in order.
+    /// The last [`COMPLETED_SHOWN`] versions completed and verified by the receiver, in
+    /// order.
     pub completed: Vec<u64>,
     /// The upstream of the current session.
     pub upstream: Option<SocketAddr>,
@@ -277,3 +278,5 @@ pub struct NodeStatus {
 
 /// Reports kept in [`NodeStatus::reports`].
 pub const MAX_REPORTS: usize = 256;
+/// Versions kept in [`NodeStatus::completed`].
+pub const COMPLETED_SHOWN: usize = 64;
