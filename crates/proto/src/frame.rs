@@ -1,4 +1,4 @@
-//! Frames of the segment protocol, version 3 (docs/wire-protocol.md §3 and §4).
+//! Frames of the segment protocol, version 4 (docs/wire-protocol.md §3 and §4).
 //!
 //! ```text
 //! frame   length:u32  type:u8  body[length - 1]

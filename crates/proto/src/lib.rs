@@ -1,4 +1,4 @@
-//! The segment protocol of aurora, version 3: frames, messages and I/O-free state
+//! The segment protocol of aurora, version 4: frames, messages and I/O-free state
 //! machines. Specified in `docs/wire-protocol.md`; section numbers in comments refer to
 //! it.
 //!

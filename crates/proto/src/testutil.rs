@@ -33,6 +33,25 @@ pub fn artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
     synthetic(base, version, Encoding::Aurora, segments, &label)
 }
 
+/// Another publication of `version` than [`artifact`]'s: the same base and layout, so
+/// the same descriptor (its target hash pending), but other target weights and
+/// `segments` other segments.
+pub fn another_artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
+    let header = DeltaHeader {
+        base_version: version - 1,
+        target_version: version,
+        base_hash: weights(version - 1),
+        target_hash: Hash([0xEE; 32]),
+        encoding: Encoding::Aurora,
+        tensors: Vec::new(),
+    };
+    let bodies: Vec<Vec<u8>> = (0..segments)
+        .map(|i| format!("segment {i} of another version {version}").into_bytes())
+        .collect();
+    let (manifest, bytes) = assemble(&header, &bodies);
+    (Bytes::from(bytes), manifest)
+}
+
 /// A composed delta from `base` straight to `target` with `segments` segments of
 /// arbitrary bytes.
 pub fn composed_artifact(base: u64, target: u64, segments: usize) -> (Bytes, Manifest) {

@@ -3,10 +3,10 @@ use std::time::Duration;
 use super::*;
 use crate::frame::Role;
 use crate::testutil::{
-    Pair, artifact, artifact_signature, commit, composed_artifact, connected, connected_composed,
-    connected_joining, connected_pinned, frames, frames_of, hub_welcome, hub_welcome_at,
-    joining_receiver, pinned_receiver, receiver, relaying_receiver, sender, signed_frames,
-    snapshot_artifact, trainer_key,
+    Pair, another_artifact, artifact, artifact_signature, commit, composed_artifact, connected,
+    connected_composed, connected_joining, connected_pinned, frames, frames_of, hub_welcome,
+    hub_welcome_at, joining_receiver, pinned_receiver, receiver, relaying_receiver, sender,
+    signed_frames, snapshot_artifact, trainer_key,
 };
 
 fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
@@ -231,6 +231,58 @@ fn a_bad_table_or_target_hash_gives_the_upstream_up() {
             "damage {which}"
         );
     }
+}
+
+#[test]
+fn segments_of_another_publication_with_the_same_descriptor_give_way_at_the_seal() {
+    // A publication of version 1 that never sealed (its trainer stopped), then another:
+    // the descriptors are equal, so only the Seal tells them apart.
+    let mut r = connected(1);
+    let (failed, _) = another_artifact(1, 3);
+    let (bytes, _) = artifact(1, 2);
+    let stale = frames(&failed);
+    let (offer, segments) = (stale[0].clone(), &stale[2..]);
+    r.handle_frame(Instant::now(), 1, offer);
+    for segment in segments {
+        r.handle_frame(Instant::now(), 1, segment.clone());
+    }
+    let (events, _) = drain(&mut r);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::Sealed { .. }))
+    );
+    let fresh = frames(&bytes);
+    // The same Offer again changes nothing; the Seal revokes every stale segment and
+    // asks again for those within its table.
+    r.handle_frame(Instant::now(), 1, fresh[0].clone());
+    r.handle_frame(Instant::now(), 1, fresh[1].clone());
+    let (events, out) = drain(&mut r);
+    let revoked: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            ReceiverEvent::Revoked { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(revoked, [0, 1, 2]);
+    let nacked: Vec<u32> = out
+        .iter()
+        .filter_map(|(_, f)| match f {
+            Frame::Nack { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nacked, [0, 1]);
+    for segment in &fresh[2..] {
+        r.handle_frame(Instant::now(), 1, segment.clone());
+    }
+    let (events, _) = drain(&mut r);
+    let complete = events.iter().find_map(|e| match e {
+        ReceiverEvent::Complete { artifact, .. } => Some(artifact.to_bytes()),
+        _ => None,
+    });
+    assert_eq!(complete, Some(bytes));
 }
 
 #[test]

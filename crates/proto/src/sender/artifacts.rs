@@ -237,11 +237,17 @@ impl Sender {
         }
         let key = ArtifactKey::Delta(version);
         self.check_offer_signature(key, &descriptor, offer_signature)?;
-        if let Some(existing) = self.artifacts.get(&key) {
-            if existing.descriptor == descriptor {
-                return Ok(version);
+        if let Some(existing) = self.artifacts.get_mut(&key) {
+            if existing.descriptor != descriptor {
+                return Err(SenderError::Conflict { version });
             }
-            return Err(SenderError::Conflict { version });
+            // The descriptor leaves the target hash to the Seal, so it does not tell two
+            // publications of a version apart (a publication that failed before its Seal,
+            // then another): one begun again starts over. Only the Seal's id names it.
+            if existing.seal.is_none() {
+                existing.segments.clear();
+            }
+            return Ok(version);
         }
         self.unavailable.remove(&key);
         self.artifacts.insert(
@@ -339,12 +345,17 @@ impl Sender {
             let statement = Statement::artifact(ArtifactKind::Delta, id, &header);
             aurora_delta::verify(key, &statement, signature.as_ref())?;
         }
-        if artifact.segments.len() > segments.len() {
+        // Slots beyond the table may only be empty: a relay withdrew what it forwarded
+        // of another publication of the version with the same descriptor.
+        if let Some(index) = (segments.len()..artifact.segments.len())
+            .find(|&index| artifact.segments[index].is_some())
+        {
             return Err(SenderError::SegmentMismatch {
                 version,
-                index: artifact.segments.len() as u32 - 1,
+                index: index as u32,
             });
         }
+        artifact.segments.truncate(segments.len());
         for (index, held) in artifact.segments.iter_mut().enumerate() {
             if let Some((hash, bytes)) = held
                 && (*hash != segments[index].hash || bytes.len() != segments[index].len as usize)

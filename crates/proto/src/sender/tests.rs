@@ -11,9 +11,9 @@ use super::*;
 use crate::frame::{ArtifactKind, Hello, PROTOCOL_VERSION, Progress, RejectCode};
 use crate::receiver::ReceiverEvent;
 use crate::testutil::{
-    Pair, TOKEN, artifact, artifact_signature, commit, composed_artifact, composed_receiver,
-    identity, joining_receiver, receiver, sender, snapshot_artifact, store_sender, trainer_key,
-    weights,
+    Pair, TOKEN, another_artifact, artifact, artifact_signature, commit, composed_artifact,
+    composed_receiver, identity, joining_receiver, receiver, sender, snapshot_artifact,
+    store_sender, trainer_key, weights,
 };
 
 fn hello(session: u64, stream: u8, streams: u8) -> Hello {
@@ -507,6 +507,79 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
             );
         }
     }
+}
+
+/// Segment `index` of the artifact `bytes` and its hash.
+fn segment_of(bytes: &Bytes, index: usize) -> (Hash, Bytes) {
+    let file = DeltaFile::parse(bytes).unwrap();
+    (
+        file.manifest.segments[index].hash,
+        Bytes::copy_from_slice(file.verify_segment(index).unwrap()),
+    )
+}
+
+#[test]
+fn a_publication_begun_again_starts_over_and_empty_slots_beyond_the_table_are_dropped() {
+    // A publication of version 1 fails before its Seal; another, with the same
+    // descriptor (the target hash pending) but other segments, follows.
+    let (failed, _) = another_artifact(1, 3);
+    let (bytes, manifest) = artifact(1, 2);
+    let descriptor = Bytes::from(manifest.header.encode_pending());
+    let mut s = sender();
+    s.begin_artifact(descriptor.clone(), None).unwrap();
+    for index in 0..3 {
+        let (hash, segment) = segment_of(&failed, index);
+        s.add_segment(1, index as u32, hash, segment).unwrap();
+    }
+    s.begin_artifact(descriptor.clone(), None).unwrap();
+    for index in 0..2 {
+        let (hash, segment) = segment_of(&bytes, index);
+        s.add_segment(1, index as u32, hash, segment).unwrap();
+    }
+    s.seal_artifact(
+        1,
+        manifest.header.target_hash,
+        manifest.id(),
+        manifest.segments.clone(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        Pair::new(s, receiver(1, 1)).complete(),
+        [(1, bytes.clone())]
+    );
+
+    // A relay forwarded three segments of the failed one, withdrew them when the table
+    // came, and seals with the two of the table: the slot beyond it goes.
+    let mut relay = sender();
+    relay.begin_artifact(descriptor, None).unwrap();
+    for index in 0..3 {
+        let (hash, segment) = segment_of(&failed, index);
+        relay.add_segment(1, index as u32, hash, segment).unwrap();
+    }
+    let sealed = |relay: &mut Sender| {
+        relay.seal_artifact(
+            1,
+            manifest.header.target_hash,
+            manifest.id(),
+            manifest.segments.clone(),
+            None,
+        )
+    };
+    // Not withdrawn, a segment beyond the table is refused.
+    relay.revoke_segment(1, 0);
+    relay.revoke_segment(1, 1);
+    assert!(matches!(
+        sealed(&mut relay),
+        Err(SenderError::SegmentMismatch { index: 2, .. })
+    ));
+    relay.revoke_segment(1, 2);
+    sealed(&mut relay).unwrap();
+    for index in 0..2 {
+        let (hash, segment) = segment_of(&bytes, index);
+        relay.add_segment(1, index as u32, hash, segment).unwrap();
+    }
+    assert_eq!(Pair::new(relay, receiver(1, 1)).complete(), [(1, bytes)]);
 }
 
 #[test]

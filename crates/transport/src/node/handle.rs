@@ -162,8 +162,11 @@ impl NodeHandle {
     /// manifest last. `target_hash` runs beside the encoder (the hash of a large model
     /// takes as long as its extraction) and returns the target's weights hash, which the
     /// Seal carries (docs/wire-protocol.md §4.4): whatever must precede the Seal (a
-    /// control-plane announcement) belongs in it too. Blocks the calling thread, which
-    /// must not be an async task's (use `spawn_blocking`); both run on its rayon pool.
+    /// control-plane announcement) belongs in it too. On an error of either, nothing is
+    /// sealed: the Offer and the segments sent stay with the subscribers until a later
+    /// publication of the version, whose Seal tells its segments from these
+    /// (docs/wire-protocol.md §4.4). Blocks the calling thread, which must not be an
+    /// async task's (use `spawn_blocking`); both run on its rayon pool.
     pub fn publish_extraction<E: From<TransportError> + Send>(
         &self,
         extraction: &Extraction,
