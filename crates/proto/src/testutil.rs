@@ -30,26 +30,23 @@ pub fn weights(version: u64) -> Hash {
 pub fn artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
     let base = (version - 1, weights(version - 1));
     let label = format!("version {version}");
-    synthetic(base, version, Encoding::Aurora, segments, &label)
+    synthetic(
+        base,
+        (version, weights(version)),
+        Encoding::Aurora,
+        segments,
+        &label,
+    )
 }
 
 /// Another publication of `version` than [`artifact`]'s: the same base and layout, so
 /// the same descriptor (its target hash pending), but other target weights and
 /// `segments` other segments.
 pub fn another_artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
-    let header = DeltaHeader {
-        base_version: version - 1,
-        target_version: version,
-        base_hash: weights(version - 1),
-        target_hash: Hash([0xEE; 32]),
-        encoding: Encoding::Aurora,
-        tensors: Vec::new(),
-    };
-    let bodies: Vec<Vec<u8>> = (0..segments)
-        .map(|i| format!("segment {i} of another version {version}").into_bytes())
-        .collect();
-    let (manifest, bytes) = assemble(&header, &bodies);
-    (Bytes::from(bytes), manifest)
+    let base = (version - 1, weights(version - 1));
+    let label = format!("another version {version}");
+    let target = (version, Hash([0xEE; 32]));
+    synthetic(base, target, Encoding::Aurora, segments, &label)
 }
 
 /// A composed delta from `base` straight to `target` with `segments` segments of
@@ -58,7 +55,7 @@ pub fn composed_artifact(base: u64, target: u64, segments: usize) -> (Bytes, Man
     let label = format!("{base} -> {target}");
     synthetic(
         (base, weights(base)),
-        target,
+        (target, weights(target)),
         Encoding::Aurora,
         segments,
         &label,
@@ -77,14 +74,20 @@ pub fn composed_receiver(streams: u8, next_version: u64) -> Receiver {
 pub fn snapshot_artifact(version: u64, segments: usize) -> (Bytes, Manifest) {
     let base = (version, crate::snapshot::empty_weights_hash());
     let label = format!("snapshot {version}");
-    synthetic(base, version, Encoding::Dense, segments, &label)
+    synthetic(
+        base,
+        (version, weights(version)),
+        Encoding::Dense,
+        segments,
+        &label,
+    )
 }
 
 /// An artifact from `base` (version and weights hash) to `target` whose segments are
 /// arbitrary bytes: "segment i of `label`".
 fn synthetic(
     (base, base_hash): (u64, Hash),
-    target: u64,
+    (target, target_hash): (u64, Hash),
     encoding: Encoding,
     segments: usize,
     label: &str,
@@ -93,7 +96,7 @@ fn synthetic(
         base_version: base,
         target_version: target,
         base_hash,
-        target_hash: weights(target),
+        target_hash,
         encoding,
         tensors: Vec::new(),
     };

@@ -480,14 +480,7 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
         });
         s.add_segment(1, index as u32, entry.hash, segment).unwrap();
     }
-    s.seal_artifact(
-        1,
-        manifest.header.target_hash,
-        manifest.id(),
-        manifest.segments.clone(),
-        None,
-    )
-    .unwrap();
+    seal(&mut s, &manifest).unwrap();
     let held = || released.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(held(), 0, "the sender holds every segment it was given");
     // The hub joins the delta to store it: the sender serves the joined bytes from now
@@ -507,6 +500,17 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
             );
         }
     }
+}
+
+/// Seals version 1, begun on `s`, with `manifest`'s table, unsigned.
+fn seal(s: &mut Sender, manifest: &aurora_delta::Manifest) -> Result<(), SenderError> {
+    s.seal_artifact(
+        1,
+        manifest.header.target_hash,
+        manifest.id(),
+        manifest.segments.clone(),
+        None,
+    )
 }
 
 /// Segment `index` of the artifact `bytes` and its hash.
@@ -536,14 +540,7 @@ fn a_publication_begun_again_starts_over_and_empty_slots_beyond_the_table_are_dr
         let (hash, segment) = segment_of(&bytes, index);
         s.add_segment(1, index as u32, hash, segment).unwrap();
     }
-    s.seal_artifact(
-        1,
-        manifest.header.target_hash,
-        manifest.id(),
-        manifest.segments.clone(),
-        None,
-    )
-    .unwrap();
+    seal(&mut s, &manifest).unwrap();
     assert_eq!(
         Pair::new(s, receiver(1, 1)).complete(),
         [(1, bytes.clone())]
@@ -557,24 +554,15 @@ fn a_publication_begun_again_starts_over_and_empty_slots_beyond_the_table_are_dr
         let (hash, segment) = segment_of(&failed, index);
         relay.add_segment(1, index as u32, hash, segment).unwrap();
     }
-    let sealed = |relay: &mut Sender| {
-        relay.seal_artifact(
-            1,
-            manifest.header.target_hash,
-            manifest.id(),
-            manifest.segments.clone(),
-            None,
-        )
-    };
     // Not withdrawn, a segment beyond the table is refused.
     relay.revoke_segment(1, 0);
     relay.revoke_segment(1, 1);
     assert!(matches!(
-        sealed(&mut relay),
+        seal(&mut relay, &manifest),
         Err(SenderError::SegmentMismatch { index: 2, .. })
     ));
     relay.revoke_segment(1, 2);
-    sealed(&mut relay).unwrap();
+    seal(&mut relay, &manifest).unwrap();
     for index in 0..2 {
         let (hash, segment) = segment_of(&bytes, index);
         relay.add_segment(1, index as u32, hash, segment).unwrap();
