@@ -20,6 +20,7 @@ use aurora_delta::{
 };
 use bytes::Bytes;
 
+use super::session::SegState;
 use super::{Sender, SenderError, SenderEvent};
 use crate::frame::{ArtifactKind, Frame, MAX_TRANSFER_SEGMENTS};
 
@@ -243,9 +244,15 @@ impl Sender {
             }
             // The descriptor leaves the target hash to the Seal, so it does not tell two
             // publications of a version apart (a publication that failed before its Seal,
-            // then another): one begun again starts over. Only the Seal's id names it.
+            // then another): one begun again starts over, for its subscribers too. Only
+            // the Seal's id names it.
             if existing.seal.is_none() {
                 existing.segments.clear();
+                for session in self.sessions.values_mut() {
+                    if session.artifact_for(version) == key {
+                        session.versions.remove(&version);
+                    }
+                }
             }
             return Ok(version);
         }
@@ -296,14 +303,26 @@ impl Sender {
     }
 
     /// Withdraws a segment that turned out not to match its table (a relay forwarded it
-    /// before the table arrived); subscribers that got it nack it at their own check.
+    /// before the table arrived, or forwarded another publication's). Subscribers that
+    /// got it will nack it at their own check, perhaps before this sender holds the
+    /// right bytes, when a nack is ignored: so every subscriber is sent them once they
+    /// are here, nack or not.
     pub fn revoke_segment(&mut self, version: u64, index: u32) {
-        if let Some(slot) = self
+        let key = ArtifactKey::Delta(version);
+        let Some(slot) = self
             .artifacts
-            .get_mut(&ArtifactKey::Delta(version))
+            .get_mut(&key)
             .and_then(|a| a.segments.get_mut(index as usize))
-        {
-            *slot = None;
+        else {
+            return;
+        };
+        *slot = None;
+        for session in self.sessions.values_mut() {
+            if session.artifact_for(version) == key
+                && let Some(state) = session.versions.get_mut(&version)
+            {
+                state.set(index as usize, SegState::Unsent);
+            }
         }
     }
 
@@ -356,6 +375,13 @@ impl Sender {
             });
         }
         artifact.segments.truncate(segments.len());
+        for session in self.sessions.values_mut() {
+            if session.artifact_for(version) == ArtifactKey::Delta(version)
+                && let Some(state) = session.versions.get_mut(&version)
+            {
+                state.segs.truncate(segments.len());
+            }
+        }
         for (index, held) in artifact.segments.iter_mut().enumerate() {
             if let Some((hash, bytes)) = held
                 && (*hash != segments[index].hash || bytes.len() != segments[index].len as usize)

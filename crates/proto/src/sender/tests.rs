@@ -571,6 +571,41 @@ fn a_publication_begun_again_starts_over_and_empty_slots_beyond_the_table_are_dr
 }
 
 #[test]
+fn a_relay_sends_the_right_segments_to_a_subscriber_that_asked_before_it_had_them() {
+    // A relay forwarded three segments of a publication of version 1 that never sealed;
+    // its upstream then sealed another with the same descriptor.
+    let (failed, _) = another_artifact(1, 3);
+    let (bytes, manifest) = artifact(1, 2);
+    let mut relay = sender();
+    relay
+        .begin_artifact(Bytes::from(manifest.header.encode_pending()), None)
+        .unwrap();
+    for index in 0..3 {
+        let (hash, segment) = segment_of(&failed, index);
+        relay.add_segment(1, index as u32, hash, segment).unwrap();
+    }
+    let mut pair = Pair::new(relay, receiver(1, 1));
+    pair.pump();
+    // The relay withdraws them and seals; its subscriber revokes its copies and nacks
+    // them while the relay holds nothing to send.
+    for index in 0..3 {
+        pair.sender.revoke_segment(1, index);
+    }
+    seal(&mut pair.sender, &manifest).unwrap();
+    pair.pump();
+    assert!(pair.complete().is_empty());
+    // The right bytes arrive from upstream: they go out without another nack.
+    for index in 0..2 {
+        let (hash, segment) = segment_of(&bytes, index);
+        pair.sender
+            .add_segment(1, index as u32, hash, segment)
+            .unwrap();
+    }
+    pair.pump();
+    assert_eq!(pair.complete(), [(1, bytes)]);
+}
+
+#[test]
 fn a_table_that_does_not_match_is_refused() {
     let (bytes, manifest) = artifact(1, 2);
     let head = DeltaFile::parse(&bytes).unwrap().header().encode_pending();
