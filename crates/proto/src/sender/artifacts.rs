@@ -196,6 +196,12 @@ impl Artifact {
         }
     }
 
+    /// The bytes it holds: descriptor and segments.
+    fn held_bytes(&self) -> u64 {
+        let segments: usize = self.segments.iter().flatten().map(|(_, b)| b.len()).sum();
+        (self.descriptor.len() + segments) as u64
+    }
+
     /// The bytes of its segments, once it is sealed.
     pub(super) fn sealed_payload_bytes(&self) -> Option<u64> {
         let seal = self.seal.as_ref()?;
@@ -538,11 +544,19 @@ impl Sender {
             .map(|(key, artifact)| (key.version(), artifact))
     }
 
-    /// Drops what no session needs: deltas beyond the retained window, older first, and
-    /// any other artifact as soon as no session is served it.
+    /// Drops what no session needs: deltas beyond the retained count or bytes, older
+    /// first (never the newest), and any other artifact as soon as no session is served
+    /// it.
     pub(super) fn evict(&mut self) {
         let versions_ahead = self.config.versions_ahead;
-        while self.deltas().count() > self.config.retain_versions {
+        loop {
+            let (count, bytes) = self
+                .deltas()
+                .fold((0, 0), |(n, b), (_, a)| (n + 1, b + a.held_bytes()));
+            let over = count > self.config.retain_versions || bytes > self.config.retain_bytes;
+            if count <= 1 || !over {
+                break;
+            }
             let (oldest, _) = self.deltas().next().expect("not empty");
             let needed = self.sessions.values().any(|s| {
                 s.next_version

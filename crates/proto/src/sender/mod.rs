@@ -57,8 +57,14 @@ pub struct SenderConfig {
     pub window_frames: usize,
     /// Versions a subscriber may have in flight beyond the one it is completing.
     pub versions_ahead: u64,
-    /// Artifacts kept in memory beyond those a subscriber still needs.
+    /// Deltas kept in memory beyond those a subscriber still needs: at most this many,
+    /// and at most [`SenderConfig::retain_bytes`] of them, whichever binds first; the
+    /// newest is always kept.
     pub retain_versions: usize,
+    /// Bytes of the deltas kept as [`SenderConfig::retain_versions`] says. A delta's size
+    /// grows with the model's (about 46 MB at 4B, 1% changed), so a count alone would
+    /// make a relay's memory grow with it too.
+    pub retain_bytes: u64,
     /// Whether older versions, snapshots and composed catch-up deltas can be loaded on
     /// request ([`SenderEvent::Load`]); a relay answers Unavailable instead, and replays.
     pub store_backed: bool,
@@ -92,6 +98,7 @@ impl SenderConfig {
             window_frames: 4,
             versions_ahead: 4,
             retain_versions: 4,
+            retain_bytes: 256 << 20,
             store_backed: false,
             max_sessions: 1024,
             max_control_queue: 64,

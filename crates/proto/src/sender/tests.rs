@@ -353,6 +353,38 @@ fn a_nack_for_a_segment_never_held_is_ignored_whatever_its_index() {
 }
 
 #[test]
+fn a_relay_keeps_at_most_its_byte_budget_of_versions_and_always_the_newest() {
+    // What a sender holds of a delta: descriptor and segments, not the table.
+    let size = |version| {
+        let (bytes, manifest) = artifact(version, 2);
+        (bytes.len() - manifest.encode_tail().len()) as u64
+    };
+    let mut relay = sender();
+    // Room for versions 3 and 4, not for a third: the count would allow four.
+    relay.config.retain_bytes = size(3) + size(4);
+    for version in 1..=4 {
+        relay
+            .insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
+            .unwrap();
+    }
+    let pair = Pair::new(relay, receiver(1, 1));
+    assert!(lost_upstream(
+        &pair,
+        "version 1 is unavailable there: version 1 is not held here (versions from 3 are)"
+    ));
+    // A delta larger than the budget is kept all the same while it is the newest.
+    let mut relay = sender();
+    relay.config.retain_bytes = 1;
+    for version in 1..=2 {
+        relay
+            .insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
+            .unwrap();
+    }
+    let pair = Pair::new(relay, receiver(1, 2));
+    assert_eq!(pair.complete(), [(2, artifact(2, 2).0)]);
+}
+
+#[test]
 fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
     let mut relay = sender();
     relay.config.retain_versions = 2;

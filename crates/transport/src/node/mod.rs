@@ -67,8 +67,10 @@ pub struct NodeConfig {
     /// A version of at most this many bytes whose receiver's Want is overdue is sent
     /// once more, each frame on another stream (docs/wire-protocol.md §5.13); 0 never.
     pub hedge_max_bytes: u64,
-    /// Versions a relay keeps in memory for its subscribers.
+    /// Versions a relay keeps in memory for its subscribers, and their bytes at most
+    /// ([`aurora_proto::SenderConfig::retain_bytes`]).
     pub retain_versions: usize,
+    pub retain_bytes: u64,
     /// Frames in flight per connection (the sender's window).
     pub window_frames: usize,
     /// Segment size of the snapshot artifacts a hub builds from its store for peers that
@@ -112,6 +114,7 @@ impl NodeConfig {
             stall_timeout: Duration::from_secs(30),
             hedge_max_bytes: 4 << 20,
             retain_versions: 4,
+            retain_bytes: 256 << 20,
             window_frames: 4,
             snapshot_segment_bytes: 256 << 10,
             decode_pool: None,
@@ -159,6 +162,7 @@ impl NodeConfig {
         config.stall_timeout = self.stall_timeout;
         config.hedge_max_bytes = self.hedge_max_bytes;
         config.retain_versions = self.retain_versions;
+        config.retain_bytes = self.retain_bytes;
         config.window_frames = self.window_frames;
         config.trainer_key = self.pinned_key();
         config
