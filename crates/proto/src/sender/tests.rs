@@ -352,6 +352,28 @@ fn a_nack_for_a_segment_never_held_is_ignored_whatever_its_index() {
     assert_eq!(s.stats().nacks, 3);
 }
 
+/// `sender`, configured by `configure`, holding the deltas `versions` (complete).
+fn sender_holding(
+    versions: std::ops::RangeInclusive<u64>,
+    configure: impl FnOnce(&mut Sender),
+) -> Sender {
+    let mut s = sender();
+    configure(&mut s);
+    for version in versions {
+        s.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
+            .unwrap();
+    }
+    s
+}
+
+/// Whether a receiver from version 1 is told version 1 is gone and 3 is the oldest held.
+fn from_version_3(relay: Sender) -> bool {
+    lost_upstream(
+        &Pair::new(relay, receiver(1, 1)),
+        "version 1 is unavailable there: version 1 is not held here (versions from 3 are)",
+    )
+}
+
 #[test]
 fn a_relay_keeps_at_most_its_byte_budget_of_versions_and_always_the_newest() {
     // What a sender holds of a delta: descriptor and segments, not the table.
@@ -359,53 +381,29 @@ fn a_relay_keeps_at_most_its_byte_budget_of_versions_and_always_the_newest() {
         let (bytes, manifest) = artifact(version, 2);
         (bytes.len() - manifest.encode_tail().len()) as u64
     };
-    let mut relay = sender();
     // Room for versions 3 and 4, not for a third: the count would allow four.
-    relay.config.retain_bytes = size(3) + size(4);
-    for version in 1..=4 {
-        relay
-            .insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
-            .unwrap();
-    }
-    let pair = Pair::new(relay, receiver(1, 1));
-    assert!(lost_upstream(
-        &pair,
-        "version 1 is unavailable there: version 1 is not held here (versions from 3 are)"
-    ));
+    let budget = size(3) + size(4);
+    assert!(from_version_3(sender_holding(1..=4, |s| s
+        .config
+        .retain_bytes =
+        budget)));
     // A delta larger than the budget is kept all the same while it is the newest.
-    let mut relay = sender();
-    relay.config.retain_bytes = 1;
-    for version in 1..=2 {
-        relay
-            .insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
-            .unwrap();
-    }
+    let relay = sender_holding(1..=2, |s| s.config.retain_bytes = 1);
     let pair = Pair::new(relay, receiver(1, 2));
     assert_eq!(pair.complete(), [(2, artifact(2, 2).0)]);
 }
 
 #[test]
 fn a_relay_reports_versions_it_no_longer_holds_and_a_store_loads_them() {
-    let mut relay = sender();
-    relay.config.retain_versions = 2;
-    for version in 1..=4 {
-        relay
-            .insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
-            .unwrap();
-    }
-    let pair = Pair::new(relay, receiver(1, 1));
-    assert!(lost_upstream(
-        &pair,
-        "version 1 is unavailable there: version 1 is not held here (versions from 3 are)"
-    ));
+    assert!(from_version_3(sender_holding(1..=4, |s| s
+        .config
+        .retain_versions =
+        2)));
 
-    let mut hub = sender();
-    hub.config.store_backed = true;
-    hub.config.retain_versions = 2;
-    for version in 1..=4 {
-        hub.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 2).0))
-            .unwrap();
-    }
+    let mut hub = sender_holding(1..=4, |s| {
+        s.config.store_backed = true;
+        s.config.retain_versions = 2;
+    });
     hub.set_loadable(Some(4));
     let mut pair = Pair::new(hub, receiver(1, 1));
     assert!(
