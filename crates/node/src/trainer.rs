@@ -290,17 +290,6 @@ impl TrainerNode {
             .ok_or_else(|| NodeError::Usage("publish the first version first".into()))?;
         let version = latest.version + 1;
         let started = Instant::now();
-        // The descriptor names the base's hash, so it is known before anything goes out:
-        // the image published last, or hashed now (the first version after a restart).
-        let base_hash =
-            known_base.unwrap_or_else(|| self.publishing.install(|| base.weights_hash()));
-        if base_hash != latest.hash {
-            return Err(NodeError::Usage(format!(
-                "the base is not version {} as published (weights hash {}, published {}): were \
-                 its tensors changed in place after publishing? Publish a copy (an export) instead",
-                latest.version, base_hash, latest.hash
-            )));
-        }
         let extraction = Extraction::new(
             base,
             target,
@@ -308,17 +297,33 @@ impl TrainerNode {
                 encoding: self.settings.encoding,
                 base_version: latest.version,
                 target_version: version,
-                base_hash: Some(base_hash),
+                // As published; a base that is not is found out before the Seal.
+                base_hash: Some(latest.hash),
                 target_hash: TargetHash::Later,
                 ..ExtractOptions::default()
             },
         )?;
-        // The target's hash is computed beside the encoder and goes out in the Seal
-        // (docs/wire-protocol.md §4.4): off the path of the segments, which take as long.
+        // The hashes are computed beside the encoder, off the path of the segments, which
+        // take as long: the target's goes out in the Seal (docs/wire-protocol.md §4.4),
+        // and a base not known for certain (a checkpoint file, the first version after a
+        // restart) is checked before it. Nothing extracted from other weights than the
+        // published ones is sealed: the segments sent stay unsealed, and a later
+        // publication of the version replaces them (§4.4).
         let phases = Mutex::new((Duration::ZERO, Duration::ZERO));
         let hash_and_announce = || -> Result<Hash, NodeError> {
-            let target_hash = target.weights_hash();
+            let (base_hash, target_hash) = rayon::join(
+                || known_base.unwrap_or_else(|| base.weights_hash()),
+                || target.weights_hash(),
+            );
             let hashed = started.elapsed();
+            if base_hash != latest.hash {
+                return Err(NodeError::Usage(format!(
+                    "the base is not version {} as published (weights hash {}, published \
+                     {}): were its tensors changed in place after publishing? Publish a copy \
+                     (an export) instead",
+                    latest.version, base_hash, latest.hash
+                )));
+            }
             // Published to the control plane before the Seal, so actors may report it
             // staged. A node that stopped between the two announced it already: the
             // version it trains again must be the same weights.
