@@ -201,7 +201,7 @@ impl NodeHandle {
         );
         let mut manifest = extracted?;
         let hash = hashed?;
-        let header = &extraction.header();
+        let header = extraction.header();
         if !header.target_pending() && header.target_hash != hash {
             return Err(TransportError::TargetHashDisagrees {
                 version,
