@@ -356,7 +356,8 @@ impl TrainerNode {
             base_hashed = known_base.is_none(),
             hashed_s = hashed.as_secs_f64(),
             announced_s = announced.as_secs_f64(),
-            sealed_s = started.elapsed().as_secs_f64(),
+            // Sealed and stored: the Seal went out before the store's write.
+            stored_s = started.elapsed().as_secs_f64(),
             "published"
         );
         if self.settings.snapshot_every > 0 && version % self.settings.snapshot_every == 0 {
