@@ -82,10 +82,13 @@ async fn a_node_s_status_keeps_only_its_recent_completed_versions() {
     let chain = Chain::new(versions, 11);
     let hub = hub(None).await;
     let relay = connected_relay(config(Role::Relay, "relay", &[hub.local_addr().unwrap()])).await;
+    // One version at a time: a hub keeps its last few deltas, and a relay that holds
+    // nothing yet starts again at the newest when it falls further behind than that.
     for version in 1..=versions {
         chain.publish_live(&hub, version).await;
+        held_at(&relay, version, "relay").await;
     }
-    let status = held_at(&relay, versions, "relay").await;
+    let status = relay.status();
     let first = versions - COMPLETED_SHOWN as u64 + 1;
     assert_eq!(status.completed, (first..=versions).collect::<Vec<_>>());
 }
@@ -363,6 +366,42 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     assert_eq!(
         steady_engine.activations(),
         (1..=8).map(|v| chain.at(v)).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cut_off_longer_than_its_upstream_keeps_deltas_follows_on_from_the_newest() {
+    // A hub without a store (the benchmark fleet's) keeps only its last deltas: one with
+    // a store serves every version from it and never tells a relay one is gone.
+    let chain = Chain::new(9, 13);
+    let mut hub_config = config(Role::Hub, "hub", &[]);
+    hub_config.retain_versions = 2;
+    let hub = spawn_hub(hub_config, None).await.unwrap();
+    let link = Proxy::start(hub.local_addr().unwrap(), Fault::None).await;
+    let relay = connected_relay(config(Role::Relay, "relay", &[link.address])).await;
+    for version in 1..=2 {
+        chain.publish_live(&hub, version).await;
+        held_at(&relay, version, "relay").await;
+    }
+    link.partition();
+    within(
+        LIMIT,
+        "the hub sees the relay go",
+        hub.wait_for(|s| s.subscribers == 0),
+    )
+    .await
+    .unwrap();
+    for version in 3..=8 {
+        chain.publish_live(&hub, version).await;
+    }
+    link.heal();
+    held_at(&relay, 8, "relay back").await;
+    chain.publish_live(&hub, 9).await;
+    let status = held_at(&relay, 9, "relay").await;
+    assert_eq!(
+        status.completed,
+        [1, 2, 8, 9],
+        "what the hub no longer held is skipped"
     );
 }
 

@@ -56,6 +56,12 @@ impl Receiver {
             } => self.on_seal(version, id, target_hash, segments, signature),
             Frame::Commit(commit) => self.on_commit(commit),
             Frame::Unavailable { version, reason } => {
+                if self.relaying && version == self.next_version {
+                    // A relay is a cache: it follows its upstream from the newest
+                    // version, and its actors that are behind that catch up from the
+                    // hub (wire-protocol §6.6).
+                    self.start = Start::Newest;
+                }
                 Err(SessionEnd::Unavailable { version, reason })
             }
             Frame::Keepalive => Ok(()),

@@ -169,7 +169,9 @@ enum Start {
     /// Nothing, and nothing needed: a relay's receiver, which forwards deltas and holds
     /// no weights, starts from the newest version its upstream serves (a Welcome's
     /// `latest`, at least 1), chosen again at each session's first Welcome until a
-    /// version is delivered.
+    /// version is delivered. A relay told its next version is unavailable chooses
+    /// again: it was cut off for longer than its upstream keeps deltas, and would ask
+    /// for that version forever.
     Newest,
     /// No weights: the first version arrives as a snapshot, of the version an upstream
     /// offered (None until a Welcome did), then the deltas after it.
@@ -202,6 +204,8 @@ pub struct Receiver {
     /// Whether Wants accept a composed delta for catch-up (an actor's receiver; a relay
     /// republishes deltas and takes none).
     accepts_composed: bool,
+    /// A relay's receiver: one that may choose its start again ([`Start::Newest`]).
+    relaying: bool,
     active: VersionRef,
     staged: Option<u64>,
     session: Option<Session>,
@@ -233,6 +237,7 @@ impl Receiver {
             next_version,
             tip: (active.version + 1 == next_version).then_some(active),
             accepts_composed: false,
+            relaying: false,
             active,
             staged: None,
             session: None,
@@ -266,6 +271,7 @@ impl Receiver {
     pub fn relaying(config: ReceiverConfig) -> Receiver {
         let mut receiver = Receiver::new(config, 1, VersionRef::default());
         receiver.start = Start::Newest;
+        receiver.relaying = true;
         receiver
     }
 
@@ -287,7 +293,8 @@ impl Receiver {
     }
 
     /// Whether the receiver may still move its first version (a relay's, until it has
-    /// delivered one: [`Receiver::relaying`]).
+    /// delivered one, and again once told its next version is gone upstream:
+    /// [`Receiver::relaying`]).
     pub fn choosing_start(&self) -> bool {
         self.start == Start::Newest
     }

@@ -573,6 +573,64 @@ fn a_relaying_receiver_starts_at_its_upstream_s_newest_version_until_it_holds_on
 }
 
 #[test]
+fn a_relay_whose_next_version_is_gone_upstream_starts_again_at_the_newest() {
+    let now = Instant::now();
+    let mut r = relaying_receiver(Some(4));
+    let (bytes, _) = artifact(4, 2);
+    for frame in frames(&bytes) {
+        r.handle_frame(now, 1, frame);
+    }
+    assert_eq!(completed(&drain(&mut r).0), [(4, bytes)]);
+    // Cut off for longer than its upstream keeps deltas: version 5 is gone there.
+    r.handle_frame(
+        now,
+        1,
+        Frame::Unavailable {
+            version: 5,
+            reason: "versions from 12 are held".into(),
+        },
+    );
+    let (events, _) = drain(&mut r);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::UpstreamLost { .. })),
+        "{events:?}"
+    );
+    assert!(r.choosing_start());
+    r.start_session(now, 8);
+    r.connected(now, 8, 0, 3);
+    r.handle_frame(now, 3, hub_welcome_at(Some(15)));
+    assert_eq!(r.next_version(), 15, "it follows on from the newest, not 5");
+    let (_, out) = drain(&mut r);
+    assert!(
+        out.iter().any(|(_, f)| matches!(
+            f,
+            Frame::Want {
+                next_version: 15,
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+    // An Unavailable for a version beyond its next one is no reason to move.
+    let (bytes, _) = artifact(15, 2);
+    for frame in frames(&bytes) {
+        r.handle_frame(now, 3, frame);
+    }
+    assert!(!r.choosing_start());
+    r.handle_frame(
+        now,
+        3,
+        Frame::Unavailable {
+            version: 17,
+            reason: "not yet".into(),
+        },
+    );
+    assert!(!r.choosing_start());
+}
+
+#[test]
 fn a_relaying_receiver_refuses_a_start_at_the_end_of_the_numbers() {
     let mut r = relaying_receiver(Some(u64::MAX - 1));
     lost(&mut r, "names version 18446744073709551614 to start from");

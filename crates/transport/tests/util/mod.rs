@@ -13,6 +13,7 @@ use aurora_transport::{NodeConfig, NodeHandle, NodeStatus, Security, read_frame,
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 pub const TOKEN: &[u8] = b"loopback-secret";
 
@@ -189,12 +190,15 @@ pub enum Fault {
     FlipSegment { nth: usize },
     /// Forward the first half of the n-th segment frame, then cut that connection.
     CutInSegment { nth: usize },
+    /// Nothing but what [`Proxy::partition`] does.
+    None,
 }
 
-/// A TCP proxy in front of an upstream that injects one fault.
+/// A TCP proxy in front of an upstream that injects one fault, and can be cut off.
 pub struct Proxy {
     pub address: SocketAddr,
     pub fired: Arc<AtomicBool>,
+    partitioned: watch::Sender<bool>,
 }
 
 impl Proxy {
@@ -204,11 +208,15 @@ impl Proxy {
         let fired = Arc::new(AtomicBool::new(false));
         let segments = Arc::new(AtomicUsize::new(0));
         let flag = fired.clone();
+        let (partitioned, watching) = watch::channel(false);
         tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
+                if *watching.borrow() {
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
@@ -218,10 +226,24 @@ impl Proxy {
                     fault,
                     segments.clone(),
                     flag.clone(),
+                    watching.clone(),
                 ));
             }
         });
-        Proxy { address, fired }
+        Proxy {
+            address,
+            fired,
+            partitioned,
+        }
+    }
+
+    /// Cuts every connection through the proxy and refuses new ones until [`Proxy::heal`].
+    pub fn partition(&self) {
+        self.partitioned.send_replace(true);
+    }
+
+    pub fn heal(&self) {
+        self.partitioned.send_replace(false);
     }
 }
 
@@ -231,6 +253,7 @@ async fn relay_pair(
     fault: Fault,
     segments: Arc<AtomicUsize>,
     fired: Arc<AtomicBool>,
+    mut partitioned: watch::Receiver<bool>,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -238,7 +261,14 @@ async fn relay_pair(
         let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
         let _ = server_write.shutdown().await;
     });
-    while let Ok(mut frame) = read_frame(&mut server_read).await {
+    loop {
+        let mut frame = tokio::select! {
+            frame = read_frame(&mut server_read) => match frame {
+                Ok(frame) => frame,
+                Err(_) => break,
+            },
+            _ = partitioned.wait_for(|cut| *cut) => break,
+        };
         if let Frame::Segment { bytes, .. } = &mut frame {
             let n = segments.fetch_add(1, Ordering::SeqCst);
             match fault {
