@@ -33,6 +33,7 @@ mod snapshot;
 #[cfg(test)]
 mod testutil;
 mod tuner;
+mod upstreams;
 mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
@@ -46,6 +47,7 @@ pub use sender::{
     Transmit, offer_signature,
 };
 pub use tuner::StreamTuner;
+pub use upstreams::Upstreams;
 pub use weights::{Staged, Weights};
 
 /// A connection, named by the driver; unique among a node's connections for its

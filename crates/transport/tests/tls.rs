@@ -15,8 +15,7 @@ use std::time::Duration;
 use aurora_proto::frame::{Hello, PROTOCOL_VERSION, RejectCode};
 use aurora_proto::{Frame, Role, VersionRef};
 use aurora_transport::{
-    IdleEngine, Limits, NodeConfig, NodeHandle, NodeStatus, Security, read_frame, spawn_actor,
-    spawn_hub, write_frame,
+    Limits, NodeConfig, NodeHandle, NodeStatus, Security, read_frame, spawn_hub, write_frame,
 };
 use aurora_trust::tls::SEGMENT_ALPN;
 use aurora_trust::{FleetCa, NodeTls};
@@ -24,7 +23,7 @@ use time::OffsetDateTime;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
-use util::{Chain, active_at, within};
+use util::{Chain, active_at, idle_actor, within};
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// Short, so that the tests wait on timeouts briefly; loopback handshakes take
@@ -76,13 +75,7 @@ async fn hub_and_actor(ca: &FleetCa, chain: &Chain) -> (NodeHandle, NodeHandle) 
         .await
         .unwrap();
     let address = hub.local_addr().unwrap();
-    let actor = spawn_actor(
-        config(ca, Role::Actor, "a1", &[address]),
-        chain.weights(0),
-        Arc::new(IdleEngine::default()),
-    )
-    .await
-    .unwrap();
+    let actor = idle_actor(config(ca, Role::Actor, "a1", &[address]), chain.weights(0)).await;
     chain.publish_live(&hub, 1).await;
     active_at(&actor, 1, "the honest actor at version 1").await;
     (hub, actor)
@@ -201,13 +194,7 @@ async fn a_downstream_refuses_an_upstream_of_the_wrong_role_before_sending_anyth
             }
         }
     });
-    let actor = spawn_actor(
-        config(&ca, Role::Actor, "a1", &[address]),
-        chain.weights(0),
-        Arc::new(IdleEngine::default()),
-    )
-    .await
-    .unwrap();
+    let actor = idle_actor(config(&ca, Role::Actor, "a1", &[address]), chain.weights(0)).await;
     let status = within(
         LIMIT,
         "the wrong role refused",

@@ -13,7 +13,10 @@ use aurora_transport::{
     COMPLETED_SHOWN, IdleEngine, NodeHandle, Security, TransportError, spawn_actor, spawn_hub,
     spawn_joining_actor,
 };
-use util::{Chain, Fault, Proxy, active_at, config, connected_relay, held_at, trainer_key, within};
+use util::{
+    Chain, Fault, Proxy, active_at, config, connected_relay, held_at, idle_actor, trainer_key,
+    within,
+};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -98,13 +101,11 @@ async fn a_live_delta_streams_before_its_target_hash_and_seals_with_it() {
     let chain = Chain::new(1, 5);
     let hub = Arc::new(hub(None).await);
     let actor = Arc::new(
-        spawn_actor(
+        idle_actor(
             config(Role::Actor, "a1", &[hub.local_addr().unwrap()]),
             chain.weights(0),
-            Arc::new(IdleEngine::default()),
         )
-        .await
-        .unwrap(),
+        .await,
     );
     within(LIMIT, "connect", actor.wait_for(|s| s.connected))
         .await
@@ -159,13 +160,11 @@ async fn actors_of_a_relay_killed_mid_transfer_fall_back_and_finish_without_star
     let relay_address = relay.local_addr().unwrap();
     let mut actors = Vec::new();
     for name in ["a1", "a2"] {
-        let actor = spawn_actor(
+        let actor = idle_actor(
             config(Role::Actor, name, &[relay_address, hub_address]),
             chain.weights(0),
-            Arc::new(IdleEngine::default()),
         )
-        .await
-        .unwrap();
+        .await;
         actors.push(actor);
     }
     for actor in &actors {
@@ -218,13 +217,11 @@ async fn a_connection_cut_mid_segment_resumes_with_only_the_missing_segments() {
     let chain = Chain::new(1, 7);
     let hub = hub(None).await;
     let proxy = Proxy::start(hub.local_addr().unwrap(), Fault::CutInSegment { nth: 3 }).await;
-    let actor = spawn_actor(
+    let actor = idle_actor(
         config(Role::Actor, "a1", &[proxy.address]),
         chain.weights(0),
-        Arc::new(IdleEngine::default()),
     )
-    .await
-    .unwrap();
+    .await;
     // Every stream up first: the cut must leave the session others to go on with.
     within(LIMIT, "connect", actor.all_streams_up())
         .await
@@ -298,13 +295,7 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     let relay = connected_relay(relay_config).await;
     let relay_address = relay.local_addr().unwrap();
     let actor_config = config(Role::Actor, "a1", &[relay_address, hub_address]);
-    let actor = spawn_actor(
-        actor_config.clone(),
-        chain.weights(0),
-        Arc::new(IdleEngine::default()),
-    )
-    .await
-    .unwrap();
+    let actor = idle_actor(actor_config.clone(), chain.weights(0)).await;
     // Another actor of the relay that stays up throughout.
     let steady_engine = Arc::new(IdleEngine::default());
     let steady = spawn_actor(
@@ -369,6 +360,61 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     );
 }
 
+/// Waits until `actor` has a session with `upstream`.
+async fn connected_to(actor: &NodeHandle, upstream: std::net::SocketAddr, what: &str) {
+    within(
+        LIMIT,
+        what,
+        actor.wait_for(|s| s.connected && s.upstream == Some(upstream)),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actors_that_fell_back_to_the_hub_return_to_their_relay_once_it_is_back() {
+    let chain = Chain::new(3, 17);
+    let hub = hub(None).await;
+    let hub_address = hub.local_addr().unwrap();
+    let relay = connected_relay(config(Role::Relay, "relay", &[hub_address])).await;
+    // The actors reach their relay through a link that can go down.
+    let link = Proxy::start(relay.local_addr().unwrap(), Fault::None).await;
+    let mut actors = Vec::new();
+    for name in ["a1", "a2"] {
+        let mut actor_config = config(Role::Actor, name, &[link.address, hub_address]);
+        actor_config.return_after = Some(Duration::from_millis(200));
+        actors.push(idle_actor(actor_config, chain.weights(0)).await);
+    }
+    for actor in &actors {
+        connected_to(actor, link.address, "on the relay").await;
+    }
+    chain.publish_live(&hub, 1).await;
+    for actor in &actors {
+        active_at(actor, 1, "through the relay").await;
+    }
+    link.partition();
+    for actor in &actors {
+        connected_to(actor, hub_address, "fell back to the hub").await;
+    }
+    chain.publish_live(&hub, 2).await;
+    for actor in &actors {
+        active_at(actor, 2, "from the hub").await;
+    }
+    link.heal();
+    for actor in &actors {
+        connected_to(actor, link.address, "back on the relay").await;
+    }
+    // The region's copy comes through the relay again: the hub sends version 3 once.
+    let sent = || hub.status().sender.unwrap().segments_sent;
+    let before = sent();
+    chain.publish_live(&hub, 3).await;
+    for actor in &actors {
+        let status = active_at(actor, 3, "through the relay again").await;
+        assert_eq!(status.active, Some(chain.at(3)));
+    }
+    assert_eq!(sent() - before, chain.segments(3) as u64);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_cut_off_longer_than_its_upstream_keeps_deltas_follows_on_from_the_newest() {
     // A hub without a store (the benchmark fleet's) keeps only its last deltas: one with
@@ -419,13 +465,11 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
     let hub_address = hub.local_addr().unwrap();
     let relay = connected_relay(config(Role::Relay, "relay", &[hub_address])).await;
     let relay_address = relay.local_addr().unwrap();
-    let veteran = spawn_actor(
+    let veteran = idle_actor(
         config(Role::Actor, "veteran", &[relay_address, hub_address]),
         chain.weights(0),
-        Arc::new(IdleEngine::default()),
     )
-    .await
-    .unwrap();
+    .await;
     within(LIMIT, "connect", veteran.wait_for(|s| s.connected))
         .await
         .unwrap();
@@ -569,9 +613,7 @@ async fn a_wrong_token_is_refused_and_the_actor_never_subscribes() {
     intruder.security = Security::InsecurePlaintext {
         token: b"guess".to_vec(),
     };
-    let actor = spawn_actor(intruder, chain.weights(0), Arc::new(IdleEngine::default()))
-        .await
-        .unwrap();
+    let actor = idle_actor(intruder, chain.weights(0)).await;
     let status = within(
         LIMIT,
         "refusals",

@@ -332,6 +332,12 @@ impl Receiver {
         self.next_version
     }
 
+    /// Whether part of a version is held: a session left now would leave it half
+    /// received (resumable, but later).
+    pub fn receiving(&self) -> bool {
+        !self.assemblies.is_empty()
+    }
+
     pub fn is_connected(&self) -> bool {
         self.session.as_ref().is_some_and(|s| s.upstream.is_some())
     }

@@ -6,10 +6,12 @@ use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aurora_delta::{ArtifactKind, DeltaError, Hash, SigningKey, SpilledChunks, Statement};
-use aurora_proto::{ArtifactKey, Commit, ConnId, Identity, Node, Sender, StoredArtifact, Weights};
+use aurora_proto::{
+    ArtifactKey, Commit, ConnId, Identity, Node, Sender, StoredArtifact, Upstreams, Weights,
+};
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
@@ -28,8 +30,6 @@ use super::{NodeConfig, NodeStatus, TransportError, error_chain};
 
 /// Events queued between the sockets and the loop.
 pub(super) const EVENT_QUEUE: usize = 1024;
-/// Longest wait before a new upstream session after repeated failures.
-pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(crate) enum Event {
     /// An inbound connection past its TLS handshake (if any): `peer` is the identity
@@ -182,13 +182,8 @@ pub(super) struct Driver<E: Engine> {
     /// Dials upstreams over TLS (none in plaintext).
     pub(super) connector: Option<TlsConnector>,
     pub(super) next_conn: ConnId,
-    /// Index into the upstreams of the current (or next) session.
-    pub(super) upstream: usize,
-    /// Upstream sessions lost in a row, for the backoff.
-    pub(super) failures: u32,
-    /// The session is being left on purpose for the first upstream (a joiner, once its
-    /// snapshot is in).
-    pub(super) back_to_first: bool,
+    /// Which upstream the current (or next) session goes to.
+    pub(super) upstreams: Upstreams<SocketAddr>,
     pub(super) new_session_at: Option<Instant>,
     pub(super) tasks: JoinSet<()>,
     pub(super) events_tx: mpsc::Sender<Event>,
@@ -205,10 +200,14 @@ impl<E: Engine> Driver<E> {
         mut commands: mpsc::Receiver<Command>,
     ) {
         loop {
-            let wake = [self.node.poll_timeout(), self.new_session_at]
-                .into_iter()
-                .flatten()
-                .min();
+            let wake = [
+                self.node.poll_timeout(),
+                self.new_session_at,
+                self.upstreams.return_at(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             let sleep = async {
                 match wake {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -240,6 +239,7 @@ impl<E: Engine> Driver<E> {
                         self.start_session(now);
                     }
                     self.node.handle_timeout(now);
+                    self.poll_return(now);
                 }
             }
             self.drain();
@@ -261,7 +261,18 @@ impl<E: Engine> Driver<E> {
     }
 
     pub(super) fn current_upstream(&self) -> SocketAddr {
-        self.config.upstreams[self.upstream % self.config.upstreams.len()]
+        self.upstreams.current()
+    }
+
+    /// Leaves a session on a fallback upstream for the first one once it is time and
+    /// the receiver is between versions ([`Upstreams::poll_return`]).
+    pub(super) fn poll_return(&mut self, now: Instant) {
+        let Some(receiver) = self.node.receiver_mut() else {
+            return;
+        };
+        if self.upstreams.poll_return(now, receiver.receiving()) {
+            receiver.abandon("returning to the first upstream");
+        }
     }
 
     pub(super) fn on_event(&mut self, event: Event) {

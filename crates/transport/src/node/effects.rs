@@ -2,14 +2,14 @@
 //! activations, notices), carried out.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aurora_proto::{ConnId, Notice, Output, Receiver, Sender};
 
 use crate::conn::{WriteCmd, dial};
 use crate::engine::Engine;
 
-use super::driver::{BACKOFF_MAX, Driver, Event};
+use super::driver::{Driver, Event};
 use super::{COMPLETED_SHOWN, MAX_REPORTS};
 
 impl<E: Engine> Driver<E> {
@@ -56,16 +56,14 @@ impl<E: Engine> Driver<E> {
                 let from = self.current_upstream();
                 self.status.upstream_switches += 1;
                 self.status.connected = false;
-                if std::mem::take(&mut self.back_to_first) {
-                    self.upstream = 0;
-                    tracing::info!(%from, next = %self.current_upstream(), %reason, "switching upstream");
-                    self.new_session_at = Some(Instant::now());
-                    return;
+                let on_purpose = self.upstreams.leaving_for_first();
+                let backoff = self.upstreams.lost();
+                let next = self.current_upstream();
+                if on_purpose {
+                    tracing::info!(%from, %next, %reason, "switching upstream");
+                } else {
+                    tracing::warn!(%from, %next, %reason, "upstream lost; falling back");
                 }
-                self.upstream += 1;
-                self.failures += 1;
-                tracing::warn!(%from, next = %self.current_upstream(), %reason, "upstream lost; falling back");
-                let backoff = (Duration::from_millis(50) * self.failures).min(BACKOFF_MAX);
                 self.new_session_at = Some(Instant::now() + backoff);
             }
             Output::Load(key) => self.load(key),
@@ -143,12 +141,14 @@ impl<E: Engine> Driver<E> {
     pub(super) fn notice(&mut self, notice: Notice) {
         match notice {
             Notice::Connected(welcome) => {
-                self.failures = 0;
+                self.upstreams.connected(Instant::now());
                 self.status.connected = true;
                 tracing::info!(upstream = welcome.peer_id, latest = ?welcome.latest, "subscribed upstream");
             }
             Notice::Complete { version } => {
                 tracing::debug!(version, "version received and verified");
+                self.upstreams.delivered();
+                self.poll_return(Instant::now());
                 let completed = &mut self.status.completed;
                 completed.push(version);
                 // The status is copied to every watcher at every event: it keeps the
@@ -161,10 +161,10 @@ impl<E: Engine> Driver<E> {
                 tracing::info!(version, "received the snapshot to join from");
                 // Only a hub serves snapshots: the deltas after it come cheaper from the
                 // first upstream, the region's relay, as for every other actor.
-                if self.current_upstream() != self.config.upstreams[0]
+                if !self.upstreams.on_first()
                     && let Some(receiver) = self.node.receiver_mut()
                 {
-                    self.back_to_first = true;
+                    self.upstreams.leave_for_first();
                     receiver.abandon("joined; the deltas come from the first upstream");
                 }
             }

@@ -55,6 +55,11 @@ pub struct NodeConfig {
     /// Upstreams in order of preference (relays and actors): the region's relay first,
     /// then the hub or a peer relay to fall back to.
     pub upstreams: Vec<SocketAddr>,
+    /// A session on any upstream but the first goes back to the first after this long,
+    /// between two versions (docs/wire-protocol.md §6.4): an actor that fell back to the
+    /// hub while its region's relay was down takes the relay's copy again once it is
+    /// back. `None`: it stays where it is.
+    pub return_after: Option<Duration>,
     /// Parallel streams per upstream session (the upper bound when tuned).
     pub streams: u8,
     /// Tune the stream count from measured goodput at this interval.
@@ -105,6 +110,7 @@ impl NodeConfig {
             security,
             limits: Limits::default(),
             upstreams: Vec::new(),
+            return_after: Some(Duration::from_secs(30)),
             streams: 4,
             tune_interval: None,
             socket: SocketOptions::default(),

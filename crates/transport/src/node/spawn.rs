@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use aurora_delta::Hash;
-use aurora_proto::{Node, Receiver, Sender, VersionRef, Weights};
+use aurora_proto::{Node, Receiver, Sender, Upstreams, VersionRef, Weights};
 use aurora_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -182,6 +182,7 @@ pub(super) async fn spawn<E: Engine>(
         (pool, member)
     });
     let backlog = DecodeBacklog::new(config.limits.max_decode_backlog_bytes);
+    let upstreams = Upstreams::new(config.upstreams.clone(), config.return_after);
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
@@ -199,9 +200,7 @@ pub(super) async fn spawn<E: Engine>(
         refusals,
         connector: tls.map(|tls| tls.connector),
         next_conn: 1,
-        upstream: 0,
-        failures: 0,
-        back_to_first: false,
+        upstreams,
         new_session_at: None,
         tasks,
         events_tx,

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use aurora_delta::{DeltaFile, Hash};
 use aurora_proto::{Frame, Identity, Role, VersionRef, Weights};
-use aurora_transport::{NodeConfig, NodeHandle, NodeStatus, Security, read_frame, write_frame};
+use aurora_transport::{
+    IdleEngine, NodeConfig, NodeHandle, NodeStatus, Security, read_frame, write_frame,
+};
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -170,6 +172,13 @@ pub async fn connected_relay(config: NodeConfig) -> NodeHandle {
     .await
     .unwrap();
     relay
+}
+
+/// An actor with an engine that generates nothing, started from `weights`.
+pub async fn idle_actor(config: NodeConfig, weights: Weights) -> NodeHandle {
+    aurora_transport::spawn_actor(config, weights, Arc::new(IdleEngine::default()))
+        .await
+        .unwrap()
 }
 
 /// Waits until the relay `node` holds `version` complete (relays hold no weights).
