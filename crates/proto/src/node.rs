@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use aurora_delta::{DeltaHeader, Hash, SpilledChunks, SpilledPatch};
 use bytes::Bytes;
@@ -124,6 +124,11 @@ pub struct Node {
     /// out the weights are being read, so an activation waits for them.
     decodes_out: usize,
     activation_waiting: Option<u64>,
+    /// A relay suspends its sender once it has had no upstream session this long
+    /// ([`Node::suspend_after`]).
+    suspend_after: Option<Duration>,
+    /// Since when a relay has had no upstream session.
+    upstream_lost_at: Option<Instant>,
     outputs: VecDeque<Output>,
 }
 
@@ -183,8 +188,26 @@ impl Node {
             patch: None,
             decodes_out: 0,
             activation_waiting: None,
+            suspend_after: None,
+            upstream_lost_at: None,
             outputs: VecDeque::new(),
         }
+    }
+
+    /// A relay that has had no upstream session for `after` sends its subscribers away
+    /// and refuses new ones ([`Sender::suspend`]) until it has one again
+    /// (docs/wire-protocol.md §8): it has nothing new to give them, and they can fetch
+    /// it from the hub or another relay. Without this, the actors of a relay cut off
+    /// from the hub wait for it, however long that takes.
+    pub fn suspend_after(&mut self, after: Duration) {
+        self.suspend_after = Some(after);
+    }
+
+    /// When a relay without an upstream suspends its sender.
+    fn suspend_at(&self) -> Option<Instant> {
+        let serving = self.sender.as_ref().is_some_and(|s| !s.is_suspended());
+        let lost = self.upstream_lost_at.filter(|_| serving)?;
+        Some(lost + self.suspend_after?)
     }
 
     pub fn sender(&self) -> Option<&Sender> {
@@ -269,10 +292,22 @@ impl Node {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let sender = self.sender.as_ref().and_then(Sender::poll_timeout);
         let receiver = self.receiver.as_ref().and_then(Receiver::poll_timeout);
-        sender.into_iter().chain(receiver).min()
+        sender
+            .into_iter()
+            .chain(receiver)
+            .chain(self.suspend_at())
+            .min()
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        if let (Some(at), Some(after)) = (self.suspend_at(), self.suspend_after)
+            && now >= at
+            && let Some(sender) = &mut self.sender
+        {
+            let reason = format!("this relay has had no upstream for {after:?}");
+            tracing::warn!(reason, "sending the subscribers away");
+            sender.suspend(reason);
+        }
         if let Some(sender) = &mut self.sender {
             sender.handle_timeout(now);
         }
@@ -289,7 +324,7 @@ impl Node {
                 return Some(output);
             }
             if let Some(event) = self.receiver.as_mut().and_then(Receiver::poll_event) {
-                self.on_receiver_event(event);
+                self.on_receiver_event(now, event);
                 continue;
             }
             if let Some(action) = self.actor.as_mut().and_then(ActorCore::poll_action) {
@@ -318,7 +353,7 @@ impl Node {
         }
     }
 
-    fn on_receiver_event(&mut self, event: ReceiverEvent) {
+    fn on_receiver_event(&mut self, now: Instant, event: ReceiverEvent) {
         let relay_error = |e: crate::SenderError| Output::Notice(Notice::RelayError(e.to_string()));
         match event {
             ReceiverEvent::Dial { session, stream } => {
@@ -326,6 +361,13 @@ impl Node {
             }
             ReceiverEvent::Close { conn } => self.outputs.push_back(Output::Close { conn }),
             ReceiverEvent::Connected { upstream } => {
+                self.upstream_lost_at = None;
+                if let Some(sender) = &mut self.sender
+                    && sender.is_suspended()
+                {
+                    tracing::info!("an upstream again: serving subscribers");
+                    sender.resume();
+                }
                 // Until a relay has a version complete, each Welcome may move its start
                 // (wire-protocol §6.6): what comes before it is never held here, and
                 // what was begun of it goes.
@@ -338,6 +380,9 @@ impl Node {
                     .push_back(Output::Notice(Notice::Connected(upstream)));
             }
             ReceiverEvent::UpstreamLost { reason } => {
+                if self.sender.is_some() {
+                    self.upstream_lost_at.get_or_insert(now);
+                }
                 self.outputs.push_back(Output::UpstreamLost { reason })
             }
             ReceiverEvent::Offered {

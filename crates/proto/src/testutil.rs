@@ -6,7 +6,7 @@ use std::time::Instant;
 use aurora_delta::{DeltaHeader, Encoding, Hash, Manifest, assemble};
 use bytes::Bytes;
 
-use crate::frame::{Frame, PROTOCOL_VERSION, Role, VersionRef, Welcome};
+use crate::frame::{Frame, Hello, PROTOCOL_VERSION, Role, VersionRef, Welcome};
 use crate::receiver::{Receiver, ReceiverConfig, ReceiverEvent};
 use crate::sender::{Auth, Sender, SenderConfig};
 use crate::{ConnId, Identity};
@@ -414,4 +414,22 @@ pub fn relaying_receiver(latest: Option<u64>) -> Receiver {
     r.connected(now, 5, 0, 1);
     r.handle_frame(now, 1, hub_welcome_at(latest));
     r
+}
+
+/// The Hello of actor `a1` on stream `stream` of a session of `streams`.
+pub fn hello(session: u64, stream: u8, streams: u8) -> Hello {
+    Hello {
+        protocol_version: PROTOCOL_VERSION,
+        flags: 0,
+        role: Role::Actor,
+        peer_id: "a1".into(),
+        region: "eu".into(),
+        token: TOKEN.to_vec(),
+        session,
+        stream,
+        streams,
+        epoch: 1,
+        active: VersionRef::default(),
+        staged: None,
+    }
 }

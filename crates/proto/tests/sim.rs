@@ -292,6 +292,12 @@ enum Event {
     CrashRelay {
         node: usize,
     },
+    /// The relay `node` cannot reach the hub (nor the hub it) for `duration`; its
+    /// actors still reach both.
+    IsolateRelay {
+        node: usize,
+        duration: Duration,
+    },
     CrashActor {
         node: usize,
     },
@@ -361,6 +367,8 @@ struct Sim {
     composed: BTreeMap<(u64, u64), Bytes>,
     /// Sessions each peer ended on a missing or bad signature, by peer.
     refused: BTreeMap<usize, u64>,
+    /// Relays cut off from the hub, until when.
+    isolated: BTreeMap<usize, Instant>,
 }
 
 /// What a run went through, so the seeds can be checked to cover every fault.
@@ -386,6 +394,10 @@ struct Faults {
     signatures_refused: u64,
     /// Sessions on a fallback left to go back to the first upstream.
     returns: u64,
+    /// Relays cut off from the hub for a while.
+    relay_isolations: u64,
+    /// Times a relay without an upstream sent its subscribers away.
+    relay_suspensions: u64,
 }
 
 const HUB: usize = 0;
@@ -398,6 +410,9 @@ const ROGUE: usize = 10;
 /// How long a session on a fallback lasts before it goes back to the first upstream:
 /// shorter than the run, so returns happen, to relays up and down.
 const RETURN_AFTER: Duration = Duration::from_millis(1000);
+/// How long a relay without an upstream keeps its subscribers: shorter than its
+/// isolations, which happen.
+const RELAY_SUSPEND_AFTER: Duration = Duration::from_millis(400);
 
 /// A sender of the simulation; without `hedging`, overdue versions are never sent again
 /// (wire-protocol §5.13), so any segment a receiver gets twice was resent by resume.
@@ -467,10 +482,11 @@ impl Sim {
         peers.push(Peer::new(Node::hub(hub), "hub", vec![], None));
         for (i, _) in RELAYS.iter().enumerate() {
             let name = format!("relay{i}");
-            let node = Node::relay(
+            let mut node = Node::relay(
                 Receiver::relaying(receiver_config(Role::Relay, &name, 2)),
                 Sender::new(sender_config(Role::Relay, &name, false, hedging)),
             );
+            node.suspend_after(RELAY_SUSPEND_AFTER);
             peers.push(Peer::new(node, &name, vec![HUB], None));
         }
         for i in 0..6 {
@@ -524,6 +540,7 @@ impl Sim {
             faults: Faults::default(),
             composed: BTreeMap::new(),
             refused: BTreeMap::new(),
+            isolated: BTreeMap::new(),
         };
         for node in 1..=JOINER {
             sim.at(Duration::ZERO, Event::NewSession { node });
@@ -541,6 +558,18 @@ impl Sim {
             let relay = RELAYS[sim.rng.below(2) as usize];
             let when = sim.rng.millis(300, 6000);
             sim.at(when, Event::CrashRelay { node: relay });
+        }
+        if sim.rng.chance(50) {
+            let relay = RELAYS[sim.rng.below(2) as usize];
+            let when = sim.rng.millis(300, 6000);
+            let duration = sim.rng.millis(500, 3000);
+            sim.at(
+                when,
+                Event::IsolateRelay {
+                    node: relay,
+                    duration,
+                },
+            );
         }
         if sim.rng.chance(60) {
             let actor = 3 + sim.rng.below(6) as usize;
@@ -569,6 +598,16 @@ impl Sim {
             seq: self.seq,
             event,
         });
+    }
+
+    /// Whether `client` and `server` cannot reach each other now: a relay and the hub
+    /// while the relay is isolated.
+    fn isolated(&self, client: usize, server: usize) -> bool {
+        server == HUB
+            && self
+                .isolated
+                .get(&client)
+                .is_some_and(|until| self.now < *until)
     }
 
     fn latency(&mut self) -> Duration {
@@ -670,9 +709,10 @@ impl Sim {
             Event::Accept { conn } => {
                 let c = &self.conns[&conn];
                 let (server, open) = (c.server, c.open);
+                let reachable = !self.isolated(c.client, server);
                 let now = self.now;
                 match self.node(server) {
-                    Some(node) if open => {
+                    Some(node) if open && reachable => {
                         node.sender_mut().unwrap().accepted(now, conn, None);
                         let latency = self.latency();
                         self.at(latency, Event::Connected { conn });
@@ -825,6 +865,19 @@ impl Sim {
                     .collect();
                 self.faults.cuts += open.len() as u64;
                 for conn in open {
+                    self.close(conn);
+                }
+            }
+            Event::IsolateRelay { node, duration } => {
+                self.faults.relay_isolations += 1;
+                self.isolated.insert(node, self.now + duration);
+                let cut: Vec<ConnId> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.open && self.isolated(c.client, c.server))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for conn in cut {
                     self.close(conn);
                 }
             }
@@ -1241,6 +1294,7 @@ fn run_with(seed: u64, rogue: bool, hedging: bool) -> Sim {
                 peer.name
             );
             assert!(peer.weights.is_none() && node.actor_status().is_none());
+            sim.faults.relay_suspensions += node.sender().unwrap().stats().suspensions;
             continue;
         }
         let status = node.actor_status().unwrap();
@@ -1293,6 +1347,8 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
         total.join_resumes += f.join_resumes;
         total.composed_activations += f.composed_activations;
         total.returns += f.returns;
+        total.relay_isolations += f.relay_isolations;
+        total.relay_suspensions += f.relay_suspensions;
     }
     assert!(total.duplicates <= total.corruptions, "{total:?}");
     if seeds.len() > 1 {
@@ -1305,7 +1361,9 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
                 && total.join_sessions_lost > seeds.len() as u64
                 && total.join_resumes > 0
                 && total.composed_activations > 0
-                && total.returns > 0,
+                && total.returns > 0
+                && total.relay_isolations > 0
+                && total.relay_suspensions > 0,
             "the seeds must exercise every fault: {total:?}"
         );
     }

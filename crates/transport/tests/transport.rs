@@ -416,6 +416,41 @@ async fn actors_that_fell_back_to_the_hub_return_to_their_relay_once_it_is_back(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_actors_of_a_relay_cut_off_from_the_hub_fetch_from_the_hub_then_come_back() {
+    let chain = Chain::new(3, 19);
+    let hub = hub(None).await;
+    let hub_address = hub.local_addr().unwrap();
+    // The relay reaches the hub through a link that can go down; its actors reach both.
+    let link = Proxy::start(hub_address, Fault::None).await;
+    let mut relay_config = config(Role::Relay, "relay", &[link.address]);
+    relay_config.relay_suspend_after = Some(Duration::from_millis(300));
+    let relay = connected_relay(relay_config).await;
+    let relay_address = relay.local_addr().unwrap();
+    let mut actor_config = config(Role::Actor, "a1", &[relay_address, hub_address]);
+    actor_config.return_after = Some(Duration::from_millis(300));
+    let actor = idle_actor(actor_config, chain.weights(0)).await;
+    connected_to(&actor, relay_address, "on the relay").await;
+    chain.publish_live(&hub, 1).await;
+    active_at(&actor, 1, "through the relay").await;
+    link.partition();
+    chain.publish_live(&hub, 2).await;
+    let status = active_at(&actor, 2, "while the relay is cut off").await;
+    assert_eq!(status.upstream, Some(hub_address));
+    link.heal();
+    held_at(&relay, 2, "the relay back").await;
+    connected_to(&actor, relay_address, "back on the relay").await;
+    let sent = || hub.status().sender.unwrap().segments_sent;
+    let before = sent();
+    chain.publish_live(&hub, 3).await;
+    active_at(&actor, 3, "through the relay again").await;
+    assert_eq!(
+        sent() - before,
+        chain.segments(3) as u64,
+        "one copy, the relay's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_cut_off_longer_than_its_upstream_keeps_deltas_follows_on_from_the_newest() {
     // A hub without a store (the benchmark fleet's) keeps only its last deltas: one with
     // a store serves every version from it and never tells a relay one is gone.

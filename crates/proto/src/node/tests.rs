@@ -7,7 +7,7 @@ use super::*;
 use crate::receiver::{ReceiverConfig, ReceiverEvent, SessionEnd, Violation};
 use crate::sender::{Sender, SenderConfig};
 use crate::testutil::{
-    Pair, TOKEN, artifact, connected, connected_joining, frames, frames_of, identity,
+    Pair, TOKEN, artifact, connected, connected_joining, frames, frames_of, hello, identity,
     pinned_receiver, relaying_receiver, signed_frames, snapshot_artifact, trainer_key, weights,
     welcomed,
 };
@@ -434,4 +434,103 @@ fn a_relay_forwards_the_trainer_s_offer_signature_and_a_pinned_actor_takes_the_v
         e,
         ReceiverEvent::Offered { signature: forwarded, .. } if forwarded == signature
     )));
+}
+
+/// Opens a one-stream session of actor `a1` on the relay's connection `conn` and says
+/// what the relay answered.
+fn subscribe(relay: &mut Node, now: Instant, conn: ConnId, session: u64) -> Vec<Output> {
+    let sender = relay.sender_mut().unwrap();
+    sender.accepted(now, conn, None);
+    sender.handle_frame(now, conn, Frame::Hello(hello(session, 0, 1)));
+    std::iter::from_fn(|| relay.poll(now)).collect()
+}
+
+fn lose_upstream(relay: &mut Node, now: Instant) {
+    relay.receiver_mut().unwrap().abandon("cut off");
+    let outputs: Vec<Output> = std::iter::from_fn(|| relay.poll(now)).collect();
+    assert!(
+        outputs
+            .iter()
+            .any(|o| matches!(o, Output::UpstreamLost { .. })),
+        "{outputs:?}"
+    );
+}
+
+fn reconnect(relay: &mut Node, now: Instant, session: u64, conn: ConnId) {
+    let receiver = relay.receiver_mut().unwrap();
+    receiver.start_session(now, session);
+    receiver.connected(now, session, 0, conn);
+    receiver.handle_frame(now, conn, crate::testutil::hub_welcome_at(Some(3)));
+    std::iter::from_fn(|| relay.poll(now)).for_each(drop);
+}
+
+#[test]
+fn a_relay_without_an_upstream_sends_its_subscribers_away_until_it_has_one_again() {
+    let after = Duration::from_secs(5);
+    let start = Instant::now();
+    let mut relay = Node::relay(relaying_receiver(Some(3)), relay_sender());
+    relay.suspend_after(after);
+    let welcome = subscribe(&mut relay, start, 10, 100);
+    assert!(
+        welcome.iter().any(|o| matches!(
+            o,
+            Output::Transmit {
+                conn: 10,
+                frame: Frame::Welcome(_),
+                ..
+            }
+        )),
+        "{welcome:?}"
+    );
+    // A cut mended within the time: nobody is sent away.
+    lose_upstream(&mut relay, start);
+    assert_eq!(
+        relay.poll_timeout().map(|at| at <= start + after),
+        Some(true)
+    );
+    reconnect(&mut relay, start + after / 2, 6, 2);
+    relay.handle_timeout(start + after);
+    assert!(!relay.sender().unwrap().is_suspended());
+    assert_eq!(relay.sender().unwrap().sessions(), 1);
+    // Cut off for good: the subscriber is sent away and a new one refused.
+    let lost = start + after;
+    lose_upstream(&mut relay, lost);
+    relay.handle_timeout(lost + after - Duration::from_millis(1));
+    assert_eq!(relay.sender().unwrap().sessions(), 1, "not yet");
+    relay.handle_timeout(lost + after);
+    let outputs: Vec<Output> = std::iter::from_fn(|| relay.poll(lost + after)).collect();
+    assert!(
+        outputs
+            .iter()
+            .any(|o| matches!(o, Output::Close { conn: 10 })),
+        "{outputs:?}"
+    );
+    assert_eq!(relay.sender().unwrap().sessions(), 0);
+    let refused = subscribe(&mut relay, lost + after, 11, 101);
+    assert!(
+        refused.iter().any(|o| matches!(
+            o,
+            Output::Transmit {
+                conn: 11,
+                frame: Frame::Reject { code: crate::frame::RejectCode::Busy, reason },
+                ..
+            } if reason.contains("no upstream")
+        )),
+        "{refused:?}"
+    );
+    // An upstream again: it serves.
+    reconnect(&mut relay, lost + 2 * after, 7, 3);
+    assert!(!relay.sender().unwrap().is_suspended());
+    let welcome = subscribe(&mut relay, lost + 2 * after, 12, 102);
+    assert!(
+        welcome.iter().any(|o| matches!(
+            o,
+            Output::Transmit {
+                conn: 12,
+                frame: Frame::Welcome(_),
+                ..
+            }
+        )),
+        "{welcome:?}"
+    );
 }

@@ -199,6 +199,8 @@ pub struct SenderStats {
     pub segments_resent: u64,
     pub nacks: u64,
     pub sessions_dropped: u64,
+    /// Times it stopped serving ([`Sender::suspend`]).
+    pub suspensions: u64,
     /// Offers of composed deltas (a catch-up served in one artifact).
     pub composed_offers: u64,
     /// Hellos refused because the peer is not who it says: a wrong token, or a Hello
@@ -239,6 +241,8 @@ pub struct Sender {
     retired: BTreeSet<u64>,
     retired_order: VecDeque<u64>,
     commit: Option<Commit>,
+    /// Why nobody is served now ([`Sender::suspend`]).
+    suspended: Option<String>,
     sessions: HashMap<u64, Session>,
     conns: BTreeMap<ConnId, Conn>,
     /// Round-robin start for [`Sender::poll_transmit`].
@@ -265,6 +269,7 @@ impl Sender {
             retired: BTreeSet::new(),
             retired_order: VecDeque::new(),
             commit: None,
+            suspended: None,
             sessions: HashMap::new(),
             conns: BTreeMap::new(),
             next_conn: 0,
@@ -280,6 +285,26 @@ impl Sender {
     /// Sessions subscribed now.
     pub fn sessions(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// Serves nobody, for `reason`, until [`Sender::resume`] (a relay without an
+    /// upstream, docs/wire-protocol.md §8): every session is dropped, so its subscriber
+    /// moves to its next upstream, and every Hello is refused as Busy with the reason.
+    pub fn suspend(&mut self, reason: String) {
+        let ids: Vec<u64> = self.sessions.keys().copied().collect();
+        for id in ids {
+            self.drop_session(id, reason.clone());
+        }
+        self.stats.suspensions += 1;
+        self.suspended = Some(reason);
+    }
+
+    pub fn resume(&mut self) {
+        self.suspended = None;
+    }
+
+    pub fn is_suspended(&self) -> bool {
+        self.suspended.is_some()
     }
 
     /// The newest version this sender can serve.

@@ -187,6 +187,9 @@ impl Sender {
                 "a hub does not subscribe to anyone".into(),
             );
         }
+        if let Some(reason) = &self.suspended {
+            return self.refuse(conn, RejectCode::Busy, reason.clone());
+        }
         match self.sessions.get(&hello.session) {
             Some(existing) if existing.peer_id != hello.peer_id => {
                 return self.refuse(

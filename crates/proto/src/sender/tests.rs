@@ -8,30 +8,13 @@ use aurora_delta::DeltaFile;
 use bytes::Bytes;
 
 use super::*;
-use crate::frame::{ArtifactKind, Hello, PROTOCOL_VERSION, Progress, RejectCode};
+use crate::frame::{ArtifactKind, Hello, Progress, RejectCode};
 use crate::receiver::ReceiverEvent;
 use crate::testutil::{
     Pair, TOKEN, another_artifact, artifact, artifact_signature, commit, composed_artifact,
-    composed_receiver, identity, joining_receiver, receiver, sender, snapshot_artifact,
+    composed_receiver, hello, identity, joining_receiver, receiver, sender, snapshot_artifact,
     store_sender, trainer_key, weights,
 };
-
-fn hello(session: u64, stream: u8, streams: u8) -> Hello {
-    Hello {
-        protocol_version: PROTOCOL_VERSION,
-        flags: 0,
-        role: Role::Actor,
-        peer_id: "a1".into(),
-        region: "eu".into(),
-        token: TOKEN.to_vec(),
-        session,
-        stream,
-        streams,
-        epoch: 1,
-        active: VersionRef::default(),
-        staged: None,
-    }
-}
 
 /// Sends a Hello on a fresh connection and returns the answer.
 fn handshake(sender: &mut Sender, conn: ConnId, hello: Hello) -> Transmit {

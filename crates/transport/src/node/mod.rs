@@ -60,6 +60,11 @@ pub struct NodeConfig {
     /// hub while its region's relay was down takes the relay's copy again once it is
     /// back. `None`: it stays where it is.
     pub return_after: Option<Duration>,
+    /// A relay that has had no upstream session this long sends its subscribers away
+    /// and refuses new ones until it has one again (`aurora_proto::Node::suspend_after`),
+    /// so that the actors of a relay cut off from the hub fetch the versions elsewhere
+    /// instead of waiting for it. `None`: they wait.
+    pub relay_suspend_after: Option<Duration>,
     /// Parallel streams per upstream session (the upper bound when tuned).
     pub streams: u8,
     /// Tune the stream count from measured goodput at this interval.
@@ -111,6 +116,7 @@ impl NodeConfig {
             limits: Limits::default(),
             upstreams: Vec::new(),
             return_after: Some(Duration::from_secs(30)),
+            relay_suspend_after: Some(Duration::from_secs(5)),
             streams: 4,
             tune_interval: None,
             socket: SocketOptions::default(),

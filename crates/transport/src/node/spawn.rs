@@ -50,14 +50,11 @@ pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportErro
     }
     let receiver = Receiver::relaying(config.receiver_config());
     let sender = Sender::new(config.sender(false));
-    spawn(
-        config,
-        Node::relay(receiver, sender),
-        None,
-        None::<Arc<IdleEngine>>,
-        None,
-    )
-    .await
+    let mut node = Node::relay(receiver, sender);
+    if let Some(after) = config.relay_suspend_after {
+        node.suspend_after(after);
+    }
+    spawn(config, node, None, None::<Arc<IdleEngine>>, None).await
 }
 
 /// Starts an actor: it receives from its upstreams, stages each delta against its
