@@ -1168,16 +1168,29 @@ impl Sim {
                     peer.name
                 );
                 let weights = peer.weights.as_ref().unwrap();
-                // Only segments verified against the table reach the decoder, and only
-                // for the version whose base is the active weights: a failure is a bug.
-                let outcome = weights
-                    .decode_segment(kind, &header, index, &bytes)
-                    .unwrap_or_else(|error| {
-                        panic!(
-                            "seed {}: {} could not decode segment {index} of verified version {version}: {error}",
-                            self.seed, peer.name
-                        )
-                    });
+                // Segments are decoded as they arrive, checked only against their frame's
+                // hash: a rogue may send its forgeries under the trainer's Offer (whose
+                // target hash is pending), and their results are dropped when the signed
+                // table names other bytes. The trainer's own segments must decode.
+                let outcome = weights.decode_segment(kind, &header, index, &bytes);
+                if let Err(error) = &outcome {
+                    let (base, trainer) = match kind {
+                        ArtifactKind::Delta => (version - 1, &chain().deltas[version as usize - 1]),
+                        ArtifactKind::Snapshot => (0, &chain().snapshots[&version]),
+                        ArtifactKind::Composed => (
+                            header.base_version,
+                            &self.composed[&(header.base_version, version)],
+                        ),
+                    };
+                    let file = DeltaFile::parse(trainer).unwrap();
+                    assert!(
+                        file.manifest.segments.get(index as usize).map(|s| s.hash) != Some(hash),
+                        "seed {}: {} could not decode segment {index} of the trainer's version {version} (from {base}): {error}",
+                        self.seed,
+                        peer.name
+                    );
+                }
+                let outcome = outcome.map_err(|e| e.to_string());
                 let after = self.rng.millis(1, 50);
                 self.at(
                     after,
@@ -1186,7 +1199,7 @@ impl Sim {
                         version,
                         index,
                         hash,
-                        outcome: Ok(outcome),
+                        outcome,
                     },
                 );
             }

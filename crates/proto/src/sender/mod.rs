@@ -291,7 +291,9 @@ impl Sender {
     /// upstream, docs/wire-protocol.md §8): every session is dropped, so its subscriber
     /// moves to its next upstream, and every Hello is refused as Busy with the reason.
     pub fn suspend(&mut self, reason: String) {
-        let ids: Vec<u64> = self.sessions.keys().copied().collect();
+        let mut ids: Vec<u64> = self.sessions.keys().copied().collect();
+        // In order: the same run, the same events (the simulation replays seeds).
+        ids.sort_unstable();
         for id in ids {
             self.drop_session(id, reason.clone());
         }
@@ -364,7 +366,9 @@ impl Sender {
             return Ok(());
         }
         self.commit = Some(commit);
-        let ids: Vec<u64> = self.sessions.keys().copied().collect();
+        let mut ids: Vec<u64> = self.sessions.keys().copied().collect();
+        // In order: the same run, the same events (the simulation replays seeds).
+        ids.sort_unstable();
         for id in ids {
             self.queue_control(id, Frame::Commit(commit));
         }
