@@ -57,6 +57,20 @@ class ActorLoop(threading.Thread):
         except BaseException as error:  # reported by the test
             self.error = error
 
+    def results(self, trainer: aurora_rl.Trainer, timeout: float = 300) -> aurora_rl.StepResults:
+        """The open step's results, or this loop's error as soon as it has one (a step
+        whose only actor died would otherwise wait out the whole timeout)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.error is None, self.error
+            try:
+                return trainer.wait_step(timeout=min(1.0, max(deadline - time.monotonic(), 0.0)))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -105,8 +119,7 @@ def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path, 
             prompts = list(range(step * PROMPTS_PER_STEP, (step + 1) * PROMPTS_PER_STEP))
             trainer.open_step(prompts)
             version = trainer.commit()
-            results = trainer.wait_step(timeout=300)
-            assert loop.error is None, loop.error
+            results = loop.results(trainer)
             assert results.version == version == step
             assert sorted(r.prompt for r in results.rollouts) == prompts
             assert all(r.actor == 1 and len(r.payload["tokens"]) == 4 for r in results.rollouts)

@@ -2,7 +2,9 @@
 checked against, and the CPU fallback.
 
 Its parameters are the checkpoint's tensors under their own names, so loading is a copy
-into them and the weights it holds are its state dict.
+into them and the weights it holds are its state dict. It computes wherever the model
+is (``model.to("cuda")``): loading copies the host tensors an actor hands it onto that
+device.
 """
 
 from __future__ import annotations
@@ -53,11 +55,12 @@ class TransformersEngine:
         prompt's numbers are those of a batch of one)."""
         import torch
 
-        generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        device = self.model.device
+        generator = torch.Generator(device).manual_seed(sampling.seed) if sampling.seed is not None else None
         completions = []
         with torch.no_grad():
             for prompt in prompts:
-                tokens = torch.tensor([list(prompt)])
+                tokens = torch.tensor([list(prompt)], device=device)
                 past = None
                 completion = Completion([], [])
                 for _ in range(sampling.max_tokens):
@@ -71,7 +74,7 @@ class TransformersEngine:
                         token = int(torch.multinomial(probabilities, 1, generator=generator))
                     completion.token_ids.append(token)
                     completion.logprobs.append(float(logprobs[token]))
-                    tokens = torch.tensor([[token]])
+                    tokens = torch.tensor([[token]], device=device)
                 completions.append(completion)
         return completions
 
@@ -82,13 +85,14 @@ class TransformersEngine:
         tie make the two sequences diverge."""
         import torch
 
+        device = self.model.device
         scores = []
         with torch.no_grad():
             for prompt, completion in zip(prompts, completions, strict=True):
-                tokens = torch.tensor([list(prompt) + list(completion)])
+                tokens = torch.tensor([list(prompt) + list(completion)], device=device)
                 logits = self.model(input_ids=tokens).logits[0, len(prompt) - 1 : -1].float()
                 logprobs = torch.log_softmax(logits, dim=-1)
-                chosen = logprobs.gather(1, torch.tensor(list(completion)).unsqueeze(1)).squeeze(1)
+                chosen = logprobs.gather(1, torch.tensor(list(completion), device=device).unsqueeze(1)).squeeze(1)
                 scores.append(list(zip(chosen.tolist(), logprobs.max(dim=-1).values.tolist())))
         return scores
 
