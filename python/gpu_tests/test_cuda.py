@@ -60,6 +60,7 @@ def test_an_engine_on_the_gpu_holds_every_version_a_gpu_trainer_published(tmp_pa
     finally:
         loop.stop.set()
         loop.join(timeout=60)
+        actor.leave()
     assert loop.error is None, loop.error
     # Each step was generated on exactly the weights the trainer published, read back
     # from the GPU.
@@ -72,4 +73,3 @@ def test_an_engine_on_the_gpu_holds_every_version_a_gpu_trainer_published(tmp_pa
     reference = TransformersEngine.start(str(model_dir))
     reference.load_weights(versions[STEPS - 1])
     assert generation_mismatch(engine.generate(PROMPTS, GREEDY), reference) is None
-    actor.leave()

@@ -124,11 +124,14 @@ pub struct Node {
     /// out the weights are being read, so an activation waits for them.
     decodes_out: usize,
     activation_waiting: Option<u64>,
-    /// A relay suspends its sender once it has had no upstream session this long
-    /// ([`Node::suspend_after`]).
+    /// A relay suspends its sender once it has had no working upstream session this
+    /// long ([`Node::suspend_after`]).
     suspend_after: Option<Duration>,
-    /// Since when a relay has had no upstream session.
+    /// Since when a relay has had no working upstream session: from a lost session
+    /// until one delivers a version or lasts `suspend_after`.
     upstream_lost_at: Option<Instant>,
+    /// When the relay's current upstream session was welcomed.
+    upstream_welcomed_at: Option<Instant>,
     outputs: VecDeque<Output>,
 }
 
@@ -190,24 +193,46 @@ impl Node {
             activation_waiting: None,
             suspend_after: None,
             upstream_lost_at: None,
+            upstream_welcomed_at: None,
             outputs: VecDeque::new(),
         }
     }
 
-    /// A relay that has had no upstream session for `after` sends its subscribers away
-    /// and refuses new ones ([`Sender::suspend`]) until it has one again
+    /// A relay that has had no working upstream session for `after` sends its
+    /// subscribers away and refuses new ones ([`Sender::suspend`]) until it has one again
     /// (docs/wire-protocol.md §8): it has nothing new to give them, and they can fetch
     /// it from the hub or another relay. Without this, the actors of a relay cut off
-    /// from the hub wait for it, however long that takes.
+    /// from the hub wait for it, however long that takes. A session works once it
+    /// delivers a version or lasts `after`: a Welcome alone proves little (a session
+    /// may end at the Commit that came with it, or carry nothing after it).
     pub fn suspend_after(&mut self, after: Duration) {
         self.suspend_after = Some(after);
     }
 
-    /// When a relay without an upstream suspends its sender.
+    /// When a relay without a working upstream suspends its sender (a time past what an
+    /// instant holds: never).
     fn suspend_at(&self) -> Option<Instant> {
         let serving = self.sender.as_ref().is_some_and(|s| !s.is_suspended());
         let lost = self.upstream_lost_at.filter(|_| serving)?;
-        Some(lost + self.suspend_after?)
+        lost.checked_add(self.suspend_after?)
+    }
+
+    /// When the relay's current upstream session, welcomed after a loss, has lasted long
+    /// enough to count as working.
+    fn proven_at(&self) -> Option<Instant> {
+        self.upstream_lost_at?;
+        self.upstream_welcomed_at?.checked_add(self.suspend_after?)
+    }
+
+    /// The relay's upstream works again: it serves, if it had stopped.
+    fn upstream_works(&mut self) {
+        self.upstream_lost_at = None;
+        if let Some(sender) = &mut self.sender
+            && sender.is_suspended()
+        {
+            tracing::info!("an upstream again: serving subscribers");
+            sender.resume();
+        }
     }
 
     pub fn sender(&self) -> Option<&Sender> {
@@ -296,15 +321,19 @@ impl Node {
             .into_iter()
             .chain(receiver)
             .chain(self.suspend_at())
+            .chain(self.proven_at())
             .min()
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.proven_at().is_some_and(|at| now >= at) {
+            self.upstream_works();
+        }
         if let (Some(at), Some(after)) = (self.suspend_at(), self.suspend_after)
             && now >= at
             && let Some(sender) = &mut self.sender
         {
-            let reason = format!("this relay has had no upstream for {after:?}");
+            let reason = format!("this relay has had no working upstream for {after:?}");
             tracing::warn!(reason, "sending the subscribers away");
             sender.suspend(reason);
         }
@@ -361,18 +390,16 @@ impl Node {
             }
             ReceiverEvent::Close { conn } => self.outputs.push_back(Output::Close { conn }),
             ReceiverEvent::Connected { upstream } => {
-                self.upstream_lost_at = None;
-                if let Some(sender) = &mut self.sender
-                    && sender.is_suspended()
-                {
-                    tracing::info!("an upstream again: serving subscribers");
-                    sender.resume();
-                }
+                self.upstream_welcomed_at = Some(now);
                 // Until a relay has a version complete, each Welcome may move its start
                 // (wire-protocol §6.6): what comes before it is never held here, and
-                // what was begun of it goes.
+                // what was begun of it goes. A start that follows on from what the
+                // relay holds keeps it.
                 if let (Some(sender), Some(receiver)) = (&mut self.sender, &self.receiver)
                     && receiver.choosing_start()
+                    && sender
+                        .latest()
+                        .is_none_or(|held| held + 1 < receiver.next_version())
                 {
                     sender.set_floor(receiver.next_version());
                 }
@@ -382,6 +409,7 @@ impl Node {
             ReceiverEvent::UpstreamLost { reason } => {
                 if self.sender.is_some() {
                     self.upstream_lost_at.get_or_insert(now);
+                    self.upstream_welcomed_at = None;
                 }
                 self.outputs.push_back(Output::UpstreamLost { reason })
             }
@@ -443,6 +471,9 @@ impl Node {
                 }
             }
             ReceiverEvent::Complete { version, artifact } => {
+                if self.sender.is_some() {
+                    self.upstream_works();
+                }
                 self.outputs
                     .push_back(Output::Notice(Notice::Complete { version }));
                 if artifact.kind() == ArtifactKind::Snapshot {

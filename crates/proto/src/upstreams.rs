@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 const BACKOFF_STEP: Duration = Duration::from_millis(50);
 /// The longest backoff before a session.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Losses in a row past which the backoff no longer grows.
+const BACKOFF_STEPS_MAX: u32 = 40;
 /// Each return to the first upstream that delivers nothing doubles the wait before the
 /// next, up to this many times `return_after`: a relay that stays down costs a dial now
 /// and then, not one every `return_after`.
@@ -40,11 +42,13 @@ pub struct Upstreams<A> {
     /// The current session is being left on purpose for the first upstream.
     back_to_first: bool,
     return_after: Option<Duration>,
-    /// Multiplies `return_after`: doubled by each return that delivered nothing.
+    /// Multiplies `return_after`: doubled by each return that failed.
     return_factor: u32,
     ret: Return,
-    /// The session on the first upstream is a return that has delivered nothing yet.
+    /// The session on the first upstream is a return not yet proven: it has delivered
+    /// no version and (once welcomed, at `returned_at`) lasted less than `return_after`.
     returning: bool,
+    returned_at: Option<Instant>,
 }
 
 impl<A: Copy> Upstreams<A> {
@@ -61,11 +65,13 @@ impl<A: Copy> Upstreams<A> {
             return_factor: 1,
             ret: Return::No,
             returning: false,
+            returned_at: None,
         }
     }
 
-    pub fn current(&self) -> A {
-        self.addresses[self.current]
+    /// The current (or next) session's upstream; none for a node without upstreams.
+    pub fn current(&self) -> Option<A> {
+        self.addresses.get(self.current).copied()
     }
 
     pub fn on_first(&self) -> bool {
@@ -75,22 +81,33 @@ impl<A: Copy> Upstreams<A> {
     /// The session's first Welcome arrived.
     pub fn connected(&mut self, now: Instant) {
         self.failures = 0;
-        self.ret = match self.return_after {
-            Some(after) if !self.on_first() => Return::At(now + after * self.return_factor),
-            _ => Return::No,
-        };
+        if self.on_first() {
+            self.ret = Return::No;
+            if self.returning {
+                self.returned_at = Some(now);
+            }
+            return;
+        }
+        // A wait too long to represent is no return at all.
+        self.ret = self
+            .return_after
+            .and_then(|after| after.checked_mul(self.return_factor))
+            .and_then(|wait| now.checked_add(wait))
+            .map_or(Return::No, Return::At);
     }
 
     /// The session delivered a version: a return that does has worked.
     pub fn delivered(&mut self) {
         if self.on_first() {
             self.returning = false;
+            self.returned_at = None;
             self.return_factor = 1;
         }
     }
 
-    /// The current session is to be left for the first upstream (the caller abandons
-    /// it; [`Upstreams::lost`] then names the first, at once).
+    /// The current session is to be left for the first upstream; call it once the
+    /// session is given up (a receiver whose session had already ended is not leaving
+    /// on purpose). [`Upstreams::lost`] then names the first, at once.
     pub fn leave_for_first(&mut self) {
         self.back_to_first = true;
         self.ret = Return::No;
@@ -109,35 +126,44 @@ impl<A: Copy> Upstreams<A> {
         }
     }
 
-    /// Whether to leave the current session for the first upstream now: its time has
-    /// come and the receiver is between versions (`receiving` is false). A true answer
-    /// has already called [`Upstreams::leave_for_first`].
-    pub fn poll_return(&mut self, now: Instant, receiving: bool) -> bool {
+    /// Whether it is time to leave the current session for the first upstream: the
+    /// return is due and the receiver is `between_versions` (it holds no part of one, or
+    /// has just delivered one: what it holds of the next is resumed from the first
+    /// upstream, so a fallback that is always mid-version is left all the same). The
+    /// caller then abandons the session and calls [`Upstreams::leave_for_first`].
+    pub fn poll_return(&mut self, now: Instant, between_versions: bool) -> bool {
         if matches!(self.ret, Return::At(at) if now >= at) {
             self.ret = Return::Due;
         }
-        if self.ret == Return::Due && !receiving {
-            self.leave_for_first();
-            return true;
-        }
-        false
+        self.ret == Return::Due && between_versions
     }
 
-    /// The session ended: moves to the upstream of the next one and says how long to
-    /// wait before it.
-    pub fn lost(&mut self) -> Duration {
+    /// The session ended at `now`: moves to the upstream of the next one and says how
+    /// long to wait before it.
+    pub fn lost(&mut self, now: Instant) -> Duration {
         self.ret = Return::No;
         if std::mem::take(&mut self.back_to_first) {
             self.current = 0;
             self.returning = true;
+            self.returned_at = None;
             return Duration::ZERO;
         }
         if std::mem::take(&mut self.returning) {
-            self.return_factor = (self.return_factor * 2).min(RETURN_FACTOR_MAX);
+            let lasted = match (self.returned_at.take(), self.return_after) {
+                (Some(at), Some(after)) => now.saturating_duration_since(at) >= after,
+                _ => false,
+            };
+            self.return_factor = if lasted {
+                1
+            } else {
+                (self.return_factor * 2).min(RETURN_FACTOR_MAX)
+            };
         }
-        self.current = (self.current + 1) % self.addresses.len();
-        self.failures += 1;
-        (BACKOFF_STEP * self.failures).min(BACKOFF_MAX)
+        if !self.addresses.is_empty() {
+            self.current = (self.current + 1) % self.addresses.len();
+        }
+        self.failures = self.failures.saturating_add(1);
+        (BACKOFF_STEP * self.failures.min(BACKOFF_STEPS_MAX)).min(BACKOFF_MAX)
     }
 }
 
@@ -151,22 +177,31 @@ mod tests {
 
     const AFTER: Duration = Duration::from_secs(30);
 
+    /// Leaves a fallback for the first upstream as a driver does once the return is due.
+    fn go_back(u: &mut Upstreams<&'static str>, now: Instant) {
+        assert!(u.poll_return(now, true));
+        u.leave_for_first();
+        assert_eq!(u.lost(now), Duration::ZERO, "straight to the first");
+        assert!(u.on_first());
+    }
+
     #[test]
     fn losses_move_on_in_turn_with_a_growing_bounded_backoff() {
+        let now = Instant::now();
         let mut u = upstreams(Some(AFTER));
         assert!(u.on_first());
-        assert_eq!(u.lost(), Duration::from_millis(50));
-        assert_eq!(u.current(), "hub");
-        assert_eq!(u.lost(), Duration::from_millis(100));
+        assert_eq!(u.lost(now), Duration::from_millis(50));
+        assert_eq!(u.current(), Some("hub"));
+        assert_eq!(u.lost(now), Duration::from_millis(100));
         assert!(u.on_first(), "in turn, back to the first");
         for _ in 0..100 {
-            u.lost();
+            u.lost(now);
         }
-        assert_eq!(u.lost(), BACKOFF_MAX);
-        u.connected(Instant::now());
-        u.lost();
+        assert_eq!(u.lost(now), BACKOFF_MAX);
+        u.connected(now);
+        u.lost(now);
         assert_eq!(
-            u.lost(),
+            u.lost(now),
             Duration::from_millis(100),
             "a Welcome resets the count"
         );
@@ -176,63 +211,82 @@ mod tests {
     fn a_session_on_a_fallback_returns_to_the_first_between_versions() {
         let now = Instant::now();
         let mut u = upstreams(Some(AFTER));
-        u.lost();
+        u.lost(now);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
-        assert!(!u.poll_return(now + AFTER / 2, false), "not yet");
-        // Due while a version is arriving: it waits for the version, not for a timer.
-        assert!(!u.poll_return(now + AFTER, true));
+        assert!(!u.poll_return(now + AFTER / 2, true), "not yet");
+        // Due while part of a version is held: it waits for the receiver, not a timer.
+        assert!(!u.poll_return(now + AFTER, false));
         assert_eq!(u.return_at(), None);
-        assert!(!u.poll_return(now + AFTER, true));
-        assert!(u.poll_return(now + AFTER, false));
-        assert_eq!(u.lost(), Duration::ZERO, "straight to the first");
-        assert!(u.on_first());
+        assert!(!u.poll_return(now + AFTER, false));
+        go_back(&mut u, now + AFTER);
         // Settled on the first: no return to schedule.
-        u.connected(now);
+        u.connected(now + AFTER);
         assert_eq!(u.return_at(), None);
-        assert!(!u.poll_return(now + 10 * AFTER, false));
+        assert!(!u.poll_return(now + 10 * AFTER, true));
     }
 
     #[test]
-    fn returns_that_deliver_nothing_wait_longer_each_time_up_to_a_bound() {
+    fn failed_returns_wait_longer_each_time_up_to_a_bound_and_a_working_one_resets() {
         let now = Instant::now();
         let mut u = upstreams(Some(AFTER));
-        u.lost();
+        u.lost(now);
         let mut waits = Vec::new();
         for _ in 0..7 {
             u.connected(now);
             waits.push(u.return_at().unwrap() - now);
-            assert!(u.poll_return(now + 100 * AFTER, false));
-            assert_eq!(u.lost(), Duration::ZERO);
-            // The first upstream is still down: its session ends before a delivery.
-            u.lost();
+            go_back(&mut u, now + 100 * AFTER);
+            // The first upstream is still down: its session ends before a Welcome.
+            u.lost(now + 100 * AFTER);
             assert!(!u.on_first());
         }
-        let factors: Vec<u32> = waits.iter().map(|w| (w.as_secs() / 30) as u32).collect();
+        let factors: Vec<u64> = waits.iter().map(|w| w.as_secs() / 30).collect();
         assert_eq!(factors, [1, 2, 4, 8, 16, 16, 16]);
-        // A return that delivers a version resets the wait.
+        // Welcomed, then lost within `return_after` with nothing delivered: failed too.
+        let late = now + 100 * AFTER;
+        u.return_factor = 2;
         u.connected(now);
-        assert!(u.poll_return(now + 100 * AFTER, false));
-        u.lost();
+        go_back(&mut u, late);
+        u.connected(now);
+        u.lost(now + AFTER / 2);
+        u.connected(now);
+        assert_eq!(u.return_at(), Some(now + 4 * AFTER));
+        // A return that delivers a version has worked.
+        go_back(&mut u, late);
         u.connected(now);
         u.delivered();
-        u.lost();
+        u.lost(now);
+        u.connected(now);
+        assert_eq!(u.return_at(), Some(now + AFTER));
+        // So has one that lasts `return_after`, whether or not versions came.
+        u.return_factor = 8;
+        go_back(&mut u, late);
+        u.connected(now);
+        u.lost(now + AFTER);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
     }
 
     #[test]
-    fn one_upstream_or_no_return_after_never_returns() {
+    fn one_upstream_none_or_no_return_after_never_returns_nor_panics() {
         let now = Instant::now();
         let mut single = Upstreams::new(vec!["hub"], Some(AFTER));
-        single.lost();
+        single.lost(now);
         assert!(single.on_first());
         single.connected(now);
         assert_eq!(single.return_at(), None);
         let mut never = upstreams(None);
-        never.lost();
+        never.lost(now);
         never.connected(now);
         assert_eq!(never.return_at(), None);
-        assert!(!never.poll_return(now + 100 * AFTER, false));
+        assert!(!never.poll_return(now + 100 * AFTER, true));
+        // A wait past what an instant can hold is no return.
+        let mut forever = upstreams(Some(Duration::MAX));
+        forever.lost(now);
+        forever.connected(now);
+        assert_eq!(forever.return_at(), None);
+        let mut none: Upstreams<&str> = Upstreams::new(vec![], Some(AFTER));
+        assert_eq!(none.current(), None);
+        assert_eq!(none.lost(now), Duration::from_millis(50));
     }
 }

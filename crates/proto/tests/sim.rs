@@ -761,7 +761,7 @@ impl Sim {
                 if let Some(n) = self.node(node) {
                     n.handle_timeout(now);
                 }
-                self.poll_return(node);
+                self.poll_return(node, false);
                 self.drain(node);
             }
             Event::NewSession { node } => {
@@ -914,7 +914,7 @@ impl Sim {
                 // serves the catch-up, as one composed delta when that is cheaper.
                 peer.route = Upstreams::new(peer.upstreams.clone(), Some(RETURN_AFTER));
                 if self.rng.chance(60) {
-                    peer.route.lost();
+                    peer.route.lost(self.now);
                 }
                 self.at(Duration::ZERO, Event::NewSession { node });
             }
@@ -1094,7 +1094,7 @@ impl Sim {
             Output::Close { conn } => self.close(conn),
             Output::Dial { session, stream } => {
                 let peer = &self.peers[node];
-                let server = peer.route.current();
+                let server = peer.route.current().expect("a receiving peer");
                 let conn = self.next_conn;
                 self.next_conn += 1;
                 let now = self.now;
@@ -1133,7 +1133,7 @@ impl Sim {
                         self.faults.join_resumes += 1;
                     }
                 }
-                let backoff = self.peers[node].route.lost();
+                let backoff = self.peers[node].route.lost(self.now);
                 self.at(backoff, Event::NewSession { node });
             }
             Output::Load(key) => {
@@ -1241,7 +1241,7 @@ impl Sim {
             Output::Notice(Notice::Connected(_)) => self.peers[node].route.connected(self.now),
             Output::Notice(Notice::Complete { .. }) => {
                 self.peers[node].route.delivered();
-                self.poll_return(node);
+                self.poll_return(node, true);
             }
             Output::Notice(_) => {}
         }
@@ -1249,14 +1249,18 @@ impl Sim {
 
     /// Leaves a session on a fallback for the first upstream once it is time and the
     /// receiver is between versions, as the tokio driver does.
-    fn poll_return(&mut self, node: usize) {
+    fn poll_return(&mut self, node: usize, delivered: bool) {
         let now = self.now;
         let peer = &mut self.peers[node];
         let Some(receiver) = peer.node.as_mut().and_then(Node::receiver_mut) else {
             return;
         };
-        if peer.route.poll_return(now, receiver.receiving()) {
-            receiver.abandon("returning to the first upstream");
+        if peer
+            .route
+            .poll_return(now, delivered || !receiver.receiving())
+            && receiver.abandon("returning to the first upstream")
+        {
+            peer.route.leave_for_first();
             self.faults.returns += 1;
         }
     }

@@ -465,34 +465,43 @@ fn reconnect(relay: &mut Node, now: Instant, session: u64, conn: ConnId) {
 }
 
 #[test]
-fn a_relay_without_an_upstream_sends_its_subscribers_away_until_it_has_one_again() {
+fn a_relay_without_a_working_upstream_sends_its_subscribers_away_until_it_has_one_again() {
     let after = Duration::from_secs(5);
     let start = Instant::now();
     let mut relay = Node::relay(relaying_receiver(Some(3)), relay_sender());
     relay.suspend_after(after);
+    let serves = |outputs: &[Output], conn: ConnId| {
+        outputs.iter().any(|o| {
+            matches!(o, Output::Transmit { conn: c, frame: Frame::Welcome(_), .. } if *c == conn)
+        })
+    };
     let welcome = subscribe(&mut relay, start, 10, 100);
-    assert!(
-        welcome.iter().any(|o| matches!(
-            o,
-            Output::Transmit {
-                conn: 10,
-                frame: Frame::Welcome(_),
-                ..
-            }
-        )),
-        "{welcome:?}"
-    );
-    // A cut mended within the time: nobody is sent away.
+    assert!(serves(&welcome, 10), "{welcome:?}");
+    // A cut mended within the time, the next session delivering a version: nobody is
+    // sent away.
     lose_upstream(&mut relay, start);
     assert_eq!(
         relay.poll_timeout().map(|at| at <= start + after),
         Some(true)
     );
-    reconnect(&mut relay, start + after / 2, 6, 2);
+    reconnect(&mut relay, start + after / 4, 6, 2);
+    let (bytes, _) = artifact(3, 2);
+    let now = start + after / 2;
+    for frame in frames(&bytes) {
+        relay.receiver_mut().unwrap().handle_frame(now, 2, frame);
+    }
+    let outputs: Vec<Output> = std::iter::from_fn(|| relay.poll(now)).collect();
+    assert!(
+        outputs
+            .iter()
+            .any(|o| matches!(o, Output::Notice(Notice::Complete { version: 3 }))),
+        "{outputs:?}"
+    );
     relay.handle_timeout(start + after);
     assert!(!relay.sender().unwrap().is_suspended());
     assert_eq!(relay.sender().unwrap().sessions(), 1);
-    // Cut off for good: the subscriber is sent away and a new one refused.
+    // Cut off: once `after` has passed without a working session, the subscriber is
+    // sent away and a new one refused.
     let lost = start + after;
     lose_upstream(&mut relay, lost);
     relay.handle_timeout(lost + after - Duration::from_millis(1));
@@ -514,23 +523,24 @@ fn a_relay_without_an_upstream_sends_its_subscribers_away_until_it_has_one_again
                 conn: 11,
                 frame: Frame::Reject { code: crate::frame::RejectCode::Busy, reason },
                 ..
-            } if reason.contains("no upstream")
+            } if reason.contains("no working upstream")
         )),
         "{refused:?}"
     );
-    // An upstream again: it serves.
-    reconnect(&mut relay, lost + 2 * after, 7, 3);
-    assert!(!relay.sender().unwrap().is_suspended());
-    let welcome = subscribe(&mut relay, lost + 2 * after, 12, 102);
-    assert!(
-        welcome.iter().any(|o| matches!(
-            o,
-            Output::Transmit {
-                conn: 12,
-                frame: Frame::Welcome(_),
-                ..
-            }
-        )),
-        "{welcome:?}"
+    // A Welcome alone is not enough: the session must deliver or last `after`.
+    let back = lost + 2 * after;
+    reconnect(&mut relay, back, 7, 3);
+    relay.handle_timeout(back + after / 2);
+    assert!(relay.sender().unwrap().is_suspended());
+    assert!(!serves(
+        &subscribe(&mut relay, back + after / 2, 12, 102),
+        12
+    ));
+    assert_eq!(
+        relay.poll_timeout().map(|at| at <= back + after),
+        Some(true)
     );
+    relay.handle_timeout(back + after);
+    assert!(!relay.sender().unwrap().is_suspended());
+    assert!(serves(&subscribe(&mut relay, back + after, 13, 103), 13));
 }

@@ -393,12 +393,15 @@ impl Receiver {
         }
     }
 
-    /// Gives the current upstream up (it served something unusable); the driver starts
-    /// a new session elsewhere.
-    pub fn abandon(&mut self, reason: &str) {
-        if self.session.is_some() {
-            self.lose_upstream(SessionEnd::Abandoned(reason.to_string()));
+    /// Gives the current upstream up (it served something unusable, or the node goes
+    /// back to its first upstream); the driver starts a new session elsewhere. False
+    /// where there was no session to give up: it had ended already.
+    pub fn abandon(&mut self, reason: &str) -> bool {
+        if self.session.is_none() {
+            return false;
         }
+        self.lose_upstream(SessionEnd::Abandoned(reason.to_string()));
+        true
     }
 
     fn lose_upstream(&mut self, reason: SessionEnd) {

@@ -239,7 +239,7 @@ impl<E: Engine> Driver<E> {
                         self.start_session(now);
                     }
                     self.node.handle_timeout(now);
-                    self.poll_return(now);
+                    self.poll_return(now, false);
                 }
             }
             self.drain();
@@ -261,17 +261,24 @@ impl<E: Engine> Driver<E> {
     }
 
     pub(super) fn current_upstream(&self) -> SocketAddr {
-        self.upstreams.current()
+        self.upstreams
+            .current()
+            .expect("only a node with upstreams (spawn checks) has sessions")
     }
 
     /// Leaves a session on a fallback upstream for the first one once it is time and
-    /// the receiver is between versions ([`Upstreams::poll_return`]).
-    pub(super) fn poll_return(&mut self, now: Instant) {
+    /// the receiver is between versions: it holds no part of one, or `delivered` one
+    /// just now ([`Upstreams::poll_return`]).
+    pub(super) fn poll_return(&mut self, now: Instant, delivered: bool) {
         let Some(receiver) = self.node.receiver_mut() else {
             return;
         };
-        if self.upstreams.poll_return(now, receiver.receiving()) {
-            receiver.abandon("returning to the first upstream");
+        if self
+            .upstreams
+            .poll_return(now, delivered || !receiver.receiving())
+            && receiver.abandon("returning to the first upstream")
+        {
+            self.upstreams.leave_for_first();
         }
     }
 

@@ -57,7 +57,7 @@ impl<E: Engine> Driver<E> {
                 self.status.upstream_switches += 1;
                 self.status.connected = false;
                 let on_purpose = self.upstreams.leaving_for_first();
-                let backoff = self.upstreams.lost();
+                let backoff = self.upstreams.lost(Instant::now());
                 let next = self.current_upstream();
                 if on_purpose {
                     tracing::info!(%from, %next, %reason, "switching upstream");
@@ -148,7 +148,7 @@ impl<E: Engine> Driver<E> {
             Notice::Complete { version } => {
                 tracing::debug!(version, "version received and verified");
                 self.upstreams.delivered();
-                self.poll_return(Instant::now());
+                self.poll_return(Instant::now(), true);
                 let completed = &mut self.status.completed;
                 completed.push(version);
                 // The status is copied to every watcher at every event: it keeps the
@@ -163,9 +163,9 @@ impl<E: Engine> Driver<E> {
                 // first upstream, the region's relay, as for every other actor.
                 if !self.upstreams.on_first()
                     && let Some(receiver) = self.node.receiver_mut()
+                    && receiver.abandon("joined; the deltas come from the first upstream")
                 {
                     self.upstreams.leave_for_first();
-                    receiver.abandon("joined; the deltas come from the first upstream");
                 }
             }
             Notice::Committed(commit) => tracing::debug!(version = commit.version, "commit"),

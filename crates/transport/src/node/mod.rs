@@ -55,15 +55,20 @@ pub struct NodeConfig {
     /// Upstreams in order of preference (relays and actors): the region's relay first,
     /// then the hub or a peer relay to fall back to.
     pub upstreams: Vec<SocketAddr>,
-    /// A session on any upstream but the first goes back to the first after this long,
-    /// between two versions (docs/wire-protocol.md §6.4): an actor that fell back to the
-    /// hub while its region's relay was down takes the relay's copy again once it is
-    /// back. `None`: it stays where it is.
+    /// A session on any upstream but the first goes back to the first after about this
+    /// long (a quarter more or less, drawn for each node, so that actors that left a
+    /// relay together do not come back together), between two versions
+    /// (docs/wire-protocol.md §6.4): an actor that fell back to the hub while its
+    /// region's relay was down takes the relay's copy again once it is back. `None`: it
+    /// stays where it is.
     pub return_after: Option<Duration>,
-    /// A relay that has had no upstream session this long sends its subscribers away
-    /// and refuses new ones until it has one again (`aurora_proto::Node::suspend_after`),
-    /// so that the actors of a relay cut off from the hub fetch the versions elsewhere
-    /// instead of waiting for it. `None`: they wait.
+    /// A relay that has had no working upstream session this long sends its subscribers
+    /// away and refuses new ones until it has one again
+    /// (`aurora_proto::Node::suspend_after`), so that the actors of a relay cut off from
+    /// the hub fetch the versions elsewhere instead of waiting for it. Longer than a hub
+    /// takes to restart: while the hub is down there is nothing to fetch elsewhere, and
+    /// sending every region's actors to it as it comes back is what relays are for
+    /// avoiding. `None`: they wait.
     pub relay_suspend_after: Option<Duration>,
     /// Parallel streams per upstream session (the upper bound when tuned).
     pub streams: u8,
@@ -116,7 +121,7 @@ impl NodeConfig {
             limits: Limits::default(),
             upstreams: Vec::new(),
             return_after: Some(Duration::from_secs(30)),
-            relay_suspend_after: Some(Duration::from_secs(5)),
+            relay_suspend_after: Some(Duration::from_secs(30)),
             streams: 4,
             tune_interval: None,
             socket: SocketOptions::default(),

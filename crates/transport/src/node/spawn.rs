@@ -1,9 +1,10 @@
 //! Starting a node of each kind: its listener, its upstream sessions and its event loop.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use aurora_delta::Hash;
 use aurora_proto::{Node, Receiver, Sender, Upstreams, VersionRef, Weights};
@@ -179,7 +180,7 @@ pub(super) async fn spawn<E: Engine>(
         (pool, member)
     });
     let backlog = DecodeBacklog::new(config.limits.max_decode_backlog_bytes);
-    let upstreams = Upstreams::new(config.upstreams.clone(), config.return_after);
+    let upstreams = Upstreams::new(config.upstreams.clone(), config.return_after.map(jittered));
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
@@ -221,4 +222,11 @@ pub(super) async fn spawn<E: Engine>(
         task,
         upstream_bytes,
     })
+}
+
+/// `after`, a quarter more or less, drawn afresh for each call.
+fn jittered(after: Duration) -> Duration {
+    let draw = RandomState::new().build_hasher().finish();
+    let factor = 0.75 + 0.5 * (draw as f64 / u64::MAX as f64);
+    Duration::try_from_secs_f64(after.as_secs_f64() * factor).unwrap_or(after)
 }
