@@ -632,6 +632,40 @@ impl Sim {
         }
     }
 
+    /// After the last version, runs on (with the faults still due) until every live
+    /// actor whose first upstream is a live, honest relay is back on it; the actors
+    /// that are not, if a minute of virtual time does not do it.
+    fn settle(&mut self) -> Vec<String> {
+        let deadline = self.now + Duration::from_secs(60);
+        loop {
+            let away = self.away_from_home();
+            if away.is_empty() {
+                return away;
+            }
+            match self.queue.pop() {
+                Some(next) if next.at <= deadline => {
+                    self.now = next.at;
+                    self.handle(next.event);
+                }
+                _ => return away,
+            }
+        }
+    }
+
+    fn away_from_home(&self) -> Vec<String> {
+        self.peers[3..=JOINER]
+            .iter()
+            .filter(|p| {
+                let Some(node) = &p.node else { return false };
+                let first = p.upstreams[0];
+                let home_up = first != ROGUE && self.peers[first].node.is_some();
+                home_up
+                    && !(p.route.on_first() && node.receiver().is_some_and(Receiver::is_connected))
+            })
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
     fn done(&self) -> bool {
         self.peers[1..=JOINER].iter().all(|p| {
             p.node.as_ref().is_none_or(|n| {
@@ -1286,6 +1320,11 @@ fn run(seed: u64) -> Sim {
 fn run_with(seed: u64, rogue: bool, hedging: bool) -> Sim {
     let mut sim = Sim::new(seed, rogue, hedging);
     sim.run();
+    let away = sim.settle();
+    assert!(
+        away.is_empty(),
+        "seed {seed}: {away:?} never went back to their relay"
+    );
     let expected = &chain().images[VERSIONS as usize];
     for peer in &sim.peers[1..=JOINER] {
         let Some(node) = &peer.node else {
