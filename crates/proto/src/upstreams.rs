@@ -10,6 +10,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::Receiver;
+
 /// The backoff before a session grows by this much with each loss in a row.
 const BACKOFF_STEP: Duration = Duration::from_millis(50);
 /// The longest backoff before a session.
@@ -126,12 +128,22 @@ impl<A: Copy> Upstreams<A> {
         }
     }
 
-    /// Whether it is time to leave the current session for the first upstream: the
-    /// return is due and the receiver is `between_versions` (it holds no part of one, or
-    /// has just delivered one: what it holds of the next is resumed from the first
-    /// upstream, so a fallback that is always mid-version is left all the same). The
-    /// caller then abandons the session and calls [`Upstreams::leave_for_first`].
-    pub fn poll_return(&mut self, now: Instant, between_versions: bool) -> bool {
+    /// Gives `receiver`'s session up for the first upstream if it is time: the return
+    /// is due and the receiver is between versions (it holds no part of one, or
+    /// `delivered` one just now: what it holds of the next is resumed from the first
+    /// upstream, so a fallback that is always mid-version is left all the same). Whether
+    /// it did; [`Upstreams::lost`] then names the first.
+    pub fn poll_return(&mut self, now: Instant, receiver: &mut Receiver, delivered: bool) -> bool {
+        if self.due(now, delivered || !receiver.receiving())
+            && receiver.abandon("returning to the first upstream")
+        {
+            self.leave_for_first();
+            return true;
+        }
+        false
+    }
+
+    fn due(&mut self, now: Instant, between_versions: bool) -> bool {
         if matches!(self.ret, Return::At(at) if now >= at) {
             self.ret = Return::Due;
         }
@@ -177,9 +189,9 @@ mod tests {
 
     const AFTER: Duration = Duration::from_secs(30);
 
-    /// Leaves a fallback for the first upstream as a driver does once the return is due.
+    /// Leaves a fallback for the first upstream as `poll_return` does once it is due.
     fn go_back(u: &mut Upstreams<&'static str>, now: Instant) {
-        assert!(u.poll_return(now, true));
+        assert!(u.due(now, true));
         u.leave_for_first();
         assert_eq!(u.lost(now), Duration::ZERO, "straight to the first");
         assert!(u.on_first());
@@ -214,16 +226,16 @@ mod tests {
         u.lost(now);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
-        assert!(!u.poll_return(now + AFTER / 2, true), "not yet");
+        assert!(!u.due(now + AFTER / 2, true), "not yet");
         // Due while part of a version is held: it waits for the receiver, not a timer.
-        assert!(!u.poll_return(now + AFTER, false));
+        assert!(!u.due(now + AFTER, false));
         assert_eq!(u.return_at(), None);
-        assert!(!u.poll_return(now + AFTER, false));
+        assert!(!u.due(now + AFTER, false));
         go_back(&mut u, now + AFTER);
         // Settled on the first: no return to schedule.
         u.connected(now + AFTER);
         assert_eq!(u.return_at(), None);
-        assert!(!u.poll_return(now + 10 * AFTER, true));
+        assert!(!u.due(now + 10 * AFTER, true));
     }
 
     #[test]
@@ -279,7 +291,7 @@ mod tests {
         never.lost(now);
         never.connected(now);
         assert_eq!(never.return_at(), None);
-        assert!(!never.poll_return(now + 100 * AFTER, true));
+        assert!(!never.due(now + 100 * AFTER, true));
         // A wait past what an instant can hold is no return.
         let mut forever = upstreams(Some(Duration::MAX));
         forever.lost(now);

@@ -1289,12 +1289,7 @@ impl Sim {
         let Some(receiver) = peer.node.as_mut().and_then(Node::receiver_mut) else {
             return;
         };
-        if peer
-            .route
-            .poll_return(now, delivered || !receiver.receiving())
-            && receiver.abandon("returning to the first upstream")
-        {
-            peer.route.leave_for_first();
+        if peer.route.poll_return(now, receiver, delivered) {
             self.faults.returns += 1;
         }
     }

@@ -273,13 +273,7 @@ impl<E: Engine> Driver<E> {
         let Some(receiver) = self.node.receiver_mut() else {
             return;
         };
-        if self
-            .upstreams
-            .poll_return(now, delivered || !receiver.receiving())
-            && receiver.abandon("returning to the first upstream")
-        {
-            self.upstreams.leave_for_first();
-        }
+        self.upstreams.poll_return(now, receiver, delivered);
     }
 
     pub(super) fn on_event(&mut self, event: Event) {
