@@ -55,6 +55,15 @@ pub struct NodeArgs {
     /// Tune the stream count from measured goodput every this many milliseconds.
     #[arg(long)]
     tune_ms: Option<u64>,
+    /// Go back to the first upstream this many milliseconds (a quarter more or less)
+    /// after settling on another, between versions; 0: never (default 30000).
+    #[arg(long)]
+    return_after_ms: Option<u64>,
+    /// A relay: send the actors away (to their next upstream) after this many
+    /// milliseconds without a working upstream, until it has one again; 0: never
+    /// (default 30000).
+    #[arg(long)]
+    suspend_after_ms: Option<u64>,
     /// TCP congestion control for every socket (cubic, bbr, ...; Linux).
     #[arg(long)]
     congestion: Option<String>,
@@ -102,6 +111,10 @@ impl NodeArgs {
         let version = self.version.or(file.version);
         let join = self.join || file.join;
         let image_dir = self.image_dir.or(file.image_dir);
+        let suspend_after_ms = self.suspend_after_ms.or(file.suspend_after_ms);
+        if role != Role::Relay && suspend_after_ms.is_some() {
+            bail!("--suspend-after-ms is a relay's setting: an actor has no subscribers");
+        }
         let start = if role == Role::Relay {
             if weights_path.is_some() || version.is_some() || join || image_dir.is_some() {
                 bail!(
@@ -162,6 +175,13 @@ impl NodeArgs {
             .tune_ms
             .or(file.tune_ms)
             .map(std::time::Duration::from_millis);
+        let never_if_zero = |ms: u64| (ms > 0).then(|| std::time::Duration::from_millis(ms));
+        if let Some(ms) = self.return_after_ms.or(file.return_after_ms) {
+            config.return_after = never_if_zero(ms);
+        }
+        if let Some(ms) = suspend_after_ms {
+            config.relay_suspend_after = never_if_zero(ms);
+        }
         config.socket = SocketOptions {
             congestion: self.congestion.or(file.congestion),
         };

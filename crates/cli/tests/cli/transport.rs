@@ -140,6 +140,8 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
         os("127.0.0.1:0"),
         os("--upstream"),
         os(&hub_address),
+        os("--suspend-after-ms"),
+        os("60000"),
     ]
     .into_iter()
     .chain(relay_tls.iter().map(|f| f.as_os_str()))
@@ -151,7 +153,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
         "actor.toml",
         format!(
             "region = \"eu\"\nupstreams = [\"{relay_address}\", \"{hub_address}\"]\n\
-             weights = \"{}\"\nversion = 0\nstreams = 3\n",
+             weights = \"{}\"\nversion = 0\nstreams = 3\nreturn-after-ms = 60000\n",
             steps[0].display()
         )
         .as_bytes(),
@@ -223,6 +225,19 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         let run = aurora(&args).fails();
         crate::util::assert_error_mentions(&run, &["a relay holds no weights", given[0]]);
     }
+    // An actor has no subscribers to send away.
+    let run = aurora(&[
+        "actor",
+        "--join",
+        "--id",
+        "a1",
+        "--upstream",
+        "127.0.0.1:9",
+        "--suspend-after-ms",
+        "100",
+    ])
+    .fails();
+    crate::util::assert_error_mentions(&run, &["--suspend-after-ms is a relay's setting"]);
     // Neither certificates nor plaintext asked for by name: nothing starts.
     let run = aurora(&["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"]).fails();
     crate::util::assert_error_mentions(&run, &["--ca, --cert and --key", "--insecure-plaintext"]);
