@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aurora_api::{
     Ack, ActorRequest, ClaimResponse, RegisterRequest, RegisterResponse, SubmitRequest,
-    SubmitResponse, VersionsRequest, WireResult,
+    SubmitResponse, VersionsRequest, WireReadiness, WireResult,
 };
 use aurora_proto::{Identity, Role, VersionRef, Weights};
 use aurora_transport::{Engine, NodeConfig, NodeHandle, spawn_actor, spawn_joining_actor};
@@ -108,6 +108,9 @@ impl ActorNode {
             )
             .await?;
         tracing::info!(actor = settings.id, version = active.version, readiness = ?registered.readiness, "registered");
+        if let WireReadiness::CatchUp { target } = registered.readiness {
+            transport.published(target).await?;
+        }
         let client = Arc::new(fleet.with_actor_token(&registered.token));
         let tasks = vec![
             tokio::spawn(heartbeats(client.clone(), settings.id)),
@@ -140,10 +143,19 @@ impl ActorNode {
     }
 
     /// Asks for work on the open step (docs/control-api.md, `claim`).
+    ///
+    /// A claim told to catch up passes the version on to the transport
+    /// ([`NodeHandle::published`]): an upstream that then brings nothing of it for
+    /// `behind_timeout` is given up for the next one.
     pub async fn claim(&self) -> Result<ClaimResponse, NodeError> {
-        self.client
+        let response: ClaimResponse = self
+            .client
             .post("/v1/claim", &ActorRequest { actor: self.id })
-            .await
+            .await?;
+        if let ClaimResponse::CatchUp { target } = response {
+            self.transport.published(target).await?;
+        }
+        Ok(response)
     }
 
     /// Hands in results for leases this actor holds; each is judged on its own.

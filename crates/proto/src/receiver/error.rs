@@ -22,6 +22,11 @@ pub enum SessionEnd {
     StreamsClosed,
     #[error("nothing heard for {0:?}")]
     Silent(Duration),
+    /// Version `version` is published (the driver heard so elsewhere, from the control
+    /// plane) and this upstream sent nothing of any version for `waited`: stuck behind,
+    /// or withholding it.
+    #[error("version {version} is published and this upstream sent nothing for {waited:?}")]
+    Behind { version: u64, waited: Duration },
     #[error("refused ({code:?}): {reason}")]
     Refused { code: RejectCode, reason: String },
     #[error("said goodbye: {0}")]

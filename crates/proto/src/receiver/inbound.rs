@@ -34,6 +34,12 @@ impl Receiver {
                 }
             };
         }
+        if matches!(
+            frame,
+            Frame::Offer { .. } | Frame::Segment { .. } | Frame::Seal { .. }
+        ) {
+            self.progress_at = Some(now);
+        }
         let outcome = match frame {
             Frame::Offer {
                 version,

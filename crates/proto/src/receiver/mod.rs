@@ -70,6 +70,10 @@ pub struct ReceiverConfig {
     pub max_segment_failures: u32,
     /// An upstream that sends nothing (not even a keepalive) for this long is lost.
     pub idle_timeout: Duration,
+    /// An upstream that sends no part of any version for this long while a version this
+    /// receiver lacks is known to be published ([`Receiver::published`]) is lost: it is
+    /// stuck behind, or withholding it, and keepalives alone keep it from being silent.
+    pub behind_timeout: Duration,
     /// When set, the stream count is tuned ([`StreamTuner`]) at this interval: each
     /// session starts with one stream and opens more, up to `streams`, while they pay.
     pub tune_interval: Option<Duration>,
@@ -89,6 +93,7 @@ impl ReceiverConfig {
             max_held_bytes: 8 << 30,
             max_segment_failures: 8,
             idle_timeout: Duration::from_secs(10),
+            behind_timeout: Duration::from_secs(60),
             tune_interval: None,
             trainer_key: None,
         }
@@ -218,6 +223,12 @@ pub struct Receiver {
     out: VecDeque<(ConnId, Frame, bool)>,
     events: VecDeque<ReceiverEvent>,
     stats: ReceiverStats,
+    /// The newest version known to be published, from outside the session
+    /// ([`Receiver::published`]), while this receiver lacks it.
+    published: Option<u64>,
+    /// When the session last brought part of a version (or began, or the receiver
+    /// learnt it was behind).
+    progress_at: Option<Instant>,
     /// Present when tuning is on.
     tuner: Option<StreamTuner>,
     /// Next tuning instant and the byte count at the last one.
@@ -250,6 +261,8 @@ impl Receiver {
                 stream_bytes: vec![0; streams],
                 ..ReceiverStats::default()
             },
+            published: None,
+            progress_at: None,
             tuner: None,
             tune_at: None,
             tune_bytes: 0,
@@ -332,6 +345,19 @@ impl Receiver {
         self.next_version
     }
 
+    /// Version `version` is published: the driver heard so from elsewhere (the control
+    /// plane). While the receiver lacks it, a session that brings no part of any
+    /// version for `behind_timeout` is given up ([`SessionEnd::Behind`]).
+    pub fn published(&mut self, now: Instant, version: u64) {
+        if version < self.next_version || self.published.is_some_and(|known| known >= version) {
+            return;
+        }
+        if self.published.is_none() {
+            self.progress_at = Some(now);
+        }
+        self.published = Some(version);
+    }
+
     /// Whether part of a version is held: a session left now would leave it half
     /// received (resumable, but later).
     pub fn receiving(&self) -> bool {
@@ -356,6 +382,8 @@ impl Receiver {
     pub fn start_session(&mut self, now: Instant, session: u64) {
         self.end_session("starting a new session");
         self.stats.sessions += 1;
+        // A new upstream gets the whole time to show it is not behind too.
+        self.progress_at = Some(now);
         self.session = Some(Session {
             id: session,
             wants: 0,
@@ -633,7 +661,18 @@ impl Receiver {
             .session
             .as_ref()
             .map(|s| s.last_heard + self.config.idle_timeout);
-        idle.into_iter().chain(self.tune_at).min()
+        idle.into_iter()
+            .chain(self.tune_at)
+            .chain(self.behind_at())
+            .min()
+    }
+
+    /// When a session that brings nothing while a published version is lacking is
+    /// given up.
+    fn behind_at(&self) -> Option<Instant> {
+        self.published?;
+        self.session.as_ref()?;
+        self.progress_at?.checked_add(self.config.behind_timeout)
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -659,6 +698,11 @@ impl Receiver {
         {
             let idle = self.config.idle_timeout;
             self.lose_upstream(SessionEnd::Silent(idle));
+        } else if let Some(version) = self.published
+            && self.behind_at().is_some_and(|at| now >= at)
+        {
+            let waited = self.config.behind_timeout;
+            self.lose_upstream(SessionEnd::Behind { version, waited });
         }
     }
 }

@@ -1097,3 +1097,67 @@ fn a_receiver_whose_consumer_takes_the_segments_keeps_only_their_hashes() {
         assert_eq!(held, hashes, "{kind:?}: only the hashes are kept");
     }
 }
+
+/// Keeps the session heard (keepalives every second) from `from` to `to`, and says
+/// whether it was lost on the way.
+fn kept_alive(r: &mut Receiver, from: Instant, to: Instant) -> bool {
+    let mut now = from;
+    while now < to {
+        r.handle_frame(now, 1, Frame::Keepalive);
+        r.handle_timeout(now);
+        if !r.is_connected() {
+            return false;
+        }
+        now += Duration::from_secs(1);
+    }
+    true
+}
+
+#[test]
+fn an_upstream_that_brings_nothing_while_a_version_is_published_is_given_up() {
+    let mut r = connected(1);
+    let behind = r.config.behind_timeout;
+    let start = Instant::now();
+    // Nothing known to be published: an upstream that only keeps the session alive is
+    // waited for.
+    assert!(kept_alive(&mut r, start, start + 2 * behind));
+    // Version 1 is published (the control plane said so): the upstream has
+    // `behind_timeout` to bring some of it.
+    let told = start + 2 * behind;
+    r.published(told, 1);
+    assert!(kept_alive(
+        &mut r,
+        told,
+        told + behind - Duration::from_secs(1)
+    ));
+    // Part of it comes: the clock starts again.
+    let (bytes, _) = artifact(1, 3);
+    let parts = frames(&bytes);
+    let came = told + behind - Duration::from_millis(500);
+    r.handle_frame(came, 1, parts[0].clone());
+    assert!(kept_alive(
+        &mut r,
+        came,
+        came + behind - Duration::from_secs(1)
+    ));
+    drain(&mut r);
+    r.handle_timeout(came + behind);
+    lost(
+        &mut r,
+        "version 1 is published and this upstream sent nothing",
+    );
+    // On a new session that delivers it, nothing is lacking any more: keepalives alone
+    // do again.
+    let again = came + behind;
+    r.start_session(again, 9);
+    r.connected(again, 9, 0, 1);
+    r.handle_frame(again, 1, crate::testutil::hub_welcome(None));
+    for frame in parts {
+        r.handle_frame(again, 1, frame);
+    }
+    assert_eq!(completed(&drain(&mut r).0), [(1, bytes)]);
+    assert!(kept_alive(&mut r, again, again + 2 * behind));
+    // A version it already has is no reason either.
+    r.published(again, 1);
+    assert!(kept_alive(&mut r, again + 2 * behind, again + 4 * behind));
+}

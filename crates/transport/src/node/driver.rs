@@ -604,6 +604,11 @@ impl<E: Engine> Driver<E> {
                     }
                 }
             }
+            Command::Published(version) => {
+                if let Some(receiver) = self.node.receiver_mut() {
+                    receiver.published(Instant::now(), version);
+                }
+            }
             Command::Commit(target) => {
                 let commit = Commit {
                     target,

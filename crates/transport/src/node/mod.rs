@@ -77,6 +77,9 @@ pub struct NodeConfig {
     pub socket: SocketOptions,
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
+    /// An upstream that brings no part of any version for this long, while a version
+    /// this node lacks is published ([`NodeHandle::published`]), is given up.
+    pub behind_timeout: Duration,
     pub keepalive_interval: Duration,
     pub stall_timeout: Duration,
     /// A version of at most this many bytes whose receiver's Want is overdue is sent
@@ -127,6 +130,7 @@ impl NodeConfig {
             socket: SocketOptions::default(),
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(10),
+            behind_timeout: Duration::from_secs(60),
             keepalive_interval: Duration::from_secs(2),
             stall_timeout: Duration::from_secs(30),
             hedge_max_bytes: 4 << 20,
@@ -194,6 +198,7 @@ impl NodeConfig {
         let mut config = ReceiverConfig::new(self.identity.clone(), token);
         config.streams = self.streams;
         config.idle_timeout = self.idle_timeout;
+        config.behind_timeout = self.behind_timeout;
         config.tune_interval = self.tune_interval;
         config.trainer_key = self.pinned_key();
         config.max_held_bytes = self.limits.max_held_bytes;
