@@ -109,7 +109,7 @@ impl ActorNode {
             .await?;
         tracing::info!(actor = settings.id, version = active.version, readiness = ?registered.readiness, "registered");
         if let WireReadiness::CatchUp { target } = registered.readiness {
-            transport.published(target).await?;
+            expect_committed(&transport, target).await;
         }
         let client = Arc::new(fleet.with_actor_token(&registered.token));
         let tasks = vec![
@@ -144,16 +144,21 @@ impl ActorNode {
 
     /// Asks for work on the open step (docs/control-api.md, `claim`).
     ///
-    /// A claim told to catch up passes the version on to the transport
-    /// ([`NodeHandle::published`]): an upstream that then brings nothing of it for
-    /// `behind_timeout` is given up for the next one.
+    /// The version a claim is told to catch up to, or to activate, is committed: the
+    /// transport is told ([`NodeHandle::expect_committed`]), and a relay that then
+    /// brings nothing new for `behind_timeout` is given up for the next upstream.
     pub async fn claim(&self) -> Result<ClaimResponse, NodeError> {
         let response: ClaimResponse = self
             .client
             .post("/v1/claim", &ActorRequest { actor: self.id })
             .await?;
-        if let ClaimResponse::CatchUp { target } = response {
-            self.transport.published(target).await?;
+        if let ClaimResponse::CatchUp { target: version }
+        | ClaimResponse::Work {
+            commit: Some(version),
+            ..
+        } = response
+        {
+            expect_committed(&self.transport, version).await;
         }
         Ok(response)
     }
@@ -211,6 +216,17 @@ fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
     node.trainer_key = settings.trainer_key;
     node.images = settings.images.clone();
     Ok(node)
+}
+
+/// Tells the transport that the control plane has `version` committed; a transport
+/// that has stopped says so on its own, and the control plane's answer still stands.
+async fn expect_committed(transport: &NodeHandle, version: u64) {
+    if let Err(error) = transport.expect_committed(version).await {
+        tracing::warn!(
+            version,
+            "the transport cannot take the committed version: {error}"
+        );
+    }
 }
 
 async fn heartbeats(client: Arc<ControlClient>, actor: u64) {

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::Receiver;
+use crate::{Receiver, SessionEnd};
 
 /// The backoff before a session grows by this much with each loss in a row.
 const BACKOFF_STEP: Duration = Duration::from_millis(50);
@@ -150,9 +150,9 @@ impl<A: Copy> Upstreams<A> {
         self.ret == Return::Due && between_versions
     }
 
-    /// The session ended at `now`: moves to the upstream of the next one and says how
-    /// long to wait before it.
-    pub fn lost(&mut self, now: Instant) -> Duration {
+    /// The session ended at `now` for `reason`: moves to the upstream of the next one
+    /// and says how long to wait before it.
+    pub fn lost(&mut self, now: Instant, reason: &SessionEnd) -> Duration {
         self.ret = Return::No;
         if std::mem::take(&mut self.back_to_first) {
             self.current = 0;
@@ -161,8 +161,13 @@ impl<A: Copy> Upstreams<A> {
             return Duration::ZERO;
         }
         if std::mem::take(&mut self.returning) {
+            // A relay given up for bringing nothing of a committed version has not
+            // worked, however long it kept the session.
             let lasted = match (self.returned_at.take(), self.return_after) {
-                (Some(at), Some(after)) => now.saturating_duration_since(at) >= after,
+                (Some(at), Some(after)) => {
+                    now.saturating_duration_since(at) >= after
+                        && !matches!(reason, SessionEnd::Behind { .. })
+                }
                 _ => false,
             };
             self.return_factor = if lasted {
@@ -188,12 +193,13 @@ mod tests {
     }
 
     const AFTER: Duration = Duration::from_secs(30);
+    const LOST: SessionEnd = SessionEnd::StreamsClosed;
 
     /// Leaves a fallback for the first upstream as `poll_return` does once it is due.
     fn go_back(u: &mut Upstreams<&'static str>, now: Instant) {
         assert!(u.due(now, true));
         u.leave_for_first();
-        assert_eq!(u.lost(now), Duration::ZERO, "straight to the first");
+        assert_eq!(u.lost(now, &LOST), Duration::ZERO, "straight to the first");
         assert!(u.on_first());
     }
 
@@ -202,18 +208,18 @@ mod tests {
         let now = Instant::now();
         let mut u = upstreams(Some(AFTER));
         assert!(u.on_first());
-        assert_eq!(u.lost(now), Duration::from_millis(50));
+        assert_eq!(u.lost(now, &LOST), Duration::from_millis(50));
         assert_eq!(u.current(), Some("hub"));
-        assert_eq!(u.lost(now), Duration::from_millis(100));
+        assert_eq!(u.lost(now, &LOST), Duration::from_millis(100));
         assert!(u.on_first(), "in turn, back to the first");
         for _ in 0..100 {
-            u.lost(now);
+            u.lost(now, &LOST);
         }
-        assert_eq!(u.lost(now), BACKOFF_MAX);
+        assert_eq!(u.lost(now, &LOST), BACKOFF_MAX);
         u.connected(now);
-        u.lost(now);
+        u.lost(now, &LOST);
         assert_eq!(
-            u.lost(now),
+            u.lost(now, &LOST),
             Duration::from_millis(100),
             "a Welcome resets the count"
         );
@@ -223,7 +229,7 @@ mod tests {
     fn a_session_on_a_fallback_returns_to_the_first_between_versions() {
         let now = Instant::now();
         let mut u = upstreams(Some(AFTER));
-        u.lost(now);
+        u.lost(now, &LOST);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
         assert!(!u.due(now + AFTER / 2, true), "not yet");
@@ -242,14 +248,14 @@ mod tests {
     fn failed_returns_wait_longer_each_time_up_to_a_bound_and_a_working_one_resets() {
         let now = Instant::now();
         let mut u = upstreams(Some(AFTER));
-        u.lost(now);
+        u.lost(now, &LOST);
         let mut waits = Vec::new();
         for _ in 0..7 {
             u.connected(now);
             waits.push(u.return_at().unwrap() - now);
             go_back(&mut u, now + 100 * AFTER);
             // The first upstream is still down: its session ends before a Welcome.
-            u.lost(now + 100 * AFTER);
+            u.lost(now + 100 * AFTER, &LOST);
             assert!(!u.on_first());
         }
         let factors: Vec<u64> = waits.iter().map(|w| w.as_secs() / 30).collect();
@@ -260,45 +266,56 @@ mod tests {
         u.connected(now);
         go_back(&mut u, late);
         u.connected(now);
-        u.lost(now + AFTER / 2);
+        u.lost(now + AFTER / 2, &LOST);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + 4 * AFTER));
         // A return that delivers a version has worked.
         go_back(&mut u, late);
         u.connected(now);
         u.delivered();
-        u.lost(now);
+        u.lost(now, &LOST);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
         // So has one that lasts `return_after`, whether or not versions came.
         u.return_factor = 8;
         go_back(&mut u, late);
         u.connected(now);
-        u.lost(now + AFTER);
+        u.lost(now + AFTER, &LOST);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
+        // But not one given up for bringing nothing of a committed version, however
+        // long it lasted.
+        go_back(&mut u, late);
+        u.connected(now);
+        let behind = SessionEnd::Behind {
+            version: 3,
+            waited: 2 * AFTER,
+        };
+        u.lost(now + 2 * AFTER, &behind);
+        u.connected(now);
+        assert_eq!(u.return_at(), Some(now + 2 * AFTER));
     }
 
     #[test]
     fn one_upstream_none_or_no_return_after_never_returns_nor_panics() {
         let now = Instant::now();
         let mut single = Upstreams::new(vec!["hub"], Some(AFTER));
-        single.lost(now);
+        single.lost(now, &LOST);
         assert!(single.on_first());
         single.connected(now);
         assert_eq!(single.return_at(), None);
         let mut never = upstreams(None);
-        never.lost(now);
+        never.lost(now, &LOST);
         never.connected(now);
         assert_eq!(never.return_at(), None);
         assert!(!never.due(now + 100 * AFTER, true));
         // A wait past what an instant can hold is no return.
         let mut forever = upstreams(Some(Duration::MAX));
-        forever.lost(now);
+        forever.lost(now, &LOST);
         forever.connected(now);
         assert_eq!(forever.return_at(), None);
         let mut none: Upstreams<&str> = Upstreams::new(vec![], Some(AFTER));
         assert_eq!(none.current(), None);
-        assert_eq!(none.lost(now), Duration::from_millis(50));
+        assert_eq!(none.lost(now, &LOST), Duration::from_millis(50));
     }
 }

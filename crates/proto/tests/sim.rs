@@ -948,7 +948,8 @@ impl Sim {
                 // serves the catch-up, as one composed delta when that is cheaper.
                 peer.route = Upstreams::new(peer.upstreams.clone(), Some(RETURN_AFTER));
                 if self.rng.chance(60) {
-                    peer.route.lost(self.now);
+                    let unanswered = SessionEnd::CannotConnect("not yet listening".into());
+                    peer.route.lost(self.now, &unanswered);
                 }
                 self.at(Duration::ZERO, Event::NewSession { node });
             }
@@ -1167,7 +1168,7 @@ impl Sim {
                         self.faults.join_resumes += 1;
                     }
                 }
-                let backoff = self.peers[node].route.lost(self.now);
+                let backoff = self.peers[node].route.lost(self.now, &reason);
                 self.at(backoff, Event::NewSession { node });
             }
             Output::Load(key) => {

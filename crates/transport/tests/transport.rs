@@ -454,23 +454,26 @@ async fn the_actors_of_a_relay_cut_off_from_the_hub_fetch_from_the_hub_then_come
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_actor_whose_upstream_withholds_a_published_version_moves_on() {
-    let chain = Chain::new(1, 23);
+async fn an_actor_whose_relay_withholds_committed_versions_fetches_them_from_the_hub() {
+    let chain = Chain::new(2, 23);
     let hub = hub(None).await;
     let hub_address = hub.local_addr().unwrap();
     // Its first upstream keeps the session alive and passes on no version.
     let withholding = Proxy::start(hub_address, Fault::Withhold).await;
     let mut actor_config = config(Role::Actor, "a1", &[withholding.address, hub_address]);
     actor_config.behind_timeout = Duration::from_millis(300);
-    actor_config.return_after = None;
+    actor_config.return_after = Some(Duration::from_millis(300));
     let actor = idle_actor(actor_config, chain.weights(0)).await;
-    connected_to(&actor, withholding.address, "on the withholding upstream").await;
-    chain.publish_live(&hub, 1).await;
-    // The control plane says so (an actor's node passes on what its claims learn).
-    actor.published(1).await.unwrap();
-    let status = active_at(&actor, 1, "from the hub").await;
-    assert_eq!(status.upstream, Some(hub_address));
-    assert_eq!(status.active, Some(chain.at(1)));
+    connected_to(&actor, withholding.address, "on the withholding relay").await;
+    for version in 1..=2 {
+        chain.publish_live(&hub, version).await;
+        // The control plane says so (an actor's node passes on what its claims learn).
+        actor.expect_committed(version).await.unwrap();
+        let status = active_at(&actor, version, "from the hub").await;
+        assert_eq!(status.active, Some(chain.at(version)));
+        // The return policy tries the relay again.
+        connected_to(&actor, withholding.address, "back on the relay").await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

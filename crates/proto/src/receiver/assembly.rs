@@ -88,12 +88,6 @@ impl Receiver {
             self.events
                 .push_back(ReceiverEvent::Complete { version, artifact });
             self.next_version = version + 1;
-            if self
-                .published
-                .is_some_and(|known| known < self.next_version)
-            {
-                self.published = None;
-            }
             let skipped: Vec<u64> = self.assemblies.range(..=version).map(|(v, _)| *v).collect();
             self.drop_assemblies(&skipped);
             moved = true;

@@ -22,10 +22,10 @@ pub enum SessionEnd {
     StreamsClosed,
     #[error("nothing heard for {0:?}")]
     Silent(Duration),
-    /// Version `version` is published (the driver heard so elsewhere, from the control
-    /// plane) and this upstream sent nothing of any version for `waited`: stuck behind,
-    /// or withholding it.
-    #[error("version {version} is published and this upstream sent nothing for {waited:?}")]
+    /// Version `version` is committed (the driver heard so elsewhere, from the control
+    /// plane), this receiver lacks it or its Commit, and this relay brought nothing new
+    /// for `waited`: stuck behind, or withholding it.
+    #[error("version {version} is committed and this relay brought nothing new for {waited:?}")]
     Behind { version: u64, waited: Duration },
     #[error("refused ({code:?}): {reason}")]
     Refused { code: RejectCode, reason: String },

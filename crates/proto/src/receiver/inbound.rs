@@ -34,12 +34,7 @@ impl Receiver {
                 }
             };
         }
-        if matches!(
-            frame,
-            Frame::Offer { .. } | Frame::Segment { .. } | Frame::Seal { .. }
-        ) {
-            self.progress_at = Some(now);
-        }
+        let before = self.progress_mark();
         let outcome = match frame {
             Frame::Offer {
                 version,
@@ -78,6 +73,7 @@ impl Receiver {
             Ok(()) => self.deliver(),
             Err(reason) => self.lose_upstream(reason),
         }
+        self.note_progress(now, before);
     }
 
     /// Whether the versions up to the window's end from `start`, and the one composed
@@ -164,6 +160,7 @@ impl Receiver {
             aurora_delta::verify(key, &commit.statement(), commit.signature.as_ref())
                 .map_err(Violation::from)?;
         }
+        self.committed = self.committed.max(Some(commit.target.version));
         self.events.push_back(ReceiverEvent::Commit(commit));
         Ok(())
     }

@@ -41,8 +41,8 @@ use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, SegmentEntry, Verifying
 use bytes::Bytes;
 
 use crate::frame::{
-    ArtifactKind, Commit, Frame, Hello, MAX_WANT_VERSIONS, PROTOCOL_VERSION, Progress, VersionRef,
-    Welcome,
+    ArtifactKind, Commit, Frame, Hello, MAX_WANT_VERSIONS, PROTOCOL_VERSION, Progress, Role,
+    VersionRef, Welcome,
 };
 use crate::tuner::StreamTuner;
 
@@ -70,9 +70,11 @@ pub struct ReceiverConfig {
     pub max_segment_failures: u32,
     /// An upstream that sends nothing (not even a keepalive) for this long is lost.
     pub idle_timeout: Duration,
-    /// An upstream that sends no part of any version for this long while a version this
-    /// receiver lacks is known to be published ([`Receiver::published`]) is lost: it is
-    /// stuck behind, or withholding it, and keepalives alone keep it from being silent.
+    /// A relay that brings nothing new (no new segment, descriptor, table, delivery or
+    /// Commit) for this long while a committed version this receiver lacks, or lacks
+    /// the Commit of, is known ([`Receiver::expect_committed`]) is lost: it is stuck
+    /// behind, or withholding it, and its keepalives keep it from being silent. A hub
+    /// is never lost so: it may take minutes to build what it serves from its store.
     pub behind_timeout: Duration,
     /// When set, the stream count is tuned ([`StreamTuner`]) at this interval: each
     /// session starts with one stream and opens more, up to `streams`, while they pay.
@@ -223,11 +225,13 @@ pub struct Receiver {
     out: VecDeque<(ConnId, Frame, bool)>,
     events: VecDeque<ReceiverEvent>,
     stats: ReceiverStats,
-    /// The newest version known to be published, from outside the session
-    /// ([`Receiver::published`]), while this receiver lacks it.
-    published: Option<u64>,
-    /// When the session last brought part of a version (or began, or the receiver
-    /// learnt it was behind).
+    /// The newest version known to be committed, from outside the session
+    /// ([`Receiver::expect_committed`]), while this receiver lacks it or its Commit.
+    expected: Option<u64>,
+    /// The newest Commit this receiver has had.
+    committed: Option<u64>,
+    /// When the session last brought something new (or began, or the receiver learnt
+    /// it was behind).
     progress_at: Option<Instant>,
     /// Present when tuning is on.
     tuner: Option<StreamTuner>,
@@ -261,7 +265,8 @@ impl Receiver {
                 stream_bytes: vec![0; streams],
                 ..ReceiverStats::default()
             },
-            published: None,
+            expected: None,
+            committed: None,
             progress_at: None,
             tuner: None,
             tune_at: None,
@@ -345,17 +350,56 @@ impl Receiver {
         self.next_version
     }
 
-    /// Version `version` is published: the driver heard so from elsewhere (the control
-    /// plane). While the receiver lacks it, a session that brings no part of any
-    /// version for `behind_timeout` is given up ([`SessionEnd::Behind`]).
-    pub fn published(&mut self, now: Instant, version: u64) {
-        if version < self.next_version || self.published.is_some_and(|known| known >= version) {
+    /// Version `version` is committed: the driver heard so from elsewhere (the control
+    /// plane). While the receiver lacks it or its Commit, a relay's session that brings
+    /// nothing new for `behind_timeout` is given up ([`SessionEnd::Behind`]). A joining
+    /// receiver waits for its snapshot as long as it takes.
+    pub fn expect_committed(&mut self, now: Instant, version: u64) {
+        if matches!(self.start, Start::Snapshot(_))
+            || !self.lacks(version)
+            || self.expected.is_some_and(|known| known >= version)
+        {
             return;
         }
-        if self.published.is_none() {
+        if self.expected.is_none() {
             self.progress_at = Some(now);
         }
-        self.published = Some(version);
+        self.expected = Some(version);
+    }
+
+    /// Whether the receiver still lacks `version` or its Commit.
+    fn lacks(&self, version: u64) -> bool {
+        version >= self.next_version || self.committed.is_none_or(|c| c < version)
+    }
+
+    /// What grows when a session brings something new: segments held, versions
+    /// delivered, descriptors and tables taken, the newest Commit.
+    pub(super) fn progress_mark(&self) -> (u64, u64, usize, usize, Option<u64>) {
+        let described = self.assemblies.values().filter(|a| a.descriptor.is_some());
+        let sealed = self.assemblies.values().filter(|a| a.table.is_some());
+        (
+            self.stats.segments,
+            self.next_version,
+            described.count(),
+            sealed.count(),
+            self.committed,
+        )
+    }
+
+    /// After frames that may have brought something new (`before` is the mark from
+    /// before them): the clock of [`ReceiverConfig::behind_timeout`] starts again if
+    /// they did, and stops once nothing expected is lacking.
+    pub(super) fn note_progress(
+        &mut self,
+        now: Instant,
+        before: (u64, u64, usize, usize, Option<u64>),
+    ) {
+        if self.progress_mark() != before {
+            self.progress_at = Some(now);
+        }
+        if self.expected.is_some_and(|version| !self.lacks(version)) {
+            self.expected = None;
+        }
     }
 
     /// Whether part of a version is held: a session left now would leave it half
@@ -667,11 +711,16 @@ impl Receiver {
             .min()
     }
 
-    /// When a session that brings nothing while a published version is lacking is
-    /// given up.
+    /// When a relay's session that brings nothing new while an expected version is
+    /// lacking is given up.
     fn behind_at(&self) -> Option<Instant> {
-        self.published?;
-        self.session.as_ref()?;
+        if !self.lacks(self.expected?) {
+            return None;
+        }
+        let upstream = self.session.as_ref()?.upstream.as_ref()?;
+        if upstream.role != Role::Relay {
+            return None;
+        }
         self.progress_at?.checked_add(self.config.behind_timeout)
     }
 
@@ -698,7 +747,7 @@ impl Receiver {
         {
             let idle = self.config.idle_timeout;
             self.lose_upstream(SessionEnd::Silent(idle));
-        } else if let Some(version) = self.published
+        } else if let Some(version) = self.expected
             && self.behind_at().is_some_and(|at| now >= at)
         {
             let waited = self.config.behind_timeout;

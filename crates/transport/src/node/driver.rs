@@ -604,9 +604,9 @@ impl<E: Engine> Driver<E> {
                     }
                 }
             }
-            Command::Published(version) => {
+            Command::ExpectCommitted(version) => {
                 if let Some(receiver) = self.node.receiver_mut() {
-                    receiver.published(Instant::now(), version);
+                    receiver.expect_committed(Instant::now(), version);
                 }
             }
             Command::Commit(target) => {

@@ -57,7 +57,7 @@ impl<E: Engine> Driver<E> {
                 self.status.upstream_switches += 1;
                 self.status.connected = false;
                 let on_purpose = self.upstreams.leaving_for_first();
-                let backoff = self.upstreams.lost(Instant::now());
+                let backoff = self.upstreams.lost(Instant::now(), &reason);
                 let next = self.current_upstream();
                 if on_purpose {
                     tracing::info!(%from, %next, %reason, "switching upstream");

@@ -31,7 +31,7 @@ pub(super) enum Command {
         reply: oneshot::Sender<Result<u64, TransportError>>,
     },
     Commit(VersionRef),
-    Published(u64),
+    ExpectCommitted(u64),
     StoreChanged {
         reply: oneshot::Sender<Result<(), TransportError>>,
     },
@@ -150,19 +150,19 @@ impl NodeHandle {
         self.call(|reply| Command::StoreChanged { reply }).await
     }
 
-    /// Announces a commit to every subscriber.
-    /// Version `version` is published, as the control plane says: while this node
-    /// lacks it, an upstream that brings no part of any version for
-    /// [`NodeConfig::behind_timeout`](super::NodeConfig) is given up for the next one
-    /// (docs/wire-protocol.md §6.4). Without it, a relay that keeps its session alive
-    /// but is stuck behind, or withholds, would hold its actors back for good.
-    pub async fn published(&self, version: u64) -> Result<(), TransportError> {
+    /// Version `version` is committed, as the control plane says: while this node lacks
+    /// it or its Commit, a relay upstream that brings nothing new for
+    /// [`NodeConfig::behind_timeout`](super::NodeConfig) is given up for the next
+    /// upstream (docs/wire-protocol.md §6.4). Without it, a relay that keeps its session
+    /// alive but is stuck behind, or withholds, would hold its actors back for good.
+    pub async fn expect_committed(&self, version: u64) -> Result<(), TransportError> {
         self.commands
-            .send(Command::Published(version))
+            .send(Command::ExpectCommitted(version))
             .await
             .map_err(|_| TransportError::Stopped)
     }
 
+    /// Announces a commit to every subscriber.
     pub async fn commit(&self, commit: VersionRef) -> Result<(), TransportError> {
         self.commands
             .send(Command::Commit(commit))

@@ -77,8 +77,9 @@ pub struct NodeConfig {
     pub socket: SocketOptions,
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
-    /// An upstream that brings no part of any version for this long, while a version
-    /// this node lacks is published ([`NodeHandle::published`]), is given up.
+    /// A relay upstream that brings nothing new for this long, while this node lacks a
+    /// version the control plane says is committed, or its Commit
+    /// ([`NodeHandle::expect_committed`]), is given up.
     pub behind_timeout: Duration,
     pub keepalive_interval: Duration,
     pub stall_timeout: Duration,

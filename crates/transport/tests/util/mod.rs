@@ -199,8 +199,8 @@ pub enum Fault {
     FlipSegment { nth: usize },
     /// Forward the first half of the n-th segment frame, then cut that connection.
     CutInSegment { nth: usize },
-    /// Pass on no part of any version, nor a Commit (the handshake and keepalives go
-    /// through): an upstream stuck behind, or withholding.
+    /// Pose as a relay (its Welcome says so) that passes on no part of any version, nor
+    /// a Commit (the handshake and keepalives go through): stuck behind, or withholding.
     Withhold,
     /// Nothing but what [`Proxy::partition`] does.
     None,
@@ -281,13 +281,20 @@ async fn relay_pair(
             },
             _ = partitioned.wait_for(|cut| *cut) => break,
         };
-        if matches!(fault, Fault::Withhold)
-            && matches!(
-                frame,
-                Frame::Offer { .. } | Frame::Segment { .. } | Frame::Seal { .. } | Frame::Commit(_)
-            )
-        {
-            continue;
+        if matches!(fault, Fault::Withhold) {
+            match &mut frame {
+                Frame::Welcome(welcome) => {
+                    welcome.role = aurora_proto::Role::Relay;
+                    welcome.commit = None;
+                }
+                Frame::Offer { .. }
+                | Frame::Segment { .. }
+                | Frame::Seal { .. }
+                | Frame::Commit(_) => {
+                    continue;
+                }
+                _ => {}
+            }
         }
         if let Frame::Segment { bytes, .. } = &mut frame {
             let n = segments.fetch_add(1, Ordering::SeqCst);
