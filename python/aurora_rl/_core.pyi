@@ -3,6 +3,8 @@
 from typing import Any
 
 FORMAT_VERSION: int
+RETURN_AFTER_S: float
+BEHIND_TIMEOUT_S: float
 
 class AuroraError(Exception): ...
 class DeltaError(AuroraError): ...
@@ -78,6 +80,8 @@ class ActorNodeCore:
         cert: object | None,
         key: object | None,
         insecure_plaintext: bool,
+        return_after_s: float | None,
+        behind_timeout_s: float,
     ) -> None: ...
     def active(self) -> tuple[int, str] | None: ...
     def at_safe_point(self, wait_s: float) -> ActivationCore | None: ...

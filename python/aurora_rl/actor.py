@@ -61,6 +61,12 @@ class Actor:
     over TLS no token is needed).
     With ``trainer_key`` (the trainer's public key, PEM) it takes only versions and commits
     the trainer signed.
+
+    Upstreams come in order of preference. A session on any but the first goes back to
+    the first after about ``return_after`` seconds, between versions (``None``: never). A
+    relay that brings nothing new of a version the control plane has committed, for
+    ``behind_timeout`` seconds, is given up for the next upstream (docs/wire-protocol.md
+    §6.4).
     """
 
     def __init__(
@@ -81,6 +87,8 @@ class Actor:
         cert: Optional[Union[str, Path]] = None,
         key: Optional[Union[str, Path]] = None,
         insecure_plaintext: bool = False,
+        return_after: Optional[float] = _core.RETURN_AFTER_S,
+        behind_timeout: float = _core.BEHIND_TIMEOUT_S,
     ) -> None:
         if (weights is None) != (version is None):
             raise ValueError("give the local weights and their version together, or neither to join")
@@ -101,6 +109,8 @@ class Actor:
             cert,
             key,
             insecure_plaintext,
+            return_after,
+            behind_timeout,
         )
         if weights is None and self.safe_point() is None:
             raise RuntimeError("joined, but the snapshot never reached the engine")

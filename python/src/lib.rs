@@ -194,6 +194,11 @@ fn unfused_names(name: &str) -> Option<Vec<String>> {
 fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     pyo3_log::init();
     module.add("FORMAT_VERSION", aurora_delta::FORMAT_VERSION)?;
+    module.add("RETURN_AFTER_S", aurora_node::RETURN_AFTER.as_secs_f64())?;
+    module.add(
+        "BEHIND_TIMEOUT_S",
+        aurora_node::BEHIND_TIMEOUT.as_secs_f64(),
+    )?;
     module.add_function(wrap_pyfunction!(weights_hash, module)?)?;
     module.add_function(wrap_pyfunction!(diff, module)?)?;
     module.add_function(wrap_pyfunction!(target_layout, module)?)?;

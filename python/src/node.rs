@@ -375,7 +375,7 @@ impl ActorNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext))]
+    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, return_after_s, behind_timeout_s))]
     fn new(
         py: Python<'_>,
         id: u64,
@@ -391,10 +391,16 @@ impl ActorNodeCore {
         cert: Option<std::path::PathBuf>,
         key: Option<std::path::PathBuf>,
         insecure_plaintext: bool,
+        return_after_s: Option<f64>,
+        behind_timeout_s: f64,
     ) -> PyResult<ActorNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
         }
+        let return_after = return_after_s
+            .map(|value| seconds(value, "return after"))
+            .transpose()?;
+        let behind_timeout = seconds(behind_timeout_s, "behind timeout")?;
         let trust = TrustArgs {
             ca,
             cert,
@@ -421,6 +427,8 @@ impl ActorNodeCore {
             // Host memory stays flat beside the engine's own copy: the image is an
             // unnamed file in the temporary directory ($TMPDIR), mapped.
             images: Arc::new(aurora_checkpoint::FileImages::new(std::env::temp_dir())),
+            return_after,
+            behind_timeout,
         };
         let timeout = seconds(join_timeout_s, "join timeout")?;
         let local = match weights {

@@ -237,7 +237,12 @@ def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tm
     }
     with pytest.raises(ValueError, match="together"):
         aurora_rl.Actor(engine, id=7, region="eu", weights=weights, **address)
-    actor = aurora_rl.Actor(engine, id=7, region="eu", weights=weights, version=0, **address)
+    with pytest.raises(ValueError, match="behind timeout"):
+        aurora_rl.Actor(engine, id=7, region="eu", weights=weights, version=0, behind_timeout=-1.0, **address)
+    # Its one upstream is the hub: nothing to return to, and a hub is never given up.
+    actor = aurora_rl.Actor(
+        engine, id=7, region="eu", weights=weights, version=0, return_after=None, behind_timeout=5.0, **address
+    )
     assert actor.active == (0, first.weights_hash)
     newer = trainer.publish(next_version(weights, 1))
     trainer.open_step([1, 2])

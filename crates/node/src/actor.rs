@@ -46,6 +46,14 @@ pub struct ActorSettings {
     /// Where the image of a snapshot taken over the wire is built (and the images
     /// after it): the heap, or mapped files (`aurora_checkpoint::FileImages`).
     pub images: Arc<dyn aurora_delta::ImageSpace>,
+    /// Back to the first upstream after this long on another, between versions
+    /// (`NodeConfig::return_after`; default [`aurora_transport::RETURN_AFTER`]); `None`
+    /// never.
+    pub return_after: Option<Duration>,
+    /// A relay that brings nothing new of a committed version this actor lacks for this
+    /// long is given up (`NodeConfig::behind_timeout`; default
+    /// [`aurora_transport::BEHIND_TIMEOUT`]).
+    pub behind_timeout: Duration,
 }
 
 pub struct ActorNode {
@@ -215,6 +223,8 @@ fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
     node.limits = settings.transport_limits.clone();
     node.trainer_key = settings.trainer_key;
     node.images = settings.images.clone();
+    node.return_after = settings.return_after;
+    node.behind_timeout = settings.behind_timeout;
     Ok(node)
 }
 

@@ -27,7 +27,7 @@ mod trust;
 
 pub use actor::{ActorNode, ActorSettings};
 pub use aurora_hub::{Limits as ControlLimits, StepResults};
-pub use aurora_transport::Limits as TransportLimits;
+pub use aurora_transport::{BEHIND_TIMEOUT, Limits as TransportLimits, RETURN_AFTER};
 pub use client::{ControlClient, ControlSecurity};
 pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};

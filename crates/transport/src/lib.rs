@@ -26,7 +26,7 @@ pub use conn::{ConnError, DEFAULT_CONGESTION, SocketOptions, read_frame, write_f
 pub use decode::DecodePool;
 pub use engine::{Engine, IdleEngine};
 pub use node::{
-    COMPLETED_SHOWN, MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, TransportError, spawn_actor,
-    spawn_collector, spawn_hub, spawn_joining_actor, spawn_relay,
+    BEHIND_TIMEOUT, COMPLETED_SHOWN, MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, RETURN_AFTER,
+    TransportError, spawn_actor, spawn_collector, spawn_hub, spawn_joining_actor, spawn_relay,
 };
 pub use security::{Limits, Refusal, Refusals, Security};

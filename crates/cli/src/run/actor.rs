@@ -119,6 +119,8 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         trainer_key: Some(super::trainer_key(&args.run_dir)?),
         // The built-in models are small, and the engine holds its own copy anyway.
         images: Arc::new(aurora_delta::Heap),
+        return_after: Some(aurora_node::RETURN_AFTER),
+        behind_timeout: aurora_node::BEHIND_TIMEOUT,
     };
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;
     let outcome = generate_forever(&config, &node, &engine).await;

@@ -124,14 +124,14 @@ impl NodeConfig {
             security,
             limits: Limits::default(),
             upstreams: Vec::new(),
-            return_after: Some(Duration::from_secs(30)),
+            return_after: Some(RETURN_AFTER),
             relay_suspend_after: Some(Duration::from_secs(30)),
             streams: 4,
             tune_interval: None,
             socket: SocketOptions::default(),
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(10),
-            behind_timeout: Duration::from_secs(60),
+            behind_timeout: BEHIND_TIMEOUT,
             keepalive_interval: Duration::from_secs(2),
             stall_timeout: Duration::from_secs(30),
             hedge_max_bytes: 4 << 20,
@@ -307,3 +307,9 @@ pub struct NodeStatus {
 pub const MAX_REPORTS: usize = 256;
 /// Versions kept in [`NodeStatus::completed`].
 pub const COMPLETED_SHOWN: usize = 64;
+
+/// The default of [`NodeConfig::return_after`].
+pub const RETURN_AFTER: Duration = Duration::from_secs(30);
+
+/// The default of [`NodeConfig::behind_timeout`].
+pub const BEHIND_TIMEOUT: Duration = Duration::from_secs(60);
