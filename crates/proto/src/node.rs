@@ -399,7 +399,7 @@ impl Node {
                     && receiver.choosing_start()
                     && sender
                         .latest()
-                        .is_none_or(|held| held + 1 < receiver.next_version())
+                        .is_none_or(|held| held.saturating_add(1) < receiver.next_version())
                 {
                     sender.set_floor(receiver.next_version());
                 }

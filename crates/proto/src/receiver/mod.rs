@@ -85,6 +85,12 @@ pub struct ReceiverConfig {
     pub trainer_key: Option<VerifyingKey>,
 }
 
+/// The default of [`ReceiverConfig::behind_timeout`].
+pub const BEHIND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What grows when a session brings something new ([`Receiver::progress_mark`]).
+type ProgressMark = (u64, u64, usize, usize, Option<u64>);
+
 impl ReceiverConfig {
     pub fn new(identity: Identity, token: Vec<u8>) -> Self {
         ReceiverConfig {
@@ -95,7 +101,7 @@ impl ReceiverConfig {
             max_held_bytes: 8 << 30,
             max_segment_failures: 8,
             idle_timeout: Duration::from_secs(10),
-            behind_timeout: Duration::from_secs(60),
+            behind_timeout: BEHIND_TIMEOUT,
             tune_interval: None,
             trainer_key: None,
         }
@@ -374,7 +380,7 @@ impl Receiver {
 
     /// What grows when a session brings something new: segments held, versions
     /// delivered, descriptors and tables taken, the newest Commit.
-    pub(super) fn progress_mark(&self) -> (u64, u64, usize, usize, Option<u64>) {
+    pub(super) fn progress_mark(&self) -> ProgressMark {
         let described = self.assemblies.values().filter(|a| a.descriptor.is_some());
         let sealed = self.assemblies.values().filter(|a| a.table.is_some());
         (
@@ -389,11 +395,7 @@ impl Receiver {
     /// After frames that may have brought something new (`before` is the mark from
     /// before them): the clock of [`ReceiverConfig::behind_timeout`] starts again if
     /// they did, and stops once nothing expected is lacking.
-    pub(super) fn note_progress(
-        &mut self,
-        now: Instant,
-        before: (u64, u64, usize, usize, Option<u64>),
-    ) {
+    pub(super) fn note_progress(&mut self, now: Instant, before: ProgressMark) {
         if self.progress_mark() != before {
             self.progress_at = Some(now);
         }

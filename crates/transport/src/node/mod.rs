@@ -311,5 +311,5 @@ pub const COMPLETED_SHOWN: usize = 64;
 /// The default of [`NodeConfig::return_after`].
 pub const RETURN_AFTER: Duration = Duration::from_secs(30);
 
-/// The default of [`NodeConfig::behind_timeout`].
-pub const BEHIND_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default of [`NodeConfig::behind_timeout`], the receiver's.
+pub use aurora_proto::BEHIND_TIMEOUT;
