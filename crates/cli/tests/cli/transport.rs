@@ -198,18 +198,26 @@ fn an_actor_without_its_settings_says_what_is_missing() {
     crate::util::assert_error_mentions(&run, &["--upstream"]);
     let run = aurora(&["actor", "--id", "a1", "--upstream", "127.0.0.1:9"]).fails();
     crate::util::assert_error_mentions(&run, &["--weights is required", "--join"]);
-    let run = aurora(&[
-        "actor",
-        "--join",
-        "--id",
-        "a1",
-        "--upstream",
-        "127.0.0.1:9",
-        "--version",
-        "0",
-    ])
-    .fails();
-    crate::util::assert_error_mentions(&run, &["--join takes the weights from an upstream"]);
+    // A joining actor takes its weights from an upstream, and has no subscribers to send
+    // away.
+    for (given, needle) in [
+        (
+            &["--version", "0"][..],
+            "--join takes the weights from an upstream",
+        ),
+        (
+            &["--suspend-after-ms", "100"],
+            "--suspend-after-ms is a relay's setting",
+        ),
+    ] {
+        let args = [
+            &["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"][..],
+            given,
+        ]
+        .concat();
+        let run = aurora(&args).fails();
+        crate::util::assert_error_mentions(&run, &[needle]);
+    }
     // A relay holds no weights, and says so to whoever gives it some.
     let weights = steps[0].to_str().unwrap();
     for given in [
@@ -225,19 +233,6 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         let run = aurora(&args).fails();
         crate::util::assert_error_mentions(&run, &["a relay holds no weights", given[0]]);
     }
-    // An actor has no subscribers to send away.
-    let run = aurora(&[
-        "actor",
-        "--join",
-        "--id",
-        "a1",
-        "--upstream",
-        "127.0.0.1:9",
-        "--suspend-after-ms",
-        "100",
-    ])
-    .fails();
-    crate::util::assert_error_mentions(&run, &["--suspend-after-ms is a relay's setting"]);
     // Neither certificates nor plaintext asked for by name: nothing starts.
     let run = aurora(&["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"]).fails();
     crate::util::assert_error_mentions(&run, &["--ca, --cert and --key", "--insecure-plaintext"]);
