@@ -12,8 +12,10 @@
 //! makes no progress for [`SenderConfig::stall_timeout`] is dropped (it resumes later
 //! from what it holds).
 //!
-//! Segments are striped: a stream with room takes the next segment its session still
-//! needs, so equal streams alternate round-robin and a slower stream carries less.
+//! Segments are spread over a session's streams lowest first: the first stream with room
+//! takes the next segment its session still needs, so a small version rides the stream
+//! the last ones opened, a large one fills every stream's window, and a slower stream
+//! carries less. Sessions take turns.
 //!
 //! A store-backed sender also serves peers that join with no weights: a Want with the
 //! snapshot flag gets its next version as a snapshot artifact (loaded on demand, held
@@ -34,7 +36,8 @@ mod auth;
 mod session;
 mod subscribe;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use aurora_delta::{DeltaError, Hash, SignatureError, VerifyingKey};
@@ -245,8 +248,8 @@ pub struct Sender {
     suspended: Option<String>,
     sessions: HashMap<u64, Session>,
     conns: BTreeMap<ConnId, Conn>,
-    /// Round-robin start for [`Sender::poll_transmit`].
-    next_conn: ConnId,
+    /// The session [`Sender::poll_transmit`] serves first: sessions take turns.
+    next_session: u64,
     events: VecDeque<SenderEvent>,
     stats: SenderStats,
 }
@@ -272,7 +275,7 @@ impl Sender {
             suspended: None,
             sessions: HashMap::new(),
             conns: BTreeMap::new(),
-            next_conn: 0,
+            next_session: 0,
             events: VecDeque::new(),
             stats: SenderStats::default(),
         }
@@ -380,15 +383,28 @@ impl Sender {
     }
 
     /// The next frame to write, on a connection whose window has room.
+    ///
+    /// Sessions take turns, and within a session the lowest stream with room goes first:
+    /// a version smaller than a window rides the same stream every time, whose
+    /// congestion window and pacing rate that stream's last versions opened, instead of
+    /// one that has sat idle for several versions and starts again from a few packets
+    /// a round trip (BENCHMARKS.md, "Delta against full sync in the sparse regime"). A
+    /// larger transfer fills that stream's window and spreads over the others.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        let ids: Vec<ConnId> = self
+        // A heap, not a sort: most calls take the first connection they look at.
+        let mut order: BinaryHeap<Reverse<(u64, u8, ConnId)>> = self
             .conns
-            .range(self.next_conn..)
-            .chain(self.conns.range(..self.next_conn))
+            .iter()
             .filter(|(_, c)| c.credit > 0)
-            .map(|(id, _)| *id)
+            .map(|(id, c)| {
+                // Handshake answers, on connections with no session yet, go first.
+                let turn = c.session.map_or(0, |session| {
+                    session.wrapping_sub(self.next_session).saturating_add(1)
+                });
+                Reverse((turn, c.stream, *id))
+            })
             .collect();
-        for conn in ids {
+        while let Some(Reverse((_, _, conn))) = order.pop() {
             if let Some((frame, close_after)) = self.next_frame(conn, now) {
                 let c = self.conns.get_mut(&conn).expect("listed above");
                 c.credit -= 1;
@@ -396,7 +412,9 @@ impl Sender {
                 if c.credit == 0 {
                     c.stalled_since.get_or_insert(now);
                 }
-                self.next_conn = conn + 1;
+                if let Some(session) = c.session {
+                    self.next_session = session.wrapping_add(1);
+                }
                 return Some(Transmit {
                     conn,
                     frame,

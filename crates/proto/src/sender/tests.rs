@@ -177,8 +177,10 @@ fn a_handshake_that_never_comes_is_closed() {
     ));
 }
 
+/// Writes done as soon as they are handed out leave the first stream room for every
+/// frame: small versions ride one stream, the one the last versions kept warm.
 #[test]
-fn segments_are_striped_over_the_streams_and_complete_in_order() {
+fn versions_that_fit_a_window_ride_the_session_s_first_stream_and_complete_in_order() {
     let mut s = sender();
     for version in 1..=3 {
         s.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 10).0))
@@ -190,20 +192,75 @@ fn segments_are_striped_over_the_streams_and_complete_in_order() {
     for (version, bytes) in complete {
         assert_eq!(bytes, artifact(version, 10).0);
     }
-    let per_conn = |conn| {
-        pair.written
-            .iter()
-            .filter(|(c, f)| *c == conn && matches!(f, Frame::Segment { .. }))
-            .count()
-    };
-    let counts: Vec<usize> = (1..=4).map(per_conn).collect();
-    assert_eq!(counts.iter().sum::<usize>(), 30);
+    let first = pair.conns[0].expect("stream 0 is up");
+    let segments: Vec<ConnId> = pair
+        .written
+        .iter()
+        .filter(|(_, f)| matches!(f, Frame::Segment { .. }))
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(segments.len(), 30);
     assert!(
-        counts.iter().all(|&n| n >= 5),
-        "every stream carries segments: {counts:?}"
+        segments.iter().all(|&c| c == first),
+        "every segment on stream 0: {segments:?}"
     );
     assert_eq!(pair.receiver.stats().duplicates, 0);
     assert_eq!(pair.sender.stats().segments_resent, 0);
+}
+
+/// A stream whose window is full passes the next frame to the session's next stream
+/// with room, and the first stream takes frames again as soon as a write completes.
+#[test]
+fn a_transfer_larger_than_a_window_spreads_over_the_streams_lowest_first() {
+    let now = Instant::now();
+    let mut s = sender();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 20).0))
+        .unwrap();
+    two_streams_wanting(&mut s, now, 1);
+    let window = s.config.window_frames;
+    let handed: Vec<ConnId> = std::iter::from_fn(|| s.poll_transmit(now).map(|t| t.conn)).collect();
+    let expected: Vec<ConnId> = [vec![1; window], vec![2; window]].concat();
+    assert_eq!(handed, expected, "stream 0's window, then stream 1's");
+    s.on_sent(now, 2);
+    assert_eq!(s.poll_transmit(now).map(|t| t.conn), Some(2));
+    s.on_sent(now, 2);
+    s.on_sent(now, 1);
+    assert_eq!(
+        s.poll_transmit(now).map(|t| t.conn),
+        Some(1),
+        "lowest first"
+    );
+    assert_eq!(s.poll_transmit(now).map(|t| t.conn), Some(2));
+    assert!(s.poll_transmit(now).is_none());
+}
+
+/// Sessions take turns, whatever their connections' numbers: one with a large version
+/// to send does not hold back another's frames.
+#[test]
+fn sessions_take_turns() {
+    let now = Instant::now();
+    let mut s = sender();
+    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 6).0))
+        .unwrap();
+    for (conn, session) in [(1, 5), (2, 6)] {
+        handshake(&mut s, conn, hello(session, 0, 1));
+        s.on_sent(now, conn);
+        s.handle_frame(now, conn, want(1, 1, false, vec![]));
+    }
+    let mut order = Vec::new();
+    while let Some(t) = s.poll_transmit(now) {
+        s.on_sent(now, t.conn);
+        order.push(t.conn);
+    }
+    assert_eq!(
+        order.len(),
+        16,
+        "Offer, Seal and six segments each: {order:?}"
+    );
+    assert!(
+        order.windows(2).all(|pair| pair[0] != pair[1]),
+        "the sessions alternate: {order:?}"
+    );
 }
 
 #[test]
@@ -1492,8 +1549,10 @@ fn an_overdue_small_version_goes_out_again_once_each_frame_on_the_other_stream()
     let now = Instant::now();
     let (mut s, first) = serving_two_streams(1, |_| {}, now);
     assert_eq!(first.len(), 6, "Offer, Seal and four segments: {first:?}");
-    let conns: std::collections::BTreeSet<ConnId> = first.iter().map(|(c, _)| *c).collect();
-    assert_eq!(conns.len(), 2, "both streams carry the version");
+    assert!(
+        first.iter().all(|(c, _)| *c == 1),
+        "written at once, the version rides stream 0: {first:?}"
+    );
 
     // Nothing is copied before the version is overdue: the session has no delivery time
     // yet, so that is `hedge_first` after its last frame.
