@@ -215,6 +215,30 @@ impl TrainerNode {
         version: u64,
         weights: &Checkpoint<'_>,
     ) -> Result<Published, NodeError> {
+        let published = self.publish_first_checked(version, weights)?;
+        self.set_latest(version, published.weights_hash, None);
+        Ok(published)
+    }
+
+    /// [`TrainerNode::publish_first`] from a safetensors image the node may keep a share
+    /// of, as [`TrainerNode::publish_image`] does: the next version, published against
+    /// it, then starts without hashing its base again.
+    pub fn publish_first_image(
+        &self,
+        version: u64,
+        image: Arc<Vec<u8>>,
+    ) -> Result<Published, NodeError> {
+        let published =
+            self.publish_first_checked(version, &Checkpoint::from_safetensors(&image)?)?;
+        self.set_latest(version, published.weights_hash, Some(image));
+        Ok(published)
+    }
+
+    fn publish_first_checked(
+        &self,
+        version: u64,
+        weights: &Checkpoint<'_>,
+    ) -> Result<Published, NodeError> {
         if let Some(latest) = self.latest() {
             return Err(NodeError::Usage(format!(
                 "version {} is published already: publish the next versions from it",
@@ -225,7 +249,6 @@ impl TrainerNode {
         self.runtime.block_on(self.transport.store_changed())?;
         self.hub
             .publish_version(Version(version), WeightsHash(record.weights_hash.0))?;
-        self.set_latest(version, record.weights_hash, None);
         Ok(Published {
             version,
             weights_hash: record.weights_hash,
@@ -564,6 +587,31 @@ mod tests {
         assert_eq!(results.outcome.accepted, [(PromptId(5), actor)]);
         // Taken once: the next wait finds no completed step.
         assert!(node.wait_step(timeout).await.is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_version_published_from_an_image_vouches_for_the_next_base() {
+        let (_dir, node) = started().await;
+        let images = images(2);
+        let publishing = node.clone();
+        tokio::task::spawn_blocking(move || {
+            let node = publishing;
+            let v0 = node.publish_first_image(0, images[0].clone()).unwrap();
+            assert_eq!(
+                v0.weights_hash,
+                Checkpoint::from_safetensors(&images[0])
+                    .unwrap()
+                    .weights_hash()
+            );
+            assert_eq!(node.known_hash(&images[0]), Some(v0.weights_hash));
+            let error = node.publish_first_image(0, images[0].clone()).unwrap_err();
+            assert!(error.to_string().contains("published already"), "{error}");
+            let v1 = node.publish_image(&images[0], images[1].clone()).unwrap();
+            assert_eq!(v1.version, 1);
+            assert_eq!(node.known_hash(&images[0]), None);
+        })
+        .await
+        .unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

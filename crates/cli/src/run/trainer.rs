@@ -119,11 +119,7 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             let mut exports = Exports::default();
             exports.insert(0, trainer.export_bf16()?);
             let (node, base) = (node.clone(), exports.get(0)?);
-            tokio::task::spawn_blocking(move || {
-                let weights = aurora_delta::Checkpoint::from_safetensors(&base)?;
-                node.publish_first(0, &weights)
-            })
-            .await??;
+            tokio::task::spawn_blocking(move || node.publish_first_image(0, base)).await??;
             store.put_trainer_data(TrainerData::State, 0, &trainer.save_state()?)?;
             (trainer, exports, 0)
         }
