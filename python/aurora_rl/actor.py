@@ -112,12 +112,17 @@ class Actor:
             return_after,
             behind_timeout,
         )
+        # What the last safe point loaded: the transport reports a version active a moment
+        # after handing it over, so its status may lag what the engine runs.
+        self._loaded: Optional[tuple[int, str]] = None
         if weights is None and self.safe_point() is None:
             raise RuntimeError("joined, but the snapshot never reached the engine")
 
     @property
     def active(self) -> tuple[int, str]:
         """The version the engine runs and its weights hash."""
+        if self._loaded is not None:
+            return self._loaded
         active = self._node.active()
         assert active is not None, "an actor runs a version once it has joined"
         return active
@@ -131,6 +136,7 @@ class Actor:
             return None
         try:
             version, changed = activation.version, activation.changed
+            weights_hash = activation.weights_hash
             started = time.perf_counter()
             if changed:
                 views = activation.tensor_bytes(sorted(fused_group_names(changed)))
@@ -144,6 +150,7 @@ class Actor:
                 len(changed),
                 time.perf_counter() - started,
             )
+            self._loaded = (version, weights_hash)
             return version
         finally:
             activation.release()
