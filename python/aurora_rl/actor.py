@@ -65,8 +65,8 @@ class Actor:
     Upstreams come in order of preference. A session on any but the first goes back to
     the first after about ``return_after`` seconds, between versions (``None``: never). A
     relay that brings nothing new of a version the control plane has committed, for
-    ``behind_timeout`` seconds, is given up for the next upstream (docs/wire-protocol.md
-    §6.4).
+    ``behind_timeout`` seconds, or delivers no version for four times as long, is given
+    up for the next upstream (docs/wire-protocol.md §6.4).
     """
 
     def __init__(

@@ -51,8 +51,8 @@ pub struct ActorSettings {
     /// never.
     pub return_after: Option<Duration>,
     /// A relay that brings nothing new of a committed version this actor lacks for this
-    /// long is given up (`NodeConfig::behind_timeout`; default
-    /// [`aurora_transport::BEHIND_TIMEOUT`]).
+    /// long, or delivers no version for four times as long, is given up
+    /// (`NodeConfig::behind_timeout`; default [`aurora_transport::BEHIND_TIMEOUT`]).
     pub behind_timeout: Duration,
 }
 

@@ -40,8 +40,8 @@ pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
 pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, VersionRef};
 pub use node::{Node, Notice, Output};
 pub use receiver::{
-    Artifact, BEHIND_TIMEOUT, Receiver, ReceiverConfig, ReceiverEvent, ReceiverStats, SessionEnd,
-    Violation,
+    Artifact, BEHIND_DELIVERY_FACTOR, BEHIND_TIMEOUT, Receiver, ReceiverConfig, ReceiverEvent,
+    ReceiverStats, SessionEnd, Violation,
 };
 pub use sender::{
     ArtifactKey, Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, StoredArtifact,

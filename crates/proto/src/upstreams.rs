@@ -161,12 +161,15 @@ impl<A: Copy> Upstreams<A> {
             return Duration::ZERO;
         }
         if std::mem::take(&mut self.returning) {
-            // A relay given up for bringing nothing of a committed version has not
-            // worked, however long it kept the session.
+            // A relay given up for bringing nothing, or too little, of a committed
+            // version has not worked, however long it kept the session.
             let lasted = match (self.returned_at.take(), self.return_after) {
                 (Some(at), Some(after)) => {
                     now.saturating_duration_since(at) >= after
-                        && !matches!(reason, SessionEnd::Behind { .. })
+                        && !matches!(
+                            reason,
+                            SessionEnd::Behind { .. } | SessionEnd::Trickling { .. }
+                        )
                 }
                 _ => false,
             };
@@ -294,6 +297,16 @@ mod tests {
         u.lost(now + 2 * AFTER, &behind);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + 2 * AFTER));
+        // Nor one given up for trickling.
+        go_back(&mut u, late);
+        u.connected(now);
+        let trickling = SessionEnd::Trickling {
+            version: 4,
+            waited: 8 * AFTER,
+        };
+        u.lost(now + 8 * AFTER, &trickling);
+        u.connected(now);
+        assert_eq!(u.return_at(), Some(now + 4 * AFTER));
     }
 
     #[test]

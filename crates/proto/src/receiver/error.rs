@@ -27,6 +27,14 @@ pub enum SessionEnd {
     /// for `waited`: stuck behind, or withholding it.
     #[error("version {version} is committed and this relay brought nothing new for {waited:?}")]
     Behind { version: u64, waited: Duration },
+    /// Version `version` is committed, this receiver lacks it or its Commit, and this
+    /// relay brought something now and then but delivered no version for `waited`
+    /// ([`crate::BEHIND_DELIVERY_FACTOR`] times `behind_timeout`): trickling.
+    #[error(
+        "version {version} is committed and this relay delivered no version for {waited:?}, \
+         bringing too little too slowly"
+    )]
+    Trickling { version: u64, waited: Duration },
     #[error("refused ({code:?}): {reason}")]
     Refused { code: RejectCode, reason: String },
     #[error("said goodbye: {0}")]

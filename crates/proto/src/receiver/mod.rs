@@ -73,8 +73,11 @@ pub struct ReceiverConfig {
     /// A relay that brings nothing new (no new segment, descriptor, table, delivery or
     /// Commit) for this long while a committed version this receiver lacks, or lacks
     /// the Commit of, is known ([`Receiver::expect_committed`]) is lost: it is stuck
-    /// behind, or withholding it, and its keepalives keep it from being silent. A hub
-    /// is never lost so: it may take minutes to build what it serves from its store.
+    /// behind, or withholding it, and its keepalives keep it from being silent. One that
+    /// brings something now and then but delivers no version for
+    /// [`BEHIND_DELIVERY_FACTOR`] times as long is lost too: a segment at a time keeps
+    /// the first clock going, not this one. A hub is never lost so: it may take minutes
+    /// to build what it serves from its store.
     pub behind_timeout: Duration,
     /// When set, the stream count is tuned ([`StreamTuner`]) at this interval: each
     /// session starts with one stream and opens more, up to `streams`, while they pay.
@@ -87,6 +90,13 @@ pub struct ReceiverConfig {
 
 /// The default of [`ReceiverConfig::behind_timeout`].
 pub const BEHIND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many times [`ReceiverConfig::behind_timeout`] a relay may go without delivering a
+/// version while one this receiver lacks is committed. A relay holds at most a few
+/// versions beyond what its subscribers need (wire-protocol §8), so an honest one
+/// delivers each of them in far less: a 1% delta of a 70B model is 1.3 GB, under two
+/// minutes at 100 Mbps.
+pub const BEHIND_DELIVERY_FACTOR: u32 = 4;
 
 /// What grows when a session brings something new ([`Receiver::progress_mark`]).
 type ProgressMark = (u64, u64, usize, usize, Option<u64>);
@@ -239,6 +249,9 @@ pub struct Receiver {
     /// When the session last brought something new (or began, or the receiver learnt
     /// it was behind).
     progress_at: Option<Instant>,
+    /// When the session last delivered a version (or began, or the receiver learnt it
+    /// was behind).
+    delivered_at: Option<Instant>,
     /// Present when tuning is on.
     tuner: Option<StreamTuner>,
     /// Next tuning instant and the byte count at the last one.
@@ -274,6 +287,7 @@ impl Receiver {
             expected: None,
             committed: None,
             progress_at: None,
+            delivered_at: None,
             tuner: None,
             tune_at: None,
             tune_bytes: 0,
@@ -369,6 +383,7 @@ impl Receiver {
         }
         if self.expected.is_none() {
             self.progress_at = Some(now);
+            self.delivered_at = Some(now);
         }
         self.expected = Some(version);
     }
@@ -396,8 +411,12 @@ impl Receiver {
     /// before them): the clock of [`ReceiverConfig::behind_timeout`] starts again if
     /// they did, and stops once nothing expected is lacking.
     pub(super) fn note_progress(&mut self, now: Instant, before: ProgressMark) {
-        if self.progress_mark() != before {
+        let mark = self.progress_mark();
+        if mark != before {
             self.progress_at = Some(now);
+        }
+        if mark.1 != before.1 {
+            self.delivered_at = Some(now);
         }
         if self.expected.is_some_and(|version| !self.lacks(version)) {
             self.expected = None;
@@ -430,6 +449,7 @@ impl Receiver {
         self.stats.sessions += 1;
         // A new upstream gets the whole time to show it is not behind too.
         self.progress_at = Some(now);
+        self.delivered_at = Some(now);
         self.session = Some(Session {
             id: session,
             wants: 0,
@@ -709,21 +729,38 @@ impl Receiver {
             .map(|s| s.last_heard + self.config.idle_timeout);
         idle.into_iter()
             .chain(self.tune_at)
-            .chain(self.behind_at())
+            .chain(self.behind_at().map(|(at, _)| at))
             .min()
     }
 
-    /// When a relay's session that brings nothing new while an expected version is
-    /// lacking is given up.
-    fn behind_at(&self) -> Option<Instant> {
-        if !self.lacks(self.expected?) {
+    /// When a relay's session is given up while an expected version is lacking, and
+    /// why: it brought nothing new for `behind_timeout`, or delivered no version for
+    /// [`BEHIND_DELIVERY_FACTOR`] times as long.
+    fn behind_at(&self) -> Option<(Instant, SessionEnd)> {
+        let version = self.expected?;
+        if !self.lacks(version) {
             return None;
         }
         let upstream = self.session.as_ref()?.upstream.as_ref()?;
         if upstream.role != Role::Relay {
             return None;
         }
-        self.progress_at?.checked_add(self.config.behind_timeout)
+        let timeout = self.config.behind_timeout;
+        let quiet = self.progress_at.and_then(|at| {
+            let waited = timeout;
+            Some((
+                at.checked_add(waited)?,
+                SessionEnd::Behind { version, waited },
+            ))
+        });
+        let trickling = self.delivered_at.and_then(|at| {
+            let waited = timeout.checked_mul(BEHIND_DELIVERY_FACTOR)?;
+            Some((
+                at.checked_add(waited)?,
+                SessionEnd::Trickling { version, waited },
+            ))
+        });
+        quiet.into_iter().chain(trickling).min_by_key(|(at, _)| *at)
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -749,11 +786,10 @@ impl Receiver {
         {
             let idle = self.config.idle_timeout;
             self.lose_upstream(SessionEnd::Silent(idle));
-        } else if let Some(version) = self.expected
-            && self.behind_at().is_some_and(|at| now >= at)
+        } else if let Some((at, end)) = self.behind_at()
+            && now >= at
         {
-            let waited = self.config.behind_timeout;
-            self.lose_upstream(SessionEnd::Behind { version, waited });
+            self.lose_upstream(end);
         }
     }
 }

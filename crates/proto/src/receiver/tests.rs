@@ -1133,6 +1133,59 @@ fn relayed() -> Receiver {
     r
 }
 
+/// A relay that brings one new segment of a committed version now and then, each in
+/// time to restart the first clock, is given up once it has delivered no version for
+/// `BEHIND_DELIVERY_FACTOR` times `behind_timeout`; one that delivers keeps its session.
+#[test]
+fn a_relay_that_trickles_a_committed_version_is_given_up() {
+    let mut r = relayed();
+    let behind = r.config.behind_timeout;
+    let limit = behind * crate::BEHIND_DELIVERY_FACTOR;
+    let start = Instant::now();
+    r.expect_committed(start, 1);
+    let (bytes, _) = artifact(1, 12);
+    let parts = frames(&bytes);
+    let mut trickle = parts.iter().filter(|f| matches!(f, Frame::Segment { .. }));
+    r.handle_frame(start, 1, parts[0].clone());
+    let step = behind / 2;
+    let mut now = start;
+    while now + step < start + limit {
+        now += step;
+        r.handle_frame(now, 1, trickle.next().expect("a segment left").clone());
+        r.handle_timeout(now);
+        assert!(r.is_connected(), "given up at {:?}", now - start);
+    }
+    assert!(kept_alive(&mut r, now, start + limit));
+    r.handle_timeout(start + limit);
+    lost(
+        &mut r,
+        "version 1 is committed and this relay delivered no version for 240s",
+    );
+
+    // The same pace with a version delivered in time keeps the session: the clock
+    // restarts with each delivery.
+    let mut r = relayed();
+    r.expect_committed(start, 2);
+    for frame in &parts {
+        r.handle_frame(start + limit - step, 1, frame.clone());
+    }
+    assert_eq!(completed(&drain(&mut r).0), [(1, bytes)]);
+    assert!(kept_alive(
+        &mut r,
+        start + limit - step,
+        start + limit + step
+    ));
+    let (second, _) = artifact(2, 12);
+    let second = frames(&second);
+    let mut now = start + limit - step;
+    for frame in second.iter().take(6) {
+        now += step;
+        r.handle_frame(now, 1, frame.clone());
+        r.handle_timeout(now);
+        assert!(r.is_connected(), "given up at {:?}", now - start);
+    }
+}
+
 #[test]
 fn a_relay_that_brings_nothing_new_while_a_version_is_committed_is_given_up() {
     let mut r = relayed();
