@@ -286,27 +286,20 @@ mod tests {
         u.lost(now + AFTER, &LOST);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
-        // But not one given up for bringing nothing of a committed version, however
-        // long it lasted.
-        go_back(&mut u, late);
-        u.connected(now);
-        let behind = SessionEnd::Behind {
-            version: 3,
-            waited: 2 * AFTER,
-        };
-        u.lost(now + 2 * AFTER, &behind);
-        u.connected(now);
-        assert_eq!(u.return_at(), Some(now + 2 * AFTER));
-        // Nor one given up for trickling.
-        go_back(&mut u, late);
-        u.connected(now);
-        let trickling = SessionEnd::Trickling {
-            version: 4,
-            waited: 8 * AFTER,
-        };
-        u.lost(now + 8 * AFTER, &trickling);
-        u.connected(now);
-        assert_eq!(u.return_at(), Some(now + 4 * AFTER));
+        // But not one given up for bringing nothing, or too little, of a committed
+        // version, however long it lasted: each doubles the wait again.
+        let (version, waited) = (3, 8 * AFTER);
+        let ends = [
+            SessionEnd::Behind { version, waited },
+            SessionEnd::Trickling { version, waited },
+        ];
+        for (end, factor) in ends.iter().zip([2, 4]) {
+            go_back(&mut u, late);
+            u.connected(now);
+            u.lost(now + waited, end);
+            u.connected(now);
+            assert_eq!(u.return_at(), Some(now + factor * AFTER), "{end}");
+        }
     }
 
     #[test]
