@@ -12,10 +12,10 @@
 //! makes no progress for [`SenderConfig::stall_timeout`] is dropped (it resumes later
 //! from what it holds).
 //!
-//! Segments are spread over a session's streams lowest first: the first stream with room
-//! takes the next segment its session still needs, so a small version rides the stream
-//! the last ones opened, a large one fills every stream's window, and a slower stream
-//! carries less. Sessions take turns.
+//! A session's streams take its frames fewest segments in flight first, the lowest on a
+//! tie: a version's first segment rides the stream the versions before it kept open, a
+//! transfer of many segments spreads over every stream, and a slower stream carries
+//! less. Sessions take turns.
 //!
 //! A store-backed sender also serves peers that join with no weights: a Want with the
 //! snapshot flag gets its next version as a snapshot artifact (loaded on demand, held
@@ -384,32 +384,36 @@ impl Sender {
 
     /// The next frame to write, on a connection whose window has room.
     ///
-    /// Sessions take turns, and within a session the lowest stream with room goes first:
-    /// a version smaller than a window rides the same stream every time, whose
-    /// congestion window and pacing rate that stream's last versions opened, instead of
-    /// one that has sat idle for several versions and starts again from a few packets
-    /// a round trip (BENCHMARKS.md, "Delta against full sync in the sparse regime"). A
-    /// larger transfer fills that stream's window and spreads over the others.
+    /// Sessions take turns, and within a session the stream with the fewest segments in
+    /// flight goes first, the lowest on a tie. A version's first segment thus rides the
+    /// same stream every time, whose congestion window and pacing rate the versions
+    /// before it kept open, instead of one that has sat idle for several versions and
+    /// starts again from a few packets a round trip (BENCHMARKS.md, "Small versions on
+    /// a warm stream"); a transfer of many segments spreads over every stream, each
+    /// taking more as it drains.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        let window = self.config.window_frames;
         // A heap, not a sort: most calls take the first connection they look at.
-        let mut order: BinaryHeap<Reverse<(u64, u8, ConnId)>> = self
+        let mut order: BinaryHeap<Reverse<(u64, usize, u8, ConnId)>> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.credit > 0)
+            .filter(|(_, c)| c.in_flight.len() < window)
             .map(|(id, c)| {
                 // Handshake answers, on connections with no session yet, go first.
                 let turn = c.session.map_or(0, |session| {
                     session.wrapping_sub(self.next_session).saturating_add(1)
                 });
-                Reverse((turn, c.stream, *id))
+                let segments = c.in_flight.iter().filter(|segment| **segment).count();
+                Reverse((turn, segments, c.stream, *id))
             })
             .collect();
-        while let Some(Reverse((_, _, conn))) = order.pop() {
+        while let Some(Reverse((_, _, _, conn))) = order.pop() {
             if let Some((frame, close_after)) = self.next_frame(conn, now) {
                 let c = self.conns.get_mut(&conn).expect("listed above");
-                c.credit -= 1;
+                c.in_flight
+                    .push_back(matches!(frame, Frame::Segment { .. }));
                 c.last_send = now;
-                if c.credit == 0 {
+                if c.in_flight.len() == window {
                     c.stalled_since.get_or_insert(now);
                 }
                 if let Some(session) = c.session {

@@ -126,7 +126,9 @@ pub(super) struct Conn {
     pub(super) session: Option<u64>,
     pub(super) stream: u8,
     pub(super) epoch: u32,
-    pub(super) credit: usize,
+    /// The frames handed to the driver and not yet reported written, oldest first, each
+    /// as whether it is a segment: the window is full at `window_frames` of them.
+    pub(super) in_flight: VecDeque<bool>,
     /// Frames for this connection only (handshake answers).
     pub(super) direct: VecDeque<(Frame, bool)>,
     pub(super) opened_at: Instant,

@@ -25,7 +25,7 @@ impl Sender {
                 session: None,
                 stream: 0,
                 epoch: 0,
-                credit: self.config.window_frames,
+                in_flight: VecDeque::with_capacity(self.config.window_frames),
                 direct: VecDeque::new(),
                 opened_at: now,
                 last_send: now,
@@ -38,7 +38,7 @@ impl Sender {
     /// The driver finished writing one frame on `conn`.
     pub fn on_sent(&mut self, now: Instant, conn: ConnId) {
         if let Some(c) = self.conns.get_mut(&conn) {
-            c.credit = (c.credit + 1).min(self.config.window_frames);
+            c.in_flight.pop_front();
             c.stalled_since = None;
             c.last_send = now;
         }

@@ -208,27 +208,33 @@ fn versions_that_fit_a_window_ride_the_session_s_first_stream_and_complete_in_or
     assert_eq!(pair.sender.stats().segments_resent, 0);
 }
 
-/// A stream whose window is full passes the next frame to the session's next stream
-/// with room, and the first stream takes frames again as soon as a write completes.
+/// A segment goes to the session's stream with the fewest segments in flight, the
+/// lowest on a tie, so a transfer of many segments spreads over the streams as they
+/// drain; the Offer and the Seal are not segments.
 #[test]
-fn a_transfer_larger_than_a_window_spreads_over_the_streams_lowest_first() {
+fn a_transfer_of_many_segments_spreads_over_the_streams_fewest_in_flight_first() {
     let now = Instant::now();
     let mut s = sender();
     s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 20).0))
         .unwrap();
     two_streams_wanting(&mut s, now, 1);
-    let window = s.config.window_frames;
-    let handed: Vec<ConnId> = std::iter::from_fn(|| s.poll_transmit(now).map(|t| t.conn)).collect();
-    let expected: Vec<ConnId> = [vec![1; window], vec![2; window]].concat();
-    assert_eq!(handed, expected, "stream 0's window, then stream 1's");
+    let mut next = || s.poll_transmit(now).map(|t| t.conn);
+    let handed: Vec<ConnId> = std::iter::from_fn(&mut next).collect();
+    // Offer, Seal, a segment on stream 0; then a segment each in turn until both
+    // windows (four frames) are full.
+    assert_eq!(handed, [1, 1, 1, 2, 1, 2, 2, 2]);
+    // Stream 1 drains two segments: it has room, stream 0 none.
+    s.on_sent(now, 2);
     s.on_sent(now, 2);
     assert_eq!(s.poll_transmit(now).map(|t| t.conn), Some(2));
-    s.on_sent(now, 2);
+    // Stream 0 writes its Offer and Seal: two segments in flight against three.
     s.on_sent(now, 1);
+    s.on_sent(now, 1);
+    assert_eq!(s.poll_transmit(now).map(|t| t.conn), Some(1));
     assert_eq!(
         s.poll_transmit(now).map(|t| t.conn),
         Some(1),
-        "lowest first"
+        "a tie: the lowest"
     );
     assert_eq!(s.poll_transmit(now).map(|t| t.conn), Some(2));
     assert!(s.poll_transmit(now).is_none());
