@@ -64,9 +64,9 @@ class Actor:
 
     Upstreams come in order of preference. A session on any but the first goes back to
     the first after about ``return_after`` seconds, between versions (``None``: never). A
-    relay that brings nothing new of a version the control plane has committed, for
-    ``behind_timeout`` seconds, or delivers no version for four times as long, is given
-    up for the next upstream (docs/wire-protocol.md §6.4).
+    relay that brings too little of a version the control plane has committed (nothing
+    new but less than 8 MiB of segments) for ``behind_timeout`` seconds is given up for
+    the next upstream (docs/wire-protocol.md §6.4).
     """
 
     def __init__(
@@ -115,6 +115,9 @@ class Actor:
         # What the last safe point loaded: the transport reports a version active a moment
         # after handing it over, so its status may lag what the engine runs.
         self._loaded: Optional[tuple[int, str]] = None
+        # A version the engine failed to load: its weights are then neither that version
+        # nor the one before, and the transport hands no activation over twice.
+        self._load_failed: Optional[tuple[int, BaseException]] = None
         if weights is None and self.safe_point() is None:
             raise RuntimeError("joined, but the snapshot never reached the engine")
 
@@ -131,6 +134,7 @@ class Actor:
         """Loads into the engine a version activated since the last call, or one whose
         activation starts within ``wait`` seconds; returns its number, or None. Call it
         only between batches."""
+        self._check_loaded()
         activation = self._node.at_safe_point(wait)
         if activation is None:
             return None
@@ -142,7 +146,11 @@ class Actor:
                 views = activation.tensor_bytes(sorted(fused_group_names(changed)))
                 tensors = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}
                 del views
-                self.engine.load_weights(tensors)
+                try:
+                    self.engine.load_weights(tensors)
+                except BaseException as error:
+                    self._load_failed = (version, error)
+                    raise
                 del tensors
             logger.info(
                 "version %d in the engine: %d tensors changed, loaded in %.3f s",
@@ -154,6 +162,14 @@ class Actor:
             return version
         finally:
             activation.release()
+
+    def _check_loaded(self) -> None:
+        if self._load_failed is not None:
+            version, error = self._load_failed
+            raise RuntimeError(
+                f"the engine failed to load version {version} ({error!r}): its weights are "
+                "unknown, so this actor serves nothing more; start it again to join afresh"
+            ) from error
 
     def claim(self) -> Optional[Work]:
         """Work on the open step, after activating what the control plane committed; None

@@ -255,3 +255,42 @@ def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tm
     assert work.version == 1 and work.weights_hash == newer.weights_hash
     assert aurora_rl.weights_hash(engine.held_weights()) == newer.weights_hash
     actor.leave()
+
+
+class FailingEngine(TransformersEngine):
+    """An engine whose weight loads fail, as one out of memory would."""
+
+    def load_weights(self, tensors) -> None:
+        raise MemoryError("no room for the new weights")
+
+
+def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(model_dir, tmp_path):
+    import time
+
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    trainer.publish(weights)
+    engine = FailingEngine.start(str(model_dir))
+    actor = aurora_rl.Actor(
+        engine,
+        id=8,
+        region="eu",
+        weights=weights,
+        version=0,
+        control=trainer.control_address,
+        upstreams=[trainer.transport_address],
+        token=trainer.token,
+        insecure_plaintext=True,
+    )
+    trainer.publish(next_version(weights, 1))
+    trainer.open_step([1])
+    trainer.commit()
+    deadline = time.monotonic() + 120
+    with pytest.raises(MemoryError, match="no room"):
+        while time.monotonic() < deadline:
+            actor.claim()
+    # The engine's weights are neither version: no claim may serve from them.
+    with pytest.raises(RuntimeError, match="failed to load version 1"):
+        actor.claim()
+    with pytest.raises(RuntimeError, match="failed to load version 1"):
+        actor.safe_point()

@@ -50,8 +50,8 @@ pub struct ActorSettings {
     /// (`NodeConfig::return_after`; default [`aurora_transport::RETURN_AFTER`]); `None`
     /// never.
     pub return_after: Option<Duration>,
-    /// A relay that brings nothing new of a committed version this actor lacks for this
-    /// long, or delivers no version for four times as long, is given up
+    /// A relay that brings too little of a committed version this actor lacks for this
+    /// long (nothing new but less than 8 MiB of segments) is given up
     /// (`NodeConfig::behind_timeout`; default [`aurora_transport::BEHIND_TIMEOUT`]).
     pub behind_timeout: Duration,
 }

@@ -40,7 +40,7 @@ pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
 pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, VersionRef};
 pub use node::{Node, Notice, Output};
 pub use receiver::{
-    Artifact, BEHIND_DELIVERY_FACTOR, BEHIND_TIMEOUT, Receiver, ReceiverConfig, ReceiverEvent,
+    Artifact, BEHIND_PROGRESS_BYTES, BEHIND_TIMEOUT, Receiver, ReceiverConfig, ReceiverEvent,
     ReceiverStats, SessionEnd, Violation,
 };
 pub use sender::{

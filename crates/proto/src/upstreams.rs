@@ -161,15 +161,12 @@ impl<A: Copy> Upstreams<A> {
             return Duration::ZERO;
         }
         if std::mem::take(&mut self.returning) {
-            // A relay given up for bringing nothing, or too little, of a committed
-            // version has not worked, however long it kept the session.
+            // A relay given up for bringing nothing of a committed version has not
+            // worked, however long it kept the session.
             let lasted = match (self.returned_at.take(), self.return_after) {
                 (Some(at), Some(after)) => {
                     now.saturating_duration_since(at) >= after
-                        && !matches!(
-                            reason,
-                            SessionEnd::Behind { .. } | SessionEnd::Trickling { .. }
-                        )
+                        && !matches!(reason, SessionEnd::Behind { .. })
                 }
                 _ => false,
             };
@@ -286,20 +283,17 @@ mod tests {
         u.lost(now + AFTER, &LOST);
         u.connected(now);
         assert_eq!(u.return_at(), Some(now + AFTER));
-        // But not one given up for bringing nothing, or too little, of a committed
-        // version, however long it lasted: each doubles the wait again.
-        let (version, waited) = (3, 8 * AFTER);
-        let ends = [
-            SessionEnd::Behind { version, waited },
-            SessionEnd::Trickling { version, waited },
-        ];
-        for (end, factor) in ends.iter().zip([2, 4]) {
-            go_back(&mut u, late);
-            u.connected(now);
-            u.lost(now + waited, end);
-            u.connected(now);
-            assert_eq!(u.return_at(), Some(now + factor * AFTER), "{end}");
-        }
+        // But not one given up for bringing nothing of a committed version, however
+        // long it lasted.
+        go_back(&mut u, late);
+        u.connected(now);
+        let behind = SessionEnd::Behind {
+            version: 3,
+            waited: 2 * AFTER,
+        };
+        u.lost(now + 2 * AFTER, &behind);
+        u.connected(now);
+        assert_eq!(u.return_at(), Some(now + 2 * AFTER));
     }
 
     #[test]

@@ -23,18 +23,14 @@ pub enum SessionEnd {
     #[error("nothing heard for {0:?}")]
     Silent(Duration),
     /// Version `version` is committed (the driver heard so elsewhere, from the control
-    /// plane), this receiver lacks it or its Commit, and this relay brought nothing new
-    /// for `waited`: stuck behind, or withholding it.
-    #[error("version {version} is committed and this relay brought nothing new for {waited:?}")]
-    Behind { version: u64, waited: Duration },
-    /// Version `version` is committed, this receiver lacks it or its Commit, and this
-    /// relay brought something now and then but delivered no version for `waited`
-    /// ([`crate::BEHIND_DELIVERY_FACTOR`] times `behind_timeout`): trickling.
+    /// plane), this receiver lacks it or its Commit, and this relay brought too little
+    /// for `waited` (fewer new segment bytes than `behind_progress_bytes`, and nothing
+    /// else new): stuck behind, withholding it, or trickling it.
     #[error(
-        "version {version} is committed and this relay delivered no version for {waited:?}, \
-         bringing too little too slowly"
+        "version {version} is committed and this relay brought too little of it for \
+         {waited:?}"
     )]
-    Trickling { version: u64, waited: Duration },
+    Behind { version: u64, waited: Duration },
     #[error("refused ({code:?}): {reason}")]
     Refused { code: RejectCode, reason: String },
     #[error("said goodbye: {0}")]

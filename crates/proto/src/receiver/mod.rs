@@ -70,15 +70,16 @@ pub struct ReceiverConfig {
     pub max_segment_failures: u32,
     /// An upstream that sends nothing (not even a keepalive) for this long is lost.
     pub idle_timeout: Duration,
-    /// A relay that brings nothing new (no new segment, descriptor, table, delivery or
-    /// Commit) for this long while a committed version this receiver lacks, or lacks
-    /// the Commit of, is known ([`Receiver::expect_committed`]) is lost: it is stuck
-    /// behind, or withholding it, and its keepalives keep it from being silent. One that
-    /// brings something now and then but delivers no version for
-    /// [`BEHIND_DELIVERY_FACTOR`] times as long is lost too: a segment at a time keeps
-    /// the first clock going, not this one. A hub is never lost so: it may take minutes
-    /// to build what it serves from its store.
+    /// A relay that brings too little for this long (less than `behind_progress_bytes`
+    /// of new segments, and no descriptor, table, delivery or newer Commit) while a
+    /// committed version this receiver lacks, or lacks the Commit of, is known
+    /// ([`Receiver::expect_committed`]) is lost: it is stuck behind, withholding it, or
+    /// trickling it a segment at a time, and its keepalives keep it from being silent.
+    /// A hub is never lost so: it may take minutes to build what it serves from its
+    /// store.
     pub behind_timeout: Duration,
+    /// See `behind_timeout`; default [`BEHIND_PROGRESS_BYTES`].
+    pub behind_progress_bytes: u64,
     /// When set, the stream count is tuned ([`StreamTuner`]) at this interval: each
     /// session starts with one stream and opens more, up to `streams`, while they pay.
     pub tune_interval: Option<Duration>,
@@ -91,15 +92,18 @@ pub struct ReceiverConfig {
 /// The default of [`ReceiverConfig::behind_timeout`].
 pub const BEHIND_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How many times [`ReceiverConfig::behind_timeout`] a relay may go without delivering a
-/// version while one this receiver lacks is committed. A relay holds at most a few
-/// versions beyond what its subscribers need (wire-protocol §8), so an honest one
-/// delivers each of them in far less: a 1% delta of a 70B model is 1.3 GB, under two
-/// minutes at 100 Mbps.
-pub const BEHIND_DELIVERY_FACTOR: u32 = 4;
+/// The default of [`ReceiverConfig::behind_progress_bytes`]: the new segment bytes a
+/// relay must bring within each `behind_timeout` while a committed
+/// version is lacking (unless it brings a descriptor, a table, a delivery or a newer
+/// Commit): about 1.1 Mbps at the default timeout. A count of segments would let a relay
+/// that sends one (or an empty one) a minute hold its actors for as long as a version
+/// has segments; bytes scale with the version, and an honest relay on any link worth
+/// relaying through brings them many times over.
+pub const BEHIND_PROGRESS_BYTES: u64 = 8 << 20;
 
-/// What grows when a session brings something new ([`Receiver::progress_mark`]).
-type ProgressMark = (u64, u64, usize, usize, Option<u64>);
+/// What grows when a session brings something new besides segment bytes
+/// ([`Receiver::progress_mark`]).
+type ProgressMark = (u64, usize, usize, Option<u64>);
 
 impl ReceiverConfig {
     pub fn new(identity: Identity, token: Vec<u8>) -> Self {
@@ -112,6 +116,7 @@ impl ReceiverConfig {
             max_segment_failures: 8,
             idle_timeout: Duration::from_secs(10),
             behind_timeout: BEHIND_TIMEOUT,
+            behind_progress_bytes: BEHIND_PROGRESS_BYTES,
             tune_interval: None,
             trainer_key: None,
         }
@@ -247,11 +252,9 @@ pub struct Receiver {
     /// The newest Commit this receiver has had.
     committed: Option<u64>,
     /// When the session last brought something new (or began, or the receiver learnt
-    /// it was behind).
+    /// it was behind), and the segment bytes received by then.
     progress_at: Option<Instant>,
-    /// When the session last delivered a version (or began, or the receiver learnt it
-    /// was behind).
-    delivered_at: Option<Instant>,
+    progress_bytes: u64,
     /// Present when tuning is on.
     tuner: Option<StreamTuner>,
     /// Next tuning instant and the byte count at the last one.
@@ -287,7 +290,7 @@ impl Receiver {
             expected: None,
             committed: None,
             progress_at: None,
-            delivered_at: None,
+            progress_bytes: 0,
             tuner: None,
             tune_at: None,
             tune_bytes: 0,
@@ -382,8 +385,7 @@ impl Receiver {
             return;
         }
         if self.expected.is_none() {
-            self.progress_at = Some(now);
-            self.delivered_at = Some(now);
+            self.restart_progress(now);
         }
         self.expected = Some(version);
     }
@@ -393,13 +395,12 @@ impl Receiver {
         version >= self.next_version || self.committed.is_none_or(|c| c < version)
     }
 
-    /// What grows when a session brings something new: segments held, versions
+    /// What grows when a session brings something new besides segment bytes: versions
     /// delivered, descriptors and tables taken, the newest Commit.
     pub(super) fn progress_mark(&self) -> ProgressMark {
         let described = self.assemblies.values().filter(|a| a.descriptor.is_some());
         let sealed = self.assemblies.values().filter(|a| a.table.is_some());
         (
-            self.stats.segments,
             self.next_version,
             described.count(),
             sealed.count(),
@@ -409,18 +410,21 @@ impl Receiver {
 
     /// After frames that may have brought something new (`before` is the mark from
     /// before them): the clock of [`ReceiverConfig::behind_timeout`] starts again if
-    /// they did, and stops once nothing expected is lacking.
+    /// they did, or if `behind_progress_bytes` of new segments came since it last
+    /// started, and stops once nothing expected is lacking.
     pub(super) fn note_progress(&mut self, now: Instant, before: ProgressMark) {
-        let mark = self.progress_mark();
-        if mark != before {
-            self.progress_at = Some(now);
-        }
-        if mark.1 != before.1 {
-            self.delivered_at = Some(now);
+        let bytes = self.stats.segment_bytes - self.progress_bytes;
+        if self.progress_mark() != before || bytes >= self.config.behind_progress_bytes {
+            self.restart_progress(now);
         }
         if self.expected.is_some_and(|version| !self.lacks(version)) {
             self.expected = None;
         }
+    }
+
+    fn restart_progress(&mut self, now: Instant) {
+        self.progress_at = Some(now);
+        self.progress_bytes = self.stats.segment_bytes;
     }
 
     /// Whether part of a version is held: a session left now would leave it half
@@ -448,8 +452,7 @@ impl Receiver {
         self.end_session("starting a new session");
         self.stats.sessions += 1;
         // A new upstream gets the whole time to show it is not behind too.
-        self.progress_at = Some(now);
-        self.delivered_at = Some(now);
+        self.restart_progress(now);
         self.session = Some(Session {
             id: session,
             wants: 0,
@@ -729,38 +732,21 @@ impl Receiver {
             .map(|s| s.last_heard + self.config.idle_timeout);
         idle.into_iter()
             .chain(self.tune_at)
-            .chain(self.behind_at().map(|(at, _)| at))
+            .chain(self.behind_at())
             .min()
     }
 
-    /// When a relay's session is given up while an expected version is lacking, and
-    /// why: it brought nothing new for `behind_timeout`, or delivered no version for
-    /// [`BEHIND_DELIVERY_FACTOR`] times as long.
-    fn behind_at(&self) -> Option<(Instant, SessionEnd)> {
-        let version = self.expected?;
-        if !self.lacks(version) {
+    /// When a relay's session that brings too little while an expected version is
+    /// lacking is given up.
+    fn behind_at(&self) -> Option<Instant> {
+        if !self.lacks(self.expected?) {
             return None;
         }
         let upstream = self.session.as_ref()?.upstream.as_ref()?;
         if upstream.role != Role::Relay {
             return None;
         }
-        let timeout = self.config.behind_timeout;
-        let quiet = self.progress_at.and_then(|at| {
-            let waited = timeout;
-            Some((
-                at.checked_add(waited)?,
-                SessionEnd::Behind { version, waited },
-            ))
-        });
-        let trickling = self.delivered_at.and_then(|at| {
-            let waited = timeout.checked_mul(BEHIND_DELIVERY_FACTOR)?;
-            Some((
-                at.checked_add(waited)?,
-                SessionEnd::Trickling { version, waited },
-            ))
-        });
-        quiet.into_iter().chain(trickling).min_by_key(|(at, _)| *at)
+        self.progress_at?.checked_add(self.config.behind_timeout)
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -786,10 +772,11 @@ impl Receiver {
         {
             let idle = self.config.idle_timeout;
             self.lose_upstream(SessionEnd::Silent(idle));
-        } else if let Some((at, end)) = self.behind_at()
-            && now >= at
+        } else if let Some(version) = self.expected
+            && self.behind_at().is_some_and(|at| now >= at)
         {
-            self.lose_upstream(end);
+            let waited = self.config.behind_timeout;
+            self.lose_upstream(SessionEnd::Behind { version, waited });
         }
     }
 }

@@ -1133,57 +1133,58 @@ fn relayed() -> Receiver {
     r
 }
 
-/// A relay that brings one new segment of a committed version now and then, each in
-/// time to restart the first clock, is given up once it has delivered no version for
-/// `BEHIND_DELIVERY_FACTOR` times `behind_timeout`; one that delivers keeps its session.
+/// New segments count as progress by their bytes: a relay that trickles a committed
+/// version a segment at a time is given up `behind_timeout` after its last descriptor,
+/// while one that brings `behind_progress_bytes` within each `behind_timeout` is kept.
 #[test]
 fn a_relay_that_trickles_a_committed_version_is_given_up() {
-    let mut r = relayed();
-    let behind = r.config.behind_timeout;
-    let limit = behind * crate::BEHIND_DELIVERY_FACTOR;
-    let start = Instant::now();
-    r.expect_committed(start, 1);
     let (bytes, _) = artifact(1, 12);
     let parts = frames(&bytes);
-    let mut trickle = parts.iter().filter(|f| matches!(f, Frame::Segment { .. }));
-    r.handle_frame(start, 1, parts[0].clone());
-    let step = behind / 2;
-    let mut now = start;
-    while now + step < start + limit {
-        now += step;
-        r.handle_frame(now, 1, trickle.next().expect("a segment left").clone());
-        r.handle_timeout(now);
-        assert!(r.is_connected(), "given up at {:?}", now - start);
-    }
-    assert!(kept_alive(&mut r, now, start + limit));
-    r.handle_timeout(start + limit);
+    let segments: Vec<&Frame> = parts
+        .iter()
+        .filter(|f| matches!(f, Frame::Segment { .. }))
+        .collect();
+    let segment_bytes = |f: &Frame| match f {
+        Frame::Segment { bytes, .. } => bytes.len() as u64,
+        _ => 0,
+    };
+    let mut sizes: Vec<u64> = segments.iter().map(|f| segment_bytes(f)).collect();
+    sizes.sort_unstable();
+    let (smallest, two_largest) = (sizes[0], sizes[sizes.len() - 2..].iter().sum::<u64>());
+    let pace = |r: &mut Receiver, per_step: usize| -> Option<Duration> {
+        let behind = r.config.behind_timeout;
+        let step = behind / 2;
+        let start = Instant::now();
+        r.expect_committed(start, 1);
+        r.handle_frame(start, 1, parts[0].clone());
+        let mut now = start;
+        for chunk in segments[..segments.len() - 1].chunks(per_step) {
+            now += step;
+            for segment in chunk {
+                r.handle_frame(now, 1, (*segment).clone());
+            }
+            r.handle_timeout(now);
+            if !r.is_connected() {
+                return Some(now - start);
+            }
+        }
+        None
+    };
+    // One segment each half `behind_timeout`, the threshold more than any two: given up
+    // once a whole `behind_timeout` has brought less.
+    let mut r = relayed();
+    r.config.behind_progress_bytes = two_largest + 1;
+    let behind = r.config.behind_timeout;
+    assert_eq!(pace(&mut r, 1), Some(behind));
     lost(
         &mut r,
-        "version 1 is committed and this relay delivered no version for 240s",
+        "version 1 is committed and this relay brought too little of it",
     );
-
-    // The same pace with a version delivered in time keeps the session: the clock
-    // restarts with each delivery.
+    // Two segments each half `behind_timeout`: kept.
     let mut r = relayed();
-    r.expect_committed(start, 2);
-    for frame in &parts {
-        r.handle_frame(start + limit - step, 1, frame.clone());
-    }
-    assert_eq!(completed(&drain(&mut r).0), [(1, bytes)]);
-    assert!(kept_alive(
-        &mut r,
-        start + limit - step,
-        start + limit + step
-    ));
-    let (second, _) = artifact(2, 12);
-    let second = frames(&second);
-    let mut now = start + limit - step;
-    for frame in second.iter().take(6) {
-        now += step;
-        r.handle_frame(now, 1, frame.clone());
-        r.handle_timeout(now);
-        assert!(r.is_connected(), "given up at {:?}", now - start);
-    }
+    r.config.behind_progress_bytes = 2 * smallest;
+    assert_eq!(pace(&mut r, 2), None);
+    assert!(r.is_connected());
 }
 
 #[test]
@@ -1225,7 +1226,7 @@ fn a_relay_that_brings_nothing_new_while_a_version_is_committed_is_given_up() {
     r.handle_timeout(came + behind);
     lost(
         &mut r,
-        "version 1 is committed and this relay brought nothing new",
+        "version 1 is committed and this relay brought too little of it",
     );
     // A new session delivers the version, but no Commit of it: still lacking.
     let again = came + behind;

@@ -117,6 +117,10 @@ impl SenderConfig {
     }
 }
 
+/// Which connection [`Sender::poll_transmit`] tries first, least first: its session's
+/// turn (none, for a handshake, before any), its segments in flight, its stream, its id.
+type TransmitRank = (Option<u64>, usize, u8, ConnId);
+
 /// A frame for the driver to write on `conn`; after writing it, the driver closes the
 /// connection if `close_after` is set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -385,24 +389,26 @@ impl Sender {
     /// The next frame to write, on a connection whose window has room.
     ///
     /// Sessions take turns, and within a session the stream with the fewest segments in
-    /// flight goes first, the lowest on a tie. A version's first segment thus rides the
-    /// same stream every time, whose congestion window and pacing rate the versions
-    /// before it kept open, instead of one that has sat idle for several versions and
-    /// starts again from a few packets a round trip (BENCHMARKS.md, "Small versions on
-    /// a warm stream"); a transfer of many segments spreads over every stream, each
-    /// taking more as it drains.
+    /// flight goes first, the lowest on a tie. A version that begins with no segment in
+    /// flight, as one does between steps, thus has its first segment ride the same
+    /// stream every time, whose congestion window and pacing rate the versions before it
+    /// kept open, instead of one that has sat idle for several versions and starts again
+    /// from a few packets a round trip (BENCHMARKS.md, "Small versions on a warm
+    /// stream"); a transfer of many segments spreads over every stream, each taking more
+    /// as it drains.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         let window = self.config.window_frames;
         // A heap, not a sort: most calls take the first connection they look at.
-        let mut order: BinaryHeap<Reverse<(u64, usize, u8, ConnId)>> = self
+        let mut order: BinaryHeap<Reverse<TransmitRank>> = self
             .conns
             .iter()
             .filter(|(_, c)| c.in_flight.len() < window)
             .map(|(id, c)| {
-                // Handshake answers, on connections with no session yet, go first.
-                let turn = c.session.map_or(0, |session| {
-                    session.wrapping_sub(self.next_session).saturating_add(1)
-                });
+                // Handshake answers, on connections with no session yet (None), go first;
+                // then the session at or after `next_session`, wrapping around.
+                let turn = c
+                    .session
+                    .map(|session| session.wrapping_sub(self.next_session));
                 let segments = c.in_flight.iter().filter(|segment| **segment).count();
                 Reverse((turn, segments, c.stream, *id))
             })

@@ -25,7 +25,7 @@ impl Sender {
                 session: None,
                 stream: 0,
                 epoch: 0,
-                in_flight: VecDeque::with_capacity(self.config.window_frames),
+                in_flight: VecDeque::new(),
                 direct: VecDeque::new(),
                 opened_at: now,
                 last_send: now,

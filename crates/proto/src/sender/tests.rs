@@ -177,10 +177,10 @@ fn a_handshake_that_never_comes_is_closed() {
     ));
 }
 
-/// Writes done as soon as they are handed out leave the first stream room for every
-/// frame: small versions ride one stream, the one the last versions kept warm.
+/// Writes done as soon as they are handed out leave no segment in flight: every segment
+/// rides the session's first stream, the one the last versions kept warm.
 #[test]
-fn versions_that_fit_a_window_ride_the_session_s_first_stream_and_complete_in_order() {
+fn versions_written_at_once_ride_the_session_s_first_stream_and_complete_in_order() {
     let mut s = sender();
     for version in 1..=3 {
         s.insert_artifact(crate::StoredArtifact::unsigned(artifact(version, 10).0))
@@ -240,33 +240,35 @@ fn a_transfer_of_many_segments_spreads_over_the_streams_fewest_in_flight_first()
     assert!(s.poll_transmit(now).is_none());
 }
 
-/// Sessions take turns, whatever their connections' numbers: one with a large version
-/// to send does not hold back another's frames.
+/// Sessions take turns, whatever their ids and their connections' numbers: one with a
+/// large version to send does not hold back another's frames.
 #[test]
 fn sessions_take_turns() {
     let now = Instant::now();
-    let mut s = sender();
-    s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 6).0))
-        .unwrap();
-    for (conn, session) in [(1, 5), (2, 6)] {
-        handshake(&mut s, conn, hello(session, 0, 1));
-        s.on_sent(now, conn);
-        s.handle_frame(now, conn, want(1, 1, false, vec![]));
+    for sessions in [[5, 6], [6, 5], [9, 1], [u64::MAX, 3]] {
+        let mut s = sender();
+        s.insert_artifact(crate::StoredArtifact::unsigned(artifact(1, 6).0))
+            .unwrap();
+        for (conn, session) in [1, 2].into_iter().zip(sessions) {
+            handshake(&mut s, conn, hello(session, 0, 1));
+            s.on_sent(now, conn);
+            s.handle_frame(now, conn, want(1, 1, false, vec![]));
+        }
+        let mut order = Vec::new();
+        while let Some(t) = s.poll_transmit(now) {
+            s.on_sent(now, t.conn);
+            order.push(t.conn);
+        }
+        assert_eq!(
+            order.len(),
+            16,
+            "Offer, Seal and six segments each: {order:?}"
+        );
+        assert!(
+            order.windows(2).all(|pair| pair[0] != pair[1]),
+            "sessions {sessions:?} alternate: {order:?}"
+        );
     }
-    let mut order = Vec::new();
-    while let Some(t) = s.poll_transmit(now) {
-        s.on_sent(now, t.conn);
-        order.push(t.conn);
-    }
-    assert_eq!(
-        order.len(),
-        16,
-        "Offer, Seal and six segments each: {order:?}"
-    );
-    assert!(
-        order.windows(2).all(|pair| pair[0] != pair[1]),
-        "the sessions alternate: {order:?}"
-    );
 }
 
 #[test]

@@ -151,9 +151,10 @@ impl NodeHandle {
     }
 
     /// Version `version` is committed, as the control plane says: while this node lacks
-    /// it or its Commit, a relay upstream that brings nothing new for
-    /// [`NodeConfig::behind_timeout`](super::NodeConfig), or delivers no version for four
-    /// times as long, is given up for the next upstream (docs/wire-protocol.md §6.4). Without it, a relay that keeps its session
+    /// it or its Commit, a relay upstream that brings too little for
+    /// [`NodeConfig::behind_timeout`](super::NodeConfig) (nothing new but less than
+    /// [`aurora_proto::BEHIND_PROGRESS_BYTES`] of segments) is given up for the next
+    /// upstream (docs/wire-protocol.md §6.4). Without it, a relay that keeps its session
     /// alive but is stuck behind, or withholds, would hold its actors back for good.
     pub async fn expect_committed(&self, version: u64) -> Result<(), TransportError> {
         self.commands

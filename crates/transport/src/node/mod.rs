@@ -77,9 +77,9 @@ pub struct NodeConfig {
     pub socket: SocketOptions,
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
-    /// A relay upstream that brings nothing new for this long, or delivers no version
-    /// for four times as long ([`aurora_proto::BEHIND_DELIVERY_FACTOR`]), while this node
-    /// lacks a version the control plane says is committed, or its Commit
+    /// A relay upstream that brings too little for this long (nothing new but less than
+    /// [`aurora_proto::BEHIND_PROGRESS_BYTES`] of segments), while this node lacks a
+    /// version the control plane says is committed, or its Commit
     /// ([`NodeHandle::expect_committed`]), is given up.
     pub behind_timeout: Duration,
     pub keepalive_interval: Duration,
