@@ -393,9 +393,9 @@ impl Sender {
     /// flight, as one does between steps, thus has its first segment ride the same
     /// stream every time, whose congestion window and pacing rate the versions before it
     /// kept open, instead of one that has sat idle for several versions and starts again
-    /// from a few packets a round trip (BENCHMARKS.md, "Small versions on a warm
-    /// stream"); a transfer of many segments spreads over every stream, each taking more
-    /// as it drains.
+    /// from a few packets a round trip (BENCHMARKS.md, "Delta against full sync in
+    /// the sparse regime"); a transfer of many segments spreads over every stream, each
+    /// taking more as it drains.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         let window = self.config.window_frames;
         // A heap, not a sort: most calls take the first connection they look at.
