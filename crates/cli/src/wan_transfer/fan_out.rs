@@ -11,7 +11,7 @@ use aurora_delta::{
     Checkpoint, Encoding, ExtractOptions, Extraction, TargetHash, owned_checkpoint,
     safetensors_layout,
 };
-use aurora_proto::Weights;
+use aurora_proto::{Role, Weights};
 use aurora_transport::{SocketOptions, TransportError};
 use aurora_wan::Network;
 use bytes::Bytes;
@@ -47,7 +47,8 @@ struct FanOutRow {
     mode: &'static str,
     security: TransportSecurity,
     links: Vec<LinkBytes>,
-    /// From publication (cut-through: from the first segment leaving the encoder).
+    /// Of the actors (relays are in `members`), from publication (cut-through: from the
+    /// first segment leaving the encoder).
     first_received_s: f64,
     last_received_s: f64,
     first_staged_s: f64,
@@ -275,8 +276,16 @@ fn fan_out_row(
             staged_s: since(report.staged),
         })
         .collect();
+    // Actors only: a relay decodes nothing, so it counts as staged once it holds the
+    // version, ahead of every actor behind it.
+    let actors: Vec<&MemberTimes> = members
+        .iter()
+        .zip(reports)
+        .filter(|(_, report)| report.role == Role::Actor)
+        .map(|(member, _)| member)
+        .collect();
     let extreme = |field: fn(&MemberTimes) -> f64, pick: fn(f64, f64) -> f64, start: f64| {
-        members.iter().map(field).fold(start, pick)
+        actors.iter().map(|member| field(member)).fold(start, pick)
     };
     FanOutRow {
         mode,
@@ -369,4 +378,41 @@ fn print_fan_out_verdict(output: &FanOutOutput) -> Result<()> {
         );
     }
     crate::print_stdout(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(name: &str, role: Role, received_ms: u64, staged_ms: u64) -> StagedReport {
+        StagedReport {
+            region: "east".into(),
+            name: name.into(),
+            role,
+            received: Duration::from_millis(received_ms),
+            staged: Duration::from_millis(staged_ms),
+        }
+    }
+
+    /// A relay decodes nothing: it counts as staged once it holds the version, ahead of
+    /// every actor behind it, so the spread is the actors' alone. It stays a member.
+    #[test]
+    fn the_spread_of_a_fan_out_is_its_actors_alone() {
+        let reports = [
+            report("relay-east", Role::Relay, 300, 300),
+            report("east-1", Role::Actor, 320, 1_000),
+            report("east-2", Role::Actor, 330, 1_050),
+        ];
+        let row = fan_out_row(
+            ("relays", TransportSecurity::Plaintext),
+            Vec::new(),
+            &reports,
+            None,
+        );
+        assert_eq!(row.members.len(), 3);
+        assert_eq!(row.first_received_s, 0.32);
+        assert_eq!(row.last_received_s, 0.33);
+        assert_eq!(row.first_staged_s, 1.0);
+        assert_eq!(row.last_staged_s, 1.05);
+    }
 }
