@@ -134,7 +134,7 @@ class Actor:
         """Loads into the engine a version activated since the last call, or one whose
         activation starts within ``wait`` seconds; returns its number, or None. Call it
         only between batches."""
-        self._check_loaded()
+        self._refuse_after_failed_load()
         activation = self._node.at_safe_point(wait)
         if activation is None:
             return None
@@ -150,6 +150,9 @@ class Actor:
                     self.engine.load_weights(tensors)
                 except BaseException as error:
                     self._load_failed = (version, error)
+                    # The traceback keeps this frame: its views must not hold the weights
+                    # the transport writes in place.
+                    del tensors
                     raise
                 del tensors
             logger.info(
@@ -163,7 +166,7 @@ class Actor:
         finally:
             activation.release()
 
-    def _check_loaded(self) -> None:
+    def _refuse_after_failed_load(self) -> None:
         if self._load_failed is not None:
             version, error = self._load_failed
             raise RuntimeError(
