@@ -1,6 +1,7 @@
 //! `aurora relay`: a region's relay, a node of the segment protocol (docs/wire-protocol.md
 //! §8) that forwards each verified segment to the region's actors as it arrives. It holds
-//! no weights: it needs neither the model's memory nor its disk.
+//! no weights: it needs neither the model's memory nor, unless told to keep a snapshot
+//! for its region's joins (`--snapshot-dir`), its disk.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -81,6 +82,12 @@ pub struct NodeArgs {
     /// temporary directory.
     #[arg(long)]
     image_dir: Option<PathBuf>,
+    /// A relay: keep the snapshot it starts from in an unnamed file in this directory
+    /// (the model's size on disk, none of it in memory) and serve it to the region's
+    /// actors that join with no weights, so that the region's joins cross the upstream
+    /// link once. Without it, each joiner fetches its own snapshot from the hub.
+    #[arg(long)]
+    snapshot_dir: Option<PathBuf>,
     #[command(flatten)]
     #[serde(skip)]
     trust: TrustArgs,
@@ -114,6 +121,10 @@ impl NodeArgs {
         let suspend_after_ms = self.suspend_after_ms.or(file.suspend_after_ms);
         if role != Role::Relay && suspend_after_ms.is_some() {
             bail!("--suspend-after-ms is a relay's setting: an actor has no subscribers");
+        }
+        let snapshot_dir = self.snapshot_dir.or(file.snapshot_dir);
+        if role != Role::Relay && snapshot_dir.is_some() {
+            bail!("--snapshot-dir is a relay's setting: an actor serves no joiners");
         }
         let start = if role == Role::Relay {
             if weights_path.is_some() || version.is_some() || join || image_dir.is_some() {
@@ -186,6 +197,7 @@ impl NodeArgs {
             congestion: self.congestion.or(file.congestion),
         };
         config.limits = limits;
+        config.snapshot_dir = snapshot_dir;
         config.trainer_key = match self.trainer_key.or(file.trainer_key) {
             Some(path) => {
                 let key = aurora_trust::signing::load_public_key(&path)?;

@@ -17,7 +17,8 @@
 //! - `snapshot`: a whole checkpoint as an artifact, for a peer that joins with no
 //!   weights.
 //! - [`Node`]: hub, relay or actor: the parts wired together (a relay forwards each
-//!   verified segment as it arrives).
+//!   verified segment as it arrives, and may keep a snapshot for its region's joins in
+//!   a [`SnapshotSpace`]).
 //! - [`StreamTuner`]: chooses how many streams a session uses from measured goodput.
 //!
 //! Only [`frame`], the wire format, is a public module; the state machines' modules are
@@ -25,6 +26,7 @@
 
 mod actor;
 pub mod frame;
+mod keep;
 mod node;
 mod ranges;
 mod receiver;
@@ -38,14 +40,17 @@ mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
 pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, VersionRef};
+pub use keep::{
+    HeapSnapshots, KEPT_TAIL_SNAPSHOTS, KeptSegments, SnapshotSpace, snapshot_capacity,
+};
 pub use node::{Node, Notice, Output};
 pub use receiver::{
     Artifact, BEHIND_PROGRESS_BYTES, BEHIND_TIMEOUT, Receiver, ReceiverConfig, ReceiverEvent,
     ReceiverStats, SessionEnd, Violation,
 };
 pub use sender::{
-    ArtifactKey, Auth, Sender, SenderConfig, SenderError, SenderEvent, SenderStats, StoredArtifact,
-    Transmit, offer_signature,
+    ArtifactKey, Auth, KeptSnapshot, Sender, SenderConfig, SenderError, SenderEvent, SenderStats,
+    StoredArtifact, Transmit, offer_signature,
 };
 pub use tuner::StreamTuner;
 pub use upstreams::Upstreams;

@@ -2,6 +2,13 @@
 //! a relay (receiver and sender: it forwards every verified segment downstream as it
 //! arrives, and holds no weights) or an actor (receiver and actor).
 //!
+//! A relay may also keep a snapshot for its region's joins ([`Node::keep_snapshots`]):
+//! it starts by taking its upstream's newest snapshot, forwarding it cut-through like a
+//! delta but with each segment kept in the driver's [`SnapshotSpace`], and serves it to
+//! every peer that joins with no weights while it holds the deltas after it. The
+//! region's joins then cost the link one copy, and the session's streams carry it
+//! before the first delta does.
+//!
 //! An actor may also start with no weights ([`Node::joining_actor`]): it takes a
 //! snapshot over the wire, decodes it segment by segment against the empty checkpoint,
 //! activates it at once, then goes on as any other.
@@ -21,8 +28,9 @@ use bytes::Bytes;
 use crate::ConnId;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
 use crate::frame::{ArtifactKind, Frame, Role, VersionRef, Welcome};
+use crate::keep::{KeptSegments, SnapshotSpace, snapshot_capacity};
 use crate::receiver::{Artifact, Receiver, ReceiverEvent, SessionEnd};
-use crate::sender::{ArtifactKey, Sender, SenderEvent};
+use crate::sender::{ArtifactKey, KeptSnapshot, Sender, SenderEvent};
 use crate::weights::Staged;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +75,14 @@ pub enum Output {
     },
     /// Wait for the engine's safe point, then call [`Node::safe_point`].
     AwaitSafePoint,
+    /// A relay that keeps a snapshot a joiner has wanted, whose deltas after it have
+    /// grown to half of what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]): take the upstream's newest snapshot if it is newer than
+    /// `newer_than`, on a session of its own ([`Node::snapshot_fetcher`]), and hand it
+    /// over ([`Node::adopt_snapshot`]). Asked once per kept snapshot; without a newer one
+    /// the relay stops serving its snapshot once the deltas after it outgrow it.
+    FetchSnapshot {
+        newer_than: u64,
+    },
     /// Apply what is staged for `version` ([`Node::take_staged`]), then call
     /// [`Node::activated`]. No decode is outstanding: the weights are free to change. A
     /// joining node's snapshot comes without a safe point: its engine runs nothing yet.
@@ -83,9 +99,9 @@ pub enum Notice {
     Complete {
         version: u64,
     },
-    /// A joining node received its snapshot of `version`; what follows are deltas. Its
-    /// region's relay serves no snapshots, so the snapshot came from further up: a
-    /// driver may move back to its first upstream for the deltas.
+    /// A joining actor received its snapshot of `version`; what follows are deltas. If
+    /// it came from a fallback (the hub: its region's relay keeps no snapshot, or no
+    /// longer offers its own), a driver may move back to its first upstream for them.
     Joined {
         version: u64,
     },
@@ -132,6 +148,12 @@ pub struct Node {
     upstream_lost_at: Option<Instant>,
     /// When the relay's current upstream session was welcomed.
     upstream_welcomed_at: Option<Instant>,
+    /// Where a relay keeps the snapshot it serves joins from, if it does.
+    snapshots: Option<Arc<dyn SnapshotSpace>>,
+    /// The snapshot a relay is taking or has taken, and where its segments are kept.
+    kept: Option<(u64, Box<dyn KeptSegments>)>,
+    /// The kept snapshot a newer one was last asked for ([`Output::FetchSnapshot`]).
+    fetched_for: Option<u64>,
     outputs: VecDeque<Output>,
 }
 
@@ -194,7 +216,149 @@ impl Node {
             suspend_after: None,
             upstream_lost_at: None,
             upstream_welcomed_at: None,
+            snapshots: None,
+            kept: None,
+            fetched_for: None,
             outputs: VecDeque::new(),
+        }
+    }
+
+    /// A relay keeps a snapshot for its region's joins in `space`
+    /// (docs/wire-protocol.md §8): its receiver starts from its upstream's newest
+    /// snapshot ([`Receiver::keep_snapshots`]), and its sender offers it to joiners
+    /// while it holds every delta after it. Hellos wait for the upstream's Welcome,
+    /// which names the snapshot, so the joiners that come first are not sent to the hub.
+    pub fn keep_snapshots(&mut self, space: Arc<dyn SnapshotSpace>) {
+        if let (Some(sender), Some(receiver)) = (&mut self.sender, &mut self.receiver) {
+            receiver.keep_snapshots();
+            sender.hold_hellos();
+            self.snapshots = Some(space);
+        }
+    }
+
+    /// A relay's fetcher of a newer snapshot than the one of `newer_than` it keeps
+    /// ([`Output::FetchSnapshot`]): a relay that keeps snapshots in `space` and takes
+    /// none as old as that. Once it has delivered its snapshot, [`Node::take_kept`] hands
+    /// it over.
+    pub fn snapshot_fetcher(
+        mut receiver: Receiver,
+        sender: Sender,
+        space: Arc<dyn SnapshotSpace>,
+        newer_than: u64,
+    ) -> Node {
+        receiver.take_snapshots_from(newer_than.saturating_add(1));
+        let mut node = Node::relay(receiver, sender);
+        node.keep_snapshots(space);
+        node
+    }
+
+    /// A fetcher's snapshot, complete and sealed, with where its segments are kept.
+    pub fn take_kept(&mut self) -> Option<(KeptSnapshot, Box<dyn KeptSegments>)> {
+        let snapshot = self.sender.as_mut()?.take_kept_snapshot()?;
+        let (_, segments) = self.kept.take()?;
+        Some((snapshot, segments))
+    }
+
+    /// A relay serves the snapshot its fetcher took in place of the one it kept, and
+    /// keeps the deltas after it where that one's segments are ([`Sender::adopt_snapshot`]).
+    pub fn adopt_snapshot(&mut self, snapshot: KeptSnapshot, segments: Box<dyn KeptSegments>) {
+        let Some(sender) = &mut self.sender else {
+            return;
+        };
+        let version = snapshot.version();
+        match sender.adopt_snapshot(snapshot) {
+            Ok(()) => {
+                tracing::info!(version, "serving a newer snapshot to the region's joiners");
+                self.kept = Some((version, segments));
+            }
+            Err(reason) => tracing::warn!(version, reason, "the fetched snapshot is not served"),
+        }
+    }
+
+    /// Asks for a newer snapshot once the deltas after the kept one have grown to half of
+    /// what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]), once per kept snapshot, and only if
+    /// a joiner has wanted it: a joiner then takes less from the newer one, and it
+    /// arrives before the old one is withdrawn. A newer snapshot costs the upstream link
+    /// a snapshot each time that much has crossed as deltas; a region where nobody joins
+    /// is not worth it.
+    fn poll_refresh(&mut self) {
+        let Some(sender) = &self.sender else { return };
+        let (Some(kept), Some((tail, snapshot))) = (sender.kept_snapshot(), sender.kept_tail())
+        else {
+            return;
+        };
+        if self.snapshots.is_some()
+            && sender.kept_snapshot_wanted()
+            && self.fetched_for != Some(kept)
+            && snapshot != u64::MAX
+            && tail.saturating_mul(2) >= snapshot.saturating_mul(crate::KEPT_TAIL_SNAPSHOTS)
+        {
+            self.fetched_for = Some(kept);
+            self.outputs
+                .push_back(Output::FetchSnapshot { newer_than: kept });
+        }
+    }
+
+    /// The key a relay publishes `version`'s artifact under: the snapshot it keeps, or a
+    /// delta.
+    fn relayed(&self, version: u64) -> ArtifactKey {
+        match &self.kept {
+            Some((kept, _)) if *kept == version => ArtifactKey::Snapshot(version),
+            _ => ArtifactKey::Delta(version),
+        }
+    }
+
+    /// A segment a relay republishes as `key`, kept where its snapshot is while it keeps
+    /// one (the snapshot's segments, and the deltas' after it, which its sender keeps
+    /// with the snapshot for its joiners); `None` where it cannot be served.
+    fn kept_bytes(&mut self, key: ArtifactKey, index: u32, bytes: Bytes) -> Option<Bytes> {
+        let sender = self.sender.as_mut()?;
+        if sender.kept_snapshot().is_none() {
+            // Withdrawn by the sender: it no longer holds the deltas after it.
+            self.kept = None;
+        }
+        let Some((_, kept)) = &mut self.kept else {
+            return Some(bytes);
+        };
+        match kept.keep(&bytes) {
+            Ok(kept) => Some(kept),
+            Err(why) => {
+                let reason = format!("segment {index} of {key}: {why}");
+                tracing::warn!(reason, "the relay stops serving its snapshot");
+                sender.withdraw_snapshot(reason);
+                self.kept = None;
+                // A delta goes on from memory, as on a relay that keeps no snapshot.
+                matches!(key, ArtifactKey::Delta(_)).then_some(bytes)
+            }
+        }
+    }
+
+    /// A relay begins keeping the snapshot of `version` (or goes on with it, in a new
+    /// session); whether it will publish it.
+    fn keep_snapshot(&mut self, version: u64, header: &DeltaHeader) -> bool {
+        let (Some(space), Some(sender)) = (&self.snapshots, &mut self.sender) else {
+            return false;
+        };
+        if let Some(receiver) = &mut self.receiver {
+            // Its segments are kept in the space and served from there: the receiver
+            // holds only their hashes, not the whole model until the last one came.
+            receiver.take_segments(version);
+        }
+        if self.kept.as_ref().is_some_and(|(kept, _)| *kept == version) {
+            return true;
+        }
+        match space.create(snapshot_capacity(header)) {
+            Ok(segments) => {
+                self.kept = Some((version, segments));
+                true
+            }
+            Err(why) => {
+                let reason = format!("no room to keep the snapshot of version {version}: {why}");
+                tracing::warn!(reason, "serving no snapshot");
+                sender.withdraw_snapshot(reason);
+                self.kept = None;
+                false
+            }
         }
     }
 
@@ -395,21 +559,44 @@ impl Node {
                 // (wire-protocol §6.6): what comes before it is never held here, and
                 // what was begun of it goes. A start that follows on from what the
                 // relay holds keeps it.
-                if let (Some(sender), Some(receiver)) = (&mut self.sender, &self.receiver)
-                    && receiver.choosing_start()
-                    && sender
-                        .latest()
-                        .is_none_or(|held| held.saturating_add(1) < receiver.next_version())
-                {
-                    sender.set_floor(receiver.next_version());
+                if let (Some(sender), Some(receiver)) = (&mut self.sender, &self.receiver) {
+                    if receiver.choosing_start()
+                        && sender
+                            .latest()
+                            .is_none_or(|held| held.saturating_add(1) < receiver.next_version())
+                    {
+                        sender.set_floor(receiver.next_version());
+                    }
+                    if self.snapshots.is_some() {
+                        match receiver.taking_snapshot() {
+                            Some(version) => sender.expect_snapshot(version),
+                            // Following from the newest version: whatever was begun of a
+                            // snapshot will not be finished.
+                            None if self
+                                .kept
+                                .as_ref()
+                                .is_some_and(|(kept, _)| receiver.next_version() <= *kept) =>
+                            {
+                                sender.withdraw_snapshot(
+                                    "the relay's upstream offers no snapshot".into(),
+                                );
+                                self.kept = None;
+                            }
+                            None => {}
+                        }
+                    }
+                    sender.release_hellos(now);
                 }
                 self.outputs
                     .push_back(Output::Notice(Notice::Connected(upstream)));
             }
             ReceiverEvent::UpstreamLost { reason } => {
-                if self.sender.is_some() {
+                if let Some(sender) = &mut self.sender {
                     self.upstream_lost_at.get_or_insert(now);
                     self.upstream_welcomed_at = None;
+                    // Without an upstream the relay cannot say which snapshot it will
+                    // offer: the joiners waiting go to their next upstream.
+                    sender.release_hellos(now);
                 }
                 self.outputs.push_back(Output::UpstreamLost { reason })
             }
@@ -420,11 +607,16 @@ impl Node {
                 header,
                 signature,
             } => {
-                // Only a relay republishes, and its receiver takes deltas alone. The
+                // Only a relay republishes: deltas, and the snapshot it keeps. The
                 // signature goes downstream as it came: a relay cannot make one.
-                if kind == ArtifactKind::Delta
+                let relayed = match kind {
+                    ArtifactKind::Delta => true,
+                    ArtifactKind::Snapshot => self.keep_snapshot(version, &header),
+                    ArtifactKind::Composed => false,
+                };
+                if relayed
                     && let Some(sender) = &mut self.sender
-                    && let Err(e) = sender.begin_artifact(descriptor, signature)
+                    && let Err(e) = sender.begin_artifact(kind, descriptor, signature)
                 {
                     self.outputs.push_back(relay_error(e));
                 }
@@ -437,8 +629,10 @@ impl Node {
                 bytes,
             } => {
                 self.decode(version, index, hash, &bytes);
-                if let Some(sender) = &mut self.sender
-                    && let Err(e) = sender.add_segment(version, index, hash, bytes)
+                let key = self.relayed(version);
+                if let Some(bytes) = self.kept_bytes(key, index, bytes)
+                    && let Some(sender) = &mut self.sender
+                    && let Err(e) = sender.add_segment(key, index, hash, bytes)
                 {
                     self.outputs.push_back(relay_error(e));
                 }
@@ -450,8 +644,9 @@ impl Node {
                     staging.decoded.remove(&index);
                     staging.decoding.remove(&index);
                 }
+                let key = self.relayed(version);
                 if let Some(sender) = &mut self.sender {
-                    sender.revoke_segment(version, index);
+                    sender.revoke_segment(key, index);
                 }
             }
             ReceiverEvent::Sealed {
@@ -463,9 +658,9 @@ impl Node {
             } => {
                 // The receiver verified the signature where a trainer key is pinned; it
                 // goes downstream as it came: a relay cannot make one.
+                let key = self.relayed(version);
                 if let Some(sender) = &mut self.sender
-                    && let Err(e) =
-                        sender.seal_artifact(version, target_hash, id, segments, signature)
+                    && let Err(e) = sender.seal_artifact(key, target_hash, id, segments, signature)
                 {
                     self.outputs.push_back(relay_error(e));
                 }
@@ -476,7 +671,7 @@ impl Node {
                 }
                 self.outputs
                     .push_back(Output::Notice(Notice::Complete { version }));
-                if artifact.kind() == ArtifactKind::Snapshot {
+                if artifact.kind() == ArtifactKind::Snapshot && self.actor.is_some() {
                     self.outputs
                         .push_back(Output::Notice(Notice::Joined { version }));
                 }
@@ -495,6 +690,7 @@ impl Node {
                     };
                     receiver.set_local(held, None);
                     receiver.report(format!("holds v{version}"));
+                    self.poll_refresh();
                 }
             }
             ReceiverEvent::Commit(commit) => {

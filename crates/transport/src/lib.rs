@@ -3,7 +3,8 @@
 //!
 //! - [`spawn_hub`], [`spawn_relay`], [`spawn_actor`] and [`spawn_collector`] start a
 //!   node and return a [`NodeHandle`] (publish, commit, status, kill); a relay holds no
-//!   weights. [`spawn_joining_actor`] starts an actor with none, which takes a snapshot
+//!   weights, and with a snapshot directory keeps the snapshot it starts from in a file
+//!   ([`FileSnapshots`]) to serve its region's joins. [`spawn_joining_actor`] starts an actor with none, which takes a snapshot
 //!   over the wire from a hub with a store.
 //! - [`Engine`] is the boundary to a rollout engine; [`IdleEngine`] is the built-in one.
 //! - Each node can run on a runtime of the caller's choosing (one per emulated region:
@@ -17,6 +18,7 @@
 mod conn;
 mod decode;
 mod engine;
+mod kept;
 mod node;
 mod security;
 
@@ -25,6 +27,7 @@ pub use conn::congestion_of;
 pub use conn::{ConnError, DEFAULT_CONGESTION, SocketOptions, read_frame, write_frame};
 pub use decode::DecodePool;
 pub use engine::{Engine, IdleEngine};
+pub use kept::FileSnapshots;
 pub use node::{
     BEHIND_TIMEOUT, COMPLETED_SHOWN, MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, RETURN_AFTER,
     TransportError, spawn_actor, spawn_collector, spawn_hub, spawn_joining_actor, spawn_relay,

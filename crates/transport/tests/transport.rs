@@ -512,17 +512,27 @@ async fn a_relay_cut_off_longer_than_its_upstream_keeps_deltas_follows_on_from_t
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_keeps_up() {
-    const VERSIONS: u64 = 8;
-    const SNAPSHOT_SEGMENT_BYTES: usize = 16 << 10;
-    let chain = Chain::new(VERSIONS, 21);
+/// Segments of the snapshot artifacts [`snapshot_hub`] serves: small, so a snapshot of
+/// the test chain's model has several.
+const SNAPSHOT_SEGMENT_BYTES: usize = 16 << 10;
+
+/// A hub whose store (in the returned directory) holds the snapshot of `chain`'s version
+/// 0, which it serves to joiners.
+async fn snapshot_hub(chain: &Chain) -> (tempfile::TempDir, Arc<Store>, NodeHandle) {
     let root = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(root.path()).unwrap());
     store.put_snapshot(0, &chain.images[0]).unwrap();
     let mut hub_config = config(Role::Hub, "hub", &[]);
     hub_config.snapshot_segment_bytes = SNAPSHOT_SEGMENT_BYTES;
     let hub = spawn_hub(hub_config, Some(store.clone())).await.unwrap();
+    (root, store, hub)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_keeps_up() {
+    const VERSIONS: u64 = 8;
+    let chain = Chain::new(VERSIONS, 21);
+    let (_root, store, hub) = snapshot_hub(&chain).await;
     let hub_address = hub.local_addr().unwrap();
     let relay = connected_relay(config(Role::Relay, "relay", &[hub_address])).await;
     let relay_address = relay.local_addr().unwrap();
@@ -553,7 +563,7 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
     assert!(snapshot_segments >= 4, "{snapshot_segments} segments");
     let cut_at = snapshot_segments / 2;
     let proxy = Proxy::start(hub_address, Fault::CutInSegment { nth: cut_at }).await;
-    // The region's relay first: it serves no snapshots, so the newcomer falls back to
+    // The region's relay first: it keeps no snapshot, so the newcomer falls back to
     // the hub (through a proxy that cuts its only stream once, mid-snapshot), then
     // returns to the relay for the deltas.
     let mut newcomer_config = config(Role::Actor, "newcomer", &[relay_address, proxy.address]);
@@ -623,6 +633,133 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
         "every segment accepted once"
     );
     assert_eq!(received.duplicates, 0, "nothing it held was sent again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_with_a_snapshot_directory_serves_its_region_s_joins_from_one_copy() {
+    let chain = Chain::new(3, 31);
+    let (_root, store, hub) = snapshot_hub(&chain).await;
+    let hub_address = hub.local_addr().unwrap();
+    let kept = tempfile::tempdir().unwrap();
+    let mut relay_config = config(Role::Relay, "relay", &[hub_address]);
+    relay_config.snapshot_dir = Some(kept.path().to_path_buf());
+    // Not waited for: joiners that say Hello before the relay's upstream has named the
+    // snapshot wait for it, rather than being sent to the hub.
+    let relay = aurora_transport::spawn_relay(relay_config).await.unwrap();
+    let relay_address = relay.local_addr().unwrap();
+    let mut joiners = Vec::new();
+    for name in ["j1", "j2"] {
+        let joiner_config = config(Role::Actor, name, &[relay_address, hub_address]);
+        let engine = Arc::new(IdleEngine::default());
+        let joiner = spawn_joining_actor(joiner_config, engine).await.unwrap();
+        joiners.push((name, joiner));
+    }
+    for (name, joiner) in &joiners {
+        active_at(joiner, 0, name).await;
+    }
+    let snapshot = store.snapshot_artifact(0, SNAPSHOT_SEGMENT_BYTES).unwrap();
+    let snapshot_segments = aurora_delta::DeltaFile::parse(snapshot.bytes())
+        .unwrap()
+        .segment_count() as u64;
+    let sent = || hub.status().sender.unwrap().segments_sent;
+    assert_eq!(
+        sent(),
+        snapshot_segments,
+        "one copy of the snapshot, the relay's"
+    );
+
+    for version in 1..=3 {
+        chain.publish_live(&hub, version).await;
+    }
+    for (name, joiner) in &joiners {
+        let status = active_at(joiner, 3, name).await;
+        assert_eq!(status.active, Some(chain.at(3)), "{name}");
+        assert_eq!(status.upstream, Some(relay_address), "{name}");
+        assert_eq!(status.upstream_switches, 0, "{name} never left its relay");
+    }
+    let deltas: u64 = (1..=3).map(|v| chain.segments(v) as u64).sum();
+    assert_eq!(
+        sent(),
+        snapshot_segments + deltas,
+        "and one copy of each delta"
+    );
+    assert_eq!(
+        std::fs::read_dir(kept.path()).unwrap().count(),
+        0,
+        "the file the snapshot is kept in has no name"
+    );
+
+    // A directory it cannot keep a snapshot in stops a relay as it starts, naming it.
+    let mut unusable = config(Role::Relay, "relay2", &[hub_address]);
+    let missing = kept.path().join("missing");
+    unusable.snapshot_dir = Some(missing.clone());
+    let Err(error) = aurora_transport::spawn_relay(unusable).await else {
+        panic!("a relay started without a place for its snapshot");
+    };
+    let error = format!("{error}: {}", std::error::Error::source(&error).unwrap());
+    assert!(error.contains(&missing.display().to_string()), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_takes_a_newer_snapshot_before_the_deltas_after_its_own_outgrow_it() {
+    const VERSIONS: u64 = 150;
+    let chain = Chain::sparse(VERSIONS, 41);
+    let (_root, store, hub) = snapshot_hub(&chain).await;
+    let kept = tempfile::tempdir().unwrap();
+    let mut relay_config = config(Role::Relay, "relay", &[hub.local_addr().unwrap()]);
+    relay_config.snapshot_dir = Some(kept.path().to_path_buf());
+    let relay = connected_relay(relay_config).await;
+    held_at(&relay, 0, "the relay takes the snapshot of 0").await;
+    // A peer of the region joins: the relay's snapshot is worth keeping fresh.
+    let first = Arc::new(IdleEngine::default());
+    let first_config = config(Role::Actor, "first", &[relay.local_addr().unwrap()]);
+    let first_joiner = spawn_joining_actor(first_config, first.clone())
+        .await
+        .unwrap();
+    active_at(&first_joiner, 0, "the first joiner").await;
+    for version in 1..=2 {
+        chain.publish_live(&hub, version).await;
+    }
+    held_at(&relay, 2, "relay").await;
+    // The trainer stores a newer snapshot. The relay takes it, on a session of its own,
+    // once the deltas after its own have grown to half its size.
+    store.put_snapshot(2, &chain.images[2]).unwrap();
+    hub.store_changed().await.unwrap();
+    let mut version = 2;
+    while relay.status().kept_snapshot != Some(2) {
+        version += 1;
+        assert!(
+            version <= VERSIONS,
+            "no newer snapshot taken: {:?}",
+            relay.status().kept_snapshot
+        );
+        chain.publish_live(&hub, version).await;
+        held_at(&relay, version, "relay").await;
+    }
+    assert!(
+        version > 4,
+        "the deltas came to half a snapshot at once: {version}"
+    );
+    // A joiner takes the newer snapshot from the relay, then the deltas after it.
+    let engine = Arc::new(IdleEngine::default());
+    let joiner_config = config(Role::Actor, "joiner", &[relay.local_addr().unwrap()]);
+    let joiner = spawn_joining_actor(joiner_config, engine.clone())
+        .await
+        .unwrap();
+    let status = active_at(&joiner, version, "joiner").await;
+    assert_eq!(status.active, Some(chain.at(version)));
+    assert_eq!(
+        engine.activations().first(),
+        Some(&chain.at(2)),
+        "the newer snapshot first"
+    );
+    assert_eq!(engine.activations().len() as u64, version - 1);
+    assert_eq!(
+        active_at(&first_joiner, version, "the first joiner")
+            .await
+            .active,
+        Some(chain.at(version))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

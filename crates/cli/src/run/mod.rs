@@ -218,7 +218,12 @@ fn relay(
         node.upstreams = vec![upstream];
         node.streams = config.streams;
         node.trainer_key = Some(trainer_key(run_dir)?);
-        // It holds no weights: it forwards from the hub's newest version on.
+        // It holds no weights: it keeps the hub's newest snapshot in a file and serves
+        // it to the region's actors as they join, then forwards the deltas after it.
+        let snapshots = run_dir.join("relays").join(&node.identity.region);
+        std::fs::create_dir_all(&snapshots)
+            .with_context(|| format!("creating {}", snapshots.display()))?;
+        node.snapshot_dir = Some(snapshots);
         let handle = spawn_relay(node).await?;
         let address = handle.local_addr().context("the relay has no address")?;
         println!("transport {address}");

@@ -170,7 +170,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     // actor took versions 1 and 2 from the hub's store.
     relay.expect("holds 3");
 
-    // No weights on this machine: the relay serves no snapshot, the hub's store does.
+    // No weights on this machine: the relay keeps no snapshot, the hub's store serves it.
     let newcomer_tls = certified(&certs, "actor", "a2", "eu");
     let newcomer_args: Vec<&std::ffi::OsStr> = [
         os("actor"),
@@ -186,6 +186,39 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let newcomer = Process::start("newcomer", &newcomer_args);
     // From the store's only snapshot (version 0), then the deltas.
     assert_eq!(newcomer.expect("active 3 "), expected);
+
+    // A relay that keeps the snapshot it starts from serves a joiner that knows no other
+    // upstream: the snapshot, then the deltas after it, all from the relay.
+    let kept = s.path("relay-kept");
+    std::fs::create_dir_all(&kept).unwrap();
+    let keeping_tls = certified(&certs, "relay", "relay-eu-2", "eu");
+    let keeping_args: Vec<&std::ffi::OsStr> = [
+        os("relay"),
+        os("--listen"),
+        os("127.0.0.1:0"),
+        os("--upstream"),
+        os(&hub_address),
+        os("--snapshot-dir"),
+        kept.as_os_str(),
+    ]
+    .into_iter()
+    .chain(keeping_tls.iter().map(|f| f.as_os_str()))
+    .collect();
+    let keeping = Process::start("keeping relay", &keeping_args);
+    let keeping_address = keeping.expect("listening on ");
+    keeping.expect("holds 3");
+    let joiner_tls = certified(&certs, "actor", "a3", "eu");
+    let joiner_args: Vec<&std::ffi::OsStr> = [
+        os("actor"),
+        os("--join"),
+        os("--upstream"),
+        os(&keeping_address),
+    ]
+    .into_iter()
+    .chain(joiner_tls.iter().map(|f| f.as_os_str()))
+    .collect();
+    let joiner = Process::start("joiner", &joiner_args);
+    assert_eq!(joiner.expect("active 3 "), expected);
 }
 
 #[test]
@@ -208,6 +241,10 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         (
             &["--suspend-after-ms", "100"],
             "--suspend-after-ms is a relay's setting",
+        ),
+        (
+            &["--snapshot-dir", "/tmp"],
+            "--snapshot-dir is a relay's setting",
         ),
     ] {
         let args = [

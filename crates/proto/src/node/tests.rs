@@ -544,3 +544,257 @@ fn a_relay_without_a_working_upstream_sends_its_subscribers_away_until_it_has_on
     assert!(!relay.sender().unwrap().is_suspended());
     assert!(serves(&subscribe(&mut relay, back + after, 13, 103), 13));
 }
+
+/// A relay that keeps a snapshot for its region's joins, its upstream session (5, on
+/// conn 1) dialled but not yet welcomed.
+fn keeping_relay(now: Instant) -> Node {
+    let mut receiver = Receiver::relaying(ReceiverConfig::new(
+        identity(Role::Relay, "relay"),
+        TOKEN.to_vec(),
+    ));
+    receiver.start_session(now, 5);
+    receiver.connected(now, 5, 0, 1);
+    let mut relay = Node::relay(receiver, relay_sender());
+    relay.keep_snapshots(Arc::new(crate::HeapSnapshots));
+    poll(&mut relay);
+    relay
+}
+
+/// The snapshot a Welcome on `conn` offered, if one was written.
+fn welcome_on(outputs: &[Output], conn: ConnId) -> Option<Option<u64>> {
+    outputs.iter().find_map(|o| match o {
+        Output::Transmit {
+            conn: c,
+            frame: Frame::Welcome(welcome),
+            ..
+        } if *c == conn => Some(welcome.snapshot),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_relay_keeps_the_snapshot_it_starts_from_and_serves_it_while_it_holds_the_deltas_after_it() {
+    let now = Instant::now();
+    let mut relay = keeping_relay(now);
+    // A joiner that comes before the upstream's Welcome is answered after it: answered
+    // now, it would hear of no snapshot and fetch its own from the hub.
+    let early = subscribe(&mut relay, now, 7, 40);
+    assert_eq!(welcome_on(&early, 7), None, "{early:?}");
+    let welcomed = feed(&mut relay, crate::testutil::hub_welcome(Some(3)));
+    assert_eq!(welcome_on(&welcomed, 7), Some(Some(3)), "{welcomed:?}");
+    assert!(welcomed.iter().any(|o| matches!(
+        o,
+        Output::Transmit {
+            frame: Frame::Want {
+                next_version: 3,
+                snapshot: true,
+                ..
+            },
+            ..
+        }
+    )));
+
+    let (bytes, snapshot) = snapshot_artifact(3, 40);
+    let mut outputs = Vec::new();
+    for frame in frames_of(&bytes, ArtifactKind::Snapshot) {
+        outputs.extend(feed(&mut relay, frame));
+    }
+    assert!(
+        !outputs.iter().any(|o| matches!(
+            o,
+            Output::Decode { .. } | Output::Notice(Notice::RelayError(_) | Notice::Joined { .. })
+        )),
+        "a relay decodes nothing and stays on its upstream: {outputs:?}"
+    );
+    assert!(outputs.contains(&Output::Notice(Notice::Complete { version: 3 })));
+    let upstream = relay.receiver().unwrap();
+    assert_eq!(
+        (upstream.next_version(), upstream.taking_snapshot()),
+        (4, None)
+    );
+
+    // The deltas after it stay with it, past the four a relay retains, while they add up
+    // to no more than what a relay keeps: a joiner takes the snapshot here and goes on
+    // with them.
+    let snapshot_bytes: u64 = snapshot
+        .segments
+        .iter()
+        .map(|e| u64::from(e.len))
+        .sum::<u64>()
+        * crate::KEPT_TAIL_SNAPSHOTS;
+    let mut tail = 0;
+    let mut version = 3;
+    while tail <= snapshot_bytes {
+        version += 1;
+        let (delta, manifest) = artifact(version, 1);
+        let descriptor = manifest.header.encode_pending().len() as u64;
+        tail += descriptor
+            + manifest
+                .segments
+                .iter()
+                .map(|e| u64::from(e.len))
+                .sum::<u64>();
+        for frame in frames(&delta) {
+            feed(&mut relay, frame);
+        }
+        if tail <= snapshot_bytes {
+            assert_eq!(relay.sender().unwrap().latest(), Some(version));
+            let conn = 100 + version;
+            let welcome = welcome_on(&subscribe(&mut relay, now, conn, 1000 + version), conn);
+            assert_eq!(
+                welcome,
+                Some(Some(3)),
+                "v{version}, {tail} of {snapshot_bytes} bytes"
+            );
+        }
+    }
+    assert!(version > 9, "more deltas than a relay retains: {version}");
+    // The one past that withdraws the snapshot: a joiner would take more here than the
+    // hub's newer snapshot, and the relay retains its four deltas again.
+    assert_eq!(relay.sender().unwrap().held(ArtifactKind::Snapshot), 0);
+    assert_eq!(
+        welcome_on(&subscribe(&mut relay, now, 9, 42), 9),
+        Some(None)
+    );
+    assert_eq!(relay.sender().unwrap().held(ArtifactKind::Delta), 4);
+
+    // While it was offered, a joiner took it, and the deltas after it, from here.
+    let mut relay = keeping_relay(now);
+    feed(&mut relay, crate::testutil::hub_welcome(Some(3)));
+    for frame in frames_of(&bytes, ArtifactKind::Snapshot) {
+        feed(&mut relay, frame);
+    }
+    for version in 4..=9 {
+        for frame in frames(&artifact(version, 1).0) {
+            feed(&mut relay, frame);
+        }
+    }
+    let served = std::mem::replace(relay.sender_mut().unwrap(), relay_sender());
+    let mut joiner = Pair::new(served, crate::testutil::joining_receiver(1));
+    joiner.pump();
+    let complete = joiner.complete();
+    assert_eq!(
+        complete.first(),
+        Some(&(3, bytes)),
+        "the snapshot as the hub made it"
+    );
+    assert_eq!(
+        complete.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+        [3, 4, 5, 6, 7, 8, 9]
+    );
+}
+
+#[test]
+fn a_relay_that_keeps_snapshots_follows_from_the_newest_version_when_its_upstream_offers_none() {
+    let now = Instant::now();
+    let mut relay = keeping_relay(now);
+    subscribe(&mut relay, now, 7, 40);
+    let welcomed = feed(&mut relay, crate::testutil::hub_welcome_at(Some(5)));
+    assert_eq!(welcome_on(&welcomed, 7), Some(None), "{welcomed:?}");
+    let receiver = relay.receiver().unwrap();
+    assert_eq!(
+        (receiver.next_version(), receiver.taking_snapshot()),
+        (5, None)
+    );
+    let (delta, _) = artifact(5, 2);
+    let mut outputs = Vec::new();
+    for frame in frames(&delta) {
+        outputs.extend(feed(&mut relay, frame));
+    }
+    assert!(outputs.contains(&Output::Notice(Notice::Complete { version: 5 })));
+    assert_eq!(relay.sender().unwrap().latest(), Some(5));
+}
+
+#[test]
+fn a_relay_whose_upstream_is_lost_answers_the_joiners_it_held() {
+    let now = Instant::now();
+    let mut relay = keeping_relay(now);
+    subscribe(&mut relay, now, 7, 40);
+    relay.receiver_mut().unwrap().abandon("cut off");
+    let outputs = poll(&mut relay);
+    assert_eq!(welcome_on(&outputs, 7), Some(None), "{outputs:?}");
+}
+
+/// A keeping relay that took the snapshot of `version` (40 segments) from its upstream.
+fn relay_keeping(now: Instant, version: u64) -> Node {
+    let mut relay = keeping_relay(now);
+    feed(&mut relay, crate::testutil::hub_welcome(Some(version)));
+    for frame in frames_of(&snapshot_artifact(version, 40).0, ArtifactKind::Snapshot) {
+        feed(&mut relay, frame);
+    }
+    relay
+}
+
+/// Feeds deltas `versions` to `relay` and says, for each newer snapshot it asked for,
+/// after which version, newer than which, and whether the deltas after the kept one had
+/// come to half its size.
+fn asks_for_newer(
+    relay: &mut Node,
+    versions: std::ops::RangeInclusive<u64>,
+) -> Vec<(u64, u64, bool)> {
+    let (_, snapshot_bytes) = relay.sender().unwrap().kept_tail().unwrap();
+    let mut asked = Vec::new();
+    for version in versions {
+        for frame in frames(&artifact(version, 1).0) {
+            for output in feed(relay, frame) {
+                if let Output::FetchSnapshot { newer_than } = output {
+                    let (tail, _) = relay.sender().unwrap().kept_tail().unwrap();
+                    let half = snapshot_bytes * crate::KEPT_TAIL_SNAPSHOTS;
+                    asked.push((version, newer_than, tail * 2 >= half));
+                }
+            }
+        }
+    }
+    asked
+}
+
+#[test]
+fn a_relay_asks_for_a_newer_snapshot_once_and_adopts_only_one_it_can_serve() {
+    let now = Instant::now();
+    // Nobody joined: a newer snapshot is not worth its bytes.
+    assert_eq!(asks_for_newer(&mut relay_keeping(now, 3), 4..=12), []);
+    // A joiner wanted it: once the deltas after it come to half of what the relay
+    // keeps, once.
+    let mut relay = relay_keeping(now, 3);
+    subscribe(&mut relay, now, 7, 40);
+    relay.sender_mut().unwrap().handle_frame(
+        now,
+        7,
+        Frame::Want {
+            seq: 1,
+            next_version: 3,
+            snapshot: true,
+            composed: false,
+            live_streams: 1,
+            epochs: vec![0],
+            progress: Vec::new(),
+        },
+    );
+    let asked = asks_for_newer(&mut relay, 4..=12);
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!((asked[0].1, asked[0].2), (3, true), "{asked:?}");
+
+    // What a fetcher took is served in its place, and the deltas up to it go as on any
+    // relay.
+    let mut fetcher = relay_keeping(now, 8);
+    let (newer, segments) = fetcher.take_kept().unwrap();
+    assert_eq!(newer.version(), 8);
+    relay.adopt_snapshot(newer, segments);
+    let sender = relay.sender().unwrap();
+    assert_eq!(sender.kept_snapshot(), Some(8));
+    assert_eq!(sender.held(ArtifactKind::Snapshot), 1);
+    assert_eq!(
+        welcome_on(&subscribe(&mut relay, now, 9, 42), 9),
+        Some(Some(8))
+    );
+    // An older one is not.
+    let (older, segments) = relay_keeping(now, 6).take_kept().unwrap();
+    relay.adopt_snapshot(older, segments);
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), Some(8));
+    // Nor one whose deltas after it are gone.
+    let mut cut_off = relay_keeping(now, 3);
+    cut_off.sender_mut().unwrap().set_floor(7);
+    let (gone, segments) = relay_keeping(now, 5).take_kept().unwrap();
+    cut_off.adopt_snapshot(gone, segments);
+    assert_eq!(cut_off.sender().unwrap().kept_snapshot(), Some(3));
+}

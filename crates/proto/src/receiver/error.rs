@@ -43,6 +43,13 @@ pub enum SessionEnd {
     ActorUpstream,
     #[error("{role} {peer_id} offers no snapshot to join from")]
     NoSnapshot { role: Role, peer_id: String },
+    #[error("{role} {peer_id} offers the snapshot of version {offered}, not one from {wanted} on")]
+    OldSnapshot {
+        role: Role,
+        peer_id: String,
+        offered: u64,
+        wanted: u64,
+    },
     #[error(
         "{role} {peer_id} names version {offered} to start from, too close to the last version number"
     )]

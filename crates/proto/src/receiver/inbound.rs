@@ -59,9 +59,9 @@ impl Receiver {
             Frame::Unavailable { version, reason } => {
                 if self.relaying && version == self.next_version {
                     // A relay is a cache: it follows its upstream from the newest
-                    // version, and its actors that are behind that catch up from the
-                    // hub (wire-protocol §6.6).
-                    self.start = Start::Newest;
+                    // version (or snapshot), and its actors that are behind that catch
+                    // up from the hub (wire-protocol §6.6).
+                    self.start = self.relay_start;
                 }
                 Err(SessionEnd::Unavailable { version, reason })
             }
@@ -93,6 +93,16 @@ impl Receiver {
             return self.lose_upstream(SessionEnd::ActorUpstream);
         }
         let first = self.session.as_ref().is_some_and(|s| s.upstream.is_none());
+        if first
+            && self.relaying
+            && self.start == Start::Snapshot(None)
+            && welcome.snapshot.is_none()
+            && self.snapshot_floor == 0
+        {
+            // A relay needs no snapshot to forward deltas: from an upstream that offers
+            // none it follows from the newest version.
+            self.start = Start::Newest;
+        }
         if first && let Start::Snapshot(held) = self.start {
             let Some(offered) = welcome.snapshot else {
                 return self.lose_upstream(SessionEnd::NoSnapshot {
@@ -100,6 +110,14 @@ impl Receiver {
                     peer_id: welcome.peer_id,
                 });
             };
+            if offered < self.snapshot_floor {
+                return self.lose_upstream(SessionEnd::OldSnapshot {
+                    role: welcome.role,
+                    peer_id: welcome.peer_id,
+                    offered,
+                    wanted: self.snapshot_floor,
+                });
+            }
             // Versions up to the window's end and the one composed target beyond it
             // must stay countable.
             if !self.countable_from(offered) {

@@ -232,8 +232,14 @@ pub struct Receiver {
     /// Whether Wants accept a composed delta for catch-up (an actor's receiver; a relay
     /// republishes deltas and takes none).
     accepts_composed: bool,
-    /// A relay's receiver: one that may choose its start again ([`Start::Newest`]).
+    /// A relay's receiver: one that may choose its start again.
     relaying: bool,
+    /// What a relay's receiver starts from when it chooses again: the newest version,
+    /// or for one that keeps a snapshot for its region's joins
+    /// ([`Receiver::keep_snapshots`]) the newest snapshot.
+    relay_start: Start,
+    /// The oldest snapshot a relay's receiver takes ([`Receiver::take_snapshots_from`]).
+    snapshot_floor: u64,
     active: VersionRef,
     staged: Option<u64>,
     session: Option<Session>,
@@ -275,6 +281,8 @@ impl Receiver {
             tip: (active.version + 1 == next_version).then_some(active),
             accepts_composed: false,
             relaying: false,
+            relay_start: Start::Newest,
+            snapshot_floor: 0,
             active,
             staged: None,
             session: None,
@@ -316,6 +324,35 @@ impl Receiver {
         receiver
     }
 
+    /// A relay that keeps a snapshot to serve its region's joins (docs/wire-protocol.md
+    /// §8): it starts from the newest snapshot its upstream offers, then the deltas
+    /// after it, and starts so again whenever it chooses its start again. From an
+    /// upstream that offers none it follows from the newest version, as any relay.
+    pub fn keep_snapshots(&mut self) {
+        debug_assert!(self.relaying, "only a relay's receiver keeps snapshots");
+        self.relay_start = Start::Snapshot(None);
+        if self.start == Start::Newest {
+            self.start = self.relay_start;
+            self.next_version = 0;
+        }
+    }
+
+    /// A relay's receiver that keeps snapshots takes none older than `version`: an
+    /// upstream that offers an older one, or none, is given up
+    /// ([`SessionEnd::OldSnapshot`], [`SessionEnd::NoSnapshot`]). A relay's fetcher of a
+    /// newer snapshot than the one it keeps ([`crate::Node::snapshot_fetcher`]).
+    pub fn take_snapshots_from(&mut self, version: u64) {
+        self.snapshot_floor = version;
+    }
+
+    /// The snapshot this receiver takes before any delta, once a Welcome named it.
+    pub fn taking_snapshot(&self) -> Option<u64> {
+        match self.start {
+            Start::Snapshot(version) => version,
+            _ => None,
+        }
+    }
+
     /// The consumer takes each segment of `version` as it is announced (an actor that
     /// decodes them as they arrive): from now on the receiver keeps only their hashes,
     /// which stand for them in its Wants and against the table, and the complete
@@ -337,7 +374,7 @@ impl Receiver {
     /// delivered one, and again once told its next version is gone upstream:
     /// [`Receiver::relaying`]).
     pub fn choosing_start(&self) -> bool {
-        self.start == Start::Newest
+        self.relaying && matches!(self.start, Start::Newest | Start::Snapshot(_))
     }
 
     /// Lets Wants accept a composed delta for catch-up (docs/wire-protocol.md §6.7). Only

@@ -420,12 +420,21 @@ fn a_new_session_after_a_lost_upstream_resumes_without_duplicates() {
     let (bytes, manifest) = artifact(2, 12);
     let file = aurora_delta::DeltaFile::parse(&bytes).unwrap();
     pair.sender
-        .begin_artifact(Bytes::from(file.header().encode_pending()), None)
+        .begin_artifact(
+            ArtifactKind::Delta,
+            Bytes::from(file.header().encode_pending()),
+            None,
+        )
         .unwrap();
     for index in 0..6 {
         let segment = Bytes::copy_from_slice(file.verify_segment(index).unwrap());
         pair.sender
-            .add_segment(2, index as u32, manifest.segments[index].hash, segment)
+            .add_segment(
+                crate::ArtifactKey::Delta(2),
+                index as u32,
+                manifest.segments[index].hash,
+                segment,
+            )
             .unwrap();
     }
     pair.pump();

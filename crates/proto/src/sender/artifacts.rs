@@ -140,6 +140,29 @@ pub fn offer_signature(
     Ok(aurora_delta::sign(key, &statement))
 }
 
+/// A complete, sealed snapshot a relay took ([`Sender::take_kept_snapshot`]), its
+/// segments where the relay keeps them, to be served by another sender
+/// ([`Sender::adopt_snapshot`]).
+pub struct KeptSnapshot {
+    version: u64,
+    artifact: Artifact,
+}
+
+impl KeptSnapshot {
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+}
+
+impl fmt::Debug for KeptSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeptSnapshot")
+            .field("version", &self.version)
+            .field("segments", &self.artifact.segments.len())
+            .finish()
+    }
+}
+
 pub(super) struct Artifact {
     /// The header with its target hash pending, as every Offer carries it.
     pub(super) descriptor: Bytes,
@@ -210,23 +233,29 @@ impl Artifact {
 }
 
 impl Sender {
-    /// Starts publishing a delta whose segments will follow ([`Sender::add_segment`]) and
-    /// whose table and target hash come last ([`Sender::seal_artifact`]): cut-through
-    /// from an extraction or a relay's upstream. `descriptor` is the delta's preamble and
-    /// header with the target hash pending ([`DeltaHeader::encode_pending`]), and
-    /// `offer_signature` the trainer's signature over it, as it came.
+    /// Starts publishing an artifact of `kind` whose segments will follow
+    /// ([`Sender::add_segment`]) and whose table and target hash come last
+    /// ([`Sender::seal_artifact`]), cut-through: a delta from an extraction or a relay's
+    /// upstream, or the snapshot a relay takes to serve its region's joins
+    /// (docs/wire-protocol.md §8), which it keeps as long as it serves it: it offers it in
+    /// every Welcome while it holds every delta after it, and a newer one replaces it.
+    /// `descriptor` is the artifact's preamble and header with the target hash pending
+    /// ([`DeltaHeader::encode_pending`]), and `offer_signature` the trainer's signature
+    /// over it, as it came.
     pub fn begin_artifact(
         &mut self,
+        kind: ArtifactKind,
         descriptor: Bytes,
         offer_signature: Option<ArtifactSignature>,
     ) -> Result<u64, SenderError> {
-        let version = self.begin(descriptor, offer_signature)?;
+        let version = self.begin(kind, descriptor, offer_signature)?;
         self.evict();
         Ok(version)
     }
 
     fn begin(
         &mut self,
+        kind: ArtifactKind,
         descriptor: Bytes,
         offer_signature: Option<ArtifactSignature>,
     ) -> Result<u64, SenderError> {
@@ -235,15 +264,31 @@ impl Sender {
         if !header.target_pending() {
             return Err(SenderError::TargetHashOffered { version });
         }
-        if header.base_version >= version {
-            return Err(SenderError::NotTheArtifact {
-                wanted: ArtifactKey::Delta(version),
-                base: header.base_version,
-                target: version,
-            });
+        let key = match kind {
+            ArtifactKind::Snapshot => ArtifactKey::Snapshot(version),
+            _ => ArtifactKey::Delta(version),
+        };
+        match key {
+            ArtifactKey::Snapshot(_) => crate::snapshot::check_header(&header, version)?,
+            _ if kind == ArtifactKind::Delta && header.base_version < version => {}
+            _ => {
+                return Err(SenderError::NotTheArtifact {
+                    wanted: key,
+                    base: header.base_version,
+                    target: version,
+                });
+            }
         }
-        let key = ArtifactKey::Delta(version);
         self.check_offer_signature(key, &descriptor, offer_signature)?;
+        if let ArtifactKey::Snapshot(version) = key
+            && self.kept_snapshot != Some(version)
+        {
+            // One snapshot is kept: a newer one (a relay that started over) replaces it.
+            if let Some(old) = self.kept_snapshot.replace(version) {
+                self.artifacts.remove(&ArtifactKey::Snapshot(old));
+            }
+            self.kept_wanted = false;
+        }
         if let Some(existing) = self.artifacts.get_mut(&key) {
             if existing.descriptor != descriptor {
                 return Err(SenderError::Conflict { version });
@@ -275,18 +320,19 @@ impl Sender {
         Ok(version)
     }
 
-    /// Adds segment `index` of a version being published, in any order.
+    /// Adds segment `index` of an artifact being published, in any order.
     pub fn add_segment(
         &mut self,
-        version: u64,
+        key: ArtifactKey,
         index: u32,
         hash: Hash,
         bytes: Bytes,
     ) -> Result<(), SenderError> {
+        let version = key.version();
         let artifact = self
             .artifacts
-            .get_mut(&ArtifactKey::Delta(version))
-            .ok_or(SenderError::UnknownVersion { version })?;
+            .get_mut(&key)
+            .ok_or(SenderError::UnknownArtifact { key })?;
         if index >= MAX_TRANSFER_SEGMENTS {
             return Err(SenderError::TooManySegments {
                 count: index as usize + 1,
@@ -313,8 +359,8 @@ impl Sender {
     /// got it will nack it at their own check, perhaps before this sender holds the
     /// right bytes, when a nack is ignored: so every subscriber is sent them once they
     /// are here, nack or not.
-    pub fn revoke_segment(&mut self, version: u64, index: u32) {
-        let key = ArtifactKey::Delta(version);
+    pub fn revoke_segment(&mut self, key: ArtifactKey, index: u32) {
+        let version = key.version();
         let Some(slot) = self
             .artifacts
             .get_mut(&key)
@@ -336,17 +382,18 @@ impl Sender {
     /// pending, its segment table, artifact id and the trainer's signature.
     pub fn seal_artifact(
         &mut self,
-        version: u64,
+        key: ArtifactKey,
         target_hash: Hash,
         id: Hash,
         segments: Vec<SegmentEntry>,
         signature: Option<ArtifactSignature>,
     ) -> Result<(), SenderError> {
+        let version = key.version();
         let trainer_key = self.config.trainer_key;
         let artifact = self
             .artifacts
-            .get_mut(&ArtifactKey::Delta(version))
-            .ok_or(SenderError::UnknownVersion { version })?;
+            .get_mut(&key)
+            .ok_or(SenderError::UnknownArtifact { key })?;
         if segments.len() > MAX_TRANSFER_SEGMENTS as usize {
             return Err(SenderError::TooManySegments {
                 count: segments.len(),
@@ -365,10 +412,10 @@ impl Sender {
                 claimed: id,
             });
         }
-        if let Some(key) = &trainer_key {
+        if let Some(trainer_key) = &trainer_key {
             let header = parse_descriptor(&artifact.descriptor)?.with_target_hash(target_hash);
-            let statement = Statement::artifact(ArtifactKind::Delta, id, &header);
-            aurora_delta::verify(key, &statement, signature.as_ref())?;
+            let statement = Statement::artifact(key.kind(), id, &header);
+            aurora_delta::verify(trainer_key, &statement, signature.as_ref())?;
         }
         // Slots beyond the table may only be empty: a relay withdrew what it forwarded
         // of another publication of the version with the same descriptor.
@@ -382,7 +429,7 @@ impl Sender {
         }
         artifact.segments.truncate(segments.len());
         for session in self.sessions.values_mut() {
-            if session.artifact_for(version) == ArtifactKey::Delta(version)
+            if session.artifact_for(version) == key
                 && let Some(state) = session.versions.get_mut(&version)
             {
                 state.segs.truncate(segments.len());
@@ -463,7 +510,7 @@ impl Sender {
         file: &DeltaFile<'_>,
     ) -> Result<(), SenderError> {
         key.check(file.header())?;
-        if let ArtifactKey::Delta(version) = key {
+        if let ArtifactKey::Delta(_) = key {
             let sealed = self.artifacts.get_mut(&key).filter(|a| a.seal.is_some());
             if let Some(held) = sealed {
                 // Sealed here already (published cut-through, then joined whole to be
@@ -477,12 +524,12 @@ impl Sender {
                 // any segment held must match, and the table (with the signature) seals
                 // it.
                 let (descriptor, segments) = stored_parts(&artifact.bytes, file);
-                self.begin(descriptor, artifact.offer_signature)?;
+                self.begin(ArtifactKind::Delta, descriptor, artifact.offer_signature)?;
                 self.artifacts.get_mut(&key).expect("just begun").segments = segments;
                 let table = file.manifest.segments.clone();
                 let target_hash = file.header().target_hash;
                 if let Err(error) =
-                    self.seal_artifact(version, target_hash, file.id, table, artifact.signature)
+                    self.seal_artifact(key, target_hash, file.id, table, artifact.signature)
                 {
                     // Nothing of a refused artifact is served.
                     self.artifacts.remove(&key);
@@ -546,9 +593,27 @@ impl Sender {
 
     /// Drops what no session needs: deltas beyond the retained count or bytes, older
     /// first (never the newest), and any other artifact as soon as no session is served
-    /// it.
+    /// it, but the snapshot a relay keeps. A relay keeps the deltas after that snapshot
+    /// with it (they are in its file, not in memory: [`crate::Node::keep_snapshots`])
+    /// while they add up to no more than [`crate::KEPT_TAIL_SNAPSHOTS`] snapshots, since a
+    /// joiner goes on with them; past that, a newer snapshot from the hub costs a joiner
+    /// less, and the relay's is withdrawn.
     pub(super) fn evict(&mut self) {
         let versions_ahead = self.config.versions_ahead;
+        if let Some(kept) = self.kept_snapshot
+            && !self.keeps_tail()
+        {
+            self.withdraw_snapshot(format!(
+                "the deltas after the snapshot of version {kept} outgrew what a relay \
+                 keeps: the hub's newer snapshot costs a joiner less"
+            ));
+        }
+        // The deltas a kept snapshot's joiners go on with stay; the others are retained
+        // as on any relay.
+        let tail_from = self
+            .kept_snapshot
+            .filter(|_| self.keeps_tail())
+            .map_or(u64::MAX, |kept| kept.saturating_add(1));
         loop {
             let (count, bytes) = self
                 .deltas()
@@ -558,6 +623,9 @@ impl Sender {
                 break;
             }
             let (oldest, _) = self.deltas().next().expect("not empty");
+            if oldest >= tail_from {
+                break;
+            }
             let needed = self.sessions.values().any(|s| {
                 s.next_version
                     .is_some_and(|n| n <= oldest && oldest < n + versions_ahead)
@@ -569,12 +637,86 @@ impl Sender {
             self.floor = self.floor.max(oldest + 1);
         }
         let sessions = &self.sessions;
+        let kept = self.kept_snapshot.map(ArtifactKey::Snapshot);
         self.artifacts.retain(|key, _| {
             matches!(key, ArtifactKey::Delta(_))
+                || Some(*key) == kept
                 || sessions
                     .values()
                     .any(|s| s.artifact_for(key.version()) == *key)
         });
+    }
+
+    /// Whether the deltas after the kept snapshot all stay: they add up to no more than
+    /// [`crate::KEPT_TAIL_SNAPSHOTS`] of it (or it is still to come, or to be sealed).
+    fn keeps_tail(&self) -> bool {
+        self.kept_tail().is_some_and(|(tail, snapshot)| {
+            tail <= snapshot.saturating_mul(crate::KEPT_TAIL_SNAPSHOTS)
+        })
+    }
+
+    /// The bytes of the deltas held after the kept snapshot, and of the snapshot
+    /// (`u64::MAX` until it is sealed): a relay takes a newer snapshot before the first
+    /// outgrows what it keeps ([`crate::Node::keep_snapshots`]).
+    pub fn kept_tail(&self) -> Option<(u64, u64)> {
+        let kept = self.kept_snapshot?;
+        let snapshot = self
+            .artifacts
+            .get(&ArtifactKey::Snapshot(kept))
+            .and_then(Artifact::sealed_payload_bytes)
+            .unwrap_or(u64::MAX);
+        let tail = self
+            .deltas()
+            .filter(|(version, _)| *version > kept)
+            .map(|(_, artifact)| artifact.held_bytes())
+            .sum();
+        Some((tail, snapshot))
+    }
+
+    /// Takes the kept snapshot out, once it is complete and sealed: a relay's fetcher
+    /// hands it over to the relay it fetched it for ([`Sender::adopt_snapshot`]).
+    pub fn take_kept_snapshot(&mut self) -> Option<KeptSnapshot> {
+        let version = self.kept_snapshot?;
+        let key = ArtifactKey::Snapshot(version);
+        let artifact = self.artifacts.get(&key)?;
+        let sealed = artifact.seal.as_ref()?;
+        if artifact.segments.len() != sealed.segments.len()
+            || !artifact.segments.iter().all(Option::is_some)
+        {
+            return None;
+        }
+        self.kept_snapshot = None;
+        let artifact = self.artifacts.remove(&key)?;
+        Some(KeptSnapshot { version, artifact })
+    }
+
+    /// Serves `snapshot` to joiners in place of the kept one: a relay that took a newer
+    /// snapshot on the side before the deltas after its own outgrew it. It must be newer
+    /// than the kept one, and every delta after it must be held here (or be still to
+    /// come), since a joiner goes on with them; the deltas up to it are then retained as
+    /// on any relay. An error says why it was not adopted.
+    pub fn adopt_snapshot(&mut self, snapshot: KeptSnapshot) -> Result<(), String> {
+        let version = snapshot.version;
+        if let Some(kept) = self.kept_snapshot.filter(|&kept| kept >= version) {
+            return Err(format!(
+                "the snapshot of version {version} is no newer than the kept one, of {kept}"
+            ));
+        }
+        if self.floor > version.saturating_add(1) {
+            return Err(format!(
+                "the deltas after version {version} are no longer held here (from {} on)",
+                self.floor
+            ));
+        }
+        if let Some(old) = self.kept_snapshot.replace(version) {
+            self.artifacts.remove(&ArtifactKey::Snapshot(old));
+        }
+        self.kept_wanted = false;
+        let key = ArtifactKey::Snapshot(version);
+        self.unavailable.remove(&key);
+        self.artifacts.insert(key, snapshot.artifact);
+        self.evict();
+        Ok(())
     }
 
     /// Whether the store can provide `key` (asked for with [`SenderEvent::Load`]).
@@ -601,6 +743,8 @@ impl Sender {
             return None;
         }
         match key {
+            // The snapshot a relay is about to take: its Offer is on its way.
+            ArtifactKey::Snapshot(version) if self.kept_snapshot == Some(version) => None,
             ArtifactKey::Snapshot(version) if !self.config.store_backed => Some(format!(
                 "version {version} is wanted as a snapshot and this {} has no store to build one from",
                 self.config.identity.role

@@ -43,12 +43,12 @@ use std::time::{Duration, Instant};
 use aurora_delta::{DeltaError, Hash, SignatureError, VerifyingKey};
 
 use self::artifacts::Artifact;
-pub use self::artifacts::{ArtifactKey, StoredArtifact, offer_signature};
+pub use self::artifacts::{ArtifactKey, KeptSnapshot, StoredArtifact, offer_signature};
 pub use self::auth::Auth;
 use self::session::{
     Conn, Hedge, Session, hedgeable, next_artifact_frame, next_hedge_frame, session_artifact,
 };
-use crate::frame::{Commit, Frame, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
+use crate::frame::{Commit, Frame, Hello, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
 use crate::snapshot::NotASnapshot;
 use crate::{ConnId, Identity};
 
@@ -191,8 +191,8 @@ pub enum SenderError {
     NotLoaded { key: ArtifactKey, reason: String },
     #[error("version {version} is already published with different contents")]
     Conflict { version: u64 },
-    #[error("version {version} is not being published")]
-    UnknownVersion { version: u64 },
+    #[error("{key} is not being published")]
+    UnknownArtifact { key: ArtifactKey },
     #[error("refused: {0}")]
     Signature(#[from] SignatureError),
 }
@@ -234,6 +234,17 @@ pub struct Sender {
     loadable_max: Option<u64>,
     /// The versions the store holds snapshots of.
     snapshots_stored: BTreeSet<u64>,
+    /// The snapshot a relay takes from upstream to serve its region's joins, held (its
+    /// segments in the driver's file, not on the heap) until a newer one replaces it
+    /// ([`Sender::begin_artifact`]); set before its Offer arrives by
+    /// [`Sender::expect_snapshot`].
+    kept_snapshot: Option<u64>,
+    /// Whether a joiner has wanted the kept snapshot since it was kept: a relay takes a
+    /// newer one only for a region where peers join ([`Sender::kept_snapshot_wanted`]).
+    kept_wanted: bool,
+    /// Hellos answered once [`Sender::release_hellos`] is called, while a relay does not
+    /// yet know which snapshot it will offer ([`Sender::hold_hellos`]).
+    held_hellos: Option<Vec<(ConnId, Hello)>>,
     /// Versions below this one are not held and never will be (evicted, or older than
     /// what a relay started from); a session asking for one is told so.
     floor: u64,
@@ -269,6 +280,9 @@ impl Sender {
             artifacts: BTreeMap::new(),
             loadable_max: None,
             snapshots_stored: BTreeSet::new(),
+            kept_snapshot: None,
+            kept_wanted: false,
+            held_hellos: None,
             floor: 0,
             loading: BTreeSet::new(),
             unavailable: BTreeMap::new(),
@@ -352,11 +366,71 @@ impl Sender {
     /// The snapshot a Welcome offers: the newest at or below the committed version (a
     /// joiner activates it at once, and no peer runs weights that were not committed:
     /// it would be ahead of the step its actors are to generate on); none where there
-    /// is no store to build one from.
+    /// is no store to build one from, and a relay's kept one only while it holds (or
+    /// is yet to receive) every delta after it, which the joiner goes on with.
     fn snapshot_offer(&self) -> Option<u64> {
         let committed = self.commit.map_or(u64::MAX, |commit| commit.target.version);
-        let offer = self.snapshots_stored.range(..=committed).next_back();
-        offer.copied().filter(|_| self.config.store_backed)
+        if self.config.store_backed {
+            return self
+                .snapshots_stored
+                .range(..=committed)
+                .next_back()
+                .copied();
+        }
+        self.kept_snapshot
+            .filter(|&kept| kept <= committed && self.floor <= kept.saturating_add(1))
+    }
+
+    /// A relay is about to take the snapshot of `version` from upstream: Welcomes offer
+    /// it from now on, and sessions that want it wait for it to arrive, served
+    /// cut-through as its segments come ([`Sender::begin_artifact`]).
+    pub fn expect_snapshot(&mut self, version: u64) {
+        if self
+            .kept_snapshot
+            .replace(version)
+            .is_some_and(|old| old != version)
+        {
+            self.artifacts
+                .retain(|key, _| !matches!(key, ArtifactKey::Snapshot(_)));
+        }
+    }
+
+    /// The snapshot a relay keeps for its region's joins, if any.
+    pub fn kept_snapshot(&self) -> Option<u64> {
+        self.kept_snapshot
+    }
+
+    /// Whether a joiner has wanted the kept snapshot since it was kept.
+    pub fn kept_snapshot_wanted(&self) -> bool {
+        self.kept_wanted
+    }
+
+    /// Stops serving the kept snapshot, for `reason` (the driver could not keep its
+    /// segments): sessions that want it are told it is unavailable, and fetch it
+    /// elsewhere.
+    pub fn withdraw_snapshot(&mut self, reason: String) {
+        if let Some(version) = self.kept_snapshot.take() {
+            let key = ArtifactKey::Snapshot(version);
+            self.artifacts.remove(&key);
+            self.unavailable.insert(key, reason);
+        }
+    }
+
+    /// Holds every Hello unanswered until [`Sender::release_hellos`]: a relay that will
+    /// offer the snapshot it takes, and learns which one only from its upstream's
+    /// Welcome, would otherwise send the joiners that arrive first to the hub. A peer
+    /// kept waiting past the handshake timeout is closed, and tries its next upstream.
+    pub fn hold_hellos(&mut self) {
+        self.held_hellos.get_or_insert_with(Vec::new);
+    }
+
+    /// Answers the Hellos held since [`Sender::hold_hellos`], and every one after.
+    pub fn release_hellos(&mut self, now: Instant) {
+        for (conn, hello) in self.held_hellos.take().unwrap_or_default() {
+            if self.conns.get(&conn).is_some_and(|c| !c.closing) {
+                self.on_hello(now, conn, hello);
+            }
+        }
     }
 
     /// Announces a commit to every session, now and at every later handshake, with its

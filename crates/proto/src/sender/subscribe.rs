@@ -50,6 +50,9 @@ impl Sender {
         let Some(c) = self.conns.remove(&conn) else {
             return;
         };
+        if let Some(held) = &mut self.held_hellos {
+            held.retain(|(held, _)| *held != conn);
+        }
         let Some(id) = c.session else { return };
         let Some(session) = self.sessions.get_mut(&id) else {
             return;
@@ -157,7 +160,13 @@ impl Sender {
         }
     }
 
-    fn on_hello(&mut self, now: Instant, conn: ConnId, hello: Hello) {
+    pub(super) fn on_hello(&mut self, now: Instant, conn: ConnId, hello: Hello) {
+        if let Some(held) = &mut self.held_hellos {
+            // A connection that says Hello twice is answered once, for its last.
+            held.retain(|(c, _)| *c != conn);
+            held.push((conn, hello));
+            return;
+        }
         if hello.protocol_version != PROTOCOL_VERSION {
             return self.refuse(
                 conn,
@@ -372,6 +381,10 @@ impl Sender {
             *v >= next_version && Some(*v) != serving && !state.ever_sent.is_empty()
         });
         let composed = composed.filter(|_| !replaying);
+        if snapshot.is_some() && snapshot == self.kept_snapshot {
+            self.kept_wanted = true;
+        }
+        let session = self.sessions.get_mut(&id).expect("caller checked");
         if session.snapshot != snapshot {
             // What was sent of these versions belongs to the other kind of artifact: the
             // Want's progress alone says what the subscriber holds now.

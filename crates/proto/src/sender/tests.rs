@@ -493,14 +493,14 @@ fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     let head = file.header().encode_pending();
     let mut pair = Pair::new(sender(), receiver(2, 1));
     pair.sender
-        .begin_artifact(Bytes::from(head.clone()), None)
+        .begin_artifact(ArtifactKind::Delta, Bytes::from(head.clone()), None)
         .unwrap();
     let mut offset = head.len();
     for (index, entry) in manifest.segments.iter().enumerate() {
         let segment = bytes.slice(offset..offset + entry.len as usize);
         offset += entry.len as usize;
         pair.sender
-            .add_segment(1, index as u32, entry.hash, segment)
+            .add_segment(ArtifactKey::Delta(1), index as u32, entry.hash, segment)
             .unwrap();
         pair.pump();
         let delivered = pair
@@ -513,7 +513,7 @@ fn live_publishing_sends_segments_as_they_come_and_the_table_last() {
     assert!(pair.complete().is_empty());
     pair.sender
         .seal_artifact(
-            1,
+            ArtifactKey::Delta(1),
             manifest.header.target_hash,
             manifest.id(),
             manifest.segments.clone(),
@@ -549,14 +549,19 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
     let file = DeltaFile::parse(&bytes).unwrap();
     let released = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut s = sender();
-    s.begin_artifact(Bytes::from(file.header().encode_pending()), None)
-        .unwrap();
+    s.begin_artifact(
+        ArtifactKind::Delta,
+        Bytes::from(file.header().encode_pending()),
+        None,
+    )
+    .unwrap();
     for (index, entry) in manifest.segments.iter().enumerate() {
         let segment = Bytes::from_owner(Tracked {
             bytes: file.verify_segment(index).unwrap().to_vec(),
             released: released.clone(),
         });
-        s.add_segment(1, index as u32, entry.hash, segment).unwrap();
+        s.add_segment(ArtifactKey::Delta(1), index as u32, entry.hash, segment)
+            .unwrap();
     }
     seal(&mut s, &manifest).unwrap();
     let held = || released.load(std::sync::atomic::Ordering::SeqCst);
@@ -583,7 +588,7 @@ fn a_delta_published_live_is_held_once_its_whole_artifact_is_inserted() {
 /// Seals version 1, begun on `s`, with `manifest`'s table, unsigned.
 fn seal(s: &mut Sender, manifest: &aurora_delta::Manifest) -> Result<(), SenderError> {
     s.seal_artifact(
-        1,
+        ArtifactKey::Delta(1),
         manifest.header.target_hash,
         manifest.id(),
         manifest.segments.clone(),
@@ -608,15 +613,19 @@ fn a_publication_begun_again_starts_over_and_empty_slots_beyond_the_table_are_dr
     let (bytes, manifest) = artifact(1, 2);
     let descriptor = Bytes::from(manifest.header.encode_pending());
     let mut s = sender();
-    s.begin_artifact(descriptor.clone(), None).unwrap();
+    s.begin_artifact(ArtifactKind::Delta, descriptor.clone(), None)
+        .unwrap();
     for index in 0..3 {
         let (hash, segment) = segment_of(&failed, index);
-        s.add_segment(1, index as u32, hash, segment).unwrap();
+        s.add_segment(ArtifactKey::Delta(1), index as u32, hash, segment)
+            .unwrap();
     }
-    s.begin_artifact(descriptor.clone(), None).unwrap();
+    s.begin_artifact(ArtifactKind::Delta, descriptor.clone(), None)
+        .unwrap();
     for index in 0..2 {
         let (hash, segment) = segment_of(&bytes, index);
-        s.add_segment(1, index as u32, hash, segment).unwrap();
+        s.add_segment(ArtifactKey::Delta(1), index as u32, hash, segment)
+            .unwrap();
     }
     seal(&mut s, &manifest).unwrap();
     assert_eq!(
@@ -627,23 +636,29 @@ fn a_publication_begun_again_starts_over_and_empty_slots_beyond_the_table_are_dr
     // A relay forwarded three segments of the failed one, withdrew them when the table
     // came, and seals with the two of the table: the slot beyond it goes.
     let mut relay = sender();
-    relay.begin_artifact(descriptor, None).unwrap();
+    relay
+        .begin_artifact(ArtifactKind::Delta, descriptor, None)
+        .unwrap();
     for index in 0..3 {
         let (hash, segment) = segment_of(&failed, index);
-        relay.add_segment(1, index as u32, hash, segment).unwrap();
+        relay
+            .add_segment(ArtifactKey::Delta(1), index as u32, hash, segment)
+            .unwrap();
     }
     // Not withdrawn, a segment beyond the table is refused.
-    relay.revoke_segment(1, 0);
-    relay.revoke_segment(1, 1);
+    relay.revoke_segment(ArtifactKey::Delta(1), 0);
+    relay.revoke_segment(ArtifactKey::Delta(1), 1);
     assert!(matches!(
         seal(&mut relay, &manifest),
         Err(SenderError::SegmentMismatch { index: 2, .. })
     ));
-    relay.revoke_segment(1, 2);
+    relay.revoke_segment(ArtifactKey::Delta(1), 2);
     seal(&mut relay, &manifest).unwrap();
     for index in 0..2 {
         let (hash, segment) = segment_of(&bytes, index);
-        relay.add_segment(1, index as u32, hash, segment).unwrap();
+        relay
+            .add_segment(ArtifactKey::Delta(1), index as u32, hash, segment)
+            .unwrap();
     }
     assert_eq!(Pair::new(relay, receiver(1, 1)).complete(), [(1, bytes)]);
 }
@@ -656,18 +671,24 @@ fn a_relay_sends_the_right_segments_to_a_subscriber_that_asked_before_it_had_the
     let (bytes, manifest) = artifact(1, 2);
     let mut relay = sender();
     relay
-        .begin_artifact(Bytes::from(manifest.header.encode_pending()), None)
+        .begin_artifact(
+            ArtifactKind::Delta,
+            Bytes::from(manifest.header.encode_pending()),
+            None,
+        )
         .unwrap();
     for index in 0..3 {
         let (hash, segment) = segment_of(&failed, index);
-        relay.add_segment(1, index as u32, hash, segment).unwrap();
+        relay
+            .add_segment(ArtifactKey::Delta(1), index as u32, hash, segment)
+            .unwrap();
     }
     let mut pair = Pair::new(relay, receiver(1, 1));
     pair.pump();
     // The relay withdraws them and seals; its subscriber revokes its copies and nacks
     // them while the relay holds nothing to send.
     for index in 0..3 {
-        pair.sender.revoke_segment(1, index);
+        pair.sender.revoke_segment(ArtifactKey::Delta(1), index);
     }
     seal(&mut pair.sender, &manifest).unwrap();
     pair.pump();
@@ -676,7 +697,7 @@ fn a_relay_sends_the_right_segments_to_a_subscriber_that_asked_before_it_had_the
     for index in 0..2 {
         let (hash, segment) = segment_of(&bytes, index);
         pair.sender
-            .add_segment(1, index as u32, hash, segment)
+            .add_segment(ArtifactKey::Delta(1), index as u32, hash, segment)
             .unwrap();
     }
     pair.pump();
@@ -688,10 +709,11 @@ fn a_table_that_does_not_match_is_refused() {
     let (bytes, manifest) = artifact(1, 2);
     let head = DeltaFile::parse(&bytes).unwrap().header().encode_pending();
     let mut s = sender();
-    s.begin_artifact(Bytes::from(head), None).unwrap();
+    s.begin_artifact(ArtifactKind::Delta, Bytes::from(head), None)
+        .unwrap();
     let error = s
         .seal_artifact(
-            1,
+            ArtifactKey::Delta(1),
             manifest.header.target_hash,
             Hash::default(),
             manifest.segments.clone(),
@@ -702,7 +724,7 @@ fn a_table_that_does_not_match_is_refused() {
     // The id covers the target hash the descriptor left pending: another one is refused.
     let error = s
         .seal_artifact(
-            1,
+            ArtifactKey::Delta(1),
             weights(9),
             manifest.id(),
             manifest.segments.clone(),
@@ -712,13 +734,20 @@ fn a_table_that_does_not_match_is_refused() {
     assert!(error.to_string().contains("hashes to id"));
     // An Offer leaves the target hash to the Seal: a descriptor that names it is refused.
     let named = Bytes::from(DeltaFile::parse(&bytes).unwrap().header().encode());
-    let error = sender().begin_artifact(named, None).unwrap_err();
+    let error = sender()
+        .begin_artifact(ArtifactKind::Delta, named, None)
+        .unwrap_err();
     assert!(error.to_string().contains("names a target hash"), "{error}");
-    s.add_segment(1, 0, weights(9), Bytes::from_static(b"x"))
-        .unwrap();
+    s.add_segment(
+        ArtifactKey::Delta(1),
+        0,
+        weights(9),
+        Bytes::from_static(b"x"),
+    )
+    .unwrap();
     let error = s
         .seal_artifact(
-            1,
+            ArtifactKey::Delta(1),
             manifest.header.target_hash,
             manifest.id(),
             manifest.segments.clone(),
@@ -731,11 +760,13 @@ fn a_table_that_does_not_match_is_refused() {
             .contains("segment 0 of version 1 does not match")
     );
     assert!(matches!(
-        s.add_segment(2, 0, weights(9), Bytes::new()),
-        Err(SenderError::UnknownVersion { version: 2 })
+        s.add_segment(ArtifactKey::Delta(2), 0, weights(9), Bytes::new()),
+        Err(SenderError::UnknownArtifact {
+            key: ArtifactKey::Delta(2)
+        })
     ));
     assert!(
-        s.begin_artifact(Bytes::from_static(b"garbage"), None)
+        s.begin_artifact(ArtifactKind::Delta, Bytes::from_static(b"garbage"), None)
             .unwrap_err()
             .to_string()
             .contains("artifact refused")
@@ -1230,15 +1261,16 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
     let offer_signature = crate::offer_signature(&key, ArtifactKind::Delta, &bytes).unwrap();
     let other_offer = crate::offer_signature(&key, ArtifactKind::Delta, &artifact(2, 2).0).unwrap();
     for wrong in [None, Some(other_offer)] {
-        let begun = s.begin_artifact(descriptor.clone(), wrong);
+        let begun = s.begin_artifact(ArtifactKind::Delta, descriptor.clone(), wrong);
         assert!(matches!(begun, Err(SenderError::Signature(_))), "{begun:?}");
         assert_eq!(s.held(ArtifactKind::Delta), 0, "nothing of it is held");
     }
-    s.begin_artifact(descriptor, Some(offer_signature)).unwrap();
+    s.begin_artifact(ArtifactKind::Delta, descriptor, Some(offer_signature))
+        .unwrap();
     let other = artifact_signature(&key, &artifact(1, 3).0, ArtifactKind::Delta);
     for wrong in [None, Some(other)] {
         let sealed = s.seal_artifact(
-            1,
+            ArtifactKey::Delta(1),
             manifest.header.target_hash,
             manifest.id(),
             manifest.segments.clone(),
@@ -1250,7 +1282,7 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
         );
     }
     s.seal_artifact(
-        1,
+        ArtifactKey::Delta(1),
         manifest.header.target_hash,
         manifest.id(),
         manifest.segments.clone(),

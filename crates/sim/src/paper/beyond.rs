@@ -21,8 +21,8 @@ use aurora_control::{Permille, SplitPolicy};
 use super::calibration::{Encoding, HUB_DURABLE_CALLS_PER_S};
 use super::tcp::{CongestionControl, TcpModel};
 use super::testbed::{
-    A100, ActorKind, DENSE_70B, H100, ModelShape, Network, PAPER_TRAINER, PAPER_WORKLOAD, QWEN3_8B,
-    QWEN3_14B, actor_decode_s,
+    A100, ActorKind, DENSE_70B, H100, JoinFrom, KEPT_TAIL_SNAPSHOTS, ModelShape, Network,
+    PAPER_TRAINER, PAPER_WORKLOAD, QWEN3_8B, QWEN3_14B, actor_decode_s,
 };
 use crate::report::{RunReport, Violation};
 use crate::scenario::{ActorSpec, Fault, Scenario, ScheduledFault};
@@ -346,15 +346,15 @@ impl Costs {
     /// Runs the real control core at `scale` through the driver: its actors spread
     /// evenly over the regions, each at the decode rate of its replica, [`PROMPTS_PER_ACTOR`]
     /// groups a step each, and preemption notices at `scale`'s rate per hour at
-    /// seeded times and actors (never actor 0, whom the driver keeps alive). A
-    /// replacement would first take a snapshot for longer than the run lasts
-    /// ([`Network::snapshot_join_s`]), so none joins within it.
+    /// seeded times and actors (never actor 0, whom the driver keeps alive). Each
+    /// preempted actor's replacement joins in its region once it has its snapshot
+    /// ([`Costs::rejoin_s`]).
     fn run_core(&self, scale: ScaleStep) -> Result<CoreAtScale, Violation> {
         let model = &scale.model;
         let tokens_per_s = Self::actor(model)
             .tokens_per_s(model, &PAPER_WORKLOAD)
             .round() as u64;
-        let actors: Vec<ActorSpec> = (0..scale.actors)
+        let mut actors: Vec<ActorSpec> = (0..scale.actors)
             .map(|index| ActorSpec {
                 label: format!("70B-{index}"),
                 tokens_per_s,
@@ -386,6 +386,17 @@ impl Costs {
             });
         }
         faults.sort_by_key(|fault| fault.at_ms);
+        let rejoin_ms = (self.rejoin_s(&scale) * 1e3) as u64;
+        for fault in &faults {
+            let Fault::Preempt { actor } = fault.fault else {
+                continue;
+            };
+            actors.push(ActorSpec {
+                label: format!("70B-{actor}-replacement"),
+                joins_at_ms: fault.at_ms + rejoin_ms,
+                ..actors[actor].clone()
+            });
+        }
         let scenario = Scenario {
             seed: CORE_SEED,
             actors,
@@ -422,23 +433,68 @@ impl Costs {
         model.delta_bytes(Encoding::Aurora, PAPER_WORKLOAD.density)
     }
 
+    /// Replacements of preempted actors that join a region each step.
+    fn joins_per_region_step(&self, scale: &ScaleStep) -> f64 {
+        let step_s = self.generation_s(&scale.model);
+        f64::from(scale.actors) * scale.preemptions_per_hour * step_s
+            / 3600.0
+            / f64::from(scale.regions)
+    }
+
+    /// Snapshot bytes a step a relay takes to keep its snapshot fresh where its region's
+    /// peers join: it keeps a snapshot and the deltas after it (wire-protocol §8) and
+    /// takes a newer one whenever those come to half of what it keeps, if a joiner has
+    /// wanted it, a snapshot each time that many halves of one have crossed as deltas.
+    fn refresh_bytes_per_step(model: &ModelShape) -> f64 {
+        2.0 * Self::delta_bytes(model) / KEPT_TAIL_SNAPSHOTS
+    }
+
+    /// Snapshot bytes a step that cross the WAN into a region for its joiners: the
+    /// relay's refreshes where peers join at least as often, and where they join less
+    /// often a snapshot per join (the joiner comes after the relay has withdrawn its
+    /// snapshot, and takes one from the hub).
+    fn snapshot_bytes_per_region_step(&self, scale: &ScaleStep) -> f64 {
+        let by_joins = self.joins_per_region_step(scale) * scale.model.checkpoint_bytes();
+        by_joins.min(Self::refresh_bytes_per_step(&scale.model))
+    }
+
+    /// Where a replacement takes its snapshot from: its region's relay where peers join
+    /// often enough for the relay to keep one fresh (on average with a quarter of what
+    /// it keeps of deltas after it), the hub otherwise.
+    fn rejoin_from(&self, scale: &ScaleStep) -> JoinFrom {
+        let checkpoint = scale.model.checkpoint_bytes();
+        let by_joins = self.joins_per_region_step(scale) * checkpoint;
+        if by_joins >= Self::refresh_bytes_per_step(&scale.model) {
+            JoinFrom::Relay {
+                tail_bytes: KEPT_TAIL_SNAPSHOTS * checkpoint / 4.0,
+            }
+        } else {
+            JoinFrom::Hub
+        }
+    }
+
+    /// Seconds a replacement takes to fetch its snapshot ([`Costs::rejoin_from`]).
+    fn rejoin_s(&self, scale: &ScaleStep) -> f64 {
+        self.network
+            .snapshot_join_s(&self.tcp, &scale.model, self.rejoin_from(scale))
+    }
+
     /// The trainer's uplink: a delta to each other region's relay inside the window,
-    /// and the snapshots preempted actors rejoin with (relays serve none) all along.
+    /// and the snapshots its joiners need all along
+    /// ([`Costs::snapshot_bytes_per_region_step`]).
     fn uplink(&self, scale: &ScaleStep) -> f64 {
         let model = &scale.model;
         let usable_bps = self.network.uplink_bps * self.tcp.goodput_efficiency;
-        let deltas_s = Self::delta_bytes(model) * f64::from(scale.regions.saturating_sub(1)) * 8.0
-            / usable_bps;
+        let other_regions = f64::from(scale.regions.saturating_sub(1));
+        let deltas_s = Self::delta_bytes(model) * other_regions * 8.0 / usable_bps;
         let step_s = self.generation_s(model);
-        let joins_per_step = f64::from(scale.actors) * scale.preemptions_per_hour * step_s / 3600.0;
-        let snapshots_s = joins_per_step * model.checkpoint_bytes() * 8.0 / usable_bps;
+        let snapshots_s =
+            self.snapshot_bytes_per_region_step(scale) * other_regions * 8.0 / usable_bps;
         deltas_s / self.window_s(model) + snapshots_s / step_s
     }
 
     fn churn_loss(&self, scale: &ScaleStep) -> f64 {
-        let model = &scale.model;
-        let rejoin_s = self.network.snapshot_join_s(&self.tcp, model);
-        let lost_s_per_preemption = self.generation_s(model) / 2.0 + rejoin_s;
+        let lost_s_per_preemption = self.generation_s(&scale.model) / 2.0 + self.rejoin_s(scale);
         scale.preemptions_per_hour * lost_s_per_preemption / 3600.0
     }
 
@@ -453,6 +509,22 @@ impl Costs {
                 .transfer_s(delta, self.network.path(1), CongestionControl::Bbr, 4);
         let relay_out_s = delta * actors_per_region * 8.0
             / (self.network.lan.rate_bps * self.tcp.goodput_efficiency);
+        // Besides each version inside the window: the snapshots it takes in for its
+        // joiners and serves out to them, over the step.
+        let (snapshots_in_s, snapshots_out_s) = match self.rejoin_from(scale) {
+            JoinFrom::Relay { tail_bytes } => {
+                let lan_bps = self.network.lan.rate_bps * self.tcp.goodput_efficiency;
+                let taken = self.snapshot_bytes_per_region_step(scale);
+                let served =
+                    self.joins_per_region_step(scale) * (model.checkpoint_bytes() + tail_bytes);
+                (
+                    self.tcp
+                        .transfer_s(taken, self.network.path(1), CongestionControl::Bbr, 4),
+                    served * 8.0 / lan_bps,
+                )
+            }
+            JoinFrom::Hub => (0.0, 0.0),
+        };
         let calls_per_s = f64::from(scale.actors)
             * (self.rates.heartbeats_per_s + self.rates.calls_per_step / step_s);
         vec![
@@ -462,7 +534,8 @@ impl Costs {
             },
             ResourceLimit {
                 resource: "a relay",
-                utilisation: relay_in_s.max(relay_out_s) / window_s,
+                utilisation: (relay_in_s / window_s + snapshots_in_s / step_s)
+                    .max(relay_out_s / window_s + snapshots_out_s / step_s),
             },
             ResourceLimit {
                 resource: "extraction",
@@ -705,6 +778,28 @@ mod tests {
         );
     }
 
+    /// The paper's network, with the calls of an actor the estimate of three a step.
+    fn paper_costs() -> Costs {
+        Costs {
+            tcp: TcpModel::calibrated(),
+            network: PAPER_NETWORK,
+            rates: ControlRates {
+                heartbeats_per_s: 1.0,
+                calls_per_step: 3.0,
+            },
+        }
+    }
+
+    /// `actors` replicas of the 70B model over 16 regions, 5% preempted an hour.
+    fn spot_70b(actors: u32) -> ScaleStep {
+        ScaleStep {
+            regions: 16,
+            actors,
+            model: DENSE_70B,
+            preemptions_per_hour: 0.05,
+        }
+    }
+
     #[test]
     fn the_threshold_search_finds_the_first_saturating_value() {
         assert_eq!(
@@ -717,20 +812,8 @@ mod tests {
 
     #[test]
     fn shared_resources_grow_with_the_pool_and_the_model_resources_do_not() {
-        let costs = Costs {
-            tcp: TcpModel::calibrated(),
-            network: PAPER_NETWORK,
-            rates: ControlRates {
-                heartbeats_per_s: 1.0,
-                calls_per_step: 3.0,
-            },
-        };
-        let scale = |actors| ScaleStep {
-            regions: 16,
-            actors,
-            model: DENSE_70B,
-            preemptions_per_hour: 0.05,
-        };
+        let costs = paper_costs();
+        let scale = spot_70b;
         let (small, large) = (costs.limits(&scale(64)), costs.limits(&scale(4_096)));
         for (small, large) in small.iter().zip(&large) {
             match small.resource {
@@ -744,14 +827,7 @@ mod tests {
 
     #[test]
     fn without_churn_the_uplink_carries_one_delta_per_other_region() {
-        let costs = Costs {
-            tcp: TcpModel::calibrated(),
-            network: PAPER_NETWORK,
-            rates: ControlRates {
-                heartbeats_per_s: 1.0,
-                calls_per_step: 3.0,
-            },
-        };
+        let costs = paper_costs();
         let scale = ScaleStep {
             regions: 5,
             actors: 1_000,
@@ -762,5 +838,26 @@ mod tests {
             / (PAPER_NETWORK.uplink_bps * costs.tcp.goodput_efficiency);
         let utilisation = costs.uplink(&scale);
         assert!((utilisation - expected_s / costs.window_s(&QWEN3_8B)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_region_whose_peers_join_often_takes_snapshots_through_its_relay() {
+        let costs = paper_costs();
+        let scale = spot_70b;
+        // Rarely: each joiner takes a snapshot from the hub, across the WAN.
+        let rare = scale(64);
+        assert_eq!(costs.rejoin_from(&rare), JoinFrom::Hub);
+        let per_join = costs.joins_per_region_step(&rare) * DENSE_70B.checkpoint_bytes();
+        assert_eq!(costs.snapshot_bytes_per_region_step(&rare), per_join);
+        // Often: the relay keeps its snapshot fresh, a snapshot each time the deltas it
+        // keeps come to half of what it keeps, and serves it over the datacenter's
+        // network, in a fraction of the time.
+        let often = scale(4_096);
+        assert!(matches!(costs.rejoin_from(&often), JoinFrom::Relay { .. }));
+        assert_eq!(
+            costs.snapshot_bytes_per_region_step(&often),
+            2.0 * Costs::delta_bytes(&DENSE_70B) / KEPT_TAIL_SNAPSHOTS
+        );
+        assert!(costs.rejoin_s(&often) < costs.rejoin_s(&rare) / 5.0);
     }
 }

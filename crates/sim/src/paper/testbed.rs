@@ -299,17 +299,44 @@ pub const PAPER_NETWORK: Network = Network {
     },
 };
 
+/// [`aurora_proto::KEPT_TAIL_SNAPSHOTS`], as the model counts.
+pub const KEPT_TAIL_SNAPSHOTS: f64 = aurora_proto::KEPT_TAIL_SNAPSHOTS as f64;
+
+/// Where a joiner takes its snapshot from ([`Network::snapshot_join_s`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum JoinFrom {
+    /// The hub, across the WAN: its region's relay keeps no snapshot it can serve.
+    Hub,
+    /// Its region's relay, which keeps a snapshot and `tail_bytes` of deltas after it.
+    Relay { tail_bytes: f64 },
+}
+
+impl JoinFrom {
+    /// Where a joiner takes its snapshot from in aurora `steps` versions after its
+    /// region's relay took one: the relay while the deltas it keeps after it add up to
+    /// no more than [`aurora_proto::KEPT_TAIL_SNAPSHOTS`] snapshots, the hub after that.
+    pub fn aurora(model: &ModelShape, density: f64, steps: u64) -> JoinFrom {
+        let tail_bytes = steps as f64 * model.delta_bytes(Encoding::Aurora, density);
+        if tail_bytes <= KEPT_TAIL_SNAPSHOTS * model.checkpoint_bytes() {
+            JoinFrom::Relay { tail_bytes }
+        } else {
+            JoinFrom::Hub
+        }
+    }
+}
+
 impl Network {
     /// Seconds a newcomer (or a preempted actor's replacement) in another region takes
-    /// to fetch the newest snapshot before it can work: the whole checkpoint over its
-    /// region's path, on aurora's four BBR streams (relays serve no snapshots).
-    pub fn snapshot_join_s(&self, tcp: &TcpModel, model: &ModelShape) -> f64 {
-        tcp.transfer_s(
-            model.checkpoint_bytes(),
-            self.wan,
-            CongestionControl::Bbr,
-            4,
-        )
+    /// to fetch a snapshot before it can work, on aurora's four BBR streams: the whole
+    /// checkpoint from the hub over its region's path, or from its region's relay over
+    /// the datacenter's network with the deltas the relay keeps after it
+    /// (wire-protocol §8).
+    pub fn snapshot_join_s(&self, tcp: &TcpModel, model: &ModelShape, from: JoinFrom) -> f64 {
+        let (bytes, path) = match from {
+            JoinFrom::Hub => (model.checkpoint_bytes(), self.wan),
+            JoinFrom::Relay { tail_bytes } => (model.checkpoint_bytes() + tail_bytes, self.lan),
+        };
+        tcp.transfer_s(bytes, path, CongestionControl::Bbr, 4)
     }
 
     /// The path to a region: the datacenter's own network for the trainer's region,
@@ -322,6 +349,27 @@ impl Network {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_joiner_takes_its_relay_s_snapshot_while_the_deltas_after_it_fit() {
+        let density = PAPER_WORKLOAD.density;
+        let delta = QWEN3_8B.delta_bytes(Encoding::Aurora, density);
+        let fits = (KEPT_TAIL_SNAPSHOTS * QWEN3_8B.checkpoint_bytes() / delta).floor() as u64;
+        assert_eq!(
+            JoinFrom::aurora(&QWEN3_8B, density, fits),
+            JoinFrom::Relay {
+                tail_bytes: fits as f64 * delta
+            }
+        );
+        assert_eq!(
+            JoinFrom::aurora(&QWEN3_8B, density, fits + 1),
+            JoinFrom::Hub
+        );
+        let tcp = TcpModel::calibrated();
+        let join_s = |from| PAPER_NETWORK.snapshot_join_s(&tcp, &QWEN3_8B, from);
+        let from_relay = join_s(JoinFrom::aurora(&QWEN3_8B, density, 14));
+        assert!(from_relay < join_s(JoinFrom::Hub) / 10.0, "{from_relay}");
+    }
 
     #[test]
     fn decode_slows_less_than_the_weights_grow_and_needs_the_memory() {

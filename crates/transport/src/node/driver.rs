@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use aurora_delta::{ArtifactKind, DeltaError, Hash, SigningKey, SpilledChunks, Statement};
 use aurora_proto::{
-    ArtifactKey, Commit, ConnId, Identity, Node, Sender, StoredArtifact, Upstreams, Weights,
+    ArtifactKey, Commit, ConnId, Identity, KeptSegments, KeptSnapshot, Node, Sender,
+    StoredArtifact, Upstreams, Weights,
 };
 use aurora_store::{Store, StoreError};
 use bytes::Bytes;
@@ -85,6 +86,9 @@ pub(crate) enum Event {
     Stored {
         version: u64,
     },
+    /// A relay's fetcher took a newer snapshot than the one it keeps
+    /// ([`aurora_proto::Output::FetchSnapshot`]), or says why not.
+    SnapshotFetched(Result<(KeptSnapshot, Box<dyn KeptSegments>), String>),
 }
 
 /// The artifact `key` names with its signatures (blocking: reads, and may build, from
@@ -392,6 +396,12 @@ impl<E: Engine> Driver<E> {
             }
             // Reading the catalog is cheap next to the put that just finished.
             Event::Stored { version } => self.read_store(Some(version)),
+            Event::SnapshotFetched(Ok((snapshot, segments))) => {
+                self.node.adopt_snapshot(snapshot, segments);
+            }
+            Event::SnapshotFetched(Err(reason)) => {
+                tracing::info!(reason, "no newer snapshot for the region's joiners");
+            }
             Event::Loaded { key, result } => {
                 self.builds.finished(key);
                 let Some(sender) = self.node.sender_mut() else {
@@ -491,7 +501,7 @@ impl<E: Engine> Driver<E> {
                 let signed = self.config.sign_offer(&descriptor).map_err(Into::into);
                 let result = signed.and_then(|signature| {
                     self.hub_sender()?
-                        .begin_artifact(descriptor.clone(), signature)
+                        .begin_artifact(ArtifactKind::Delta, descriptor.clone(), signature)
                         .map_err(Into::into)
                 });
                 if let Ok(version) = result {
@@ -511,8 +521,13 @@ impl<E: Engine> Driver<E> {
             } => {
                 let bytes = Bytes::from(segment.bytes);
                 let result = self.hub_sender().and_then(|s| {
-                    s.add_segment(version, segment.index, segment.hash, bytes.clone())
-                        .map_err(Into::into)
+                    s.add_segment(
+                        ArtifactKey::Delta(version),
+                        segment.index,
+                        segment.hash,
+                        bytes.clone(),
+                    )
+                    .map_err(Into::into)
                 });
                 if result.is_ok()
                     && let Some(live) = self.live.get_mut(&version)
@@ -532,7 +547,7 @@ impl<E: Engine> Driver<E> {
                     .sign(&Statement::manifest(ArtifactKind::Delta, &manifest));
                 let sealed = self.hub_sender().and_then(|s| {
                     s.seal_artifact(
-                        version,
+                        ArtifactKey::Delta(version),
                         manifest.header.target_hash,
                         manifest.id(),
                         manifest.segments.clone(),
@@ -627,6 +642,9 @@ impl<E: Engine> Driver<E> {
             Command::StoreChanged { reply } => {
                 self.read_store(None);
                 let _ = reply.send(Ok(()));
+            }
+            Command::TakeKept { reply } => {
+                let _ = reply.send(self.node.take_kept());
             }
         }
     }

@@ -134,6 +134,20 @@ impl<E: Engine> Driver<E> {
                     });
                 });
             }
+            Output::FetchSnapshot { newer_than } => {
+                let mut config = self.config.clone();
+                // The fetcher serves nobody: its snapshot goes to this relay's sender.
+                config.listen = None;
+                let events = self.events_tx.clone();
+                tracing::info!(
+                    newer_than,
+                    "taking a newer snapshot for the region's joiners"
+                );
+                self.tasks.spawn(async move {
+                    let fetched = super::spawn::fetch_snapshot(config, newer_than).await;
+                    let _ = events.send(Event::SnapshotFetched(fetched)).await;
+                });
+            }
             Output::Notice(notice) => self.notice(notice),
         }
     }
@@ -159,8 +173,9 @@ impl<E: Engine> Driver<E> {
             }
             Notice::Joined { version } => {
                 tracing::info!(version, "received the snapshot to join from");
-                // Only a hub serves snapshots: the deltas after it come cheaper from the
-                // first upstream, the region's relay, as for every other actor.
+                // A snapshot taken from a fallback (the hub, when the region's relay
+                // keeps none or no longer offers its own): the deltas after it come
+                // cheaper from the first upstream, the relay, as for every other actor.
                 if !self.upstreams.on_first()
                     && let Some(receiver) = self.node.receiver_mut()
                     && receiver.abandon("joined; the deltas come from the first upstream")
@@ -213,6 +228,7 @@ impl<E: Engine> Driver<E> {
         status.target_streams = self.node.receiver().map_or(0, Receiver::stream_count);
         status.sender = self.node.sender().map(|s| s.stats().clone());
         status.subscribers = self.node.sender().map_or(0, Sender::sessions);
+        status.kept_snapshot = self.node.sender().and_then(Sender::kept_snapshot);
         status.refusals = self.refusals.snapshot();
         let snapshot = status.clone();
         self.status_tx.send_replace(snapshot);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aurora_delta::{Extraction, Hash, Manifest, Segment};
-use aurora_proto::VersionRef;
+use aurora_proto::{KeptSegments, KeptSnapshot, VersionRef};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -34,6 +34,10 @@ pub(super) enum Command {
     ExpectCommitted(u64),
     StoreChanged {
         reply: oneshot::Sender<Result<(), TransportError>>,
+    },
+    /// A relay's fetcher hands over the snapshot it took ([`aurora_proto::Node::take_kept`]).
+    TakeKept {
+        reply: oneshot::Sender<Option<(KeptSnapshot, Box<dyn KeptSegments>)>>,
     },
 }
 
@@ -146,6 +150,21 @@ impl NodeHandle {
     /// The store was written behind the hub's back (a snapshot put by the trainer): the
     /// hub serves what the store holds now, and offers its newest snapshot to peers that
     /// join with no weights. Returns once the hub has read the catalog.
+    /// A fetcher's snapshot, once it has delivered it.
+    pub(super) async fn take_kept(
+        &self,
+    ) -> Result<(KeptSnapshot, Box<dyn KeptSegments>), TransportError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::TakeKept { reply })
+            .await
+            .map_err(|_| TransportError::Stopped)?;
+        answer
+            .await
+            .map_err(|_| TransportError::Stopped)?
+            .ok_or(TransportError::Stopped)
+    }
+
     pub async fn store_changed(&self) -> Result<(), TransportError> {
         self.call(|reply| Command::StoreChanged { reply }).await
     }

@@ -19,6 +19,7 @@ mod handle;
 mod spawn;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -93,6 +94,12 @@ pub struct NodeConfig {
     pub retain_bytes: u64,
     /// Frames in flight per connection (the sender's window).
     pub window_frames: usize,
+    /// A relay keeps the snapshot it starts from in an unnamed file in this directory
+    /// ([`crate::FileSnapshots`]; the model's size on disk, none of it in the process's
+    /// memory) and serves it to the peers of its region that join with no weights, so
+    /// the region's joins cross its upstream link once (docs/wire-protocol.md §8).
+    /// `None`: it keeps none, and joiners fetch their snapshots from the hub.
+    pub snapshot_dir: Option<PathBuf>,
     /// Segment size of the snapshot artifacts a hub builds from its store for peers that
     /// join with no weights. Hubs that serve one store must agree on it: the same
     /// snapshot then gives the same artifact, and a join resumes across them.
@@ -140,6 +147,7 @@ impl NodeConfig {
             retain_bytes: 256 << 20,
             window_frames: 4,
             snapshot_segment_bytes: 256 << 10,
+            snapshot_dir: None,
             decode_pool: None,
             images: Arc::new(Heap),
             signing_key: None,
@@ -263,6 +271,11 @@ pub enum TransportError {
     Pool(String),
     #[error("invalid benchmark: {0}")]
     InvalidSpec(String),
+    #[error("the relay's snapshot directory {dir}")]
+    SnapshotDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0} needs at least one upstream")]
     NoUpstream(&'static str),
     #[error("gave up after {0:?}")]
@@ -296,6 +309,8 @@ pub struct NodeStatus {
     pub reports: Vec<(String, VersionRef, String)>,
     /// Sessions currently subscribed (hubs and relays).
     pub subscribers: usize,
+    /// The snapshot a relay serves its region's joiners ([`NodeConfig::snapshot_dir`]).
+    pub kept_snapshot: Option<u64>,
     /// The actor refused its upstreams' chain [`aurora_proto::MAX_REFUSALS`] times.
     pub diverged: bool,
     /// Activations whose target hash did not match (the weights were restored).

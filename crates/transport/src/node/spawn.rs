@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use aurora_delta::Hash;
-use aurora_proto::{Node, Receiver, Sender, Upstreams, VersionRef, Weights};
+use aurora_proto::{
+    KeptSegments, KeptSnapshot, Node, Receiver, Sender, Upstreams, VersionRef, Weights,
+};
 use aurora_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -15,6 +17,7 @@ use tokio::task::JoinSet;
 
 use crate::decode::{DecodeBacklog, DecodePool};
 use crate::engine::{Engine, IdleEngine};
+use crate::kept::FileSnapshots;
 use crate::security::{BuildBudget, RefusalCounters};
 
 use super::accept::{Gate, accept_loop};
@@ -44,7 +47,8 @@ pub async fn spawn_hub(
 
 /// Starts a relay: it holds no weights, receives every version from the newest its
 /// first upstream serves on, and forwards each verified segment to its subscribers as
-/// it arrives (docs/wire-protocol.md §8).
+/// it arrives (docs/wire-protocol.md §8). With a [`NodeConfig::snapshot_dir`] it starts
+/// from its upstream's newest snapshot instead, and serves it to its region's joiners.
 pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportError> {
     if config.upstreams.is_empty() {
         return Err(TransportError::NoUpstream("a relay"));
@@ -55,7 +59,55 @@ pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportErro
     if let Some(after) = config.relay_suspend_after {
         node.suspend_after(after);
     }
+    if let Some(dir) = &config.snapshot_dir {
+        // Checked now, not when the snapshot's first segment arrives.
+        let writable = tempfile::tempfile_in(dir).map(drop);
+        writable.map_err(|source| TransportError::SnapshotDir {
+            dir: dir.clone(),
+            source,
+        })?;
+        node.keep_snapshots(Arc::new(FileSnapshots::new(dir)));
+    }
     spawn(config, node, None, None::<Arc<IdleEngine>>, None).await
+}
+
+/// A relay's fetch of its upstream's newest snapshot, if it is newer than `newer_than`,
+/// on a session of its own (`aurora_proto::Output::FetchSnapshot`): the snapshot,
+/// complete and verified, with where its segments are kept, or why there is none. One
+/// try: a session that ends first (the upstream has no newer snapshot, or the link
+/// failed) ends it, and the relay goes on with the snapshot it keeps.
+pub(super) async fn fetch_snapshot(
+    config: NodeConfig,
+    newer_than: u64,
+) -> Result<(KeptSnapshot, Box<dyn KeptSegments>), String> {
+    let dir = config
+        .snapshot_dir
+        .clone()
+        .ok_or("a relay without a snapshot directory keeps no snapshot")?;
+    let node = Node::snapshot_fetcher(
+        Receiver::relaying(config.receiver_config()),
+        Sender::new(config.sender(false)),
+        Arc::new(FileSnapshots::new(dir)),
+        newer_than,
+    );
+    let fetcher = spawn(config, node, None, None::<Arc<IdleEngine>>, None)
+        .await
+        .map_err(|e| super::error_chain(&e))?;
+    let ended = fetcher
+        .wait_for(|s| !s.completed.is_empty() || s.upstream_switches > 0)
+        .await;
+    let taken = match ended {
+        Ok(status) if !status.completed.is_empty() => fetcher
+            .take_kept()
+            .await
+            .map_err(|e| super::error_chain(&e)),
+        Ok(_) => Err(format!(
+            "the session ended before a snapshot newer than version {newer_than} came"
+        )),
+        Err(e) => Err(super::error_chain(&e)),
+    };
+    fetcher.kill();
+    taken
 }
 
 /// Starts an actor: it receives from its upstreams, stages each delta against its

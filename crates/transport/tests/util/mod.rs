@@ -26,18 +26,31 @@ pub struct Chain {
     pub deltas: Vec<Bytes>,
 }
 
+impl From<aurora_synth::DeltaChain> for Chain {
+    fn from(chain: aurora_synth::DeltaChain) -> Chain {
+        Chain {
+            images: chain.images,
+            hashes: chain.hashes,
+            deltas: chain.deltas.into_iter().map(Bytes::from).collect(),
+        }
+    }
+}
+
 impl Chain {
     pub fn new(versions: u64, seed: u64) -> Chain {
         let shape = aurora_synth::preset("tiny").unwrap();
         let mut config = aurora_synth::SynthConfig::new(shape, seed);
         // Larger steps than real training, so every delta spans many segments.
         config.learning_rate = 3e-5;
-        let chain = aurora_synth::DeltaChain::new(config, versions, 1024);
-        Chain {
-            images: chain.images,
-            hashes: chain.hashes,
-            deltas: chain.deltas.into_iter().map(Bytes::from).collect(),
-        }
+        Chain::from(aurora_synth::DeltaChain::new(config, versions, 1024))
+    }
+
+    /// A chain at the synthetic trainer's own learning rate: steps like real training's,
+    /// each changing about 1% of the elements, so a delta is a small part of the model.
+    pub fn sparse(versions: u64, seed: u64) -> Chain {
+        let shape = aurora_synth::preset("tiny").unwrap();
+        let config = aurora_synth::SynthConfig::new(shape, seed);
+        Chain::from(aurora_synth::DeltaChain::new(config, versions, 1024))
     }
 
     pub fn weights(&self, version: u64) -> Weights {
