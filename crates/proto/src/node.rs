@@ -28,7 +28,7 @@ use bytes::Bytes;
 use crate::ConnId;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
 use crate::frame::{ArtifactKind, Frame, Role, VersionRef, Welcome};
-use crate::keep::{KeptSegments, SnapshotSpace, snapshot_capacity};
+use crate::keep::{KeptSegments, SnapshotSpace};
 use crate::receiver::{Artifact, Receiver, ReceiverEvent, SessionEnd};
 use crate::sender::{ArtifactKey, KeptSnapshot, Sender, SenderEvent};
 use crate::weights::Staged;
@@ -148,12 +148,8 @@ pub struct Node {
     upstream_lost_at: Option<Instant>,
     /// When the relay's current upstream session was welcomed.
     upstream_welcomed_at: Option<Instant>,
-    /// Where a relay keeps the snapshot it serves joins from, if it does.
-    snapshots: Option<Arc<dyn SnapshotSpace>>,
-    /// The snapshot a relay is taking or has taken, and where its segments are kept.
-    kept: Option<(u64, Box<dyn KeptSegments>)>,
-    /// The kept snapshot a newer one was last asked for ([`Output::FetchSnapshot`]).
-    fetched_for: Option<u64>,
+    /// A relay that keeps a snapshot for its region's joins ([`Node::keep_snapshots`]).
+    keeping: Option<Keeping>,
     outputs: VecDeque<Output>,
 }
 
@@ -216,9 +212,7 @@ impl Node {
             suspend_after: None,
             upstream_lost_at: None,
             upstream_welcomed_at: None,
-            snapshots: None,
-            kept: None,
-            fetched_for: None,
+            keeping: None,
             outputs: VecDeque::new(),
         }
     }
@@ -232,7 +226,7 @@ impl Node {
         if let (Some(sender), Some(receiver)) = (&mut self.sender, &mut self.receiver) {
             receiver.keep_snapshots();
             sender.hold_hellos();
-            self.snapshots = Some(space);
+            self.keeping = Some(Keeping::new(space));
         }
     }
 
@@ -254,112 +248,37 @@ impl Node {
 
     /// A fetcher's snapshot, complete and sealed, with where its segments are kept.
     pub fn take_kept(&mut self) -> Option<(KeptSnapshot, Box<dyn KeptSegments>)> {
-        let snapshot = self.sender.as_mut()?.take_kept_snapshot()?;
-        let (_, segments) = self.kept.take()?;
-        Some((snapshot, segments))
+        self.keeping.as_mut()?.take(self.sender.as_mut()?)
     }
 
     /// A relay serves the snapshot its fetcher took in place of the one it kept, and
     /// keeps the deltas after it where that one's segments are ([`Sender::adopt_snapshot`]).
-    pub fn adopt_snapshot(&mut self, snapshot: KeptSnapshot, segments: Box<dyn KeptSegments>) {
-        let Some(sender) = &mut self.sender else {
+    pub fn adopt_snapshot(&mut self, snapshot: KeptSnapshot, file: Box<dyn KeptSegments>) {
+        let (Some(keeping), Some(sender)) = (&mut self.keeping, &mut self.sender) else {
             return;
         };
         let version = snapshot.version();
-        match sender.adopt_snapshot(snapshot) {
-            Ok(()) => {
-                tracing::info!(version, "serving a newer snapshot to the region's joiners");
-                self.kept = Some((version, segments));
-            }
+        match keeping.adopt(sender, snapshot, file) {
+            Ok(()) => tracing::info!(version, "serving a newer snapshot to the region's joiners"),
             Err(reason) => tracing::warn!(version, reason, "the fetched snapshot is not served"),
         }
     }
 
-    /// Asks for a newer snapshot once the deltas after the kept one have grown to half of
-    /// what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]), once per kept snapshot, and only if
-    /// a joiner has wanted it: a joiner then takes less from the newer one, and it
-    /// arrives before the old one is withdrawn. A newer snapshot costs the upstream link
-    /// a snapshot each time that much has crossed as deltas; a region where nobody joins
-    /// is not worth it.
-    fn poll_refresh(&mut self) {
-        let Some(sender) = &self.sender else { return };
-        let (Some(kept), Some((tail, snapshot))) = (sender.kept_snapshot(), sender.kept_tail())
-        else {
-            return;
-        };
-        if self.snapshots.is_some()
-            && sender.kept_snapshot_wanted()
-            && self.fetched_for != Some(kept)
-            && snapshot != u64::MAX
-            && tail.saturating_mul(2) >= snapshot.saturating_mul(crate::KEPT_TAIL_SNAPSHOTS)
-        {
-            self.fetched_for = Some(kept);
-            self.outputs
-                .push_back(Output::FetchSnapshot { newer_than: kept });
+    /// The fetch asked for by [`Output::FetchSnapshot`] brought no newer snapshot, for
+    /// `reason`: it is asked for again some versions on
+    /// ([`keeping::FETCH_RETRY_VERSIONS`]).
+    pub fn snapshot_not_fetched(&mut self, reason: &str) {
+        tracing::info!(reason, "no newer snapshot for the region's joiners");
+        if let (Some(keeping), Some(sender)) = (&mut self.keeping, &self.sender) {
+            keeping.not_fetched(sender);
         }
     }
 
-    /// The key a relay publishes `version`'s artifact under: the snapshot it keeps, or a
-    /// delta.
+    /// The key a relay publishes `version`'s artifact under: the kind its Offer named.
     fn relayed(&self, version: u64) -> ArtifactKey {
-        match &self.kept {
-            Some((kept, _)) if *kept == version => ArtifactKey::Snapshot(version),
-            _ => ArtifactKey::Delta(version),
-        }
-    }
-
-    /// A segment a relay republishes as `key`, kept where its snapshot is while it keeps
-    /// one (the snapshot's segments, and the deltas' after it, which its sender keeps
-    /// with the snapshot for its joiners); `None` where it cannot be served.
-    fn kept_bytes(&mut self, key: ArtifactKey, index: u32, bytes: Bytes) -> Option<Bytes> {
-        let sender = self.sender.as_mut()?;
-        if sender.kept_snapshot().is_none() {
-            // Withdrawn by the sender: it no longer holds the deltas after it.
-            self.kept = None;
-        }
-        let Some((_, kept)) = &mut self.kept else {
-            return Some(bytes);
-        };
-        match kept.keep(&bytes) {
-            Ok(kept) => Some(kept),
-            Err(why) => {
-                let reason = format!("segment {index} of {key}: {why}");
-                tracing::warn!(reason, "the relay stops serving its snapshot");
-                sender.withdraw_snapshot(reason);
-                self.kept = None;
-                // A delta goes on from memory, as on a relay that keeps no snapshot.
-                matches!(key, ArtifactKey::Delta(_)).then_some(bytes)
-            }
-        }
-    }
-
-    /// A relay begins keeping the snapshot of `version` (or goes on with it, in a new
-    /// session); whether it will publish it.
-    fn keep_snapshot(&mut self, version: u64, header: &DeltaHeader) -> bool {
-        let (Some(space), Some(sender)) = (&self.snapshots, &mut self.sender) else {
-            return false;
-        };
-        if let Some(receiver) = &mut self.receiver {
-            // Its segments are kept in the space and served from there: the receiver
-            // holds only their hashes, not the whole model until the last one came.
-            receiver.take_segments(version);
-        }
-        if self.kept.as_ref().is_some_and(|(kept, _)| *kept == version) {
-            return true;
-        }
-        match space.create(snapshot_capacity(header)) {
-            Ok(segments) => {
-                self.kept = Some((version, segments));
-                true
-            }
-            Err(why) => {
-                let reason = format!("no room to keep the snapshot of version {version}: {why}");
-                tracing::warn!(reason, "serving no snapshot");
-                sender.withdraw_snapshot(reason);
-                self.kept = None;
-                false
-            }
-        }
+        self.keeping
+            .as_ref()
+            .map_or(ArtifactKey::Delta(version), |keeping| keeping.key(version))
     }
 
     /// A relay that has had no working upstream session for `after` sends its
@@ -567,23 +486,8 @@ impl Node {
                     {
                         sender.set_floor(receiver.next_version());
                     }
-                    if self.snapshots.is_some() {
-                        match receiver.taking_snapshot() {
-                            Some(version) => sender.expect_snapshot(version),
-                            // Following from the newest version: whatever was begun of a
-                            // snapshot will not be finished.
-                            None if self
-                                .kept
-                                .as_ref()
-                                .is_some_and(|(kept, _)| receiver.next_version() <= *kept) =>
-                            {
-                                sender.withdraw_snapshot(
-                                    "the relay's upstream offers no snapshot".into(),
-                                );
-                                self.kept = None;
-                            }
-                            None => {}
-                        }
+                    if let Some(keeping) = &mut self.keeping {
+                        keeping.connected(sender, receiver);
                     }
                     sender.release_hellos(now);
                 }
@@ -609,16 +513,16 @@ impl Node {
             } => {
                 // Only a relay republishes: deltas, and the snapshot it keeps. The
                 // signature goes downstream as it came: a relay cannot make one.
-                let relayed = match kind {
-                    ArtifactKind::Delta => true,
-                    ArtifactKind::Snapshot => self.keep_snapshot(version, &header),
-                    ArtifactKind::Composed => false,
-                };
-                if relayed
-                    && let Some(sender) = &mut self.sender
-                    && let Err(e) = sender.begin_artifact(kind, descriptor, signature)
-                {
-                    self.outputs.push_back(relay_error(e));
+                if let Some(sender) = &mut self.sender {
+                    let relayed = match (&mut self.keeping, &mut self.receiver) {
+                        (Some(keeping), Some(receiver)) => {
+                            keeping.offered(sender, receiver, version, kind, &header)
+                        }
+                        _ => kind == ArtifactKind::Delta,
+                    };
+                    if relayed && let Err(e) = sender.begin_artifact(kind, descriptor, signature) {
+                        self.outputs.push_back(relay_error(e));
+                    }
                 }
                 self.begin_staging(version, kind, header);
             }
@@ -630,11 +534,16 @@ impl Node {
             } => {
                 self.decode(version, index, hash, &bytes);
                 let key = self.relayed(version);
-                if let Some(bytes) = self.kept_bytes(key, index, bytes)
-                    && let Some(sender) = &mut self.sender
-                    && let Err(e) = sender.add_segment(key, index, hash, bytes)
-                {
-                    self.outputs.push_back(relay_error(e));
+                if let Some(sender) = &mut self.sender {
+                    let bytes = match &mut self.keeping {
+                        Some(keeping) => keeping.segment(sender, key, index, bytes),
+                        None => Some(bytes),
+                    };
+                    if let Some(bytes) = bytes
+                        && let Err(e) = sender.add_segment(key, index, hash, bytes)
+                    {
+                        self.outputs.push_back(relay_error(e));
+                    }
                 }
             }
             ReceiverEvent::Revoked { version, index } => {
@@ -690,7 +599,11 @@ impl Node {
                     };
                     receiver.set_local(held, None);
                     receiver.report(format!("holds v{version}"));
-                    self.poll_refresh();
+                    if let (Some(keeping), Some(sender)) = (&mut self.keeping, &self.sender)
+                        && let Some(newer_than) = keeping.delivered(sender, version)
+                    {
+                        self.outputs.push_back(Output::FetchSnapshot { newer_than });
+                    }
                 }
             }
             ReceiverEvent::Commit(commit) => {
@@ -938,5 +851,8 @@ impl Node {
     }
 }
 
+mod keeping;
 #[cfg(test)]
 mod tests;
+
+use self::keeping::Keeping;

@@ -1289,9 +1289,14 @@ impl Sim {
                 let outcome = outcome.map_err(|e| e.to_string());
                 peer.node.as_mut().unwrap().activated(version, outcome);
             }
-            // No fetcher runs here: relay0 stops serving its snapshot once the deltas
-            // after it outgrow it (the tokio driver's fetch: crates/transport/tests).
-            Output::FetchSnapshot { .. } => {}
+            // No fetcher runs here (the tokio driver's: crates/transport/tests): relay0
+            // asks again later, and stops serving its snapshot once the deltas after it
+            // outgrow what it keeps.
+            Output::FetchSnapshot { .. } => {
+                if let Some(relay) = self.peers[node].node.as_mut() {
+                    relay.snapshot_not_fetched("the simulation runs no fetcher");
+                }
+            }
             Output::Notice(Notice::Connected(_)) => self.peers[node].route.connected(self.now),
             Output::Notice(Notice::Complete { .. }) => {
                 self.peers[node].route.delivered();

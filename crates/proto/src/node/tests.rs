@@ -782,7 +782,11 @@ fn a_relay_asks_for_a_newer_snapshot_once_and_adopts_only_one_it_can_serve() {
     relay.adopt_snapshot(newer, segments);
     let sender = relay.sender().unwrap();
     assert_eq!(sender.kept_snapshot(), Some(8));
-    assert_eq!(sender.held(ArtifactKind::Snapshot), 1);
+    assert_eq!(
+        sender.held(ArtifactKind::Snapshot),
+        2,
+        "the old one stays while the joiner that wanted it is served it"
+    );
     assert_eq!(
         welcome_on(&subscribe(&mut relay, now, 9, 42), 9),
         Some(Some(8))
@@ -791,10 +795,169 @@ fn a_relay_asks_for_a_newer_snapshot_once_and_adopts_only_one_it_can_serve() {
     let (older, segments) = relay_keeping(now, 6).take_kept().unwrap();
     relay.adopt_snapshot(older, segments);
     assert_eq!(relay.sender().unwrap().kept_snapshot(), Some(8));
-    // Nor one whose deltas after it are gone.
+    // Nor one whose deltas after it are gone (and the kept one, whose deltas are gone
+    // too, was withdrawn).
     let mut cut_off = relay_keeping(now, 3);
     cut_off.sender_mut().unwrap().set_floor(7);
+    assert_eq!(cut_off.sender().unwrap().kept_snapshot(), None);
     let (gone, segments) = relay_keeping(now, 5).take_kept().unwrap();
     cut_off.adopt_snapshot(gone, segments);
-    assert_eq!(cut_off.sender().unwrap().kept_snapshot(), Some(3));
+    assert_eq!(cut_off.sender().unwrap().kept_snapshot(), None);
+}
+
+/// Publishes `frames` (an Offer, a Seal and segments) into `sender` as a relay does.
+fn publish(sender: &mut Sender, frames: Vec<Frame>) {
+    for frame in frames {
+        let kept = sender.kept_snapshot();
+        let key = |version| match kept {
+            Some(kept) if kept == version => ArtifactKey::Snapshot(version),
+            _ => ArtifactKey::Delta(version),
+        };
+        match frame {
+            Frame::Offer {
+                version,
+                kind,
+                descriptor,
+                signature,
+            } => {
+                assert_eq!(
+                    sender.begin_artifact(kind, descriptor, signature).unwrap(),
+                    version
+                );
+            }
+            Frame::Seal {
+                version,
+                id,
+                target_hash,
+                segments,
+                signature,
+            } => {
+                let key = key(version);
+                sender
+                    .seal_artifact(key, target_hash, id, segments, signature)
+                    .unwrap();
+            }
+            Frame::Segment {
+                version,
+                index,
+                hash,
+                bytes,
+            } => sender
+                .add_segment(key(version), index, hash, bytes)
+                .unwrap(),
+            other => panic!("not published: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_the_relay_will_not_finish_is_withdrawn_and_never_offered_again() {
+    let now = Instant::now();
+    let mut relay = keeping_relay(now);
+    feed(&mut relay, crate::testutil::hub_welcome(Some(3)));
+    let (bytes, _) = snapshot_artifact(3, 40);
+    for frame in frames_of(&bytes, ArtifactKind::Snapshot)
+        .into_iter()
+        .take(5)
+    {
+        feed(&mut relay, frame);
+    }
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), Some(3));
+    // The upstream cannot go on with it; the next one offers no snapshot.
+    feed(
+        &mut relay,
+        Frame::Unavailable {
+            version: 3,
+            reason: "deferred".into(),
+        },
+    );
+    reconnect_at(&mut relay, now, crate::testutil::hub_welcome_at(Some(5)));
+    assert_eq!(relay.receiver().unwrap().next_version(), 5);
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), None);
+    assert_eq!(relay.sender().unwrap().held(ArtifactKind::Snapshot), 0);
+    assert_eq!(
+        welcome_on(&subscribe(&mut relay, now, 9, 42), 9),
+        Some(None)
+    );
+    // Its deltas are retained as on any relay: four, not every one after version 3.
+    for version in 5..=12 {
+        for frame in frames(&artifact(version, 1).0) {
+            relay.receiver_mut().unwrap().handle_frame(now, 2, frame);
+            poll(&mut relay);
+        }
+    }
+    assert_eq!(relay.sender().unwrap().latest(), Some(12));
+    assert_eq!(relay.sender().unwrap().held(ArtifactKind::Delta), 4);
+}
+
+/// Starts a new upstream session on the relay's conn 2, welcomed by `welcome`.
+fn reconnect_at(relay: &mut Node, now: Instant, welcome: Frame) {
+    let receiver = relay.receiver_mut().unwrap();
+    receiver.start_session(now, 6);
+    receiver.connected(now, 6, 0, 2);
+    receiver.handle_frame(now, 2, welcome);
+    std::iter::from_fn(|| relay.poll(now)).for_each(drop);
+}
+
+#[test]
+fn a_newer_snapshot_adopted_before_its_own_delta_came_leaves_that_delta_a_delta() {
+    let now = Instant::now();
+    let mut relay = relay_keeping(now, 3);
+    for version in 4..=5 {
+        for frame in frames(&artifact(version, 1).0) {
+            feed(&mut relay, frame);
+        }
+    }
+    let (newer, file) = relay_keeping(now, 6).take_kept().unwrap();
+    relay.adopt_snapshot(newer, file);
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), Some(6));
+    let mut outputs = Vec::new();
+    for version in 6..=7 {
+        for frame in frames(&artifact(version, 1).0) {
+            outputs.extend(feed(&mut relay, frame));
+        }
+    }
+    assert!(
+        !outputs
+            .iter()
+            .any(|o| matches!(o, Output::Notice(Notice::RelayError(_)))),
+        "{outputs:?}"
+    );
+    let sender = relay.sender().unwrap();
+    assert!(
+        sender.kept_snapshot_complete(),
+        "the snapshot of 6 is whole"
+    );
+    assert_eq!(sender.latest(), Some(7));
+    let served = std::mem::replace(relay.sender_mut().unwrap(), relay_sender());
+    let mut joiner = Pair::new(served, crate::testutil::joining_receiver(1));
+    joiner.pump();
+    let versions: Vec<u64> = joiner.complete().iter().map(|(v, _)| *v).collect();
+    assert_eq!(versions, [6, 7]);
+}
+
+#[test]
+fn a_joiner_halfway_through_the_old_snapshot_finishes_it_when_a_newer_one_is_adopted() {
+    let now = Instant::now();
+    let (bytes, _) = snapshot_artifact(3, 40);
+    let mut snapshot = frames_of(&bytes, ArtifactKind::Snapshot);
+    let rest = snapshot.split_off(12);
+    // Offer, Seal and ten segments: a joiner takes what there is.
+    let mut relay = relay_sender();
+    relay.expect_snapshot(3);
+    publish(&mut relay, snapshot);
+    let mut joiner = Pair::new(relay, crate::testutil::joining_receiver(1));
+    assert!(joiner.complete().is_empty(), "halfway");
+    // The rest comes, and a delta; then a newer snapshot is adopted.
+    publish(&mut joiner.sender, rest);
+    publish(&mut joiner.sender, frames(&artifact(4, 1).0));
+    let (newer, _file) = relay_keeping(now, 4).take_kept().unwrap();
+    joiner.sender.adopt_snapshot(newer).unwrap();
+    assert_eq!(joiner.sender.kept_snapshot(), Some(4));
+    joiner.pump();
+    let complete = joiner.complete();
+    assert_eq!(complete.first(), Some(&(3, bytes)), "the old one, whole");
+    assert_eq!(complete.last().map(|(v, _)| *v), Some(4));
+    // Served, it went: only the adopted one is held now.
+    assert_eq!(joiner.sender.held(ArtifactKind::Snapshot), 1);
 }

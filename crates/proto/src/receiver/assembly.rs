@@ -78,8 +78,14 @@ impl Receiver {
                 Some(ArtifactKind::Composed) => ArtifactKind::Composed,
                 _ => self.kind_of(version),
             };
-            // Delivered: from now on every version follows this one as a delta.
+            // Delivered: from now on every version follows this one as a delta, and a
+            // relay that chooses its start again (cut off past its upstream's window)
+            // follows from the newest version: taking a snapshot again would hold back
+            // the deltas its actors wait for until the snapshot came.
             self.start = Start::Weights;
+            if self.relaying {
+                self.relay_start = Start::Newest;
+            }
             let artifact = Artifact::from_assembly(assembly, kind);
             self.tip = Some(VersionRef {
                 version,

@@ -236,7 +236,7 @@ pub struct Receiver {
     relaying: bool,
     /// What a relay's receiver starts from when it chooses again: the newest version,
     /// or for one that keeps a snapshot for its region's joins
-    /// ([`Receiver::keep_snapshots`]) the newest snapshot.
+    /// ([`Receiver::keep_snapshots`]) and has delivered nothing yet, the newest snapshot.
     relay_start: Start,
     /// The oldest snapshot a relay's receiver takes ([`Receiver::take_snapshots_from`]).
     snapshot_floor: u64,
@@ -326,8 +326,9 @@ impl Receiver {
 
     /// A relay that keeps a snapshot to serve its region's joins (docs/wire-protocol.md
     /// §8): it starts from the newest snapshot its upstream offers, then the deltas
-    /// after it, and starts so again whenever it chooses its start again. From an
-    /// upstream that offers none it follows from the newest version, as any relay.
+    /// after it, until it has delivered a version; from an upstream that offers none,
+    /// and whenever it chooses its start again after that, it follows from the newest
+    /// version, as any relay (its node takes newer snapshots on the side).
     pub fn keep_snapshots(&mut self) {
         debug_assert!(self.relaying, "only a relay's receiver keeps snapshots");
         self.relay_start = Start::Snapshot(None);

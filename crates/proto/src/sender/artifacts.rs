@@ -283,10 +283,9 @@ impl Sender {
         if let ArtifactKey::Snapshot(version) = key
             && self.kept_snapshot != Some(version)
         {
-            // One snapshot is kept: a newer one (a relay that started over) replaces it.
-            if let Some(old) = self.kept_snapshot.replace(version) {
-                self.artifacts.remove(&ArtifactKey::Snapshot(old));
-            }
+            // One snapshot is kept: another (a relay that started over) replaces it. The
+            // old one goes once no session is served it (`evict`).
+            self.kept_snapshot = Some(version);
             self.kept_wanted = false;
         }
         if let Some(existing) = self.artifacts.get_mut(&key) {
@@ -600,13 +599,19 @@ impl Sender {
     /// less, and the relay's is withdrawn.
     pub(super) fn evict(&mut self) {
         let versions_ahead = self.config.versions_ahead;
-        if let Some(kept) = self.kept_snapshot
-            && !self.keeps_tail()
-        {
-            self.withdraw_snapshot(format!(
-                "the deltas after the snapshot of version {kept} outgrew what a relay \
-                 keeps: the hub's newer snapshot costs a joiner less"
-            ));
+        if let Some(kept) = self.kept_snapshot {
+            if !self.keeps_tail() {
+                self.withdraw_snapshot(format!(
+                    "the deltas after the snapshot of version {kept} outgrew what a relay \
+                     keeps: the hub's newer snapshot costs a joiner less"
+                ));
+            } else if self.floor > kept.saturating_add(1) {
+                self.withdraw_snapshot(format!(
+                    "the deltas after the snapshot of version {kept} are not all held here \
+                     (this relay follows from version {})",
+                    self.floor
+                ));
+            }
         }
         // The deltas a kept snapshot's joiners go on with stay; the others are retained
         // as on any relay.
@@ -673,19 +678,26 @@ impl Sender {
         Some((tail, snapshot))
     }
 
+    /// Whether the kept snapshot is here whole: sealed, every segment held.
+    pub fn kept_snapshot_complete(&self) -> bool {
+        self.kept_snapshot
+            .and_then(|version| self.artifacts.get(&ArtifactKey::Snapshot(version)))
+            .is_some_and(|artifact| {
+                artifact.seal.as_ref().is_some_and(|seal| {
+                    artifact.segments.len() == seal.segments.len()
+                        && artifact.segments.iter().all(Option::is_some)
+                })
+            })
+    }
+
     /// Takes the kept snapshot out, once it is complete and sealed: a relay's fetcher
     /// hands it over to the relay it fetched it for ([`Sender::adopt_snapshot`]).
     pub fn take_kept_snapshot(&mut self) -> Option<KeptSnapshot> {
-        let version = self.kept_snapshot?;
-        let key = ArtifactKey::Snapshot(version);
-        let artifact = self.artifacts.get(&key)?;
-        let sealed = artifact.seal.as_ref()?;
-        if artifact.segments.len() != sealed.segments.len()
-            || !artifact.segments.iter().all(Option::is_some)
-        {
+        if !self.kept_snapshot_complete() {
             return None;
         }
-        self.kept_snapshot = None;
+        let version = self.kept_snapshot.take()?;
+        let key = ArtifactKey::Snapshot(version);
         let artifact = self.artifacts.remove(&key)?;
         Some(KeptSnapshot { version, artifact })
     }
@@ -708,9 +720,9 @@ impl Sender {
                 self.floor
             ));
         }
-        if let Some(old) = self.kept_snapshot.replace(version) {
-            self.artifacts.remove(&ArtifactKey::Snapshot(old));
-        }
+        // The old one goes once no session is served it (`evict`): a joiner halfway
+        // through it finishes it.
+        self.kept_snapshot = Some(version);
         self.kept_wanted = false;
         let key = ArtifactKey::Snapshot(version);
         self.unavailable.remove(&key);

@@ -345,6 +345,8 @@ impl Sender {
         let floor = self.floor;
         self.artifacts
             .retain(|key, _| !matches!(key, ArtifactKey::Delta(v) if *v < floor));
+        // A kept snapshot whose next deltas will not be held goes.
+        self.evict();
     }
 
     /// Tells a store-backed sender the newest version its store holds.
@@ -385,14 +387,12 @@ impl Sender {
     /// it from now on, and sessions that want it wait for it to arrive, served
     /// cut-through as its segments come ([`Sender::begin_artifact`]).
     pub fn expect_snapshot(&mut self, version: u64) {
-        if self
-            .kept_snapshot
-            .replace(version)
-            .is_some_and(|old| old != version)
-        {
-            self.artifacts
-                .retain(|key, _| !matches!(key, ArtifactKey::Snapshot(_)));
+        if self.kept_snapshot.replace(version) != Some(version) {
+            self.kept_wanted = false;
         }
+        self.unavailable.remove(&ArtifactKey::Snapshot(version));
+        // Another one goes once no session is served it.
+        self.evict();
     }
 
     /// The snapshot a relay keeps for its region's joins, if any.

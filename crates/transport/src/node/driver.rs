@@ -399,9 +399,7 @@ impl<E: Engine> Driver<E> {
             Event::SnapshotFetched(Ok((snapshot, segments))) => {
                 self.node.adopt_snapshot(snapshot, segments);
             }
-            Event::SnapshotFetched(Err(reason)) => {
-                tracing::info!(reason, "no newer snapshot for the region's joiners");
-            }
+            Event::SnapshotFetched(Err(reason)) => self.node.snapshot_not_fetched(&reason),
             Event::Loaded { key, result } => {
                 self.builds.finished(key);
                 let Some(sender) = self.node.sender_mut() else {

@@ -93,11 +93,16 @@ pub(super) async fn fetch_snapshot(
     let fetcher = spawn(config, node, None, None::<Arc<IdleEngine>>, None)
         .await
         .map_err(|e| super::error_chain(&e))?;
+    // Stopped however this ends, the relay's own end included (its driver then drops
+    // this future): a fetcher left running would hold its session and its file.
+    let fetcher = StopOnDrop(fetcher);
     let ended = fetcher
+        .0
         .wait_for(|s| !s.completed.is_empty() || s.upstream_switches > 0)
         .await;
-    let taken = match ended {
+    match ended {
         Ok(status) if !status.completed.is_empty() => fetcher
+            .0
             .take_kept()
             .await
             .map_err(|e| super::error_chain(&e)),
@@ -105,9 +110,16 @@ pub(super) async fn fetch_snapshot(
             "the session ended before a snapshot newer than version {newer_than} came"
         )),
         Err(e) => Err(super::error_chain(&e)),
-    };
-    fetcher.kill();
-    taken
+    }
+}
+
+/// A node stopped when this is dropped.
+struct StopOnDrop(NodeHandle);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.kill();
+    }
 }
 
 /// Starts an actor: it receives from its upstreams, stages each delta against its
