@@ -56,17 +56,25 @@ impl Keeping {
     }
 
     /// The upstream's Welcome chose the receiver's start: the sender offers the snapshot
-    /// the receiver will take, or stops offering one that will not be whole.
+    /// the receiver will take, and stops offering one that will not be whole (the
+    /// receiver takes another, or none), so that no joiner waits for it for ever.
     pub(super) fn connected(&mut self, sender: &mut Sender, receiver: &Receiver) {
-        match receiver.taking_snapshot() {
-            Some(version) if self.given_up != Some(version) => sender.expect_snapshot(version),
-            _ => {
-                if let Some(kept) = sender.kept_snapshot()
-                    && !sender.kept_snapshot_complete()
-                {
-                    self.give_up(sender, kept, "the relay's upstream no longer brings it");
-                }
+        let taking = receiver
+            .taking_snapshot()
+            .filter(|&version| self.given_up != Some(version));
+        if let Some(kept) = sender.kept_snapshot()
+            && taking != Some(kept)
+            && !sender.kept_snapshot_complete()
+        {
+            self.give_up(sender, kept, "the relay's upstream no longer brings it");
+        }
+        match taking {
+            // Its deltas are not held here (the relay holds versions from after it).
+            Some(version) if !sender.holds_deltas_after(version) => {
+                self.given_up = Some(version);
             }
+            Some(version) => sender.expect_snapshot(version),
+            None => {}
         }
     }
 
@@ -167,21 +175,17 @@ impl Keeping {
     /// The snapshot a newer one should now beat, if one is to be asked for: a joiner
     /// has wanted the kept one since the last ask, no fetch is out or waiting to be
     /// retried, and the deltas after the kept one have come to half of what is kept
-    /// ([`KEPT_TAIL_SNAPSHOTS`]), or it was withdrawn. A newer snapshot costs the
-    /// upstream link a snapshot; a region where nobody joins is not worth it.
+    /// ([`KEPT_TAIL_SNAPSHOTS`]). A newer snapshot costs the upstream link a snapshot; a
+    /// region where nobody joins is not worth it. Once the kept one is withdrawn none is
+    /// asked for: a newer one would need deltas the relay no longer holds.
     fn due(&self, sender: &Sender, version: u64) -> Option<u64> {
         if !self.demand || self.fetching || self.retry_from.is_some_and(|from| version < from) {
             return None;
         }
-        match sender.kept_snapshot() {
-            Some(kept) => {
-                let (tail, snapshot) = sender.kept_tail()?;
-                let half = snapshot.saturating_mul(KEPT_TAIL_SNAPSHOTS) / 2;
-                (snapshot != u64::MAX && tail >= half && self.fetched_for != Some(kept))
-                    .then_some(kept)
-            }
-            None => self.newest,
-        }
+        let kept = sender.kept_snapshot()?;
+        let (tail, snapshot) = sender.kept_tail()?;
+        let half = snapshot.saturating_mul(KEPT_TAIL_SNAPSHOTS) / 2;
+        (snapshot != u64::MAX && tail >= half && self.fetched_for != Some(kept)).then_some(kept)
     }
 
     /// The fetch asked for by [`Keeping::delivered`] failed: it is tried again some
@@ -205,7 +209,11 @@ impl Keeping {
         self.fetching = false;
         self.retry_from = None;
         let version = snapshot.version();
-        sender.adopt_snapshot(snapshot)?;
+        if let Err(reason) = sender.adopt_snapshot(snapshot) {
+            // Asked again later, not at once: the next might fail the same way.
+            self.not_fetched(sender);
+            return Err(reason);
+        }
         self.file = Some((version, file));
         self.newest = self.newest.max(Some(version));
         Ok(())

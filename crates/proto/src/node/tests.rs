@@ -757,19 +757,7 @@ fn a_relay_asks_for_a_newer_snapshot_once_and_adopts_only_one_it_can_serve() {
     // keeps, once.
     let mut relay = relay_keeping(now, 3);
     subscribe(&mut relay, now, 7, 40);
-    relay.sender_mut().unwrap().handle_frame(
-        now,
-        7,
-        Frame::Want {
-            seq: 1,
-            next_version: 3,
-            snapshot: true,
-            composed: false,
-            live_streams: 1,
-            epochs: vec![0],
-            progress: Vec::new(),
-        },
-    );
+    want_snapshot(&mut relay, now, 7, 3);
     let asked = asks_for_newer(&mut relay, 4..=12);
     assert_eq!(asked.len(), 1, "{asked:?}");
     assert_eq!((asked[0].1, asked[0].2), (3, true), "{asked:?}");
@@ -960,4 +948,51 @@ fn a_joiner_halfway_through_the_old_snapshot_finishes_it_when_a_newer_one_is_ado
     assert_eq!(complete.last().map(|(v, _)| *v), Some(4));
     // Served, it went: only the adopted one is held now.
     assert_eq!(joiner.sender.held(ArtifactKind::Snapshot), 1);
+}
+
+#[test]
+fn a_snapshot_left_unfinished_for_another_is_withdrawn_from_its_joiners() {
+    let now = Instant::now();
+    let mut relay = keeping_relay(now);
+    feed(&mut relay, crate::testutil::hub_welcome(Some(3)));
+    let (bytes, _) = snapshot_artifact(3, 40);
+    for frame in frames_of(&bytes, ArtifactKind::Snapshot)
+        .into_iter()
+        .take(5)
+    {
+        feed(&mut relay, frame);
+    }
+    // The next versions' Offers run ahead of it.
+    for version in 4..=5 {
+        feed(&mut relay, frames(&artifact(version, 1).0)[0].clone());
+    }
+    assert_eq!(relay.sender().unwrap().latest(), Some(5));
+    // A joiner is being served it when the session ends; the next upstream offers
+    // another snapshot.
+    subscribe(&mut relay, now, 7, 40);
+    want_snapshot(&mut relay, now, 7, 3);
+    relay.receiver_mut().unwrap().abandon("cut off");
+    poll(&mut relay);
+    reconnect_at(&mut relay, now, crate::testutil::hub_welcome(Some(5)));
+    let sender = relay.sender().unwrap();
+    assert_eq!(sender.kept_snapshot(), Some(5));
+    assert_eq!(
+        sender.held(ArtifactKind::Snapshot),
+        0,
+        "the unfinished one is gone: its joiner is told so, not left waiting"
+    );
+}
+
+/// The joiner on `conn` wants the snapshot of `version`.
+fn want_snapshot(relay: &mut Node, now: Instant, conn: ConnId, version: u64) {
+    let want = Frame::Want {
+        seq: 1,
+        next_version: version,
+        snapshot: true,
+        composed: false,
+        live_streams: 1,
+        epochs: vec![0],
+        progress: Vec::new(),
+    };
+    relay.sender_mut().unwrap().handle_frame(now, conn, want);
 }

@@ -605,7 +605,7 @@ impl Sender {
                     "the deltas after the snapshot of version {kept} outgrew what a relay \
                      keeps: the hub's newer snapshot costs a joiner less"
                 ));
-            } else if self.floor > kept.saturating_add(1) {
+            } else if !self.holds_deltas_after(kept) {
                 self.withdraw_snapshot(format!(
                     "the deltas after the snapshot of version {kept} are not all held here \
                      (this relay follows from version {})",
@@ -714,7 +714,7 @@ impl Sender {
                 "the snapshot of version {version} is no newer than the kept one, of {kept}"
             ));
         }
-        if self.floor > version.saturating_add(1) {
+        if !self.holds_deltas_after(version) {
             return Err(format!(
                 "the deltas after version {version} are no longer held here (from {} on)",
                 self.floor

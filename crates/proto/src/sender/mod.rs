@@ -380,7 +380,7 @@ impl Sender {
                 .copied();
         }
         self.kept_snapshot
-            .filter(|&kept| kept <= committed && self.floor <= kept.saturating_add(1))
+            .filter(|&kept| kept <= committed && self.holds_deltas_after(kept))
     }
 
     /// A relay is about to take the snapshot of `version` from upstream: Welcomes offer
@@ -393,6 +393,12 @@ impl Sender {
         self.unavailable.remove(&ArtifactKey::Snapshot(version));
         // Another one goes once no session is served it.
         self.evict();
+    }
+
+    /// Whether every delta after `version` is held here or still to come: a snapshot of
+    /// `version` can be served.
+    pub fn holds_deltas_after(&self, version: u64) -> bool {
+        self.floor <= version.saturating_add(1)
     }
 
     /// The snapshot a relay keeps for its region's joins, if any.
@@ -410,6 +416,7 @@ impl Sender {
     /// elsewhere.
     pub fn withdraw_snapshot(&mut self, reason: String) {
         if let Some(version) = self.kept_snapshot.take() {
+            self.kept_wanted = false;
             let key = ArtifactKey::Snapshot(version);
             self.artifacts.remove(&key);
             self.unavailable.insert(key, reason);
