@@ -838,9 +838,9 @@ fn publish(sender: &mut Sender, frames: Vec<Frame>) {
     }
 }
 
-#[test]
-fn a_snapshot_the_relay_will_not_finish_is_withdrawn_and_never_offered_again() {
-    let now = Instant::now();
+/// A keeping relay that has the Offer, the Seal and three segments of the snapshot of
+/// 3 (40 segments).
+fn relay_partway(now: Instant) -> Node {
     let mut relay = keeping_relay(now);
     feed(&mut relay, crate::testutil::hub_welcome(Some(3)));
     let (bytes, _) = snapshot_artifact(3, 40);
@@ -850,6 +850,13 @@ fn a_snapshot_the_relay_will_not_finish_is_withdrawn_and_never_offered_again() {
     {
         feed(&mut relay, frame);
     }
+    relay
+}
+
+#[test]
+fn a_snapshot_the_relay_will_not_finish_is_withdrawn_and_never_offered_again() {
+    let now = Instant::now();
+    let mut relay = relay_partway(now);
     assert_eq!(relay.sender().unwrap().kept_snapshot(), Some(3));
     // The upstream cannot go on with it; the next one offers no snapshot.
     feed(
@@ -953,15 +960,7 @@ fn a_joiner_halfway_through_the_old_snapshot_finishes_it_when_a_newer_one_is_ado
 #[test]
 fn a_snapshot_left_unfinished_for_another_is_withdrawn_from_its_joiners() {
     let now = Instant::now();
-    let mut relay = keeping_relay(now);
-    feed(&mut relay, crate::testutil::hub_welcome(Some(3)));
-    let (bytes, _) = snapshot_artifact(3, 40);
-    for frame in frames_of(&bytes, ArtifactKind::Snapshot)
-        .into_iter()
-        .take(5)
-    {
-        feed(&mut relay, frame);
-    }
+    let mut relay = relay_partway(now);
     // The next versions' Offers run ahead of it.
     for version in 4..=5 {
         feed(&mut relay, frames(&artifact(version, 1).0)[0].clone());
