@@ -76,10 +76,12 @@ pub enum Output {
     /// Wait for the engine's safe point, then call [`Node::safe_point`].
     AwaitSafePoint,
     /// A relay that keeps a snapshot a joiner has wanted, whose deltas after it have
-    /// grown to half of what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]): take the upstream's newest snapshot if it is newer than
-    /// `newer_than`, on a session of its own ([`Node::snapshot_fetcher`]), and hand it
-    /// over ([`Node::adopt_snapshot`]). Asked once per kept snapshot; without a newer one
-    /// the relay stops serving its snapshot once the deltas after it outgrow it.
+    /// grown to half of what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]): take the
+    /// upstream's newest snapshot if it is newer than `newer_than`, on a session of its
+    /// own ([`Node::snapshot_fetcher`]), and hand it over ([`Node::adopt_snapshot`]), or
+    /// say it could not ([`Node::snapshot_not_fetched`]: asked again some versions on).
+    /// Without a newer one the relay stops serving its snapshot once the deltas after it
+    /// outgrow what it keeps.
     FetchSnapshot {
         newer_than: u64,
     },

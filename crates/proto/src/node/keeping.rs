@@ -30,14 +30,12 @@ pub(super) struct Keeping {
     given_up: Option<u64>,
     /// Whether a joiner has wanted a kept snapshot since a newer one was last asked for.
     demand: bool,
-    /// The kept (or last withdrawn) snapshot a newer one was last asked for, and whether
+    /// The kept snapshot a newer one was last asked for, and whether
     /// that fetch is still out.
     fetched_for: Option<u64>,
     fetching: bool,
     /// The relay's version from which a failed fetch may be tried again.
     retry_from: Option<u64>,
-    /// The newest snapshot kept so far: a newer one must beat it.
-    newest: Option<u64>,
 }
 
 impl Keeping {
@@ -51,7 +49,6 @@ impl Keeping {
             fetched_for: None,
             fetching: false,
             retry_from: None,
-            newest: None,
         }
     }
 
@@ -105,7 +102,6 @@ impl Keeping {
         match self.space.create(snapshot_capacity(header)) {
             Ok(file) => {
                 self.file = Some((version, file));
-                self.newest = self.newest.max(Some(version));
                 true
             }
             Err(why) => {
@@ -215,7 +211,6 @@ impl Keeping {
             return Err(reason);
         }
         self.file = Some((version, file));
-        self.newest = self.newest.max(Some(version));
         Ok(())
     }
 

@@ -411,9 +411,9 @@ impl Sender {
         self.kept_wanted
     }
 
-    /// Stops serving the kept snapshot, for `reason` (the driver could not keep its
-    /// segments): sessions that want it are told it is unavailable, and fetch it
-    /// elsewhere.
+    /// Stops serving the kept snapshot, for `reason` (it will not be whole, or the deltas
+    /// after it are no longer all held, or outgrew what a relay keeps): sessions that
+    /// want it are told it is unavailable, and fetch one elsewhere.
     pub fn withdraw_snapshot(&mut self, reason: String) {
         if let Some(version) = self.kept_snapshot.take() {
             self.kept_wanted = false;
