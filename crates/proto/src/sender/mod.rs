@@ -46,7 +46,8 @@ use self::artifacts::Artifact;
 pub use self::artifacts::{ArtifactKey, KeptSnapshot, StoredArtifact, offer_signature};
 pub use self::auth::Auth;
 use self::session::{
-    Conn, Hedge, Session, hedgeable, next_artifact_frame, next_hedge_frame, session_artifact,
+    Conn, Hedge, SegState, Session, hedgeable, next_artifact_frame, next_hedge_frame,
+    session_artifact,
 };
 use crate::frame::{Commit, Frame, Hello, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
 use crate::snapshot::NotASnapshot;
@@ -118,8 +119,9 @@ impl SenderConfig {
 }
 
 /// Which connection [`Sender::poll_transmit`] tries first, least first: its session's
-/// turn (none, for a handshake, before any), its segments in flight, its stream, its id.
-type TransmitRank = (Option<u64>, usize, u8, ConnId);
+/// turn (none, for a handshake, before any), whether it is late, its segments in
+/// flight, its stream, its id.
+type TransmitRank = (Option<u64>, bool, usize, u8, ConnId);
 
 /// A frame for the driver to write on `conn`; after writing it, the driver closes the
 /// connection if `close_after` is set.
@@ -477,6 +479,11 @@ impl Sender {
     /// from a few packets a round trip (BENCHMARKS.md, "Delta against full sync in
     /// the sparse regime"); a transfer of many segments spreads over every stream, each
     /// taking more as it drains.
+    ///
+    /// A late stream goes after every other: one whose version went overdue has most
+    /// likely had a retransmission timeout, after which its congestion window starts
+    /// again from ten packets, and small versions seconds apart regrow it over tens of
+    /// seconds, every one of them waiting for it meanwhile (BENCHMARKS.md, the spells).
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         let window = self.config.window_frames;
         // A heap, not a sort: most calls take the first connection they look at.
@@ -491,10 +498,10 @@ impl Sender {
                     .session
                     .map(|session| session.wrapping_sub(self.next_session));
                 let segments = c.in_flight.iter().filter(|segment| **segment).count();
-                Reverse((turn, segments, c.stream, *id))
+                Reverse((turn, c.late, segments, c.stream, *id))
             })
             .collect();
-        while let Some(Reverse((_, _, _, conn))) = order.pop() {
+        while let Some(Reverse((.., conn))) = order.pop() {
             if let Some((frame, close_after)) = self.next_frame(conn, now) {
                 let c = self.conns.get_mut(&conn).expect("listed above");
                 c.in_flight
@@ -625,6 +632,37 @@ impl Sender {
             );
             if let Some(state) = session.versions.get_mut(&version) {
                 state.hedge = Some(Hedge::default());
+            }
+            self.mark_carriers(id, version, true);
+        }
+    }
+
+    /// Marks the live connections that carry segments of `version` of session `id` late
+    /// or not. No Want reports segments while a version is in flight, so an overdue
+    /// version's carriers are all suspect; a small version mostly rides one stream.
+    fn mark_carriers(&mut self, id: u64, version: u64, late: bool) {
+        let Some(session) = self.sessions.get(&id) else {
+            return;
+        };
+        let Some(state) = session.versions.get(&version) else {
+            return;
+        };
+        let carriers: BTreeSet<(u8, u32)> = state
+            .segs
+            .iter()
+            .filter_map(|seg| match *seg {
+                SegState::Sent { stream, epoch } => Some((stream, epoch)),
+                _ => None,
+            })
+            .collect();
+        for (stream, epoch) in carriers {
+            let conn = session.streams.get(usize::from(stream)).copied().flatten();
+            if let Some(c) = conn.and_then(|conn| self.conns.get_mut(&conn))
+                && c.epoch == epoch
+                && c.late != late
+            {
+                tracing::debug!(peer = session.peer_id, stream, late, "stream lateness");
+                c.late = late;
             }
         }
     }

@@ -31,6 +31,7 @@ impl Sender {
                 last_send: now,
                 stalled_since: None,
                 closing: false,
+                late: false,
             },
         );
     }
@@ -353,13 +354,19 @@ impl Sender {
     /// A version a Want moves past was delivered: how long that took since its last
     /// frame went out says when a later one is overdue (§5.13). A version sent again
     /// says nothing: it took the time of a stall.
+    /// A version delivered in time also clears its streams' lateness.
     fn measure_delivery(&mut self, now: Instant, id: u64, next_version: u64) {
         let session = self.sessions.get_mut(&id).expect("caller checked");
-        for (_, state) in session.versions.range(..next_version) {
+        let mut in_time = Vec::new();
+        for (&version, state) in session.versions.range(..next_version) {
             if let Some(written_at) = state.written_at.filter(|_| state.hedge.is_none()) {
                 let took = now.saturating_duration_since(written_at);
                 session.delivery = Some(session.delivery.map_or(took, |least| least.min(took)));
+                in_time.push(version);
             }
+        }
+        for version in in_time {
+            self.mark_carriers(id, version, false);
         }
     }
 

@@ -1624,6 +1624,60 @@ fn an_overdue_small_version_goes_out_again_once_each_frame_on_the_other_stream()
     assert!(drain_all(&mut s, overdue + Duration::from_secs(1)).is_empty());
 }
 
+/// The stream that carried an overdue version goes after the session's other streams,
+/// so the next versions do not wait on a congestion window regrowing from a timeout,
+/// until a version it carried is delivered in time.
+#[test]
+fn a_stream_whose_version_went_overdue_goes_last_until_one_it_carries_is_in_time() {
+    let now = Instant::now();
+    let (mut s, first) = serving_two_streams(4, |config| config.versions_ahead = 1, now);
+    let conns = |sent: &[(ConnId, Frame)]| sent.iter().map(|(c, _)| *c).collect::<Vec<_>>();
+    assert_eq!(conns(&first), [1; 6], "version 1 rides stream 0");
+    let overdue = now + s.config.hedge_first;
+    s.handle_timeout(overdue);
+    assert_eq!(
+        conns(&drain_all(&mut s, overdue)),
+        [2; 6],
+        "copies on stream 1"
+    );
+
+    let copied = overdue + Duration::from_millis(10);
+    s.handle_frame(copied, 1, two_stream_want(2, 2));
+    assert_eq!(
+        conns(&drain_all(&mut s, copied)),
+        [2; 6],
+        "version 2 rides stream 1: stream 0 is late"
+    );
+
+    // Version 2 came in time. Version 3 fills stream 1's window and spills onto the
+    // late stream, which delivers it in time.
+    let delivered = copied + Duration::from_millis(20);
+    s.handle_frame(delivered, 1, two_stream_want(3, 3));
+    let mut third = Vec::new();
+    while let Some(t) = s.poll_transmit(delivered) {
+        if t.conn == 1 {
+            s.on_sent(delivered, 1);
+        }
+        third.push(t.conn);
+    }
+    assert_eq!(
+        third,
+        [2, 2, 2, 2, 1, 1],
+        "Offer, Seal, two segments, then the rest"
+    );
+    for _ in 0..4 {
+        s.on_sent(delivered, 2);
+    }
+    let in_time = delivered + Duration::from_millis(20);
+    s.handle_frame(in_time, 1, two_stream_want(4, 4));
+    assert_eq!(
+        conns(&drain_all(&mut s, in_time)),
+        [1; 6],
+        "stream 0 is no longer late: version 4 rides it"
+    );
+    assert_eq!(s.stats().frames_hedged, 6);
+}
+
 /// A version whose Want comes back in time is never copied, and sets how long later
 /// versions may take: twice that. One larger than `hedge_max_bytes` is never copied.
 #[test]
