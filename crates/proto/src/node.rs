@@ -76,12 +76,14 @@ pub enum Output {
     /// Wait for the engine's safe point, then call [`Node::safe_point`].
     AwaitSafePoint,
     /// A relay that keeps a snapshot a joiner has wanted, whose deltas after it have
-    /// grown to half of what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]): take the
-    /// upstream's newest snapshot if it is newer than `newer_than`, on a session of its
-    /// own ([`Node::snapshot_fetcher`]), and hand it over ([`Node::adopt_snapshot`]), or
-    /// say it could not ([`Node::snapshot_not_fetched`]: asked again some versions on).
-    /// Without a newer one the relay stops serving its snapshot once the deltas after it
-    /// outgrow what it keeps.
+    /// grown to half of what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]), or one that keeps
+    /// none now and was asked for one: take the upstream's newest snapshot if it is newer
+    /// than `newer_than`, on a session of its own ([`Node::snapshot_fetcher`]), follow
+    /// the deltas after it until the fetcher holds this relay's newest version, and hand
+    /// them over ([`Node::adopt_snapshot`]), or say it could not
+    /// ([`Node::snapshot_not_fetched`]: asked again some versions on). Without a newer
+    /// one the relay stops serving its snapshot once the deltas after it outgrow what it
+    /// keeps.
     FetchSnapshot {
         newer_than: u64,
     },
@@ -248,7 +250,8 @@ impl Node {
         node
     }
 
-    /// A fetcher's snapshot, complete and sealed, with where its segments are kept.
+    /// A fetcher's snapshot, complete and sealed, with the complete deltas after it and
+    /// where their segments are kept.
     pub fn take_kept(&mut self) -> Option<(KeptSnapshot, Box<dyn KeptSegments>)> {
         self.keeping.as_mut()?.take(self.sender.as_mut()?)
     }

@@ -519,9 +519,16 @@ const SNAPSHOT_SEGMENT_BYTES: usize = 16 << 10;
 /// A hub whose store (in the returned directory) holds the snapshot of `chain`'s version
 /// 0, which it serves to joiners.
 async fn snapshot_hub(chain: &Chain) -> (tempfile::TempDir, Arc<Store>, NodeHandle) {
+    store_hub(Some(&chain.images[0])).await
+}
+
+/// A hub whose store holds the snapshot of version 0 if it is given.
+async fn store_hub(v0: Option<&[u8]>) -> (tempfile::TempDir, Arc<Store>, NodeHandle) {
     let root = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(root.path()).unwrap());
-    store.put_snapshot(0, &chain.images[0]).unwrap();
+    if let Some(image) = v0 {
+        store.put_snapshot(0, image).unwrap();
+    }
     let mut hub_config = config(Role::Hub, "hub", &[]);
     hub_config.snapshot_segment_bytes = SNAPSHOT_SEGMENT_BYTES;
     let hub = spawn_hub(hub_config, Some(store.clone())).await.unwrap();
@@ -760,6 +767,57 @@ async fn a_relay_takes_a_newer_snapshot_before_the_deltas_after_its_own_outgrow_
             .active,
         Some(chain.at(version))
     );
+}
+
+/// A relay that keeps no snapshot (its upstream offered none when it started, as after a
+/// withdrawal) takes one once it has welcomed a joiner without one, with the deltas
+/// after it that it no longer holds from its fetcher, and serves the next joiners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_without_a_snapshot_takes_one_once_a_joiner_asks_and_serves_the_next() {
+    let chain = Chain::new(8, 43);
+    let (_root, store, hub) = store_hub(None).await;
+    let hub_address = hub.local_addr().unwrap();
+    let kept = tempfile::tempdir().unwrap();
+    let mut relay_config = config(Role::Relay, "relay", &[hub_address]);
+    relay_config.snapshot_dir = Some(kept.path().to_path_buf());
+    let relay = connected_relay(relay_config).await;
+    let relay_address = relay.local_addr().unwrap();
+    for version in 1..=7 {
+        chain.publish_live(&hub, version).await;
+    }
+    held_at(&relay, 7, "relay").await;
+    store.put_snapshot(2, &chain.images[2]).unwrap();
+    hub.store_changed().await.unwrap();
+    assert_eq!(relay.status().kept_snapshot, None);
+
+    // The first joiner finds none at the relay and takes the hub's.
+    let first_config = config(Role::Actor, "first", &[relay_address, hub_address]);
+    let first = spawn_joining_actor(first_config, Arc::new(IdleEngine::default()))
+        .await
+        .unwrap();
+    active_at(&first, 7, "the first joiner").await;
+    // At its next version the relay takes the hub's snapshot of 2, and the deltas after
+    // it up to its own newest: it holds only the four newest (5 to 8) itself.
+    chain.publish_live(&hub, 8).await;
+    within(
+        LIMIT,
+        "the relay keeps the hub's snapshot",
+        relay.wait_for(|s| s.kept_snapshot == Some(2)),
+    )
+    .await
+    .unwrap();
+
+    // The next joiner knows only the relay.
+    let engine = Arc::new(IdleEngine::default());
+    let next_config = config(Role::Actor, "next", &[relay_address]);
+    let next = spawn_joining_actor(next_config, engine.clone())
+        .await
+        .unwrap();
+    let status = active_at(&next, 8, "the next joiner").await;
+    assert_eq!(status.active, Some(chain.at(8)));
+    assert_eq!(engine.activations().first(), Some(&chain.at(2)));
+    assert_eq!(engine.activations().len(), 7, "the snapshot, then 3 to 8");
+    assert_eq!(status.upstream_switches, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,8 @@ pub(super) struct Keeping {
     fetching: bool,
     /// The relay's version from which a failed fetch may be tried again.
     retry_from: Option<u64>,
+    /// The newest snapshot kept so far: one fetched after it was withdrawn must be newer.
+    last_kept: Option<u64>,
 }
 
 impl Keeping {
@@ -49,6 +51,7 @@ impl Keeping {
             fetched_for: None,
             fetching: false,
             retry_from: None,
+            last_kept: None,
         }
     }
 
@@ -161,6 +164,7 @@ impl Keeping {
     pub(super) fn delivered(&mut self, sender: &Sender, version: u64) -> Option<u64> {
         self.kinds = self.kinds.split_off(&(version + 1));
         self.demand |= sender.kept_snapshot_wanted();
+        self.last_kept = self.last_kept.max(sender.kept_snapshot());
         let due = self.due(sender, version)?;
         self.fetched_for = Some(due);
         self.fetching = true;
@@ -172,13 +176,17 @@ impl Keeping {
     /// has wanted the kept one since the last ask, no fetch is out or waiting to be
     /// retried, and the deltas after the kept one have come to half of what is kept
     /// ([`KEPT_TAIL_SNAPSHOTS`]). A newer snapshot costs the upstream link a snapshot; a
-    /// region where nobody joins is not worth it. Once the kept one is withdrawn none is
-    /// asked for: a newer one would need deltas the relay no longer holds.
+    /// region where nobody joins is not worth it. Where none is kept (withdrawn, given
+    /// up, or none offered at the start), a joiner welcomed without one since is reason
+    /// enough: the fetcher brings the deltas after its snapshot that the relay no longer
+    /// holds ([`Sender::adopt_snapshot`]).
     fn due(&self, sender: &Sender, version: u64) -> Option<u64> {
         if !self.demand || self.fetching || self.retry_from.is_some_and(|from| version < from) {
             return None;
         }
-        let kept = sender.kept_snapshot()?;
+        let Some(kept) = sender.kept_snapshot() else {
+            return Some(self.last_kept.max(self.given_up).unwrap_or(0));
+        };
         let (tail, snapshot) = sender.kept_tail()?;
         let half = snapshot.saturating_mul(KEPT_TAIL_SNAPSHOTS) / 2;
         (snapshot != u64::MAX && tail >= half && self.fetched_for != Some(kept)).then_some(kept)

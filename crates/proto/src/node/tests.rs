@@ -725,6 +725,24 @@ fn relay_keeping(now: Instant, version: u64) -> Node {
     relay
 }
 
+/// Feeds deltas `versions` (one segment each) to `relay`, and calls `asked` with the
+/// relay, the version and `newer_than` for each snapshot it asks for.
+fn feed_deltas(
+    relay: &mut Node,
+    versions: std::ops::RangeInclusive<u64>,
+    mut asked: impl FnMut(&Node, u64, u64),
+) {
+    for version in versions {
+        for frame in frames(&artifact(version, 1).0) {
+            for output in feed(relay, frame) {
+                if let Output::FetchSnapshot { newer_than } = output {
+                    asked(relay, version, newer_than);
+                }
+            }
+        }
+    }
+}
+
 /// Feeds deltas `versions` to `relay` and says, for each newer snapshot it asked for,
 /// after which version, newer than which, and whether the deltas after the kept one had
 /// come to half its size.
@@ -734,18 +752,86 @@ fn asks_for_newer(
 ) -> Vec<(u64, u64, bool)> {
     let (_, snapshot_bytes) = relay.sender().unwrap().kept_tail().unwrap();
     let mut asked = Vec::new();
-    for version in versions {
-        for frame in frames(&artifact(version, 1).0) {
-            for output in feed(relay, frame) {
-                if let Output::FetchSnapshot { newer_than } = output {
-                    let (tail, _) = relay.sender().unwrap().kept_tail().unwrap();
-                    let half = snapshot_bytes * crate::KEPT_TAIL_SNAPSHOTS;
-                    asked.push((version, newer_than, tail * 2 >= half));
-                }
-            }
-        }
-    }
+    feed_deltas(relay, versions, |relay, version, newer_than| {
+        let (tail, _) = relay.sender().unwrap().kept_tail().unwrap();
+        let half = snapshot_bytes * crate::KEPT_TAIL_SNAPSHOTS;
+        asked.push((version, newer_than, tail * 2 >= half));
+    });
     asked
+}
+
+/// Feeds deltas `versions` to `relay` and says after which version it asked for a
+/// snapshot, and newer than which.
+fn fetches(relay: &mut Node, versions: std::ops::RangeInclusive<u64>) -> Vec<(u64, u64)> {
+    let mut asked = Vec::new();
+    feed_deltas(relay, versions, |_, version, newer_than| {
+        asked.push((version, newer_than));
+    });
+    asked
+}
+
+/// A keeping relay that took the snapshot of 3 and the deltas 4 to 10, then was cut
+/// off past its upstream's window: it holds the deltas from 8 on, and withdrew its
+/// snapshot.
+fn relay_withdrawn(now: Instant) -> Node {
+    let mut relay = relay_keeping(now, 3);
+    fetches(&mut relay, 4..=10);
+    relay.sender_mut().unwrap().set_floor(8);
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), None);
+    relay
+}
+
+/// A relay that no longer keeps a snapshot takes a newer one once a joiner was welcomed
+/// without one, and its fetcher brings the deltas after it that the relay no longer
+/// holds: the next joiner takes the snapshot and every version after it from here.
+#[test]
+fn a_relay_without_a_snapshot_takes_one_and_the_deltas_it_lacks_once_a_joiner_asks() {
+    let now = Instant::now();
+    let mut relay = relay_withdrawn(now);
+    assert_eq!(fetches(&mut relay, 11..=11), [], "nobody asked");
+    assert_eq!(
+        welcome_on(&subscribe(&mut relay, now, 7, 40), 7),
+        Some(None)
+    );
+    assert_eq!(
+        fetches(&mut relay, 12..=12),
+        [(12, 3)],
+        "newer than the one it kept"
+    );
+    assert_eq!(fetches(&mut relay, 13..=13), [], "once");
+
+    // The fetcher took its upstream's snapshot of 6 and followed it to 13.
+    let mut fetcher = relay_keeping(now, 6);
+    fetches(&mut fetcher, 7..=13);
+    let (newer, file) = fetcher.take_kept().unwrap();
+    relay.adopt_snapshot(newer, file);
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), Some(6));
+    assert_eq!(
+        welcome_on(&subscribe(&mut relay, now, 9, 42), 9),
+        Some(Some(6))
+    );
+    let served = std::mem::replace(relay.sender_mut().unwrap(), relay_sender());
+    let mut joiner = Pair::new(served, crate::testutil::joining_receiver(1));
+    joiner.pump();
+    let complete: Vec<u64> = joiner.complete().iter().map(|(v, _)| *v).collect();
+    assert_eq!(complete, (6..=13).collect::<Vec<_>>());
+}
+
+/// A fetched snapshot without every delta between it and the relay's oldest is not
+/// served, and the relay asks again some versions on.
+#[test]
+fn a_fetched_snapshot_that_leaves_a_gap_is_not_served_and_asked_for_again() {
+    let now = Instant::now();
+    let mut relay = relay_withdrawn(now);
+    subscribe(&mut relay, now, 7, 40);
+    assert_eq!(fetches(&mut relay, 11..=11), [(11, 3)]);
+    let mut short = relay_keeping(now, 5);
+    fetches(&mut short, 6..=6);
+    let (newer, file) = short.take_kept().unwrap();
+    relay.adopt_snapshot(newer, file);
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), None);
+    let again = 11 + crate::node::keeping::FETCH_RETRY_VERSIONS;
+    assert_eq!(fetches(&mut relay, 12..=again + 1), [(again, 3)]);
 }
 
 #[test]

@@ -141,11 +141,12 @@ pub fn offer_signature(
 }
 
 /// A complete, sealed snapshot a relay took ([`Sender::take_kept_snapshot`]), its
-/// segments where the relay keeps them, to be served by another sender
-/// ([`Sender::adopt_snapshot`]).
+/// segments where the relay keeps them, with the complete deltas after it it holds, to
+/// be served by another sender ([`Sender::adopt_snapshot`]).
 pub struct KeptSnapshot {
     version: u64,
     artifact: Artifact,
+    deltas: Vec<(u64, Artifact)>,
 }
 
 impl KeptSnapshot {
@@ -159,6 +160,7 @@ impl fmt::Debug for KeptSnapshot {
         f.debug_struct("KeptSnapshot")
             .field("version", &self.version)
             .field("segments", &self.artifact.segments.len())
+            .field("deltas", &self.deltas.len())
             .finish()
     }
 }
@@ -217,6 +219,13 @@ impl Artifact {
             hash,
             bytes,
         }
+    }
+
+    /// Whether it is here whole: sealed, every segment held.
+    fn is_complete(&self) -> bool {
+        self.seal.as_ref().is_some_and(|seal| {
+            self.segments.len() == seal.segments.len() && self.segments.iter().all(Option::is_some)
+        })
     }
 
     /// The bytes it holds: descriptor and segments.
@@ -682,16 +691,12 @@ impl Sender {
     pub fn kept_snapshot_complete(&self) -> bool {
         self.kept_snapshot
             .and_then(|version| self.artifacts.get(&ArtifactKey::Snapshot(version)))
-            .is_some_and(|artifact| {
-                artifact.seal.as_ref().is_some_and(|seal| {
-                    artifact.segments.len() == seal.segments.len()
-                        && artifact.segments.iter().all(Option::is_some)
-                })
-            })
+            .is_some_and(Artifact::is_complete)
     }
 
-    /// Takes the kept snapshot out, once it is complete and sealed: a relay's fetcher
-    /// hands it over to the relay it fetched it for ([`Sender::adopt_snapshot`]).
+    /// Takes the kept snapshot out, once it is complete and sealed, with the complete
+    /// deltas after it, in order, up to the first that is not: a relay's fetcher hands
+    /// them over to the relay it fetched them for ([`Sender::adopt_snapshot`]).
     pub fn take_kept_snapshot(&mut self) -> Option<KeptSnapshot> {
         if !self.kept_snapshot_complete() {
             return None;
@@ -699,34 +704,64 @@ impl Sender {
         let version = self.kept_snapshot.take()?;
         let key = ArtifactKey::Snapshot(version);
         let artifact = self.artifacts.remove(&key)?;
-        Some(KeptSnapshot { version, artifact })
+        let mut deltas = Vec::new();
+        for next in version.saturating_add(1).. {
+            let key = ArtifactKey::Delta(next);
+            if !self.artifacts.get(&key).is_some_and(Artifact::is_complete) {
+                break;
+            }
+            deltas.push((next, self.artifacts.remove(&key).expect("looked up above")));
+        }
+        Some(KeptSnapshot {
+            version,
+            artifact,
+            deltas,
+        })
     }
 
-    /// Serves `snapshot` to joiners in place of the kept one: a relay that took a newer
-    /// snapshot on the side before the deltas after its own outgrew it. It must be newer
-    /// than the kept one, and every delta after it must be held here (or be still to
-    /// come), since a joiner goes on with them; the deltas up to it are then retained as
-    /// on any relay. An error says why it was not adopted.
+    /// Serves `snapshot` to joiners in place of the kept one, if any: a relay that took a
+    /// newer snapshot on the side before the deltas after its own outgrew it, or after it
+    /// withdrew its own. It must be newer than the kept one, and every delta after it
+    /// must be held here (or be still to come) or come with it, since a joiner goes on
+    /// with them; the deltas up to it are then retained as on any relay. An error says
+    /// why it was not adopted.
     pub fn adopt_snapshot(&mut self, snapshot: KeptSnapshot) -> Result<(), String> {
-        let version = snapshot.version;
+        let KeptSnapshot {
+            version,
+            artifact,
+            deltas,
+        } = snapshot;
         if let Some(kept) = self.kept_snapshot.filter(|&kept| kept >= version) {
             return Err(format!(
                 "the snapshot of version {version} is no newer than the kept one, of {kept}"
             ));
         }
-        if !self.holds_deltas_after(version) {
+        // The deltas between it and the oldest held here come with it.
+        let lacking = version.saturating_add(1)..self.floor;
+        let brought: Vec<(u64, Artifact)> = deltas
+            .into_iter()
+            .filter(|(delta, _)| lacking.contains(delta))
+            .collect();
+        if brought.len() as u64 != lacking.end.saturating_sub(lacking.start) {
             return Err(format!(
-                "the deltas after version {version} are no longer held here (from {} on)",
-                self.floor
+                "the deltas after version {version} are held here from version {} on, and \
+                 it came with {} of the {} before that",
+                self.floor,
+                brought.len(),
+                lacking.end.saturating_sub(lacking.start)
             ));
         }
+        for (delta, artifact) in brought {
+            self.artifacts.insert(ArtifactKey::Delta(delta), artifact);
+        }
+        self.floor = self.floor.min(lacking.start);
         // The old one goes once no session is served it (`evict`): a joiner halfway
         // through it finishes it.
         self.kept_snapshot = Some(version);
         self.kept_wanted = false;
         let key = ArtifactKey::Snapshot(version);
         self.unavailable.remove(&key);
-        self.artifacts.insert(key, snapshot.artifact);
+        self.artifacts.insert(key, artifact);
         self.evict();
         Ok(())
     }

@@ -241,8 +241,9 @@ pub struct Sender {
     /// ([`Sender::begin_artifact`]); set before its Offer arrives by
     /// [`Sender::expect_snapshot`].
     kept_snapshot: Option<u64>,
-    /// Whether a joiner has wanted the kept snapshot since it was kept: a relay takes a
-    /// newer one only for a region where peers join ([`Sender::kept_snapshot_wanted`]).
+    /// Whether a joiner has wanted the kept snapshot since it was kept, or one while
+    /// none was: a relay takes a newer one only for a region where peers join
+    /// ([`Sender::kept_snapshot_wanted`]).
     kept_wanted: bool,
     /// Hellos answered once [`Sender::release_hellos`] is called, while a relay does not
     /// yet know which snapshot it will offer ([`Sender::hold_hellos`]).
@@ -408,7 +409,8 @@ impl Sender {
         self.kept_snapshot
     }
 
-    /// Whether a joiner has wanted the kept snapshot since it was kept.
+    /// Whether a joiner has wanted the kept snapshot since it was kept, or, while none
+    /// is, was welcomed without one.
     pub fn kept_snapshot_wanted(&self) -> bool {
         self.kept_wanted
     }

@@ -8,7 +8,7 @@ use super::artifacts::ArtifactKey;
 use super::session::{Conn, SegState, Session};
 use super::{MAX_RETIRED_SESSIONS, Sender, SenderEvent};
 use crate::frame::{
-    Frame, Hello, MAX_STREAMS, PROTOCOL_VERSION, Progress, RejectCode, Role, Welcome,
+    Frame, Hello, MAX_STREAMS, PROTOCOL_VERSION, Progress, RejectCode, Role, VersionRef, Welcome,
 };
 use crate::{ConnId, Identity, ranges};
 
@@ -265,6 +265,13 @@ impl Sender {
             });
             self.conns.remove(&old);
         }
+        let snapshot = self.snapshot_offer();
+        if snapshot.is_none() && hello.role == Role::Actor && hello.active == VersionRef::default()
+        {
+            // An actor with no weights, which wants a snapshot: a relay whose own was
+            // withdrawn takes a newer one for the next ([`crate::Node::keep_snapshots`]).
+            self.kept_wanted = true;
+        }
         let welcome = Frame::Welcome(Welcome {
             protocol_version: PROTOCOL_VERSION,
             role: self.config.identity.role,
@@ -272,7 +279,7 @@ impl Sender {
             region: self.config.identity.region.clone(),
             latest: self.latest(),
             commit: self.commit,
-            snapshot: self.snapshot_offer(),
+            snapshot,
         });
         let c = self.conns.get_mut(&conn).expect("handle_frame checked");
         c.session = Some(hello.session);

@@ -450,12 +450,14 @@ impl Costs {
     }
 
     /// Snapshot bytes a step that cross the WAN into a region for its joiners: the
-    /// relay's refreshes where peers join at least as often, and where they join less
-    /// often a snapshot per join (the joiner comes after the relay has withdrawn its
-    /// snapshot, and takes one from the hub).
+    /// relay's refreshes where peers join often enough, and where they join less often
+    /// two snapshots per join: the joiner comes after the relay has withdrawn its
+    /// snapshot and takes one from the hub, and the relay, asked for one, takes a newer
+    /// one for the joiners after it (wire-protocol §8), which it may withdraw again
+    /// before the next comes.
     fn snapshot_bytes_per_region_step(&self, scale: &ScaleStep) -> f64 {
         let by_joins = self.joins_per_region_step(scale) * scale.model.checkpoint_bytes();
-        by_joins.min(Self::refresh_bytes_per_step(&scale.model))
+        (2.0 * by_joins).min(Self::refresh_bytes_per_step(&scale.model))
     }
 
     /// Where a replacement takes its snapshot from: its region's relay where peers join
@@ -844,11 +846,12 @@ mod tests {
     fn a_region_whose_peers_join_often_takes_snapshots_through_its_relay() {
         let costs = paper_costs();
         let scale = spot_70b;
-        // Rarely: each joiner takes a snapshot from the hub, across the WAN.
+        // Rarely: each joiner takes a snapshot from the hub, across the WAN, and its
+        // relay one for the joiners after it.
         let rare = scale(64);
         assert_eq!(costs.rejoin_from(&rare), JoinFrom::Hub);
         let per_join = costs.joins_per_region_step(&rare) * DENSE_70B.checkpoint_bytes();
-        assert_eq!(costs.snapshot_bytes_per_region_step(&rare), per_join);
+        assert_eq!(costs.snapshot_bytes_per_region_step(&rare), 2.0 * per_join);
         // Often: the relay keeps its snapshot fresh, a snapshot each time the deltas it
         // keeps come to half of what it keeps, and serves it over the datacenter's
         // network, in a fraction of the time.

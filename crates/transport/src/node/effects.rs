@@ -139,12 +139,13 @@ impl<E: Engine> Driver<E> {
                 // The fetcher serves nobody: its snapshot goes to this relay's sender.
                 config.listen = None;
                 let events = self.events_tx.clone();
+                let relay = self.status_tx.subscribe();
                 tracing::info!(
                     newer_than,
                     "taking a newer snapshot for the region's joiners"
                 );
                 self.tasks.spawn(async move {
-                    let fetched = super::spawn::fetch_snapshot(config, newer_than).await;
+                    let fetched = super::spawn::fetch_snapshot(config, newer_than, relay).await;
                     let _ = events.send(Event::SnapshotFetched(fetched)).await;
                 });
             }

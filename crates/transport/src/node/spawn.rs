@@ -73,12 +73,14 @@ pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportErro
 
 /// A relay's fetch of its upstream's newest snapshot, if it is newer than `newer_than`,
 /// on a session of its own (`aurora_proto::Output::FetchSnapshot`): the snapshot,
-/// complete and verified, with where its segments are kept, or why there is none. One
-/// try: a session that ends first (the upstream has no newer snapshot, or the link
-/// failed) ends it, and the relay goes on with the snapshot it keeps.
+/// complete and verified, and the deltas after it up to the newest version the relay
+/// (whose status is `relay`) holds, with where their segments are kept, or why there
+/// are none. One try: a session that ends first (the upstream has no newer snapshot,
+/// or the link failed) ends it, and the relay goes on as it was.
 pub(super) async fn fetch_snapshot(
     config: NodeConfig,
     newer_than: u64,
+    relay: watch::Receiver<NodeStatus>,
 ) -> Result<(KeptSnapshot, Box<dyn KeptSegments>), String> {
     let dir = config
         .snapshot_dir
@@ -96,12 +98,21 @@ pub(super) async fn fetch_snapshot(
     // Stopped however this ends, the relay's own end included (its driver then drops
     // this future): a fetcher left running would hold its session and its file.
     let fetcher = StopOnDrop(fetcher);
+    // Both follow the same upstream: the fetcher soon holds what the relay does, and
+    // brings the deltas the relay no longer holds (it may have withdrawn its snapshot).
+    let caught_up = |fetched: &NodeStatus| {
+        let newest = relay.borrow().completed.last().copied();
+        fetched
+            .completed
+            .last()
+            .is_some_and(|&version| Some(version) >= newest)
+    };
     let ended = fetcher
         .0
-        .wait_for(|s| !s.completed.is_empty() || s.upstream_switches > 0)
+        .wait_for(|s| caught_up(s) || s.upstream_switches > 0)
         .await;
     match ended {
-        Ok(status) if !status.completed.is_empty() => fetcher
+        Ok(status) if caught_up(&status) => fetcher
             .0
             .take_kept()
             .await
