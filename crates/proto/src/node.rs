@@ -78,14 +78,16 @@ pub enum Output {
     /// A relay that keeps a snapshot a joiner has wanted, whose deltas after it have
     /// grown to half of what it keeps ([`crate::KEPT_TAIL_SNAPSHOTS`]), or one that keeps
     /// none now and was asked for one: take the upstream's newest snapshot if it is newer
-    /// than `newer_than`, on a session of its own ([`Node::snapshot_fetcher`]), follow
-    /// the deltas after it until the fetcher holds this relay's newest version, and hand
-    /// them over ([`Node::adopt_snapshot`]), or say it could not
-    /// ([`Node::snapshot_not_fetched`]: asked again some versions on). Without a newer
-    /// one the relay stops serving its snapshot once the deltas after it outgrow what it
-    /// keeps.
+    /// than `newer_than`, on a session of its own ([`Node::snapshot_fetcher`]), and hand
+    /// it over ([`Node::adopt_snapshot`]), or say it could not
+    /// ([`Node::snapshot_not_fetched`]: asked again some versions on). `with_deltas`:
+    /// the relay no longer holds every delta after its kept snapshot (it keeps none), so
+    /// the fetcher follows the deltas after the new one until it holds this relay's
+    /// newest version, and hands them over too. Without a newer one the relay stops
+    /// serving its snapshot once the deltas after it outgrow what it keeps.
     FetchSnapshot {
         newer_than: u64,
+        with_deltas: bool,
     },
     /// Apply what is staged for `version` ([`Node::take_staged`]), then call
     /// [`Node::activated`]. No decode is outstanding: the weights are free to change. A
@@ -271,7 +273,7 @@ impl Node {
 
     /// The fetch asked for by [`Output::FetchSnapshot`] brought no newer snapshot, for
     /// `reason`: it is asked for again some versions on
-    /// ([`keeping::FETCH_RETRY_VERSIONS`]).
+    /// ([`keeping::FETCH_RETRY_VERSIONS`], twice as many after each failure in a row).
     pub fn snapshot_not_fetched(&mut self, reason: &str) {
         tracing::info!(reason, "no newer snapshot for the region's joiners");
         if let (Some(keeping), Some(sender)) = (&mut self.keeping, &self.sender) {
@@ -605,9 +607,12 @@ impl Node {
                     receiver.set_local(held, None);
                     receiver.report(format!("holds v{version}"));
                     if let (Some(keeping), Some(sender)) = (&mut self.keeping, &self.sender)
-                        && let Some(newer_than) = keeping.delivered(sender, version)
+                        && let Some((newer_than, with_deltas)) = keeping.delivered(sender, version)
                     {
-                        self.outputs.push_back(Output::FetchSnapshot { newer_than });
+                        self.outputs.push_back(Output::FetchSnapshot {
+                            newer_than,
+                            with_deltas,
+                        });
                     }
                 }
             }

@@ -15,8 +15,10 @@ use crate::sender::{ArtifactKey, KeptSnapshot, Sender};
 
 /// Versions a relay lets pass before it asks again for a newer snapshot its upstream did
 /// not have: a failed try costs a handshake, and a hub makes a snapshot every few
-/// versions.
+/// versions. Each failure in a row doubles it, up to [`FETCH_RETRY_DOUBLINGS`] times: a
+/// try that fails after the snapshot came cost a snapshot across the WAN.
 pub const FETCH_RETRY_VERSIONS: u64 = 8;
+pub const FETCH_RETRY_DOUBLINGS: u32 = 6;
 
 pub(super) struct Keeping {
     space: Arc<dyn SnapshotSpace>,
@@ -34,8 +36,10 @@ pub(super) struct Keeping {
     /// that fetch is still out.
     fetched_for: Option<u64>,
     fetching: bool,
-    /// The relay's version from which a failed fetch may be tried again.
+    /// The relay's version from which a failed fetch may be tried again, and the
+    /// failures in a row.
     retry_from: Option<u64>,
+    failures: u32,
     /// The newest snapshot kept so far: one fetched after it was withdrawn must be newer.
     last_kept: Option<u64>,
 }
@@ -51,6 +55,7 @@ impl Keeping {
             fetched_for: None,
             fetching: false,
             retry_from: None,
+            failures: 0,
             last_kept: None,
         }
     }
@@ -159,9 +164,9 @@ impl Keeping {
     }
 
     /// `version` is complete here: what is no longer relayed is forgotten, and a newer
-    /// snapshot is asked for (the version it must beat) when it is time
-    /// ([`Keeping::due`]).
-    pub(super) fn delivered(&mut self, sender: &Sender, version: u64) -> Option<u64> {
+    /// snapshot is asked for (the version it must beat, and whether the deltas after it
+    /// must come with it) when it is time ([`Keeping::due`]).
+    pub(super) fn delivered(&mut self, sender: &Sender, version: u64) -> Option<(u64, bool)> {
         self.kinds = self.kinds.split_off(&(version + 1));
         self.demand |= sender.kept_snapshot_wanted();
         self.last_kept = self.last_kept.max(sender.kept_snapshot());
@@ -169,7 +174,7 @@ impl Keeping {
         self.fetched_for = Some(due);
         self.fetching = true;
         self.demand = false;
-        Some(due)
+        Some((due, sender.kept_snapshot().is_none()))
     }
 
     /// The snapshot a newer one should now beat, if one is to be asked for: a joiner
@@ -199,7 +204,9 @@ impl Keeping {
         self.demand = true;
         self.fetched_for = None;
         let latest = sender.latest().unwrap_or(0);
-        self.retry_from = Some(latest.saturating_add(FETCH_RETRY_VERSIONS));
+        let wait = FETCH_RETRY_VERSIONS << self.failures.min(FETCH_RETRY_DOUBLINGS);
+        self.failures = self.failures.saturating_add(1);
+        self.retry_from = Some(latest.saturating_add(wait));
     }
 
     /// The sender serves the fetched snapshot in place of the kept one, and the deltas
@@ -218,6 +225,7 @@ impl Keeping {
             self.not_fetched(sender);
             return Err(reason);
         }
+        self.failures = 0;
         self.file = Some((version, file));
         Ok(())
     }

@@ -735,7 +735,13 @@ fn feed_deltas(
     for version in versions {
         for frame in frames(&artifact(version, 1).0) {
             for output in feed(relay, frame) {
-                if let Output::FetchSnapshot { newer_than } = output {
+                if let Output::FetchSnapshot {
+                    newer_than,
+                    with_deltas,
+                } = output
+                {
+                    let kept = relay.sender().unwrap().kept_snapshot();
+                    assert_eq!(with_deltas, kept.is_none(), "v{version}");
                     asked(relay, version, newer_than);
                 }
             }
@@ -818,20 +824,31 @@ fn a_relay_without_a_snapshot_takes_one_and_the_deltas_it_lacks_once_a_joiner_as
 }
 
 /// A fetched snapshot without every delta between it and the relay's oldest is not
-/// served, and the relay asks again some versions on.
+/// served, and the relay asks again some versions on, twice as many after each failure
+/// in a row: a failure after the snapshot came cost a snapshot across the WAN.
 #[test]
-fn a_fetched_snapshot_that_leaves_a_gap_is_not_served_and_asked_for_again() {
+fn a_fetched_snapshot_that_leaves_a_gap_is_not_served_and_asked_for_again_later_each_time() {
     let now = Instant::now();
     let mut relay = relay_withdrawn(now);
     subscribe(&mut relay, now, 7, 40);
     assert_eq!(fetches(&mut relay, 11..=11), [(11, 3)]);
-    let mut short = relay_keeping(now, 5);
-    fetches(&mut short, 6..=6);
-    let (newer, file) = short.take_kept().unwrap();
-    relay.adopt_snapshot(newer, file);
-    assert_eq!(relay.sender().unwrap().kept_snapshot(), None);
-    let again = 11 + crate::node::keeping::FETCH_RETRY_VERSIONS;
-    assert_eq!(fetches(&mut relay, 12..=again + 1), [(again, 3)]);
+    let wait = crate::node::keeping::FETCH_RETRY_VERSIONS;
+    // The relay's newest version when the fetcher's snapshot is refused.
+    let mut latest = 11;
+    for failures in 0..3 {
+        let mut short = relay_keeping(now, 5);
+        fetches(&mut short, 6..=6);
+        let (newer, file) = short.take_kept().unwrap();
+        relay.adopt_snapshot(newer, file);
+        assert_eq!(relay.sender().unwrap().kept_snapshot(), None);
+        let again = latest + (wait << failures);
+        assert_eq!(
+            fetches(&mut relay, latest + 1..=again + 1),
+            [(again, 3)],
+            "failure {failures}"
+        );
+        latest = again + 1;
+    }
 }
 
 #[test]

@@ -73,14 +73,14 @@ pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportErro
 
 /// A relay's fetch of its upstream's newest snapshot, if it is newer than `newer_than`,
 /// on a session of its own (`aurora_proto::Output::FetchSnapshot`): the snapshot,
-/// complete and verified, and the deltas after it up to the newest version the relay
-/// (whose status is `relay`) holds, with where their segments are kept, or why there
-/// are none. One try: a session that ends first (the upstream has no newer snapshot,
-/// or the link failed) ends it, and the relay goes on as it was.
+/// complete and verified, with where its segments are kept, or why there is none; given
+/// the `relay`'s status, with the deltas after it up to the newest version the relay
+/// holds. One try: a session that ends first (the upstream has no newer snapshot, or the
+/// link failed) ends it, and the relay goes on as it was.
 pub(super) async fn fetch_snapshot(
     config: NodeConfig,
     newer_than: u64,
-    relay: watch::Receiver<NodeStatus>,
+    relay: Option<watch::Receiver<NodeStatus>>,
 ) -> Result<(KeptSnapshot, Box<dyn KeptSegments>), String> {
     let dir = config
         .snapshot_dir
@@ -99,9 +99,11 @@ pub(super) async fn fetch_snapshot(
     // this future): a fetcher left running would hold its session and its file.
     let fetcher = StopOnDrop(fetcher);
     // Both follow the same upstream: the fetcher soon holds what the relay does, and
-    // brings the deltas the relay no longer holds (it may have withdrawn its snapshot).
+    // brings the deltas the relay no longer holds.
     let caught_up = |fetched: &NodeStatus| {
-        let newest = relay.borrow().completed.last().copied();
+        let newest = relay
+            .as_ref()
+            .and_then(|relay| relay.borrow().completed.last().copied());
         fetched
             .completed
             .last()
