@@ -12,7 +12,11 @@
 //! the joiner takes it from there, or, once the relay no longer offers one (it moved past
 //! its window, it crashed, or it suspended while cut off), falls back to the hub. Either
 //! way it takes the snapshot over the wire (resuming it across cuts and crashes of its
-//! upstream like any delta), then follows the deltas. The other region's relay keeps
+//! upstream like any delta), then follows the deltas. In a quarter of the seeds the store
+//! holds no snapshot until the third version, so relay0 starts keeping none; once it has
+//! welcomed the joiner without one, its fetcher (a relay node of its own, as the tokio
+//! driver runs one) takes the hub's newest snapshot and the deltas after it up to
+//! relay0's newest, and relay0 serves them from then on. The other region's relay keeps
 //! none.
 //! A restarted actor often asks the hub first: its store plans the catch-up by bytes and
 //! serves one composed delta from the actor's version to the latest when that is
@@ -373,6 +377,11 @@ struct Sim {
     refused: BTreeMap<usize, u64>,
     /// Relays cut off from the hub, until when.
     isolated: BTreeMap<usize, Instant>,
+    /// Each running snapshot fetcher (a peer of its own, after the rogue's slot) and the
+    /// relay it fetches for, and whether it brings the deltas after its snapshot.
+    fetchers: BTreeMap<usize, (usize, bool)>,
+    /// The oldest version the hub's store holds a snapshot of.
+    first_snapshot: u64,
 }
 
 /// What a run went through, so the seeds can be checked to cover every fault.
@@ -404,6 +413,11 @@ struct Faults {
     relay_isolations: u64,
     /// Times a relay without an upstream sent its subscribers away.
     relay_suspensions: u64,
+    /// Newer snapshots a relay's fetcher took and the relay then served, of those it
+    /// asked for; and of the adopted, those taken with the deltas the relay lacked.
+    snapshot_fetches: u64,
+    snapshots_adopted: u64,
+    adopted_with_deltas: u64,
 }
 
 const HUB: usize = 0;
@@ -484,7 +498,10 @@ impl Sim {
         let mut peers = Vec::new();
         let mut hub = Sender::new(sender_config(Role::Hub, "hub", true, hedging));
         hub.set_loadable(None);
-        hub.set_snapshots([0]);
+        // In a quarter of the seeds the store holds no snapshot before the first
+        // `SNAPSHOT_EVERY`: relay0 starts keeping none, and takes one once a joiner asks.
+        let first_snapshot = if seed % 4 == 1 { SNAPSHOT_EVERY } else { 0 };
+        hub.set_snapshots([0].into_iter().filter(|v| *v >= first_snapshot));
         peers.push(Peer::new(Node::hub(hub), "hub", vec![], None));
         for (i, _) in RELAYS.iter().enumerate() {
             let name = format!("relay{i}");
@@ -533,6 +550,16 @@ impl Sim {
             let mut rogue = Sender::new(config);
             rogue.set_snapshots([0]);
             peers.push(Peer::new(Node::hub(rogue), "rogue", vec![], None));
+        } else {
+            // Its slot stays empty: fetchers come after it.
+            peers.push(Peer {
+                node: None,
+                name: "no rogue".into(),
+                route: Upstreams::new(Vec::new(), None),
+                upstreams: Vec::new(),
+                weights: None,
+                timer: None,
+            });
         }
         let mut sim = Sim {
             seed,
@@ -550,6 +577,8 @@ impl Sim {
             composed: BTreeMap::new(),
             refused: BTreeMap::new(),
             isolated: BTreeMap::new(),
+            fetchers: BTreeMap::new(),
+            first_snapshot,
         };
         for node in 1..=JOINER {
             sim.at(Duration::ZERO, Event::NewSession { node });
@@ -611,12 +640,87 @@ impl Sim {
 
     /// Whether `client` and `server` cannot reach each other now: a relay and the hub
     /// while the relay is isolated.
+    /// Whether `client` (a relay, or its fetcher, which runs on its machine) is cut off
+    /// from `server`.
     fn isolated(&self, client: usize, server: usize) -> bool {
+        let machine = self
+            .fetchers
+            .get(&client)
+            .map_or(client, |(relay, _)| *relay);
         server == HUB
             && self
                 .isolated
-                .get(&client)
+                .get(&machine)
                 .is_some_and(|until| self.now < *until)
+    }
+
+    /// The relay `relay` asked for a snapshot newer than `newer_than`: its fetcher, a
+    /// relay node of its own, dials the relay's upstream (the tokio driver's
+    /// `fetch_snapshot`, crates/transport).
+    fn fetch(&mut self, relay: usize, newer_than: u64, with_deltas: bool) {
+        self.faults.snapshot_fetches += 1;
+        let name = format!("{}-fetcher", self.peers[relay].name);
+        let node = Node::snapshot_fetcher(
+            Receiver::relaying(receiver_config(Role::Relay, &name, 2)),
+            Sender::new(sender_config(Role::Relay, &name, false, false)),
+            Arc::new(HeapSnapshots),
+            newer_than,
+        );
+        let upstreams = self.peers[relay].upstreams.clone();
+        let fetcher = self.peers.len();
+        self.peers.push(Peer::new(node, &name, upstreams, None));
+        self.fetchers.insert(fetcher, (relay, with_deltas));
+        self.at(Duration::ZERO, Event::NewSession { node: fetcher });
+    }
+
+    /// The fetcher delivered a version: once it holds its snapshot and, where the relay
+    /// needs them, the deltas after it up to the relay's newest, it hands them over.
+    fn fetched(&mut self, fetcher: usize) {
+        let (relay, with_deltas) = self.fetchers[&fetcher];
+        let holds = |peer: &Peer| {
+            peer.node
+                .as_ref()
+                .and_then(|n| n.receiver())
+                .map(|r| r.next_version().saturating_sub(1))
+        };
+        let newest = self.peers[relay]
+            .node
+            .as_ref()
+            .and_then(|n| n.sender()?.latest());
+        if with_deltas && holds(&self.peers[fetcher]) < newest {
+            return;
+        }
+        let kept = self.node(fetcher).and_then(Node::take_kept);
+        self.stop_fetcher(fetcher);
+        let Some(relay_node) = self.node(relay) else {
+            return;
+        };
+        match kept {
+            Some((snapshot, file)) => {
+                let version = snapshot.version();
+                relay_node.adopt_snapshot(snapshot, file);
+                if relay_node.sender().unwrap().kept_snapshot() == Some(version) {
+                    self.faults.snapshots_adopted += 1;
+                    self.faults.adopted_with_deltas += u64::from(with_deltas);
+                }
+            }
+            None => relay_node.snapshot_not_fetched("the fetcher kept no snapshot"),
+        }
+        self.drain(relay);
+    }
+
+    fn fetch_failed(&mut self, fetcher: usize, reason: &str) {
+        let (relay, _) = self.fetchers[&fetcher];
+        self.stop_fetcher(fetcher);
+        if let Some(relay_node) = self.node(relay) {
+            relay_node.snapshot_not_fetched(reason);
+            self.drain(relay);
+        }
+    }
+
+    fn stop_fetcher(&mut self, fetcher: usize) {
+        self.fetchers.remove(&fetcher);
+        self.crash(fetcher);
     }
 
     fn latency(&mut self) -> Duration {
@@ -931,6 +1035,16 @@ impl Sim {
                     self.faults.actor_restarts += 1;
                 }
                 self.crash(node);
+                // A fetcher stops with its relay's process.
+                let fetchers: Vec<usize> = self
+                    .fetchers
+                    .iter()
+                    .filter(|(_, (relay, _))| *relay == node)
+                    .map(|(fetcher, _)| *fetcher)
+                    .collect();
+                for fetcher in fetchers {
+                    self.stop_fetcher(fetcher);
+                }
                 if node >= 3 {
                     let after = self.rng.millis(100, 2000);
                     self.at(after, Event::RestartActor { node });
@@ -1002,7 +1116,9 @@ impl Sim {
                 )
                 .unwrap();
             sender.set_loadable(Some(version));
-            sender.set_snapshots((0..=version).filter(|v| v.is_multiple_of(SNAPSHOT_EVERY)));
+            sender.set_snapshots(
+                (self.first_snapshot..=version).filter(|v| v.is_multiple_of(SNAPSHOT_EVERY)),
+            );
             sender.commit(signed_commit(version)).unwrap();
             if let Some(rogue) = self.peers.get_mut(ROGUE).and_then(|p| p.node.as_mut()) {
                 // The forgery under the real delta's signatures (a relay forwards the
@@ -1161,13 +1277,16 @@ impl Sim {
                 let latency = self.latency();
                 self.at(latency, Event::Accept { conn });
             }
+            Output::UpstreamLost { reason } if self.fetchers.contains_key(&node) => {
+                self.fetch_failed(node, &reason.to_string());
+            }
             Output::UpstreamLost { reason } => {
                 self.faults.upstream_switches += 1;
                 if matches!(reason, SessionEnd::Violation(Violation::Signature(_))) {
                     self.faults.signatures_refused += 1;
                     *self.refused.entry(node).or_default() += 1;
                     assert!(
-                        self.peers.len() > ROGUE,
+                        self.peers[ROGUE].node.is_some(),
                         "seed {}: {} refused a signature of the trainer's own hub: {reason}",
                         self.seed,
                         self.peers[node].name
@@ -1289,15 +1408,14 @@ impl Sim {
                 let outcome = outcome.map_err(|e| e.to_string());
                 peer.node.as_mut().unwrap().activated(version, outcome);
             }
-            // No fetcher runs here (the tokio driver's: crates/transport/tests): relay0
-            // asks again later, and stops serving its snapshot once the deltas after it
-            // outgrow what it keeps.
-            Output::FetchSnapshot { .. } => {
-                if let Some(relay) = self.peers[node].node.as_mut() {
-                    relay.snapshot_not_fetched("the simulation runs no fetcher");
-                }
-            }
+            Output::FetchSnapshot {
+                newer_than,
+                with_deltas,
+            } => self.fetch(node, newer_than, with_deltas),
             Output::Notice(Notice::Connected(_)) => self.peers[node].route.connected(self.now),
+            Output::Notice(Notice::Complete { .. }) if self.fetchers.contains_key(&node) => {
+                self.fetched(node);
+            }
             Output::Notice(Notice::Complete { .. }) => {
                 self.peers[node].route.delivered();
                 self.poll_return(node, true);
@@ -1426,6 +1544,9 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
         total.returns += f.returns;
         total.relay_isolations += f.relay_isolations;
         total.relay_suspensions += f.relay_suspensions;
+        total.snapshot_fetches += f.snapshot_fetches;
+        total.snapshots_adopted += f.snapshots_adopted;
+        total.adopted_with_deltas += f.adopted_with_deltas;
     }
     assert!(total.duplicates <= total.corruptions, "{total:?}");
     if seeds.len() > 1 {
@@ -1442,7 +1563,9 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
                 && total.composed_activations > 0
                 && total.returns > 0
                 && total.relay_isolations > 0
-                && total.relay_suspensions > 0,
+                && total.relay_suspensions > 0
+                && total.snapshots_adopted > 0
+                && total.adopted_with_deltas > 0,
             "the seeds must exercise every fault: {total:?}"
         );
     }
