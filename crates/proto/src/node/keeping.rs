@@ -183,14 +183,17 @@ impl Keeping {
     /// ([`KEPT_TAIL_SNAPSHOTS`]). A newer snapshot costs the upstream link a snapshot; a
     /// region where nobody joins is not worth it. Where none is kept (withdrawn, given
     /// up, or none offered at the start), a joiner welcomed without one since is reason
-    /// enough: the fetcher brings the deltas after its snapshot that the relay no longer
-    /// holds ([`Sender::adopt_snapshot`]).
+    /// enough, and only that: the demand for a snapshot since withdrawn was met. The
+    /// fetcher brings the deltas after its snapshot that the relay no longer holds
+    /// ([`Sender::adopt_snapshot`]).
     fn due(&self, sender: &Sender, version: u64) -> Option<u64> {
         if !self.demand || self.fetching || self.retry_from.is_some_and(|from| version < from) {
             return None;
         }
         let Some(kept) = sender.kept_snapshot() else {
-            return Some(self.last_kept.max(self.given_up).unwrap_or(0));
+            return sender
+                .kept_snapshot_wanted()
+                .then(|| self.last_kept.max(self.given_up).unwrap_or(0));
         };
         let (tail, snapshot) = sender.kept_tail()?;
         let half = snapshot.saturating_mul(KEPT_TAIL_SNAPSHOTS) / 2;
@@ -226,6 +229,8 @@ impl Keeping {
             return Err(reason);
         }
         self.failures = 0;
+        // Joiners of the snapshot it replaces wanted that one.
+        self.demand = false;
         self.file = Some((version, file));
         Ok(())
     }

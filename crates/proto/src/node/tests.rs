@@ -776,12 +776,14 @@ fn fetches(relay: &mut Node, versions: std::ops::RangeInclusive<u64>) -> Vec<(u6
     asked
 }
 
-/// A keeping relay that took the snapshot of 3 and the deltas 4 to 10, then was cut
-/// off past its upstream's window: it holds the deltas from 8 on, and withdrew its
-/// snapshot.
+/// A keeping relay that took the snapshot of 3, served it to a joiner, and took the
+/// deltas 4 to 10, then was cut off past its upstream's window: it holds the deltas from
+/// 8 on, and withdrew its snapshot.
 fn relay_withdrawn(now: Instant) -> Node {
     let mut relay = relay_keeping(now, 3);
-    fetches(&mut relay, 4..=10);
+    subscribe(&mut relay, now, 6, 39);
+    want_snapshot(&mut relay, now, 6, 3);
+    assert_eq!(fetches(&mut relay, 4..=10), [], "the deltas came to little");
     relay.sender_mut().unwrap().set_floor(8);
     assert_eq!(relay.sender().unwrap().kept_snapshot(), None);
     relay
@@ -794,7 +796,11 @@ fn relay_withdrawn(now: Instant) -> Node {
 fn a_relay_without_a_snapshot_takes_one_and_the_deltas_it_lacks_once_a_joiner_asks() {
     let now = Instant::now();
     let mut relay = relay_withdrawn(now);
-    assert_eq!(fetches(&mut relay, 11..=11), [], "nobody asked");
+    assert_eq!(
+        fetches(&mut relay, 11..=11),
+        [],
+        "nobody asked since: the joiner before took the withdrawn one"
+    );
     assert_eq!(
         welcome_on(&subscribe(&mut relay, now, 7, 40), 7),
         Some(None)
