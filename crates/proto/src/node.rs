@@ -80,14 +80,13 @@ pub enum Output {
     /// none now and was asked for one: take the upstream's newest snapshot if it is newer
     /// than `newer_than`, on a session of its own ([`Node::snapshot_fetcher`]), and hand
     /// it over ([`Node::adopt_snapshot`]), or say it could not
-    /// ([`Node::snapshot_not_fetched`]: asked again some versions on). `with_deltas`:
-    /// the relay no longer holds every delta after its kept snapshot (it keeps none), so
-    /// the fetcher follows the deltas after the new one until it holds this relay's
-    /// newest version, and hands them over too. Without a newer one the relay stops
-    /// serving its snapshot once the deltas after it outgrow what it keeps.
+    /// ([`Node::snapshot_not_fetched`]: asked again some versions on). Where the relay
+    /// keeps no snapshot by the time the fetcher holds its own, it lacks deltas after it
+    /// too: the fetcher first follows them up to this relay's newest version, and hands
+    /// them over with it. Without a newer one the relay stops serving its snapshot once
+    /// the deltas after it outgrow what it keeps.
     FetchSnapshot {
         newer_than: u64,
-        with_deltas: bool,
     },
     /// Apply what is staged for `version` ([`Node::take_staged`]), then call
     /// [`Node::activated`]. No decode is outstanding: the weights are free to change. A
@@ -607,12 +606,9 @@ impl Node {
                     receiver.set_local(held, None);
                     receiver.report(format!("holds v{version}"));
                     if let (Some(keeping), Some(sender)) = (&mut self.keeping, &self.sender)
-                        && let Some((newer_than, with_deltas)) = keeping.delivered(sender, version)
+                        && let Some(newer_than) = keeping.delivered(sender, version)
                     {
-                        self.outputs.push_back(Output::FetchSnapshot {
-                            newer_than,
-                            with_deltas,
-                        });
+                        self.outputs.push_back(Output::FetchSnapshot { newer_than });
                     }
                 }
             }

@@ -378,8 +378,8 @@ struct Sim {
     /// Relays cut off from the hub, until when.
     isolated: BTreeMap<usize, Instant>,
     /// Each running snapshot fetcher (a peer of its own, after the rogue's slot) and the
-    /// relay it fetches for, and whether it brings the deltas after its snapshot.
-    fetchers: BTreeMap<usize, (usize, bool)>,
+    /// relay it fetches for.
+    fetchers: BTreeMap<usize, usize>,
     /// The oldest version the hub's store holds a snapshot of.
     first_snapshot: u64,
 }
@@ -643,10 +643,7 @@ impl Sim {
     /// Whether `client` (a relay, or its fetcher, which runs on its machine) is cut off
     /// from `server`.
     fn isolated(&self, client: usize, server: usize) -> bool {
-        let machine = self
-            .fetchers
-            .get(&client)
-            .map_or(client, |(relay, _)| *relay);
+        let machine = self.fetchers.get(&client).copied().unwrap_or(client);
         server == HUB
             && self
                 .isolated
@@ -657,7 +654,7 @@ impl Sim {
     /// The relay `relay` asked for a snapshot newer than `newer_than`: its fetcher, a
     /// relay node of its own, dials the relay's upstream (the tokio driver's
     /// `fetch_snapshot`, crates/transport).
-    fn fetch(&mut self, relay: usize, newer_than: u64, with_deltas: bool) {
+    fn fetch(&mut self, relay: usize, newer_than: u64) {
         self.faults.snapshot_fetches += 1;
         let name = format!("{}-fetcher", self.peers[relay].name);
         let node = Node::snapshot_fetcher(
@@ -669,14 +666,19 @@ impl Sim {
         let upstreams = self.peers[relay].upstreams.clone();
         let fetcher = self.peers.len();
         self.peers.push(Peer::new(node, &name, upstreams, None));
-        self.fetchers.insert(fetcher, (relay, with_deltas));
+        self.fetchers.insert(fetcher, relay);
         self.at(Duration::ZERO, Event::NewSession { node: fetcher });
     }
 
     /// The fetcher delivered a version: once it holds its snapshot and, where the relay
-    /// needs them, the deltas after it up to the relay's newest, it hands them over.
+    /// keeps none (so it lacks deltas after it), the deltas after it up to the relay's
+    /// newest, it hands them over.
     fn fetched(&mut self, fetcher: usize) {
-        let (relay, with_deltas) = self.fetchers[&fetcher];
+        let relay = self.fetchers[&fetcher];
+        let with_deltas = self.peers[relay]
+            .node
+            .as_ref()
+            .is_some_and(|n| n.sender().unwrap().kept_snapshot().is_none());
         let holds = |peer: &Peer| {
             peer.node
                 .as_ref()
@@ -710,7 +712,7 @@ impl Sim {
     }
 
     fn fetch_failed(&mut self, fetcher: usize, reason: &str) {
-        let (relay, _) = self.fetchers[&fetcher];
+        let relay = self.fetchers[&fetcher];
         self.stop_fetcher(fetcher);
         if let Some(relay_node) = self.node(relay) {
             relay_node.snapshot_not_fetched(reason);
@@ -1039,7 +1041,7 @@ impl Sim {
                 let fetchers: Vec<usize> = self
                     .fetchers
                     .iter()
-                    .filter(|(_, (relay, _))| *relay == node)
+                    .filter(|(_, relay)| **relay == node)
                     .map(|(fetcher, _)| *fetcher)
                     .collect();
                 for fetcher in fetchers {
@@ -1408,10 +1410,7 @@ impl Sim {
                 let outcome = outcome.map_err(|e| e.to_string());
                 peer.node.as_mut().unwrap().activated(version, outcome);
             }
-            Output::FetchSnapshot {
-                newer_than,
-                with_deltas,
-            } => self.fetch(node, newer_than, with_deltas),
+            Output::FetchSnapshot { newer_than } => self.fetch(node, newer_than),
             Output::Notice(Notice::Connected(_)) => self.peers[node].route.connected(self.now),
             Output::Notice(Notice::Complete { .. }) if self.fetchers.contains_key(&node) => {
                 self.fetched(node);

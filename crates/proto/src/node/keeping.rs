@@ -36,10 +36,12 @@ pub(super) struct Keeping {
     /// that fetch is still out.
     fetched_for: Option<u64>,
     fetching: bool,
-    /// The relay's version from which a failed fetch may be tried again, and the
-    /// failures in a row.
+    /// The relay's version from which a failed fetch may be tried again, the failures
+    /// in a row, and the snapshot kept when the last one failed: a fetch for another
+    /// (the kept one withdrawn, or replaced) starts without the wait.
     retry_from: Option<u64>,
     failures: u32,
+    failed_for: Option<u64>,
     /// The newest snapshot kept so far: one fetched after it was withdrawn must be newer.
     last_kept: Option<u64>,
 }
@@ -56,6 +58,7 @@ impl Keeping {
             fetching: false,
             retry_from: None,
             failures: 0,
+            failed_for: None,
             last_kept: None,
         }
     }
@@ -164,17 +167,21 @@ impl Keeping {
     }
 
     /// `version` is complete here: what is no longer relayed is forgotten, and a newer
-    /// snapshot is asked for (the version it must beat, and whether the deltas after it
-    /// must come with it) when it is time ([`Keeping::due`]).
-    pub(super) fn delivered(&mut self, sender: &Sender, version: u64) -> Option<(u64, bool)> {
+    /// snapshot is asked for (the version it must beat) when it is time
+    /// ([`Keeping::due`]).
+    pub(super) fn delivered(&mut self, sender: &Sender, version: u64) -> Option<u64> {
         self.kinds = self.kinds.split_off(&(version + 1));
         self.demand |= sender.kept_snapshot_wanted();
         self.last_kept = self.last_kept.max(sender.kept_snapshot());
+        if self.retry_from.is_some() && self.failed_for != sender.kept_snapshot() {
+            self.retry_from = None;
+            self.failures = 0;
+        }
         let due = self.due(sender, version)?;
         self.fetched_for = Some(due);
         self.fetching = true;
         self.demand = false;
-        Some((due, sender.kept_snapshot().is_none()))
+        Some(due)
     }
 
     /// The snapshot a newer one should now beat, if one is to be asked for: a joiner
@@ -210,6 +217,7 @@ impl Keeping {
         let wait = FETCH_RETRY_VERSIONS << self.failures.min(FETCH_RETRY_DOUBLINGS);
         self.failures = self.failures.saturating_add(1);
         self.retry_from = Some(latest.saturating_add(wait));
+        self.failed_for = sender.kept_snapshot();
     }
 
     /// The sender serves the fetched snapshot in place of the kept one, and the deltas
@@ -231,6 +239,7 @@ impl Keeping {
         self.failures = 0;
         // Joiners of the snapshot it replaces wanted that one.
         self.demand = false;
+        self.last_kept = self.last_kept.max(Some(version));
         self.file = Some((version, file));
         Ok(())
     }

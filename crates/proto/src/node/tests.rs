@@ -735,13 +735,7 @@ fn feed_deltas(
     for version in versions {
         for frame in frames(&artifact(version, 1).0) {
             for output in feed(relay, frame) {
-                if let Output::FetchSnapshot {
-                    newer_than,
-                    with_deltas,
-                } = output
-                {
-                    let kept = relay.sender().unwrap().kept_snapshot();
-                    assert_eq!(with_deltas, kept.is_none(), "v{version}");
+                if let Output::FetchSnapshot { newer_than } = output {
                     asked(relay, version, newer_than);
                 }
             }
@@ -827,6 +821,42 @@ fn a_relay_without_a_snapshot_takes_one_and_the_deltas_it_lacks_once_a_joiner_as
     joiner.pump();
     let complete: Vec<u64> = joiner.complete().iter().map(|(v, _)| *v).collect();
     assert_eq!(complete, (6..=13).collect::<Vec<_>>());
+}
+
+/// The wait after a failed fetch is for that snapshot: once the relay withdraws it, a
+/// joiner welcomed without one is asked for at once.
+#[test]
+fn a_withdrawal_ends_the_wait_after_a_failed_fetch() {
+    let now = Instant::now();
+    let mut relay = relay_keeping(now, 3);
+    subscribe(&mut relay, now, 6, 39);
+    want_snapshot(&mut relay, now, 6, 3);
+    // The deltas come to half of what it keeps: it asks, and the try fails.
+    let mut version = 3;
+    let asked = loop {
+        version += 1;
+        assert!(version < 100, "never asked");
+        let asked = fetches(&mut relay, version..=version);
+        if !asked.is_empty() {
+            break asked;
+        }
+    };
+    assert_eq!(asked, [(version, 3)]);
+    relay.snapshot_not_fetched("the hub had no newer one");
+    // Cut off past its upstream's window: the snapshot goes.
+    relay.sender_mut().unwrap().set_floor(version);
+    assert_eq!(relay.sender().unwrap().kept_snapshot(), None);
+    assert_eq!(
+        welcome_on(&subscribe(&mut relay, now, 7, 40), 7),
+        Some(None)
+    );
+    version += 1;
+    assert_eq!(
+        fetches(&mut relay, version..=version),
+        [(version, 3)],
+        "not {} versions on",
+        crate::node::keeping::FETCH_RETRY_VERSIONS
+    );
 }
 
 /// A fetched snapshot without every delta between it and the relay's oldest is not

@@ -639,9 +639,11 @@ impl Sender {
         }
     }
 
-    /// Marks the live connections that carry segments of `version` of session `id` late
-    /// or not. No Want reports segments while a version is in flight, so an overdue
-    /// version's carriers are all suspect; a small version mostly rides one stream.
+    /// Marks the live connections that carried frames of `version` of session `id` late
+    /// or not: its Offer's and Seal's streams, and those of its segments not reported
+    /// held (of the epoch they went out in). No Want reports segments while a version is
+    /// in flight, so an overdue version's carriers are all suspect; a small version
+    /// mostly rides one stream.
     fn mark_carriers(&mut self, id: u64, version: u64, late: bool) {
         let Some(session) = self.sessions.get(&id) else {
             return;
@@ -649,18 +651,25 @@ impl Sender {
         let Some(state) = session.versions.get(&version) else {
             return;
         };
-        let carriers: BTreeSet<(u8, u32)> = state
+        // (stream, epoch), none where any epoch's connection carried it.
+        let carriers: BTreeSet<(u8, Option<u32>)> = state
             .segs
             .iter()
             .filter_map(|seg| match *seg {
-                SegState::Sent { stream, epoch } => Some((stream, epoch)),
+                SegState::Sent { stream, epoch } => Some((stream, Some(epoch))),
                 _ => None,
             })
+            .chain(
+                [state.offer_on, state.seal_on]
+                    .into_iter()
+                    .flatten()
+                    .map(|s| (s, None)),
+            )
             .collect();
         for (stream, epoch) in carriers {
             let conn = session.streams.get(usize::from(stream)).copied().flatten();
             if let Some(c) = conn.and_then(|conn| self.conns.get_mut(&conn))
-                && c.epoch == epoch
+                && epoch.is_none_or(|epoch| c.epoch == epoch)
                 && c.late != late
             {
                 tracing::debug!(peer = session.peer_id, stream, late, "stream lateness");

@@ -135,9 +135,9 @@ pub(super) struct Conn {
     pub(super) last_send: Instant,
     pub(super) stalled_since: Option<Instant>,
     pub(super) closing: bool,
-    /// A segment it carried was still undelivered when its version became overdue, and
-    /// none it carried has been delivered in time since: it takes frames only after the
-    /// session's other streams (§5 rule 3).
+    /// It carried a frame of a version when that version became overdue, and no version
+    /// it carried has been delivered without being sent again since: it takes frames
+    /// only after the session's other streams (§5 rule 3).
     pub(super) late: bool,
 }
 

@@ -266,7 +266,10 @@ impl Sender {
             self.conns.remove(&old);
         }
         let snapshot = self.snapshot_offer();
-        if snapshot.is_none() && hello.role == Role::Actor && hello.active == VersionRef::default()
+        if self.kept_snapshot.is_none()
+            && snapshot.is_none()
+            && hello.role == Role::Actor
+            && hello.active == VersionRef::default()
         {
             // An actor with no weights, which wants a snapshot: a relay whose own was
             // withdrawn takes a newer one for the next ([`crate::Node::keep_snapshots`]).

@@ -1678,6 +1678,22 @@ fn a_stream_whose_version_went_overdue_goes_last_until_one_it_carries_is_in_time
     assert_eq!(s.stats().frames_hedged, 6);
 }
 
+/// An actor with no weights welcomed while the kept snapshot is newer than the commit
+/// (so none is offered) does not count as wanting one the relay lacks; with none kept,
+/// it does ([`Sender::kept_snapshot_wanted`]).
+#[test]
+fn a_joiner_counts_as_wanting_a_snapshot_only_where_none_is_kept() {
+    let mut s = sender();
+    s.commit(commit(2, None)).unwrap();
+    s.expect_snapshot(5);
+    let welcome = handshake(&mut s, 1, hello(5, 0, 1));
+    assert!(matches!(welcome.frame, Frame::Welcome(ref w) if w.snapshot.is_none()));
+    assert!(!s.kept_snapshot_wanted());
+    s.withdraw_snapshot("the test lets it go".into());
+    handshake(&mut s, 2, hello(6, 0, 1));
+    assert!(s.kept_snapshot_wanted());
+}
+
 /// A version whose Want comes back in time is never copied, and sets how long later
 /// versions may take: twice that. One larger than `hedge_max_bytes` is never copied.
 #[test]

@@ -134,18 +134,14 @@ impl<E: Engine> Driver<E> {
                     });
                 });
             }
-            Output::FetchSnapshot {
-                newer_than,
-                with_deltas,
-            } => {
+            Output::FetchSnapshot { newer_than } => {
                 let mut config = self.config.clone();
                 // The fetcher serves nobody: its snapshot goes to this relay's sender.
                 config.listen = None;
                 let events = self.events_tx.clone();
-                let relay = with_deltas.then(|| self.status_tx.subscribe());
+                let relay = self.status_tx.subscribe();
                 tracing::info!(
                     newer_than,
-                    with_deltas,
                     "taking a newer snapshot for the region's joiners"
                 );
                 self.tasks.spawn(async move {

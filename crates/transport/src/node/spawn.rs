@@ -71,16 +71,24 @@ pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportErro
     spawn(config, node, None, None::<Arc<IdleEngine>>, None).await
 }
 
+/// How long a relay's fetcher that holds its snapshot may go without completing a
+/// version while it catches up with the relay: longer, and its upstream is behind the
+/// relay's, or withholds versions, and the try ends.
+const FETCH_STALL: Duration = Duration::from_secs(60);
+
 /// A relay's fetch of its upstream's newest snapshot, if it is newer than `newer_than`,
 /// on a session of its own (`aurora_proto::Output::FetchSnapshot`): the snapshot,
-/// complete and verified, with where its segments are kept, or why there is none; given
-/// the `relay`'s status, with the deltas after it up to the newest version the relay
-/// holds. One try: a session that ends first (the upstream has no newer snapshot, or the
-/// link failed) ends it, and the relay goes on as it was.
+/// complete and verified, with the complete deltas after it and where their segments
+/// are kept, or why there is none. Where the relay (whose status is `relay`) keeps no
+/// snapshot once the fetcher holds its own, it no longer holds every delta after it
+/// either, so the fetcher first follows the deltas up to the relay's newest version and
+/// brings them too. One try: a session that ends first (the upstream has no newer
+/// snapshot, or the link failed), or a catch-up that stalls, ends it, and the relay goes
+/// on as it was.
 pub(super) async fn fetch_snapshot(
     config: NodeConfig,
     newer_than: u64,
-    relay: Option<watch::Receiver<NodeStatus>>,
+    relay: watch::Receiver<NodeStatus>,
 ) -> Result<(KeptSnapshot, Box<dyn KeptSegments>), String> {
     let dir = config
         .snapshot_dir
@@ -98,31 +106,49 @@ pub(super) async fn fetch_snapshot(
     // Stopped however this ends, the relay's own end included (its driver then drops
     // this future): a fetcher left running would hold its session and its file.
     let fetcher = StopOnDrop(fetcher);
-    // Both follow the same upstream: the fetcher soon holds what the relay does, and
-    // brings the deltas the relay no longer holds.
-    let caught_up = |fetched: &NodeStatus| {
-        let newest = relay
-            .as_ref()
-            .and_then(|relay| relay.borrow().completed.last().copied());
-        fetched
-            .completed
-            .last()
-            .is_some_and(|&version| Some(version) >= newest)
-    };
-    let ended = fetcher
+    let ended = |status: &NodeStatus| status.upstream_switches > 0;
+    let lost =
+        || format!("the session ended before a snapshot newer than version {newer_than} came");
+    // The snapshot first, however long it takes: it is one version.
+    let mut status = fetcher
         .0
-        .wait_for(|s| caught_up(s) || s.upstream_switches > 0)
-        .await;
-    match ended {
-        Ok(status) if caught_up(&status) => fetcher
+        .wait_for(|s| !s.completed.is_empty() || ended(s))
+        .await
+        .map_err(|e| super::error_chain(&e))?;
+    // Both follow the same upstream, so the fetcher soon holds what the relay does.
+    // Decided once per status, so a version the relay completes meanwhile cannot turn
+    // a hand-over into a failure.
+    loop {
+        if ended(&status) {
+            return Err(lost());
+        }
+        let (keeps, newest) = {
+            let relay = relay.borrow();
+            (
+                relay.kept_snapshot.is_some(),
+                relay.completed.last().copied(),
+            )
+        };
+        let holds = status.completed.last().copied();
+        if keeps || holds >= newest {
+            return fetcher
+                .0
+                .take_kept()
+                .await
+                .map_err(|e| super::error_chain(&e));
+        }
+        let progressed = fetcher
             .0
-            .take_kept()
+            .wait_for(|s| s.completed.last().copied() != holds || ended(s));
+        status = tokio::time::timeout(FETCH_STALL, progressed)
             .await
-            .map_err(|e| super::error_chain(&e)),
-        Ok(_) => Err(format!(
-            "the session ended before a snapshot newer than version {newer_than} came"
-        )),
-        Err(e) => Err(super::error_chain(&e)),
+            .map_err(|_| {
+                format!(
+                    "the fetcher completed no version for {FETCH_STALL:?} while it caught up \
+                     with the relay's version {newest:?} from {holds:?}"
+                )
+            })?
+            .map_err(|e| super::error_chain(&e))?;
     }
 }
 
