@@ -32,9 +32,8 @@ pub(super) struct Keeping {
     given_up: Option<u64>,
     /// Whether a joiner has wanted a kept snapshot since a newer one was last asked for.
     demand: bool,
-    /// The kept snapshot a newer one was last asked for, and whether
-    /// that fetch is still out.
-    fetched_for: Option<u64>,
+    /// Whether a fetch asked for is still out: its outcome changes the kept snapshot, or
+    /// says it failed.
     fetching: bool,
     /// The relay's version from which a failed fetch may be tried again, the failures
     /// in a row, and the snapshot kept when the last one failed: a fetch for another
@@ -54,7 +53,6 @@ impl Keeping {
             kinds: BTreeMap::new(),
             given_up: None,
             demand: false,
-            fetched_for: None,
             fetching: false,
             retry_from: None,
             failures: 0,
@@ -178,7 +176,6 @@ impl Keeping {
             self.failures = 0;
         }
         let due = self.due(sender, version)?;
-        self.fetched_for = Some(due);
         self.fetching = true;
         self.demand = false;
         Some(due)
@@ -204,7 +201,7 @@ impl Keeping {
         };
         let (tail, snapshot) = sender.kept_tail()?;
         let half = snapshot.saturating_mul(KEPT_TAIL_SNAPSHOTS) / 2;
-        (snapshot != u64::MAX && tail >= half && self.fetched_for != Some(kept)).then_some(kept)
+        (snapshot != u64::MAX && tail >= half).then_some(kept)
     }
 
     /// The fetch asked for by [`Keeping::delivered`] failed: it is tried again some
@@ -212,7 +209,6 @@ impl Keeping {
     pub(super) fn not_fetched(&mut self, sender: &Sender) {
         self.fetching = false;
         self.demand = true;
-        self.fetched_for = None;
         let latest = sender.latest().unwrap_or(0);
         let wait = FETCH_RETRY_VERSIONS << self.failures.min(FETCH_RETRY_DOUBLINGS);
         self.failures = self.failures.saturating_add(1);
