@@ -106,21 +106,39 @@ pub(super) async fn fetch_snapshot(
     // Stopped however this ends, the relay's own end included (its driver then drops
     // this future): a fetcher left running would hold its session and its file.
     let fetcher = StopOnDrop(fetcher);
-    let ended = |status: &NodeStatus| status.upstream_switches > 0;
-    let lost =
-        || format!("the session ended before a snapshot newer than version {newer_than} came");
-    // The snapshot first, however long it takes: it is one version.
-    let mut status = fetcher
+    ready_to_hand_over(fetcher.0.status.clone(), relay, newer_than, FETCH_STALL).await?;
+    fetcher
         .0
+        .take_kept()
+        .await
+        .map_err(|e| super::error_chain(&e))
+}
+
+/// Waits until a fetcher (whose status is `fetcher`) holds what its relay needs: its
+/// snapshot newer than `newer_than`, however long that takes (it is one version), and
+/// then, where the relay keeps no snapshot, the deltas up to the relay's newest version.
+/// Both follow the same upstream, so the fetcher soon holds what the relay does; a
+/// catch-up that completes no version for `stall` fails, naming where it stood.
+async fn ready_to_hand_over(
+    mut fetcher: watch::Receiver<NodeStatus>,
+    relay: watch::Receiver<NodeStatus>,
+    newer_than: u64,
+    stall: Duration,
+) -> Result<(), String> {
+    let ended = |status: &NodeStatus| status.upstream_switches > 0;
+    let stopped = |_| "the fetcher stopped".to_string();
+    let mut status = fetcher
         .wait_for(|s| !s.completed.is_empty() || ended(s))
         .await
-        .map_err(|e| super::error_chain(&e))?;
-    // Both follow the same upstream, so the fetcher soon holds what the relay does.
+        .map_err(stopped)?
+        .clone();
     // Decided once per status, so a version the relay completes meanwhile cannot turn
     // a hand-over into a failure.
     loop {
         if ended(&status) {
-            return Err(lost());
+            return Err(format!(
+                "the session ended before a snapshot newer than version {newer_than} came"
+            ));
         }
         let (keeps, newest) = {
             let relay = relay.borrow();
@@ -131,24 +149,19 @@ pub(super) async fn fetch_snapshot(
         };
         let holds = status.completed.last().copied();
         if keeps || holds >= newest {
-            return fetcher
-                .0
-                .take_kept()
-                .await
-                .map_err(|e| super::error_chain(&e));
+            return Ok(());
         }
-        let progressed = fetcher
-            .0
-            .wait_for(|s| s.completed.last().copied() != holds || ended(s));
-        status = tokio::time::timeout(FETCH_STALL, progressed)
+        let progressed = fetcher.wait_for(|s| s.completed.last().copied() != holds || ended(s));
+        status = tokio::time::timeout(stall, progressed)
             .await
             .map_err(|_| {
                 format!(
-                    "the fetcher completed no version for {FETCH_STALL:?} while it caught up \
+                    "the fetcher completed no version for {stall:?} while it caught up \
                      with the relay's version {newest:?} from {holds:?}"
                 )
             })?
-            .map_err(|e| super::error_chain(&e))?;
+            .map_err(stopped)?
+            .clone();
     }
 }
 
@@ -332,4 +345,83 @@ fn jittered(after: Duration) -> Duration {
     let draw = RandomState::new().build_hasher().finish();
     let factor = 0.75 + 0.5 * (draw as f64 / u64::MAX as f64);
     Duration::try_from_secs_f64(after.as_secs_f64() * factor).unwrap_or(after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STALL: Duration = Duration::from_secs(60);
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn completed(versions: impl IntoIterator<Item = u64>) -> NodeStatus {
+        NodeStatus {
+            completed: versions.into_iter().collect(),
+            ..NodeStatus::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_catch_up_that_completes_nothing_for_the_stall_ends_the_fetch_naming_where_it_stood()
+    {
+        let (fetcher, fetcher_status) = watch::channel(NodeStatus::default());
+        let (_relay, relay_status) = watch::channel(completed(5..=7));
+        let fetch = tokio::spawn(ready_to_hand_over(fetcher_status, relay_status, 1, STALL));
+        fetcher.send_replace(completed([4]));
+        tokio::time::sleep(STALL - SECOND).await;
+        // Each version completed starts the wait afresh.
+        fetcher.send_replace(completed([4, 5]));
+        tokio::time::sleep(STALL - SECOND).await;
+        assert!(!fetch.is_finished(), "a catch-up that progresses goes on");
+        tokio::time::sleep(2 * SECOND).await;
+        assert!(fetch.is_finished(), "a minute without a version ends it");
+        let error = fetch.await.unwrap().unwrap_err();
+        assert!(
+            error.contains("no version for 60s") && error.contains("Some(7) from Some(5)"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fetcher_hands_over_once_it_holds_the_relays_newest_version() {
+        let (fetcher, fetcher_status) = watch::channel(NodeStatus::default());
+        let (relay, relay_status) = watch::channel(completed(5..=7));
+        let fetch = tokio::spawn(ready_to_hand_over(fetcher_status, relay_status, 1, STALL));
+        fetcher.send_replace(completed([4, 5, 6]));
+        tokio::time::sleep(SECOND).await;
+        assert!(!fetch.is_finished(), "the fetcher lacks version 7");
+        // Where the relay moves on meanwhile, the fetcher follows it there too.
+        relay.send_replace(completed(5..=8));
+        fetcher.send_replace(completed(4..=7));
+        tokio::time::sleep(SECOND).await;
+        assert!(!fetch.is_finished(), "the fetcher lacks version 8");
+        fetcher.send_replace(completed(4..=8));
+        fetch.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_that_still_keeps_a_snapshot_takes_the_fetched_one_without_deltas() {
+        let (fetcher, fetcher_status) = watch::channel(NodeStatus::default());
+        let relay = NodeStatus {
+            kept_snapshot: Some(2),
+            ..completed(5..=7)
+        };
+        let (_relay, relay_status) = watch::channel(relay);
+        let fetch = tokio::spawn(ready_to_hand_over(fetcher_status, relay_status, 2, STALL));
+        fetcher.send_replace(completed([4]));
+        fetch.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fetch_whose_session_ends_fails_naming_the_snapshot_it_wanted() {
+        let (fetcher, fetcher_status) = watch::channel(NodeStatus::default());
+        let (_relay, relay_status) = watch::channel(completed(5..=7));
+        let fetch = tokio::spawn(ready_to_hand_over(fetcher_status, relay_status, 3, STALL));
+        fetcher.send_replace(NodeStatus {
+            upstream_switches: 1,
+            ..NodeStatus::default()
+        });
+        let error = fetch.await.unwrap().unwrap_err();
+        assert!(error.contains("newer than version 3"), "{error}");
+    }
 }
