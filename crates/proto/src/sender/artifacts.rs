@@ -738,17 +738,17 @@ impl Sender {
         }
         // The deltas between it and the oldest held here come with it.
         let lacking = version.saturating_add(1)..self.floor;
+        let lacking_count = lacking.end.saturating_sub(lacking.start);
         let brought: Vec<(u64, Artifact)> = deltas
             .into_iter()
             .filter(|(delta, _)| lacking.contains(delta))
             .collect();
-        if brought.len() as u64 != lacking.end.saturating_sub(lacking.start) {
+        if brought.len() as u64 != lacking_count {
             return Err(format!(
                 "the deltas after version {version} are held here from version {} on, and \
-                 it came with {} of the {} before that",
+                 it came with {} of the {lacking_count} before that",
                 self.floor,
                 brought.len(),
-                lacking.end.saturating_sub(lacking.start)
             ));
         }
         for (delta, artifact) in brought {
