@@ -47,6 +47,8 @@ class TrainerNodeCore:
         cert: object | None,
         key: object | None,
         insecure_plaintext: bool,
+        insecure_closed_network: bool,
+        insecure_unsigned: bool,
     ) -> None: ...
     @property
     def control_address(self) -> str: ...
@@ -80,6 +82,8 @@ class ActorNodeCore:
         cert: object | None,
         key: object | None,
         insecure_plaintext: bool,
+        insecure_closed_network: bool,
+        insecure_unsigned: bool,
         return_after_s: float | None,
         behind_timeout_s: float,
     ) -> None: ...

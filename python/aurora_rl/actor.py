@@ -60,7 +60,9 @@ class Actor:
     ``insecure_plaintext=True``, over plain HTTP with the fleet ``token`` (loopback only;
     over TLS no token is needed).
     With ``trainer_key`` (the trainer's public key, PEM) it takes only versions and commits
-    the trainer signed.
+    the trainer signed; with certificates it is required, unless ``insecure_unsigned=True``
+    says by name to take unsigned versions. In plaintext the node dials loopback only,
+    unless ``insecure_closed_network=True`` says the network between the nodes is closed.
 
     Upstreams come in order of preference. A session on any but the first goes back to
     the first after about ``return_after`` seconds, between versions (``None``: never). A
@@ -87,6 +89,8 @@ class Actor:
         cert: Optional[Union[str, Path]] = None,
         key: Optional[Union[str, Path]] = None,
         insecure_plaintext: bool = False,
+        insecure_closed_network: bool = False,
+        insecure_unsigned: bool = False,
         return_after: Optional[float] = _core.RETURN_AFTER_S,
         behind_timeout: float = _core.BEHIND_TIMEOUT_S,
     ) -> None:
@@ -109,6 +113,8 @@ class Actor:
             cert,
             key,
             insecure_plaintext,
+            insecure_closed_network,
+            insecure_unsigned,
             return_after,
             behind_timeout,
         )

@@ -63,7 +63,10 @@ class Trainer:
     {"initial_ms": 20000}}``); unknown names are refused. ``signing_key`` is the trainer's
     ed25519 key (PKCS#8 PEM, mode 0600, as ``aurora run`` writes ``trainer.key``): every
     version and commit is then signed, and actors given the public key
-    (``Actor(trainer_key=...)``) take nothing else (docs/security.md).
+    (``Actor(trainer_key=...)``) take nothing else (docs/security.md). With certificates
+    the signing key is required, unless ``insecure_unsigned=True`` says by name that
+    versions travel unsigned. In plaintext the node listens on loopback only, unless
+    ``insecure_closed_network=True`` says the network between the nodes is closed.
     """
 
     def __init__(
@@ -82,6 +85,8 @@ class Trainer:
         cert: Optional[Union[str, Path]] = None,
         key: Optional[Union[str, Path]] = None,
         insecure_plaintext: bool = False,
+        insecure_closed_network: bool = False,
+        insecure_unsigned: bool = False,
     ) -> None:
         self.token = token if token is not None else secrets.token_hex(32)
         self._node = _core.TrainerNodeCore(
@@ -98,6 +103,8 @@ class Trainer:
             cert,
             key,
             insecure_plaintext,
+            insecure_closed_network,
+            insecure_unsigned,
         )
         # The latest published version's tensors: the base of the next delta. Kept as the
         # caller gave them (no copy); their hash is checked again before they are used.

@@ -162,7 +162,7 @@ impl TrainerNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Trainer).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control, signing_key, ca, cert, key, insecure_plaintext))]
+    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control, signing_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned))]
     fn new(
         py: Python<'_>,
         directory: std::path::PathBuf,
@@ -178,6 +178,8 @@ impl TrainerNodeCore {
         cert: Option<std::path::PathBuf>,
         key: Option<std::path::PathBuf>,
         insecure_plaintext: bool,
+        insecure_closed_network: bool,
+        insecure_unsigned: bool,
     ) -> PyResult<TrainerNodeCore> {
         if streams == 0 {
             return Err(PyValueError::new_err("streams must be at least 1"));
@@ -187,10 +189,12 @@ impl TrainerNodeCore {
             cert,
             key,
             insecure_plaintext,
+            insecure_closed_network,
             fleet_token: token,
         }
         .load()?;
         let mut settings = TrainerSettings::new(directory, trust);
+        settings.insecure_unsigned = insecure_unsigned;
         settings.control_listen = address(control_listen)?;
         settings.transport_listen = address(transport_listen)?;
         settings.streams = streams;
@@ -375,7 +379,7 @@ impl ActorNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, return_after_s, behind_timeout_s))]
+    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned, return_after_s, behind_timeout_s))]
     fn new(
         py: Python<'_>,
         id: u64,
@@ -391,6 +395,8 @@ impl ActorNodeCore {
         cert: Option<std::path::PathBuf>,
         key: Option<std::path::PathBuf>,
         insecure_plaintext: bool,
+        insecure_closed_network: bool,
+        insecure_unsigned: bool,
         return_after_s: Option<f64>,
         behind_timeout_s: f64,
     ) -> PyResult<ActorNodeCore> {
@@ -406,10 +412,12 @@ impl ActorNodeCore {
             cert,
             key,
             insecure_plaintext,
+            insecure_closed_network,
             fleet_token: token,
         }
         .load()?;
         let settings = ActorSettings {
+            insecure_unsigned,
             id,
             region,
             control: address(control)?,

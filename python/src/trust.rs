@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use aurora_node::NodeTrust;
-use aurora_trust::TlsFiles;
+use aurora_trust::{PlaintextReach, TlsFiles};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -18,15 +18,30 @@ pub(crate) struct TrustArgs {
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub insecure_plaintext: bool,
+    /// With `insecure_plaintext`: the network between the nodes is closed, so plaintext
+    /// may leave loopback.
+    pub insecure_closed_network: bool,
     /// Authenticates peers only over plaintext.
     pub fleet_token: String,
 }
 
 impl TrustArgs {
     pub fn load(self) -> PyResult<NodeTrust> {
+        if self.insecure_closed_network && !self.insecure_plaintext {
+            return Err(PyValueError::new_err(
+                "insecure_closed_network=True only widens insecure_plaintext=True",
+            ));
+        }
         match (self.ca, self.cert, self.key, self.insecure_plaintext) {
-            (None, None, None, true) => NodeTrust::insecure_plaintext(self.fleet_token)
-                .map_err(|error| PyValueError::new_err(message_chain(&error))),
+            (None, None, None, true) => {
+                let reach = if self.insecure_closed_network {
+                    PlaintextReach::ClosedNetwork
+                } else {
+                    PlaintextReach::Loopback
+                };
+                NodeTrust::insecure_plaintext(self.fleet_token, reach)
+                    .map_err(|error| PyValueError::new_err(message_chain(&error)))
+            }
             (Some(ca), Some(cert), Some(key), false) => {
                 NodeTrust::load(&TlsFiles { ca, cert, key }).map_err(|error| {
                     PyValueError::new_err(format!(

@@ -84,7 +84,7 @@ def fleet(aurora_bin: Path, dir: Path, nodes: list[tuple[str, str, str]]) -> dic
     arguments = {}
     for role, id, region in nodes:
         run(aurora_bin, "certs", "issue", "--dir", dir, "--role", role, "--id", id, "--region", region)
-        arguments[id] = {"ca": dir / "ca.pem", "cert": dir / f"{id}.pem", "key": dir / f"{id}.key"}
+        arguments[id] = {"ca": dir / "ca.pem", "cert": dir / "nodes" / f"{role}-{id}.pem", "key": dir / "nodes" / f"{role}-{id}.key"}
     return arguments
 
 

@@ -320,9 +320,9 @@ impl Fleet {
             "--ca".into(),
             file("ca.pem".into()),
             "--cert".into(),
-            file(format!("{id}.pem")),
+            file(format!("nodes/{role}-{id}.pem")),
             "--key".into(),
-            file(format!("{id}.key")),
+            file(format!("nodes/{role}-{id}.key")),
         ])
     }
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use aurora_trust::{FleetCa, Identity, NodeFiles, Role, TrustError};
+use aurora_trust::{FleetCa, Identity, NodeFiles, Replace, Role, TrustError};
 use clap::{Args, Subcommand};
 
 /// The trainer's version-signing key in a fleet directory, and its public half.
@@ -25,8 +25,9 @@ pub enum CertsCommand {
         #[arg(long, default_value = "aurora")]
         name: String,
     },
-    /// Issue a node certificate carrying the node's role, id and region: `<id>.pem` and
-    /// `<id>.key` (mode 0600).
+    /// Issue a node certificate carrying the node's role, id and region:
+    /// `nodes/<role>-<id>.pem` and `nodes/<role>-<id>.key` (mode 0600). Existing files are
+    /// never replaced unless `--overwrite` says so.
     Issue(IssueArgs),
     /// Print the identity and validity of a certificate.
     Show {
@@ -43,7 +44,8 @@ pub struct IssueArgs {
     /// trainer, relay, actor or observer.
     #[arg(long)]
     role: Role,
-    /// The node's id: the id it has in the fleet (an actor's id in the control plane).
+    /// The node's id: the id it has in the fleet (an actor's is its number in the control
+    /// plane, in decimal without leading zeros). `ca` and `signing` are reserved.
     #[arg(long)]
     id: String,
     #[arg(long)]
@@ -51,9 +53,14 @@ pub struct IssueArgs {
     /// Days the certificate is valid.
     #[arg(long, default_value_t = 365)]
     days: i64,
-    /// Where to write the certificate and key (default: the fleet's directory).
+    /// The fleet directory to write `nodes/<role>-<id>.pem` and `.key` into (default: the
+    /// CA's directory).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Replace the node's certificate and key if they exist (a re-issue: the old key
+    /// stops working once its certificate expires).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(command: CertsCommand) -> Result<()> {
@@ -74,9 +81,22 @@ pub fn run(command: CertsCommand) -> Result<()> {
         CertsCommand::Issue(args) => {
             let identity = Identity::new(args.role, &args.id, &args.region)?;
             let ca = FleetCa::load(&args.dir)?;
-            let files = NodeFiles::in_dir(args.out.as_deref().unwrap_or(&args.dir), &args.id);
+            let files = NodeFiles::of(args.out.as_deref().unwrap_or(&args.dir), &identity);
+            let replace = if args.overwrite {
+                Replace::Allowed
+            } else {
+                Replace::Never
+            };
             ca.issue(&identity, time::Duration::days(args.days))?
-                .save(&files)?;
+                .save(&files, replace)
+                .map_err(|error| match error {
+                    TrustError::Exists(path) => anyhow::anyhow!(
+                        "{} exists already: {identity} has a certificate; pass --overwrite \
+                         to issue it a new one",
+                        path.display()
+                    ),
+                    other => other.into(),
+                })?;
             println!(
                 "issued {identity}: {} and {}",
                 files.cert.display(),

@@ -56,8 +56,11 @@ impl BenchSecurity {
     /// A node's configuration, with a certificate of `identity` under TLS.
     fn node(&self, identity: Identity) -> Result<NodeConfig, TransportError> {
         let security = match self {
+            // The benchmark's nodes all run on this machine, in network namespaces it
+            // made (an emulated WAN): a closed network by construction.
             BenchSecurity::InsecurePlaintext => Security::InsecurePlaintext {
                 token: TOKEN.to_vec(),
+                reach: aurora_trust::PlaintextReach::ClosedNetwork,
             },
             BenchSecurity::Tls(ca) => {
                 let role = match identity.role {
@@ -253,7 +256,7 @@ pub async fn transfer(spec: TransferSpec) -> Result<TransferReport, TransportErr
     for index in 0..spec.receivers {
         let mut config = spec
             .security
-            .node(identity(Role::Actor, format!("r{index}"), "bench"))?;
+            .node(identity(Role::Actor, index.to_string(), "bench"))?;
         config.upstreams = vec![address];
         config.streams = spec.streams;
         config.socket = spec.socket.clone();

@@ -53,9 +53,14 @@ pub struct HubArgs {
     snapshot_every: u64,
     /// The trainer's signing key (PKCS#8 PEM, mode 0600): every version, snapshot,
     /// composed delta and commit served is signed with it, and relays and actors pin its
-    /// public key (--trainer-key). Without it the deployment is unsigned (insecure).
+    /// public key (--trainer-key). Required with certificates, unless
+    /// --insecure-unsigned.
     #[arg(long)]
     signing_key: Option<PathBuf>,
+    /// INSECURE: with certificates but no --signing-key, serve unsigned versions (only
+    /// nodes that also say --insecure-unsigned take them).
+    #[arg(long, conflicts_with = "signing_key")]
+    insecure_unsigned: bool,
     /// A TOML file of limits beyond the defaults: `[control]` (the API's caps and
     /// timeouts) and `[transport]` (connection caps, the build budget; see
     /// docs/security.md).
@@ -76,11 +81,9 @@ pub fn run(args: HubArgs) -> Result<()> {
     settings.snapshot_every = args.snapshot_every;
     settings.signing_key = match &args.signing_key {
         Some(path) => Some(Arc::new(aurora_trust::signing::load_signing_key(path)?)),
-        None => {
-            tracing::warn!("no --signing-key: serving unsigned versions (insecure)");
-            None
-        }
+        None => None,
     };
+    settings.insecure_unsigned = args.insecure_unsigned;
     let runtime = crate::runtime(None)?;
     let node = Arc::new(
         runtime
@@ -105,11 +108,17 @@ pub fn run(args: HubArgs) -> Result<()> {
     }
 }
 
-/// Which checkpoint of the watched directory became which version, kept beside the
-/// store (`watched.json`) so a restarted hub neither skips nor repeats one.
+/// Which checkpoint of the watched directory became which version, and which were set
+/// aside as unreadable, kept beside the store (`watched.json`) so a restarted hub
+/// neither skips nor repeats one, nor trips on a bad one again.
 #[derive(Default, Serialize, Deserialize)]
 struct Published {
     versions: BTreeMap<String, u64>,
+    /// Checkpoints marked complete that are not checkpoints (truncated, corrupted, no
+    /// tensors), with why: never published, the next one's delta is taken from the last
+    /// good one. The directory is the trainer's and is left as it is.
+    #[serde(default)]
+    set_aside: BTreeMap<String, String>,
 }
 
 struct Watcher {
@@ -214,6 +223,7 @@ impl Watcher {
             let name = entry.file_name().to_string_lossy().into_owned();
             if entry.path().join(&self.marker).is_file()
                 && !self.record.versions.contains_key(&name)
+                && !self.record.set_aside.contains_key(&name)
             {
                 found.push(name);
             }
@@ -242,17 +252,35 @@ impl Watcher {
             .collect()
     }
 
+    /// Publishes checkpoint `name` as the next version, or sets it aside if it is not a
+    /// checkpoint: a bad file a trainer marked complete costs a log line, not the hub.
+    /// Anything else that fails (the store, the transport) stops the hub.
     fn publish(
         &mut self,
         node: &Arc<TrainerNode>,
         runtime: &tokio::runtime::Runtime,
         name: &str,
     ) -> Result<()> {
-        let files = self.map(name)?;
-        let target = checkpoint_of(&files).with_context(|| format!("reading checkpoint {name}"))?;
+        let files = match self.map(name).and_then(|files| {
+            checkpoint_of(&files)?;
+            Ok(files)
+        }) {
+            Ok(files) => files,
+            Err(error) => return self.set_aside(name, &error),
+        };
+        let target = checkpoint_of(&files)?;
         let published = match &self.base {
-            None => node.publish_first(0, &target)?,
-            Some(base) => node.publish(&checkpoint_of(base)?, &target)?,
+            None => node.publish_first(0, &target),
+            Some(base) => node.publish(&checkpoint_of(base)?, &target),
+        };
+        let published = match published {
+            Ok(published) => published,
+            // The extraction refused the tensors (a dtype or a size the format cannot
+            // carry, a target that does not fit its base): the checkpoint, not the hub.
+            Err(aurora_node::NodeError::Delta(error)) => {
+                return self.set_aside(name, &anyhow::Error::new(error));
+            }
+            Err(other) => return Err(other.into()),
         };
         runtime.block_on(node.commit())?;
         self.record
@@ -272,6 +300,26 @@ impl Watcher {
             "published {name} as version {} {}",
             published.version, published.weights_hash
         );
+        std::io::stdout().flush()?;
+        Ok(())
+    }
+}
+
+impl Watcher {
+    /// Records checkpoint `name` as set aside for `error`, logs it and says so on stdout.
+    fn set_aside(&mut self, name: &str, error: &anyhow::Error) -> Result<()> {
+        let reason = format!("{error:#}");
+        tracing::error!(
+            checkpoint = name,
+            reason,
+            "set aside: the checkpoint is marked complete but cannot be published; the next \
+             one is taken against the last published"
+        );
+        self.record
+            .set_aside
+            .insert(name.to_string(), reason.clone());
+        self.save_record()?;
+        println!("set aside {name}: {reason}");
         std::io::stdout().flush()?;
         Ok(())
     }

@@ -69,9 +69,15 @@ pub struct NodeArgs {
     #[arg(long)]
     congestion: Option<String>,
     /// The trainer's public key (PEM): every version and commit must carry its
-    /// signature. Without it the node takes unsigned versions (an insecure deployment).
+    /// signature. Required with certificates (--ca, --cert, --key), unless
+    /// --insecure-unsigned.
     #[arg(long)]
     trainer_key: Option<PathBuf>,
+    /// INSECURE: with certificates but no --trainer-key, take versions nobody signed; a
+    /// compromised relay upstream can then hand this node any weights.
+    #[arg(long, conflicts_with = "trainer_key")]
+    #[serde(default)]
+    insecure_unsigned: bool,
     /// A TOML file of limits beyond the defaults (its `[transport]` table: connection
     /// caps, the handshake timeout, `max_held_bytes`; see docs/security.md).
     #[arg(long)]
@@ -198,19 +204,18 @@ impl NodeArgs {
         };
         config.limits = limits;
         config.snapshot_dir = snapshot_dir;
+        config.insecure_unsigned = self.insecure_unsigned || file.insecure_unsigned;
         config.trainer_key = match self.trainer_key.or(file.trainer_key) {
+            Some(_) if config.insecure_unsigned => {
+                bail!("--trainer-key and --insecure-unsigned contradict each other")
+            }
             Some(path) => {
                 let key = aurora_trust::signing::load_public_key(&path)?;
                 let fingerprint = aurora_delta::key_fingerprint(&key);
                 tracing::info!(key = %fingerprint, "taking only versions the trainer key signed");
                 Some(key)
             }
-            None => {
-                tracing::warn!(
-                    "no --trainer-key: taking unsigned versions from any upstream (insecure)"
-                );
-                None
-            }
+            None => None,
         };
         if role == Role::Actor {
             tracing::info!(dir = %image_dir.display(), "the model's image lives in a mapped file");

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use aurora_node::NodeTrust;
-use aurora_trust::TlsFiles;
+use aurora_trust::{PlaintextReach, TlsFiles};
 use clap::Args;
 
 use crate::TOKEN_VARIABLE;
@@ -27,9 +27,15 @@ pub struct TrustArgs {
     key: Option<PathBuf>,
     /// INSECURE: plain TCP and HTTP, peers authenticated by the shared token in
     /// AURORA_TOKEN. Anyone on the path reads the weights and the tokens, replays requests
-    /// and can impersonate a node. For loopback and closed test networks only.
+    /// and can impersonate a node. Loopback addresses only, unless
+    /// --insecure-closed-network.
     #[arg(long)]
     insecure_plaintext: bool,
+    /// INSECURE, with --insecure-plaintext: the network between the nodes is closed (an
+    /// emulated WAN, a private test cluster), so plaintext may listen on and dial
+    /// addresses beyond loopback.
+    #[arg(long, requires = "insecure_plaintext")]
+    insecure_closed_network: bool,
 }
 
 impl TrustArgs {
@@ -43,7 +49,14 @@ impl TrustArgs {
                 };
                 NodeTrust::load(&files).context("loading the node's TLS material")
             }
-            (None, None, None, true) => Ok(NodeTrust::insecure_plaintext(token()?)?),
+            (None, None, None, true) => {
+                let reach = if self.insecure_closed_network {
+                    PlaintextReach::ClosedNetwork
+                } else {
+                    PlaintextReach::Loopback
+                };
+                Ok(NodeTrust::insecure_plaintext(token()?, reach)?)
+            }
             _ => bail!(
                 "this node needs --ca, --cert and --key (the fleet's certificates, from \
                  `aurora certs`), or --insecure-plaintext to run without TLS"

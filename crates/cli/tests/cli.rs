@@ -685,10 +685,17 @@ fn signed_deltas_verify_with_the_trainer_key_only() {
     let public = f.s.path("trainer.pub");
     let other = f.s.path("other.pub");
     let signing_key = aurora_trust::signing::generate().unwrap();
-    aurora_trust::signing::write_signing_key(&key, &signing_key).unwrap();
-    aurora_trust::signing::write_public_key(&public, &signing_key.verifying_key()).unwrap();
+    aurora_trust::signing::write_signing_key(&key, &signing_key, aurora_trust::Replace::Never)
+        .unwrap();
+    aurora_trust::signing::write_public_key(
+        &public,
+        &signing_key.verifying_key(),
+        aurora_trust::Replace::Never,
+    )
+    .unwrap();
     let other_key = aurora_trust::signing::generate().unwrap().verifying_key();
-    aurora_trust::signing::write_public_key(&other, &other_key).unwrap();
+    aurora_trust::signing::write_public_key(&other, &other_key, aurora_trust::Replace::Never)
+        .unwrap();
 
     // Unsigned: verify --key names the missing signature file.
     let missing = aurora(&["delta", "verify"])

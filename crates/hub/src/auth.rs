@@ -91,10 +91,19 @@ pub enum Forbidden {
     },
     /// An actor certificate whose id is not an actor id of the control plane.
     #[error(
-        "the certificate's actor id {0:?} is not an actor id of the control plane (decimal \
-         digits, as `aurora certs issue --role actor --id` takes it)"
+        "the certificate's actor id {0:?} is not an actor id of the control plane (its \
+         number in decimal, no leading zeros, as `aurora certs issue --role actor --id` takes it)"
     )]
     NotAnActorId(String),
+    /// A registration naming another region than the actor's certificate.
+    #[error(
+        "the certificate puts {actor} in region {certified:?}; it cannot register in {requested:?}"
+    )]
+    OtherRegion {
+        actor: ActorId,
+        certified: String,
+        requested: String,
+    },
 }
 
 impl Forbidden {
@@ -103,20 +112,17 @@ impl Forbidden {
             Forbidden::Role { .. } => RequestRule::Role,
             Forbidden::OtherActor { .. } => RequestRule::OtherActor,
             Forbidden::NotAnActorId(_) => RequestRule::NotAnActorId,
+            Forbidden::OtherRegion { .. } => RequestRule::OtherRegion,
         }
     }
 }
 
-/// The actor an actor certificate is for: its id is the actor's id in the control plane.
+/// The actor an actor certificate is for: its id is the actor's id in the control plane,
+/// in its one spelling (a certificate naming `042` acts for no actor, not for 42).
 pub(crate) fn certified_actor(identity: &Identity) -> Result<ActorId, Forbidden> {
-    // Digits only, as for tokens: one actor has one spelling.
-    let id = &identity.id;
-    id.bytes()
-        .all(|byte| byte.is_ascii_digit())
-        .then(|| id.parse().ok())
-        .flatten()
+    aurora_trust::canonical_actor_id(&identity.id)
         .map(ActorId)
-        .ok_or_else(|| Forbidden::NotAnActorId(id.clone()))
+        .map_err(|_| Forbidden::NotAnActorId(identity.id.clone()))
 }
 
 fn roles(roles: &[Role]) -> String {
@@ -189,14 +195,13 @@ pub(crate) fn claimed_actor(token: &[u8]) -> Result<ActorId, AuthError> {
         .position(|&byte| byte == b'.')
         .map(|dot| (&token[..dot], &token[dot + 1..]))
         .ok_or(AuthError::MalformedActorToken)?;
-    // Digits only: `u64::from_str` would also take a leading `+`, and one actor must
-    // have one spelling.
-    if id.is_empty() || !id.iter().all(u8::is_ascii_digit) || secret.is_empty() {
+    // One actor, one spelling: `u64::from_str` would also take `+12` and `012`.
+    if secret.is_empty() {
         return Err(AuthError::MalformedActorToken);
     }
     std::str::from_utf8(id)
         .ok()
-        .and_then(|id| id.parse().ok())
+        .and_then(|id| aurora_trust::canonical_actor_id(id).ok())
         .map(ActorId)
         .ok_or(AuthError::MalformedActorToken)
 }
@@ -224,6 +229,7 @@ mod tests {
             ".abc",
             "12.",
             "+12.abc",
+            "012.abc",
             "x.abc",
             "99999999999999999999999.abc",
         ] {
@@ -238,9 +244,14 @@ mod tests {
 
     #[test]
     fn an_actor_certificate_names_its_actor_in_decimal_digits() {
-        let identity = |id: &str| Identity::new(Role::Actor, id, "us").unwrap();
+        // As a certificate of another CA, or an older aurora, might spell it.
+        let identity = |id: &str| Identity {
+            role: Role::Actor,
+            id: id.into(),
+            region: "us".into(),
+        };
         assert_eq!(certified_actor(&identity("42")), Ok(ActorId(42)));
-        for id in ["actor-42", "0x2a", "99999999999999999999999"] {
+        for id in ["actor-42", "0x2a", "042", "99999999999999999999999"] {
             assert_eq!(
                 certified_actor(&identity(id)),
                 Err(Forbidden::NotAnActorId(id.into())),

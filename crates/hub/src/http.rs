@@ -203,6 +203,7 @@ impl Api {
                     Rule::Actor => Ok(Some(Authenticated {
                         actor: self.hub.authenticate_actor(token)?,
                         proof: "token",
+                        region: None,
                     })),
                 };
             }
@@ -240,22 +241,40 @@ impl Api {
         Ok(Some(Authenticated {
             actor,
             proof: "certificate",
+            region: Some(identity.region.clone()),
         }))
     }
 }
 
 /// The actor a request's certificate or token authenticated, for the handler to check
 /// against the actor the body names.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Authenticated {
     actor: ActorId,
     /// `certificate` or `token`, for the refusal's message.
     proof: &'static str,
+    /// The region a certificate puts the actor in (a token says nothing of it).
+    region: Option<String>,
 }
 
 impl Authenticated {
+    /// Refuses a registration in another region than the certificate's: the scheduler
+    /// and the relays place an actor by its region, which only the CA may say.
+    fn check_region(&self, requested: &str) -> Result<(), ApiError> {
+        match &self.region {
+            Some(certified) if certified != requested => {
+                Err(ApiError::from(Forbidden::OtherRegion {
+                    actor: self.actor,
+                    certified: certified.clone(),
+                    requested: requested.to_string(),
+                }))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Refuses a request naming another actor than the proof's.
-    fn check(self, requested: u64) -> Result<ActorId, ApiError> {
+    fn check(&self, requested: u64) -> Result<ActorId, ApiError> {
         let requested = ActorId(requested);
         if requested == self.actor {
             Ok(requested)
@@ -346,6 +365,7 @@ async fn register(
 ) -> Result<axum::Json<RegisterResponse>, ApiError> {
     if let Some(Extension(authenticated)) = authenticated {
         authenticated.check(request.actor)?;
+        authenticated.check_region(&request.region)?;
     }
     let (actor, registration) = request.into_core()?;
     let (readiness, token) = blocking(&api, move |hub| hub.register(actor, registration)).await??;

@@ -90,6 +90,7 @@ labels! {
         Role => "role",
         OtherActor => "other_actor",
         NotAnActorId => "not_an_actor_id",
+        OtherRegion => "other_region",
         PeerConcurrency => "peer_concurrency",
     }
 }

@@ -115,8 +115,9 @@ fn short_limits() -> Limits {
     }
 }
 
+/// A certificate of node `id` in region eu-west, where the actors register.
 fn node(ca: &FleetCa, role: Role, id: &str) -> NodeTls {
-    let identity = Identity::new(role, id, "us").unwrap();
+    let identity = Identity::new(role, id, "eu-west").unwrap();
     let cert = ca.issue(&identity, time::Duration::days(1)).unwrap();
     NodeTls::from_pem(ca.cert_pem(), &cert.cert_pem, &cert.key_pem).unwrap()
 }
@@ -286,7 +287,7 @@ async fn an_actor_works_and_an_observer_reads_over_mutual_tls() {
     assert_eq!(status, 403);
     assert_eq!(
         error_message(&body),
-        "actor 1 (us) may not read the status and metrics: only observers, trainers and \
+        "actor 1 (eu-west) may not read the status and metrics: only observers, trainers and \
          relays may"
     );
 }
@@ -407,6 +408,23 @@ async fn an_actor_can_neither_register_nor_act_as_another() {
     fleet
         .assert_refused(Refusal::Request(RequestRule::OtherActor), 3, message)
         .await;
+    // Its own id in another region than its certificate's: the scheduler and the
+    // relays place an actor by region, which only the CA says.
+    let (status, body) = impostor
+        .request(
+            "POST",
+            "/v1/register",
+            None,
+            r#"{"actor":2,"region":"us-east","active":1}"#,
+        )
+        .await;
+    assert_eq!(status, 403);
+    let message =
+        "the certificate puts actor 2 in region \"eu-west\"; it cannot register in \"us-east\"";
+    assert_eq!(error_message(&body), message);
+    fleet
+        .assert_refused(Refusal::Request(RequestRule::OtherRegion), 1, message)
+        .await;
     // Actor 1's registration and token are as they were.
     assert_eq!(honest.claim(1, &token).await.len(), 1);
     assert!(fleet.hub.hub.inspect(|core| core.members().len() == 2));
@@ -428,7 +446,7 @@ async fn an_observer_a_relay_or_the_trainer_cannot_write() {
             let (status, body) = conn.request("POST", path, token, body).await;
             assert_eq!(status, 403, "{role} {path}: {body}");
             assert!(
-                error_message(&body).starts_with(&format!("{role} 1 (us) may not ")),
+                error_message(&body).starts_with(&format!("{role} 1 (eu-west) may not ")),
                 "{body}"
             );
             count += 1;

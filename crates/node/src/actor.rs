@@ -19,8 +19,10 @@ use crate::{ControlClient, NodeError, NodeTrust};
 
 /// Heartbeat period; a control plane declares an actor dead after a few missed.
 const HEARTBEAT: Duration = Duration::from_millis(1000);
-/// Pause before retrying a failed version report.
-const RETRY: Duration = Duration::from_millis(200);
+/// The bound of the pause after a first failed version report (it doubles with each
+/// failure in a row), and the longest.
+const REPORT_BACKOFF: Duration = Duration::from_millis(200);
+const REPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Settings of an actor node.
 #[derive(Clone, Debug)]
@@ -41,8 +43,11 @@ pub struct ActorSettings {
     /// What the upstream may make this node hold, and what peers may ask of it.
     pub transport_limits: aurora_transport::Limits,
     /// The trainer's public key: every artifact and commit must carry its signature
-    /// (docs/security.md). `None`: an unsigned deployment.
+    /// (docs/security.md). Required with certificates, unless `insecure_unsigned`.
     pub trainer_key: Option<aurora_delta::VerifyingKey>,
+    /// INSECURE: take unsigned versions although the node has certificates
+    /// ([`aurora_transport::NodeConfig::insecure_unsigned`]).
+    pub insecure_unsigned: bool,
     /// Where the image of a snapshot taken over the wire is built (and the images
     /// after it): the heap, or mapped files (`aurora_checkpoint::FileImages`).
     pub images: Arc<dyn aurora_delta::ImageSpace>,
@@ -208,7 +213,12 @@ impl Drop for ActorNode {
     }
 }
 
+/// The transport's configuration; also where the settings are checked, before anything
+/// starts.
 fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
+    settings
+        .trust
+        .check_address("the control plane's address", settings.control)?;
     let plaintext = Identity {
         role: Role::Actor,
         peer_id: format!("actor-{}", settings.id),
@@ -222,6 +232,7 @@ fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
     node.streams = settings.streams;
     node.limits = settings.transport_limits.clone();
     node.trainer_key = settings.trainer_key;
+    node.insecure_unsigned = settings.insecure_unsigned;
     node.images = settings.images.clone();
     node.return_after = settings.return_after;
     node.behind_timeout = settings.behind_timeout;
@@ -259,6 +270,7 @@ async fn report_versions(
     mut status: tokio::sync::watch::Receiver<aurora_transport::NodeStatus>,
 ) {
     let mut reported = None;
+    let mut backoff = crate::backoff(REPORT_BACKOFF, REPORT_BACKOFF_MAX);
     loop {
         let versions = {
             let status = status.borrow_and_update();
@@ -284,10 +296,11 @@ async fn report_versions(
                         "versions reported"
                     );
                     reported = Some((active, staged));
+                    backoff.reset();
                 }
                 Err(error) => {
                     tracing::warn!("reporting versions: {error}");
-                    tokio::time::sleep(RETRY).await;
+                    tokio::time::sleep(backoff.failed()).await;
                     continue;
                 }
             }

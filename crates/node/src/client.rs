@@ -36,8 +36,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// that it is unavailable: a trainer node restarting after a crash comes back within
 /// this, so its actors wait for it rather than give up.
 const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);
+/// The bound of the pause after a first failed try; it doubles with each one after.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// The longest pause between two tries.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Answers larger than this are refused (the hub's largest is the status view).
 const MAX_ANSWER_BYTES: usize = 4 << 20;
 /// How long an idle pooled connection is kept: less than the hub's header read timeout
@@ -132,18 +134,18 @@ impl ControlClient {
         };
         let body = Bytes::from(serde_json::to_vec(body).map_err(|e| fail(e.to_string()))?);
         let give_up = Instant::now() + OUTAGE_PATIENCE;
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = crate::backoff(FIRST_BACKOFF, MAX_BACKOFF);
         loop {
             match self.try_post(path, body.clone()).await {
                 Err(Attempt::Unavailable(reason)) if Instant::now() < give_up => {
+                    let wait = backoff.failed();
                     tracing::warn!(
                         path,
                         reason,
-                        ?backoff,
+                        ?wait,
                         "the control plane is unavailable; trying again"
                     );
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    tokio::time::sleep(wait).await;
                 }
                 Err(Attempt::Unavailable(reason) | Attempt::Failed(reason)) => {
                     return Err(fail(reason));

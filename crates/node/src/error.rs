@@ -18,6 +18,8 @@ pub enum NodeError {
     Transport(#[from] aurora_transport::TransportError),
     #[error(transparent)]
     Delta(#[from] aurora_delta::DeltaError),
+    #[error(transparent)]
+    BeyondLoopback(#[from] aurora_trust::BeyondLoopback),
     /// A call of the control plane's HTTP API failed.
     #[error("{path}: {reason}")]
     Api { path: String, reason: String },

@@ -33,3 +33,13 @@ pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};
 pub use trainer::{Published, TrainerNode, TrainerSettings};
 pub use trust::NodeTrust;
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+/// A retry loop's backoff (`aurora_proto::Backoff`), its jitter seeded from the
+/// operating system's randomness, so that nodes that failed together retry apart.
+pub(crate) fn backoff(base: Duration, max: Duration) -> aurora_proto::Backoff {
+    let seed = std::hash::RandomState::new().build_hasher().finish();
+    aurora_proto::Backoff::new(base, max, seed)
+}

@@ -43,9 +43,12 @@ pub struct TrainerSettings {
     /// The control plane's rules for a fresh database.
     pub control: aurora_control::Config,
     /// The trainer's signing key: every version published, snapshot or composed delta
-    /// served and commit is signed with it (docs/security.md). `None`: an unsigned
-    /// deployment, whose relays and actors pin no key.
+    /// served and commit is signed with it (docs/security.md). Required with
+    /// certificates, unless `insecure_unsigned`.
     pub signing_key: Option<Arc<aurora_delta::SigningKey>>,
+    /// INSECURE: serve unsigned versions although the node has certificates
+    /// ([`aurora_transport::NodeConfig::insecure_unsigned`]).
+    pub insecure_unsigned: bool,
 }
 
 impl TrainerSettings {
@@ -63,6 +66,7 @@ impl TrainerSettings {
             encoding: Encoding::Aurora,
             control: aurora_control::Config::default(),
             signing_key: None,
+            insecure_unsigned: false,
         }
     }
 }
@@ -114,6 +118,10 @@ impl TrainerNode {
             tick_interval_max: Duration::from_millis(200),
             clock: Arc::new(SystemClock::new()),
         })?);
+        settings.trust.check_address(
+            "the control plane's listen address",
+            settings.control_listen,
+        )?;
         let http = tokio::net::TcpListener::bind(settings.control_listen)
             .await
             .map_err(NodeError::io(format!(
@@ -145,6 +153,7 @@ impl TrainerNode {
         node.limits = settings.transport_limits.clone();
         node.streams = settings.streams;
         node.signing_key = settings.signing_key.clone();
+        node.insecure_unsigned = settings.insecure_unsigned;
         if let Some(key) = &settings.signing_key {
             let fingerprint = aurora_delta::key_fingerprint(&key.verifying_key());
             tracing::info!(key = %fingerprint, "signing every version with the trainer key");
@@ -524,7 +533,8 @@ mod tests {
     /// A trainer node over plaintext in a fresh directory (kept alive by the caller).
     async fn started() -> (tempfile::TempDir, Arc<TrainerNode>) {
         let dir = tempfile::tempdir().unwrap();
-        let trust = NodeTrust::insecure_plaintext("fleet").unwrap();
+        let trust =
+            NodeTrust::insecure_plaintext("fleet", aurora_trust::PlaintextReach::Loopback).unwrap();
         let node = TrainerNode::start(TrainerSettings::new(dir.path(), trust))
             .await
             .unwrap();

@@ -5,10 +5,11 @@
 //! the same rules.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use aurora_proto::Identity;
-use aurora_trust::{NodeTls, TlsFiles, TrustError};
+use aurora_trust::{NodeTls, PlaintextReach, TlsFiles, TrustError};
 
 use crate::{ControlSecurity, NodeError};
 
@@ -19,8 +20,12 @@ pub enum NodeTrust {
     Certificates(Arc<NodeTls>),
     /// INSECURE: plain TCP and HTTP, peers authenticated by the shared fleet token.
     /// Anyone on the path reads the weights and the tokens, replays requests and can
-    /// impersonate a node. For loopback and closed test networks only.
-    InsecurePlaintext { fleet_token: String },
+    /// impersonate a node. For loopback and closed test networks only: the node listens
+    /// on and dials only the addresses `reach` allows.
+    InsecurePlaintext {
+        fleet_token: String,
+        reach: PlaintextReach,
+    },
 }
 
 impl NodeTrust {
@@ -29,8 +34,12 @@ impl NodeTrust {
         Ok(NodeTrust::Certificates(Arc::new(NodeTls::load(files)?)))
     }
 
-    /// Plaintext with `fleet_token`, which must not be empty (it would let anyone in).
-    pub fn insecure_plaintext(fleet_token: impl Into<String>) -> Result<NodeTrust, NodeError> {
+    /// Plaintext with `fleet_token`, which must not be empty (it would let anyone in),
+    /// within `reach`: loopback, unless the network between the nodes is closed.
+    pub fn insecure_plaintext(
+        fleet_token: impl Into<String>,
+        reach: PlaintextReach,
+    ) -> Result<NodeTrust, NodeError> {
         let fleet_token = fleet_token.into();
         if fleet_token.is_empty() {
             return Err(NodeError::Usage(
@@ -38,18 +47,29 @@ impl NodeTrust {
             ));
         }
         tracing::warn!(
+            ?reach,
             "insecure plaintext: weights, tokens and control calls cross the network in clear"
         );
-        Ok(NodeTrust::InsecurePlaintext { fleet_token })
+        Ok(NodeTrust::InsecurePlaintext { fleet_token, reach })
+    }
+
+    /// Whether this node may listen on, or dial, `address` (`what` names it): any over
+    /// TLS; in plaintext, what its reach allows.
+    pub fn check_address(&self, what: &'static str, address: SocketAddr) -> Result<(), NodeError> {
+        match self {
+            NodeTrust::Certificates(_) => Ok(()),
+            NodeTrust::InsecurePlaintext { reach, .. } => Ok(reach.check(what, address)?),
+        }
     }
 
     /// The segment transport's security.
     pub fn transport(&self) -> aurora_transport::Security {
         match self {
             NodeTrust::Certificates(tls) => aurora_transport::Security::Tls(Arc::clone(tls)),
-            NodeTrust::InsecurePlaintext { fleet_token } => {
+            NodeTrust::InsecurePlaintext { fleet_token, reach } => {
                 aurora_transport::Security::InsecurePlaintext {
                     token: fleet_token.as_bytes().to_vec(),
+                    reach: *reach,
                 }
             }
         }
@@ -59,7 +79,7 @@ impl NodeTrust {
     pub fn control_server(&self) -> Result<aurora_hub::Security, NodeError> {
         let security = match self {
             NodeTrust::Certificates(tls) => aurora_hub::Security::mutual_tls(tls),
-            NodeTrust::InsecurePlaintext { fleet_token } => {
+            NodeTrust::InsecurePlaintext { fleet_token, .. } => {
                 aurora_hub::Security::insecure_plaintext(fleet_token)
             }
         };
@@ -71,7 +91,7 @@ impl NodeTrust {
         match self {
             NodeTrust::Certificates(tls) => ControlSecurity::mutual_tls(tls)
                 .map_err(|error| NodeError::Usage(format!("calling the control plane: {error}"))),
-            NodeTrust::InsecurePlaintext { fleet_token } => {
+            NodeTrust::InsecurePlaintext { fleet_token, .. } => {
                 Ok(ControlSecurity::InsecurePlaintext {
                     fleet_token: fleet_token.clone(),
                 })

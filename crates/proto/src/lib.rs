@@ -20,11 +20,13 @@
 //!   verified segment as it arrives, and may keep a snapshot for its region's joins in
 //!   a [`SnapshotSpace`]).
 //! - [`StreamTuner`]: chooses how many streams a session uses from measured goodput.
+//! - [`Backoff`]: the wait before a retry, exponential with jitter, for every retry loop.
 //!
 //! Only [`frame`], the wire format, is a public module; the state machines' modules are
 //! private and what other crates use is re-exported here.
 
 mod actor;
+mod backoff;
 pub mod frame;
 mod keep;
 mod node;
@@ -39,6 +41,7 @@ mod upstreams;
 mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
+pub use backoff::Backoff;
 pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, VersionRef};
 pub use keep::{
     HeapSnapshots, KEPT_TAIL_SNAPSHOTS, KeptSegments, SnapshotSpace, snapshot_capacity,

@@ -10,14 +10,18 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Receiver, SessionEnd};
+use crate::{Backoff, Receiver, SessionEnd};
 
-/// The backoff before a session grows by this much with each loss in a row.
-const BACKOFF_STEP: Duration = Duration::from_millis(50);
-/// The longest backoff before a session.
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// Losses in a row past which the backoff no longer grows.
-const BACKOFF_STEPS_MAX: u32 = 40;
+/// The bound of the wait before a session after one loss; it doubles with each loss in
+/// a row ([`Backoff`]).
+pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
+/// The longest wait before a session: a relay or hub that keeps failing (down, or
+/// refused for a bad signature or another run) is tried at most every few seconds.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A session that lasted this long worked, whatever ended it: the next loss waits
+/// [`BACKOFF_BASE`] at most again. A Welcome alone proves nothing (an upstream whose
+/// versions are refused welcomes every session), so it does not reset the backoff.
+pub const HEALTHY_SESSION: Duration = Duration::from_secs(10);
 /// Each return to the first upstream that delivers nothing doubles the wait before the
 /// next, up to this many times `return_after`: a relay that stays down costs a dial now
 /// and then, not one every `return_after`.
@@ -39,8 +43,10 @@ pub struct Upstreams<A> {
     addresses: Vec<A>,
     /// Index of the current (or next) session's upstream.
     current: usize,
-    /// Sessions lost in a row.
-    failures: u32,
+    /// The wait before the next session, by sessions lost in a row.
+    backoff: Backoff,
+    /// When the current session was welcomed.
+    welcomed_at: Option<Instant>,
     /// The current session is being left on purpose for the first upstream.
     back_to_first: bool,
     return_after: Option<Duration>,
@@ -56,12 +62,13 @@ pub struct Upstreams<A> {
 impl<A: Copy> Upstreams<A> {
     /// `addresses` in order of preference (none for a node that receives nothing, which
     /// never asks); `return_after`: how long a session stays on a fallback before going
-    /// back to the first; `None` never.
-    pub fn new(addresses: Vec<A>, return_after: Option<Duration>) -> Upstreams<A> {
+    /// back to the first; `None` never. `seed` draws the backoff's jitter.
+    pub fn new(addresses: Vec<A>, return_after: Option<Duration>, seed: u64) -> Upstreams<A> {
         Upstreams {
             addresses,
             current: 0,
-            failures: 0,
+            backoff: Backoff::new(BACKOFF_BASE, BACKOFF_MAX, seed),
+            welcomed_at: None,
             back_to_first: false,
             return_after,
             return_factor: 1,
@@ -82,7 +89,7 @@ impl<A: Copy> Upstreams<A> {
 
     /// The session's first Welcome arrived.
     pub fn connected(&mut self, now: Instant) {
-        self.failures = 0;
+        self.welcomed_at = Some(now);
         if self.on_first() {
             self.ret = Return::No;
             if self.returning {
@@ -98,8 +105,10 @@ impl<A: Copy> Upstreams<A> {
             .map_or(Return::No, Return::At);
     }
 
-    /// The session delivered a version: a return that does has worked.
+    /// The session delivered a version: it works (the backoff starts over), and a
+    /// return that does has worked.
     pub fn delivered(&mut self) {
+        self.backoff.reset();
         if self.on_first() {
             self.returning = false;
             self.returned_at = None;
@@ -154,6 +163,13 @@ impl<A: Copy> Upstreams<A> {
     /// and says how long to wait before it.
     pub fn lost(&mut self, now: Instant, reason: &SessionEnd) -> Duration {
         self.ret = Return::No;
+        if self
+            .welcomed_at
+            .take()
+            .is_some_and(|at| now.saturating_duration_since(at) >= HEALTHY_SESSION)
+        {
+            self.backoff.reset();
+        }
         if std::mem::take(&mut self.back_to_first) {
             self.current = 0;
             self.returning = true;
@@ -179,8 +195,7 @@ impl<A: Copy> Upstreams<A> {
         if !self.addresses.is_empty() {
             self.current = (self.current + 1) % self.addresses.len();
         }
-        self.failures = self.failures.saturating_add(1);
-        (BACKOFF_STEP * self.failures.min(BACKOFF_STEPS_MAX)).min(BACKOFF_MAX)
+        self.backoff.failed()
     }
 }
 
@@ -189,7 +204,13 @@ mod tests {
     use super::*;
 
     fn upstreams(return_after: Option<Duration>) -> Upstreams<&'static str> {
-        Upstreams::new(vec!["relay", "hub"], return_after)
+        Upstreams::new(vec!["relay", "hub"], return_after, 1)
+    }
+
+    /// Whether `wait` is what the `n`th loss in a row may draw (n from 1).
+    fn drawn_for(wait: Duration, n: u32) -> bool {
+        let bound = (BACKOFF_BASE * 2u32.pow(n.min(10) - 1)).min(BACKOFF_MAX);
+        wait >= bound / 2 && wait <= bound
     }
 
     const AFTER: Duration = Duration::from_secs(30);
@@ -208,21 +229,38 @@ mod tests {
         let now = Instant::now();
         let mut u = upstreams(Some(AFTER));
         assert!(u.on_first());
-        assert_eq!(u.lost(now, &LOST), Duration::from_millis(50));
+        assert!(drawn_for(u.lost(now, &LOST), 1));
         assert_eq!(u.current(), Some("hub"));
-        assert_eq!(u.lost(now, &LOST), Duration::from_millis(100));
+        assert!(drawn_for(u.lost(now, &LOST), 2));
         assert!(u.on_first(), "in turn, back to the first");
-        for _ in 0..100 {
-            u.lost(now, &LOST);
+        for n in 3..100 {
+            assert!(drawn_for(u.lost(now, &LOST), n));
         }
-        assert_eq!(u.lost(now, &LOST), BACKOFF_MAX);
+        let capped = u.lost(now, &LOST);
+        assert!(capped >= BACKOFF_MAX / 2 && capped <= BACKOFF_MAX);
+    }
+
+    #[test]
+    fn an_upstream_that_welcomes_then_fails_every_session_is_tried_less_and_less_often() {
+        // What a wrong trainer key or another run looks like: each session is welcomed,
+        // then refused at its first Offer. Opening alone resets nothing.
+        let mut now = Instant::now();
+        let mut u = Upstreams::new(vec!["hub"], None, 9);
+        let mut tries = 0;
+        let start = now;
+        while now < start + Duration::from_secs(60) {
+            u.connected(now);
+            now += Duration::from_millis(20) + u.lost(now + Duration::from_millis(20), &LOST);
+            tries += 1;
+        }
+        assert!(tries < 25, "{tries} sessions in a minute");
+        // A session that worked for a while starts the backoff over; so does a delivery.
         u.connected(now);
+        assert!(drawn_for(u.lost(now + HEALTHY_SESSION, &LOST), 1));
         u.lost(now, &LOST);
-        assert_eq!(
-            u.lost(now, &LOST),
-            Duration::from_millis(100),
-            "a Welcome resets the count"
-        );
+        u.connected(now);
+        u.delivered();
+        assert!(drawn_for(u.lost(now, &LOST), 1));
     }
 
     #[test]
@@ -299,7 +337,7 @@ mod tests {
     #[test]
     fn one_upstream_none_or_no_return_after_never_returns_nor_panics() {
         let now = Instant::now();
-        let mut single = Upstreams::new(vec!["hub"], Some(AFTER));
+        let mut single = Upstreams::new(vec!["hub"], Some(AFTER), 1);
         single.lost(now, &LOST);
         assert!(single.on_first());
         single.connected(now);
@@ -314,8 +352,8 @@ mod tests {
         forever.lost(now, &LOST);
         forever.connected(now);
         assert_eq!(forever.return_at(), None);
-        let mut none: Upstreams<&str> = Upstreams::new(vec![], Some(AFTER));
+        let mut none: Upstreams<&str> = Upstreams::new(vec![], Some(AFTER), 1);
         assert_eq!(none.current(), None);
-        assert_eq!(none.lost(now, &LOST), Duration::from_millis(50));
+        assert!(drawn_for(none.lost(now, &LOST), 1));
     }
 }

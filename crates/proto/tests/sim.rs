@@ -212,6 +212,13 @@ fn composed(base: u64, target: u64) -> Bytes {
     Bytes::from(bytes)
 }
 
+/// The seed of a peer's backoff jitter: its name's, so a run replays from its seed.
+fn jitter_seed(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 /// splitmix64: a seeded, dependency-free generator, stable forever.
 struct Rng(u64);
 
@@ -537,7 +544,7 @@ impl Sim {
         peers.push(Peer {
             node: None,
             name: "joiner".into(),
-            route: Upstreams::new(upstreams.clone(), Some(RETURN_AFTER)),
+            route: Upstreams::new(upstreams.clone(), Some(RETURN_AFTER), jitter_seed("joiner")),
             upstreams,
             weights: None,
             timer: None,
@@ -555,7 +562,7 @@ impl Sim {
             peers.push(Peer {
                 node: None,
                 name: "no rogue".into(),
-                route: Upstreams::new(Vec::new(), None),
+                route: Upstreams::new(Vec::new(), None, 0),
                 upstreams: Vec::new(),
                 weights: None,
                 timer: None,
@@ -1071,7 +1078,11 @@ impl Sim {
                 });
                 // Often the hub first (as if the relay had not answered): its store
                 // serves the catch-up, as one composed delta when that is cheaper.
-                peer.route = Upstreams::new(peer.upstreams.clone(), Some(RETURN_AFTER));
+                peer.route = Upstreams::new(
+                    peer.upstreams.clone(),
+                    Some(RETURN_AFTER),
+                    jitter_seed(&peer.name),
+                );
                 if self.rng.chance(60) {
                     let unanswered = SessionEnd::CannotConnect("not yet listening".into());
                     peer.route.lost(self.now, &unanswered);
@@ -1442,7 +1453,7 @@ impl Peer {
         Peer {
             node: Some(node),
             name: name.into(),
-            route: Upstreams::new(upstreams.clone(), Some(RETURN_AFTER)),
+            route: Upstreams::new(upstreams.clone(), Some(RETURN_AFTER), jitter_seed(name)),
             upstreams,
             weights: version.map(|v| Weights::new(chain().images[v as usize].clone(), v).unwrap()),
             timer: None,

@@ -5,13 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aurora_proto::{ArtifactKey, Identity, Role};
 use aurora_trust::tls::{SEGMENT_ALPN, UnexpectedRole, explain};
-use aurora_trust::{Admission, NodeTls, RefusalLog, TrustError};
+use aurora_trust::{Admission, BeyondLoopback, NodeTls, PlaintextReach, RefusalLog, TrustError};
 use rustls::{AlertDescription, CertificateError, OtherError};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -28,8 +29,12 @@ pub enum Security {
     Tls(Arc<NodeTls>),
     /// Plain TCP, peers authenticated by a shared token in their Hello: anyone on the
     /// path reads the weights and the token, and can replay or forge frames. For
-    /// loopback tests and closed networks only; a node running so logs a warning.
-    InsecurePlaintext { token: Vec<u8> },
+    /// loopback tests and closed networks only; a node running so logs a warning, and
+    /// listens on and dials only the addresses `reach` allows.
+    InsecurePlaintext {
+        token: Vec<u8>,
+        reach: PlaintextReach,
+    },
 }
 
 impl Security {
@@ -49,6 +54,27 @@ impl Security {
                 &[aurora_trust::Role::Trainer, aurora_trust::Role::Relay],
             )?),
         }))
+    }
+
+    /// Plaintext on loopback only (tests, one machine).
+    pub fn loopback_plaintext(token: &[u8]) -> Security {
+        Security::InsecurePlaintext {
+            token: token.to_vec(),
+            reach: PlaintextReach::Loopback,
+        }
+    }
+
+    /// Whether a socket of this node may use `address` (`what` names it): any, over TLS;
+    /// in plaintext, those its reach allows.
+    pub fn check_address(
+        &self,
+        what: &'static str,
+        address: SocketAddr,
+    ) -> Result<(), BeyondLoopback> {
+        match self {
+            Security::Tls(_) => Ok(()),
+            Security::InsecurePlaintext { reach, .. } => reach.check(what, address),
+        }
     }
 
     /// The identity this node's certificate gives it on the segment protocol (none in

@@ -78,7 +78,7 @@ async fn hub_and_actor(ca: &FleetCa, chain: &Chain) -> (NodeHandle, NodeHandle) 
         .await
         .unwrap();
     let address = hub.local_addr().unwrap();
-    let actor = idle_actor(config(ca, Role::Actor, "a1", &[address]), chain.weights(0)).await;
+    let actor = idle_actor(config(ca, Role::Actor, "1", &[address]), chain.weights(0)).await;
     chain.publish_live(&hub, 1).await;
     active_at(&actor, 1, "the honest actor at version 1").await;
     // A version may arrive over the first stream while the second is still in its
@@ -122,7 +122,7 @@ async fn strangers_are_refused_by_reason_while_an_honest_actor_receives_its_vers
 
     // A version 1 peer: a plaintext Hello on the TLS port.
     let mut plain = TcpStream::connect(address).await.unwrap();
-    write_frame(&mut plain, &Frame::Hello(hello("a1")))
+    write_frame(&mut plain, &Frame::Hello(hello("1")))
         .await
         .unwrap();
     assert!(read_frame(&mut plain).await.is_err());
@@ -133,7 +133,7 @@ async fn strangers_are_refused_by_reason_while_an_honest_actor_receives_its_vers
 
     // A certificate of another CA, by a client that knows ours.
     let theirs = FleetCa::create("theirs").unwrap();
-    let foreign = tls(&theirs, &ca, aurora_trust::Role::Actor, "a1", None);
+    let foreign = tls(&theirs, &ca, aurora_trust::Role::Actor, "1", None);
     refused_client(&foreign, address).await;
     refusals_reach(&hub, "another CA's certificate refused", |s| {
         s.refusals.unknown_ca == 1
@@ -143,7 +143,7 @@ async fn strangers_are_refused_by_reason_while_an_honest_actor_receives_its_vers
     // An expired certificate of our CA.
     let now = OffsetDateTime::now_utc();
     let past = Some((now - time::Duration::days(2), now - time::Duration::days(1)));
-    let expired = tls(&ca, &ca, aurora_trust::Role::Actor, "a1", past);
+    let expired = tls(&ca, &ca, aurora_trust::Role::Actor, "1", past);
     refused_client(&expired, address).await;
     refusals_reach(&hub, "an expired certificate refused", |s| {
         s.refusals.expired == 1
@@ -151,7 +151,7 @@ async fn strangers_are_refused_by_reason_while_an_honest_actor_receives_its_vers
     .await;
 
     // A fleet member whose Hello names another peer: refused by the protocol.
-    let a9 = tls(&ca, &ca, aurora_trust::Role::Actor, "a9", None);
+    let a9 = tls(&ca, &ca, aurora_trust::Role::Actor, "9", None);
     let connector = TlsConnector::from(
         a9.client_config(SEGMENT_ALPN, &[aurora_trust::Role::Trainer])
             .unwrap(),
@@ -161,7 +161,7 @@ async fn strangers_are_refused_by_reason_while_an_honest_actor_receives_its_vers
         .connect(aurora_trust::tls::server_name(), tcp)
         .await
         .unwrap();
-    write_frame(&mut impostor, &Frame::Hello(hello("a1")))
+    write_frame(&mut impostor, &Frame::Hello(hello("1")))
         .await
         .unwrap();
     match read_frame(&mut impostor).await.unwrap() {
@@ -190,7 +190,7 @@ async fn a_downstream_refuses_an_upstream_of_the_wrong_role_before_sending_anyth
     let ca = FleetCa::create("ours").unwrap();
     let chain = Chain::new(1, 12);
     // A fleet actor's certificate serving on a port an actor was told is its relay.
-    let impostor = tls(&ca, &ca, aurora_trust::Role::Actor, "a7", None);
+    let impostor = tls(&ca, &ca, aurora_trust::Role::Actor, "7", None);
     let acceptor = TlsAcceptor::from(impostor.server_config(SEGMENT_ALPN).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -203,7 +203,7 @@ async fn a_downstream_refuses_an_upstream_of_the_wrong_role_before_sending_anyth
             }
         }
     });
-    let actor = idle_actor(config(&ca, Role::Actor, "a1", &[address]), chain.weights(0)).await;
+    let actor = idle_actor(config(&ca, Role::Actor, "1", &[address]), chain.weights(0)).await;
     let status = within(
         LIMIT,
         "the wrong role refused",
@@ -278,7 +278,7 @@ async fn one_peer_s_connections_are_capped_while_versions_flow() {
     // A fleet member opens connections and completes their handshakes: three are
     // admitted (the cap of one peer), the fourth is refused once its certificate has
     // named the peer.
-    let a9 = tls(&ca, &ca, aurora_trust::Role::Actor, "a9", None);
+    let a9 = tls(&ca, &ca, aurora_trust::Role::Actor, "9", None);
     let connector = TlsConnector::from(
         a9.client_config(SEGMENT_ALPN, &[aurora_trust::Role::Trainer])
             .unwrap(),

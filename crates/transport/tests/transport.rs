@@ -866,9 +866,7 @@ async fn a_wrong_token_is_refused_and_the_actor_never_subscribes() {
     let chain = Chain::new(1, 1);
     let hub = hub(None).await;
     let mut intruder = config(Role::Actor, "intruder", &[hub.local_addr().unwrap()]);
-    intruder.security = Security::InsecurePlaintext {
-        token: b"guess".to_vec(),
-    };
+    intruder.security = Security::loopback_plaintext(b"guess");
     let actor = idle_actor(intruder, chain.weights(0)).await;
     let status = within(
         LIMIT,

@@ -15,7 +15,7 @@ use rcgen::{
 use time::{Duration, OffsetDateTime};
 
 use crate::TrustError;
-use crate::files::{self, Access};
+use crate::files::{self, Access, Replace};
 use crate::identity::Identity;
 
 /// The CA certificate's file in a fleet directory.
@@ -41,6 +41,10 @@ pub struct NodeCertificate {
     pub key_pem: String,
 }
 
+/// The subdirectory of a fleet directory that holds the node certificates, apart from
+/// the CA's and the signing key's files, so no node's name can ever be one of theirs.
+pub const NODES_DIR: &str = "nodes";
+
 /// The files of one node's certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeFiles {
@@ -49,11 +53,14 @@ pub struct NodeFiles {
 }
 
 impl NodeFiles {
-    /// `<id>.pem` and `<id>.key` in `dir`.
-    pub fn in_dir(dir: &Path, id: &str) -> NodeFiles {
+    /// `nodes/<role>-<id>.pem` and `nodes/<role>-<id>.key` in the fleet directory `dir`:
+    /// one pair per identity, whatever other roles share its id.
+    pub fn of(dir: &Path, identity: &Identity) -> NodeFiles {
+        let stem = format!("{}-{}", identity.role, identity.id);
+        let nodes = dir.join(NODES_DIR);
         NodeFiles {
-            cert: dir.join(format!("{id}.pem")),
-            key: dir.join(format!("{id}.key")),
+            cert: nodes.join(format!("{stem}.pem")),
+            key: nodes.join(format!("{stem}.key")),
         }
     }
 }
@@ -80,25 +87,25 @@ impl FleetCa {
     }
 
     /// Writes `ca.pem` and `ca.key` into `dir` (created if needed), refusing to
-    /// overwrite a CA already there: every certificate it issued would stop verifying.
+    /// overwrite either: every certificate a CA there issued would stop verifying.
     pub fn save(&self, dir: &Path) -> Result<(), TrustError> {
-        std::fs::create_dir_all(dir).map_err(|source| TrustError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let cert = dir.join(CA_CERT);
-        if cert.exists() {
-            return Err(TrustError::Exists(cert));
+        create_dir(dir)?;
+        for name in [CA_CERT, CA_KEY] {
+            if dir.join(name).exists() {
+                return Err(TrustError::Exists(dir.join(name)));
+            }
         }
         files::write(
             &dir.join(CA_KEY),
             self.issuer.key().serialize_pem().as_bytes(),
             Access::Secret,
+            Replace::Never,
         )?;
         Ok(files::write(
-            &cert,
+            &dir.join(CA_CERT),
             self.cert_pem.as_bytes(),
             Access::Public,
+            Replace::Never,
         )?)
     }
 
@@ -107,11 +114,11 @@ impl FleetCa {
         let cert_path = dir.join(CA_CERT);
         let key_path = dir.join(CA_KEY);
         let cert_pem = read_text(&cert_path)?;
-        let key = KeyPair::from_pem(&read_text(&key_path)?).map_err(|source| {
-            TrustError::Certificate {
-                path: key_path.clone(),
-                source,
-            }
+        let key_pem =
+            String::from_utf8(files::read_secret(&key_path)?).map_err(|_| not_text(&key_path))?;
+        let key = KeyPair::from_pem(&key_pem).map_err(|source| TrustError::Certificate {
+            path: key_path.clone(),
+            source,
         })?;
         let issuer =
             Issuer::from_ca_cert_pem(&cert_pem, key).map_err(|source| TrustError::Certificate {
@@ -169,20 +176,42 @@ impl FleetCa {
 
 /// A PEM file's text.
 fn read_text(path: &Path) -> Result<String, TrustError> {
-    String::from_utf8(files::read(path)?).map_err(|_| TrustError::Io {
+    String::from_utf8(files::read(path)?).map_err(|_| not_text(path))
+}
+
+fn not_text(path: &Path) -> TrustError {
+    TrustError::Io {
         path: path.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a PEM file (not text)"),
+    }
+}
+
+fn create_dir(dir: &Path) -> Result<(), TrustError> {
+    std::fs::create_dir_all(dir).map_err(|source| TrustError::Io {
+        path: dir.to_path_buf(),
+        source,
     })
 }
 
 impl NodeCertificate {
-    /// Writes the certificate and its key (mode 0600).
-    pub fn save(&self, files: &NodeFiles) -> Result<(), TrustError> {
-        files::write(&files.key, self.key_pem.as_bytes(), Access::Secret)?;
+    /// Writes the certificate and its key (mode 0600), creating their directory. With
+    /// [`Replace::Never`] neither file may exist yet: a node's key is not replaced by
+    /// accident (a second issue for the same identity, say).
+    pub fn save(&self, files: &NodeFiles, replace: Replace) -> Result<(), TrustError> {
+        for path in [&files.cert, &files.key] {
+            if let Some(dir) = path.parent() {
+                create_dir(dir)?;
+            }
+            if replace == Replace::Never && path.exists() {
+                return Err(TrustError::Exists(path.clone()));
+            }
+        }
+        files::write(&files.key, self.key_pem.as_bytes(), Access::Secret, replace)?;
         Ok(files::write(
             &files.cert,
             self.cert_pem.as_bytes(),
             Access::Public,
+            replace,
         )?)
     }
 }
@@ -212,13 +241,61 @@ mod tests {
         ));
 
         let ca = FleetCa::load(dir.path()).unwrap();
-        let identity = Identity::new(Role::Actor, "actor-7", "us").unwrap();
+        let identity = Identity::new(Role::Actor, "7", "us").unwrap();
         let node = ca.issue(&identity, Duration::days(1)).unwrap();
-        let files = NodeFiles::in_dir(dir.path(), "actor-7");
-        node.save(&files).unwrap();
-        assert_eq!(mode("actor-7.key"), 0o600);
+        let files = NodeFiles::of(dir.path(), &identity);
+        node.save(&files, Replace::Never).unwrap();
+        assert_eq!(mode("nodes/actor-7.key"), 0o600);
 
         let der = crate::tls::read_certificates(&files.cert).unwrap();
         assert_eq!(Identity::from_certificate(&der[0]).unwrap(), identity);
+    }
+
+    #[test]
+    fn nothing_is_overwritten_unless_asked_and_exposed_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        FleetCa::create("test").unwrap().save(dir.path()).unwrap();
+        let ca_pem = std::fs::read(dir.path().join(CA_CERT)).unwrap();
+        // A CA whose certificate was moved away still keeps its key.
+        std::fs::rename(dir.path().join(CA_CERT), dir.path().join("moved.pem")).unwrap();
+        let error = FleetCa::create("again")
+            .unwrap()
+            .save(dir.path())
+            .unwrap_err();
+        assert!(
+            matches!(&error, TrustError::Exists(path) if path.ends_with(CA_KEY)),
+            "{error}"
+        );
+        std::fs::rename(dir.path().join("moved.pem"), dir.path().join(CA_CERT)).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(CA_CERT)).unwrap(), ca_pem);
+
+        let ca = FleetCa::load(dir.path()).unwrap();
+        let identity = Identity::new(Role::Relay, "eu", "eu").unwrap();
+        let files = NodeFiles::of(dir.path(), &identity);
+        let first = ca.issue(&identity, Duration::days(1)).unwrap();
+        first.save(&files, Replace::Never).unwrap();
+        let second = ca.issue(&identity, Duration::days(1)).unwrap();
+        let error = second.save(&files, Replace::Never).unwrap_err();
+        assert!(matches!(error, TrustError::Exists(_)), "{error}");
+        assert_eq!(std::fs::read_to_string(&files.key).unwrap(), first.key_pem);
+        second.save(&files, Replace::Allowed).unwrap();
+        assert_eq!(std::fs::read_to_string(&files.key).unwrap(), second.key_pem);
+
+        // A key others may read is refused, the CA's and a node's alike.
+        for key in [dir.path().join(CA_KEY), files.key.clone()] {
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let error = FleetCa::load(dir.path()).err().expect("an exposed CA key");
+        assert!(
+            matches!(error, TrustError::Exposed { mode: 0o644, .. }),
+            "{error}"
+        );
+        let tls = crate::TlsFiles {
+            ca: dir.path().join(CA_CERT),
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+        };
+        let error = crate::NodeTls::load(&tls).unwrap_err();
+        assert!(error.to_string().contains("chmod 600"), "{error}");
     }
 }

@@ -15,6 +15,9 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 pub const SCHEME: &str = "aurora://";
 /// Longest id or region: the segment protocol's names are at most 64 bytes.
 pub const MAX_NAME_BYTES: usize = 64;
+/// Ids no node may have: the names of a fleet directory's own files (`ca.pem`,
+/// `signing.key`, ...) and of directories.
+pub const RESERVED_IDS: [&str; 4] = ["ca", "signing", ".", ".."];
 
 /// What a node may do (docs/security.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,6 +87,13 @@ pub enum IdentityError {
         "the certificate carries no aurora identity (a URI name aurora://<role>/<region>/<id>)"
     )]
     Missing,
+    #[error("{0:?} is reserved (a fleet file's or a directory's name) and is no node's id")]
+    Reserved(String),
+    #[error(
+        "actor id {0:?} is not canonical: an actor's id is its number in decimal, without \
+         leading zeros or signs, so that one actor has one spelling"
+    )]
+    NotCanonical(String),
     #[error("the certificate carries {0} aurora identities; a node has exactly one")]
     Ambiguous(usize),
     #[error("the peer presented no certificate")]
@@ -91,10 +101,17 @@ pub enum IdentityError {
 }
 
 impl Identity {
-    /// An identity with checked names.
+    /// An identity with checked names: every id has one spelling (an actor's is its
+    /// number, [`canonical_actor_id`]), and none is [`RESERVED_IDS`].
     pub fn new(role: Role, id: &str, region: &str) -> Result<Identity, IdentityError> {
         check_name("id", id)?;
         check_name("region", region)?;
+        if RESERVED_IDS.contains(&id) {
+            return Err(IdentityError::Reserved(id.to_string()));
+        }
+        if role == Role::Actor {
+            canonical_actor_id(id)?;
+        }
         Ok(Identity {
             role,
             id: id.to_string(),
@@ -148,6 +165,18 @@ impl fmt::Display for Identity {
     }
 }
 
+/// The number an actor's id spells, which must be its only spelling: decimal digits
+/// without a leading zero (`0` itself excepted), so `042` and `+42` are no actor's ids.
+pub fn canonical_actor_id(id: &str) -> Result<u64, IdentityError> {
+    let canonical = !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+        && (id == "0" || !id.starts_with('0'));
+    canonical
+        .then(|| id.parse().ok())
+        .flatten()
+        .ok_or_else(|| IdentityError::NotCanonical(id.to_string()))
+}
+
 fn check_name(what: &'static str, value: &str) -> Result<(), IdentityError> {
     let valid = !value.is_empty()
         && value.len() <= MAX_NAME_BYTES
@@ -170,6 +199,10 @@ mod tests {
 
     #[test]
     fn an_identity_round_trips_through_its_uri() {
+        let identity = Identity::new(Role::Relay, "relay-eu.1", "eu_west").unwrap();
+        assert_eq!(identity.uri(), "aurora://relay/eu_west/relay-eu.1");
+        let identity = Identity::new(Role::Actor, "42", "us").unwrap();
+        assert_eq!(Identity::from_uri(&identity.uri()).unwrap(), identity);
         let identity = Identity::new(Role::Relay, "relay-eu.1", "eu_west").unwrap();
         assert_eq!(identity.uri(), "aurora://relay/eu_west/relay-eu.1");
         assert_eq!(Identity::from_uri(&identity.uri()).unwrap(), identity);
@@ -203,5 +236,32 @@ mod tests {
             Identity::from_uri("aurora://admin/us/a"),
             Err(IdentityError::UnknownRole("admin".into()))
         );
+    }
+
+    #[test]
+    fn an_actor_has_one_spelling_and_reserved_names_are_no_one_s() {
+        assert!(Identity::new(Role::Actor, "+42", "us").is_err());
+        for id in ["042", "00", "4a", "18446744073709551616"] {
+            assert_eq!(
+                Identity::new(Role::Actor, id, "us"),
+                Err(IdentityError::NotCanonical(id.into())),
+                "{id}"
+            );
+            // A certificate that carries one names no identity.
+            let uri = format!("aurora://actor/us/{id}");
+            assert!(Identity::from_uri(&uri).is_err(), "{uri}");
+        }
+        assert_eq!(canonical_actor_id("0"), Ok(0));
+        assert_eq!(canonical_actor_id("42"), Ok(42));
+        // Other roles' ids are names, compared as they are spelled.
+        assert!(Identity::new(Role::Relay, "042", "us").is_ok());
+        for id in RESERVED_IDS {
+            for role in Role::ALL {
+                assert_eq!(
+                    Identity::new(role, id, "us"),
+                    Err(IdentityError::Reserved(id.into()))
+                );
+            }
+        }
     }
 }

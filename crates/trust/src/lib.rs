@@ -4,11 +4,13 @@
 //! - [`certs`]: the fleet's certificate authority and the node certificates it issues.
 //! - [`tls`]: TLS 1.3 configurations with mutual authentication against the fleet CA.
 //! - [`signing`]: the trainer's ed25519 key, which signs every version.
+//! - [`plaintext`]: how far a node in plaintext may reach (loopback, unless told otherwise).
 //! - [`refusal_log`]: how many log lines the refusals of strangers may cause.
 
 pub mod certs;
 mod files;
 pub mod identity;
+pub mod plaintext;
 pub mod refusal_log;
 pub mod signing;
 pub mod tls;
@@ -16,15 +18,29 @@ pub mod tls;
 use std::path::PathBuf;
 
 pub use certs::{FleetCa, NodeCertificate, NodeFiles};
-pub use identity::{Identity, IdentityError, Role};
+pub use files::Replace;
+pub use identity::{Identity, IdentityError, Role, canonical_actor_id};
+pub use plaintext::{BeyondLoopback, PlaintextReach};
 pub use refusal_log::{Admission, RefusalLog};
 pub use tls::{NodeTls, TlsFiles, peer_identity};
 
 impl From<files::FileError> for TrustError {
     fn from(files::FileError { path, error }: files::FileError) -> TrustError {
+        if error.kind() == std::io::ErrorKind::AlreadyExists {
+            return TrustError::Exists(path);
+        }
         TrustError::Io {
             path,
             source: error,
+        }
+    }
+}
+
+impl From<files::SecretError> for TrustError {
+    fn from(error: files::SecretError) -> TrustError {
+        match error {
+            files::SecretError::Io(error) => error.into(),
+            files::SecretError::Exposed { path, mode } => TrustError::Exposed { path, mode },
         }
     }
 }
@@ -38,8 +54,18 @@ pub enum TrustError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{} exists already: a fleet CA is never overwritten (every certificate it issued would stop verifying)", .0.display())]
+    #[error(
+        "{} exists already: trust files are never overwritten unless asked (a new CA or key \
+         invalidates every certificate or signature the old one made)",
+        .0.display()
+    )]
     Exists(PathBuf),
+    #[error(
+        "{} has mode {mode:o}: a private key must be readable and writable by its owner \
+         alone (chmod 600)",
+        path.display()
+    )]
+    Exposed { path: PathBuf, mode: u32 },
     #[error("{}: not a usable certificate or key", path.display())]
     Certificate {
         path: PathBuf,

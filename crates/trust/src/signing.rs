@@ -6,8 +6,6 @@
 //! Writes are crash-safe (temporary file, fsync, rename, directory fsync): a crash
 //! leaves the old file or the new one, never half a key. Every error names the file.
 
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use aurora_delta::{SigningKey, VerifyingKey};
@@ -17,7 +15,7 @@ use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, 
 pub use aurora_delta::key_fingerprint as fingerprint;
 
 pub use crate::files::PRIVATE_KEY_MODE;
-use crate::files::{self, Access, FileError};
+use crate::files::{self, Access, FileError, Replace, SecretError};
 
 /// What went wrong with a key file, and which.
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +33,11 @@ pub enum KeyFileError {
         reason: String,
     },
     #[error(
-        "{path} is readable by others (mode {mode:o}); a signing key must be its owner's alone (chmod 600)"
+        "{path} has mode {mode:o}: a signing key must be readable and writable by its owner alone (chmod 600)"
     )]
     Exposed { path: PathBuf, mode: u32 },
+    #[error("{path} exists already: a signing key is never overwritten unless asked")]
+    Exists { path: PathBuf },
     #[error("cannot encode the key as PEM: {0}")]
     Encode(String),
     #[error("no randomness for a new key: {0}")]
@@ -46,7 +46,19 @@ pub enum KeyFileError {
 
 impl From<FileError> for KeyFileError {
     fn from(FileError { path, error }: FileError) -> KeyFileError {
+        if error.kind() == std::io::ErrorKind::AlreadyExists {
+            return KeyFileError::Exists { path };
+        }
         KeyFileError::Io { path, error }
+    }
+}
+
+impl From<SecretError> for KeyFileError {
+    fn from(error: SecretError) -> KeyFileError {
+        match error {
+            SecretError::Io(error) => error.into(),
+            SecretError::Exposed { path, mode } => KeyFileError::Exposed { path, mode },
+        }
     }
 }
 
@@ -58,50 +70,51 @@ pub fn generate() -> Result<SigningKey, KeyFileError> {
 }
 
 /// Generates a signing key and writes it to `private` (mode 0600) and its public half to
-/// `public`, the public half first: a crash between the two leaves no private key whose
-/// public half is missing. Returns the public key.
+/// `public`, neither of which may exist, the public half first: a crash between the two
+/// leaves no private key whose public half is missing. Returns the public key.
 pub fn create_key_pair(private: &Path, public: &Path) -> Result<VerifyingKey, KeyFileError> {
+    if private.exists() {
+        // Checked before the public half is written, so nothing is left half made.
+        return Err(KeyFileError::Exists {
+            path: private.to_path_buf(),
+        });
+    }
     let key = generate()?;
-    write_public_key(public, &key.verifying_key())?;
-    write_signing_key(private, &key)?;
+    write_public_key(public, &key.verifying_key(), Replace::Never)?;
+    write_signing_key(private, &key, Replace::Never)?;
     Ok(key.verifying_key())
 }
 
 /// Writes `key` to `path` as PKCS#8 PEM with mode 0600.
-pub fn write_signing_key(path: &Path, key: &SigningKey) -> Result<(), KeyFileError> {
+pub fn write_signing_key(
+    path: &Path,
+    key: &SigningKey,
+    replace: Replace,
+) -> Result<(), KeyFileError> {
     let pem = key
         .to_pkcs8_pem(LineEnding::LF)
         .map_err(|e| KeyFileError::Encode(e.to_string()))?;
-    Ok(files::write(path, pem.as_bytes(), Access::Secret)?)
+    Ok(files::write(path, pem.as_bytes(), Access::Secret, replace)?)
 }
 
 /// Writes `key` to `path` as a SubjectPublicKeyInfo PEM (`-----BEGIN PUBLIC KEY-----`).
-pub fn write_public_key(path: &Path, key: &VerifyingKey) -> Result<(), KeyFileError> {
+pub fn write_public_key(
+    path: &Path,
+    key: &VerifyingKey,
+    replace: Replace,
+) -> Result<(), KeyFileError> {
     let pem = key
         .to_public_key_pem(LineEnding::LF)
         .map_err(|e| KeyFileError::Encode(e.to_string()))?;
-    Ok(files::write(path, pem.as_bytes(), Access::Public)?)
+    Ok(files::write(path, pem.as_bytes(), Access::Public, replace)?)
 }
 
 /// Reads a signing key written by [`write_signing_key`] (or any PKCS#8 ed25519 PEM),
 /// refusing one that others may read.
 pub fn load_signing_key(path: &Path) -> Result<SigningKey, KeyFileError> {
     let what = "an ed25519 private key (PKCS#8)";
-    let mode = fs::metadata(path)
-        .map_err(|error| KeyFileError::Io {
-            path: path.to_path_buf(),
-            error,
-        })?
-        .permissions()
-        .mode()
-        & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(KeyFileError::Exposed {
-            path: path.to_path_buf(),
-            mode,
-        });
-    }
-    let pem = read_pem(path, what)?;
+    let pem = String::from_utf8(files::read_secret(path)?)
+        .map_err(|_| parse_error(path, what, "the file is not text"))?;
     SigningKey::from_pkcs8_pem(&pem).map_err(|e| parse_error(path, what, e))
 }
 
@@ -129,6 +142,9 @@ fn parse_error(path: &Path, what: &'static str, reason: impl ToString) -> KeyFil
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     #[test]
@@ -139,8 +155,10 @@ mod tests {
             dir.path().join("trainer.pub"),
         );
         let key = generate().unwrap();
-        write_signing_key(&private, &key).unwrap();
-        write_public_key(&public, &key.verifying_key()).unwrap();
+        write_signing_key(&private, &key, Replace::Never).unwrap();
+        write_public_key(&public, &key.verifying_key(), Replace::Never).unwrap();
+        let error = create_key_pair(&private, &public).unwrap_err();
+        assert!(matches!(error, KeyFileError::Exists { .. }), "{error}");
         let mode = fs::metadata(&private).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, PRIVATE_KEY_MODE);
         assert_eq!(
@@ -160,7 +178,7 @@ mod tests {
     fn bad_key_files_are_refused_with_their_name() {
         let dir = tempfile::tempdir().unwrap();
         let private = dir.path().join("trainer.key");
-        write_signing_key(&private, &generate().unwrap()).unwrap();
+        write_signing_key(&private, &generate().unwrap(), Replace::Never).unwrap();
         fs::set_permissions(&private, fs::Permissions::from_mode(0o644)).unwrap();
         let err = load_signing_key(&private).unwrap_err();
         assert!(matches!(err, KeyFileError::Exposed { .. }), "{err}");

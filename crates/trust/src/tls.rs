@@ -64,10 +64,12 @@ impl NodeTls {
     pub fn load(files: &TlsFiles) -> Result<NodeTls, TrustError> {
         let ca = read_certificates(&files.ca)?;
         let chain = read_certificates(&files.cert)?;
-        let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TrustError::Pem {
-            path: files.key.clone(),
-            source,
-        })?;
+        let key = PrivateKeyDer::from_pem_slice(&crate::files::read_secret(&files.key)?).map_err(
+            |source| TrustError::Pem {
+                path: files.key.clone(),
+                source,
+            },
+        )?;
         NodeTls::new(ca, chain, key).map_err(|error| match error {
             TrustError::Identity(source) => TrustError::NodeCertificate {
                 path: files.cert.clone(),
@@ -322,7 +324,7 @@ mod tests {
     #[test]
     fn both_sides_learn_the_other_s_identity_from_its_certificate() {
         let ca = FleetCa::create("test").unwrap();
-        let actor = node(&ca, Role::Actor, "a1");
+        let actor = node(&ca, Role::Actor, "1");
         let relay = node(&ca, Role::Relay, "r1");
         let (client_seen, server_seen) =
             handshake(&actor, &relay, &[Role::Trainer, Role::Relay]).unwrap();
@@ -333,12 +335,12 @@ mod tests {
     #[test]
     fn a_client_refuses_a_server_of_a_role_it_does_not_talk_to() {
         let ca = FleetCa::create("test").unwrap();
-        let actor = node(&ca, Role::Actor, "a1");
-        let impostor = node(&ca, Role::Actor, "a2");
+        let actor = node(&ca, Role::Actor, "1");
+        let impostor = node(&ca, Role::Actor, "2");
         let error = handshake(&actor, &impostor, &[Role::Trainer, Role::Relay]).unwrap_err();
         assert_eq!(
             explain(&error),
-            "invalid peer certificate: the server is actor a2 (us), and only trainer or relay \
+            "invalid peer certificate: the server is actor 2 (us), and only trainer or relay \
              may serve here"
         );
     }
@@ -347,9 +349,9 @@ mod tests {
     fn certificates_of_another_ca_are_refused_both_ways() {
         let ours = FleetCa::create("ours").unwrap();
         let theirs = FleetCa::create("theirs").unwrap();
-        let actor = node(&ours, Role::Actor, "a1");
+        let actor = node(&ours, Role::Actor, "1");
         let relay = node(&ours, Role::Relay, "r1");
-        let foreign_actor = node(&theirs, Role::Actor, "a1");
+        let foreign_actor = node(&theirs, Role::Actor, "1");
         let foreign_relay = node(&theirs, Role::Relay, "r1");
         let error = handshake(&foreign_actor, &relay, &[Role::Relay]).unwrap_err();
         assert!(
@@ -368,7 +370,7 @@ mod tests {
         let ca = FleetCa::create("test").unwrap();
         let relay = node(&ca, Role::Relay, "r1");
         let now = OffsetDateTime::now_utc();
-        let identity = Identity::new(Role::Actor, "a1", "us").unwrap();
+        let identity = Identity::new(Role::Actor, "1", "us").unwrap();
         let expired = ca
             .issue_between(&identity, now - Duration::days(2), now - Duration::days(1))
             .unwrap();

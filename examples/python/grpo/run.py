@@ -158,7 +158,8 @@ class Fleet:
              "--role", role, "--id", id, "--region", region],
             check=True, capture_output=True,
         )
-        return {"ca": self.directory / "ca.pem", "cert": self.directory / f"{id}.pem", "key": self.directory / f"{id}.key"}
+        nodes = self.directory / "nodes"
+        return {"ca": self.directory / "ca.pem", "cert": nodes / f"{role}-{id}.pem", "key": nodes / f"{role}-{id}.key"}
 
     def flags(self, role: str, id: str, region: str) -> list[str]:
         """The command-line flags of a node's certificate and the trainer's public key."""

@@ -117,6 +117,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         streams: config.streams,
         transport_limits: aurora_node::TransportLimits::default(),
         trainer_key: Some(super::trainer_key(&args.run_dir)?),
+        insecure_unsigned: false,
         // The built-in models are small, and the engine holds its own copy anyway.
         images: Arc::new(aurora_delta::Heap),
         return_after: Some(aurora_node::RETURN_AFTER),

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use aurora_trust::{FleetCa, Identity, NodeFiles, Role};
+use aurora_trust::{FleetCa, Identity, NodeFiles, Replace, Role};
 
 /// How long a run's certificates are valid.
 const VALIDITY: time::Duration = time::Duration::days(30);
@@ -33,12 +33,12 @@ pub fn ensure_ca(run_dir: &Path) -> Result<()> {
 /// unless the run has it already.
 pub fn node_args(run_dir: &Path, role: Role, id: &str, region: &str) -> Result<Vec<String>> {
     let dir = dir(run_dir);
-    let files = NodeFiles::in_dir(&dir, id);
+    let identity = Identity::new(role, id, region)?;
+    let files = NodeFiles::of(&dir, &identity);
     if !files.cert.exists() {
-        let identity = Identity::new(role, id, region)?;
         FleetCa::load(&dir)?
             .issue(&identity, VALIDITY)?
-            .save(&files)
+            .save(&files, Replace::Never)
             .with_context(|| format!("issuing the certificate of {identity}"))?;
     }
     let path = |path: &Path| path.display().to_string();

@@ -84,9 +84,9 @@ fn certified(dir: &std::path::Path, role: &str, id: &str, region: &str) -> Vec<s
         "--ca".into(),
         file("ca.pem".into()),
         "--cert".into(),
-        file(format!("{id}.pem")),
+        file(format!("nodes/{role}-{id}.pem")),
         "--key".into(),
-        file(format!("{id}.key")),
+        file(format!("nodes/{role}-{id}.key")),
     ]
 }
 
@@ -158,7 +158,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
         )
         .as_bytes(),
     );
-    let actor_tls = certified(&certs, "actor", "a1", "eu");
+    let actor_tls = certified(&certs, "actor", "1", "eu");
     let actor_args: Vec<&std::ffi::OsStr> = [os("actor"), os("--config"), config.as_os_str()]
         .into_iter()
         .chain(actor_tls.iter().map(|f| f.as_os_str()))
@@ -171,7 +171,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     relay.expect("holds 3");
 
     // No weights on this machine: the relay keeps no snapshot, the hub's store serves it.
-    let newcomer_tls = certified(&certs, "actor", "a2", "eu");
+    let newcomer_tls = certified(&certs, "actor", "2", "eu");
     let newcomer_args: Vec<&std::ffi::OsStr> = [
         os("actor"),
         os("--join"),
@@ -207,7 +207,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let keeping = Process::start("keeping relay", &keeping_args);
     let keeping_address = keeping.expect("listening on ");
     keeping.expect("holds 3");
-    let joiner_tls = certified(&certs, "actor", "a3", "eu");
+    let joiner_tls = certified(&certs, "actor", "3", "eu");
     let joiner_args: Vec<&std::ffi::OsStr> = [
         os("actor"),
         os("--join"),
@@ -225,11 +225,11 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
 fn an_actor_without_its_settings_says_what_is_missing() {
     let s = Scratch::new();
     let steps = s.synth("tiny", 0, &[]);
-    let run = aurora(&["actor", "--id", "a1", "--version", "0", "--weights"])
+    let run = aurora(&["actor", "--id", "1", "--version", "0", "--weights"])
         .arg(&steps[0])
         .fails();
     crate::util::assert_error_mentions(&run, &["--upstream"]);
-    let run = aurora(&["actor", "--id", "a1", "--upstream", "127.0.0.1:9"]).fails();
+    let run = aurora(&["actor", "--id", "1", "--upstream", "127.0.0.1:9"]).fails();
     crate::util::assert_error_mentions(&run, &["--weights is required", "--join"]);
     // A joining actor takes its weights from an upstream, and has no subscribers to send
     // away.
@@ -248,7 +248,7 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         ),
     ] {
         let args = [
-            &["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"][..],
+            &["actor", "--join", "--id", "1", "--upstream", "127.0.0.1:9"][..],
             given,
         ]
         .concat();
@@ -271,7 +271,7 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         crate::util::assert_error_mentions(&run, &["a relay holds no weights", given[0]]);
     }
     // Neither certificates nor plaintext asked for by name: nothing starts.
-    let run = aurora(&["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"]).fails();
+    let run = aurora(&["actor", "--join", "--id", "1", "--upstream", "127.0.0.1:9"]).fails();
     crate::util::assert_error_mentions(&run, &["--ca, --cert and --key", "--insecure-plaintext"]);
     let bad = s.write("bad.toml", b"id = \"a1\"\nstreams = \"many\"\n");
     let run = aurora(&["actor", "--config"]).arg(&bad).fails();
@@ -305,7 +305,7 @@ fn an_actor_without_its_settings_says_what_is_missing() {
         &["limits.toml", "transport.max_held_bytes must be at least 1"],
     );
     // So is the directory the model's image will live in.
-    let run = aurora(&["actor", "--join", "--id", "a1", "--upstream", "127.0.0.1:9"])
+    let run = aurora(&["actor", "--join", "--id", "1", "--upstream", "127.0.0.1:9"])
         .arg("--image-dir")
         .arg(s.path("no-such-dir"))
         .fails();
@@ -357,7 +357,7 @@ fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
             os("actor"),
             os("--join"),
             os("--id"),
-            os("a1"),
+            os("1"),
             os("--region"),
             os("eu"),
             os("--upstream"),
@@ -381,6 +381,20 @@ fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
     );
     assert_eq!(actor.expect("active 2 "), hash(2));
 
+    // A checkpoint marked complete that is not one (a truncated file, then garbage) is
+    // set aside with the reason: the hub keeps serving, and the next one is published.
+    let bad = watched.join("checkpoint-250");
+    std::fs::create_dir_all(&bad).unwrap();
+    let truncated = std::fs::read(&steps[2]).unwrap();
+    std::fs::write(
+        bad.join("model.safetensors"),
+        &truncated[..truncated.len() / 2],
+    )
+    .unwrap();
+    std::fs::write(bad.join("COMPLETE"), b"").unwrap();
+    let reason = hub.expect("set aside checkpoint-250: ");
+    assert!(reason.contains("model.safetensors"), "{reason}");
+
     // Restarted, the hub carries on from its directory: nothing published twice, the
     // next checkpoint is version 3. Even when it stopped after publishing a checkpoint
     // but before recording it: the store's version is matched to the checkpoint.
@@ -394,9 +408,14 @@ fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
         .unwrap()
         .remove("checkpoint-200");
     std::fs::write(&record_path, record.to_string()).unwrap();
+    assert!(
+        record["set_aside"]["checkpoint-250"].is_string(),
+        "{record}"
+    );
     let hub = start_hub(&hub_dir, &watch);
     hub.expect("transport listening on ");
     save(3, true);
+    // The set-aside checkpoint is neither published nor tripped on again.
     assert_eq!(
         hub.expect("published "),
         format!("checkpoint-300 as version 3 {}", hash(3))

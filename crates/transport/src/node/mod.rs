@@ -119,9 +119,16 @@ pub struct NodeConfig {
     /// built from the store, each Commit. Such a hub also pins its public half, so it
     /// refuses to serve a stored delta that is not signed by it.
     pub signing_key: Option<Arc<SigningKey>>,
-    /// The trainer's public key that relays and actors pin: they verify every Seal and
-    /// Commit against it and take nothing unsigned. `None`: an unsigned deployment.
+    /// The trainer's public key that relays and actors pin: they verify every Offer,
+    /// Seal and Commit against it and take nothing unsigned. With certificates a
+    /// receiving node must have it, unless [`NodeConfig::insecure_unsigned`].
     pub trainer_key: Option<VerifyingKey>,
+    /// INSECURE: versions travel unsigned although the node has certificates: a hub
+    /// without a signing key serves them, a relay or an actor without the trainer's key
+    /// takes them, and a compromised relay can then hand its actors any weights.
+    /// Without certificates (plaintext) nothing is authenticated anyway, and unsigned
+    /// versions need no flag.
+    pub insecure_unsigned: bool,
 }
 
 impl NodeConfig {
@@ -152,6 +159,7 @@ impl NodeConfig {
             images: Arc::new(Heap),
             signing_key: None,
             trainer_key: None,
+            insecure_unsigned: false,
         }
     }
 
@@ -184,7 +192,7 @@ impl NodeConfig {
     fn sender(&self, store_backed: bool) -> SenderConfig {
         let auth = match &self.security {
             Security::Tls(_) => Auth::Certificate,
-            Security::InsecurePlaintext { token } => Auth::Shared(token.clone()),
+            Security::InsecurePlaintext { token, .. } => Auth::Shared(token.clone()),
         };
         let mut config = SenderConfig::new(self.identity.clone(), auth);
         config.store_backed = store_backed;
@@ -203,7 +211,7 @@ impl NodeConfig {
         // Over TLS the certificate proves who this node is: a Hello carries no token.
         let token = match &self.security {
             Security::Tls(_) => Vec::new(),
-            Security::InsecurePlaintext { token } => token.clone(),
+            Security::InsecurePlaintext { token, .. } => token.clone(),
         };
         let mut config = ReceiverConfig::new(self.identity.clone(), token);
         config.streams = self.streams;
@@ -278,6 +286,23 @@ pub enum TransportError {
     },
     #[error("{0} needs at least one upstream")]
     NoUpstream(&'static str),
+    /// Certificates authenticate the links, not the weights: a relay in between could
+    /// still hand over any weights, unless every version is signed.
+    #[error(
+        "this node has certificates but pins no trainer key: with certificates every \
+         version must carry the trainer's signature (give the trainer's public key: \
+         --trainer-key, trainer_key=...), or take unsigned versions by name \
+         (--insecure-unsigned, insecure_unsigned=True)"
+    )]
+    TrainerKeyRequired,
+    #[error(
+        "this hub has certificates but no signing key: its relays and actors take only \
+         signed versions (give the trainer's key: --signing-key, signing_key=...), or \
+         serve unsigned ones by name (--insecure-unsigned, insecure_unsigned=True)"
+    )]
+    SigningKeyRequired,
+    #[error(transparent)]
+    BeyondLoopback(#[from] aurora_trust::BeyondLoopback),
     #[error("gave up after {0:?}")]
     TimedOut(Duration),
     #[error("an actor refused the chain to version {0} from every upstream")]

@@ -256,6 +256,15 @@ pub(super) async fn spawn<E: Engine>(
             });
         }
     }
+    check_signed(&config, node.receiver().is_some())?;
+    if let Some(address) = config.listen {
+        config
+            .security
+            .check_address("the transport's listen address", address)?;
+    }
+    for &address in &config.upstreams {
+        config.security.check_address("the upstream", address)?;
+    }
     let tls = config.security.endpoints()?;
     let mut tasks = JoinSet::new();
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
@@ -296,7 +305,11 @@ pub(super) async fn spawn<E: Engine>(
         (pool, member)
     });
     let backlog = DecodeBacklog::new(config.limits.max_decode_backlog_bytes);
-    let upstreams = Upstreams::new(config.upstreams.clone(), config.return_after.map(jittered));
+    let upstreams = Upstreams::new(
+        config.upstreams.clone(),
+        config.return_after.map(jittered),
+        RandomState::new().build_hasher().finish(),
+    );
     let mut driver = Driver {
         upstream_bytes: upstream_bytes.clone(),
         config,
@@ -338,6 +351,27 @@ pub(super) async fn spawn<E: Engine>(
         task,
         upstream_bytes,
     })
+}
+
+/// With certificates every version is signed (docs/security.md §5): a node that
+/// `receives` pins the trainer's key, a hub signs, unless the configuration says
+/// [`NodeConfig::insecure_unsigned`] by name.
+fn check_signed(config: &NodeConfig, receives: bool) -> Result<(), TransportError> {
+    if config.insecure_unsigned {
+        tracing::warn!(
+            "INSECURE UNSIGNED VERSIONS: nothing proves the weights are the trainer's; a \
+             compromised relay can hand actors any weights"
+        );
+        return Ok(());
+    }
+    if !matches!(config.security, crate::Security::Tls(_)) {
+        return Ok(());
+    }
+    match (receives, &config.trainer_key, &config.signing_key) {
+        (true, None, _) => Err(TransportError::TrainerKeyRequired),
+        (false, _, None) => Err(TransportError::SigningKeyRequired),
+        _ => Ok(()),
+    }
 }
 
 /// `after`, a quarter more or less, drawn afresh for each call.

@@ -134,9 +134,7 @@ pub fn config(role: Role, name: &str, upstreams: &[SocketAddr]) -> NodeConfig {
         region: "eu-west".into(),
     };
     // The fault proxy reads frames: these tests run in plaintext (tests/tls.rs covers TLS).
-    let security = Security::InsecurePlaintext {
-        token: TOKEN.to_vec(),
-    };
+    let security = Security::loopback_plaintext(TOKEN);
     let mut config = NodeConfig::new(identity, security);
     config.upstreams = upstreams.to_vec();
     config.streams = 2;
