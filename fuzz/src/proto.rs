@@ -13,7 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaFile, DeltaHeader, Encoding, Hash, SigningKey, Statement, assemble};
+use aurora_delta::{
+    DeltaFile, DeltaHeader, Encoding, Hash, RunId, SigningKey, Statement, assemble,
+};
 use aurora_proto::frame::{ArtifactKind, Hello, PROTOCOL_VERSION, Progress, Welcome};
 use aurora_proto::{
     Auth, Commit, Frame, Identity, Receiver, ReceiverConfig, ReceiverEvent, Role, Sender,
@@ -22,6 +24,8 @@ use aurora_proto::{
 use bytes::Bytes;
 
 const TOKEN: &[u8] = b"fuzz";
+/// The run of the fuzzed hub: its Welcomes and its signatures name it.
+const RUN: RunId = RunId([0x3e; 16]);
 
 /// Decodes `data` frame by frame until the bytes run out or a frame is invalid.
 pub fn frames(data: &[u8]) -> Vec<Frame> {
@@ -105,6 +109,7 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
     config.max_held_bytes = 1 << 20;
     let key = trainer_key().verifying_key();
     config.trainer_key = pinned.then_some(key);
+    config.run = pinned.then_some(RUN);
     let mut receiver = if joining {
         Receiver::joining(config)
     } else {
@@ -113,7 +118,7 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
     let mut now = Instant::now();
     receiver.start_session(now, 7);
     for stream in 0..2 {
-        receiver.connected(now, 7, stream, u64::from(stream) + 1);
+        receiver.connected(now, 7, stream, u64::from(stream) + 1, None);
         let welcome = Welcome {
             protocol_version: PROTOCOL_VERSION,
             role: Role::Hub,
@@ -122,6 +127,7 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
             latest: None,
             commit: None,
             snapshot: joining.then_some(1),
+            run: RUN,
         };
         receiver.handle_frame(now, u64::from(stream) + 1, Frame::Welcome(welcome));
     }
@@ -148,7 +154,7 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
                     ..
                 } if pinned => {
                     let statement = Statement::offer(kind, version, &descriptor);
-                    aurora_delta::verify(&key, &statement, signature.as_ref())
+                    aurora_delta::verify(&key, &RUN, &statement, signature.as_ref())
                         .expect("a pinned receiver takes only signed offers");
                 }
                 ReceiverEvent::Sealed {
@@ -157,8 +163,13 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
                     assert!(signature.is_some(), "version {version} sealed unsigned");
                 }
                 ReceiverEvent::Commit(commit) if pinned => {
-                    aurora_delta::verify(&key, &commit.statement(), commit.signature.as_ref())
-                        .expect("a pinned receiver reports only signed commits");
+                    aurora_delta::verify(
+                        &key,
+                        &RUN,
+                        &commit.statement(),
+                        commit.signature.as_ref(),
+                    )
+                    .expect("a pinned receiver reports only signed commits");
                 }
                 _ => {}
             }
@@ -170,7 +181,8 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
 }
 
 fn sender_state(frames: &[Frame]) {
-    let config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
+    let mut config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
+    config.run = Some(RUN);
     let mut sender = Sender::new(config);
     sender
         .insert_artifact(StoredArtifact::unsigned(artifact().0))
@@ -221,7 +233,8 @@ fn receiver_seed(key: Option<&SigningKey>) -> Vec<u8> {
             kind: ArtifactKind::Delta,
             descriptor: Bytes::from(file.header().encode_pending()),
             signature: key.map(|key| {
-                aurora_proto::offer_signature(key, ArtifactKind::Delta, &bytes).expect("valid")
+                aurora_proto::offer_signature(key, &RUN, ArtifactKind::Delta, &bytes)
+                    .expect("valid")
             }),
         },
         Frame::Seal {
@@ -229,7 +242,7 @@ fn receiver_seed(key: Option<&SigningKey>) -> Vec<u8> {
             id: file.id,
             target_hash: file.header().target_hash,
             segments: file.manifest.segments.clone(),
-            signature: key.map(|key| aurora_delta::sign(key, &statement)),
+            signature: key.map(|key| aurora_delta::sign(key, &RUN, &statement)),
         },
     ];
     for index in 0..file.segment_count() {
@@ -248,7 +261,7 @@ fn receiver_seed(key: Option<&SigningKey>) -> Vec<u8> {
         },
         signature: None,
     };
-    commit.signature = key.map(|key| aurora_delta::sign(key, &commit.statement()));
+    commit.signature = key.map(|key| aurora_delta::sign(key, &RUN, &commit.statement()));
     frames.push(Frame::Commit(commit));
     for frame in &frames {
         frame.encode(&mut to_receiver);
@@ -273,6 +286,7 @@ fn sender_seed() -> Vec<u8> {
             epoch: 1,
             active: VersionRef::default(),
             staged: None,
+            snapshot_floor: 0,
         })
         .encode(&mut to_sender);
     }

@@ -127,6 +127,26 @@ impl RegisterResponse {
     }
 }
 
+/// The answer to `GET /v1/join`: what a node must know before it takes weights over the
+/// wire, from the control plane, whose certificate (over mutual TLS) is the trainer's,
+/// not from whoever serves it the weights: the run every signed statement names, the
+/// newest committed version and the snapshot the trainer's hub offers for it. A joiner
+/// pins the run, and takes no snapshot older than `snapshot` nor an upstream that has
+/// committed less than `committed` (docs/wire-protocol.md §6.6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinResponse {
+    /// The run's id, 32 hex digits.
+    pub run: String,
+    /// The newest committed version, if any.
+    #[serde(default)]
+    pub committed: Option<u64>,
+    /// The newest snapshot the trainer's store holds at or below `committed` (or the
+    /// newest at all before any commit), if any.
+    #[serde(default)]
+    pub snapshot: Option<u64>,
+}
+
 /// `POST /v1/versions`: the versions an actor has active and staged, after staging a
 /// delta, applying a Commit or catching up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -375,18 +375,19 @@ fn measure(
 fn signing_cost(delta: &DeltaFile<'_>) -> Result<(f64, f64)> {
     const SIGNATURES_PER_RUN: u32 = 200;
     let key = aurora_delta::SigningKey::from_bytes(&[7; 32]);
+    let run = aurora_delta::RunId([7; 16]);
     let statement = Statement::artifact(ArtifactKind::Delta, delta.id, delta.header());
     let (sign_s, signature) = best_of(|| {
         let mut signature = None;
         for _ in 0..SIGNATURES_PER_RUN {
-            signature = Some(aurora_delta::sign(&key, &statement));
+            signature = Some(aurora_delta::sign(&key, &run, &statement));
         }
         Ok(signature)
     })?;
     let public = key.verifying_key();
     let (verify_s, ()) = best_of(|| {
         for _ in 0..SIGNATURES_PER_RUN {
-            aurora_delta::verify(&public, &statement, signature.as_ref())?;
+            aurora_delta::verify(&public, &run, &statement, signature.as_ref())?;
         }
         Ok(())
     })?;

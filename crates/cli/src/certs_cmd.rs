@@ -66,6 +66,17 @@ pub struct IssueArgs {
 pub fn run(command: CertsCommand) -> Result<()> {
     match command {
         CertsCommand::Init { dir, name } => {
+            // Every file is checked before any is written: an init that finds one
+            // leaves the directory as it was.
+            let files = [
+                aurora_trust::certs::CA_CERT,
+                aurora_trust::certs::CA_KEY,
+                SIGNING_KEY,
+                SIGNING_PUBLIC_KEY,
+            ];
+            if let Some(taken) = files.iter().map(|name| dir.join(name)).find(|p| p.exists()) {
+                return Err(TrustError::Exists(taken).into());
+            }
             FleetCa::create(&name)?.save(&dir)?;
             let public = aurora_trust::signing::create_key_pair(
                 &dir.join(SIGNING_KEY),

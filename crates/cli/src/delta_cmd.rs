@@ -4,7 +4,8 @@ use anyhow::{Context, Result, bail};
 use aurora_checkpoint::{FileImages, MappedFile, write_atomically, write_delta, write_safetensors};
 use aurora_delta::{
     ArtifactKind, DeltaHeader, DetachedSignature, Encoding, ExtractOptions, Extraction, Manifest,
-    check_base, compose, decode, invert, key_fingerprint, owned_checkpoint, stats::delta_stats,
+    RunId, check_base, compose, decode, invert, key_fingerprint, owned_checkpoint,
+    stats::delta_stats,
 };
 use clap::{Args, Subcommand, ValueEnum};
 
@@ -64,14 +65,21 @@ pub enum DeltaCommand {
         /// The trainer's public key (PEM): DELTA.sig must be its signature of DELTA.
         #[arg(long)]
         key: Option<PathBuf>,
+        /// With --key: the run DELTA.sig must be for (32 hex digits).
+        #[arg(long, requires = "key")]
+        run_id: Option<RunId>,
     },
-    /// Sign DELTA with the trainer's key: writes the detached signature DELTA.sig
-    /// (docs/delta-format.md §10).
+    /// Sign DELTA with the trainer's key, for a run: writes the detached signature
+    /// DELTA.sig (docs/delta-format.md §10).
     Sign {
         delta: PathBuf,
         /// The trainer's signing key (PKCS#8 PEM, readable by its owner alone).
         #[arg(long)]
         key: PathBuf,
+        /// The run the delta belongs to (32 hex digits; `aurora store list` names a
+        /// store's).
+        #[arg(long)]
+        run_id: RunId,
     },
     /// Compose consecutive deltas starting at BASE into one.
     Compose {
@@ -224,23 +232,29 @@ pub fn run(command: DeltaCommand) -> Result<()> {
             };
             crate::print_stdout(&text)
         }
-        DeltaCommand::Sign { delta, key } => {
+        DeltaCommand::Sign { delta, key, run_id } => {
             let signing_key = aurora_trust::signing::load_signing_key(&key)?;
             let file = MappedFile::open(&delta)?;
             let parsed = file.delta()?;
             let kind = artifact_kind(parsed.header());
-            let signature = DetachedSignature::sign(&signing_key, kind, parsed.id, parsed.header());
+            let signature =
+                DetachedSignature::sign(&signing_key, run_id, kind, parsed.id, parsed.header());
             let path = signature_path(&delta);
             write_bytes(&path, &signature.to_bytes())?;
             println!(
-                "{}: {kind} signed by key {} (id {})",
+                "{}: {kind} signed by key {} for run {run_id} (id {})",
                 path.display(),
                 key_fingerprint(&signing_key.verifying_key()),
                 parsed.id
             );
             Ok(())
         }
-        DeltaCommand::Verify { delta, base, key } => {
+        DeltaCommand::Verify {
+            delta,
+            base,
+            key,
+            run_id,
+        } => {
             let file = MappedFile::open(&delta)?;
             let parsed = file.delta()?;
             let segment_bytes = parsed
@@ -272,13 +286,16 @@ pub fn run(command: DeltaCommand) -> Result<()> {
                         path.display()
                     )
                 })?;
-                DetachedSignature::parse(&bytes)
-                    .and_then(|signature| signature.verify(&pinned, parsed.id, parsed.header()))
+                let signature = DetachedSignature::parse(&bytes)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                signature
+                    .verify(&pinned, run_id.as_ref(), parsed.id, parsed.header())
                     .with_context(|| format!("checking {}", path.display()))?;
                 println!(
-                    "{}: signed by the trainer key {}",
+                    "{}: signed by the trainer key {} for run {}",
                     path.display(),
-                    key_fingerprint(&pinned)
+                    key_fingerprint(&pinned),
+                    signature.run
                 );
             }
             if let Some(base) = base {

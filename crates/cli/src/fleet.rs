@@ -28,6 +28,10 @@ use aurora_trust::{FleetCa, NodeTls};
 pub const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
 const TOKEN: &[u8] = b"bench";
+/// The trainer key and the run of a benchmark's TLS fleet: what a secure deployment
+/// signs and checks, so that its rows cost what one does.
+const BENCH_KEY: [u8; 32] = [0xbe; 32];
+const BENCH_RUN: aurora_delta::RunId = aurora_delta::RunId([0xbe; 16]);
 
 /// A benchmark's transport security: mutual TLS with certificates a fleet CA of its
 /// own issues to each node as it starts, or insecure plaintext with a token.
@@ -76,7 +80,18 @@ impl BenchSecurity {
                 Security::Tls(Arc::new(tls))
             }
         };
-        Ok(NodeConfig::new(identity, security))
+        let role = identity.role;
+        let mut config = NodeConfig::new(identity, security);
+        if let BenchSecurity::Tls(_) = self {
+            // Every version signed and checked, as certificates require.
+            let key = aurora_delta::SigningKey::from_bytes(&BENCH_KEY);
+            config.run = Some(BENCH_RUN);
+            match role {
+                Role::Hub => config.signing_key = Some(Arc::new(key)),
+                Role::Relay | Role::Actor => config.trainer_key = Some(key.verifying_key()),
+            }
+        }
+        Ok(config)
     }
 }
 
@@ -447,24 +462,30 @@ impl Fleet {
             config.tune_interval = spec.tune_interval;
             Ok::<_, TransportError>(config)
         };
+        // An actor's id is its number (one spelling, as a certificate names it); its
+        // name, the region's and its index there, is for the reports.
+        let mut actors = 0u32;
         for region in &spec.regions {
             let runtime = region.runtime.as_ref();
             let mut upstreams = vec![hub_address];
             for index in 0..region.actors {
                 let relay = spec.relays && index == 0;
-                let (role, name) = if relay {
-                    (Role::Relay, format!("{}-relay", region.name))
+                let (role, name, id) = if relay {
+                    let name = format!("{}-relay", region.name);
+                    (Role::Relay, name.clone(), name)
                 } else {
-                    (Role::Actor, format!("{}-actor{index}", region.name))
+                    actors += 1;
+                    let name = format!("{}-actor{index}", region.name);
+                    (Role::Actor, name, actors.to_string())
                 };
                 let node = if relay {
-                    let mut config = config(role, &name, &region.name, vec![hub_address])?;
+                    let mut config = config(role, &id, &region.name, vec![hub_address])?;
                     config.listen = Some(SocketAddr::new(region.address, 0));
                     let relay = start_on(runtime, spawn_relay(config)).await?;
                     upstreams.insert(0, relay.local_addr().expect("a relay listens"));
                     relay
                 } else {
-                    let config = config(role, &name, &region.name, upstreams.clone())?;
+                    let config = config(role, &id, &region.name, upstreams.clone())?;
                     let engine = std::sync::Arc::new(IdleEngine::default());
                     let weights = weights.try_clone()?;
                     start_on(runtime, spawn_actor(config, weights, engine)).await?

@@ -91,6 +91,7 @@ pub fn run(args: HubArgs) -> Result<()> {
             .with_context(|| format!("starting the hub in {}", args.dir.display()))?,
     );
     // One line each on stdout announces readiness to scripts and tests; logs go to stderr.
+    println!("run {}", node.run_id());
     println!("listening on {}", node.control_address());
     println!("transport listening on {}", node.transport_address());
     std::io::stdout().flush()?;

@@ -78,6 +78,11 @@ pub struct NodeArgs {
     #[arg(long, conflicts_with = "trainer_key")]
     #[serde(default)]
     insecure_unsigned: bool,
+    /// The run to serve (32 hex digits, as `aurora hub` prints it): upstreams of another
+    /// run are refused. Without it the run is learned from the trainer's own hub (its
+    /// certificate says it is the trainer), never from a relay.
+    #[arg(long)]
+    run_id: Option<aurora_delta::RunId>,
     /// A TOML file of limits beyond the defaults (its `[transport]` table: connection
     /// caps, the handshake timeout, `max_held_bytes`; see docs/security.md).
     #[arg(long)]
@@ -205,6 +210,7 @@ impl NodeArgs {
         config.limits = limits;
         config.snapshot_dir = snapshot_dir;
         config.insecure_unsigned = self.insecure_unsigned || file.insecure_unsigned;
+        config.run = self.run_id.or(file.run_id);
         config.trainer_key = match self.trainer_key.or(file.trainer_key) {
             Some(_) if config.insecure_unsigned => {
                 bail!("--trainer-key and --insecure-unsigned contradict each other")

@@ -9,9 +9,16 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum StoreCommand {
-    /// Add a delta artifact (verified before it is stored), with the trainer's signature
-    /// from DELTA.sig if there is one (`aurora delta sign`).
-    PutDelta { root: PathBuf, delta: PathBuf },
+    /// Add a delta artifact (verified before it is stored), with the trainer's signature:
+    /// made now with --signing-key, for the store's run, or read from DELTA.sig
+    /// (`aurora delta sign --run-id`, for the run `aurora store list` names).
+    PutDelta {
+        root: PathBuf,
+        delta: PathBuf,
+        /// The trainer's signing key: the delta is signed as the store's run's.
+        #[arg(long)]
+        signing_key: Option<PathBuf>,
+    },
     /// Add a full safetensors snapshot of VERSION.
     PutSnapshot {
         root: PathBuf,
@@ -54,10 +61,23 @@ pub enum StoreCommand {
 
 pub fn run(command: StoreCommand) -> Result<()> {
     match command {
-        StoreCommand::PutDelta { root, delta } => {
+        StoreCommand::PutDelta {
+            root,
+            delta,
+            signing_key,
+        } => {
             let store = Store::open(&root)?;
             let file = MappedFile::open(&delta)?;
-            let signature = detached_signature(&delta, &file)?;
+            let signature = match signing_key {
+                Some(key) => {
+                    let key = aurora_trust::signing::load_signing_key(&key)?;
+                    let parsed = file.delta()?;
+                    let statement =
+                        Statement::artifact(ArtifactKind::Delta, parsed.id, parsed.header());
+                    Some(aurora_delta::sign(&key, &store.run_id(), &statement))
+                }
+                None => detached_signature(&delta, &file, &store)?,
+            };
             let record = store
                 .put_delta(file.bytes(), signature)
                 .with_context(|| format!("storing {}", delta.display()))?;
@@ -83,6 +103,7 @@ pub fn run(command: StoreCommand) -> Result<()> {
         StoreCommand::List { root } => {
             let store = Store::open(&root)?;
             let (deltas, snapshots) = store.records()?;
+            println!("run {}", store.run_id());
             println!("latest version: {:?}", store.latest_version()?);
             println!("{:>8}  {:<9} {:>12}  hash", "version", "kind", "bytes");
             for record in snapshots.values() {
@@ -133,9 +154,12 @@ pub fn run(command: StoreCommand) -> Result<()> {
                     let parsed = file.delta()?;
                     let statement =
                         Statement::artifact(ArtifactKind::Delta, parsed.id, parsed.header());
-                    if let Err(error) =
-                        aurora_delta::verify(pinned, &statement, record.signature.as_ref())
-                    {
+                    if let Err(error) = aurora_delta::verify(
+                        pinned,
+                        &store.run_id(),
+                        &statement,
+                        record.signature.as_ref(),
+                    ) {
                         failures.push(format!("delta {version}: {error}"));
                     }
                 }
@@ -233,8 +257,13 @@ pub fn run(command: StoreCommand) -> Result<()> {
 /// [`StoreCommand::Inspect`]: every record of `version`, each artifact read back (and so
 /// verified) before it is reported.
 /// The signature in `delta`'s detached signature file, if it has one; it must be of this
-/// delta (whose signer is checked by `store verify --key`, the store holding no key).
-fn detached_signature(delta: &Path, file: &MappedFile) -> Result<Option<ArtifactSignature>> {
+/// delta and of `store`'s run (its signer is checked by `store verify --key`, the store
+/// holding no key).
+fn detached_signature(
+    delta: &Path,
+    file: &MappedFile,
+    store: &Store,
+) -> Result<Option<ArtifactSignature>> {
     let mut path = delta.as_os_str().to_os_string();
     path.push(".sig");
     let path = PathBuf::from(path);
@@ -253,6 +282,14 @@ fn detached_signature(delta: &Path, file: &MappedFile) -> Result<Option<Artifact
             detached.kind,
             detached.id,
             parsed.id
+        );
+    }
+    if detached.run != store.run_id() {
+        bail!(
+            "{} signs it for run {}, and this store is run {}'s",
+            path.display(),
+            detached.run,
+            store.run_id()
         );
     }
     Ok(Some(detached.signature))

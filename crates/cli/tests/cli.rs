@@ -10,6 +10,8 @@ mod util;
 // Every end-to-end suite is a module of this one test binary (one link, shared helpers).
 #[path = "cli/run.rs"]
 mod run;
+#[path = "cli/security.rs"]
+mod security;
 #[path = "cli/transport.rs"]
 mod transport;
 #[path = "cli/wan.rs"]
@@ -704,17 +706,30 @@ fn signed_deltas_verify_with_the_trainer_key_only() {
         .arg(&public)
         .fails();
     assert_error_mentions(&missing, &[".sig", "aurora delta sign"]);
-    let signed = aurora(&["delta", "sign"])
+    // Signed for the run of the store it goes into (`store list` names it).
+    let root = f.s.path("signed-store");
+    let root_arg = root.to_str().unwrap();
+    aurora(&["store", "put-snapshot", root_arg, "0"])
+        .arg(&f.step0)
+        .ok();
+    let listed = aurora(&["store", "list", root_arg]).ok();
+    let run = listed
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("run "))
+        .unwrap()
+        .to_string();
+    let signed = aurora(&["delta", "sign", "--run-id", &run])
         .arg(&f.delta)
         .arg("--key")
         .arg(&key)
         .ok();
     assert!(
-        signed.stdout.contains("a delta signed by key"),
+        signed.stdout.contains("a delta signed by key") && signed.stdout.contains(&run),
         "{}",
         signed.stdout
     );
-    let verified = aurora(&["delta", "verify"])
+    let verified = aurora(&["delta", "verify", "--run-id", &run])
         .arg(&f.delta)
         .arg("--key")
         .arg(&public)
@@ -724,6 +739,13 @@ fn signed_deltas_verify_with_the_trainer_key_only() {
         "{}",
         verified.stdout
     );
+    let other_run = "5a".repeat(16);
+    let wrong_run = aurora(&["delta", "verify", "--run-id", &other_run])
+        .arg(&f.delta)
+        .arg("--key")
+        .arg(&public)
+        .fails();
+    assert_error_mentions(&wrong_run, &["not for the pinned run"]);
     let wrong_key = aurora(&["delta", "verify"])
         .arg(&f.delta)
         .arg("--key")
@@ -744,12 +766,17 @@ fn signed_deltas_verify_with_the_trainer_key_only() {
         .fails();
     assert_error_mentions(&altered, &["the signature is for the artifact with id"]);
 
-    // A store keeps the signature put with the delta; verify --key checks it.
-    let root = f.s.path("signed-store");
-    let root_arg = root.to_str().unwrap();
-    aurora(&["store", "put-snapshot", root_arg, "0"])
+    // A store keeps the signature put with the delta; verify --key checks it. A
+    // signature of another run is refused at the put.
+    let other_root = f.s.path("other-store");
+    let other_root = other_root.to_str().unwrap();
+    aurora(&["store", "put-snapshot", other_root, "0"])
         .arg(&f.step0)
         .ok();
+    let refused = aurora(&["store", "put-delta", other_root])
+        .arg(&f.delta)
+        .fails();
+    assert_error_mentions(&refused, &["signs it for run", "this store is run"]);
     aurora(&["store", "put-delta", root_arg]).arg(&f.delta).ok();
     aurora(&["store", "verify", root_arg, "--key"])
         .arg(&public)
@@ -881,13 +908,18 @@ fn the_hub_process_serves_its_api_behind_the_token() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Its first stdout line says where it listens, once it does: no sleeping.
-    let mut line = String::new();
-    BufReader::new(hub.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let address = line
-        .trim()
+    // Its first stdout lines name its run and say where it listens, once it does: no
+    // sleeping.
+    let mut lines = BufReader::new(hub.stdout.take().unwrap()).lines();
+    let run = lines.next().unwrap().unwrap();
+    assert!(
+        run.strip_prefix("run ").is_some_and(|id| id.len() == 32),
+        "{run}"
+    );
+    let address = lines
+        .next()
+        .unwrap()
+        .unwrap()
         .strip_prefix("listening on ")
         .unwrap()
         .to_string();

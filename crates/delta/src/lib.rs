@@ -52,8 +52,8 @@ pub use format::{
 pub use image::{Heap, Image, ImageMemory, ImageSpace, Spill, checkpoint_image};
 pub use signature::{
     ARTIFACT_DOMAIN, ArtifactKind, ArtifactSignature, COMMIT_DOMAIN, DETACHED_BYTES,
-    DETACHED_MAGIC, DETACHED_VERSION, DetachedSignature, OFFER_DOMAIN, SignatureError, SigningKey,
-    Statement, VerifyingKey, key_fingerprint, sign, verify,
+    DETACHED_MAGIC, DETACHED_VERSION, DetachedSignature, OFFER_DOMAIN, RunId, SignatureError,
+    SigningKey, Statement, VerifyingKey, key_fingerprint, sign, verify,
 };
 pub use spill::{SpilledChunks, SpilledPatch};
 pub use undo::{JOURNAL_MAGIC, JOURNAL_VERSION, JournalInfo, UndoJournal, replay_undo_journal};

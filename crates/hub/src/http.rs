@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aurora_api::{
-    Ack, ActorRequest, ClaimResponse, ErrorBody, MAX_PAYLOAD_BYTES, RegisterRequest,
+    Ack, ActorRequest, ClaimResponse, ErrorBody, JoinResponse, MAX_PAYLOAD_BYTES, RegisterRequest,
     RegisterResponse, StatusResponse, SubmitRequest, SubmitResponse, VersionsRequest, WireError,
     WireReadiness,
 };
@@ -76,6 +76,9 @@ pub fn router(hub: Arc<Hub>, config: &ServeConfig) -> Router {
     let register = Router::new()
         .route("/v1/register", post(register))
         .route_layer(gate(Rule::Register));
+    let join = Router::new()
+        .route("/v1/join", get(join))
+        .route_layer(gate(Rule::Join));
     let read = Router::new()
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics))
@@ -90,6 +93,7 @@ pub fn router(hub: Arc<Hub>, config: &ServeConfig) -> Router {
         .route_layer(gate(Rule::Actor));
     let request_timeout = config.limits.request_timeout;
     register
+        .merge(join)
         .merge(read)
         .merge(actors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -146,6 +150,8 @@ fn bearer(request: &Request) -> Option<&[u8]> {
 enum Rule {
     /// `/v1/register`: an actor, for its own id.
     Register,
+    /// `/v1/join`: the nodes that take versions over the wire, before they register.
+    Join,
     /// Every other actor call: an actor, for its own id, in its current registration.
     Actor,
     /// Status and metrics: read-only roles. Actors are left out: the status names
@@ -157,6 +163,7 @@ impl Rule {
     fn action(self) -> &'static str {
         match self {
             Rule::Register => "register",
+            Rule::Join => "read what a joining node pins",
             Rule::Actor => "make an actor's calls",
             Rule::Read => "read the status and metrics",
         }
@@ -165,6 +172,7 @@ impl Rule {
     fn roles(self) -> &'static [Role] {
         match self {
             Rule::Register | Rule::Actor => &[Role::Actor],
+            Rule::Join => &[Role::Actor, Role::Relay],
             Rule::Read => &[Role::Observer, Role::Trainer, Role::Relay],
         }
     }
@@ -196,7 +204,7 @@ impl Api {
         let identity = match &self.access {
             Access::FleetToken(fleet) => {
                 return match rule {
-                    Rule::Register | Rule::Read => {
+                    Rule::Register | Rule::Join | Rule::Read => {
                         authenticate_fleet(fleet, token)?;
                         Ok(None)
                     }
@@ -222,7 +230,7 @@ impl Api {
             .into());
         }
         let actor = match rule {
-            Rule::Read => return Ok(None),
+            Rule::Read | Rule::Join => return Ok(None),
             Rule::Register | Rule::Actor => certified_actor(identity)?,
         };
         if let Rule::Actor = rule {
@@ -373,6 +381,20 @@ async fn register(
         readiness,
         token.as_str(),
     )))
+}
+
+async fn join(State(api): State<Arc<Api>>) -> Result<axum::Json<JoinResponse>, ApiError> {
+    let point = api.hub.join_point().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this control plane serves no run yet: its trainer node has not started",
+        )
+    })?;
+    Ok(axum::Json(JoinResponse {
+        run: point.run.to_hex(),
+        committed: point.committed,
+        snapshot: point.snapshot,
+    }))
 }
 
 async fn heartbeat(

@@ -148,6 +148,21 @@ pub struct Hub {
     /// Counts the calls saved, so that [`Hub::wait_for`] wakes on each change of the
     /// core instead of polling it.
     changes: tokio::sync::watch::Sender<u64>,
+    /// What a joining node pins (`GET /v1/join`): the trainer node's, not the core's,
+    /// set as it starts and at every commit.
+    join_point: RwLock<Option<JoinPoint>>,
+}
+
+/// What a node that takes weights over the wire must know first, from the trainer
+/// (docs/control-api.md, `/v1/join`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JoinPoint {
+    /// The run every signed statement names.
+    pub run: aurora_delta::RunId,
+    /// The newest committed version.
+    pub committed: Option<u64>,
+    /// The snapshot the trainer's hub offers a joiner now.
+    pub snapshot: Option<u64>,
 }
 
 /// What changes with every call, under one lock.
@@ -193,6 +208,7 @@ impl Hub {
             refusals: Refusals::default(),
             stopped: tokio::sync::watch::Sender::new(false),
             changes: tokio::sync::watch::Sender::new(0),
+            join_point: RwLock::new(None),
         };
         // Resuming changes the state, so it is journaled like any call: a later replay
         // must repeat it to reach the state the following calls were made on.
@@ -203,6 +219,22 @@ impl Hub {
                 .map_err(OpenError::Resume)?;
         }
         Ok(hub)
+    }
+
+    /// What `GET /v1/join` answers from now on.
+    pub fn set_join_point(&self, point: JoinPoint) {
+        *self
+            .join_point
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(point);
+    }
+
+    /// What `GET /v1/join` answers, once the trainer node has said.
+    pub fn join_point(&self) -> Option<JoinPoint> {
+        *self
+            .join_point
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Publishes the trainer's `version` with h(version).

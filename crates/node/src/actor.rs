@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aurora_api::{
-    Ack, ActorRequest, ClaimResponse, RegisterRequest, RegisterResponse, SubmitRequest,
-    SubmitResponse, VersionsRequest, WireReadiness, WireResult,
+    Ack, ActorRequest, ClaimResponse, JoinResponse, RegisterRequest, RegisterResponse,
+    SubmitRequest, SubmitResponse, VersionsRequest, WireReadiness, WireResult,
 };
-use aurora_proto::{Identity, Role, VersionRef, Weights};
+use aurora_delta::RunId;
+use aurora_proto::{Identity, JoinFloor, Role, VersionRef, Weights};
 use aurora_transport::{Engine, NodeConfig, NodeHandle, spawn_actor, spawn_joining_actor};
 use tokio::task::JoinHandle;
 
@@ -77,8 +78,9 @@ impl ActorNode {
         engine: Arc<E>,
         join_timeout: Duration,
     ) -> Result<ActorNode, NodeError> {
-        let transport = spawn_joining_actor(node_config(&settings)?, engine).await?;
-        ActorNode::register(settings, transport, join_timeout).await
+        let (config, fleet) = node_config(&settings, true).await?;
+        let transport = spawn_joining_actor(config, engine).await?;
+        ActorNode::register(settings, fleet, transport, join_timeout).await
     }
 
     /// Starts from local `weights` (their version and hash are reported as active).
@@ -87,12 +89,14 @@ impl ActorNode {
         weights: Weights,
         engine: Arc<E>,
     ) -> Result<ActorNode, NodeError> {
-        let transport = spawn_actor(node_config(&settings)?, weights, engine).await?;
-        ActorNode::register(settings, transport, Duration::ZERO).await
+        let (config, fleet) = node_config(&settings, false).await?;
+        let transport = spawn_actor(config, weights, engine).await?;
+        ActorNode::register(settings, fleet, transport, Duration::ZERO).await
     }
 
     async fn register(
         settings: ActorSettings,
+        fleet: ControlClient,
         transport: NodeHandle,
         timeout: Duration,
     ) -> Result<ActorNode, NodeError> {
@@ -107,7 +111,6 @@ impl ActorNode {
         })?
         .map_err(NodeError::Transport)?;
         let active = joined.active.expect("waited for an active version");
-        let fleet = ControlClient::new(settings.control, &settings.trust.control_client()?);
         let registered: RegisterResponse = fleet
             .post(
                 "/v1/register",
@@ -213,12 +216,29 @@ impl Drop for ActorNode {
     }
 }
 
-/// The transport's configuration; also where the settings are checked, before anything
-/// starts.
-fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
+/// The transport's configuration, and a client of the control plane; also where the
+/// settings are checked, before anything starts. The run is pinned as the control plane
+/// names it (over mutual TLS, the trainer's word: its certificate is checked), so that
+/// no upstream can hand this node another run's versions; a node that `joins` also
+/// takes no snapshot or upstream older than the control plane says the trainer offers
+/// (docs/wire-protocol.md §6.6).
+async fn node_config(
+    settings: &ActorSettings,
+    joins: bool,
+) -> Result<(NodeConfig, ControlClient), NodeError> {
     settings
         .trust
         .check_address("the control plane's address", settings.control)?;
+    let fleet = ControlClient::new(settings.control, &settings.trust.control_client()?);
+    let point: JoinResponse = fleet.get("/v1/join").await?;
+    let run = point
+        .run
+        .parse::<RunId>()
+        .map_err(|reason| NodeError::Api {
+            path: "GET /v1/join".into(),
+            reason,
+        })?;
+    tracing::info!(%run, committed = ?point.committed, snapshot = ?point.snapshot, "the run to serve");
     let plaintext = Identity {
         role: Role::Actor,
         peer_id: format!("actor-{}", settings.id),
@@ -236,7 +256,14 @@ fn node_config(settings: &ActorSettings) -> Result<NodeConfig, NodeError> {
     node.images = settings.images.clone();
     node.return_after = settings.return_after;
     node.behind_timeout = settings.behind_timeout;
-    Ok(node)
+    node.run = Some(run);
+    if joins {
+        node.join_floor = JoinFloor {
+            snapshot: point.snapshot.unwrap_or(0),
+            commit: point.committed.unwrap_or(0),
+        };
+    }
+    Ok((node, fleet))
 }
 
 /// Tells the transport that the control plane has `version` committed; a transport

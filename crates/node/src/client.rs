@@ -128,15 +128,33 @@ impl ControlClient {
         path: &str,
         body: &B,
     ) -> Result<R, NodeError> {
-        let fail = |reason: String| NodeError::Api {
+        let body = serde_json::to_vec(body).map_err(|e| NodeError::Api {
             path: format!("POST {path}"),
+            reason: e.to_string(),
+        })?;
+        self.call(hyper::Method::POST, path, Some(Bytes::from(body)))
+            .await
+    }
+
+    /// GETs `path` and parses the JSON answer, as [`ControlClient::post`] does.
+    pub async fn get<R: DeserializeOwned>(&self, path: &str) -> Result<R, NodeError> {
+        self.call(hyper::Method::GET, path, None).await
+    }
+
+    async fn call<R: DeserializeOwned>(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<R, NodeError> {
+        let fail = |reason: String| NodeError::Api {
+            path: format!("{method} {path}"),
             reason,
         };
-        let body = Bytes::from(serde_json::to_vec(body).map_err(|e| fail(e.to_string()))?);
         let give_up = Instant::now() + OUTAGE_PATIENCE;
         let mut backoff = crate::backoff(FIRST_BACKOFF, MAX_BACKOFF);
         loop {
-            match self.try_post(path, body.clone()).await {
+            match self.try_call(&method, path, body.clone()).await {
                 Err(Attempt::Unavailable(reason)) if Instant::now() < give_up => {
                     let wait = backoff.failed();
                     tracing::warn!(
@@ -158,14 +176,23 @@ impl ControlClient {
         }
     }
 
-    async fn try_post(&self, path: &str, body: Bytes) -> Result<Bytes, Attempt> {
-        let mut request = hyper::Request::post(format!("{}{path}", self.base))
-            .header(hyper::header::CONTENT_TYPE, "application/json");
+    async fn try_call(
+        &self,
+        method: &hyper::Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<Bytes, Attempt> {
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        if body.is_some() {
+            request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
         if let Some(authorization) = &self.authorization {
             request = request.header(hyper::header::AUTHORIZATION, authorization);
         }
         let request = request
-            .body(Full::new(body))
+            .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| Attempt::Failed(e.to_string()))?;
         let response = tokio::time::timeout(REQUEST_TIMEOUT, self.pool.request(request))
             .await

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use aurora_control::{PromptId, StepId, Version, WeightsHash};
 use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash, TargetHash};
-use aurora_hub::{Hub, HubConfig, Limits, ServeConfig, StepResults, SystemClock};
+use aurora_hub::{Hub, HubConfig, JoinPoint, Limits, ServeConfig, StepResults, SystemClock};
 use aurora_proto::{Identity, Role, VersionRef};
 use aurora_store::Store;
 use aurora_transport::{NodeConfig, NodeHandle, spawn_hub};
@@ -163,11 +163,19 @@ impl TrainerNode {
             .local_addr()
             .ok_or_else(|| NodeError::Usage("the transport hub has no listening address".into()))?;
         let latest = catch_up_control_plane(&hub, &store)?;
-        if let Some(committed) = committed_before(&hub, &store, latest)? {
+        let committed = committed_before(&hub, &store, latest)?;
+        if let Some(committed) = committed {
             // What a previous run committed last: joining nodes go straight to it.
             transport.commit(committed).await?;
         }
-        tracing::info!(%control_address, %transport_address, ?latest, "trainer node serving");
+        announce_join_point(&hub, &store, committed.map(|c| c.version))?;
+        tracing::info!(
+            %control_address,
+            %transport_address,
+            ?latest,
+            run = %store.run_id(),
+            "trainer node serving"
+        );
         Ok(TrainerNode {
             hub,
             transport,
@@ -413,7 +421,14 @@ impl TrainerNode {
         if latest.version > 0 {
             self.transport.commit(latest).await?;
         }
+        announce_join_point(&self.hub, &self.store, Some(latest.version))?;
         Ok(latest)
+    }
+
+    /// The run this node's store was made for: every statement it signs names it, and
+    /// the nodes that pin it take no other run's versions.
+    pub fn run_id(&self) -> aurora_delta::RunId {
+        self.store.run_id()
     }
 
     /// Opens a step on the latest version: its prompts are leased to the actors.
@@ -485,6 +500,23 @@ fn committed_before(
     })?;
     // Version 0 is where every node starts: nothing to commit.
     Ok((version > 0).then_some(VersionRef { version, hash }))
+}
+
+/// Tells the control plane what joiners pin (`GET /v1/join`): the run, `committed`, and
+/// the snapshot the hub's sender offers for it (the newest stored at or below it, as
+/// `aurora_proto::Sender` chooses).
+fn announce_join_point(hub: &Hub, store: &Store, committed: Option<u64>) -> Result<(), NodeError> {
+    let (_, snapshots) = store.records()?;
+    let snapshot = snapshots
+        .range(..=committed.unwrap_or(u64::MAX))
+        .next_back()
+        .map(|(&version, _)| version);
+    hub.set_join_point(JoinPoint {
+        run: store.run_id(),
+        committed,
+        snapshot,
+    });
+    Ok(())
 }
 
 fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>, NodeError> {

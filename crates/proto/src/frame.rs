@@ -1,4 +1,4 @@
-//! Frames of the segment protocol, version 4 (docs/wire-protocol.md §3 and §4).
+//! Frames of the segment protocol, version 5 (docs/wire-protocol.md §3 and §4).
 //!
 //! ```text
 //! frame   length:u32  type:u8  body[length - 1]
@@ -12,14 +12,18 @@
 use std::ops::Range;
 
 pub use aurora_delta::ArtifactKind;
-use aurora_delta::{ArtifactSignature, Hash, MAX_SEGMENT_BYTES, SegmentEntry, Statement};
+use aurora_delta::{ArtifactSignature, Hash, MAX_SEGMENT_BYTES, RunId, SegmentEntry, Statement};
 use bytes::{BufMut, Bytes};
 
 /// The protocol version this build speaks (docs/wire-protocol.md §2). 2 added the
 /// trainer's signatures to Seal, Commit and Welcome; 3 its signature of the descriptor
 /// to Offer; 4 moved the target's weights hash from the Offer's descriptor (pending
-/// there) to the Seal.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// there) to the Seal; 5 added the run to every signed statement and to the Welcome, and
+/// a joiner's snapshot floor to the Hello. A Hello or Welcome of an older version still
+/// decodes (without the fields it lacks), so its peer is refused with a clear reason.
+pub const PROTOCOL_VERSION: u16 = 5;
+/// The first version whose Hello carries a snapshot floor and whose Welcome a run.
+const RUN_VERSION: u16 = 5;
 /// First bytes of every Hello body: a peer that is not an aurora transport is refused
 /// with a clear error instead of a confusing parse failure.
 pub const HELLO_MAGIC: [u8; 8] = *b"AURORA\x00\x01";
@@ -217,6 +221,11 @@ pub struct Hello {
     pub epoch: u32,
     pub active: VersionRef,
     pub staged: Option<u64>,
+    /// A downstream with no weights takes no snapshot older than this (what the control
+    /// plane told it the trainer's joinable snapshot is; docs/wire-protocol.md §6.6); 0
+    /// for any, and for a downstream with weights. An upstream whose snapshot is older
+    /// offers none, so the joiner goes on to its next upstream at once.
+    pub snapshot_floor: u64,
 }
 
 /// The upstream's answer to an accepted Hello.
@@ -233,6 +242,9 @@ pub struct Welcome {
     /// The newest version a downstream holding no weights can join from, as a snapshot
     /// (docs/wire-protocol.md §5.10); None where the upstream cannot serve one (a relay).
     pub snapshot: Option<u64>,
+    /// The run the upstream serves (every signed statement names it); all zero where a
+    /// relay has not learned it yet.
+    pub run: RunId,
 }
 
 /// What a receiver holds of one version it is receiving.
@@ -450,6 +462,9 @@ impl Frame {
                 out.put_u32_le(h.epoch);
                 put_version_ref(out, &h.active);
                 put_option_u64(out, h.staged);
+                if h.protocol_version >= RUN_VERSION {
+                    out.put_u64_le(h.snapshot_floor);
+                }
             }
             Frame::Welcome(w) => {
                 out.put_u16_le(w.protocol_version);
@@ -465,6 +480,9 @@ impl Frame {
                     }
                 }
                 put_option_u64(out, w.snapshot);
+                if w.protocol_version >= RUN_VERSION {
+                    out.put_slice(&w.run.0);
+                }
             }
             Frame::Reject { code, reason } => {
                 out.put_u16_le(*code as u16);
@@ -658,6 +676,11 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
             let epoch = r.u32("epoch")?;
             let active = r.version_ref()?;
             let staged = r.option_u64("staged version")?;
+            let snapshot_floor = if protocol_version >= RUN_VERSION {
+                r.u64("snapshot floor")?
+            } else {
+                0
+            };
             Frame::Hello(Hello {
                 protocol_version,
                 flags,
@@ -671,6 +694,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 epoch,
                 active,
                 staged,
+                snapshot_floor,
             })
         }
         FrameType::Welcome => {
@@ -685,6 +709,11 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 other => return Err(r.malformed(format!("commit flag {other} is not 0 or 1"))),
             };
             let snapshot = r.option_u64("snapshot version")?;
+            let run = if protocol_version >= RUN_VERSION {
+                RunId(r.array("run")?)
+            } else {
+                RunId::UNKNOWN
+            };
             Frame::Welcome(Welcome {
                 protocol_version,
                 role,
@@ -693,6 +722,7 @@ fn decode_body(kind: FrameType, r: &mut Reader) -> Result<Frame, FrameError> {
                 latest,
                 commit,
                 snapshot,
+                run,
             })
         }
         FrameType::Reject => {

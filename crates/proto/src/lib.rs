@@ -48,8 +48,8 @@ pub use keep::{
 };
 pub use node::{Node, Notice, Output};
 pub use receiver::{
-    Artifact, BEHIND_PROGRESS_BYTES, BEHIND_TIMEOUT, Receiver, ReceiverConfig, ReceiverEvent,
-    ReceiverStats, SessionEnd, Violation,
+    Artifact, BEHIND_PROGRESS_BYTES, BEHIND_TIMEOUT, JoinFloor, Receiver, ReceiverConfig,
+    ReceiverEvent, ReceiverStats, SessionEnd, Violation,
 };
 pub use sender::{
     ArtifactKey, Auth, KeptSnapshot, Sender, SenderConfig, SenderError, SenderEvent, SenderStats,

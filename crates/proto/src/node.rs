@@ -182,7 +182,12 @@ impl Node {
     /// republishes to its subscribers. It holds no weights: nobody waits for a relay to
     /// stage or activate a version, and on a machine it shares, its decodes would only
     /// slow its actors' down.
-    pub fn relay(receiver: Receiver, sender: Sender) -> Node {
+    pub fn relay(receiver: Receiver, mut sender: Sender) -> Node {
+        // A relay pinned to its run (or one that learned it already) serves it from the
+        // start; otherwise from its upstream's first Welcome.
+        if let Some(run) = receiver.run() {
+            sender.serve_run(run);
+        }
         Node::new(Some(sender), Some(receiver), None)
     }
 
@@ -485,6 +490,10 @@ impl Node {
                 // what was begun of it goes. A start that follows on from what the
                 // relay holds keeps it.
                 if let (Some(sender), Some(receiver)) = (&mut self.sender, &self.receiver) {
+                    // A relay serves the run its receiver took from upstream.
+                    if let Some(run) = receiver.run() {
+                        sender.serve_run(run);
+                    }
                     if receiver.choosing_start()
                         && sender
                             .latest()

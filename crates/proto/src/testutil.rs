@@ -112,6 +112,7 @@ fn synthetic(
 pub fn store_sender(latest: u64, snapshot: u64) -> Sender {
     let mut config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
     config.store_backed = true;
+    config.run = Some(RUN);
     let mut sender = Sender::new(config);
     sender.set_loadable(Some(latest));
     sender.set_snapshots([snapshot]);
@@ -119,17 +120,17 @@ pub fn store_sender(latest: u64, snapshot: u64) -> Sender {
 }
 
 pub fn sender() -> Sender {
-    Sender::new(SenderConfig::new(
-        identity(Role::Hub, "hub"),
-        Auth::Shared(TOKEN.to_vec()),
-    ))
+    let mut config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
+    config.run = Some(RUN);
+    Sender::new(config)
 }
 
 pub fn receiver(streams: u8, next_version: u64) -> Receiver {
     pinned_receiver(streams, next_version, None)
 }
 
-/// [`receiver`] pinning `trainer_key` where given.
+/// [`receiver`] pinning `trainer_key` where given, and then the run too (as an actor does
+/// once the control plane named it).
 pub fn pinned_receiver(
     streams: u8,
     next_version: u64,
@@ -138,6 +139,7 @@ pub fn pinned_receiver(
     let mut config = ReceiverConfig::new(identity(Role::Actor, "a1"), TOKEN.to_vec());
     config.streams = streams;
     config.trainer_key = trainer_key;
+    config.run = trainer_key.map(|_| RUN);
     Receiver::new(
         config,
         next_version,
@@ -206,7 +208,8 @@ impl Pair {
                         self.next_conn += 1;
                         self.conns[stream as usize] = Some(conn);
                         self.sender.accepted(self.now, conn, None);
-                        self.receiver.connected(self.now, session, stream, conn);
+                        self.receiver
+                            .connected(self.now, session, stream, conn, None);
                     }
                     ReceiverEvent::Close { conn } => {
                         self.sender.closed(conn);
@@ -299,7 +302,7 @@ pub fn welcomed(mut r: Receiver, snapshot: Option<u64>) -> Receiver {
     let streams = r.stream_count();
     r.start_session(now, 5);
     for stream in 0..streams {
-        r.connected(now, 5, stream, u64::from(stream) + 1);
+        r.connected(now, 5, stream, u64::from(stream) + 1, None);
         r.handle_frame(now, u64::from(stream) + 1, hub_welcome(snapshot));
     }
     while r.poll_event().is_some() || r.poll_transmit().is_some() {}
@@ -316,6 +319,9 @@ pub fn frames_of(bytes: &Bytes, kind: crate::frame::ArtifactKind) -> Vec<Frame> 
     signed_frames(bytes, kind, None)
 }
 
+/// The run of every test's hub, named in its Welcomes and its signatures.
+pub const RUN: aurora_delta::RunId = aurora_delta::RunId([0x2a; 16]);
+
 /// The trainer key of signed tests (a fixed seed: the same key in every test).
 pub fn trainer_key() -> aurora_delta::SigningKey {
     aurora_delta::SigningKey::from_bytes(&[0x5a; 32])
@@ -329,7 +335,7 @@ pub fn artifact_signature(
 ) -> aurora_delta::ArtifactSignature {
     let file = aurora_delta::DeltaFile::parse(bytes).unwrap();
     let statement = aurora_delta::Statement::artifact(kind, file.id, file.header());
-    aurora_delta::sign(key, &statement)
+    aurora_delta::sign(key, &RUN, &statement)
 }
 
 /// The commit of `version` (weights [`weights`]), signed by `key` if given.
@@ -341,7 +347,7 @@ pub fn commit(version: u64, key: Option<&aurora_delta::SigningKey>) -> crate::Co
         },
         signature: None,
     };
-    commit.signature = key.map(|key| aurora_delta::sign(key, &commit.statement()));
+    commit.signature = key.map(|key| aurora_delta::sign(key, &RUN, &commit.statement()));
     commit
 }
 
@@ -359,7 +365,7 @@ pub fn signed_frames(
             version,
             kind,
             descriptor: Bytes::from(file.header().encode_pending()),
-            signature: key.map(|key| crate::offer_signature(key, kind, bytes).unwrap()),
+            signature: key.map(|key| crate::offer_signature(key, &RUN, kind, bytes).unwrap()),
         },
         Frame::Seal {
             version,
@@ -391,6 +397,7 @@ pub fn hub_welcome(snapshot: Option<u64>) -> Frame {
         latest: None,
         commit: None,
         snapshot,
+        run: RUN,
     })
 }
 
@@ -411,7 +418,7 @@ pub fn relaying_receiver(latest: Option<u64>) -> Receiver {
     ));
     let now = Instant::now();
     r.start_session(now, 5);
-    r.connected(now, 5, 0, 1);
+    r.connected(now, 5, 0, 1, None);
     r.handle_frame(now, 1, hub_welcome_at(latest));
     r
 }
@@ -431,5 +438,6 @@ pub fn hello(session: u64, stream: u8, streams: u8) -> Hello {
         epoch: 1,
         active: VersionRef::default(),
         staged: None,
+        snapshot_floor: 0,
     }
 }

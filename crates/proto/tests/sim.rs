@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{
     ArtifactKind, Checkpoint, DeltaFile, DeltaHeader, Dtype, Encoding, ExtractOptions, Extraction,
-    Hash, SigningKey, SpilledChunks, TargetHash, TensorChange, TensorEntry, TensorSpec,
+    Hash, RunId, SigningKey, SpilledChunks, TargetHash, TensorChange, TensorEntry, TensorSpec,
 };
 use aurora_proto::{
     ArtifactKey, Auth, Commit, ConnId, Frame, HeapSnapshots, Identity, Node, Notice, Output,
@@ -102,6 +102,9 @@ fn chain() -> &'static Chain {
     })
 }
 
+/// The run the simulated trainer's store made: every statement names it.
+const RUN: RunId = RunId([0x77; 16]);
+
 /// The trainer's signing key: the hub signs with it, every other peer pins its public half.
 fn trainer_key() -> SigningKey {
     SigningKey::from_bytes(&[0x42; 32])
@@ -109,7 +112,7 @@ fn trainer_key() -> SigningKey {
 
 /// `bytes` as `kind`, with the trainer's signatures, as the hub serves it.
 fn signed(bytes: Bytes, kind: ArtifactKind) -> StoredArtifact {
-    StoredArtifact::signed(bytes, kind, &trainer_key()).unwrap()
+    StoredArtifact::signed(bytes, kind, &trainer_key(), &RUN).unwrap()
 }
 
 /// What the malicious relay offers a joiner as the snapshot of `version`: a well-formed
@@ -135,7 +138,7 @@ fn forged_snapshot(version: u64) -> StoredArtifact {
     let bytes = Bytes::from(bytes);
     if version.is_multiple_of(2) {
         let stranger = SigningKey::from_bytes(&[0x13; 32]);
-        StoredArtifact::signed(bytes, ArtifactKind::Snapshot, &stranger).unwrap()
+        StoredArtifact::signed(bytes, ArtifactKind::Snapshot, &stranger, &RUN).unwrap()
     } else {
         StoredArtifact::unsigned(bytes)
     }
@@ -147,7 +150,11 @@ fn signed_commit(version: u64) -> Commit {
         target: version_ref(version),
         signature: None,
     };
-    commit.signature = Some(aurora_delta::sign(&trainer_key(), &commit.statement()));
+    commit.signature = Some(aurora_delta::sign(
+        &trainer_key(),
+        &RUN,
+        &commit.statement(),
+    ));
     commit
 }
 
@@ -453,6 +460,10 @@ fn sender_config(role: Role, name: &str, store_backed: bool, hedging: bool) -> S
     config.stall_timeout = Duration::from_secs(3);
     config.handshake_timeout = Duration::from_secs(1);
     config.trainer_key = Some(trainer_key().verifying_key());
+    // The hub serves its store's run; a relay learns it from the hub's Welcome.
+    if role == Role::Hub {
+        config.run = Some(RUN);
+    }
     config
 }
 
@@ -469,6 +480,10 @@ fn receiver_config(role: Role, name: &str, streams: u8) -> ReceiverConfig {
     config.streams = streams;
     config.idle_timeout = Duration::from_secs(1);
     config.trainer_key = Some(trainer_key().verifying_key());
+    // An actor pins the run the control plane names; a relay learns it from the hub.
+    if role == Role::Actor {
+        config.run = Some(RUN);
+    }
     config
 }
 
@@ -554,6 +569,8 @@ impl Sim {
             // (it poses as a hub with a store).
             let mut config = sender_config(Role::Relay, "rogue", true, hedging);
             config.trainer_key = None;
+            // It names the fleet's run, as anyone who saw a Welcome can.
+            config.run = Some(RUN);
             let mut rogue = Sender::new(config);
             rogue.set_snapshots([0]);
             peers.push(Peer::new(Node::hub(rogue), "rogue", vec![], None));
@@ -895,7 +912,7 @@ impl Sim {
                 if let Some(node) = self.node(client) {
                     node.receiver_mut()
                         .unwrap()
-                        .connected(now, session, stream, conn);
+                        .connected(now, session, stream, conn, None);
                 }
                 self.drain(client);
             }

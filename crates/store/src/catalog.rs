@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use aurora_delta::{ArtifactSignature, Hash};
+use aurora_delta::{ArtifactSignature, Hash, RunId};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use crate::error::catalog;
@@ -109,25 +109,39 @@ pub(crate) type TrainerDataValue = ([u8; 32], u64);
 /// 3 added the trainer's signature to each delta's value; a catalog of version 1 or 2 is
 /// upgraded on open: each delta's value is rewritten with no signature, so its deltas
 /// stay readable (and a deployment that signs refuses to serve them).
-pub const SCHEMA_VERSION: u32 = 3;
+/// 4 added the run's id (the `run` table), which every signed statement names
+/// (docs/delta-format.md §10); a catalog of version 1 to 3 is upgraded on open: it gets a
+/// new run id and its deltas lose their signatures, which were made without one and can
+/// verify under no run.
+pub const SCHEMA_VERSION: u32 = 4;
 pub(crate) const SCHEMA_TABLE: TableDefinition<&str, u32> = TableDefinition::new("schema");
+/// "id" → the run's id.
+pub(crate) const RUN_TABLE: TableDefinition<&str, [u8; 16]> = TableDefinition::new("run");
 
-/// Stamps a new catalog with [`SCHEMA_VERSION`] and refuses one of another version. A
-/// catalog from before the stamp has this version's layout and is stamped.
-pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
+/// Stamps a new catalog with [`SCHEMA_VERSION`] and a new run id, upgrades one of an
+/// older version and refuses one of a newer. A catalog from before the stamp has
+/// version 1's layout. Returns the run's id.
+pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<RunId> {
     let mut table = txn.open_table(SCHEMA_TABLE).map_err(catalog)?;
     let found = table.get("version").map_err(catalog)?.map(|v| v.value());
     match found {
         None => {
             table.insert("version", SCHEMA_VERSION).map_err(catalog)?;
-            Ok(())
+            new_run(txn)
         }
-        Some(SCHEMA_VERSION) => Ok(()),
-        Some(found @ (1 | 2)) => {
-            tracing::info!("upgrading the catalog from schema {found} to {SCHEMA_VERSION}");
-            add_signatures_to_deltas(txn)?;
+        Some(SCHEMA_VERSION) => {
+            let runs = txn.open_table(RUN_TABLE).map_err(catalog)?;
+            let id = runs.get("id").map_err(catalog)?.map(|v| RunId(v.value()));
+            id.ok_or(StoreError::NoRunId)
+        }
+        Some(found @ 1..=3) => {
+            tracing::warn!(
+                "upgrading the catalog from schema {found} to {SCHEMA_VERSION}: the run gets \
+                 an id, and the deltas stored before lose their signatures (made without one)"
+            );
+            rewrite_deltas_unsigned(txn, found)?;
             table.insert("version", SCHEMA_VERSION).map_err(catalog)?;
-            Ok(())
+            new_run(txn)
         }
         Some(found) => Err(StoreError::Schema {
             found,
@@ -136,11 +150,25 @@ pub(crate) fn check_schema(txn: &WriteTransaction) -> Result<()> {
     }
 }
 
-/// Rewrites the deltas table of a catalog before schema 3 with the value type of 3, each
-/// delta unsigned. One write transaction: the upgrade happens whole or not at all.
-fn add_signatures_to_deltas(txn: &WriteTransaction) -> Result<()> {
+/// Draws a run id from the operating system's randomness and records it.
+fn new_run(txn: &WriteTransaction) -> Result<RunId> {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|error| StoreError::Random(error.to_string()))?;
+    let run = RunId(id);
+    debug_assert!(run.is_known(), "16 random bytes are not all zero");
+    txn.open_table(RUN_TABLE)
+        .map_err(catalog)?
+        .insert("id", id)
+        .map_err(catalog)?;
+    Ok(run)
+}
+
+/// Rewrites the deltas table of a catalog of schema `found` (1 to 3) with the value
+/// type of 3 on, each delta unsigned. One write transaction: the upgrade happens whole
+/// or not at all.
+fn rewrite_deltas_unsigned(txn: &WriteTransaction, found: u32) -> Result<()> {
     let mut deltas = Vec::new();
-    {
+    if found < 3 {
         let table = txn.open_table(UNSIGNED_DELTA_TABLE).map_err(catalog)?;
         for item in table.iter().map_err(catalog)? {
             let (version, value) = item.map_err(catalog)?;
@@ -150,8 +178,19 @@ fn add_signatures_to_deltas(txn: &WriteTransaction) -> Result<()> {
                 (base, id, base_hash, target_hash, size, None),
             ));
         }
+        drop(table);
+        txn.delete_table(UNSIGNED_DELTA_TABLE).map_err(catalog)?;
+    } else {
+        let table = txn.open_table(DELTA_TABLE).map_err(catalog)?;
+        for item in table.iter().map_err(catalog)? {
+            let (version, value) = item.map_err(catalog)?;
+            let (base, id, base_hash, target_hash, size, _) = value.value();
+            deltas.push((
+                version.value(),
+                (base, id, base_hash, target_hash, size, None),
+            ));
+        }
     }
-    txn.delete_table(UNSIGNED_DELTA_TABLE).map_err(catalog)?;
     let mut table = txn.open_table(DELTA_TABLE).map_err(catalog)?;
     for (version, value) in deltas {
         table.insert(version, value).map_err(catalog)?;

@@ -25,6 +25,10 @@ pub enum StoreError {
         if *found > *supported { "it was written by a newer aurora" } else { "it is not one aurora wrote" }
     )]
     Schema { found: u32, supported: u32 },
+    #[error("the catalog has no run id: it was damaged, or not written by aurora")]
+    NoRunId,
+    #[error("no randomness for the run's id: {0}")]
+    Random(String),
     #[error("delta refused: it does not verify")]
     InvalidDelta(#[source] DeltaError),
     #[error("snapshot for version {version} refused: it is not a valid checkpoint")]

@@ -110,6 +110,7 @@ mod retention;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use aurora_delta::RunId;
 use redb::Database;
 
 pub use catalog::{
@@ -127,6 +128,9 @@ use files::{CATALOG, artifact_dirs};
 pub struct Store {
     root: PathBuf,
     db: Database,
+    /// The run's id, fixed when the store was made: every statement the trainer signs
+    /// for its versions names it.
+    run: RunId,
 }
 
 impl Store {
@@ -140,7 +144,7 @@ impl Store {
         let db = Database::create(root.join(CATALOG)).map_err(catalog)?;
         // Create every table now so that readers never meet a missing table.
         let txn = db.begin_write().map_err(catalog)?;
-        check_schema(&txn)?;
+        let run = check_schema(&txn)?;
         txn.open_table(DELTA_TABLE).map_err(catalog)?;
         txn.open_table(SNAPSHOT_TABLE).map_err(catalog)?;
         txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
@@ -148,13 +152,19 @@ impl Store {
             txn.open_table(kind.table()).map_err(catalog)?;
         }
         txn.commit().map_err(catalog)?;
-        let store = Store { root, db };
+        let store = Store { root, db, run };
         store.remove_orphans()?;
         Ok(store)
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The run's id: random, fixed when the store was made, named by every statement the
+    /// trainer signs for the run's versions (docs/delta-format.md §10).
+    pub fn run_id(&self) -> RunId {
+        self.run
     }
 }
 

@@ -828,3 +828,41 @@ fn a_catalog_of_schema_2_is_upgraded_and_its_deltas_stay_readable_unsigned() {
     let third = store.put_delta(&delta(3), Some(signature)).unwrap();
     assert_eq!(store.delta_record(3).unwrap(), third);
 }
+
+#[test]
+fn a_store_has_one_run_id_for_life_and_two_stores_have_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Store::open(dir.path()).unwrap();
+    let run = first.run_id();
+    assert!(run.is_known());
+    drop(first);
+    assert_eq!(Store::open(dir.path()).unwrap().run_id(), run);
+    let other = tempfile::tempdir().unwrap();
+    assert_ne!(Store::open(other.path()).unwrap().run_id(), run);
+}
+
+#[test]
+fn a_catalog_of_schema_3_gets_a_run_id_and_its_deltas_lose_their_signatures() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let signature = aurora_delta::ArtifactSignature([0x5a; 64]);
+    store.put_delta(&delta(1), Some(signature)).unwrap();
+    drop(store);
+    {
+        // What schema 3 was: this layout without the run table.
+        let db = Database::create(dir.path().join(CATALOG)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(SCHEMA_TABLE)
+            .unwrap()
+            .insert("version", 3)
+            .unwrap();
+        txn.delete_table(crate::catalog::RUN_TABLE).unwrap();
+        txn.commit().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert!(store.run_id().is_known());
+    // Made over a statement without a run, it verifies for no run: it is dropped.
+    let record = store.delta_record(1).unwrap();
+    assert_eq!(record.signature, None);
+    store.delta(1).unwrap();
+}

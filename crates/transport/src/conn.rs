@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use aurora_proto::frame::{MAX_CONTROL_FRAME_BYTES, PREFIX_BYTES, peek_prefix};
-use aurora_proto::{ConnId, Frame, FrameError};
+use aurora_proto::{ConnId, Frame, FrameError, Identity};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -334,14 +334,15 @@ async fn write_loop(
 }
 
 /// Connects to `address` and, with a TLS connector, completes a handshake that proves
-/// the upstream a trainer or a relay of the fleet, all within `timeout`. The error says
-/// why not, with the refusal a failed handshake counts as.
+/// the upstream a trainer or a relay of the fleet, all within `timeout`: the stream, and
+/// who the upstream's certificate says it is (none in plaintext). The error says why
+/// not, with the refusal a failed handshake counts as.
 pub(crate) async fn dial(
     address: SocketAddr,
     timeout: Duration,
     options: &SocketOptions,
     tls: Option<&TlsConnector>,
-) -> Result<Stream, (String, Option<Refusal>)> {
+) -> Result<(Stream, Option<Identity>), (String, Option<Refusal>)> {
     let connect = async {
         let stream = TcpStream::connect(address)
             .await
@@ -350,17 +351,16 @@ pub(crate) async fn dial(
             .apply(&stream)
             .map_err(|e| (format!("socket options for {address}: {e}"), None))?;
         match tls {
-            None => Ok(Stream::Plain(stream)),
-            Some(connector) => {
-                security::connect(connector, stream)
-                    .await
-                    .map_err(|(why, refusal)| {
-                        (
-                            format!("TLS handshake with {address} failed: {why}"),
-                            Some(refusal),
-                        )
-                    })
-            }
+            None => Ok((Stream::Plain(stream), None)),
+            Some(connector) => security::connect(connector, stream)
+                .await
+                .map(|(stream, certified)| (stream, Some(certified)))
+                .map_err(|(why, refusal)| {
+                    (
+                        format!("TLS handshake with {address} failed: {why}"),
+                        Some(refusal),
+                    )
+                }),
         }
     };
     tokio::time::timeout(timeout, connect).await.map_err(|_| {
@@ -458,7 +458,7 @@ mod tests {
     async fn sockets_use_bbr_unless_told_otherwise_where_the_kernel_has_it() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let Stream::Plain(stream) = dial(
+        let (Stream::Plain(stream), None) = dial(
             address,
             Duration::from_secs(5),
             &SocketOptions::default(),
@@ -491,7 +491,7 @@ mod tests {
         let options = SocketOptions {
             congestion: Some("reno".into()),
         };
-        let Stream::Plain(stream) = dial(address, Duration::from_secs(5), &options, None)
+        let (Stream::Plain(stream), None) = dial(address, Duration::from_secs(5), &options, None)
             .await
             .unwrap()
         else {

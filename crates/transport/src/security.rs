@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aurora_proto::{ArtifactKey, Identity, Role};
+use aurora_trust::peer_identity;
 use aurora_trust::tls::{SEGMENT_ALPN, UnexpectedRole, explain};
 use aurora_trust::{Admission, BeyondLoopback, NodeTls, PlaintextReach, RefusalLog, TrustError};
 use rustls::{AlertDescription, CertificateError, OtherError};
@@ -116,16 +117,22 @@ pub(crate) fn segment_identity(identity: &aurora_trust::Identity) -> Result<Iden
 }
 
 /// Dials TLS over a connected socket, verifying the upstream's certificate and role
-/// before anything is sent.
+/// before anything is sent; the stream and the upstream's identity, as its certificate
+/// says (the receiver holds its Welcome to it).
 pub(crate) async fn connect(
     connector: &TlsConnector,
     tcp: TcpStream,
-) -> Result<Stream, (String, Refusal)> {
-    connector
+) -> Result<(Stream, Identity), (String, Refusal)> {
+    let stream = connector
         .connect(aurora_trust::tls::server_name(), tcp)
         .await
-        .map(|stream| Stream::Tls(Box::new(stream.into())))
-        .map_err(|error| describe(&error))
+        .map_err(|error| describe(&error))?;
+    let certified = peer_identity(stream.get_ref().1.peer_certificates())
+        .map_err(|error| (error.to_string(), Refusal::Handshake))
+        .and_then(|identity| {
+            segment_identity(&identity).map_err(|why| (why, Refusal::WrongRole))
+        })?;
+    Ok((Stream::Tls(Box::new(stream.into())), certified))
 }
 
 /// The limits on what peers, authenticated or not, can make a node do. Every one is a

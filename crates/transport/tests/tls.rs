@@ -168,7 +168,7 @@ async fn strangers_are_refused_by_reason_while_an_honest_actor_receives_its_vers
         Frame::Reject { code, reason } => {
             assert_eq!(code, RejectCode::Auth);
             assert!(
-                reason.contains("names actor 'a1' but the connection's certificate is actor 'a9'"),
+                reason.contains("names actor '1' but the connection's certificate is actor '9'"),
                 "{reason}"
             );
         }
@@ -318,5 +318,6 @@ fn hello(peer_id: &str) -> Hello {
         epoch: 1,
         active: VersionRef::default(),
         staged: None,
+        snapshot_floor: 0,
     }
 }

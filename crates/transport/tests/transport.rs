@@ -14,8 +14,8 @@ use aurora_transport::{
     spawn_joining_actor,
 };
 use util::{
-    Chain, Fault, Proxy, active_at, config, connected_relay, held_at, idle_actor, trainer_key,
-    within,
+    Chain, Fault, Proxy, active_at, actor_config, config, connected_relay, held_at, idle_actor,
+    trainer_key, within,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -43,7 +43,7 @@ async fn one_hub_two_relays_six_actors_end_identical_over_ten_versions() {
         let engine = Arc::new(IdleEngine::default());
         let name = format!("actor{index}");
         let actor = spawn_actor(
-            config(Role::Actor, &name, &[relay, hub_address]),
+            actor_config(&hub, &name, &[relay, hub_address]),
             chain.weights(0),
             engine.clone(),
         )
@@ -102,7 +102,7 @@ async fn a_live_delta_streams_before_its_target_hash_and_seals_with_it() {
     let hub = Arc::new(hub(None).await);
     let actor = Arc::new(
         idle_actor(
-            config(Role::Actor, "a1", &[hub.local_addr().unwrap()]),
+            actor_config(&hub, "a1", &[hub.local_addr().unwrap()]),
             chain.weights(0),
         )
         .await,
@@ -161,7 +161,7 @@ async fn actors_of_a_relay_killed_mid_transfer_fall_back_and_finish_without_star
     let mut actors = Vec::new();
     for name in ["a1", "a2"] {
         let actor = idle_actor(
-            config(Role::Actor, name, &[relay_address, hub_address]),
+            actor_config(&hub, name, &[relay_address, hub_address]),
             chain.weights(0),
         )
         .await;
@@ -217,11 +217,7 @@ async fn a_connection_cut_mid_segment_resumes_with_only_the_missing_segments() {
     let chain = Chain::new(1, 7);
     let hub = hub(None).await;
     let proxy = Proxy::start(hub.local_addr().unwrap(), Fault::CutInSegment { nth: 3 }).await;
-    let actor = idle_actor(
-        config(Role::Actor, "a1", &[proxy.address]),
-        chain.weights(0),
-    )
-    .await;
+    let actor = idle_actor(actor_config(&hub, "a1", &[proxy.address]), chain.weights(0)).await;
     // Every stream up first: the cut must leave the session others to go on with.
     within(LIMIT, "connect", actor.all_streams_up())
         .await
@@ -259,7 +255,7 @@ async fn a_byte_flipped_in_flight_is_detected_re_requested_and_never_staged() {
     let proxy = Proxy::start(hub.local_addr().unwrap(), Fault::FlipSegment { nth: 2 }).await;
     let engine = Arc::new(IdleEngine::default());
     let actor = spawn_actor(
-        config(Role::Actor, "a1", &[proxy.address]),
+        actor_config(&hub, "a1", &[proxy.address]),
         chain.weights(0),
         engine.clone(),
     )
@@ -294,12 +290,12 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     relay_config.retain_versions = 2;
     let relay = connected_relay(relay_config).await;
     let relay_address = relay.local_addr().unwrap();
-    let actor_config = config(Role::Actor, "a1", &[relay_address, hub_address]);
-    let actor = idle_actor(actor_config.clone(), chain.weights(0)).await;
+    let a1_config = actor_config(&hub, "a1", &[relay_address, hub_address]);
+    let actor = idle_actor(a1_config.clone(), chain.weights(0)).await;
     // Another actor of the relay that stays up throughout.
     let steady_engine = Arc::new(IdleEngine::default());
     let steady = spawn_actor(
-        config(Role::Actor, "a2", &[relay_address, hub_address]),
+        actor_config(&hub, "a2", &[relay_address, hub_address]),
         chain.weights(0),
         steady_engine.clone(),
     )
@@ -330,7 +326,7 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
     // hub hold version 4 in memory any more. The hub's store plans the catch-up by
     // bytes: one composed delta from 3 to 8 costs less than D(4..=8).
     let engine = Arc::new(IdleEngine::default());
-    let restarted = spawn_actor(actor_config, chain.weights(3), engine.clone())
+    let restarted = spawn_actor(a1_config, chain.weights(3), engine.clone())
         .await
         .unwrap();
     let status = active_at(&restarted, 8, "after the restart").await;
@@ -381,7 +377,7 @@ async fn actors_that_fell_back_to_the_hub_return_to_their_relay_once_it_is_back(
     let link = Proxy::start(relay.local_addr().unwrap(), Fault::None).await;
     let mut actors = Vec::new();
     for name in ["a1", "a2"] {
-        let mut actor_config = config(Role::Actor, name, &[link.address, hub_address]);
+        let mut actor_config = actor_config(&hub, name, &[link.address, hub_address]);
         actor_config.return_after = Some(Duration::from_millis(200));
         actors.push(idle_actor(actor_config, chain.weights(0)).await);
     }
@@ -426,7 +422,7 @@ async fn the_actors_of_a_relay_cut_off_from_the_hub_fetch_from_the_hub_then_come
     relay_config.relay_suspend_after = Some(Duration::from_millis(300));
     let relay = connected_relay(relay_config).await;
     let relay_address = relay.local_addr().unwrap();
-    let mut actor_config = config(Role::Actor, "a1", &[relay_address, hub_address]);
+    let mut actor_config = actor_config(&hub, "a1", &[relay_address, hub_address]);
     actor_config.return_after = Some(Duration::from_millis(300));
     let actor = idle_actor(actor_config, chain.weights(0)).await;
     connected_to(&actor, relay_address, "on the relay").await;
@@ -460,7 +456,7 @@ async fn an_actor_whose_relay_withholds_committed_versions_fetches_them_from_the
     let hub_address = hub.local_addr().unwrap();
     // Its first upstream keeps the session alive and passes on no version.
     let withholding = Proxy::start(hub_address, Fault::Withhold).await;
-    let mut actor_config = config(Role::Actor, "a1", &[withholding.address, hub_address]);
+    let mut actor_config = actor_config(&hub, "a1", &[withholding.address, hub_address]);
     actor_config.behind_timeout = Duration::from_millis(300);
     actor_config.return_after = Some(Duration::from_millis(300));
     let actor = idle_actor(actor_config, chain.weights(0)).await;
@@ -544,7 +540,7 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
     let relay = connected_relay(config(Role::Relay, "relay", &[hub_address])).await;
     let relay_address = relay.local_addr().unwrap();
     let veteran = idle_actor(
-        config(Role::Actor, "veteran", &[relay_address, hub_address]),
+        actor_config(&hub, "veteran", &[relay_address, hub_address]),
         chain.weights(0),
     )
     .await;
@@ -573,7 +569,7 @@ async fn an_actor_with_no_weights_joins_over_the_wire_resumes_its_snapshot_and_k
     // The region's relay first: it keeps no snapshot, so the newcomer falls back to
     // the hub (through a proxy that cuts its only stream once, mid-snapshot), then
     // returns to the relay for the deltas.
-    let mut newcomer_config = config(Role::Actor, "newcomer", &[relay_address, proxy.address]);
+    let mut newcomer_config = actor_config(&hub, "newcomer", &[relay_address, proxy.address]);
     newcomer_config.streams = 1;
     let engine = Arc::new(IdleEngine::default());
     let newcomer = spawn_joining_actor(newcomer_config, engine.clone())
@@ -656,7 +652,7 @@ async fn a_relay_with_a_snapshot_directory_serves_its_region_s_joins_from_one_co
     let relay_address = relay.local_addr().unwrap();
     let mut joiners = Vec::new();
     for name in ["j1", "j2"] {
-        let joiner_config = config(Role::Actor, name, &[relay_address, hub_address]);
+        let joiner_config = actor_config(&hub, name, &[relay_address, hub_address]);
         let engine = Arc::new(IdleEngine::default());
         let joiner = spawn_joining_actor(joiner_config, engine).await.unwrap();
         joiners.push((name, joiner));
@@ -719,7 +715,7 @@ async fn a_relay_takes_a_newer_snapshot_before_the_deltas_after_its_own_outgrow_
     held_at(&relay, 0, "the relay takes the snapshot of 0").await;
     // A peer of the region joins: the relay's snapshot is worth keeping fresh.
     let first = Arc::new(IdleEngine::default());
-    let first_config = config(Role::Actor, "first", &[relay.local_addr().unwrap()]);
+    let first_config = actor_config(&hub, "first", &[relay.local_addr().unwrap()]);
     let first_joiner = spawn_joining_actor(first_config, first.clone())
         .await
         .unwrap();
@@ -749,7 +745,7 @@ async fn a_relay_takes_a_newer_snapshot_before_the_deltas_after_its_own_outgrow_
     );
     // A joiner takes the newer snapshot from the relay, then the deltas after it.
     let engine = Arc::new(IdleEngine::default());
-    let joiner_config = config(Role::Actor, "joiner", &[relay.local_addr().unwrap()]);
+    let joiner_config = actor_config(&hub, "joiner", &[relay.local_addr().unwrap()]);
     let joiner = spawn_joining_actor(joiner_config, engine.clone())
         .await
         .unwrap();
@@ -791,7 +787,7 @@ async fn a_relay_without_a_snapshot_takes_one_once_a_joiner_asks_and_serves_the_
     assert_eq!(relay.status().kept_snapshot, None);
 
     // The first joiner finds none at the relay and takes the hub's.
-    let first_config = config(Role::Actor, "first", &[relay_address, hub_address]);
+    let first_config = actor_config(&hub, "first", &[relay_address, hub_address]);
     let first = spawn_joining_actor(first_config, Arc::new(IdleEngine::default()))
         .await
         .unwrap();
@@ -809,7 +805,7 @@ async fn a_relay_without_a_snapshot_takes_one_once_a_joiner_asks_and_serves_the_
 
     // The next joiner knows only the relay.
     let engine = Arc::new(IdleEngine::default());
-    let next_config = config(Role::Actor, "next", &[relay_address]);
+    let next_config = actor_config(&hub, "next", &[relay_address]);
     let next = spawn_joining_actor(next_config, engine.clone())
         .await
         .unwrap();
@@ -823,23 +819,30 @@ async fn a_relay_without_a_snapshot_takes_one_once_a_joiner_asks_and_serves_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_actor_offered_a_delta_with_the_wrong_base_refuses_reports_and_catches_up() {
     let chain = Chain::new(5, 13);
-    // A rogue upstream serving another run's chain: its D(4) starts from a version 3
-    // with other weights than the actor's.
+    // An upstream serving another chain of the same run, signed by the trainer's key (a
+    // trainer restarted from an older state, say): its D(4) starts from a version 3 with
+    // other weights than the actor's.
+    let run = aurora_delta::RunId([0x13; 16]);
+    let same_run = || {
+        let mut config = config(Role::Hub, "hub", &[]);
+        config.run = Some(run);
+        spawn_hub(config, None)
+    };
     let foreign = Chain::new(5, 99);
-    let rogue = hub(None).await;
+    let rogue = same_run().await.unwrap();
     for version in 1..=4 {
         rogue.publish(foreign.delta(version).clone()).await.unwrap();
     }
     rogue.commit(foreign.at(4)).await.unwrap();
-    let hub = hub(None).await;
+    let hub = same_run().await.unwrap();
     for version in 1..=5 {
         hub.publish(chain.delta(version).clone()).await.unwrap();
     }
     hub.commit(chain.at(5)).await.unwrap();
     let engine = Arc::new(IdleEngine::default());
     let actor = spawn_actor(
-        config(
-            Role::Actor,
+        actor_config(
+            &hub,
             "stale",
             &[rogue.local_addr().unwrap(), hub.local_addr().unwrap()],
         ),
@@ -861,11 +864,69 @@ async fn a_stale_actor_offered_a_delta_with_the_wrong_base_refuses_reports_and_c
     );
 }
 
+/// A compromised relay's move (docs/security.md §5): an upstream that serves another
+/// run signed by the same trainer key, its version 0 and deltas all authentic. An actor
+/// pinned to its run refuses it at the Welcome, and one that learns its run takes it
+/// from the trainer's hub only: neither stages anything of the other run, and both
+/// follow their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_of_another_run_signed_by_the_same_key_is_refused() {
+    let chain = Chain::new(3, 21);
+    let foreign = Chain::new(3, 22);
+    let other_run = hub(None).await;
+    let hub = hub(None).await;
+    assert_ne!(other_run.status().run, hub.status().run);
+    for version in 1..=3 {
+        other_run
+            .publish(foreign.delta(version).clone())
+            .await
+            .unwrap();
+    }
+    other_run.commit(foreign.at(3)).await.unwrap();
+    // A relay of the other run, to which the actors' first upstream points.
+    let relay = connected_relay(config(
+        Role::Relay,
+        "relay",
+        &[other_run.local_addr().unwrap()],
+    ))
+    .await;
+    let upstreams = [relay.local_addr().unwrap(), hub.local_addr().unwrap()];
+    let pinned_engine = Arc::new(IdleEngine::default());
+    let pinned = spawn_actor(
+        actor_config(&hub, "pinned", &upstreams),
+        chain.weights(0),
+        pinned_engine.clone(),
+    )
+    .await
+    .unwrap();
+    // One that learns its run: from a relay it takes none, from the hub it does.
+    let learning_engine = Arc::new(IdleEngine::default());
+    let learning = spawn_actor(
+        config(Role::Actor, "learning", &upstreams),
+        chain.weights(0),
+        learning_engine.clone(),
+    )
+    .await
+    .unwrap();
+    for version in 1..=3 {
+        hub.publish(chain.delta(version).clone()).await.unwrap();
+    }
+    hub.commit(chain.at(3)).await.unwrap();
+    for (actor, engine) in [(&pinned, &pinned_engine), (&learning, &learning_engine)] {
+        let status = active_at(actor, 3, "the actor on its own run").await;
+        assert_eq!(status.run, hub.status().run);
+        assert_eq!(engine.activations(), [1, 2, 3].map(|v| chain.at(v)));
+        assert_eq!(status.receiver.unwrap().violations, 0);
+    }
+    // The relay of the other run served neither a segment.
+    assert_eq!(relay.status().sender.unwrap().segments_sent, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_token_is_refused_and_the_actor_never_subscribes() {
     let chain = Chain::new(1, 1);
     let hub = hub(None).await;
-    let mut intruder = config(Role::Actor, "intruder", &[hub.local_addr().unwrap()]);
+    let mut intruder = actor_config(&hub, "intruder", &[hub.local_addr().unwrap()]);
     intruder.security = Security::loopback_plaintext(b"guess");
     let actor = idle_actor(intruder, chain.weights(0)).await;
     let status = within(
@@ -887,14 +948,14 @@ async fn an_actor_pinning_another_trainer_key_refuses_every_version_and_stages_n
     let hub = hub(Some(store.clone())).await;
     let hub_address = hub.local_addr().unwrap();
     let engine = Arc::new(IdleEngine::default());
-    let mut impostor = config(Role::Actor, "pinned-elsewhere", &[hub_address]);
+    let mut impostor = actor_config(&hub, "pinned-elsewhere", &[hub_address]);
     impostor.trainer_key = Some(aurora_delta::SigningKey::from_bytes(&[9; 32]).verifying_key());
     let refusing = spawn_actor(impostor, chain.weights(0), engine.clone())
         .await
         .unwrap();
     let honest_engine = Arc::new(IdleEngine::default());
     let honest = spawn_actor(
-        config(Role::Actor, "honest", &[hub_address]),
+        actor_config(&hub, "honest", &[hub_address]),
         chain.weights(0),
         honest_engine.clone(),
     )
@@ -932,6 +993,7 @@ async fn an_actor_pinning_another_trainer_key_refuses_every_version_and_stages_n
         );
         aurora_delta::verify(
             &trainer_key().verifying_key(),
+            &store.run_id(),
             &statement,
             record.signature.as_ref(),
         )

@@ -72,7 +72,8 @@ fn fleet(dir: &std::path::Path) {
 }
 
 /// The segment transport's flags of node `id` of the fleet in `dir`, issuing its
-/// certificate (`aurora certs issue`).
+/// certificate (`aurora certs issue`), and the fleet's signing key: the trainer's to
+/// sign with, the public half for every other node to pin.
 fn certified(dir: &std::path::Path, role: &str, id: &str, region: &str) -> Vec<std::ffi::OsString> {
     aurora(&[
         "certs", "issue", "--role", role, "--id", id, "--region", region, "--dir",
@@ -80,7 +81,11 @@ fn certified(dir: &std::path::Path, role: &str, id: &str, region: &str) -> Vec<s
     .arg(dir)
     .ok();
     let file = |name: String| dir.join(name).into_os_string();
-    vec![
+    let signing = match role {
+        "trainer" => ["--signing-key".into(), file("signing.key".into())],
+        _ => ["--trainer-key".into(), file("signing.pub".into())],
+    };
+    [
         "--ca".into(),
         file("ca.pem".into()),
         "--cert".into(),
@@ -88,6 +93,9 @@ fn certified(dir: &std::path::Path, role: &str, id: &str, region: &str) -> Vec<s
         "--key".into(),
         file(format!("nodes/{role}-{id}.key")),
     ]
+    .into_iter()
+    .chain(signing)
+    .collect()
 }
 
 /// `aurora hub` on any free ports, with its store and database in `dir`.
@@ -111,6 +119,10 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let steps = s.synth("tiny", 3, &[]);
     // The hub's directory holds its store: filled here by `aurora store`, before the hub
     // runs (a running hub holds the store's lock; it takes new versions itself, `--watch`).
+    // Every node with a certificate of the fleet's CA: mutual TLS on every connection,
+    // and every version signed by the fleet's trainer key.
+    let certs = s.path("fleet");
+    fleet(&certs);
     let root = s.path("hub/store");
     aurora(&["store", "put-snapshot"])
         .arg(&root)
@@ -124,14 +136,18 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
             "aurora",
             version - 1,
         );
-        aurora(&["store", "put-delta"]).arg(&root).arg(&delta).ok();
+        aurora(&["store", "put-delta", "--signing-key"])
+            .arg(certs.join("signing.key"))
+            .arg(&root)
+            .arg(&delta)
+            .ok();
     }
-    // Every node with a certificate of the fleet's CA: mutual TLS on every connection.
-    let certs = s.path("fleet");
-    fleet(&certs);
     let hub_tls = certified(&certs, "trainer", "hub", "hub");
     let hub_flags: Vec<&std::ffi::OsStr> = hub_tls.iter().map(|f| f.as_os_str()).collect();
     let hub = start_hub(&s.path("hub"), &hub_flags);
+    // An actor of no control plane is told the run it serves; a relay learns it from
+    // the hub, whose certificate is the trainer's.
+    let run = hub.expect("run ");
     let hub_address = hub.expect("transport listening on ");
     let relay_tls = certified(&certs, "relay", "relay-eu", "eu");
     let relay_args: Vec<&std::ffi::OsStr> = [
@@ -159,10 +175,16 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
         .as_bytes(),
     );
     let actor_tls = certified(&certs, "actor", "1", "eu");
-    let actor_args: Vec<&std::ffi::OsStr> = [os("actor"), os("--config"), config.as_os_str()]
-        .into_iter()
-        .chain(actor_tls.iter().map(|f| f.as_os_str()))
-        .collect();
+    let actor_args: Vec<&std::ffi::OsStr> = [
+        os("actor"),
+        os("--config"),
+        config.as_os_str(),
+        os("--run-id"),
+        os(&run),
+    ]
+    .into_iter()
+    .chain(actor_tls.iter().map(|f| f.as_os_str()))
+    .collect();
     let actor = Process::start("actor", &actor_args);
     let expected = weights_hash(&steps[3]).to_hex();
     assert_eq!(actor.expect("active 3 "), expected);
@@ -175,6 +197,8 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let newcomer_args: Vec<&std::ffi::OsStr> = [
         os("actor"),
         os("--join"),
+        os("--run-id"),
+        os(&run),
         os("--upstream"),
         os(&relay_address),
         os("--upstream"),
@@ -211,6 +235,8 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let joiner_args: Vec<&std::ffi::OsStr> = [
         os("actor"),
         os("--join"),
+        os("--run-id"),
+        os(&run),
         os("--upstream"),
         os(&keeping_address),
     ]

@@ -13,6 +13,7 @@ use aurora_delta::{Checkpoint, Hash};
 /// One invocation of the `aurora` binary.
 pub struct Aurora {
     args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
 }
 
 /// What a finished invocation printed.
@@ -34,12 +35,18 @@ impl Run {
 pub fn aurora(args: &[&str]) -> Aurora {
     Aurora {
         args: args.iter().map(OsString::from).collect(),
+        envs: Vec::new(),
     }
 }
 
 impl Aurora {
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Aurora {
         self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Aurora {
+        self.envs.push((key.into(), value.into()));
         self
     }
 
@@ -50,6 +57,7 @@ impl Aurora {
             .env("AURORA_LOG", "warn")
             .env("NO_COLOR", "1")
             .env_remove("RUST_BACKTRACE")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("the aurora binary runs")
     }

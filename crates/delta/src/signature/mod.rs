@@ -14,9 +14,15 @@
 //! is signed on its own too, as the Offer that carries it ([`Statement::Offer`]), and
 //! checked before anything is decoded or allocated for it.
 //!
+//!
+//! Every statement names the run it belongs to ([`RunId`]: random, fixed when the
+//! trainer's store is made), right after its domain string. One key may sign many runs
+//! (a fleet's `signing.key` outlives a run); the run keeps a node that pins this run
+//! from taking another run's authentic versions, its version 0 included, as this one's.
+//!
 //! A detached signature file (`FILE.sig`, docs/delta-format.md §10) carries one artifact
-//! signature with the signer's public key, so `aurora delta verify --key` can say
-//! whether the file was signed by another key or altered since.
+//! signature with the signer's public key and the run, so `aurora delta verify --key`
+//! can say whether the file was signed by another key, for another run, or altered since.
 
 use ed25519_dalek::Signer;
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
@@ -24,17 +30,86 @@ pub use ed25519_dalek::{SigningKey, VerifyingKey};
 use crate::{DeltaHeader, Encoding, Hash, Manifest};
 
 /// First bytes of every artifact statement.
-pub const ARTIFACT_DOMAIN: &[u8] = b"aurora-artifact-signature-v1\0";
+pub const ARTIFACT_DOMAIN: &[u8] = b"aurora-artifact-signature-v2\0";
 /// First bytes of every Offer statement (an artifact's descriptor).
-pub const OFFER_DOMAIN: &[u8] = b"aurora-offer-signature-v1\0";
+pub const OFFER_DOMAIN: &[u8] = b"aurora-offer-signature-v2\0";
 /// First bytes of every commit statement.
-pub const COMMIT_DOMAIN: &[u8] = b"aurora-commit-signature-v1\0";
+pub const COMMIT_DOMAIN: &[u8] = b"aurora-commit-signature-v2\0";
 /// Magic of a detached signature file.
 pub const DETACHED_MAGIC: [u8; 8] = *b"\x89ASIG\r\n\x1a";
 /// Version of the detached signature file format.
-pub const DETACHED_VERSION: u16 = 1;
-/// Bytes of a detached signature file of version 1.
-pub const DETACHED_BYTES: usize = 8 + 2 + 1 + 32 + 32 + 64;
+pub const DETACHED_VERSION: u16 = 2;
+/// Bytes of a detached signature file of version 2.
+pub const DETACHED_BYTES: usize = 8 + 2 + 1 + 32 + RunId::BYTES + 32 + 64;
+
+/// A run's identity: 16 random bytes fixed when the trainer's store is made, in every
+/// signed statement. The all-zero id is no run's: it stands for "not known yet" where a
+/// relay has not learned its run.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct RunId(pub [u8; 16]);
+
+impl RunId {
+    pub const BYTES: usize = 16;
+    /// No run.
+    pub const UNKNOWN: RunId = RunId([0; 16]);
+
+    /// Whether this names a run (not [`RunId::UNKNOWN`]).
+    pub fn is_known(&self) -> bool {
+        *self != RunId::UNKNOWN
+    }
+
+    /// 32 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// From 32 hex digits.
+    pub fn from_hex(text: &str) -> Option<RunId> {
+        if text.len() != 2 * RunId::BYTES || !text.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(RunId(bytes))
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl std::fmt::Debug for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RunId({})", self.to_hex())
+    }
+}
+
+impl serde::Serialize for RunId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RunId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<RunId, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for RunId {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<RunId, String> {
+        RunId::from_hex(text)
+            .filter(RunId::is_known)
+            .ok_or_else(|| format!("{text:?} is not a run id (32 hex digits, not all zero)"))
+    }
+}
 
 /// The kind of an artifact, as an Offer names it (docs/wire-protocol.md §4.4) and a
 /// statement signs it: a delta and a composed delta between the same versions are
@@ -137,10 +212,15 @@ impl Statement {
         }
     }
 
-    /// The canonical bytes that are signed: the domain string, then every field at a
-    /// fixed width, integers little-endian.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(ARTIFACT_DOMAIN.len() + 1 + 32 * 3 + 16 + 1);
+    /// The canonical bytes that are signed for `run`: the domain string, the run, then
+    /// every field at a fixed width, integers little-endian.
+    pub fn to_bytes(&self, run: &RunId) -> Vec<u8> {
+        let mut out =
+            Vec::with_capacity(ARTIFACT_DOMAIN.len() + RunId::BYTES + 1 + 32 * 3 + 16 + 1);
+        let begin = |out: &mut Vec<u8>, domain: &[u8]| {
+            out.extend_from_slice(domain);
+            out.extend_from_slice(&run.0);
+        };
         match self {
             Statement::Artifact {
                 kind,
@@ -151,7 +231,7 @@ impl Statement {
                 target_hash,
                 encoding,
             } => {
-                out.extend_from_slice(ARTIFACT_DOMAIN);
+                begin(&mut out, ARTIFACT_DOMAIN);
                 out.push(*kind as u8);
                 out.extend_from_slice(&id.0);
                 out.extend_from_slice(&base_version.to_le_bytes());
@@ -164,7 +244,7 @@ impl Statement {
                 version,
                 weights_hash,
             } => {
-                out.extend_from_slice(COMMIT_DOMAIN);
+                begin(&mut out, COMMIT_DOMAIN);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&weights_hash.0);
             }
@@ -173,7 +253,7 @@ impl Statement {
                 version,
                 descriptor,
             } => {
-                out.extend_from_slice(OFFER_DOMAIN);
+                begin(&mut out, OFFER_DOMAIN);
                 out.push(*kind as u8);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&descriptor.0);
@@ -220,14 +300,22 @@ impl std::fmt::Display for Statement {
 pub enum SignatureError {
     #[error("{statement} carries no signature, and the trainer key {key} is pinned")]
     Missing { statement: String, key: String },
-    /// Made by another key, or over other contents: ed25519 cannot tell the two apart.
+    /// Made by another key, for another run, or over other contents: ed25519 cannot
+    /// tell these apart.
     #[error(
-        "the signature of {statement} does not verify with the trainer key {key}: it was made by another key or for other contents"
+        "the signature of {statement} does not verify with the trainer key {key} for run {run}: it was made by another key, for another run or for other contents"
     )]
-    Invalid { statement: String, key: String },
+    Invalid {
+        statement: String,
+        key: String,
+        run: RunId,
+    },
     /// A detached signature names its signer, so this case is told apart.
     #[error("signed by key {signed_by}, not by the pinned trainer key {pinned}")]
     WrongKey { signed_by: String, pinned: String },
+    /// A detached signature names its run, so this case is told apart too.
+    #[error("signed for run {signed}, not for the pinned run {pinned}")]
+    OtherRun { signed: RunId, pinned: RunId },
     /// A detached signature names the artifact it signs.
     #[error("the signature is for {signed}, not for {actual}")]
     OtherArtifact { signed: String, actual: String },
@@ -235,15 +323,16 @@ pub enum SignatureError {
     Malformed(String),
 }
 
-/// Signs `statement` with the trainer's key.
-pub fn sign(key: &SigningKey, statement: &Statement) -> ArtifactSignature {
-    ArtifactSignature(key.sign(&statement.to_bytes()).to_bytes())
+/// Signs `statement` of `run` with the trainer's key.
+pub fn sign(key: &SigningKey, run: &RunId, statement: &Statement) -> ArtifactSignature {
+    ArtifactSignature(key.sign(&statement.to_bytes(run)).to_bytes())
 }
 
-/// Checks that `signature` is `key`'s over `statement`; a missing one is an error (the
-/// caller pinned a key, so it requires one).
+/// Checks that `signature` is `key`'s over `statement` of `run`; a missing one is an
+/// error (the caller pinned a key, so it requires one).
 pub fn verify(
     key: &VerifyingKey,
+    run: &RunId,
     statement: &Statement,
     signature: Option<&ArtifactSignature>,
 ) -> Result<(), SignatureError> {
@@ -256,10 +345,11 @@ pub fn verify(
     let signature = ed25519_dalek::Signature::from_bytes(&signature.0);
     // Strict verification refuses the malleable and small-order encodings that plain
     // ed25519 verification lets through.
-    key.verify_strict(&statement.to_bytes(), &signature)
+    key.verify_strict(&statement.to_bytes(run), &signature)
         .map_err(|_| SignatureError::Invalid {
             statement: statement.to_string(),
             key: key_fingerprint(key),
+            run: *run,
         })
 }
 
@@ -275,18 +365,26 @@ pub fn key_fingerprint(key: &VerifyingKey) -> String {
 pub struct DetachedSignature {
     pub kind: ArtifactKind,
     pub signer: VerifyingKey,
+    pub run: RunId,
     pub id: Hash,
     pub signature: ArtifactSignature,
 }
 
 impl DetachedSignature {
-    /// Signs the artifact `kind` with `header` and id `id`.
-    pub fn sign(key: &SigningKey, kind: ArtifactKind, id: Hash, header: &DeltaHeader) -> Self {
+    /// Signs the artifact `kind` of `run` with `header` and id `id`.
+    pub fn sign(
+        key: &SigningKey,
+        run: RunId,
+        kind: ArtifactKind,
+        id: Hash,
+        header: &DeltaHeader,
+    ) -> Self {
         DetachedSignature {
             kind,
             signer: key.verifying_key(),
+            run,
             id,
-            signature: sign(key, &Statement::artifact(kind, id, header)),
+            signature: sign(key, &run, &Statement::artifact(kind, id, header)),
         }
     }
 
@@ -296,6 +394,7 @@ impl DetachedSignature {
         out.extend_from_slice(&DETACHED_VERSION.to_le_bytes());
         out.push(self.kind as u8);
         out.extend_from_slice(self.signer.as_bytes());
+        out.extend_from_slice(&self.run.0);
         out.extend_from_slice(&self.id.0);
         out.extend_from_slice(&self.signature.0);
         out
@@ -322,20 +421,26 @@ impl DetachedSignature {
             .ok_or_else(|| malformed(format!("unknown artifact kind {}", bytes[10])))?;
         let signer = VerifyingKey::from_bytes(bytes[11..43].try_into().expect("32 bytes"))
             .map_err(|_| malformed("the signer's public key is not a valid ed25519 key".into()))?;
+        let run = RunId(bytes[43..59].try_into().expect("16 bytes"));
+        if !run.is_known() {
+            return Err(malformed("the run id is all zero".into()));
+        }
         Ok(DetachedSignature {
             kind,
             signer,
-            id: Hash(bytes[43..75].try_into().expect("32 bytes")),
-            signature: ArtifactSignature(bytes[75..].try_into().expect("64 bytes")),
+            run,
+            id: Hash(bytes[59..91].try_into().expect("32 bytes")),
+            signature: ArtifactSignature(bytes[91..].try_into().expect("64 bytes")),
         })
     }
 
     /// Checks that this signature is `pinned`'s over the artifact with `header` and id
-    /// `id`, naming what differs: the signer, the artifact, or (for a signature that
-    /// does not verify) the contents.
+    /// `id`, for the run `run` where one is pinned, naming what differs: the signer,
+    /// the run, the artifact, or (for a signature that does not verify) the contents.
     pub fn verify(
         &self,
         pinned: &VerifyingKey,
+        run: Option<&RunId>,
         id: Hash,
         header: &DeltaHeader,
     ) -> Result<(), SignatureError> {
@@ -345,6 +450,14 @@ impl DetachedSignature {
                 pinned: key_fingerprint(pinned),
             });
         }
+        if let Some(run) = run
+            && *run != self.run
+        {
+            return Err(SignatureError::OtherRun {
+                signed: self.run,
+                pinned: *run,
+            });
+        }
         let statement = Statement::artifact(self.kind, id, header);
         if self.id != id {
             return Err(SignatureError::OtherArtifact {
@@ -352,7 +465,7 @@ impl DetachedSignature {
                 actual: statement.to_string(),
             });
         }
-        verify(pinned, &statement, Some(&self.signature))
+        verify(pinned, &self.run, &statement, Some(&self.signature))
     }
 }
 

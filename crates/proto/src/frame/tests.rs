@@ -49,6 +49,7 @@ fn hello() -> Hello {
             hash: Hash([0xAB; 32]),
         },
         staged: Some(4),
+        snapshot_floor: 0,
     }
 }
 
@@ -80,6 +81,60 @@ fn hello_golden_bytes() {
 }
 
 #[test]
+fn version_5_adds_the_snapshot_floor_to_the_hello_and_the_run_to_the_welcome() {
+    let mut joining = hello();
+    joining.protocol_version = 5;
+    joining.active = VersionRef::default();
+    joining.staged = None;
+    joining.snapshot_floor = 10;
+    golden(
+        Frame::Hello(joining),
+        &[
+            &[86, 0, 0, 0],
+            &[0x01],                    // type Hello
+            b"AURORA\x00\x01",          // magic
+            &[5, 0],                    // protocol version 5
+            &[0, 0],                    // flags
+            &[3],                       // role actor
+            &[2, b'a', b'1'],           // peer id "a1"
+            &[2, b'e', b'u'],           // region "eu"
+            &[2, b't', b'k'],           // token
+            &[2, 1, 0, 0, 0, 0, 0, 0],  // session 0x0102
+            &[1, 4],                    // stream 1 of 4
+            &[2, 0, 0, 0],              // epoch 2
+            &[0; 8],                    // active version 0 ...
+            &[0; 32],                   // ... with the zero hash: no weights
+            &[0],                       // staged: none
+            &[10, 0, 0, 0, 0, 0, 0, 0], // no snapshot older than version 10
+        ],
+    );
+    golden(
+        Frame::Welcome(Welcome {
+            protocol_version: 5,
+            role: Role::Hub,
+            peer_id: "h".into(),
+            region: "".into(),
+            latest: Some(9),
+            commit: None,
+            snapshot: Some(5),
+            run: RunId([0x77; 16]),
+        }),
+        &[
+            &[42, 0, 0, 0],
+            &[0x02],                      // type Welcome
+            &[5, 0],                      // protocol version 5
+            &[1],                         // role hub
+            &[1, b'h'],                   // peer id
+            &[0],                         // region ""
+            &[1, 9, 0, 0, 0, 0, 0, 0, 0], // latest: some(9)
+            &[0],                         // commit: none
+            &[1, 5, 0, 0, 0, 0, 0, 0, 0], // snapshot: some(5)
+            &[0x77; 16],                  // the run it serves
+        ],
+    );
+}
+
+#[test]
 fn welcome_and_reject_golden_bytes() {
     golden(
         Frame::Welcome(Welcome {
@@ -90,6 +145,7 @@ fn welcome_and_reject_golden_bytes() {
             latest: Some(9),
             commit: None,
             snapshot: Some(5),
+            run: RunId::UNKNOWN,
         }),
         &[
             &[26, 0, 0, 0],
@@ -118,6 +174,7 @@ fn welcome_and_reject_golden_bytes() {
                 signature: Some(ArtifactSignature([0x55; 64])),
             }),
             snapshot: None,
+            run: RunId::UNKNOWN,
         }),
         &[
             &[115, 0, 0, 0],
@@ -828,6 +885,7 @@ fn the_join_fields_are_bounded() {
         latest: None,
         commit: None,
         snapshot: Some(3),
+        run: RunId::UNKNOWN,
     });
     let bytes = welcome.to_bytes();
     let flag_at = bytes.len() - 9;
@@ -951,7 +1009,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                     (flags, epoch),
                 )| {
                     Frame::Hello(Hello {
-                        protocol_version: 1,
+                        protocol_version: PROTOCOL_VERSION,
                         flags,
                         role,
                         peer_id,
@@ -963,6 +1021,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                         epoch,
                         active,
                         staged,
+                        snapshot_floor: session.rotate_left(7),
                     })
                 }
             ),
@@ -976,13 +1035,14 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         )
             .prop_map(|(role, peer_id, region, latest, commit, snapshot)| {
                 Frame::Welcome(Welcome {
-                    protocol_version: 1,
+                    protocol_version: PROTOCOL_VERSION,
                     role,
                     peer_id,
                     region,
                     latest,
                     commit,
                     snapshot,
+                    run: RunId([latest.unwrap_or(7) as u8; 16]),
                 })
             }),
         (1u16..=4, arb_text()).prop_map(|(code, reason)| Frame::Reject {

@@ -199,6 +199,10 @@ impl Keeping {
                 .kept_snapshot_wanted()
                 .then(|| self.last_kept.max(self.given_up).unwrap_or(0));
         };
+        if sender.kept_snapshot_outdated() {
+            // A joiner was told of a newer joinable snapshot: the kept one serves none.
+            return Some(kept);
+        }
         let (tail, snapshot) = sender.kept_tail()?;
         let half = snapshot.saturating_mul(KEPT_TAIL_SNAPSHOTS) / 2;
         (snapshot != u64::MAX && tail >= half).then_some(kept)

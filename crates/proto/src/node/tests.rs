@@ -7,7 +7,7 @@ use super::*;
 use crate::receiver::{ReceiverConfig, ReceiverEvent, SessionEnd, Violation};
 use crate::sender::{Sender, SenderConfig};
 use crate::testutil::{
-    Pair, TOKEN, artifact, connected, connected_joining, frames, frames_of, hello, identity,
+    Pair, RUN, TOKEN, artifact, connected, connected_joining, frames, frames_of, hello, identity,
     pinned_receiver, relaying_receiver, signed_frames, snapshot_artifact, trainer_key, weights,
     welcomed,
 };
@@ -287,7 +287,7 @@ fn a_relay_that_moves_its_start_before_holding_a_version_drops_what_it_began() {
     let now = Instant::now();
     let receiver = node.receiver_mut().unwrap();
     receiver.start_session(now, 6);
-    receiver.connected(now, 6, 0, 2);
+    receiver.connected(now, 6, 0, 2, None);
     receiver.handle_frame(now, 2, crate::testutil::hub_welcome_at(Some(5)));
     poll(&mut node);
     assert_eq!(node.receiver().unwrap().next_version(), 5);
@@ -356,7 +356,7 @@ fn a_forged_snapshot_offer_is_refused_at_the_offer_before_anything_is_built_from
     let forgeries = [
         (None, "carries no signature"),
         (
-            Some(aurora_delta::sign(&stranger, &forged_statement)),
+            Some(aurora_delta::sign(&stranger, &RUN, &forged_statement)),
             "does not verify",
         ),
         // The trainer's signature of the real descriptor, moved onto the forged one.
@@ -459,7 +459,7 @@ fn lose_upstream(relay: &mut Node, now: Instant) {
 fn reconnect(relay: &mut Node, now: Instant, session: u64, conn: ConnId) {
     let receiver = relay.receiver_mut().unwrap();
     receiver.start_session(now, session);
-    receiver.connected(now, session, 0, conn);
+    receiver.connected(now, session, 0, conn, None);
     receiver.handle_frame(now, conn, crate::testutil::hub_welcome_at(Some(3)));
     std::iter::from_fn(|| relay.poll(now)).for_each(drop);
 }
@@ -553,7 +553,7 @@ fn keeping_relay(now: Instant) -> Node {
         TOKEN.to_vec(),
     ));
     receiver.start_session(now, 5);
-    receiver.connected(now, 5, 0, 1);
+    receiver.connected(now, 5, 0, 1, None);
     let mut relay = Node::relay(receiver, relay_sender());
     relay.keep_snapshots(Arc::new(crate::HeapSnapshots));
     poll(&mut relay);
@@ -1028,7 +1028,7 @@ fn a_snapshot_the_relay_will_not_finish_is_withdrawn_and_never_offered_again() {
 fn reconnect_at(relay: &mut Node, now: Instant, welcome: Frame) {
     let receiver = relay.receiver_mut().unwrap();
     receiver.start_session(now, 6);
-    receiver.connected(now, 6, 0, 2);
+    receiver.connected(now, 6, 0, 2, None);
     receiver.handle_frame(now, 2, welcome);
     std::iter::from_fn(|| relay.poll(now)).for_each(drop);
 }

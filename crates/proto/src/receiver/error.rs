@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use aurora_delta::{DeltaError, Hash, SignatureError};
+use aurora_delta::{DeltaError, Hash, RunId, SignatureError};
 
 use crate::frame::{ArtifactKind, PROTOCOL_VERSION, RejectCode, Role};
 use crate::snapshot::NotASnapshot;
@@ -49,6 +49,39 @@ pub enum SessionEnd {
         peer_id: String,
         offered: u64,
         wanted: u64,
+    },
+    #[error(
+        "{role} {peer_id} serves run {offered}, and this node serves run {pinned}: another \
+         run's versions, even signed by the same key, are not this run's"
+    )]
+    OtherRun {
+        role: Role,
+        peer_id: String,
+        offered: RunId,
+        pinned: RunId,
+    },
+    #[error(
+        "{role} {peer_id} does not know its run yet, and this node takes only signed \
+         versions of a known run"
+    )]
+    RunUnknown { role: Role, peer_id: String },
+    #[error(
+        "{role} {peer_id} is not the trainer, and this node learns its run only from the \
+         trainer's own hub (or its settings: --run-id, run_id=...): a relay's word for it \
+         could name another run signed with the same key"
+    )]
+    RunNotLearned { role: Role, peer_id: String },
+    #[error(
+        "{role} {peer_id} has committed {}, but the control plane has committed version \
+         {told}: it is behind (or replaying an old snapshot), and a joiner takes nothing \
+         older",
+        match committed { Some(v) => format!("version {v}"), None => "nothing".into() }
+    )]
+    StaleUpstream {
+        role: Role,
+        peer_id: String,
+        committed: Option<u64>,
+        told: u64,
     },
     #[error(
         "{role} {peer_id} names version {offered} to start from, too close to the last version number"
@@ -122,6 +155,9 @@ pub enum Violation {
         index: u32,
         len: usize,
     },
+    /// The upstream's Welcome names another peer than its certificate.
+    #[error("the upstream says it is {claimed}, but its certificate is {certified}'s")]
+    NotItsCertificate { claimed: String, certified: String },
     /// An Offer, a Seal or a Commit without the pinned trainer key's valid signature:
     /// altered, stripped, or made by someone else (docs/security.md).
     #[error("{0}")]

@@ -5,13 +5,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, Manifest, SegmentEntry, Statement};
+use aurora_delta::{
+    ArtifactSignature, DeltaHeader, Hash, Manifest, RunId, SegmentEntry, SignatureError, Statement,
+    VerifyingKey,
+};
 use bytes::Bytes;
 
 use super::assembly::{SEGMENT_OVERHEAD_BYTES, SLOT_BYTES, Table};
 use super::{DescriptorFault, Receiver, ReceiverEvent, SessionEnd, Start, Violation};
-use crate::ConnId;
 use crate::frame::{ArtifactKind, Commit, Frame, PROTOCOL_VERSION, Role, Welcome};
+use crate::{ConnId, Identity};
 
 impl Receiver {
     pub fn handle_frame(&mut self, now: Instant, conn: ConnId, frame: Frame) {
@@ -92,6 +95,13 @@ impl Receiver {
         if welcome.role == Role::Actor {
             return self.lose_upstream(SessionEnd::ActorUpstream);
         }
+        let certified = self
+            .session
+            .as_ref()
+            .and_then(|s| s.streams[stream].certified.clone());
+        if let Err(reason) = self.check_upstream(&welcome, certified.as_ref()) {
+            return self.lose_upstream(reason);
+        }
         let first = self.session.as_ref().is_some_and(|s| s.upstream.is_none());
         if first
             && self.relaying
@@ -170,14 +180,92 @@ impl Receiver {
         self.queue_want();
     }
 
+    /// Whether the upstream that sent `welcome` may serve this receiver
+    /// (docs/wire-protocol.md §6.1, docs/security.md §5):
+    /// - it is who its certificate (`certified`, where the link has one) says;
+    /// - it serves this node's run: the pinned one, or the one learned from the
+    ///   trainer's own hub (a relay's word for the run is not taken by a node that
+    ///   pins the trainer's key: it could name another run signed with the same key);
+    /// - a joiner's upstream has committed what the control plane told it of: an
+    ///   upstream behind that would roll it back to an old authentic snapshot.
+    fn check_upstream(
+        &mut self,
+        welcome: &Welcome,
+        certified: Option<&Identity>,
+    ) -> Result<(), SessionEnd> {
+        if let Some(certified) = certified
+            && (certified.role != welcome.role || certified.peer_id != welcome.peer_id)
+        {
+            return Err(Violation::NotItsCertificate {
+                claimed: format!("{} {}", welcome.role, welcome.peer_id),
+                certified: format!("{} {}", certified.role, certified.peer_id),
+            }
+            .into());
+        }
+        let upstream = || (welcome.role, welcome.peer_id.clone());
+        match self.run {
+            Some(run) if welcome.run != run => {
+                let (role, peer_id) = upstream();
+                return Err(SessionEnd::OtherRun {
+                    role,
+                    peer_id,
+                    offered: welcome.run,
+                    pinned: run,
+                });
+            }
+            Some(_) => {}
+            None if !welcome.run.is_known() => {
+                if self.config.trainer_key.is_some() {
+                    let (role, peer_id) = upstream();
+                    return Err(SessionEnd::RunUnknown { role, peer_id });
+                }
+            }
+            None => {
+                // With a pinned key the run is learned only from the trainer itself:
+                // over TLS its certificate says so, in plaintext nothing does anyway.
+                let from_trainer = certified.map_or(welcome.role, |c| c.role) == Role::Hub;
+                if self.config.trainer_key.is_some() && !from_trainer {
+                    let (role, peer_id) = upstream();
+                    return Err(SessionEnd::RunNotLearned { role, peer_id });
+                }
+                tracing::info!(run = %welcome.run, upstream = %welcome.peer_id, "serving run");
+                self.run = Some(welcome.run);
+            }
+        }
+        let told = self.config.join_floor.commit;
+        let joining = matches!(self.start, Start::Snapshot(_));
+        if joining && told > 0 && welcome.commit.is_none_or(|c| c.target.version < told) {
+            let (role, peer_id) = upstream();
+            return Err(SessionEnd::StaleUpstream {
+                role,
+                peer_id,
+                committed: welcome.commit.map(|c| c.target.version),
+                told,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks `signature` over `statement` where a trainer key is pinned.
+    pub(super) fn check_signature(
+        &self,
+        statement: &Statement,
+        signature: Option<&ArtifactSignature>,
+    ) -> Result<(), SignatureError> {
+        verify_pinned(
+            self.config.trainer_key.as_ref(),
+            self.run,
+            statement,
+            signature,
+        )
+    }
+
     /// Reports a Commit, once its signature verifies where a trainer key is pinned: an
     /// unsigned or forged one would make actors activate what the trainer never
     /// committed.
     pub(super) fn on_commit(&mut self, commit: Commit) -> Result<(), SessionEnd> {
-        if let Some(key) = &self.config.trainer_key {
-            aurora_delta::verify(key, &commit.statement(), commit.signature.as_ref())
-                .map_err(Violation::from)?;
-        }
+        self.check_signature(&commit.statement(), commit.signature.as_ref())
+            .map_err(Violation::from)?;
         self.committed = self.committed.max(Some(commit.target.version));
         self.events.push_back(ReceiverEvent::Commit(commit));
         Ok(())
@@ -256,15 +344,13 @@ impl Receiver {
         if composed_ok && !self.wants_composed() {
             return Err(Violation::ComposedNotAccepted(version).into());
         }
-        if let Some(key) = &self.config.trainer_key {
-            // Before the descriptor is parsed or anything is sized from it: a joiner
-            // allocates a snapshot's whole image from its header (docs/security.md §5).
-            let statement = Statement::offer(kind, version, &descriptor);
-            if let Err(error) = aurora_delta::verify(key, &statement, signature.as_ref()) {
-                // What arrived of the version came from the same upstream.
-                self.drop_assemblies(&[version]);
-                return Err(Violation::Signature(error).into());
-            }
+        // Before the descriptor is parsed or anything is sized from it: a joiner
+        // allocates a snapshot's whole image from its header (docs/security.md §5).
+        let statement = Statement::offer(kind, version, &descriptor);
+        if let Err(error) = self.check_signature(&statement, signature.as_ref()) {
+            // What arrived of the version came from the same upstream.
+            self.drop_assemblies(&[version]);
+            return Err(Violation::Signature(error).into());
         }
         let bad_descriptor =
             |source: DescriptorFault| SessionEnd::BadDescriptor { version, source };
@@ -481,6 +567,7 @@ impl Receiver {
     /// is pinned) must vouch for the artifact, and every segment already held must match
     /// the table. The complete header replaces the pending one.
     pub(super) fn check_table(&mut self, version: u64) -> Result<(), SessionEnd> {
+        let (trainer_key, run) = (self.config.trainer_key, self.run);
         let assembly = self
             .assemblies
             .get_mut(&version)
@@ -510,17 +597,21 @@ impl Receiver {
             self.drop_assemblies(&[version]);
             return Err(SessionEnd::WrongTable { version, id });
         }
-        if let Some(key) = &self.config.trainer_key {
-            // The kind is signed too: a delta never passes for a composed delta or a
-            // snapshot between the same versions, nor the other way round.
-            let kind = assembly.kind.expect("set with the descriptor");
-            let statement = Statement::artifact(kind, id, &manifest.header);
-            if let Err(error) = aurora_delta::verify(key, &statement, assembly.signature.as_ref()) {
-                // Descriptor, table and segments may all be the upstream's invention:
-                // nothing of the version is kept, and the next session asks afresh.
-                self.drop_assemblies(&[version]);
-                return Err(Violation::Signature(error).into());
-            }
+        // The kind is signed too: a delta never passes for a composed delta or a
+        // snapshot between the same versions, nor the other way round.
+        let kind = assembly.kind.expect("set with the descriptor");
+        let statement = Statement::artifact(kind, id, &manifest.header);
+        let verified = verify_pinned(
+            trainer_key.as_ref(),
+            run,
+            &statement,
+            assembly.signature.as_ref(),
+        );
+        if let Err(error) = verified {
+            // Descriptor, table and segments may all be the upstream's invention:
+            // nothing of the version is kept, and the next session asks afresh.
+            self.drop_assemblies(&[version]);
+            return Err(Violation::Signature(error).into());
         }
         assembly.descriptor = Some((descriptor.clone(), Arc::new(manifest.header)));
         assembly.verified_table = true;
@@ -561,5 +652,19 @@ impl Receiver {
         }
         self.events.push_back(sealed);
         Ok(())
+    }
+}
+
+/// Checks `signature` over `statement` of `run` where `trainer_key` is pinned; before a
+/// Welcome fixed the run none is known, and nothing verifies.
+fn verify_pinned(
+    trainer_key: Option<&VerifyingKey>,
+    run: Option<RunId>,
+    statement: &Statement,
+    signature: Option<&ArtifactSignature>,
+) -> Result<(), SignatureError> {
+    match trainer_key {
+        None => Ok(()),
+        Some(key) => aurora_delta::verify(key, &run.unwrap_or_default(), statement, signature),
     }
 }

@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, SegmentEntry, VerifyingKey};
+use aurora_delta::{ArtifactSignature, DeltaHeader, Hash, RunId, SegmentEntry, VerifyingKey};
 use bytes::Bytes;
 
 use crate::frame::{
@@ -84,9 +84,28 @@ pub struct ReceiverConfig {
     /// session starts with one stream and opens more, up to `streams`, while they pay.
     pub tune_interval: Option<Duration>,
     /// The trainer's public key, where the deployment signs: an Offer, a Seal or a
-    /// Commit without its valid signature is a protocol violation, and nothing of it is
-    /// delivered.
+    /// Commit without its valid signature (over the run's statement) is a protocol
+    /// violation, and nothing of it is delivered.
     pub trainer_key: Option<VerifyingKey>,
+    /// The run this node serves, where it was told (by the control plane, or a
+    /// setting): an upstream of another run is given up. `None`: the run is learned
+    /// from the first Welcome of the trainer's own hub (with a trainer key pinned; from
+    /// any upstream without one) and held for the receiver's life.
+    pub run: Option<RunId>,
+    /// What a receiver with no weights was told by the control plane before it joins:
+    /// it takes no snapshot older than `snapshot` and no upstream that has committed
+    /// less than `commit` (docs/wire-protocol.md §6.6). Zeros: no floor.
+    pub join_floor: JoinFloor,
+}
+
+/// The oldest state a joining receiver accepts ([`ReceiverConfig::join_floor`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JoinFloor {
+    /// The newest snapshot the trainer's store holds at or below `commit`: the one its
+    /// own hub offers.
+    pub snapshot: u64,
+    /// The version the control plane has committed.
+    pub commit: u64,
 }
 
 /// The default of [`ReceiverConfig::behind_timeout`].
@@ -119,6 +138,8 @@ impl ReceiverConfig {
             behind_progress_bytes: BEHIND_PROGRESS_BYTES,
             tune_interval: None,
             trainer_key: None,
+            run: None,
+            join_floor: JoinFloor::default(),
         }
     }
 }
@@ -206,12 +227,14 @@ enum Start {
     Snapshot(Option<u64>),
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Stream {
     conn: Option<ConnId>,
     welcomed: bool,
     /// Connections made on this stream in this session.
     epoch: u32,
+    /// Who the connection's certificate says the upstream is, where it has one.
+    certified: Option<Identity>,
 }
 
 struct Session {
@@ -238,8 +261,12 @@ pub struct Receiver {
     /// or for one that keeps a snapshot for its region's joins
     /// ([`Receiver::keep_snapshots`]) and has delivered nothing yet, the newest snapshot.
     relay_start: Start,
-    /// The oldest snapshot a relay's receiver takes ([`Receiver::take_snapshots_from`]).
+    /// The oldest snapshot this receiver takes: a joiner's from its
+    /// [`ReceiverConfig::join_floor`], a relay's fetcher's from
+    /// [`Receiver::take_snapshots_from`].
     snapshot_floor: u64,
+    /// The run the upstreams must serve: pinned, or learned from the trainer's hub.
+    run: Option<RunId>,
     active: VersionRef,
     staged: Option<u64>,
     session: Option<Session>,
@@ -274,6 +301,7 @@ impl Receiver {
     pub fn new(config: ReceiverConfig, next_version: u64, active: VersionRef) -> Receiver {
         assert!(config.streams > 0, "a session needs at least one stream");
         let streams = config.streams as usize;
+        let (snapshot_floor, run) = (config.join_floor.snapshot, config.run);
         Receiver {
             config,
             start: Start::Weights,
@@ -282,7 +310,8 @@ impl Receiver {
             accepts_composed: false,
             relaying: false,
             relay_start: Start::Newest,
-            snapshot_floor: 0,
+            snapshot_floor,
+            run,
             active,
             staged: None,
             session: None,
@@ -399,6 +428,11 @@ impl Receiver {
     #[cfg(test)]
     pub(crate) fn is_joining(&self) -> bool {
         matches!(self.start, Start::Snapshot(_))
+    }
+
+    /// The run this receiver's upstreams serve, once pinned or learned.
+    pub fn run(&self) -> Option<RunId> {
+        self.run
     }
 
     pub fn stats(&self) -> &ReceiverStats {
@@ -551,14 +585,28 @@ impl Receiver {
             .push_back(ReceiverEvent::UpstreamLost { reason });
     }
 
-    /// Stream `stream` of session `session` is connected as `conn`.
-    pub fn connected(&mut self, now: Instant, session: u64, stream: u8, conn: ConnId) {
+    /// Stream `stream` of session `session` is connected as `conn`, to an upstream whose
+    /// certificate says it is `certified` (None in plaintext): its Welcome must say the
+    /// same.
+    pub fn connected(
+        &mut self,
+        now: Instant,
+        session: u64,
+        stream: u8,
+        conn: ConnId,
+        certified: Option<Identity>,
+    ) {
+        let snapshot_floor = match self.start {
+            Start::Snapshot(_) => self.snapshot_floor,
+            _ => 0,
+        };
         match &mut self.session {
             Some(s) if s.id == session && (stream as usize) < s.streams.len() => {
                 let slot = &mut s.streams[stream as usize];
                 slot.conn = Some(conn);
                 slot.welcomed = false;
                 slot.epoch += 1;
+                slot.certified = certified;
                 let hello = Hello {
                     protocol_version: PROTOCOL_VERSION,
                     flags: 0,
@@ -572,6 +620,7 @@ impl Receiver {
                     epoch: slot.epoch,
                     active: self.active,
                     staged: self.staged,
+                    snapshot_floor,
                 };
                 s.last_heard = now;
                 self.out.push_back((conn, Frame::Hello(hello), false));

@@ -3,10 +3,10 @@ use std::time::Duration;
 use super::*;
 use crate::frame::Role;
 use crate::testutil::{
-    Pair, another_artifact, artifact, artifact_signature, commit, composed_artifact, connected,
-    connected_composed, connected_joining, connected_pinned, frames, frames_of, hub_welcome,
-    hub_welcome_at, joining_receiver, pinned_receiver, receiver, relaying_receiver, sender,
-    signed_frames, snapshot_artifact, trainer_key,
+    Pair, RUN, another_artifact, artifact, artifact_signature, commit, composed_artifact,
+    connected, connected_composed, connected_joining, connected_pinned, frames, frames_of,
+    hub_welcome, hub_welcome_at, joining_receiver, pinned_receiver, receiver, relaying_receiver,
+    sender, signed_frames, snapshot_artifact, trainer_key,
 };
 
 fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
@@ -321,7 +321,7 @@ fn frames_before_welcome_and_refusals_end_the_session() {
     let now = Instant::now();
     let mut r = receiver(1, 1);
     r.start_session(now, 5);
-    r.connected(now, 5, 0, 1);
+    r.connected(now, 5, 0, 1, None);
     let (_, out) = drain(&mut r);
     assert!(matches!(&out[0], (1, Frame::Hello(h)) if h.session == 5 && h.streams == 1));
     r.handle_frame(
@@ -480,7 +480,7 @@ fn the_stream_count_follows_the_tuner_and_never_closes_a_stream() {
         [0],
         "a tuned session starts with one stream"
     );
-    r.connected(start, 5, 0, 1);
+    r.connected(start, 5, 0, 1, None);
     // Goodput that doubles with each stream, then stays flat: warm-up, baseline, two
     // streams that pay, one that does not.
     let mut opened = Vec::new();
@@ -530,7 +530,7 @@ fn a_snapshot_version_at_the_end_of_the_numbers_is_refused() {
     let mut r = joining_receiver(1);
     let now = Instant::now();
     r.start_session(now, 5);
-    r.connected(now, 5, 0, 1);
+    r.connected(now, 5, 0, 1, None);
     r.handle_frame(now, 1, hub_welcome(Some(u64::MAX - 1)));
     let (events, _) = drain(&mut r);
     assert!(
@@ -553,7 +553,7 @@ fn a_relaying_receiver_starts_at_its_upstream_s_newest_version_until_it_holds_on
     );
     // A session before anything is delivered starts again from the newest.
     r.start_session(now, 6);
-    r.connected(now, 6, 0, 2);
+    r.connected(now, 6, 0, 2, None);
     r.handle_frame(now, 2, hub_welcome_at(Some(4)));
     assert_eq!(r.next_version(), 4);
     let (_, out) = drain(&mut r);
@@ -576,7 +576,7 @@ fn a_relaying_receiver_starts_at_its_upstream_s_newest_version_until_it_holds_on
     assert_eq!(completed(&drain(&mut r).0), [(4, bytes)]);
     // Holding a version, it follows on from it whatever the next Welcome says.
     r.start_session(now, 7);
-    r.connected(now, 7, 0, 3);
+    r.connected(now, 7, 0, 3, None);
     r.handle_frame(now, 3, hub_welcome_at(Some(9)));
     assert_eq!(r.next_version(), 5);
 }
@@ -608,7 +608,7 @@ fn a_relay_whose_next_version_is_gone_upstream_starts_again_at_the_newest() {
     );
     assert!(r.choosing_start());
     r.start_session(now, 8);
-    r.connected(now, 8, 0, 3);
+    r.connected(now, 8, 0, 3, None);
     r.handle_frame(now, 3, hub_welcome_at(Some(15)));
     assert_eq!(r.next_version(), 15, "it follows on from the newest, not 5");
     let (_, out) = drain(&mut r);
@@ -653,7 +653,7 @@ fn a_joining_receiver_wants_the_offered_snapshot_with_the_flag() {
     // The Want that followed the Welcome was drained by the helper; the stream's next
     // connection makes another.
     let now = Instant::now();
-    r.connected(now, 5, 0, 1);
+    r.connected(now, 5, 0, 1, None);
     r.handle_frame(now, 1, hub_welcome(Some(4)));
     let (_, out) = drain(&mut r);
     assert!(
@@ -697,7 +697,7 @@ fn a_joining_receiver_wants_the_offered_snapshot_with_the_flag() {
     // The first Hello of a joining receiver says it holds nothing.
     let mut fresh = joining_receiver(1);
     fresh.start_session(now, 9);
-    fresh.connected(now, 9, 0, 1);
+    fresh.connected(now, 9, 0, 1, None);
     let (_, out) = drain(&mut fresh);
     assert!(
         matches!(&out[0], (1, Frame::Hello(h)) if h.active == VersionRef::default() && h.staged.is_none())
@@ -735,7 +735,7 @@ fn a_joining_receiver_gives_up_an_upstream_that_offers_no_snapshot() {
     let now = Instant::now();
     let mut r = joining_receiver(2);
     r.start_session(now, 5);
-    r.connected(now, 5, 0, 1);
+    r.connected(now, 5, 0, 1, None);
     r.handle_frame(
         now,
         1,
@@ -747,6 +747,7 @@ fn a_joining_receiver_gives_up_an_upstream_that_offers_no_snapshot() {
             latest: Some(9),
             commit: None,
             snapshot: None,
+            run: RUN,
         }),
     );
     let (events, out) = drain(&mut r);
@@ -1025,7 +1026,7 @@ fn a_welcome_with_an_unsigned_commit_is_refused() {
     let now = Instant::now();
     let mut r = pinned_receiver(1, 1, Some(trainer_key().verifying_key()));
     r.start_session(now, 5);
-    r.connected(now, 5, 0, 1);
+    r.connected(now, 5, 0, 1, None);
     let Frame::Welcome(mut welcome) = hub_welcome(None) else {
         unreachable!()
     };
@@ -1036,7 +1037,7 @@ fn a_welcome_with_an_unsigned_commit_is_refused() {
     assert!(!events.iter().any(|e| matches!(e, ReceiverEvent::Commit(_))));
 
     r.start_session(now, 6);
-    r.connected(now, 6, 0, 2);
+    r.connected(now, 6, 0, 2, None);
     welcome.commit = Some(commit(4, Some(&trainer_key())));
     r.handle_frame(now, 2, Frame::Welcome(welcome));
     let (events, _) = drain(&mut r);
@@ -1136,7 +1137,7 @@ fn relayed() -> Receiver {
     let mut r = receiver(1, 1);
     let now = Instant::now();
     r.start_session(now, 5);
-    r.connected(now, 5, 0, 1);
+    r.connected(now, 5, 0, 1, None);
     r.handle_frame(now, 1, relay_welcome());
     drain(&mut r);
     r
@@ -1240,7 +1241,7 @@ fn a_relay_that_brings_nothing_new_while_a_version_is_committed_is_given_up() {
     // A new session delivers the version, but no Commit of it: still lacking.
     let again = came + behind;
     r.start_session(again, 9);
-    r.connected(again, 9, 0, 1);
+    r.connected(again, 9, 0, 1, None);
     r.handle_frame(again, 1, relay_welcome());
     for frame in parts {
         r.handle_frame(again, 1, frame);
@@ -1253,7 +1254,7 @@ fn a_relay_that_brings_nothing_new_while_a_version_is_committed_is_given_up() {
     // With the Commit, nothing is lacking: keepalives alone do again.
     let then = again + behind;
     r.start_session(then, 10);
-    r.connected(then, 10, 0, 1);
+    r.connected(then, 10, 0, 1, None);
     r.handle_frame(then, 1, relay_welcome());
     r.handle_frame(then, 1, Frame::Commit(commit(1, None)));
     assert!(kept_alive(&mut r, then, then + 2 * behind));
@@ -1272,4 +1273,275 @@ fn a_hub_or_a_snapshot_being_joined_is_waited_for_however_long_it_takes() {
     let mut joining = connected_joining(1, 4);
     joining.expect_committed(start, 6);
     assert!(kept_alive(&mut joining, start, start + 3 * behind));
+}
+
+/// A Welcome of `role` `peer_id` naming `run`, offering `snapshot`, with `commit`.
+fn welcome_of(
+    role: Role,
+    peer_id: &str,
+    run: aurora_delta::RunId,
+    snapshot: Option<u64>,
+    commit: Option<crate::Commit>,
+) -> Frame {
+    Frame::Welcome(Welcome {
+        protocol_version: PROTOCOL_VERSION,
+        role,
+        peer_id: peer_id.into(),
+        region: "eu".into(),
+        latest: None,
+        commit,
+        snapshot,
+        run,
+    })
+}
+
+/// `r` on a new session 5, stream 0 connected as conn 1 to an upstream whose
+/// certificate says `certified`, answered `welcome`; what it did.
+fn welcome_on(
+    r: &mut Receiver,
+    certified: Option<crate::Identity>,
+    welcome: Frame,
+) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame)>) {
+    let now = Instant::now();
+    r.start_session(now, 5);
+    r.connected(now, 5, 0, 1, certified);
+    drain(r);
+    r.handle_frame(now, 1, welcome);
+    drain(r)
+}
+
+fn ended_by(events: &[ReceiverEvent], needle: &str) -> bool {
+    events.iter().any(|e| {
+        matches!(e, ReceiverEvent::UpstreamLost { reason } if reason.to_string().contains(needle))
+    })
+}
+
+const OTHER_RUN: aurora_delta::RunId = aurora_delta::RunId([0x99; 16]);
+
+#[test]
+fn a_node_pinned_to_its_run_refuses_an_upstream_of_another_or_of_none() {
+    let pinned = || pinned_receiver(1, 1, Some(trainer_key().verifying_key()));
+    assert_eq!(pinned().run(), Some(RUN));
+    for (run, needle) in [
+        (OTHER_RUN, "serves run 99999999"),
+        (aurora_delta::RunId::UNKNOWN, "serves run 00000000"),
+    ] {
+        let mut r = pinned();
+        let (events, _) = welcome_on(&mut r, None, welcome_of(Role::Hub, "hub", run, None, None));
+        assert!(ended_by(&events, needle), "{events:?}");
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, ReceiverEvent::Connected { .. })),
+            "{events:?}"
+        );
+    }
+    let mut r = pinned();
+    let (events, _) = welcome_on(
+        &mut r,
+        None,
+        welcome_of(Role::Relay, "relay", RUN, None, None),
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::Connected { .. })),
+        "its own run, from a relay: {events:?}"
+    );
+}
+
+#[test]
+fn a_node_with_a_key_learns_its_run_only_from_the_trainer_s_hub() {
+    let unpinned_run = || {
+        let mut config = ReceiverConfig::new(
+            crate::Identity {
+                role: Role::Relay,
+                peer_id: "relay-eu".into(),
+                region: "eu".into(),
+            },
+            Vec::new(),
+        );
+        config.trainer_key = Some(trainer_key().verifying_key());
+        Receiver::relaying(config)
+    };
+    // A relay's word for the run is not taken: it could name another run of the key.
+    let mut r = unpinned_run();
+    let (events, _) = welcome_on(
+        &mut r,
+        None,
+        welcome_of(Role::Relay, "relay-us", RUN, None, None),
+    );
+    assert!(
+        ended_by(&events, "learns its run only from the trainer"),
+        "{events:?}"
+    );
+    assert_eq!(r.run(), None);
+    // Nor a hub's Welcome over a link whose certificate is a relay's.
+    let relay_certificate = crate::Identity {
+        role: Role::Relay,
+        peer_id: "relay-us".into(),
+        region: "us".into(),
+    };
+    let mut r = unpinned_run();
+    let (events, _) = welcome_on(
+        &mut r,
+        Some(relay_certificate),
+        welcome_of(Role::Hub, "hub", RUN, None, None),
+    );
+    assert!(
+        ended_by(&events, "certificate is relay relay-us's"),
+        "{events:?}"
+    );
+    assert_eq!(r.stats().violations, 1);
+    assert_eq!(r.run(), None);
+    // The trainer's hub, certified as such: learned, and held from then on.
+    let hub_certificate = crate::Identity {
+        role: Role::Hub,
+        peer_id: "hub".into(),
+        region: "hub".into(),
+    };
+    let mut r = unpinned_run();
+    let (events, _) = welcome_on(
+        &mut r,
+        Some(hub_certificate),
+        welcome_of(Role::Hub, "hub", RUN, None, None),
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::Connected { .. })),
+        "{events:?}"
+    );
+    assert_eq!(r.run(), Some(RUN));
+    let (events, _) = welcome_on(
+        &mut r,
+        None,
+        welcome_of(Role::Hub, "hub", OTHER_RUN, None, None),
+    );
+    assert!(ended_by(&events, "serves run 99999999"), "{events:?}");
+    // Without a key nothing is signed: the first Welcome's run is taken, as a check
+    // against a misconfigured upstream only.
+    let mut keyless = relaying_receiver(None);
+    assert_eq!(keyless.run(), Some(RUN));
+    let (events, _) = welcome_on(
+        &mut keyless,
+        None,
+        welcome_of(Role::Hub, "hub", OTHER_RUN, None, None),
+    );
+    assert!(ended_by(&events, "serves run"), "{events:?}");
+}
+
+#[test]
+fn another_run_s_authentic_snapshot_is_refused_though_its_upstream_names_this_run() {
+    // What a compromised relay does: it names the joiner's run in its Welcome, and
+    // serves version 0 of another run, signed by the same trainer key.
+    let key = trainer_key();
+    let mut config = ReceiverConfig::new(
+        crate::Identity {
+            role: Role::Actor,
+            peer_id: "7".into(),
+            region: "eu".into(),
+        },
+        Vec::new(),
+    );
+    config.trainer_key = Some(key.verifying_key());
+    config.run = Some(RUN);
+    let mut r = Receiver::joining(config);
+    welcome_on(
+        &mut r,
+        None,
+        welcome_of(Role::Relay, "relay", RUN, Some(0), None),
+    );
+    let (bytes, _) = snapshot_artifact(0, 2);
+    let file = aurora_delta::DeltaFile::parse(&bytes).unwrap();
+    let kind = ArtifactKind::Snapshot;
+    let offer = Frame::Offer {
+        version: 0,
+        kind,
+        descriptor: Bytes::from(file.header().encode_pending()),
+        signature: Some(crate::offer_signature(&key, &OTHER_RUN, kind, &bytes).unwrap()),
+    };
+    r.handle_frame(Instant::now(), 1, offer);
+    let (events, _) = drain(&mut r);
+    assert!(refused_signature(&events), "{events:?}");
+    assert!(ended_by(&events, &format!("for run {RUN}")), "{events:?}");
+    assert!(r.assemblies.is_empty());
+}
+
+#[test]
+fn a_joiner_takes_no_snapshot_or_upstream_older_than_the_control_plane_told_it() {
+    let key = trainer_key();
+    let joiner = || {
+        let mut config = ReceiverConfig::new(
+            crate::Identity {
+                role: Role::Actor,
+                peer_id: "7".into(),
+                region: "eu".into(),
+            },
+            Vec::new(),
+        );
+        config.trainer_key = Some(key.verifying_key());
+        config.run = Some(RUN);
+        config.join_floor = JoinFloor {
+            snapshot: 6,
+            commit: 8,
+        };
+        Receiver::joining(config)
+    };
+    // Its Hellos say which snapshot it takes at the oldest.
+    let mut r = joiner();
+    let (_, out) = welcome_on(
+        &mut r,
+        None,
+        welcome_of(Role::Relay, "relay", RUN, Some(6), None),
+    );
+    let _ = out;
+    let now = Instant::now();
+    r.start_session(now, 9);
+    r.connected(now, 9, 0, 3, None);
+    let (_, out) = drain(&mut r);
+    assert!(
+        out.iter().any(|(_, f)| matches!(
+            f,
+            Frame::Hello(hello) if hello.snapshot_floor == 6 && hello.active == VersionRef::default()
+        )),
+        "{out:?}"
+    );
+    // A relay replaying an old authentic snapshot and commit: refused at its Welcome.
+    let old_commit = Some(commit(3, Some(&key)));
+    let mut r = joiner();
+    let (events, _) = welcome_on(
+        &mut r,
+        None,
+        welcome_of(Role::Relay, "relay", RUN, Some(3), old_commit),
+    );
+    assert!(ended_by(&events, "has committed version 3"), "{events:?}");
+    // A current commit but an old snapshot: refused too.
+    let mut r = joiner();
+    let (events, _) = welcome_on(
+        &mut r,
+        None,
+        welcome_of(
+            Role::Relay,
+            "relay",
+            RUN,
+            Some(3),
+            Some(commit(8, Some(&key))),
+        ),
+    );
+    assert!(ended_by(&events, "not one from 6 on"), "{events:?}");
+    // The trainer's own offer: the snapshot it names, at the commit it names.
+    let mut r = joiner();
+    let (events, _) = welcome_on(
+        &mut r,
+        None,
+        welcome_of(Role::Hub, "hub", RUN, Some(6), Some(commit(8, Some(&key)))),
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ReceiverEvent::Connected { .. })),
+        "{events:?}"
+    );
+    assert_eq!(r.taking_snapshot(), Some(6));
 }

@@ -15,7 +15,7 @@
 use std::fmt;
 
 use aurora_delta::{
-    ArtifactSignature, DeltaError, DeltaFile, DeltaHeader, Hash, SegmentEntry, SigningKey,
+    ArtifactSignature, DeltaError, DeltaFile, DeltaHeader, Hash, RunId, SegmentEntry, SigningKey,
     Statement,
 };
 use bytes::Bytes;
@@ -108,17 +108,18 @@ impl StoredArtifact {
         }
     }
 
-    /// The artifact `bytes` as `kind`, signed by `key` (a hub signs so what it extracts
-    /// or builds).
+    /// The artifact `bytes` as `kind` of `run`, signed by `key` (a hub signs so what it
+    /// extracts or builds).
     pub fn signed(
         bytes: Bytes,
         kind: ArtifactKind,
         key: &SigningKey,
+        run: &RunId,
     ) -> Result<StoredArtifact, DeltaError> {
         let file = DeltaFile::parse(&bytes)?;
         let statement = Statement::artifact(kind, file.id, file.header());
-        let signature = Some(aurora_delta::sign(key, &statement));
-        let offer_signature = Some(offer_signature(key, kind, &bytes)?);
+        let signature = Some(aurora_delta::sign(key, run, &statement));
+        let offer_signature = Some(offer_signature(key, run, kind, &bytes)?);
         Ok(StoredArtifact {
             bytes,
             signature,
@@ -127,17 +128,18 @@ impl StoredArtifact {
     }
 }
 
-/// `key`'s signature of the Offer of the artifact that begins `bytes` (its preamble and
-/// header then anything), as `kind`: over the descriptor an Offer carries, the header
-/// with its target hash pending (docs/wire-protocol.md §4.4).
+/// `key`'s signature of the Offer of the artifact of `run` that begins `bytes` (its
+/// preamble and header then anything), as `kind`: over the descriptor an Offer carries,
+/// the header with its target hash pending (docs/wire-protocol.md §4.4).
 pub fn offer_signature(
     key: &SigningKey,
+    run: &RunId,
     kind: ArtifactKind,
     bytes: &[u8],
 ) -> Result<ArtifactSignature, DeltaError> {
     let (header, _) = DeltaHeader::decode(bytes)?;
     let statement = Statement::offer(kind, header.target_version, &header.encode_pending());
-    Ok(aurora_delta::sign(key, &statement))
+    Ok(aurora_delta::sign(key, run, &statement))
 }
 
 /// A complete, sealed snapshot a relay took ([`Sender::take_kept_snapshot`]), its
@@ -397,17 +399,18 @@ impl Sender {
         signature: Option<ArtifactSignature>,
     ) -> Result<(), SenderError> {
         let version = key.version();
-        let trainer_key = self.config.trainer_key;
-        let artifact = self
+        let descriptor = &self
             .artifacts
-            .get_mut(&key)
-            .ok_or(SenderError::UnknownArtifact { key })?;
+            .get(&key)
+            .ok_or(SenderError::UnknownArtifact { key })?
+            .descriptor;
         if segments.len() > MAX_TRANSFER_SEGMENTS as usize {
             return Err(SenderError::TooManySegments {
                 count: segments.len(),
             });
         }
-        let header = parse_descriptor(&artifact.descriptor)?.with_target_hash(target_hash);
+        let header = parse_descriptor(descriptor)?.with_target_hash(target_hash);
+        let statement = Statement::artifact(key.kind(), id, &header);
         let computed = aurora_delta::Manifest {
             header,
             segments: segments.clone(),
@@ -420,11 +423,12 @@ impl Sender {
                 claimed: id,
             });
         }
-        if let Some(trainer_key) = &trainer_key {
-            let header = parse_descriptor(&artifact.descriptor)?.with_target_hash(target_hash);
-            let statement = Statement::artifact(key.kind(), id, &header);
-            aurora_delta::verify(trainer_key, &statement, signature.as_ref())?;
-        }
+        self.check_signature(&statement, signature.as_ref())?;
+        let artifact = self
+            .artifacts
+            .get_mut(&key)
+            .ok_or(SenderError::UnknownArtifact { key })?;
+
         // Slots beyond the table may only be empty: a relay withdrew what it forwarded
         // of another publication of the version with the same descriptor.
         if let Some(index) = (segments.len()..artifact.segments.len())
@@ -550,10 +554,8 @@ impl Sender {
                     count: file.segment_count(),
                 });
             }
-            if let Some(trainer_key) = &self.config.trainer_key {
-                let statement = Statement::artifact(key.kind(), file.id, file.header());
-                aurora_delta::verify(trainer_key, &statement, artifact.signature.as_ref())?;
-            }
+            let statement = Statement::artifact(key.kind(), file.id, file.header());
+            self.check_signature(&statement, artifact.signature.as_ref())?;
             let (descriptor, segments) = stored_parts(&artifact.bytes, file);
             self.check_offer_signature(key, &descriptor, artifact.offer_signature)?;
             self.unavailable.remove(&key);
@@ -585,11 +587,8 @@ impl Sender {
         descriptor: &[u8],
         signature: Option<ArtifactSignature>,
     ) -> Result<(), SenderError> {
-        if let Some(trainer_key) = &self.config.trainer_key {
-            let statement = Statement::offer(key.kind(), key.version(), descriptor);
-            aurora_delta::verify(trainer_key, &statement, signature.as_ref())?;
-        }
-        Ok(())
+        let statement = Statement::offer(key.kind(), key.version(), descriptor);
+        Ok(self.check_signature(&statement, signature.as_ref())?)
     }
 
     /// The held deltas, oldest first.

@@ -40,7 +40,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use aurora_delta::{DeltaError, Hash, SignatureError, VerifyingKey};
+use aurora_delta::{
+    ArtifactSignature, DeltaError, Hash, RunId, SignatureError, Statement, VerifyingKey,
+};
 
 use self::artifacts::Artifact;
 pub use self::artifacts::{ArtifactKey, KeptSnapshot, StoredArtifact, offer_signature};
@@ -92,6 +94,10 @@ pub struct SenderConfig {
     /// this sender is given must carry the trainer's signature, or it is refused and
     /// never served (docs/security.md).
     pub trainer_key: Option<VerifyingKey>,
+    /// The run this sender serves, named in its Welcomes and in every statement it
+    /// checks: a hub's own (its store's); `None` for a relay, which learns it from its
+    /// upstream ([`Sender::serve_run`]).
+    pub run: Option<RunId>,
 }
 
 impl SenderConfig {
@@ -114,6 +120,7 @@ impl SenderConfig {
             hedge_first: Duration::from_millis(200),
             hedge_min: Duration::from_millis(50),
             trainer_key: None,
+            run: None,
         }
     }
 }
@@ -245,6 +252,12 @@ pub struct Sender {
     /// none was: a relay takes a newer one only for a region where peers join
     /// ([`Sender::kept_snapshot_wanted`]).
     kept_wanted: bool,
+    /// Whether a joiner was told of a newer joinable snapshot than the kept one (its
+    /// Hello's floor is above it): the kept one is not offered to it, and a newer one
+    /// is due at once ([`Sender::kept_snapshot_outdated`]).
+    kept_outdated: bool,
+    /// The run served: the configuration's, or learned ([`Sender::serve_run`]).
+    run: Option<RunId>,
     /// Hellos answered once [`Sender::release_hellos`] is called, while a relay does not
     /// yet know which snapshot it will offer ([`Sender::hold_hellos`]).
     held_hellos: Option<Vec<(ConnId, Hello)>>,
@@ -279,12 +292,14 @@ impl Sender {
             "a window of zero frames sends nothing"
         );
         Sender {
+            run: config.run,
             config,
             artifacts: BTreeMap::new(),
             loadable_max: None,
             snapshots_stored: BTreeSet::new(),
             kept_snapshot: None,
             kept_wanted: false,
+            kept_outdated: false,
             held_hellos: None,
             floor: 0,
             loading: BTreeSet::new(),
@@ -392,6 +407,7 @@ impl Sender {
     pub fn expect_snapshot(&mut self, version: u64) {
         if self.kept_snapshot.replace(version) != Some(version) {
             self.kept_wanted = false;
+            self.kept_outdated = false;
         }
         self.unavailable.remove(&ArtifactKey::Snapshot(version));
         // Another one goes once no session is served it.
@@ -415,12 +431,48 @@ impl Sender {
         self.kept_wanted
     }
 
+    /// Whether a joiner was told of a newer joinable snapshot than the kept one: a
+    /// newer one is due now, not once the deltas after the kept one have grown.
+    pub fn kept_snapshot_outdated(&self) -> bool {
+        self.kept_outdated
+    }
+
+    /// The run this sender serves, once known.
+    pub fn run(&self) -> Option<RunId> {
+        self.run
+    }
+
+    /// A relay learned its run from its upstream (`aurora_proto::Receiver::run`): its
+    /// Welcomes name it from now on, and every statement it checks is of it. A sender
+    /// keeps the first run it is given.
+    pub fn serve_run(&mut self, run: RunId) {
+        if self.run.is_none() {
+            self.run = Some(run);
+        }
+    }
+
+    /// Checks `signature` over `statement` where a trainer key is pinned (of the run
+    /// served; before it is known nothing verifies).
+    pub(crate) fn check_signature(
+        &self,
+        statement: &Statement,
+        signature: Option<&ArtifactSignature>,
+    ) -> Result<(), SignatureError> {
+        match &self.config.trainer_key {
+            None => Ok(()),
+            Some(key) => {
+                aurora_delta::verify(key, &self.run.unwrap_or_default(), statement, signature)
+            }
+        }
+    }
+
     /// Stops serving the kept snapshot, for `reason` (it will not be whole, or the deltas
     /// after it are no longer all held, or outgrew what a relay keeps): sessions that
     /// want it are told it is unavailable, and fetch one elsewhere.
     pub fn withdraw_snapshot(&mut self, reason: String) {
         if let Some(version) = self.kept_snapshot.take() {
             self.kept_wanted = false;
+            self.kept_outdated = false;
             let key = ArtifactKey::Snapshot(version);
             self.artifacts.remove(&key);
             self.unavailable.insert(key, reason);
@@ -448,9 +500,7 @@ impl Sender {
     /// signature as it came (a relay cannot sign). With a pinned trainer key, a commit
     /// whose signature is missing or does not verify is refused.
     pub fn commit(&mut self, commit: Commit) -> Result<(), SenderError> {
-        if let Some(key) = &self.config.trainer_key {
-            aurora_delta::verify(key, &commit.statement(), commit.signature.as_ref())?;
-        }
+        self.check_signature(&commit.statement(), commit.signature.as_ref())?;
         if self
             .commit
             .is_some_and(|c| c.target.version >= commit.target.version)

@@ -265,15 +265,22 @@ impl Sender {
             });
             self.conns.remove(&old);
         }
-        let snapshot = self.snapshot_offer();
-        if self.kept_snapshot.is_none()
-            && snapshot.is_none()
-            && hello.role == Role::Actor
-            && hello.active == VersionRef::default()
-        {
+        let joiner = hello.role == Role::Actor && hello.active == VersionRef::default();
+        // A snapshot older than the joiner was told the trainer offers is no use to it
+        // (it would refuse it): none is offered, and it goes on to its next upstream.
+        let snapshot = self
+            .snapshot_offer()
+            .filter(|&offered| offered >= hello.snapshot_floor);
+        if joiner && snapshot.is_none() {
             // An actor with no weights, which wants a snapshot: a relay whose own was
-            // withdrawn takes a newer one for the next ([`crate::Node::keep_snapshots`]).
-            self.kept_wanted = true;
+            // withdrawn, or is older than the joiner takes, takes a newer one for the
+            // next ([`crate::Node::keep_snapshots`]).
+            if self.kept_snapshot.is_none() {
+                self.kept_wanted = true;
+            } else if self.kept_snapshot < Some(hello.snapshot_floor) {
+                self.kept_wanted = true;
+                self.kept_outdated = true;
+            }
         }
         let welcome = Frame::Welcome(Welcome {
             protocol_version: PROTOCOL_VERSION,
@@ -283,6 +290,7 @@ impl Sender {
             latest: self.latest(),
             commit: self.commit,
             snapshot,
+            run: self.run.unwrap_or_default(),
         });
         let c = self.conns.get_mut(&conn).expect("handle_frame checked");
         c.session = Some(hello.session);

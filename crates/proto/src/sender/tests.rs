@@ -11,7 +11,7 @@ use super::*;
 use crate::frame::{ArtifactKind, Hello, Progress, RejectCode};
 use crate::receiver::ReceiverEvent;
 use crate::testutil::{
-    Pair, TOKEN, another_artifact, artifact, artifact_signature, commit, composed_artifact,
+    Pair, RUN, TOKEN, another_artifact, artifact, artifact_signature, commit, composed_artifact,
     composed_receiver, hello, identity, joining_receiver, receiver, sender, snapshot_artifact,
     store_sender, trainer_key, weights,
 };
@@ -1239,6 +1239,7 @@ fn a_resumed_composed_transfer_sends_only_the_missing_segments() {
 fn pinned_sender() -> Sender {
     let mut config = SenderConfig::new(identity(Role::Hub, "hub"), Auth::Shared(TOKEN.to_vec()));
     config.trainer_key = Some(trainer_key().verifying_key());
+    config.run = Some(RUN);
     Sender::new(config)
 }
 
@@ -1258,8 +1259,9 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
     // Cut-through: the Offer is refused without the signature of its descriptor, or
     // with another's, and so is the Seal; each is taken with its own.
     let descriptor = Bytes::from(manifest.header.encode_pending());
-    let offer_signature = crate::offer_signature(&key, ArtifactKind::Delta, &bytes).unwrap();
-    let other_offer = crate::offer_signature(&key, ArtifactKind::Delta, &artifact(2, 2).0).unwrap();
+    let offer_signature = crate::offer_signature(&key, &RUN, ArtifactKind::Delta, &bytes).unwrap();
+    let other_offer =
+        crate::offer_signature(&key, &RUN, ArtifactKind::Delta, &artifact(2, 2).0).unwrap();
     for wrong in [None, Some(other_offer)] {
         let begun = s.begin_artifact(ArtifactKind::Delta, descriptor.clone(), wrong);
         assert!(matches!(begun, Err(SenderError::Signature(_))), "{begun:?}");
@@ -1293,8 +1295,10 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
     // A snapshot's signatures are over the snapshot kind: a delta's will not do, for
     // the artifact or for its Offer.
     let (snapshot, _) = snapshot_artifact(2, 2);
-    let signed = StoredArtifact::signed(snapshot.clone(), ArtifactKind::Snapshot, &key).unwrap();
-    let as_delta = StoredArtifact::signed(snapshot.clone(), ArtifactKind::Delta, &key).unwrap();
+    let signed =
+        StoredArtifact::signed(snapshot.clone(), ArtifactKind::Snapshot, &key, &RUN).unwrap();
+    let as_delta =
+        StoredArtifact::signed(snapshot.clone(), ArtifactKind::Delta, &key, &RUN).unwrap();
     let wrong_artifact = StoredArtifact {
         signature: as_delta.signature,
         ..signed.clone()
@@ -1327,7 +1331,7 @@ fn a_pinned_sender_serves_only_what_the_trainer_signed() {
 fn the_signatures_travel_in_the_offer_and_the_seal_as_they_came() {
     let key = trainer_key();
     let (bytes, _) = artifact(1, 2);
-    let signed = StoredArtifact::signed(bytes.clone(), ArtifactKind::Delta, &key).unwrap();
+    let signed = StoredArtifact::signed(bytes.clone(), ArtifactKind::Delta, &key, &RUN).unwrap();
     let mut pair = Pair::new(
         pinned_sender(),
         crate::testutil::pinned_receiver(1, 1, Some(key.verifying_key())),
@@ -1692,6 +1696,30 @@ fn a_joiner_counts_as_wanting_a_snapshot_only_where_none_is_kept() {
     s.withdraw_snapshot("the test lets it go".into());
     handshake(&mut s, 2, hello(6, 0, 1));
     assert!(s.kept_snapshot_wanted());
+}
+
+/// A joiner told of a newer joinable snapshot than the kept one (its Hello's floor) is
+/// offered none, so it goes to its next upstream at once; the relay counts the kept one
+/// as outdated, and takes a newer one for the next joiner
+/// ([`Sender::kept_snapshot_outdated`]).
+#[test]
+fn a_kept_snapshot_older_than_a_joiner_s_floor_is_not_offered_and_is_outdated() {
+    let mut s = sender();
+    s.commit(commit(4, None)).unwrap();
+    s.expect_snapshot(2);
+    let welcome = handshake(&mut s, 1, hello(5, 0, 1));
+    assert!(
+        matches!(welcome.frame, Frame::Welcome(ref w) if w.snapshot == Some(2) && w.run == RUN)
+    );
+    assert!(!s.kept_snapshot_outdated());
+    let mut told = hello(6, 0, 1);
+    told.snapshot_floor = 3;
+    let welcome = handshake(&mut s, 2, told);
+    assert!(matches!(welcome.frame, Frame::Welcome(ref w) if w.snapshot.is_none()));
+    assert!(s.kept_snapshot_wanted() && s.kept_snapshot_outdated());
+    // A newer one kept: the demand it met is over.
+    s.expect_snapshot(4);
+    assert!(!s.kept_snapshot_wanted() && !s.kept_snapshot_outdated());
 }
 
 /// A version whose Want comes back in time is never copied, and sets how long later

@@ -59,9 +59,9 @@ pub(crate) enum Event {
     Dialed {
         session: u64,
         stream: u8,
-        /// The connected stream, or why not (and the refusal, for a failed TLS
-        /// handshake).
-        result: Result<Stream, (String, Option<Refusal>)>,
+        /// The connected stream and who its certificate says the upstream is, or why
+        /// not (and the refusal, for a failed TLS handshake).
+        result: Result<(Stream, Option<Identity>), (String, Option<Refusal>)>,
     },
     Decoded {
         version: u64,
@@ -105,9 +105,11 @@ pub(super) fn read_stored(
     signing_key: Option<&SigningKey>,
 ) -> Result<StoredArtifact, String> {
     let chain = |e: StoreError| error_chain(&e);
+    // Every statement names the run the store was made for.
+    let run = store.run_id();
     let built = |bytes: Bytes| match signing_key {
         Some(signing_key) => {
-            StoredArtifact::signed(bytes, key.kind(), signing_key).map_err(|e| e.to_string())
+            StoredArtifact::signed(bytes, key.kind(), signing_key, &run).map_err(|e| e.to_string())
         }
         None => Ok(StoredArtifact::unsigned(bytes)),
     };
@@ -119,7 +121,7 @@ pub(super) fn read_stored(
             let bytes = Bytes::from_owner(file);
             let offer_signature = match signing_key.filter(|_| record.signature.is_some()) {
                 Some(signing_key) => Some(
-                    aurora_proto::offer_signature(signing_key, ArtifactKind::Delta, &bytes)
+                    aurora_proto::offer_signature(signing_key, &run, ArtifactKind::Delta, &bytes)
                         .map_err(|e| e.to_string())?,
                 ),
                 None => None,
@@ -343,10 +345,10 @@ impl<E: Engine> Driver<E> {
                 stream,
                 result,
             } => match result {
-                Ok(socket) => {
+                Ok((socket, certified)) => {
                     let conn = self.add_conn(socket, None);
                     if let Some(receiver) = self.node.receiver_mut() {
-                        receiver.connected(now, session, stream, conn);
+                        receiver.connected(now, session, stream, conn, certified);
                     }
                 }
                 Err((reason, refusal)) => {
@@ -649,8 +651,8 @@ impl<E: Engine> Driver<E> {
 
     /// A complete delta to publish, with the hub's signatures where it signs.
     fn signed_delta(&self, bytes: Bytes) -> Result<StoredArtifact, TransportError> {
-        Ok(match &self.config.signing_key {
-            Some(key) => StoredArtifact::signed(bytes, ArtifactKind::Delta, key)?,
+        Ok(match self.config.signer() {
+            Some((key, run)) => StoredArtifact::signed(bytes, ArtifactKind::Delta, key, &run)?,
             None => StoredArtifact::unsigned(bytes),
         })
     }

@@ -230,6 +230,11 @@ impl<E: Engine> Driver<E> {
         status.sender = self.node.sender().map(|s| s.stats().clone());
         status.subscribers = self.node.sender().map_or(0, Sender::sessions);
         status.kept_snapshot = self.node.sender().and_then(Sender::kept_snapshot);
+        status.run = self
+            .node
+            .sender()
+            .and_then(Sender::run)
+            .or_else(|| self.node.receiver().and_then(Receiver::run));
         status.refusals = self.refusals.snapshot();
         let snapshot = status.clone();
         self.status_tx.send_replace(snapshot);

@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aurora_delta::{
-    ArtifactKind, ArtifactSignature, DeltaError, Hash, Heap, ImageSpace, SigningKey, Statement,
-    VerifyingKey,
+    ArtifactKind, ArtifactSignature, DeltaError, Hash, Heap, ImageSpace, RunId, SigningKey,
+    Statement, VerifyingKey,
 };
 use aurora_proto::{
-    Auth, Identity, Receiver, ReceiverConfig, ReceiverStats, SenderConfig, SenderError,
+    Auth, Identity, JoinFloor, Receiver, ReceiverConfig, ReceiverStats, SenderConfig, SenderError,
     SenderStats, VersionRef,
 };
 use aurora_store::StoreError;
@@ -129,6 +129,14 @@ pub struct NodeConfig {
     /// Without certificates (plaintext) nothing is authenticated anyway, and unsigned
     /// versions need no flag.
     pub insecure_unsigned: bool,
+    /// The run this node serves: a hub's is its store's (or, without a store, this
+    /// setting, else a new one); a relay or actor told it (by the control plane, a
+    /// setting) refuses upstreams of another. `None` on a relay or actor: learned from
+    /// the trainer's own hub (docs/security.md §5).
+    pub run: Option<RunId>,
+    /// What an actor that joins was told by the control plane: it takes no snapshot or
+    /// upstream older (docs/wire-protocol.md §6.6).
+    pub join_floor: JoinFloor,
 }
 
 impl NodeConfig {
@@ -160,6 +168,8 @@ impl NodeConfig {
             signing_key: None,
             trainer_key: None,
             insecure_unsigned: false,
+            run: None,
+            join_floor: JoinFloor::default(),
         }
     }
 
@@ -170,11 +180,16 @@ impl NodeConfig {
             .or_else(|| self.signing_key.as_ref().map(|key| key.verifying_key()))
     }
 
+    /// The key a hub signs with and the run it signs for, on a hub that signs.
+    fn signer(&self) -> Option<(&SigningKey, RunId)> {
+        let key = self.signing_key.as_deref()?;
+        Some((key, self.run.expect("a hub's run is set when it starts")))
+    }
+
     /// The trainer's signature of `statement`, on a hub that signs.
     pub(crate) fn sign(&self, statement: &Statement) -> Option<ArtifactSignature> {
-        self.signing_key
-            .as_ref()
-            .map(|key| aurora_delta::sign(key, statement))
+        self.signer()
+            .map(|(key, run)| aurora_delta::sign(key, &run, statement))
     }
 
     /// The trainer's signature of the Offer of the delta whose descriptor is
@@ -183,9 +198,10 @@ impl NodeConfig {
         &self,
         descriptor: &[u8],
     ) -> Result<Option<ArtifactSignature>, DeltaError> {
-        self.signing_key
-            .as_ref()
-            .map(|key| aurora_proto::offer_signature(key, ArtifactKind::Delta, descriptor))
+        self.signer()
+            .map(|(key, run)| {
+                aurora_proto::offer_signature(key, &run, ArtifactKind::Delta, descriptor)
+            })
             .transpose()
     }
 
@@ -204,6 +220,7 @@ impl NodeConfig {
         config.retain_bytes = self.retain_bytes;
         config.window_frames = self.window_frames;
         config.trainer_key = self.pinned_key();
+        config.run = self.run;
         config
     }
 
@@ -220,6 +237,8 @@ impl NodeConfig {
         config.tune_interval = self.tune_interval;
         config.trainer_key = self.pinned_key();
         config.max_held_bytes = self.limits.max_held_bytes;
+        config.run = self.run;
+        config.join_floor = self.join_floor;
         config
     }
 
@@ -305,6 +324,10 @@ pub enum TransportError {
     BeyondLoopback(#[from] aurora_trust::BeyondLoopback),
     #[error("gave up after {0:?}")]
     TimedOut(Duration),
+    #[error("this hub is set to serve run {configured}, but its store is of run {stored}")]
+    OtherRun { configured: RunId, stored: RunId },
+    #[error("no randomness for a new run's id: {0}")]
+    Random(String),
     #[error("an actor refused the chain to version {0} from every upstream")]
     Diverged(u64),
 }
@@ -342,6 +365,9 @@ pub struct NodeStatus {
     pub failed_activations: u64,
     /// Connections and builds refused before the protocol served them, by reason.
     pub refusals: Refusals,
+    /// The run this node serves: a hub's own, a relay's or an actor's once pinned or
+    /// learned from the trainer's hub.
+    pub run: Option<RunId>,
 }
 
 /// Reports kept in [`NodeStatus::reports`].

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use aurora_delta::Hash;
+use aurora_delta::{Hash, RunId};
 use aurora_proto::{
     KeptSegments, KeptSnapshot, Node, Receiver, Sender, Upstreams, VersionRef, Weights,
 };
@@ -27,9 +27,10 @@ use super::{NodeConfig, NodeStatus, TransportError};
 
 /// Starts a hub: serves published versions, and stored ones from `store` on request.
 pub async fn spawn_hub(
-    config: NodeConfig,
+    mut config: NodeConfig,
     store: Option<Arc<Store>>,
 ) -> Result<NodeHandle, TransportError> {
+    config.run = Some(hub_run(&config, store.as_deref())?);
     let mut sender = Sender::new(config.sender(store.is_some()));
     if let Some(store) = &store {
         sender.set_loadable(store.latest_version()?);
@@ -290,6 +291,10 @@ pub(super) async fn spawn<E: Engine>(
     let (commands_tx, commands) = mpsc::channel(64);
     let initial = NodeStatus {
         active: node.actor_status().and_then(|s| s.active),
+        run: node
+            .sender()
+            .and_then(Sender::run)
+            .or_else(|| node.receiver().and_then(Receiver::run)),
         ..NodeStatus::default()
     };
     let (status_tx, status) = watch::channel(initial);
@@ -351,6 +356,23 @@ pub(super) async fn spawn<E: Engine>(
         task,
         upstream_bytes,
     })
+}
+
+/// The run a hub serves: its store's, which the configuration may only repeat; without
+/// a store, the configuration's, or a new one (a hub that publishes from memory is a run
+/// of its own).
+fn hub_run(config: &NodeConfig, store: Option<&Store>) -> Result<RunId, TransportError> {
+    match (store.map(Store::run_id), config.run) {
+        (Some(stored), Some(configured)) if stored != configured => {
+            Err(TransportError::OtherRun { configured, stored })
+        }
+        (Some(run), _) | (None, Some(run)) => Ok(run),
+        (None, None) => {
+            let mut id = [0u8; 16];
+            getrandom::fill(&mut id).map_err(|e| TransportError::Random(e.to_string()))?;
+            Ok(RunId(id))
+        }
+    }
 }
 
 /// With certificates every version is signed (docs/security.md §5): a node that

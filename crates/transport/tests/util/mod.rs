@@ -153,6 +153,14 @@ pub fn config(role: Role, name: &str, upstreams: &[SocketAddr]) -> NodeConfig {
     config
 }
 
+/// An actor of `hub`'s deployment ([`config`]), pinned to the run the hub serves, as
+/// an actor node is once the control plane named it: it takes the run from no relay.
+pub fn actor_config(hub: &NodeHandle, name: &str, upstreams: &[SocketAddr]) -> NodeConfig {
+    let mut config = config(Role::Actor, name, upstreams);
+    config.run = hub.status().run;
+    config
+}
+
 /// Awaits `future`, failing the test (instead of hanging) after `limit`.
 pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
     match tokio::time::timeout(limit, future).await {
