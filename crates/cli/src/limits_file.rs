@@ -53,6 +53,8 @@ struct TransportLimits {
     max_build_bytes: Option<u64>,
     max_held_bytes: Option<u64>,
     max_decode_backlog_bytes: Option<u64>,
+    frame_read_timeout_s: Option<f64>,
+    min_frame_read_rate: Option<u64>,
 }
 
 impl NodeLimits {
@@ -104,6 +106,8 @@ impl LimitsFile {
         set!(set_count, transport.max_build_bytes => to.max_build_bytes);
         set!(set_count, transport.max_held_bytes => to.max_held_bytes);
         set!(set_count, transport.max_decode_backlog_bytes => to.max_decode_backlog_bytes);
+        set!(set_seconds, transport.frame_read_timeout_s => to.frame_read_timeout);
+        set!(set_count, transport.min_frame_read_rate => to.min_frame_read_rate);
         Ok(limits)
     }
 }

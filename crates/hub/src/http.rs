@@ -4,8 +4,9 @@
 //!
 //! # Limits
 //!
-//! Everything a client controls is bounded: the body ([`MAX_BODY_BYTES`], refused
-//! before it is parsed), one result's payload ([`MAX_PAYLOAD_BYTES`]), the time to
+//! Everything a client controls is bounded: the body ([`MAX_BODY_BYTES`] for a
+//! submission, [`MAX_SMALL_BODY_BYTES`] for every other route, refused before it is
+//! parsed), one result's payload ([`MAX_PAYLOAD_BYTES`]), the time to
 //! handle a request, body upload and queueing included ([`Limits::request_timeout`]),
 //! the requests of one peer in progress ([`Limits::max_requests_per_peer`]; one more is
 //! refused) and of all peers ([`Limits::max_requests`]; more wait for a slot, within
@@ -45,6 +46,11 @@ use crate::refusals::{Refusal, RequestRule, Timeout};
 /// thousands of small results. An actor with more to send splits it over several
 /// submissions.
 pub const MAX_BODY_BYTES: usize = 32 * MAX_PAYLOAD_BYTES + (64 << 10);
+/// Largest body of every other route: a registration, a heartbeat, a version report,
+/// a claim, a leave take about a hundred bytes (an id, a region of at most 64 bytes,
+/// two versions); none needs the submission's room, which an authenticated peer could
+/// otherwise make the hub buffer on each of its requests.
+pub const MAX_SMALL_BODY_BYTES: usize = 16 << 10;
 
 /// The API over `hub`, as `config` says: who may call each route (module `auth`: by
 /// certificate over mutual TLS, by token over insecure plaintext), the body limit, the
@@ -87,7 +93,10 @@ pub fn router(hub: Arc<Hub>, config: &ServeConfig) -> Router {
         .route("/v1/heartbeat", post(heartbeat))
         .route("/v1/versions", post(versions))
         .route("/v1/claim", post(claim))
-        .route("/v1/submit", post(submit))
+        .route(
+            "/v1/submit",
+            post(submit).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
+        )
         .route("/v1/leave", post(leave))
         .route("/v1/preempt", post(preempt))
         .route_layer(gate(Rule::Actor));
@@ -96,7 +105,7 @@ pub fn router(hub: Arc<Hub>, config: &ServeConfig) -> Router {
         .merge(join)
         .merge(read)
         .merge(actors)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_SMALL_BODY_BYTES))
         .layer(
             ServiceBuilder::new()
                 .layer(middleware::from_fn_with_state(

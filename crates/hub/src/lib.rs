@@ -89,7 +89,7 @@ use tokio::net::TcpListener;
 
 pub use auth::{ActorToken, AuthError, Forbidden};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use http::{MAX_BODY_BYTES, router};
+pub use http::{MAX_BODY_BYTES, MAX_SMALL_BODY_BYTES, router};
 pub use hub::{CallError, Hub, HubConfig, JoinPoint, OpenError, StepResults};
 pub use limits::{
     HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT, Limits, MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT,

@@ -16,7 +16,7 @@ use aurora_api::{
 use aurora_control::{ActorId, Config, PromptId, StepId, Version, WeightsHash};
 use aurora_hub::{
     CallError, HEADER_READ_TIMEOUT, Hub, LoadError, MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS,
-    OpenError, REQUEST_TIMEOUT, Security, SecurityError, router, run,
+    MAX_SMALL_BODY_BYTES, OpenError, REQUEST_TIMEOUT, Security, SecurityError, router, run,
 };
 use axum::body::{Body, Bytes};
 use axum::http::{Method, Request, StatusCode};
@@ -253,12 +253,21 @@ async fn every_actor_call_needs_that_actors_own_current_token() {
 async fn bad_bodies_get_a_json_error_naming_the_problem() {
     let hub = TestHub::with_step(&[10]);
 
-    let oversized = vec![b' '; MAX_BODY_BYTES + 1];
+    // Every route but the submission takes a small body: one of 16 KiB and a byte is
+    // refused before it is parsed, on a registration as on an actor's call.
+    let oversized = vec![b' '; MAX_SMALL_BODY_BYTES + 1];
     let (status, body) = hub
-        .call(Method::POST, "/v1/register", Some(FLEET), oversized)
+        .call(Method::POST, "/v1/register", Some(FLEET), oversized.clone())
         .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(!error_message(&body).is_empty());
+    let token = hub.register(7).await;
+    for route in ["/v1/heartbeat", "/v1/versions", "/v1/claim", "/v1/leave"] {
+        let (status, _) = hub
+            .call(Method::POST, route, Some(&token), oversized.clone())
+            .await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{route}");
+    }
 
     let (status, body) = hub.post("/v1/register", FLEET, "{\"actor\": ").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -770,4 +779,38 @@ async fn limit_header_read_timeout() {
     // A complete request still gets through.
     let (status, _) = http(addr, "GET", "/v1/status", FLEET, "").await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_joining_node_reads_the_run_the_commit_and_the_snapshot_to_join_from() {
+    let hub = TestHub::with_step(&[10]);
+    // Before the trainer node says, there is nothing to pin: come back later.
+    let (status, body) = hub
+        .call(Method::GET, "/v1/join", Some(FLEET), Vec::new())
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let run = aurora_delta::RunId([0x61; 16]);
+    hub.hub.set_join_point(aurora_hub::JoinPoint {
+        run,
+        committed: Some(12),
+        snapshot: Some(10),
+    });
+    let (status, body) = hub
+        .call(Method::GET, "/v1/join", Some(FLEET), Vec::new())
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer: aurora_api::JoinResponse = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        answer,
+        aurora_api::JoinResponse {
+            run: run.to_hex(),
+            committed: Some(12),
+            snapshot: Some(10),
+        }
+    );
+    // The fleet token is asked for, as for a registration.
+    let (status, _) = hub
+        .call(Method::GET, "/v1/join", Some("wrong"), Vec::new())
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }

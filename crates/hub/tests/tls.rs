@@ -460,6 +460,18 @@ async fn an_observer_a_relay_or_the_trainer_cannot_write() {
         )
         .await;
     assert_eq!(honest.claim(1, &token).await.len(), 1);
+    // What a joiner pins is for the nodes that take versions: actors and relays. The
+    // hub of this test serves no run yet, so they are told to come back (503); an
+    // observer is refused outright.
+    for (role, status) in [
+        (Role::Actor, 503),
+        (Role::Relay, 503),
+        (Role::Observer, 403),
+    ] {
+        let mut conn = fleet.connect(&fleet.node(role, "5")).await;
+        let (got, body) = conn.request("GET", "/v1/join", None, "").await;
+        assert_eq!(got, status, "{role}: {body}");
+    }
 }
 
 #[tokio::test]

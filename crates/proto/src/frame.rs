@@ -36,8 +36,19 @@ pub const MAX_FRAME_BYTES: usize = MAX_SEGMENT_BYTES as usize + 64;
 /// Largest Hello, Welcome, Reject, Nack, Unavailable, Commit, Status, Keepalive or
 /// Goodbye frame.
 pub const MAX_CONTROL_FRAME_BYTES: usize = 16 << 10;
-/// Largest Want frame: [`MAX_WANT_VERSIONS`] versions of [`MAX_HAVE_RANGES`] ranges fit.
-pub const MAX_WANT_FRAME_BYTES: usize = 1 << 20;
+/// Largest Want frame: the largest a receiver builds, [`MAX_STREAMS`] epochs and
+/// [`MAX_WANT_VERSIONS`] versions of [`MAX_HAVE_RANGES`] ranges (type byte, sequence
+/// number, next version, flags, live streams, epochs, versions; each version's number,
+/// flags, range count and ranges). It is the largest frame a downstream ever sends.
+pub const MAX_WANT_FRAME_BYTES: usize = 1
+    + 8
+    + 8
+    + 1
+    + 8
+    + 1
+    + 4 * MAX_STREAMS as usize
+    + 1
+    + MAX_WANT_VERSIONS * (8 + 1 + 4 + 8 * MAX_HAVE_RANGES);
 /// Peer ids and regions are short names.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Authentication tokens (shared secrets for now).
@@ -46,6 +57,9 @@ pub const MAX_TOKEN_BYTES: usize = 128;
 pub const MAX_REASON_BYTES: usize = 1024;
 /// Streams one session may open (the stream mask of a Want is a u64).
 pub const MAX_STREAMS: u8 = 64;
+/// The largest frame a downstream sends, so the most a hub or relay reads of one frame
+/// from a subscriber, authenticated or not: a Want at its largest.
+pub const MAX_DOWNSTREAM_FRAME_BYTES: usize = MAX_WANT_FRAME_BYTES;
 /// Versions a Want may report progress for.
 pub const MAX_WANT_VERSIONS: usize = 16;
 /// Ranges in one version's have-set; a receiver with a more fragmented set reports a
@@ -114,6 +128,37 @@ impl FrameType {
         }
     }
 
+    /// Whether the end of a connection that is `from` ever sends frames of this type
+    /// (docs/wire-protocol.md §3.1): a downstream never sends an Offer, a Segment or a
+    /// Seal, an upstream never a Hello or a Want.
+    pub fn sent_by(self, from: Side) -> bool {
+        use FrameType::*;
+        match from {
+            Side::Downstream => matches!(self, Hello | Want | Nack | Status | Keepalive | Goodbye),
+            Side::Upstream => matches!(
+                self,
+                Welcome
+                    | Reject
+                    | Offer
+                    | Segment
+                    | Seal
+                    | Unavailable
+                    | Commit
+                    | Keepalive
+                    | Goodbye
+            ),
+        }
+    }
+
+    /// Whether frames of this type open a connection (and only open it): a Hello from a
+    /// downstream, a Welcome or a Reject from an upstream.
+    fn opens_connection(self, from: Side) -> bool {
+        match from {
+            Side::Downstream => self == FrameType::Hello,
+            Side::Upstream => matches!(self, FrameType::Welcome | FrameType::Reject),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             FrameType::Hello => "Hello",
@@ -130,6 +175,23 @@ impl FrameType {
             FrameType::Keepalive => "Keepalive",
             FrameType::Goodbye => "Goodbye",
         }
+    }
+}
+
+/// Which end of a connection sends a frame: the downstream dialed it (a relay or an
+/// actor), the upstream accepted it (a hub or a relay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Downstream,
+    Upstream,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Downstream => "a downstream",
+            Side::Upstream => "an upstream",
+        })
     }
 }
 
@@ -372,6 +434,21 @@ pub enum FrameError {
     },
     #[error("{frame} frame is malformed: {reason}")]
     Malformed { frame: &'static str, reason: String },
+    /// A frame of a type its sender's end never sends (docs/wire-protocol.md §3.1).
+    #[error("{from} never sends {frame} frames")]
+    WrongSide { frame: &'static str, from: Side },
+    /// A frame out of its place: the first of a connection must open it, and frames
+    /// that open one come first only.
+    #[error("{}", if *first {
+        format!("{from} opens a connection with {frame}, which opens none")
+    } else {
+        format!("{from} sent {frame} after its connection was open")
+    })]
+    OutOfPlace {
+        frame: &'static str,
+        from: Side,
+        first: bool,
+    },
 }
 
 impl FrameError {
@@ -398,6 +475,41 @@ pub fn peek_prefix(prefix: &[u8]) -> Result<(FrameType, usize), FrameError> {
         });
     }
     Ok((kind, 4 + len))
+}
+
+/// [`peek_prefix`] as the reader of a connection whose other end is `from`, for its
+/// first frame or a later one: the type must be one that end sends, in its place (a
+/// connection opens with a Hello or a Welcome/Reject, and with nothing else), and a
+/// downstream's frame no larger than [`MAX_DOWNSTREAM_FRAME_BYTES`]. A reader refuses
+/// a frame at its prefix, before it reads or holds the body.
+pub fn peek_prefix_from(
+    prefix: &[u8],
+    from: Side,
+    first: bool,
+) -> Result<(FrameType, usize), FrameError> {
+    // The type is judged before the size: a frame of a kind this end never sends is
+    // that, whatever it declares.
+    if let Some(kind) = prefix.get(4).and_then(|&code| FrameType::from_code(code)) {
+        check_side(kind, from, first)?;
+    }
+    peek_prefix(prefix)
+}
+
+fn check_side(kind: FrameType, from: Side, first: bool) -> Result<(), FrameError> {
+    if !kind.sent_by(from) {
+        return Err(FrameError::WrongSide {
+            frame: kind.name(),
+            from,
+        });
+    }
+    if kind.opens_connection(from) != first {
+        return Err(FrameError::OutOfPlace {
+            frame: kind.name(),
+            from,
+            first,
+        });
+    }
+    Ok(())
 }
 
 impl Frame {

@@ -42,7 +42,7 @@ mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
 pub use backoff::Backoff;
-pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, VersionRef};
+pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, Side, VersionRef};
 pub use keep::{
     HeapSnapshots, KEPT_TAIL_SNAPSHOTS, KeptSegments, SnapshotSpace, snapshot_capacity,
 };

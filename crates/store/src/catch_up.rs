@@ -1,7 +1,7 @@
 //! The catch-up plans the store offers: the catalog's sizes fed to the pure
 //! [`plan::choose`](crate::plan), after the checks that need the catalog.
 
-use crate::catalog::sizes;
+use crate::catalog::{ComposedRecord, sizes};
 use crate::{Plan, Result, Store, StoreError, plan};
 
 impl Store {
@@ -26,15 +26,17 @@ impl Store {
     /// to reach `target` (the version a hub serves, which a newer put may have passed)
     /// over the wire: replaying the deltas or one composed delta. Snapshots are left
     /// out, since the wire serves them only to peers joining without weights (a smaller
-    /// snapshot must not turn down a composed delta that beats replaying). Builds and
-    /// stores the composed delta first when the Actor is at least two versions behind,
-    /// so its size is known; that costs a decode of the chain, once per (base, target).
+    /// snapshot must not turn down a composed delta that beats replaying). Builds the
+    /// composed delta first when the Actor is at least two versions behind and none is
+    /// stored, so its size is known (a decode of the chain); it is not kept.
     pub fn composed_catch_up_plan(&self, actor_version: u64, target: u64) -> Result<Plan> {
         Ok(self.plan_with_composed(actor_version, target)?.0)
     }
 
     /// [`Store::composed_catch_up_plan`] and, when it chooses the composed delta, its
-    /// bytes, verified: those the plan has just built, or else read from the cache.
+    /// bytes, verified: those the plan has just built, or else read from the cache. A
+    /// composed delta is stored only where the plan chose it, and only to the latest
+    /// version: one built to learn that replaying costs less leaves nothing behind.
     pub fn composed_catch_up(
         &self,
         actor_version: u64,
@@ -42,22 +44,26 @@ impl Store {
     ) -> Result<(Plan, Option<Vec<u8>>)> {
         let (plan, built) = self.plan_with_composed(actor_version, target)?;
         let bytes = match (&plan, built) {
-            (Plan::Composed { .. }, Some(bytes)) => Some(bytes),
+            (Plan::Composed { .. }, Some((record, bytes))) => self.keep_composed(record, bytes)?.1,
             (Plan::Composed { .. }, None) => Some(self.composed_artifact(actor_version, target)?),
             _ => None,
         };
         Ok((plan, bytes))
     }
 
-    /// The plan, and the composed delta's bytes if building it was part of planning.
+    /// The plan, and the composed delta's record and bytes if it was built (not
+    /// stored) to plan.
     fn plan_with_composed(
         &self,
         actor_version: u64,
         target: u64,
-    ) -> Result<(Plan, Option<Vec<u8>>)> {
-        let (composed, built) = if actor_version + 2 <= target {
-            match self.ensure_composed(actor_version, target) {
-                Ok((record, built)) => (Some(record.size_bytes), built),
+    ) -> Result<(Plan, Option<(ComposedRecord, Vec<u8>)>)> {
+        let stored = self.composed_record(actor_version, target)?;
+        let (composed, built) = if let Some(record) = stored {
+            (Some(record.size_bytes), None)
+        } else if actor_version + 2 <= target {
+            match self.composed_unstored(actor_version, target) {
+                Ok((record, bytes)) => (Some(record.size_bytes), Some((record, bytes))),
                 // No snapshot and chain rebuild the base: the other plans decide. (A
                 // target the store lacks is reported by `plan_to`.)
                 Err(StoreError::NoRoute { .. } | StoreError::NoComposed { .. }) => (None, None),

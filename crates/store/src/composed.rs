@@ -39,6 +39,17 @@ impl Store {
         if let Some(record) = self.composed_record(base, target)? {
             return Ok((record, None));
         }
+        let (record, bytes) = self.composed_unstored(base, target)?;
+        self.keep_composed(record, bytes)
+    }
+
+    /// C(base -> target) built, with the record it would have, not stored: a plan that
+    /// then prefers replaying leaves nothing behind.
+    pub(crate) fn composed_unstored(
+        &self,
+        base: u64,
+        target: u64,
+    ) -> Result<(ComposedRecord, Vec<u8>)> {
         let bytes = self.build_composed(base, target)?;
         let file = DeltaFile::parse(&bytes).map_err(|source| StoreError::ComposedArtifact {
             base,
@@ -54,6 +65,21 @@ impl Store {
             target_hash: header.target_hash,
             size_bytes: bytes.len() as u64,
         };
+        Ok((record, bytes))
+    }
+
+    /// Stores a composed delta [`Store::composed_unstored`] built, unless its target is
+    /// no longer the latest version (one to an older target is never served again);
+    /// its record and bytes either way.
+    pub(crate) fn keep_composed(
+        &self,
+        record: ComposedRecord,
+        bytes: Vec<u8>,
+    ) -> Result<(ComposedRecord, Option<Vec<u8>>)> {
+        let (base, target) = (record.base_version, record.target_version);
+        if self.latest_version()? != Some(target) {
+            return Ok((record, Some(bytes)));
+        }
         let txn = self.db.begin_write().map_err(catalog)?;
         {
             let table = txn.open_table(COMPOSED_TABLE).map_err(catalog)?;

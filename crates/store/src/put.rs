@@ -93,6 +93,7 @@ impl Store {
             Ok(())
         })?;
         tracing::info!(version, id = %record.id, bytes = record.size_bytes, "stored delta");
+        self.drop_superseded_composed()?;
         Ok(record)
     }
 
@@ -170,6 +171,7 @@ impl Store {
             },
         )?;
         tracing::info!(version, hash = %record.weights_hash, bytes = record.size_bytes, "stored snapshot");
+        self.drop_superseded_composed()?;
         Ok(record)
     }
 

@@ -35,7 +35,8 @@ impl Store {
     /// - for each live Actor at version a: the deltas after a and the snapshot its
     ///   current catch-up plan starts from, so its plan is unchanged by the prune;
     /// - the composed deltas whose target is the latest version (no other is served
-    ///   again: Actors catch up to the latest);
+    ///   again: Actors catch up to the latest) and whose base is kept or a live Actor's:
+    ///   a composed delta goes with the versions it spans;
     /// - every version's rollouts: the run's training data, which no Actor needs and
     ///   no prune of weights should take away;
     /// - the newest trainer state and every one of version `keep_versions_from` or
@@ -86,7 +87,11 @@ impl Store {
             .collect();
         let doomed_composed: Vec<&ComposedRecord> = composed
             .values()
-            .filter(|c| Some(c.target_version) != latest)
+            .filter(|c| {
+                Some(c.target_version) != latest
+                    || (c.base_version < keep_versions_from
+                        && !live_actor_versions.contains(&c.base_version))
+            })
             .collect();
         let states = self.trainer_data_records(TrainerData::State)?;
         let newest_state = states.keys().next_back().copied();
@@ -147,5 +152,40 @@ impl Store {
         };
         tracing::info!(?report, "pruned the store");
         Ok(report)
+    }
+
+    /// Removes the composed deltas to versions older than the latest: no Actor catches
+    /// up to one again. Every put of a newer version calls it, so the store holds
+    /// composed deltas to one target at most, however many were asked for.
+    pub(crate) fn drop_superseded_composed(&self) -> Result<()> {
+        let latest = self.latest_version()?;
+        let doomed: Vec<ComposedRecord> = self
+            .composed_records()?
+            .into_values()
+            .filter(|c| Some(c.target_version) != latest)
+            .collect();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(catalog)?;
+        {
+            let mut table = txn.open_table(COMPOSED_TABLE).map_err(catalog)?;
+            for record in &doomed {
+                table
+                    .remove((record.base_version, record.target_version))
+                    .map_err(catalog)?;
+            }
+        }
+        txn.commit().map_err(catalog)?;
+        // Records first, then files: a crash in between leaves files the next open
+        // removes, never a record without its file.
+        for record in &doomed {
+            remove_unreferenced(&self.composed_path(record))?;
+        }
+        tracing::info!(
+            count = doomed.len(),
+            "dropped composed deltas to older versions"
+        );
+        Ok(())
     }
 }

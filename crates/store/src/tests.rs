@@ -545,8 +545,14 @@ fn catch_up_plans_consider_a_composed_delta_by_its_size() {
             bytes: replay
         }
     );
+    // Planning builds it to learn its size, and keeps nothing.
     let plan = store.composed_catch_up_plan(1, 6).unwrap();
+    assert!(store.composed_records().unwrap().is_empty());
+    // Serving it keeps it: the plan chose it.
+    let (served, bytes) = store.composed_catch_up(1, 6).unwrap();
+    assert_eq!(served, plan);
     let composed = store.composed_records().unwrap()[&(1, 6)].size_bytes;
+    assert_eq!(bytes.map(|b| b.len() as u64), Some(composed));
     assert!(composed < replay, "{composed} vs {replay}");
     assert_eq!(
         plan,
@@ -574,7 +580,7 @@ fn catch_up_plans_consider_a_composed_delta_by_its_size() {
     for version in 1..=3 {
         store.put_delta(&delta(version), None).unwrap();
     }
-    let plan = store.composed_catch_up_plan(0, 3).unwrap();
+    let (plan, _) = store.composed_catch_up(0, 3).unwrap();
     let composed = store.composed_records().unwrap()[&(0, 3)].size_bytes;
     let snap = store.put_snapshot(3, &snapshot(3)).unwrap();
     let expected = if snap.size_bytes < composed {
@@ -598,25 +604,31 @@ fn catch_up_plans_consider_a_composed_delta_by_its_size() {
 }
 
 #[test]
-fn prune_keeps_only_composed_deltas_to_the_latest_version() {
+fn composed_deltas_are_kept_to_the_latest_version_only_and_go_with_their_base() {
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(dir.path(), 5);
+    // One to an older target is built for whoever asks, and never kept.
     store.composed_artifact(1, 4).unwrap();
-    let before = store.composed_catch_up_plan(1, 5).unwrap();
+    assert!(store.composed_records().unwrap().is_empty());
+    let (before, _) = store.composed_catch_up(1, 5).unwrap();
     assert!(matches!(before, Plan::Composed { .. }), "{before:?}");
+    store.composed_catch_up(2, 5).unwrap();
+    assert_eq!(files(&dir.path().join(COMPOSED)).len(), 2);
 
-    let report = store.prune(0, &[1]).unwrap();
-    assert_eq!(report.composed, vec![(1, 4)]);
-    assert!(report.deltas.is_empty() && report.snapshots.is_empty());
-    // The live actor's plan is unchanged and still served.
+    // A prune keeps what a live actor's plan starts from, and drops the rest of what
+    // spans pruned versions.
+    let report = store.prune(2, &[1]).unwrap();
+    assert!(report.composed.is_empty(), "{report:?}");
     assert_eq!(store.catch_up_plan(1).unwrap(), before);
-    store.composed_artifact(1, 5).unwrap();
-    assert_eq!(files(&dir.path().join(COMPOSED)).len(), 1);
+    let report = store.prune(3, &[]).unwrap();
+    assert_eq!(report.composed, vec![(1, 5), (2, 5)]);
+    assert!(files(&dir.path().join(COMPOSED)).is_empty());
 
-    // Once a newer version is stored, the old composed delta goes with the next prune.
+    // A newer version drops every composed delta to the older latest, at its put.
+    store.composed_catch_up(3, 5).unwrap();
+    assert_eq!(files(&dir.path().join(COMPOSED)).len(), 1);
     store.put_delta(&delta(6), None).unwrap();
-    let report = store.prune(0, &[1]).unwrap();
-    assert_eq!(report.composed, vec![(1, 5)]);
+    assert!(store.composed_records().unwrap().is_empty());
     assert!(files(&dir.path().join(COMPOSED)).is_empty());
     // An unrecorded file in composed/ (a crash before the commit) goes at open.
     fs::write(dir.path().join(COMPOSED).join("1-6-orphan.adelta"), b"x").unwrap();

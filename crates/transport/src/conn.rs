@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use aurora_proto::frame::{MAX_CONTROL_FRAME_BYTES, PREFIX_BYTES, peek_prefix};
+use aurora_proto::frame::{
+    MAX_CONTROL_FRAME_BYTES, PREFIX_BYTES, Side, peek_prefix, peek_prefix_from,
+};
 use aurora_proto::{ConnId, Frame, FrameError, Identity};
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -18,7 +20,7 @@ use tokio_rustls::{TlsConnector, TlsStream};
 
 use crate::decode::DecodeBacklog;
 use crate::node::Event;
-use crate::security::{self, Refusal};
+use crate::security::{self, Limits, Refusal};
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -38,8 +40,34 @@ pub enum ConnError {
         len: usize,
         limit: usize,
     },
+    #[error(
+        "a {frame} frame of {len} bytes was still arriving after {waited:?} ({received} bytes \
+         in): a subscriber's frame that slow holds a buffer for nothing"
+    )]
+    FrameTimeout {
+        frame: &'static str,
+        len: usize,
+        received: usize,
+        waited: Duration,
+    },
     #[error("socket error")]
     Io(#[from] std::io::Error),
+}
+
+impl ConnError {
+    /// How a refused frame counts, where it was refused for what it was (not for a lost
+    /// link): its kind or place, its size, or its pace.
+    pub(crate) fn refusal(&self) -> Option<Refusal> {
+        match self {
+            ConnError::Frame(FrameError::WrongSide { .. } | FrameError::OutOfPlace { .. }) => {
+                Some(Refusal::FrameKind)
+            }
+            ConnError::Frame(FrameError::TooLarge { .. })
+            | ConnError::FirstFrameTooLarge { .. } => Some(Refusal::FrameSize),
+            ConnError::FrameTimeout { .. } => Some(Refusal::FrameTimeout),
+            _ => None,
+        }
+    }
 }
 
 /// The congestion control a socket gets when [`SocketOptions::congestion`] names none.
@@ -101,54 +129,128 @@ pub fn congestion_of(stream: &TcpStream) -> std::io::Result<String> {
         .to_string())
 }
 
-/// Reads one frame. A clean end of stream between frames is [`ConnError::Eof`], one
-/// inside a frame [`ConnError::Truncated`]. The prefix is checked against the frame
-/// type's limit before the body is read, so an oversized frame allocates nothing.
+/// Reads one frame of any kind. A clean end of stream between frames is
+/// [`ConnError::Eof`], one inside a frame [`ConnError::Truncated`]. The prefix is
+/// checked against the frame type's limit before the body is read, so an oversized
+/// frame allocates nothing.
 pub async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> Result<Frame, ConnError> {
-    read_frame_within(reader, usize::MAX).await
+    read_checked(reader, &ReadRules::any(), false).await
 }
 
-/// [`read_frame`], refusing a frame whose body is over `limit` bytes whatever its type:
-/// the first frame of an inbound connection, read before the peer is authenticated,
-/// may be no larger than a Hello ([`FIRST_FRAME_LIMIT`]).
-async fn read_frame_within(
+/// What a connection's reader takes from its peer (docs/security.md §4).
+#[derive(Clone, Debug)]
+pub(crate) struct ReadRules {
+    /// Which end the peer is: its frames must be of the kinds that end sends, in their
+    /// place, within that end's sizes. `None`: any frame (tools and tests).
+    from: Option<Side>,
+    /// The largest first frame: before authentication, no more than a Hello.
+    first_limit: usize,
+    /// How long a frame may take from its first byte, by its length; `None`: as long
+    /// as it takes (an upstream's segments cross slow links; its sessions are judged by
+    /// their progress instead, `aurora_proto::ReceiverConfig::behind_timeout`).
+    deadline: Option<Limits>,
+}
+
+impl ReadRules {
+    fn any() -> ReadRules {
+        ReadRules {
+            from: None,
+            first_limit: usize::MAX,
+            deadline: None,
+        }
+    }
+}
+
+/// Reads one frame as `rules` say, `first` on its connection or not. The prefix decides
+/// before any of the body is read whether the frame is taken (its kind, place and
+/// size); the body is read into a buffer that grows with what arrives, not with what
+/// the prefix announced, and, where a deadline applies, whole within it.
+async fn read_checked(
     reader: &mut (impl AsyncReadExt + Unpin),
-    limit: usize,
+    rules: &ReadRules,
+    first: bool,
 ) -> Result<Frame, ConnError> {
     let mut prefix = [0u8; PREFIX_BYTES];
-    let mut filled = 0;
-    while filled < PREFIX_BYTES {
-        let n = reader.read(&mut prefix[filled..]).await?;
-        if n == 0 {
-            return Err(if filled == 0 {
-                ConnError::Eof
-            } else {
-                ConnError::Truncated
+    // Between frames the peer may be silent as long as it likes.
+    let n = reader.read(&mut prefix).await?;
+    if n == 0 {
+        return Err(ConnError::Eof);
+    }
+    let started = tokio::time::Instant::now();
+    let rest = async {
+        let mut filled = n;
+        while filled < PREFIX_BYTES {
+            let n = reader.read(&mut prefix[filled..]).await?;
+            if n == 0 {
+                return Err(ConnError::Truncated);
+            }
+            filled += n;
+        }
+        let (kind, total) = match rules.from {
+            Some(from) => peek_prefix_from(&prefix, from, first)?,
+            None => peek_prefix(&prefix)?,
+        };
+        let len = total - 4;
+        if first && len > rules.first_limit {
+            return Err(ConnError::FirstFrameTooLarge {
+                frame: kind.name(),
+                len,
+                limit: rules.first_limit,
             });
         }
-        filled += n;
+        Ok((kind, total))
+    };
+    let within = |budget: Duration| started + budget;
+    let (kind, total) = match &rules.deadline {
+        Some(limits) => tokio::time::timeout_at(within(limits.frame_read_timeout), rest)
+            .await
+            .map_err(|_| ConnError::FrameTimeout {
+                frame: "(prefix)",
+                len: PREFIX_BYTES,
+                received: n,
+                waited: limits.frame_read_timeout,
+            })??,
+        None => rest.await?,
+    };
+    let mut buf = BytesMut::with_capacity(total.min(BODY_CHUNK));
+    buf.extend_from_slice(&prefix);
+    let body = async {
+        while buf.len() < total {
+            if buf.capacity() == buf.len() {
+                buf.reserve((total - buf.len()).min(buf.len().max(BODY_CHUNK)));
+            }
+            let room = (total - buf.len()).min(buf.capacity() - buf.len());
+            let n = reader.read_buf(&mut (&mut buf).limit(room)).await?;
+            if n == 0 {
+                return Err(ConnError::Truncated);
+            }
+        }
+        Ok(())
+    };
+    match &rules.deadline {
+        Some(limits) => {
+            let budget = limits.frame_deadline(total);
+            match tokio::time::timeout_at(within(budget), body).await {
+                Ok(read) => read?,
+                Err(_) => {
+                    return Err(ConnError::FrameTimeout {
+                        frame: kind.name(),
+                        len: total,
+                        received: buf.len(),
+                        waited: budget,
+                    });
+                }
+            }
+        }
+        None => body.await?,
     }
-    let (kind, total) = peek_prefix(&prefix)?;
-    let len = total - 4;
-    if len > limit {
-        return Err(ConnError::FirstFrameTooLarge {
-            frame: kind.name(),
-            len,
-            limit,
-        });
-    }
-    let mut buf = BytesMut::zeroed(total);
-    buf[..PREFIX_BYTES].copy_from_slice(&prefix);
-    reader
-        .read_exact(&mut buf[PREFIX_BYTES..])
-        .await
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => ConnError::Truncated,
-            _ => ConnError::Io(e),
-        })?;
     let (frame, _) = Frame::decode(&buf.freeze())?;
     Ok(frame)
 }
+
+/// The first allocation of a frame's buffer, and the least it grows by: a frame's
+/// memory follows what arrived, so an announced size costs nothing until it is sent.
+const BODY_CHUNK: usize = 64 << 10;
 
 pub async fn write_frame(
     writer: &mut (impl AsyncWriteExt + Unpin),
@@ -181,8 +283,10 @@ pub(crate) enum WriteCmd {
 
 /// Which way a connection was made, and what that asks of its reader.
 pub(crate) enum Direction {
-    /// Accepted: its first frame may be no larger than a Hello.
-    Inbound,
+    /// Accepted from a subscriber: its first frame may be no larger than a Hello, every
+    /// frame must be one a downstream sends, in its place, and arrive whole within
+    /// `limits`' frame deadline.
+    Inbound { limits: Limits },
     /// Dialed to an upstream: every byte read is added to `read_bytes` as it arrives,
     /// and no frame is read while `backlog` is over its limit.
     Upstream {
@@ -204,12 +308,28 @@ pub(crate) fn spawn_conn(
     events: mpsc::Sender<Event>,
 ) -> (mpsc::Sender<WriteCmd>, tokio::task::AbortHandle) {
     let (tx, rx) = mpsc::channel(window.max(1) + CONTROL_ROOM);
-    let (first_limit, read_bytes, backlog) = match direction {
-        Direction::Inbound => (FIRST_FRAME_LIMIT, None, None),
+    let (rules, read_bytes, backlog) = match direction {
+        Direction::Inbound { limits } => (
+            ReadRules {
+                from: Some(Side::Downstream),
+                first_limit: FIRST_FRAME_LIMIT,
+                deadline: Some(limits),
+            },
+            None,
+            None,
+        ),
         Direction::Upstream {
             read_bytes,
             backlog,
-        } => (usize::MAX, Some(read_bytes), Some(backlog)),
+        } => (
+            ReadRules {
+                from: Some(Side::Upstream),
+                first_limit: usize::MAX,
+                deadline: None,
+            },
+            Some(read_bytes),
+            Some(backlog),
+        ),
     };
     // A plain socket splits into owned halves; a TLS stream's halves share its session.
     let reader = match stream {
@@ -220,7 +340,7 @@ pub(crate) fn spawn_conn(
                 inner: reader,
                 bytes: read_bytes,
             };
-            tasks.spawn(read_loop(conn, reader, first_limit, backlog, events))
+            tasks.spawn(read_loop(conn, reader, rules.clone(), backlog, events))
         }
         Stream::Tls(stream) => {
             let (reader, writer) = tokio::io::split(*stream);
@@ -229,7 +349,7 @@ pub(crate) fn spawn_conn(
                 inner: reader,
                 bytes: read_bytes,
             };
-            tasks.spawn(read_loop(conn, reader, first_limit, backlog, events))
+            tasks.spawn(read_loop(conn, reader, rules.clone(), backlog, events))
         }
     };
     (tx, reader)
@@ -265,18 +385,18 @@ impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
 async fn read_loop(
     conn: ConnId,
     mut reader: Counted<impl AsyncRead + Unpin>,
-    first_limit: usize,
+    rules: ReadRules,
     backlog: Option<Arc<DecodeBacklog>>,
     events: mpsc::Sender<Event>,
 ) {
-    let mut limit = first_limit;
+    let mut first = true;
     loop {
         if let Some(backlog) = &backlog {
             backlog.room().await;
         }
-        match read_frame_within(&mut reader, limit).await {
+        match read_checked(&mut reader, &rules, first).await {
             Ok(frame) => {
-                limit = usize::MAX;
+                first = false;
                 if events.send(Event::Frame { conn, frame }).await.is_err() {
                     return;
                 }
@@ -288,6 +408,7 @@ async fn read_loop(
                 let _ = events
                     .send(Event::Closed {
                         conn,
+                        refusal: error.refusal(),
                         reason: error.to_string(),
                     })
                     .await;
@@ -316,6 +437,7 @@ async fn write_loop(
             let _ = events
                 .send(Event::Closed {
                     conn,
+                    refusal: None,
                     reason: format!("write failed: {error}"),
                 })
                 .await;
@@ -413,7 +535,11 @@ mod tests {
     async fn a_first_frame_larger_than_a_hello_is_refused_before_its_body_is_read() {
         // A Segment frame announcing 1 MiB: fine later on, never as a first frame.
         let mut announced: &[u8] = &[0x00, 0x00, 0x10, 0x00, 0x06];
-        let error = read_frame_within(&mut announced, FIRST_FRAME_LIMIT)
+        let rules = ReadRules {
+            first_limit: FIRST_FRAME_LIMIT,
+            ..ReadRules::any()
+        };
+        let error = read_checked(&mut announced, &rules, true)
             .await
             .unwrap_err();
         assert!(
@@ -427,6 +553,94 @@ mod tests {
             ),
             "{error}"
         );
+    }
+
+    /// The rules of a hub's or relay's inbound connection, with the default limits.
+    fn inbound() -> ReadRules {
+        ReadRules {
+            from: Some(Side::Downstream),
+            first_limit: FIRST_FRAME_LIMIT,
+            deadline: Some(Limits::default()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_s_frame_of_a_kind_it_never_sends_is_refused_at_its_prefix() {
+        // What an actor did to grow a hub by 240 MiB: Segment frames announcing 60 MiB
+        // each, their bodies never sent. Refused at the five bytes of the prefix.
+        let mut segment: &[u8] = &[0x00, 0x00, 0xC0, 0x03, 0x06];
+        let error = read_checked(&mut segment, &inbound(), false)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                ConnError::Frame(FrameError::WrongSide {
+                    frame: "Segment",
+                    ..
+                })
+            ),
+            "{error}"
+        );
+        assert_eq!(error.refusal(), Some(Refusal::FrameKind));
+        // A second Hello is out of its place; a Want over the largest one is too large.
+        let mut hello = Vec::new();
+        Frame::Keepalive.encode(&mut hello);
+        hello[4] = 0x01;
+        let error = read_checked(&mut &hello[..], &inbound(), false)
+            .await
+            .unwrap_err();
+        assert_eq!(error.refusal(), Some(Refusal::FrameKind), "{error}");
+        let over = (aurora_proto::frame::MAX_DOWNSTREAM_FRAME_BYTES as u32 + 1).to_le_bytes();
+        let want = [over[0], over[1], over[2], over[3], 0x04];
+        let error = read_checked(&mut &want[..], &inbound(), false)
+            .await
+            .unwrap_err();
+        assert_eq!(error.refusal(), Some(Refusal::FrameSize), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_subscriber_s_frame_must_arrive_whole_within_its_deadline_but_silence_between_frames_is_free()
+     {
+        let limits = Limits::default();
+        let (mut peer, mut node) = tokio::io::duplex(1 << 20);
+        let reader = tokio::spawn(async move {
+            let first = read_checked(&mut node, &inbound(), false).await;
+            let second = read_checked(&mut node, &inbound(), false).await;
+            (first, second)
+        });
+        // An hour of silence, then a whole frame: taken.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        write_frame(&mut peer, &Frame::Keepalive).await.unwrap();
+        // Then a Nack's prefix and half its body, and nothing more.
+        let mut nack = Vec::new();
+        Frame::Nack {
+            version: 3,
+            index: 1,
+        }
+        .encode(&mut nack);
+        peer.write_all(&nack[..9]).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let (first, second) = reader.await.unwrap();
+        assert!(matches!(first, Ok(Frame::Keepalive)), "{first:?}");
+        let error = second.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ConnError::FrameTimeout {
+                    frame: "Nack",
+                    received: 9,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert_eq!(error.refusal(), Some(Refusal::FrameTimeout));
+        let waited = started.elapsed();
+        assert!(waited >= limits.frame_read_timeout, "{waited:?}");
+        // Paused time moves by whole milliseconds.
+        let deadline = limits.frame_deadline(nack.len()) + Duration::from_millis(1);
+        assert!(waited <= deadline, "{waited:?}");
     }
 
     #[tokio::test]

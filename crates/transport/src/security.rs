@@ -164,6 +164,15 @@ pub struct Limits {
     /// Bytes of received segments an actor lets wait for its decode pool;
     /// beyond it, it reads nothing more from its upstreams until decodes catch up.
     pub max_decode_backlog_bytes: u64,
+    /// How long a frame from a subscriber may take to arrive whole once its first byte
+    /// has, beyond what [`Limits::min_frame_read_rate`] allows for its length: a peer
+    /// that starts a frame and trickles or withholds the rest holds a buffer no longer.
+    /// The wait between frames is not bounded by it (a subscriber between versions
+    /// sends nothing).
+    pub frame_read_timeout: Duration,
+    /// The slowest a subscriber's frame may arrive, in bytes per second, once
+    /// [`Limits::frame_read_timeout`] is spent.
+    pub min_frame_read_rate: u64,
 }
 
 impl Default for Limits {
@@ -179,7 +188,17 @@ impl Default for Limits {
             max_build_bytes: 32 << 30,
             max_held_bytes: 8 << 30,
             max_decode_backlog_bytes: 128 << 20,
+            frame_read_timeout: Duration::from_secs(10),
+            min_frame_read_rate: 64 << 10,
         }
+    }
+}
+
+impl Limits {
+    /// How long a subscriber's frame of `len` bytes may take from its first byte.
+    pub(crate) fn frame_deadline(&self, len: usize) -> Duration {
+        let rate = self.min_frame_read_rate.max(1);
+        self.frame_read_timeout + Duration::from_secs_f64(len as f64 / rate as f64)
     }
 }
 
@@ -257,6 +276,14 @@ pub enum Refusal {
     TotalCap,
     /// A snapshot or composed-delta build over the hub's budget.
     BuildBudget,
+    /// A frame of a kind its sender's end never sends (a Segment from a subscriber), or
+    /// out of its place (a second Hello).
+    FrameKind,
+    /// A frame over its size: larger than a Hello before authentication, or than the
+    /// largest its kind may be.
+    FrameSize,
+    /// A subscriber's frame that did not arrive whole within its deadline.
+    FrameTimeout,
 }
 
 /// Refusals counted by reason (see [`Refusal`]). Hellos refused by the protocol (a
@@ -274,6 +301,9 @@ pub struct Refusals {
     pub peer_cap: u64,
     pub total_cap: u64,
     pub build_budget: u64,
+    pub frame_kind: u64,
+    pub frame_size: u64,
+    pub frame_timeout: u64,
 }
 
 impl Refusals {
@@ -288,6 +318,9 @@ impl Refusals {
             + self.peer_cap
             + self.total_cap
             + self.build_budget
+            + self.frame_kind
+            + self.frame_size
+            + self.frame_timeout
     }
 }
 
@@ -296,7 +329,7 @@ impl Refusals {
 /// each.
 #[derive(Debug, Default)]
 pub(crate) struct RefusalCounters {
-    counts: [AtomicU64; 10],
+    counts: [AtomicU64; 13],
     log: RefusalLog<Refusal>,
 }
 
@@ -332,6 +365,9 @@ impl RefusalCounters {
             peer_cap: get(Refusal::PeerCap),
             total_cap: get(Refusal::TotalCap),
             build_budget: get(Refusal::BuildBudget),
+            frame_kind: get(Refusal::FrameKind),
+            frame_size: get(Refusal::FrameSize),
+            frame_timeout: get(Refusal::FrameTimeout),
         }
     }
 }

@@ -67,10 +67,14 @@ fn config(ca: &FleetCa, role: Role, name: &str, upstreams: &[SocketAddr]) -> Nod
         max_connections: 10,
         max_unauthenticated_per_address: 5,
         max_connections_per_peer: 3,
+        frame_read_timeout: FRAME_READ_TIMEOUT,
         ..Limits::default()
     };
     config
 }
+
+/// Short, so that a test waits out a trickled frame briefly.
+const FRAME_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A hub of `ca`'s fleet with an honest actor that has received version 1.
 async fn hub_and_actor(ca: &FleetCa, chain: &Chain) -> (NodeHandle, NodeHandle) {
@@ -301,6 +305,97 @@ async fn one_peer_s_connections_are_capped_while_versions_flow() {
     let status = hub.status();
     assert_eq!(status.subscribers, 1);
     assert_eq!(status.refusals.total(), 1, "{:?}", status.refusals);
+    drop(held);
+}
+
+/// What an authenticated peer may send once its Hello is taken (docs/security.md §4): a
+/// downstream's frames only, each no larger than the largest Want, each whole within its
+/// deadline. The attack that grew a hub by 240 MiB, four Segment frames of 60 MiB each
+/// announced and never sent, is refused at each frame's five-byte prefix; a Want
+/// trickled a byte at a time is cut off at its deadline. Meanwhile the honest actor of
+/// the same hub takes its versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_subscriber_s_frames_are_bounded_in_kind_size_and_time() {
+    let ca = FleetCa::create("ours").unwrap();
+    let chain = Chain::new(2, 15);
+    let (hub, actor) = hub_and_actor(&ca, &chain).await;
+    let address = hub.local_addr().unwrap();
+    let a9 = tls(&ca, &ca, aurora_trust::Role::Actor, "9", None);
+    let connector = TlsConnector::from(
+        a9.client_config(SEGMENT_ALPN, &[aurora_trust::Role::Trainer])
+            .unwrap(),
+    );
+    // Each connection a session of its own, welcomed.
+    let subscribed = |session: u64| {
+        let connector = connector.clone();
+        async move {
+            let tcp = TcpStream::connect(address).await.unwrap();
+            let mut stream = connector
+                .connect(aurora_trust::tls::server_name(), tcp)
+                .await
+                .unwrap();
+            let hello = Hello {
+                session,
+                ..hello("9")
+            };
+            write_frame(&mut stream, &Frame::Hello(hello))
+                .await
+                .unwrap();
+            let answer = read_frame(&mut stream).await.unwrap();
+            assert!(matches!(answer, Frame::Welcome(_)), "{answer:?}");
+            stream
+        }
+    };
+    // Segment frames announcing 60 MiB each, their bodies never sent.
+    let mut held = Vec::new();
+    for session in 1..=3 {
+        let mut stream = subscribed(session).await;
+        let announced = (60u32 << 20).to_le_bytes();
+        stream
+            .write_all(&[announced[0], announced[1], announced[2], announced[3], 0x06])
+            .await
+            .unwrap();
+        stream.flush().await.unwrap();
+        held.push(stream);
+    }
+    refusals_reach(&hub, "the Segment frames refused", |s| {
+        s.refusals.frame_kind == 3
+    })
+    .await;
+    // A Want trickled a byte at a time, slower than its deadline allows.
+    let mut trickling = subscribed(4).await;
+    let mut want = Vec::new();
+    Frame::Want {
+        seq: 1,
+        next_version: 1,
+        snapshot: false,
+        composed: false,
+        live_streams: 1,
+        epochs: vec![1],
+        progress: Vec::new(),
+    }
+    .encode(&mut want);
+    let trickle = tokio::spawn(async move {
+        for byte in want {
+            if trickling.write_all(&[byte]).await.is_err() || trickling.flush().await.is_err() {
+                return;
+            }
+            tokio::time::sleep(FRAME_READ_TIMEOUT / 4).await;
+        }
+    });
+    refusals_reach(&hub, "the trickled Want cut off", |s| {
+        s.refusals.frame_timeout == 1
+    })
+    .await;
+    trickle.abort();
+
+    // The honest actor is served throughout.
+    chain.publish_live(&hub, 2).await;
+    let status = active_at(&actor, 2, "the honest actor at version 2").await;
+    assert_eq!(status.failed_activations, 0);
+    let status = hub.status();
+    assert_eq!(status.refusals.frame_kind, 3, "{:?}", status.refusals);
+    assert_eq!(status.refusals.frame_timeout, 1, "{:?}", status.refusals);
     drop(held);
 }
 

@@ -1177,3 +1177,122 @@ proptest! {
         let _ = decode(&bytes);
     }
 }
+
+#[test]
+fn the_largest_want_a_receiver_builds_is_the_largest_frame_a_downstream_sends() {
+    let have: Vec<Range<u32>> = (0..MAX_HAVE_RANGES as u32)
+        .map(|i| 2 * i..2 * i + 1)
+        .collect();
+    let largest = Frame::Want {
+        seq: u64::MAX,
+        next_version: 1,
+        snapshot: false,
+        composed: false,
+        live_streams: u64::MAX,
+        epochs: vec![u32::MAX; MAX_STREAMS as usize],
+        progress: (0..MAX_WANT_VERSIONS as u64)
+            .map(|i| Progress {
+                version: 1 + i,
+                has_offer: true,
+                has_seal: true,
+                composed: false,
+                have: have.clone(),
+            })
+            .collect(),
+    };
+    largest.validate().unwrap();
+    assert_eq!(
+        largest.encoded_len(),
+        PREFIX_BYTES - 1 + MAX_DOWNSTREAM_FRAME_BYTES
+    );
+    assert_eq!(MAX_DOWNSTREAM_FRAME_BYTES, 524_780);
+}
+
+#[test]
+fn a_reader_refuses_at_the_prefix_a_frame_its_peer_s_end_never_sends_or_sends_out_of_place() {
+    let prefix = |kind: FrameType, len: u32| {
+        let mut bytes = len.to_le_bytes().to_vec();
+        bytes.push(kind as u8);
+        bytes
+    };
+    // Frames no downstream sends: whatever their size, refused before the body.
+    for kind in [
+        FrameType::Offer,
+        FrameType::Segment,
+        FrameType::Seal,
+        FrameType::Welcome,
+        FrameType::Reject,
+        FrameType::Unavailable,
+        FrameType::Commit,
+    ] {
+        for first in [true, false] {
+            let error =
+                peek_prefix_from(&prefix(kind, 64 << 20), Side::Downstream, first).unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    FrameError::WrongSide {
+                        from: Side::Downstream,
+                        ..
+                    }
+                ),
+                "{kind:?}: {error}"
+            );
+            assert!(
+                error.to_string().contains("a downstream never sends"),
+                "{error}"
+            );
+        }
+    }
+    for kind in [
+        FrameType::Hello,
+        FrameType::Want,
+        FrameType::Nack,
+        FrameType::Status,
+    ] {
+        let error = peek_prefix_from(&prefix(kind, 1), Side::Upstream, false).unwrap_err();
+        assert!(
+            matches!(error, FrameError::WrongSide { .. }),
+            "{kind:?}: {error}"
+        );
+    }
+    // A connection opens with a Hello (a Welcome or a Reject the other way), and only so.
+    let error = peek_prefix_from(&prefix(FrameType::Want, 9), Side::Downstream, true).unwrap_err();
+    assert!(
+        error.to_string().contains("opens a connection with Want"),
+        "{error}"
+    );
+    let error =
+        peek_prefix_from(&prefix(FrameType::Hello, 9), Side::Downstream, false).unwrap_err();
+    assert!(
+        error.to_string().contains("after its connection was open"),
+        "{error}"
+    );
+    let error = peek_prefix_from(&prefix(FrameType::Segment, 9), Side::Upstream, true).unwrap_err();
+    assert!(
+        matches!(error, FrameError::OutOfPlace { first: true, .. }),
+        "{error}"
+    );
+    // What each end does send, where it sends it.
+    let taken = [
+        (FrameType::Hello, Side::Downstream, true),
+        (FrameType::Want, Side::Downstream, false),
+        (FrameType::Keepalive, Side::Downstream, false),
+        (FrameType::Welcome, Side::Upstream, true),
+        (FrameType::Reject, Side::Upstream, true),
+        (FrameType::Segment, Side::Upstream, false),
+        (FrameType::Goodbye, Side::Upstream, false),
+    ];
+    for (kind, from, first) in taken {
+        assert_eq!(
+            peek_prefix_from(&prefix(kind, 9), from, first).unwrap().0,
+            kind
+        );
+    }
+    // A Want over the largest a receiver builds is refused at its prefix too.
+    let over = (MAX_DOWNSTREAM_FRAME_BYTES + 1) as u32;
+    assert!(matches!(
+        peek_prefix_from(&prefix(FrameType::Want, over), Side::Downstream, false),
+        Err(FrameError::TooLarge { .. })
+    ));
+}

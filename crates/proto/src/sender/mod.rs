@@ -231,10 +231,17 @@ pub struct SenderStats {
     pub loads_deferred: u64,
     /// Frames of overdue versions sent once more on another stream (§5.13).
     pub frames_hedged: u64,
+    /// Composed deltas not built because the peer had another built or held, or the
+    /// target had [`MAX_COMPOSED_PER_TARGET`] bases already: the session replayed.
+    pub composed_refused: u64,
 }
 
 /// Ended sessions remembered so that a replayed Hello cannot revive one.
 pub const MAX_RETIRED_SESSIONS: usize = 4096;
+/// Composed deltas to one target built or held at once, from different bases, for every
+/// peer together: actors far behind at a handful of versions each get theirs, and a
+/// peer cycling through bases gets no more than its one ([`Sender::composed_for_peer`]).
+pub const MAX_COMPOSED_PER_TARGET: usize = 4;
 
 pub struct Sender {
     config: SenderConfig,
@@ -265,6 +272,9 @@ pub struct Sender {
     /// what a relay started from); a session asking for one is told so.
     floor: u64,
     loading: BTreeSet<ArtifactKey>,
+    /// The composed delta each peer's sessions are served, while it is built or held:
+    /// one per peer.
+    composed_for_peer: HashMap<String, ArtifactKey>,
     /// Artifacts that cannot be served, with why: sessions wanting one are told it is
     /// unavailable, except those of a composed delta, which replay the deltas instead.
     unavailable: BTreeMap<ArtifactKey, String>,
@@ -303,6 +313,7 @@ impl Sender {
             held_hellos: None,
             floor: 0,
             loading: BTreeSet::new(),
+            composed_for_peer: HashMap::new(),
             unavailable: BTreeMap::new(),
             deferred: BTreeMap::new(),
             retired: BTreeSet::new(),

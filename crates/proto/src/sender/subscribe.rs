@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::artifacts::ArtifactKey;
 use super::session::{Conn, SegState, Session};
-use super::{MAX_RETIRED_SESSIONS, Sender, SenderEvent};
+use super::{MAX_COMPOSED_PER_TARGET, MAX_RETIRED_SESSIONS, Sender, SenderEvent};
 use crate::frame::{
     Frame, Hello, MAX_STREAMS, PROTOCOL_VERSION, Progress, RejectCode, Role, VersionRef, Welcome,
 };
@@ -109,7 +109,7 @@ impl Sender {
                 // a receiver back from its backoff, or of another session moving on.
                 self.deferred.clear();
                 let snapshot = snapshot.then_some(next_version);
-                let composed = self.composed_choice(next_version, composed, &progress);
+                let composed = self.composed_choice(session_id, next_version, composed, &progress);
                 self.measure_delivery(now, session_id, next_version);
                 self.on_want(
                     session_id,
@@ -335,13 +335,19 @@ impl Sender {
         }
     }
 
-    /// The composed delta a Want at `next_version` is served, if any: a store-backed
-    /// sender, a Want that accepts one, and at least two versions to go (one behind,
-    /// it would be the stored delta itself). Its target is the one the subscriber holds
-    /// parts of (a transfer resumes), else the store's latest; a target the driver
-    /// declined from this base or an earlier one is replayed instead.
+    /// The composed delta a Want of session `id` at `next_version` is served, if any: a
+    /// store-backed sender, a Want that accepts one, and at least two versions to go
+    /// (one behind, it would be the stored delta itself). Its target is the store's
+    /// latest, or the one the session is being served already (a transfer resumes): a
+    /// subscriber does not choose it. A target the driver declined from this base or an
+    /// earlier one is replayed instead. A composed delta is a build (a model rebuilt
+    /// twice, then a delta extracted), so what one peer can ask for is bounded
+    /// (docs/security.md §4): one at a time per peer, however many sessions or bases it
+    /// tries, and [`MAX_COMPOSED_PER_TARGET`] bases per target for every peer together;
+    /// beyond either, the session replays the deltas.
     fn composed_choice(
-        &self,
+        &mut self,
+        id: u64,
         next_version: u64,
         accepted: bool,
         progress: &[Progress],
@@ -349,24 +355,68 @@ impl Sender {
         let latest = self
             .loadable_max
             .filter(|_| accepted && self.config.store_backed)?;
-        let held = progress
+        let session = &self.sessions[&id];
+        let peer = session.peer_id.clone();
+        // Targets this peer was served: its session's now, or an earlier session's.
+        let served = [
+            session.composed.map(|(_, target)| target),
+            self.composed_for_peer.get(&peer).map(|key| key.version()),
+        ];
+        let resumed = progress
             .iter()
             .find(|p| p.composed)
             .map(|p| p.version)
-            .filter(|&t| t <= latest);
-        let target = held.unwrap_or(latest);
+            .filter(|&t| t <= latest && served.contains(&Some(t)));
+        let target = resumed.unwrap_or(latest);
         if progress.iter().any(|p| p.version == target && !p.composed) {
             // It holds parts of D(target): it is replaying already, and parts of two
             // artifacts for one version would only be dropped.
             return None;
         }
-        let key = (next_version.checked_sub(1)?, target);
+        let (base, target) = (next_version.checked_sub(1)?, target);
         // Declined from an earlier base: replaying to the same target from a later one
         // is cheaper still, so the plan is not asked again at every delivered version.
         let declined = self.unavailable.keys().any(|declined| {
-            matches!(*declined, ArtifactKey::Composed { base, target: t } if t == target && base <= key.0)
+            matches!(*declined, ArtifactKey::Composed { base: b, target: t } if t == target && b <= base)
         });
-        (target > next_version && !declined).then_some(key)
+        if target <= next_version || declined {
+            return None;
+        }
+        let key = ArtifactKey::Composed { base, target };
+        // What is being built or held; a peer's key neither, and of no session of the
+        // peer, is forgotten.
+        let live = |sender: &Sender, key: &ArtifactKey| {
+            sender.loading.contains(key) || sender.artifacts.contains_key(key)
+        };
+        let peers = std::mem::take(&mut self.composed_for_peer);
+        self.composed_for_peer = peers
+            .into_iter()
+            .filter(|(peer, key)| {
+                live(self, key) || self.sessions.values().any(|s| s.peer_id == *peer)
+            })
+            .collect();
+        if self
+            .composed_for_peer
+            .get(&peer)
+            .is_some_and(|held| *held != key && live(self, held))
+        {
+            self.stats.composed_refused += 1;
+            return None;
+        }
+        let bases = self
+            .loading
+            .iter()
+            .chain(self.artifacts.keys())
+            .filter(|other| {
+                matches!(**other, ArtifactKey::Composed { base: b, target: t } if t == target && b != base)
+            })
+            .count();
+        if !live(self, &key) && bases >= MAX_COMPOSED_PER_TARGET {
+            self.stats.composed_refused += 1;
+            return None;
+        }
+        self.composed_for_peer.insert(peer, key);
+        Some((base, target))
     }
 
     /// A version a Want moves past was delivered: how long that took since its last

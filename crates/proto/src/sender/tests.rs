@@ -1096,6 +1096,74 @@ fn composed_loads(pair: &Pair) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// A Want of a session at `next_version` that accepts composed catch-up and says it holds
+/// parts of a composed delta to `target`.
+fn composed_want(seq: u64, next_version: u64, target: u64) -> Frame {
+    Frame::Want {
+        seq,
+        next_version,
+        snapshot: false,
+        composed: true,
+        live_streams: 1,
+        epochs: vec![1],
+        progress: vec![Progress {
+            version: target,
+            has_offer: true,
+            has_seal: false,
+            composed: true,
+            have: vec![0..1],
+        }],
+    }
+}
+
+/// The composed deltas `sender` asked its driver to build.
+fn builds_asked(sender: &mut Sender) -> Vec<(u64, u64)> {
+    std::iter::from_fn(|| sender.poll_event())
+        .filter_map(|e| match e {
+            SenderEvent::Load(ArtifactKey::Composed { base, target }) => Some((base, target)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What one authenticated actor did to make a hub build and keep six composed deltas:
+/// Wants from seven bases, each naming a target of its choosing. It is built one: the
+/// first, to the store's latest; the others replay the deltas while it is built or
+/// held. Other peers get theirs, up to [`MAX_COMPOSED_PER_TARGET`] bases of one target.
+#[test]
+fn one_peer_gets_one_composed_build_at_a_time_whatever_bases_and_targets_it_names() {
+    let now = Instant::now();
+    let mut s = store_sender(20, 0);
+    handshake(&mut s, 1, hello(5, 0, 1));
+    let mut asked = Vec::new();
+    for (seq, base) in (3..10).rev().enumerate() {
+        s.handle_frame(now, 1, composed_want(seq as u64, base + 1, 15 + base));
+        drain_all(&mut s, now);
+        asked.extend(builds_asked(&mut s));
+    }
+    assert_eq!(asked, [(9, 20)], "one build, to the latest");
+    assert_eq!(s.stats().composed_refused, 6);
+
+    // Other actors: one at the same base shares the build; one at each other base
+    // gets its own until the target has four.
+    let mut asked = Vec::new();
+    for (peer, base) in [(2u64, 9u64), (3, 8), (4, 7), (5, 6), (6, 5)] {
+        let conn = 10 + peer;
+        let mut other = hello(50 + peer, 0, 1);
+        other.peer_id = format!("a{peer}");
+        handshake(&mut s, conn, other);
+        s.handle_frame(now, conn, composed_want(0, base + 1, 20));
+        drain_all(&mut s, now);
+        asked.extend(builds_asked(&mut s));
+    }
+    assert_eq!(asked, [(8, 20), (7, 20), (6, 20)]);
+    assert_eq!(
+        s.stats().composed_refused,
+        7,
+        "the fifth base of one target"
+    );
+}
+
 #[test]
 fn a_session_three_behind_is_served_one_composed_delta() {
     // The actor is at 5; the store's latest is 8; D(9) is being published.

@@ -51,6 +51,8 @@ pub(crate) enum Event {
     },
     Closed {
         conn: ConnId,
+        /// How it counts, where its reader refused what the peer sent.
+        refusal: Option<Refusal>,
         reason: String,
     },
     Sent {
@@ -326,11 +328,27 @@ impl<E: Engine> Driver<E> {
                     receiver.handle_frame(now, conn, frame);
                 }
             }
-            Event::Closed { conn, reason } => {
+            Event::Closed {
+                conn,
+                refusal,
+                reason,
+            } => {
                 let Some(entry) = self.remove_conn(conn) else {
                     return;
                 };
-                tracing::debug!(conn, reason, inbound = entry.inbound, "connection closed");
+                match refusal {
+                    Some(refusal) => {
+                        let peer = entry.peer.as_deref().unwrap_or(if entry.inbound {
+                            "a subscriber"
+                        } else {
+                            "the upstream"
+                        });
+                        self.refusals.record(refusal, &peer, &reason);
+                    }
+                    None => {
+                        tracing::debug!(conn, reason, inbound = entry.inbound, "connection closed")
+                    }
+                }
                 if entry.inbound {
                     if let Some(sender) = self.node.sender_mut() {
                         sender.closed(conn);
@@ -451,7 +469,9 @@ impl<E: Engine> Driver<E> {
         let conn = self.next_conn;
         self.next_conn += 1;
         let direction = match inbound {
-            Some(_) => Direction::Inbound,
+            Some(_) => Direction::Inbound {
+                limits: self.config.limits.clone(),
+            },
             None => Direction::Upstream {
                 read_bytes: self.upstream_bytes.clone(),
                 backlog: self.backlog.clone(),
