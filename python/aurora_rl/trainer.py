@@ -116,6 +116,12 @@ class Trainer:
         return self._node.control_address
 
     @property
+    def run_id(self) -> str:
+        """The run's id (32 hex digits), fixed when the node's store was made: every
+        version and commit it signs names it, and actors pin it (docs/security.md §5)."""
+        return self._node.run_id
+
+    @property
     def transport_address(self) -> str:
         return self._node.transport_address
 

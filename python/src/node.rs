@@ -230,6 +230,12 @@ impl TrainerNodeCore {
         self.node.transport_address().to_string()
     }
 
+    /// The run this node's store was made for, in hex: every statement it signs names it.
+    #[getter]
+    fn run_id(&self) -> String {
+        self.node.run_id().to_hex()
+    }
+
     /// The newest published version and its weights hash.
     fn latest(&self) -> Option<(u64, String)> {
         self.node

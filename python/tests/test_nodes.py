@@ -138,6 +138,23 @@ def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path, 
     actor.leave()
 
 
+def test_with_certificates_nothing_unsigned_is_served_or_taken_unless_asked_by_name(model_dir, tmp_path, aurora_bin):
+    nodes = fleet(aurora_bin, tmp_path / "fleet", [("trainer", "trainer", "hub"), ("actor", "1", "us")])
+    with pytest.raises(Exception, match="no signing key.*insecure_unsigned=True"):
+        aurora_rl.Trainer(tmp_path / "unsigned", **nodes["trainer"])
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", signing_key=tmp_path / "fleet" / "signing.key", **nodes["trainer"])
+    assert len(trainer.run_id) == 32 and int(trainer.run_id, 16) != 0
+    trainer.publish(load_file(str(model_dir / "model.safetensors")))
+    actor_args = dict(id=1, region="us", control=trainer.control_address, upstreams=[trainer.transport_address])
+    with pytest.raises(Exception, match="pins no trainer key.*insecure_unsigned=True"):
+        aurora_rl.Actor(TransformersEngine.start(str(model_dir)), **actor_args, **nodes["1"])
+    # Plaintext stays on loopback unless the network is said closed.
+    with pytest.raises(Exception, match="not a loopback address"):
+        aurora_rl.Trainer(tmp_path / "open", insecure_plaintext=True, control_listen="0.0.0.0:0")
+    with pytest.raises(ValueError, match="only widens insecure_plaintext"):
+        aurora_rl.Trainer(tmp_path / "closed", insecure_closed_network=True, **nodes["trainer"])
+
+
 def test_a_base_changed_in_place_after_publishing_is_refused(tmp_path):
     trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
     weights = {"w": torch.ones(64, 64, dtype=torch.bfloat16)}

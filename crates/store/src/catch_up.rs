@@ -4,6 +4,9 @@
 use crate::catalog::{ComposedRecord, sizes};
 use crate::{Plan, Result, Store, StoreError, plan};
 
+/// A composed delta built to plan, not stored: its record-to-be and bytes.
+type BuiltComposed = (ComposedRecord, Vec<u8>);
+
 impl Store {
     /// The cheapest way by bytes for an Actor at `actor_version` to reach the latest
     /// version (see the catch-up rule in the crate docs). A composed delta counts only
@@ -57,7 +60,7 @@ impl Store {
         &self,
         actor_version: u64,
         target: u64,
-    ) -> Result<(Plan, Option<(ComposedRecord, Vec<u8>)>)> {
+    ) -> Result<(Plan, Option<BuiltComposed>)> {
         let stored = self.composed_record(actor_version, target)?;
         let (composed, built) = if let Some(record) = stored {
             (Some(record.size_bytes), None)

@@ -1000,3 +1000,45 @@ async fn an_actor_pinning_another_trainer_key_refuses_every_version_and_stages_n
         .unwrap();
     }
 }
+
+/// A relay left behind (or a compromised one replaying what it kept) offers a joiner an
+/// old authentic snapshot and commit: the joiner, told by the control plane what the
+/// trainer has committed and which snapshot its hub offers, refuses it at its Welcome and
+/// joins from the hub. It never activates anything older than that snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_refuses_a_relay_behind_the_commit_it_was_told_of_and_joins_from_the_hub() {
+    let chain = Chain::new(4, 51);
+    let (_root, store, hub) = snapshot_hub(&chain).await;
+    let hub_address = hub.local_addr().unwrap();
+    // A relay that keeps the snapshot of 0, then loses its upstream at version 1.
+    let link = Proxy::start(hub_address, Fault::None).await;
+    let kept = tempfile::tempdir().unwrap();
+    let mut relay_config = config(Role::Relay, "relay", &[link.address]);
+    relay_config.snapshot_dir = Some(kept.path().to_path_buf());
+    relay_config.relay_suspend_after = None;
+    let relay = connected_relay(relay_config).await;
+    chain.publish_live(&hub, 1).await;
+    held_at(&relay, 1, "the relay at version 1").await;
+    link.partition();
+    for version in 2..=4 {
+        chain.publish_live(&hub, version).await;
+    }
+    store.put_snapshot(3, &chain.images[3]).unwrap();
+    hub.store_changed().await.unwrap();
+    // What the control plane tells the joiner: 4 committed, the snapshot of 3 offered.
+    let mut joiner_config =
+        actor_config(&hub, "joiner", &[relay.local_addr().unwrap(), hub_address]);
+    joiner_config.join_floor = aurora_proto::JoinFloor {
+        snapshot: 3,
+        commit: 4,
+    };
+    let engine = Arc::new(IdleEngine::default());
+    let joiner = spawn_joining_actor(joiner_config, engine.clone())
+        .await
+        .unwrap();
+    let status = active_at(&joiner, 4, "the joiner").await;
+    assert_eq!(engine.activations(), [chain.at(3), chain.at(4)]);
+    assert_eq!(status.upstream, Some(hub_address));
+    // The relay served it nothing of its old snapshot.
+    assert_eq!(relay.status().sender.unwrap().segments_sent, 0);
+}
