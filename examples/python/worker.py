@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import signal
 import sys
 import threading
@@ -67,7 +68,9 @@ class Hub:
                 log(f"{path}: {error}; retrying")
             except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
                 log(f"{path}: hub unreachable ({error}); retrying")
-            time.sleep(backoff_s)
+            # Exponential, from the upper half of the bound at random: workers that
+            # lost the hub together do not all come back at the same instant.
+            time.sleep(backoff_s * random.uniform(0.5, 1.0))
             backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
 
     def _call_once(self, method, path, token, body):

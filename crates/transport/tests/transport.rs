@@ -1032,6 +1032,9 @@ async fn a_joiner_refuses_a_relay_behind_the_commit_it_was_told_of_and_joins_fro
         snapshot: 3,
         commit: 4,
     };
+    // Back on its relay for the deltas once joined, it expects the commit it was told
+    // of, and gives the stale relay up when it brings nothing of it.
+    joiner_config.behind_timeout = Duration::from_millis(500);
     let engine = Arc::new(IdleEngine::default());
     let joiner = spawn_joining_actor(joiner_config, engine.clone())
         .await
@@ -1039,6 +1042,7 @@ async fn a_joiner_refuses_a_relay_behind_the_commit_it_was_told_of_and_joins_fro
     let status = active_at(&joiner, 4, "the joiner").await;
     assert_eq!(engine.activations(), [chain.at(3), chain.at(4)]);
     assert_eq!(status.upstream, Some(hub_address));
+    assert_eq!(status.receiver.unwrap().violations, 0);
     // The relay served it nothing of its old snapshot.
     assert_eq!(relay.status().sender.unwrap().segments_sent, 0);
 }

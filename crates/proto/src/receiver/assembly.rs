@@ -78,6 +78,12 @@ impl Receiver {
                 Some(ArtifactKind::Composed) => ArtifactKind::Composed,
                 _ => self.kind_of(version),
             };
+            // A joiner told of a commit past its snapshot expects it from now on: an
+            // upstream that brings it too little of the way is given up (§6.4).
+            let told = self.config.join_floor.commit;
+            if matches!(self.start, Start::Snapshot(_)) && told > version {
+                self.expected = self.expected.max(Some(told));
+            }
             // Delivered: from now on every version follows this one as a delta, and a
             // relay that chooses its start again (cut off past its upstream's window)
             // follows from the newest version: taking a snapshot again would hold back
