@@ -29,3 +29,19 @@ def test_the_package_is_typed_and_exports_what_it_documents():
     assert (PACKAGE / "py.typed").exists()
     assert sorted(aurora_rl.__all__) == sorted(name for name in aurora_rl.__all__ if hasattr(aurora_rl, name))
     assert aurora_rl.FORMAT_VERSION >= 1
+
+
+def test_vllm_loads_the_plugin_in_its_processes():
+    """vLLM's own loader finds the plugin (entry point ``vllm.general_plugins``), and after
+    it this process may use AMX tiles wherever the CPU has them."""
+    import torch
+    from vllm.plugins import load_plugins_by_group
+
+    from aurora_rl import vllm_plugin
+
+    plugins = load_plugins_by_group("vllm.general_plugins")
+    assert plugins.get("aurora") is vllm_plugin.register
+    plugins["aurora"]()
+    if torch.cpu._is_amx_tile_supported():
+        # Granted already: asking again is answered yes at once.
+        assert torch._C._cpu._init_amx()
