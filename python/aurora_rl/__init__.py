@@ -9,7 +9,12 @@ The Rust core that the ``aurora`` binary runs, with torch and numpy faces:
 - ``Actor``: the actor node in an inference process, activating versions into an engine
   (``aurora_rl.engines``: vLLM, Hugging Face transformers) at its safe points.
 
-Errors are ``AuroraError`` subclasses carrying the Rust error's message. Log records go
+Errors are ``AuroraError`` subclasses carrying the Rust error's message: the delta
+codec's (``DeltaError`` and its kinds, ``WrongBaseError``, ...), a node's failures
+(``NodeError``; ``NodeTimeoutError`` is also a ``TimeoutError``, ``NodeClosedError``
+follows ``close()``) and calls its contract does not allow (``UsageError``, also a
+``ValueError``). Nodes are context managers: ``with Trainer(...) as trainer:`` closes
+the node at the end of the block. Log records go
 to Python's ``logging``: the package's to ``aurora_rl.*``, the Rust nodes' to loggers
 named after their modules (``aurora_transport.node``, ``aurora_node.actor``, ...).
 """
@@ -20,11 +25,15 @@ from aurora_rl._core import (
     CheckpointError,
     CorruptedDeltaError,
     DeltaError,
+    NodeClosedError,
+    NodeError,
+    NodeTimeoutError,
     TargetMismatchError,
     TruncatedDeltaError,
+    UsageError,
     WrongBaseError,
 )
-from aurora_rl.actor import Actor, Lease, Work
+from aurora_rl.actor import Actor, Lease, LeaseId, Work
 from aurora_rl.codec import apply, diff, weights_hash
 from aurora_rl.trainer import Published, Rollout, StepResults, Trainer
 
@@ -32,6 +41,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Actor",
     "Lease",
+    "LeaseId",
     "Published",
     "Rollout",
     "StepResults",
@@ -41,8 +51,12 @@ __all__ = [
     "CheckpointError",
     "CorruptedDeltaError",
     "DeltaError",
+    "NodeClosedError",
+    "NodeError",
+    "NodeTimeoutError",
     "TargetMismatchError",
     "TruncatedDeltaError",
+    "UsageError",
     "WrongBaseError",
     "apply",
     "diff",

@@ -11,6 +11,7 @@ stamped with the version and weights hash they were generated on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from aurora_rl import _core
+from aurora_rl._node import ClosingNode
 from aurora_rl._tensors import Tensor, host_tensors, torch_view
 from aurora_rl.engines import Engine, fused_group_names
 
@@ -30,11 +32,21 @@ ACTIVATION_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
+class LeaseId:
+    """Which lease: the step, the job (the prompt's place in the step's batch) and how
+    many leases on that job came before (docs/control-api.md)."""
+
+    step: int
+    job: int
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Lease:
     """One prompt to generate for, until the lease expires."""
 
-    #: The lease's id, echoed back with the result.
-    id: dict
+    #: The lease's id, handed back with the result.
+    id: LeaseId
     prompt: int
     expires_in_ms: int
 
@@ -48,7 +60,7 @@ class Work:
     leases: list[Lease]
 
 
-class Actor:
+class Actor(ClosingNode):
     """An actor node in this process, feeding ``engine``.
 
     Without ``weights``, joins over the wire: the newest snapshot comes from an upstream
@@ -63,6 +75,9 @@ class Actor:
     the trainer signed; with certificates it is required, unless ``insecure_unsigned=True``
     says by name to take unsigned versions. In plaintext the node dials loopback only,
     unless ``insecure_closed_network=True`` says the network between the nodes is closed.
+
+    ``close()``, or the end of a ``with`` block, leaves the fleet unless the actor left,
+    then stops the node's threads (the engine is the caller's to stop).
 
     Upstreams come in order of preference. A session on any but the first goes back to
     the first after about ``return_after`` seconds, between versions (``None``: never). A
@@ -95,7 +110,7 @@ class Actor:
         behind_timeout: float = _core.BEHIND_TIMEOUT_S,
     ) -> None:
         if (weights is None) != (version is None):
-            raise ValueError("give the local weights and their version together, or neither to join")
+            raise _core.UsageError("give the local weights and their version together, or neither to join")
         self.engine = engine
         self.id = id
         local = None if weights is None else (version, host_tensors(weights))
@@ -125,7 +140,8 @@ class Actor:
         # nor the one before, and the transport hands no activation over twice.
         self._load_failed: Optional[tuple[int, BaseException]] = None
         if weights is None and self.safe_point() is None:
-            raise RuntimeError("joined, but the snapshot never reached the engine")
+            self.close()
+            raise _core.NodeError("joined, but the snapshot never reached the engine")
 
     @property
     def active(self) -> tuple[int, str]:
@@ -175,7 +191,7 @@ class Actor:
     def _refuse_after_failed_load(self) -> None:
         if self._load_failed is not None:
             version, error = self._load_failed
-            raise RuntimeError(
+            raise _core.NodeError(
                 f"the engine failed to load version {version} ({error!r}): its weights are "
                 "unknown, so this actor serves nothing more; start it again to join afresh"
             ) from error
@@ -191,10 +207,10 @@ class Actor:
         deadline = time.monotonic() + ACTIVATION_WAIT_S
         while commit is not None and self.active[0] < commit:
             if self.safe_point(wait=max(0.0, deadline - time.monotonic())) is None:
-                raise TimeoutError(f"version {commit} was not activated within {ACTIVATION_WAIT_S} s")
+                raise _core.NodeTimeoutError(f"version {commit} was not activated within {ACTIVATION_WAIT_S} s")
         version, weights_hash = self.active
         leases = [
-            Lease(lease["lease"], lease["prompt"], lease["expires_in_ms"])
+            Lease(LeaseId(**lease["lease"]), lease["prompt"], lease["expires_in_ms"])
             for lease in answer["leases"]
             if lease["version"] == version
         ]
@@ -207,7 +223,7 @@ class Actor:
         JSON value. Returns the control plane's outcome for each, in order."""
         body = [
             {
-                "lease": lease.id,
+                "lease": dataclasses.asdict(lease.id),
                 "version": work.version,
                 "weights_hash": work.weights_hash,
                 "tokens": tokens,
@@ -218,5 +234,7 @@ class Actor:
         return json.loads(self._node.submit(json.dumps(body)))
 
     def leave(self) -> None:
-        """Leaves the fleet: held leases return to the pool at once."""
+        """Leaves the fleet: held leases return to the pool at once. The node is closed
+        afterwards."""
         self._node.leave()
+

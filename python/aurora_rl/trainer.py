@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from aurora_rl import _core
+from aurora_rl._node import ClosingNode
 from aurora_rl._tensors import Tensor, host_tensors
 
 logger = logging.getLogger("aurora_rl.trainer")
@@ -50,8 +51,11 @@ class StepResults:
     unfinished: list[int]
 
 
-class Trainer:
+class Trainer(ClosingNode):
     """A trainer node in this process.
+
+    ``close()``, or the end of a ``with`` block, stops the control plane and the
+    transport hub; the directory keeps everything published and stored.
 
     ``directory`` holds the checkpoint store and the control plane's database; reopening
     it carries on from both. Actors and relays join with the addresses and the token.
@@ -135,7 +139,7 @@ class Trainer:
         if self._previous is None and self._node.latest() is None:
             result = self._node.publish_first(0, tensors)
         elif self._previous is None:
-            raise ValueError(
+            raise _core.UsageError(
                 "this store already holds published versions: call resume() with the latest "
                 "version's weights first"
             )
@@ -152,12 +156,12 @@ class Trainer:
         that version."""
         latest = self._node.latest()
         if latest is None:
-            raise ValueError("nothing is published in this directory: publish the first version")
+            raise _core.UsageError("nothing is published in this directory: publish the first version")
         version, expected = latest
         tensors = host_tensors(state)
         actual = _core.weights_hash(tensors)
         if actual != expected:
-            raise ValueError(f"these weights hash to {actual}, not to version {version}'s {expected}")
+            raise _core.WrongBaseError(f"these weights hash to {actual}, not to version {version}'s {expected}")
         self._previous = tensors
         return version
 

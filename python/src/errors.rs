@@ -6,8 +6,10 @@
 
 use aurora_delta::DeltaError as Rust;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
 
 create_exception!(
     aurora_rl,
@@ -52,6 +54,84 @@ create_exception!(
     "The tensors given do not form a valid checkpoint, or cannot be expressed as a delta."
 );
 
+create_exception!(
+    aurora_rl,
+    NodeError,
+    AuroraError,
+    "A node failed: its transport, control plane, store or files."
+);
+create_exception!(
+    aurora_rl,
+    NodeClosedError,
+    NodeError,
+    "The node was closed (`close()`, `leave()` or the end of its `with` block)."
+);
+
+/// `UsageError(AuroraError, ValueError)`: a call the node's contract does not allow (an
+/// argument out of range, publishing out of order, an activation still held).
+static USAGE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+/// `NodeTimeoutError(NodeError, TimeoutError)`: what a node waited for did not happen.
+static NODE_TIMEOUT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// A class deriving from aurora's `base` and the builtin `builtin`, so that code catching
+/// either catches it: pyo3's exception macro takes one base.
+fn two_based(
+    py: Python<'_>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+    doc: &str,
+    bases: (Bound<'_, PyType>, Bound<'_, PyType>),
+) -> PyResult<Py<PyType>> {
+    cell.get_or_try_init(py, || {
+        let namespace = PyDict::new(py);
+        namespace.set_item("__doc__", doc)?;
+        namespace.set_item("__module__", "aurora_rl")?;
+        let bases = PyTuple::new(py, [bases.0, bases.1])?;
+        let class = py.get_type::<PyType>().call1((name, bases, namespace))?;
+        Ok(class.cast_into::<PyType>()?.unbind())
+    })
+    .map(|class| class.clone_ref(py))
+}
+
+fn usage_error_type(py: Python<'_>) -> PyResult<Py<PyType>> {
+    two_based(
+        py,
+        &USAGE_ERROR,
+        "UsageError",
+        "A call the node's contract does not allow: an argument out of range, publishing \
+         out of order, an activation still held.",
+        (py.get_type::<AuroraError>(), py.get_type::<PyValueError>()),
+    )
+}
+
+fn node_timeout_error_type(py: Python<'_>) -> PyResult<Py<PyType>> {
+    two_based(
+        py,
+        &NODE_TIMEOUT_ERROR,
+        "NodeTimeoutError",
+        "What a node waited for (a join, a step's results, an activation) did not happen in time.",
+        (py.get_type::<NodeError>(), py.get_type::<PyTimeoutError>()),
+    )
+}
+
+/// An error of one of the two-based classes, with `message`.
+fn two_based_error(class: fn(Python<'_>) -> PyResult<Py<PyType>>, message: String) -> PyErr {
+    Python::attach(|py| match class(py) {
+        Ok(class) => PyErr::from_type(class.into_bound(py), message),
+        Err(error) => error,
+    })
+}
+
+/// A `UsageError` with `message`.
+pub fn usage_error(message: impl Into<String>) -> PyErr {
+    two_based_error(usage_error_type, message.into())
+}
+
+/// A `NodeTimeoutError` with `message`.
+pub fn node_timeout_error(message: impl Into<String>) -> PyErr {
+    two_based_error(node_timeout_error_type, message.into())
+}
+
 /// The Python exception for a Rust error, with its message.
 pub fn delta_error(error: Rust) -> PyErr {
     let message = error.to_string();
@@ -85,5 +165,9 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("WrongBaseError", py.get_type::<WrongBaseError>())?;
     module.add("TargetMismatchError", py.get_type::<TargetMismatchError>())?;
     module.add("CheckpointError", py.get_type::<CheckpointError>())?;
+    module.add("NodeError", py.get_type::<NodeError>())?;
+    module.add("NodeClosedError", py.get_type::<NodeClosedError>())?;
+    module.add("UsageError", usage_error_type(py)?)?;
+    module.add("NodeTimeoutError", node_timeout_error_type(py)?)?;
     Ok(())
 }

@@ -5,7 +5,8 @@
 
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use aurora_api::{StatusResponse, WireResult};
@@ -16,12 +17,11 @@ use aurora_node::{
 };
 use aurora_proto::Weights;
 use aurora_store::TrainerData;
-use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::dlpack::export_bytes;
-use crate::errors::delta_error;
+use crate::errors::{self, NodeClosedError, delta_error, node_timeout_error, usage_error};
 use crate::trust::TrustArgs;
 use crate::{TensorArg, Tensors};
 
@@ -45,46 +45,99 @@ fn node_error(error: NodeError) -> PyErr {
     let message = message_chain(&error);
     match error {
         NodeError::Delta(error) => delta_error(error),
-        NodeError::Timeout { .. } => PyTimeoutError::new_err(message),
-        NodeError::Usage(_) => PyValueError::new_err(message),
-        _ => PyRuntimeError::new_err(message),
+        NodeError::Timeout { .. } => node_timeout_error(message),
+        NodeError::Usage(_) => usage_error(message),
+        _ => errors::NodeError::new_err(message),
     }
 }
 
-/// A node's tokio runtime. Dropped, it waits a bounded time for its tasks to go (so the
-/// node's files and ports are free for the next node), not forever: a node is often
-/// dropped as the interpreter exits, when a worker thread that logs through Python (which
-/// then no longer lets threads in) never finishes.
-struct Runtime(Option<tokio::runtime::Runtime>);
+/// A node's tokio runtime, until the node is closed. Closing ends the calls in flight
+/// (they fail with `NodeClosedError`), waits for them to return, then stops every task
+/// within a bounded time (so the node's files and ports are free for the next node, and
+/// no thread of it logs through Python afterwards). Not forever: a node is often dropped
+/// as the interpreter exits, when a worker thread that logs through Python (which then no
+/// longer lets threads in) never finishes.
+struct Runtime {
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
+    /// Set once by `close`; calls in flight watch it.
+    closed: tokio::sync::watch::Sender<bool>,
+    /// Held shared by every call while it runs, and exclusively by `close` while it stops
+    /// the runtime, whose timers would fail the calls still polling them.
+    calls: RwLock<()>,
+}
 
-/// How long a dropped node waits for its tasks.
+/// How long closing a node waits for its tasks.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Runtime {
     fn start() -> PyResult<Runtime> {
-        tokio::runtime::Builder::new_multi_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("aurora-node")
             .enable_all()
             .build()
-            .map(|runtime| Runtime(Some(runtime)))
-            .map_err(|e| PyRuntimeError::new_err(format!("starting the node's runtime: {e}")))
+            .map_err(|e| errors::NodeError::new_err(format!("starting the node's runtime: {e}")))?;
+        Ok(Runtime {
+            handle: runtime.handle().clone(),
+            runtime: Mutex::new(Some(runtime)),
+            closed: tokio::sync::watch::channel(false).0,
+            calls: RwLock::new(()),
+        })
     }
 
-    fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
-        self.0
-            .as_ref()
-            .expect("the runtime lives until the node is dropped")
-            .block_on(future)
+    /// Runs `future` to completion on the node's runtime, unless the node is closed
+    /// before or meanwhile.
+    fn block_on<F: std::future::Future>(&self, future: F) -> PyResult<F::Output> {
+        let _call = self.calls.read().unwrap_or_else(PoisonError::into_inner);
+        let mut closed = self.closed.subscribe();
+        if *closed.borrow() {
+            return Err(node_closed());
+        }
+        self.handle.block_on(async {
+            tokio::select! {
+                output = future => Ok(output),
+                _ = closed.wait_for(|closed| *closed) => Err(node_closed()),
+            }
+        })
+    }
+
+    /// Ends the calls in flight and stops every task; later calls fail. Idempotent.
+    fn close(&self) {
+        self.closed.send_replace(true);
+        let _calls = self.calls.write().unwrap_or_else(PoisonError::into_inner);
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(runtime) = runtime {
+            runtime.shutdown_timeout(SHUTDOWN_TIMEOUT);
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow()
     }
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
-            runtime.shutdown_timeout(SHUTDOWN_TIMEOUT);
-        }
+        self.close();
     }
+}
+
+/// The node in `slot` while it and `runtime` are open.
+fn open_node<T>(slot: &Mutex<Option<Arc<T>>>, runtime: &Runtime) -> PyResult<Arc<T>> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .filter(|_| !runtime.is_closed())
+        .ok_or_else(node_closed)
+}
+
+fn node_closed() -> PyErr {
+    NodeClosedError::new_err("the node is closed")
 }
 
 /// The store's kind of trainer data a Python name means.
@@ -92,19 +145,19 @@ fn trainer_data(kind: &str) -> PyResult<TrainerData> {
     match kind {
         "rollouts" => Ok(TrainerData::Rollouts),
         "state" => Ok(TrainerData::State),
-        other => Err(PyValueError::new_err(format!(
+        other => Err(usage_error(format!(
             "trainer data is 'rollouts' or 'state', not '{other}'"
         ))),
     }
 }
 
 fn seconds(value: f64, what: &str) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(value).map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+    Duration::try_from_secs_f64(value).map_err(|e| usage_error(format!("{what}: {e}")))
 }
 
 fn address(text: &str) -> PyResult<SocketAddr> {
     text.parse()
-        .map_err(|e| PyValueError::new_err(format!("{text:?} is not an address (HOST:PORT): {e}")))
+        .map_err(|e| usage_error(format!("{text:?} is not an address (HOST:PORT): {e}")))
 }
 
 /// The control plane's settings: the defaults with `overrides` (JSON, any subset of the
@@ -115,9 +168,9 @@ fn control_config(overrides: &str) -> PyResult<aurora_control::Config> {
             (serde_json::Value::Object(into), serde_json::Value::Object(from)) => {
                 for (key, value) in from {
                     let path = format!("{path}{key}");
-                    let slot = into.get_mut(&key).ok_or_else(|| {
-                        PyValueError::new_err(format!("unknown control setting {path:?}"))
-                    })?;
+                    let slot = into
+                        .get_mut(&key)
+                        .ok_or_else(|| usage_error(format!("unknown control setting {path:?}")))?;
                     merge(slot, value, &format!("{path}."))?;
                 }
                 Ok(())
@@ -128,7 +181,7 @@ fn control_config(overrides: &str) -> PyResult<aurora_control::Config> {
             }
         }
     }
-    let invalid = |e: serde_json::Error| PyValueError::new_err(format!("control settings: {e}"));
+    let invalid = |e: serde_json::Error| usage_error(format!("control settings: {e}"));
     let mut config = serde_json::to_value(aurora_control::Config::default()).map_err(invalid)?;
     merge(
         &mut config,
@@ -138,7 +191,7 @@ fn control_config(overrides: &str) -> PyResult<aurora_control::Config> {
     let config: aurora_control::Config = serde_json::from_value(config).map_err(invalid)?;
     config
         .validate()
-        .map_err(|e| PyValueError::new_err(format!("control settings: {e}")))?;
+        .map_err(|e| usage_error(format!("control settings: {e}")))?;
     Ok(config)
 }
 
@@ -153,7 +206,11 @@ fn published(published: Published) -> (u64, String, u64) {
 /// The control plane, transport hub and checkpoint store in this process.
 #[pyclass(module = "aurora_rl._core", frozen)]
 pub struct TrainerNodeCore {
-    node: TrainerNode,
+    /// Taken by `close`, which lets the store go.
+    node: Mutex<Option<Arc<TrainerNode>>>,
+    control_address: SocketAddr,
+    transport_address: SocketAddr,
+    run_id: aurora_delta::RunId,
     runtime: Runtime,
 }
 
@@ -182,7 +239,7 @@ impl TrainerNodeCore {
         insecure_unsigned: bool,
     ) -> PyResult<TrainerNodeCore> {
         if streams == 0 {
-            return Err(PyValueError::new_err("streams must be at least 1"));
+            return Err(usage_error("streams must be at least 1"));
         }
         let trust = TrustArgs {
             ca,
@@ -203,7 +260,7 @@ impl TrainerNodeCore {
             "aurora" => Encoding::Aurora,
             "dense" => Encoding::Dense,
             other => {
-                return Err(PyValueError::new_err(format!(
+                return Err(usage_error(format!(
                     "unknown encoding {other:?}: aurora or dense"
                 )));
             }
@@ -215,32 +272,39 @@ impl TrainerNodeCore {
             .map_err(key_error)?;
         let runtime = Runtime::start()?;
         let node = py
-            .detach(|| runtime.block_on(TrainerNode::start(settings)))
+            .detach(|| runtime.block_on(TrainerNode::start(settings)))?
             .map_err(node_error)?;
-        Ok(TrainerNodeCore { node, runtime })
+        Ok(TrainerNodeCore {
+            control_address: node.control_address(),
+            transport_address: node.transport_address(),
+            run_id: node.run_id(),
+            node: Mutex::new(Some(Arc::new(node))),
+            runtime,
+        })
     }
 
     #[getter]
     fn control_address(&self) -> String {
-        self.node.control_address().to_string()
+        self.control_address.to_string()
     }
 
     #[getter]
     fn transport_address(&self) -> String {
-        self.node.transport_address().to_string()
+        self.transport_address.to_string()
     }
 
     /// The run this node's store was made for, in hex: every statement it signs names it.
     #[getter]
     fn run_id(&self) -> String {
-        self.node.run_id().to_hex()
+        self.run_id.to_hex()
     }
 
     /// The newest published version and its weights hash.
-    fn latest(&self) -> Option<(u64, String)> {
-        self.node
+    fn latest(&self) -> PyResult<Option<(u64, String)>> {
+        Ok(self
+            .node()?
             .latest()
-            .map(|latest| (latest.version, latest.hash.to_hex()))
+            .map(|latest| (latest.version, latest.hash.to_hex())))
     }
 
     fn publish_first(
@@ -251,7 +315,7 @@ impl TrainerNodeCore {
     ) -> PyResult<(u64, String, u64)> {
         let state = Tensors::borrow(state)?;
         let checkpoint = state.checkpoint()?;
-        let node = &self.node;
+        let node = self.node()?;
         py.detach(|| node.publish_first(version, &checkpoint))
             .map(published)
             .map_err(node_error)
@@ -265,22 +329,22 @@ impl TrainerNodeCore {
     ) -> PyResult<(u64, String, u64)> {
         let (base, target) = (Tensors::borrow(base)?, Tensors::borrow(target)?);
         let (base, target) = (base.checkpoint()?, target.checkpoint()?);
-        let node = &self.node;
+        let node = self.node()?;
         py.detach(|| node.publish(&base, &target))
             .map(published)
             .map_err(node_error)
     }
 
     fn commit(&self, py: Python<'_>) -> PyResult<(u64, String)> {
-        let (node, runtime) = (&self.node, &self.runtime);
+        let (node, runtime) = (self.node()?, &self.runtime);
         let latest = py
-            .detach(|| runtime.block_on(node.commit()))
+            .detach(|| runtime.block_on(node.commit()))?
             .map_err(node_error)?;
         Ok((latest.version, latest.hash.to_hex()))
     }
 
     fn open_step(&self, py: Python<'_>, prompts: Vec<u64>) -> PyResult<u64> {
-        let node = &self.node;
+        let node = self.node()?;
         py.detach(|| node.open_step(&prompts)).map_err(node_error)
     }
 
@@ -292,7 +356,8 @@ impl TrainerNodeCore {
         version: u64,
         data: &[u8],
     ) -> PyResult<()> {
-        let (kind, store) = (trainer_data(kind)?, self.node.store());
+        let (kind, node) = (trainer_data(kind)?, self.node()?);
+        let store = node.store();
         py.detach(|| store.put_trainer_data(kind, version, data))
             .map(drop)
             .map_err(|e| node_error(e.into()))
@@ -300,7 +365,10 @@ impl TrainerNodeCore {
 
     /// The versions that have trainer data of `kind`, oldest first.
     fn trainer_data_versions(&self, kind: &str) -> PyResult<Vec<u64>> {
-        let records = self.node.store().trainer_data_records(trainer_data(kind)?);
+        let records = self
+            .node()?
+            .store()
+            .trainer_data_records(trainer_data(kind)?);
         Ok(records
             .map_err(|e| node_error(e.into()))?
             .into_keys()
@@ -314,7 +382,8 @@ impl TrainerNodeCore {
         kind: &str,
         version: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let (kind, store) = (trainer_data(kind)?, self.node.store());
+        let (kind, node) = (trainer_data(kind)?, self.node()?);
+        let store = node.store();
         let data = py
             .detach(|| store.trainer_data(kind, version))
             .map_err(|e| node_error(e.into()))?;
@@ -324,25 +393,49 @@ impl TrainerNodeCore {
     /// The control plane's monitoring view as JSON: `StatusResponse` of
     /// docs/control-api.md (`GET /v1/status`), the latest version, every actor, the step.
     fn status(&self) -> PyResult<String> {
-        let status = self.node.hub().inspect(StatusResponse::from_core);
-        serde_json::to_string(&status).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        let status = self.node()?.hub().inspect(StatusResponse::from_core);
+        serde_json::to_string(&status).map_err(|e| errors::NodeError::new_err(e.to_string()))
     }
 
     /// The open step's results as JSON, once it is complete, waiting up to `timeout_s`.
     fn wait_step(&self, py: Python<'_>, timeout_s: f64) -> PyResult<String> {
-        let (node, runtime) = (&self.node, &self.runtime);
+        let (node, runtime) = (self.node()?, &self.runtime);
         let timeout = seconds(timeout_s, "timeout")?;
         let results = py
-            .detach(|| runtime.block_on(node.wait_step(timeout)))
+            .detach(|| runtime.block_on(node.wait_step(timeout)))?
             .map_err(node_error)?;
         Ok(results_json(&results))
+    }
+
+    /// Stops the control plane and the transport hub; the store stays as written (every
+    /// write is crash-safe). Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let runtime = &self.runtime;
+        py.detach(|| runtime.close());
+        let node = self
+            .node
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        py.detach(|| drop(node));
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.runtime.is_closed()
     }
 
     /// `step`'s results as JSON if they were handed over before and the next step has
     /// not opened (a trainer that stopped before keeping them reads them again).
     fn taken_step(&self, step: u64) -> PyResult<Option<String>> {
-        let results = self.node.taken_step_results(step).map_err(node_error)?;
+        let results = self.node()?.taken_step_results(step).map_err(node_error)?;
         Ok(results.as_ref().map(results_json))
+    }
+}
+
+impl TrainerNodeCore {
+    fn node(&self) -> PyResult<Arc<TrainerNode>> {
+        open_node(&self.node, &self.runtime)
     }
 }
 
@@ -371,8 +464,10 @@ fn results_json(results: &StepResults) -> String {
 /// A transport actor and the actor's side of the control API, in an inference process.
 #[pyclass(module = "aurora_rl._core", frozen)]
 pub struct ActorNodeCore {
-    // Dropped before the runtime it runs on.
-    node: ActorNode,
+    /// Taken by `close`.
+    node: Mutex<Option<Arc<ActorNode>>>,
+    /// `leave` was called: closing does not leave again.
+    left: AtomicBool,
     handoff: Arc<Handoff>,
     runtime: Runtime,
 }
@@ -407,7 +502,7 @@ impl ActorNodeCore {
         behind_timeout_s: f64,
     ) -> PyResult<ActorNodeCore> {
         if streams == 0 {
-            return Err(PyValueError::new_err("streams must be at least 1"));
+            return Err(usage_error("streams must be at least 1"));
         }
         let return_after = return_after_s
             .map(|value| seconds(value, "return after"))
@@ -465,20 +560,22 @@ impl ActorNodeCore {
                         None => ActorNode::join(settings, handoff.clone(), timeout).await,
                     }
                 })
-            })
+            })?
             .map_err(node_error)?;
         Ok(ActorNodeCore {
-            node,
+            node: Mutex::new(Some(Arc::new(node))),
+            left: AtomicBool::new(false),
             handoff,
             runtime,
         })
     }
 
     /// The active version and its weights hash.
-    fn active(&self) -> Option<(u64, String)> {
-        self.node
+    fn active(&self) -> PyResult<Option<(u64, String)>> {
+        Ok(self
+            .node()?
             .active()
-            .map(|active| (active.version, active.hash.to_hex()))
+            .map(|active| (active.version, active.hash.to_hex())))
     }
 
     /// Weights to load before the next batch, if an activation is ready or starts within
@@ -496,31 +593,70 @@ impl ActorNodeCore {
 
     /// The control plane's answer to a claim, as JSON.
     fn claim(&self, py: Python<'_>) -> PyResult<String> {
-        let (node, runtime) = (&self.node, &self.runtime);
+        let (node, runtime) = (self.node()?, &self.runtime);
         let claim = py
-            .detach(|| runtime.block_on(node.claim()))
+            .detach(|| runtime.block_on(node.claim()))?
             .map_err(node_error)?;
-        serde_json::to_string(&claim).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        serde_json::to_string(&claim).map_err(|e| errors::NodeError::new_err(e.to_string()))
     }
 
     /// Submits results (a JSON list of the control API's results) and returns the
     /// outcomes as JSON.
     fn submit(&self, py: Python<'_>, results: &str) -> PyResult<String> {
-        let results: Vec<WireResult> = serde_json::from_str(results)
-            .map_err(|e| PyValueError::new_err(format!("results: {e}")))?;
-        let (node, runtime) = (&self.node, &self.runtime);
+        let results: Vec<WireResult> =
+            serde_json::from_str(results).map_err(|e| usage_error(format!("results: {e}")))?;
+        let (node, runtime) = (self.node()?, &self.runtime);
         let answer = py
-            .detach(|| runtime.block_on(node.submit(results)))
+            .detach(|| runtime.block_on(node.submit(results)))?
             .map_err(node_error)?;
-        serde_json::to_string(&answer.outcomes).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        serde_json::to_string(&answer.outcomes)
+            .map_err(|e| errors::NodeError::new_err(e.to_string()))
     }
 
-    /// Leaves the fleet (held leases return to the pool) and stops the node.
+    /// Leaves the fleet (held leases return to the pool) and stops the node's transport;
+    /// the node is closed afterwards, whatever the control plane answered.
     fn leave(&self, py: Python<'_>) -> PyResult<()> {
-        let (node, runtime) = (&self.node, &self.runtime);
+        let (node, runtime) = (self.node()?, &self.runtime);
+        self.left.store(true, Ordering::SeqCst);
         let left = py.detach(|| runtime.block_on(node.leave()));
-        node.stop();
-        left.map_err(node_error)
+        self.close(py);
+        left?.map_err(node_error)
+    }
+
+    /// Stops the node: leaves the fleet first unless it left, best effort (a control
+    /// plane that is gone already is not waited for beyond the call's own timeout), then
+    /// stops its tasks. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let Some(node) = self
+            .node
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        let runtime = &self.runtime;
+        if !self.left.swap(true, Ordering::SeqCst)
+            && let Ok(Err(error)) = py.detach(|| runtime.block_on(node.leave()))
+        {
+            tracing::warn!(error = %message_chain(&error), "leaving the fleet on close");
+        }
+        py.detach(|| {
+            node.stop();
+            runtime.close();
+            drop(node);
+        });
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.runtime.is_closed()
+    }
+}
+
+impl ActorNodeCore {
+    fn node(&self) -> PyResult<Arc<ActorNode>> {
+        open_node(&self.node, &self.runtime)
     }
 }
 
@@ -535,7 +671,7 @@ impl ActivationCore {
         let held = self.activation.lock().unwrap_or_else(|p| p.into_inner());
         held.as_ref()
             .map(read)
-            .ok_or_else(|| PyValueError::new_err("the activation was released"))
+            .ok_or_else(|| usage_error("the activation was released"))
     }
 }
 
@@ -591,9 +727,7 @@ impl ActivationCore {
                                 t.bytes.clone(),
                             )
                         })
-                        .ok_or_else(|| {
-                            PyValueError::new_err(format!("no tensor {name:?} in the weights"))
-                        })
+                        .ok_or_else(|| usage_error(format!("no tensor {name:?} in the weights")))
                 })
                 .collect();
             (a.weights.clone(), a.guard(), places)

@@ -5,9 +5,9 @@
 
 use std::path::PathBuf;
 
+use crate::errors::usage_error;
 use aurora_node::NodeTrust;
 use aurora_trust::{PlaintextReach, TlsFiles};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::node::message_chain;
@@ -28,7 +28,7 @@ pub(crate) struct TrustArgs {
 impl TrustArgs {
     pub fn load(self) -> PyResult<NodeTrust> {
         if self.insecure_closed_network && !self.insecure_plaintext {
-            return Err(PyValueError::new_err(
+            return Err(usage_error(
                 "insecure_closed_network=True only widens insecure_plaintext=True",
             ));
         }
@@ -40,20 +40,20 @@ impl TrustArgs {
                     PlaintextReach::Loopback
                 };
                 NodeTrust::insecure_plaintext(self.fleet_token, reach)
-                    .map_err(|error| PyValueError::new_err(message_chain(&error)))
+                    .map_err(|error| usage_error(message_chain(&error)))
             }
             (Some(ca), Some(cert), Some(key), false) => {
                 NodeTrust::load(&TlsFiles { ca, cert, key }).map_err(|error| {
-                    PyValueError::new_err(format!(
+                    usage_error(format!(
                         "loading the node's certificates: {}",
                         message_chain(&error)
                     ))
                 })
             }
-            (.., true) => Err(PyValueError::new_err(
+            (.., true) => Err(usage_error(
                 "give ca, cert and key, or insecure_plaintext=True, not both",
             )),
-            _ => Err(PyValueError::new_err(
+            _ => Err(usage_error(
                 "the node needs ca, cert and key (files from `aurora certs`), or \
                  insecure_plaintext=True to run over plain TCP and HTTP with the fleet token",
             )),

@@ -96,46 +96,52 @@ def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path, 
         actor_args = {**nodes["1"], "trainer_key": tmp_path / "fleet" / "signing.pub"}
     else:
         trainer_args = actor_args = {"insecure_plaintext": True}
-    trainer = aurora_rl.Trainer(tmp_path / "trainer", snapshot_every=2, **trainer_args)
-    weights = load_file(str(model_dir / "model.safetensors"))
-    published = [trainer.publish(weights)]
-    assert published[0].version == 0
-    assert published[0].weights_hash == aurora_rl.weights_hash(weights)
+    with aurora_rl.Trainer(tmp_path / "trainer", snapshot_every=2, **trainer_args) as trainer:
+        weights = load_file(str(model_dir / "model.safetensors"))
+        published = [trainer.publish(weights)]
+        assert published[0].version == 0
+        assert published[0].weights_hash == aurora_rl.weights_hash(weights)
 
-    actor = aurora_rl.Actor(
-        TransformersEngine.start(str(model_dir)),
-        id=1,
-        region="us",
-        control=trainer.control_address,
-        upstreams=[trainer.transport_address],
-        token=trainer.token,
-        **actor_args,
-    )
-    assert actor.active == (0, published[0].weights_hash)
-    loop = ActorLoop(actor)
-    loop.start()
-    try:
-        for step in range(STEPS):
-            prompts = list(range(step * PROMPTS_PER_STEP, (step + 1) * PROMPTS_PER_STEP))
-            trainer.open_step(prompts)
-            version = trainer.commit()
-            results = loop.results(trainer)
-            assert results.version == version == step
-            assert sorted(r.prompt for r in results.rollouts) == prompts
-            assert all(r.actor == 1 and len(r.payload["tokens"]) == 4 for r in results.rollouts)
-            assert results.unfinished == []
-            # The next version, trained "from" these rollouts.
-            weights = next_version(weights, step)
-            published.append(trainer.publish(weights))
-            assert published[-1].version == step + 1
-            assert 0 < published[-1].artifact_bytes
-    finally:
-        loop.stop.set()
-        loop.join(timeout=60)
-    assert loop.error is None, loop.error
-    # Every version was generated on with exactly the weights the trainer published.
-    assert loop.served == {p.version: p.weights_hash for p in published[:STEPS]}
-    actor.leave()
+        with aurora_rl.Actor(
+            TransformersEngine.start(str(model_dir)),
+            id=1,
+            region="us",
+            control=trainer.control_address,
+            upstreams=[trainer.transport_address],
+            token=trainer.token,
+            **actor_args,
+        ) as actor:
+            assert actor.active == (0, published[0].weights_hash)
+            loop = ActorLoop(actor)
+            loop.start()
+            try:
+                for step in range(STEPS):
+                    prompts = list(range(step * PROMPTS_PER_STEP, (step + 1) * PROMPTS_PER_STEP))
+                    trainer.open_step(prompts)
+                    version = trainer.commit()
+                    results = loop.results(trainer)
+                    assert results.version == version == step
+                    assert sorted(r.prompt for r in results.rollouts) == prompts
+                    assert all(r.actor == 1 and len(r.payload["tokens"]) == 4 for r in results.rollouts)
+                    assert results.unfinished == []
+                    # The next version, trained "from" these rollouts.
+                    weights = next_version(weights, step)
+                    published.append(trainer.publish(weights))
+                    assert published[-1].version == step + 1
+                    assert 0 < published[-1].artifact_bytes
+            finally:
+                loop.stop.set()
+                loop.join(timeout=60)
+            assert loop.error is None, loop.error
+            # Every version was generated on with exactly the weights the trainer published.
+            assert loop.served == {p.version: p.weights_hash for p in published[:STEPS]}
+        # Leaving the block left the fleet and stopped the node.
+        assert actor.closed and trainer.status()["actors"] == []
+        with pytest.raises(aurora_rl.NodeClosedError):
+            actor.claim()
+    assert trainer.closed
+    with pytest.raises(aurora_rl.NodeClosedError):
+        trainer.commit()
 
 
 def test_with_certificates_nothing_unsigned_is_served_or_taken_unless_asked_by_name(model_dir, tmp_path, aurora_bin):
@@ -151,8 +157,9 @@ def test_with_certificates_nothing_unsigned_is_served_or_taken_unless_asked_by_n
     # Plaintext stays on loopback unless the network is said closed.
     with pytest.raises(Exception, match="not a loopback address"):
         aurora_rl.Trainer(tmp_path / "open", insecure_plaintext=True, control_listen="0.0.0.0:0")
-    with pytest.raises(ValueError, match="only widens insecure_plaintext"):
+    with pytest.raises(aurora_rl.UsageError, match="only widens insecure_plaintext"):
         aurora_rl.Trainer(tmp_path / "closed", insecure_closed_network=True, **nodes["trainer"])
+    trainer.close()
 
 
 def test_a_base_changed_in_place_after_publishing_is_refused(tmp_path):
@@ -160,8 +167,9 @@ def test_a_base_changed_in_place_after_publishing_is_refused(tmp_path):
     weights = {"w": torch.ones(64, 64, dtype=torch.bfloat16)}
     trainer.publish(weights)
     weights["w"].add_(1)  # trained in place: no longer version 0
-    with pytest.raises(ValueError, match="changed in place"):
+    with pytest.raises(aurora_rl.UsageError, match="changed in place"):
         trainer.publish({"w": torch.zeros(64, 64, dtype=torch.bfloat16)})
+    trainer.close()
 
 
 def test_a_reopened_trainer_resumes_from_the_latest_version(tmp_path):
@@ -170,14 +178,15 @@ def test_a_reopened_trainer_resumes_from_the_latest_version(tmp_path):
     first.publish(weights)
     newer = {"w": weights["w"] * 2}
     assert first.publish(newer).version == 1
-    del first
+    first.close()
     again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
-    with pytest.raises(ValueError, match="call resume"):
+    with pytest.raises(aurora_rl.UsageError, match="call resume"):
         again.publish(newer)
-    with pytest.raises(ValueError, match="not to version 1"):
+    with pytest.raises(aurora_rl.WrongBaseError, match="not to version 1"):
         again.resume(weights)
     assert again.resume(newer) == 1
     assert again.publish({"w": newer["w"] + 1}).version == 2
+    again.close()
 
 
 def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path):
@@ -219,7 +228,7 @@ def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path)
         trainer.publish(export(model))
     train(model, optimizer, rollouts(3))
     unbroken = export(model)["w"]
-    del trainer  # the crash: version 3 was trained but not published
+    trainer.close()  # the crash: version 3 was trained but not published
 
     # The restarted trainer: the newest state, then every later version trained again.
     again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
@@ -235,8 +244,9 @@ def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path)
     train(model, optimizer, rollouts(3))
     assert torch.equal(export(model)["w"], unbroken)
     assert again.publish(export(model)).version == 3
-    with pytest.raises(RuntimeError, match="rollouts"):
+    with pytest.raises(aurora_rl.NodeError, match="rollouts"):
         again.rollouts(3)
+    again.close()
 
 
 def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tmp_path):
@@ -252,9 +262,9 @@ def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tm
         "token": trainer.token,
         "insecure_plaintext": True,
     }
-    with pytest.raises(ValueError, match="together"):
+    with pytest.raises(aurora_rl.UsageError, match="together"):
         aurora_rl.Actor(engine, id=7, region="eu", weights=weights, **address)
-    with pytest.raises(ValueError, match="behind timeout"):
+    with pytest.raises(aurora_rl.UsageError, match="behind timeout"):
         aurora_rl.Actor(engine, id=7, region="eu", weights=weights, version=0, behind_timeout=-1.0, **address)
     # Its one upstream is the hub: nothing to return to, and a hub is never given up.
     actor = aurora_rl.Actor(
@@ -272,6 +282,8 @@ def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tm
     assert work.version == 1 and work.weights_hash == newer.weights_hash
     assert aurora_rl.weights_hash(engine.held_weights()) == newer.weights_hash
     actor.leave()
+    assert actor.closed
+    trainer.close()
 
 
 class FailingEngine(TransformersEngine):
@@ -307,7 +319,9 @@ def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(
         while time.monotonic() < deadline:
             actor.claim()
     # The engine's weights are neither version: no claim may serve from them.
-    with pytest.raises(RuntimeError, match="failed to load version 1"):
+    with pytest.raises(aurora_rl.NodeError, match="failed to load version 1"):
         actor.claim()
-    with pytest.raises(RuntimeError, match="failed to load version 1"):
+    with pytest.raises(aurora_rl.NodeError, match="failed to load version 1"):
         actor.safe_point()
+    actor.close()
+    trainer.close()
