@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 from aurora_rl import _core
 from aurora_rl._node import ClosingNode
 from aurora_rl._tensors import Tensor, host_tensors, torch_view
-from aurora_rl.engines import Engine, fused_group_names
+from aurora_rl.engines import Engine, TensorChange, fused_group_names, writes_elements
 
 logger = logging.getLogger("aurora_rl.actor")
 
@@ -132,6 +132,7 @@ class Actor(ClosingNode):
             insecure_unsigned,
             return_after,
             behind_timeout,
+            writes_elements(engine),
         )
         # What the last safe point loaded: the transport reports a version active a moment
         # after handing it over, so its status may lag what the engine runs.
@@ -169,7 +170,7 @@ class Actor(ClosingNode):
                 tensors = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}
                 del views
                 try:
-                    self.engine.load_weights(tensors)
+                    self._load(activation, tensors)
                 except BaseException as error:
                     self._load_failed = (version, error)
                     # The traceback keeps this frame: its views must not hold the weights
@@ -187,6 +188,23 @@ class Actor(ClosingNode):
             return version
         finally:
             activation.release()
+
+    def _load(self, activation: Any, tensors: dict[str, Any]) -> None:
+        """Hands the engine ``tensors`` (the changed ones and their fused groups): their
+        changed elements if it writes them, else the tensors whole."""
+        if not writes_elements(self.engine):
+            self.engine.load_weights(tensors)
+            return
+        import torch
+
+        indices = {
+            name: None if data is None else torch_view("I64", [-1], data)
+            for name, data in activation.changed_elements()
+        }
+        unchanged = torch.empty(0, dtype=torch.int64)
+        self.engine.load_changes(  # type: ignore[attr-defined]
+            {name: TensorChange(tensor, indices.get(name, unchanged)) for name, tensor in tensors.items()}
+        )
 
     def _refuse_after_failed_load(self) -> None:
         if self._load_failed is not None:

@@ -480,7 +480,7 @@ impl ActorNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned, return_after_s, behind_timeout_s))]
+    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned, return_after_s, behind_timeout_s, changed_elements))]
     fn new(
         py: Python<'_>,
         id: u64,
@@ -500,6 +500,7 @@ impl ActorNodeCore {
         insecure_unsigned: bool,
         return_after_s: Option<f64>,
         behind_timeout_s: f64,
+        changed_elements: bool,
     ) -> PyResult<ActorNodeCore> {
         if streams == 0 {
             return Err(usage_error("streams must be at least 1"));
@@ -551,7 +552,11 @@ impl ActorNodeCore {
             None => None,
         };
         let runtime = Runtime::start()?;
-        let handoff = Handoff::new();
+        let handoff = if changed_elements {
+            Handoff::writing_elements()
+        } else {
+            Handoff::new()
+        };
         let node = py
             .detach(|| {
                 runtime.block_on(async {
@@ -689,7 +694,35 @@ impl ActivationCore {
 
     #[getter]
     fn changed(&self) -> PyResult<Vec<String>> {
-        self.with(|a| a.changed.clone())
+        self.with(|a| a.changed.names())
+    }
+
+    /// Each changed tensor's name and the flat indices of its changed elements, ascending,
+    /// as a DLPack capsule of flat uint8 host memory holding int64s (no copy), or None for
+    /// a tensor changed whole. The indices move out: a second call gives None for each.
+    fn changed_elements<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(String, Option<Bound<'py, PyAny>>)>> {
+        let mut held = self.activation.lock().unwrap_or_else(|p| p.into_inner());
+        let activation = held
+            .as_mut()
+            .ok_or_else(|| usage_error("the activation was released"))?;
+        activation
+            .changed
+            .tensors
+            .iter_mut()
+            .map(|tensor| {
+                let Some(indices) = tensor.elements.take() else {
+                    return Ok((tensor.name.clone(), None));
+                };
+                let (data, len) = (indices.as_ptr().cast::<u8>(), indices.len() * 8);
+                // SAFETY: the indices are owned by the capsule, and moving the vector
+                // into it does not move its buffer.
+                let capsule = unsafe { export_bytes(py, Box::new(indices), data, len)? };
+                Ok((tensor.name.clone(), Some(capsule)))
+            })
+            .collect()
     }
 
     /// Every tensor's name, dtype and shape.

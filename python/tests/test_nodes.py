@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from conftest import run
-from test_engines import next_version, small_qwen3
+from test_engines import next_version, small_qwen3, sparse_step
 
 import aurora_rl
 from aurora_rl.engines import Sampling
@@ -325,3 +325,45 @@ def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(
         actor.safe_point()
     actor.close()
     trainer.close()
+
+
+class RecordingEngine(TransformersEngine):
+    """Records the changes each activation hands it, then writes them."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.changes: list[dict[str, torch.Tensor | None]] = []
+
+    def load_changes(self, changes) -> None:
+        self.changes.append({name: None if c.indices is None else c.indices.clone() for name, c in changes.items()})
+        super().load_changes(changes)
+
+
+def test_an_element_engine_is_handed_exactly_the_changed_elements(model_dir, tmp_path):
+    weights = load_file(str(model_dir / "model.safetensors"))
+    with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
+        trainer.publish(weights)
+        engine = RecordingEngine.start(str(model_dir))
+        address = dict(control=trainer.control_address, upstreams=[trainer.transport_address], token=trainer.token)
+        with aurora_rl.Actor(engine, id=3, region="eu", weights=weights, version=0, insecure_plaintext=True, **address) as actor:
+            for version in (1, 2, 3):
+                stepped = sparse_step(weights, 0.01, version)
+                published = trainer.publish(stepped)
+                trainer.open_step([version])
+                trainer.commit()
+                work = None
+                while work is None:
+                    work = actor.claim()
+                assert (work.version, work.weights_hash) == (version, published.weights_hash)
+                handed = engine.changes[-1]
+                for name, after in stepped.items():
+                    moved = torch.nonzero(after.view(torch.int16).reshape(-1) != weights[name].view(torch.int16).reshape(-1))
+                    if moved.numel():
+                        assert torch.equal(handed[name], moved.reshape(-1)), name
+                    else:
+                        assert name not in handed or handed[name].numel() == 0, name
+                assert aurora_rl.weights_hash(engine.held_weights()) == published.weights_hash
+                outcomes = actor.submit(work, [(lease, None, 1) for lease in work.leases])
+                assert [o["status"] for o in outcomes] == ["accepted"], outcomes
+                assert trainer.wait_step(timeout=60).version == version
+                weights = stepped

@@ -93,6 +93,44 @@ impl safetensors::View for SafetensorsView<'_> {
     }
 }
 
+/// What an activation changed, per tensor, in the delta's tensor order: what an engine
+/// must load to run the new version.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeSet {
+    pub tensors: Vec<ChangedTensor>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangedTensor {
+    pub name: String,
+    /// The flat indices of the changed elements, ascending; `None`: the whole tensor (a
+    /// snapshot, a delta that changes the layout, or an engine that loads tensors whole).
+    pub elements: Option<Vec<u64>>,
+}
+
+impl ChangeSet {
+    /// Every tensor named, whole.
+    pub fn whole(names: Vec<String>) -> ChangeSet {
+        ChangeSet {
+            tensors: names
+                .into_iter()
+                .map(|name| ChangedTensor {
+                    name,
+                    elements: None,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tensors.iter().map(|t| t.name.clone()).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+}
+
 /// Where a tensor lives inside a larger byte buffer (a safetensors file image, or a fused
 /// parameter of an inference engine). Used to patch weights in place.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use crate::apply::{
     ChunkRange, Patch, PatchChunk, Threads, changed_tensors, check_in_place, check_ranges,
     placements, preserves_layout, swap_chunks,
 };
-use crate::checkpoint::{Checkpoint, Hash, TensorLayout};
+use crate::checkpoint::{ChangeSet, ChangedTensor, Checkpoint, Hash, TensorLayout};
 use crate::codec::{Changes, ChunkEncoding};
 use crate::error::{DeltaError, Result};
 use crate::format::DeltaHeader;
@@ -81,6 +81,22 @@ impl SpilledChunk {
 
     /// Writes back the values `chunk` (loaded from here, then swapped) now holds: its
     /// positions have not changed.
+    /// The flat indices, in the tensor, of the elements this chunk changes, ascending.
+    fn element_indices(&self) -> Result<Vec<u64>> {
+        let start = self.range.start;
+        let Some(count) = self.positions else {
+            return Ok((start..start + self.range.len).collect());
+        };
+        let mut bytes = vec![0u8; count * POSITION_BYTES];
+        self.spill
+            .read_at(self.at, &mut bytes)
+            .map_err(|reason| self.failed("reading", reason))?;
+        Ok(bytes
+            .chunks_exact(POSITION_BYTES)
+            .map(|p| start + u64::from(u32::from_le_bytes(p.try_into().expect("four bytes"))))
+            .collect())
+    }
+
     fn store_values(&self, chunk: &PatchChunk) -> Result<()> {
         let (at, values) = match &chunk.changes {
             Changes::Sparse { positions, values } => {
@@ -201,6 +217,36 @@ impl SpilledPatch {
     /// See [`Patch::changed_tensors`].
     pub fn changed_tensors(&self) -> Vec<String> {
         changed_tensors(&self.header, self.chunks.iter().map(|c| c.range.tensor))
+    }
+
+    /// What applying this patch changes, per tensor: with `elements`, the flat indices of
+    /// the changed elements (read from the spill, O(changes)) for an engine that writes
+    /// elements in place; otherwise, or when the patch changes the layout, whole tensors.
+    pub fn change_set(&self, elements: bool) -> Result<ChangeSet> {
+        if !elements || !self.preserves_layout() {
+            return Ok(ChangeSet::whole(self.changed_tensors()));
+        }
+        let indices = self
+            .chunks
+            .par_iter()
+            .map(SpilledChunk::element_indices)
+            .collect::<Result<Vec<_>>>()?;
+        let mut tensors: Vec<ChangedTensor> = Vec::new();
+        for (chunk, indices) in self.chunks.iter().zip(indices) {
+            let name = &self.header.tensors[chunk.range.tensor as usize].name;
+            match tensors.last_mut() {
+                Some(last) if &last.name == name => last
+                    .elements
+                    .as_mut()
+                    .expect("element changes are collected per tensor")
+                    .extend(indices),
+                _ => tensors.push(ChangedTensor {
+                    name: name.clone(),
+                    elements: Some(indices),
+                }),
+            }
+        }
+        Ok(ChangeSet { tensors })
     }
 
     /// Reads every change back into a [`Patch`]: for a delta that changes the layout,
@@ -426,6 +472,50 @@ mod tests {
                     .unwrap();
                 assert_eq!(hash, delta.header().target_hash, "{encoding:?}");
                 assert!(buffer == case.target, "{encoding:?}, {batch_bytes}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_change_set_lists_exactly_the_elements_that_differ() {
+        for encoding in [Encoding::Aurora, Encoding::Leb128, Encoding::Dense] {
+            let case = case(encoding);
+            let delta = DeltaFile::parse(&case.delta).unwrap();
+            let patch = staged(&delta, &case.base, &Heap.spill().unwrap());
+            let (base, target) = (
+                safetensors_layout(&case.base).unwrap(),
+                safetensors_layout(&case.target).unwrap(),
+            );
+            let names = patch.changed_tensors();
+            assert_eq!(
+                patch.change_set(false).unwrap(),
+                ChangeSet::whole(names.clone())
+            );
+            let changes = patch.change_set(true).unwrap();
+            assert_eq!(changes.names(), names, "{encoding:?}");
+            for changed in &changes.tensors {
+                let place = |layout: &[TensorLayout]| {
+                    layout
+                        .iter()
+                        .find(|t| t.name == changed.name)
+                        .unwrap()
+                        .bytes
+                        .clone()
+                };
+                let before = &case.base[place(&base)];
+                let after = &case.target[place(&target)];
+                let differ: Vec<u64> = (0..before.len() / 2)
+                    .filter(|&i| before[2 * i..2 * i + 2] != after[2 * i..2 * i + 2])
+                    .map(|i| i as u64)
+                    .collect();
+                let listed = changed.elements.as_ref().unwrap();
+                if encoding == Encoding::Dense {
+                    // A dense chunk rewrites its whole range: a superset, in order.
+                    assert!(listed.windows(2).all(|w| w[0] < w[1]));
+                    assert!(differ.iter().all(|i| listed.binary_search(i).is_ok()));
+                } else {
+                    assert_eq!(listed, &differ, "{encoding:?} {}", changed.name);
+                }
             }
         }
     }

@@ -11,6 +11,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use aurora_delta::ChangeSet;
 use aurora_proto::Weights;
 use aurora_transport::Engine;
 
@@ -25,10 +26,11 @@ const ACTIVATION_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct Activation {
     /// The whole image of the active version (its hash checked by the transport).
     pub weights: Arc<Weights>,
-    /// Tensors whose values changed from the weights the engine ran before (every tensor
-    /// of the snapshot a node joins from; none after a failed activation, which left the
-    /// old weights).
-    pub changed: Vec<String>,
+    /// What changed from the weights the engine ran before (every tensor of the snapshot
+    /// a node joins from, whole; nothing after a failed activation, which left the old
+    /// weights): changed elements where the handoff was made for an engine that writes
+    /// them ([`Handoff::writing_elements`]).
+    pub changed: ChangeSet,
     /// Counts the driver's holds (the transport holds the weights too).
     held: Arc<()>,
 }
@@ -55,13 +57,15 @@ impl std::fmt::Debug for Activation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Activation")
             .field("active", &self.weights.active())
-            .field("changed", &self.changed.len())
+            .field("changed", &self.changed.tensors.len())
             .finish()
     }
 }
 
 #[derive(Default)]
 pub struct Handoff {
+    /// The driver's engine writes changed elements in place.
+    writes_elements: bool,
     state: Mutex<State>,
     /// Wakes the engine's driver when weights arrive.
     arrived: Condvar,
@@ -85,6 +89,15 @@ struct State {
 impl Handoff {
     pub fn new() -> Arc<Handoff> {
         Arc::new(Handoff::default())
+    }
+
+    /// A handoff whose activations list the changed elements of every tensor a delta
+    /// changes, for an engine that writes them in place.
+    pub fn writing_elements() -> Arc<Handoff> {
+        Arc::new(Handoff {
+            writes_elements: true,
+            ..Handoff::default()
+        })
     }
 
     /// Called by the engine's driver between batches. Returns weights to load before the
@@ -174,13 +187,17 @@ impl Engine for Handoff {
         }
     }
 
-    fn activate(&self, weights: Arc<Weights>, changed: Vec<String>) {
+    fn activate(&self, weights: Arc<Weights>, changed: ChangeSet) {
         self.lock().pending = Some(Activation {
             weights,
             changed,
             held: Arc::new(()),
         });
         self.arrived.notify_all();
+    }
+
+    fn writes_elements(&self) -> bool {
+        self.writes_elements
     }
 }
 
@@ -201,14 +218,14 @@ mod tests {
     #[test]
     fn weights_activated_without_a_safe_point_are_taken_at_the_next_one() {
         let handoff = Handoff::new();
-        handoff.activate(weights(), vec!["a".into()]);
+        handoff.activate(weights(), ChangeSet::whole(vec!["a".into()]));
         handoff.wait_for_weights(Duration::ZERO).unwrap();
         let taken = handoff.at_safe_point(Duration::ZERO).unwrap().unwrap();
-        assert_eq!(taken.changed, ["a"]);
+        assert_eq!(taken.changed.names(), ["a"]);
         // Held, through a guard: the next safe point is refused until it is released.
         let guard = taken.guard();
         drop(taken);
-        handoff.activate(weights(), Vec::new());
+        handoff.activate(weights(), ChangeSet::default());
         let error = handoff.at_safe_point(Duration::ZERO).unwrap_err();
         assert!(error.to_string().contains("still held"), "{error}");
         drop(guard);
@@ -222,7 +239,7 @@ mod tests {
             let handoff = handoff.clone();
             tokio::spawn(async move {
                 handoff.safe_point().await;
-                handoff.activate(weights(), vec!["w".into()]);
+                handoff.activate(weights(), ChangeSet::whole(vec!["w".into()]));
             })
         };
         let driver = handoff.clone();
@@ -234,7 +251,7 @@ mod tests {
         })
         .await
         .unwrap();
-        assert_eq!(taken.changed, ["w"]);
+        assert_eq!(taken.changed.names(), ["w"]);
         transport.await.unwrap();
     }
 

@@ -6,9 +6,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use aurora_delta::{
-    Checkpoint, DeltaError, DeltaHeader, Hash, Heap, Image, ImageSpace, Spill, SpilledChunks,
-    SpilledPatch, TargetImage, TensorLayout, check_base, checkpoint_image, decode_segment,
-    safetensors_layout,
+    ChangeSet, Checkpoint, DeltaError, DeltaHeader, Hash, Heap, Image, ImageSpace, Spill,
+    SpilledChunks, SpilledPatch, TargetImage, TensorLayout, check_base, checkpoint_image,
+    decode_segment, safetensors_layout,
 };
 
 use crate::frame::{ArtifactKind, VersionRef};
@@ -45,6 +45,19 @@ impl Staged {
         match self {
             Staged::Patch(patch) => patch.header().target_version,
             Staged::Snapshot(header) => header.target_version,
+        }
+    }
+
+    /// What the engine must load: with `elements`, a patch's changed elements (see
+    /// [`SpilledPatch::change_set`]); every tensor whole for a snapshot. A spill that
+    /// cannot be read for the indices gives whole tensors, which are always right.
+    pub fn change_set(&self, elements: bool) -> ChangeSet {
+        match self {
+            Staged::Patch(patch) => patch.change_set(elements).unwrap_or_else(|error| {
+                tracing::warn!(%error, "the changed elements could not be read: loading whole tensors");
+                ChangeSet::whole(patch.changed_tensors())
+            }),
+            Staged::Snapshot(_) => ChangeSet::whole(self.changed_tensors()),
         }
     }
 

@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use aurora_delta::ChangeSet;
 use aurora_proto::{VersionRef, Weights};
 
 pub trait Engine: Send + Sync + 'static {
@@ -18,12 +19,19 @@ pub trait Engine: Send + Sync + 'static {
 
     /// The new weights (a safetensors image, already verified against the hash of
     /// `weights.active()`), while the engine is paused at its safe point, or at once for
-    /// the snapshot a joining node starts from. `changed` names the tensors whose values
-    /// differ from the weights the engine ran before (every tensor of a snapshot; none
-    /// when a failed activation left the old weights). The engine may read `weights`
+    /// the snapshot a joining node starts from. `changed` says what differs from the
+    /// weights the engine ran before (every tensor of a snapshot, whole; nothing when a
+    /// failed activation left the old weights): tensors, or their changed elements if
+    /// [`Engine::writes_elements`]. The engine may read `weights`
     /// after returning, while it loads them, but must let go of them before its next
     /// safe point resolves: the next activation writes them in place.
-    fn activate(&self, weights: Arc<Weights>, changed: Vec<String>);
+    fn activate(&self, weights: Arc<Weights>, changed: ChangeSet);
+
+    /// Whether the engine writes changed elements in place, so an activation lists them
+    /// (O(changes) to gather); otherwise it names changed tensors only.
+    fn writes_elements(&self) -> bool {
+        false
+    }
 }
 
 /// An engine that generates nothing: every instant is a safe point. It records what it
@@ -46,7 +54,7 @@ impl IdleEngine {
 impl Engine for IdleEngine {
     async fn safe_point(&self) {}
 
-    fn activate(&self, weights: Arc<Weights>, _changed: Vec<String>) {
+    fn activate(&self, weights: Arc<Weights>, _changed: ChangeSet) {
         debug_assert!(!weights.is_empty());
         self.activations
             .lock()

@@ -36,9 +36,10 @@ def start_engine(kind: str, model_dir: str):
     if kind == "vllm":
         from aurora_rl.engines.vllm import VllmEngine
 
+        # The directory holds the config only: vLLM starts on dummy weights, which the
+        # snapshot replaces, and every version after goes in element by element.
         return VllmEngine.start(
             model_dir,
-            load_format="dummy",
             max_model_len=32,
             max_num_seqs=256,
             max_num_batched_tokens=2048,

@@ -13,7 +13,7 @@ methods of ``Engine``; adding an engine (SGLang, another server) is one module a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Protocol
 
@@ -42,6 +42,24 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class TensorChange:
+    """How one tensor changed at an activation, for an engine that writes changed elements
+    in place (``ElementEngine``)."""
+
+    #: The whole new tensor: a read-only view of the actor's host copy, valid during the
+    #: call only.
+    tensor: torch.Tensor
+    #: Flat int64 indices of the changed elements, ascending (empty for a fused group's
+    #: unchanged part); None when the tensor changed whole (a snapshot, a new layout).
+    indices: Optional[torch.Tensor]
+
+    def values(self) -> torch.Tensor:
+        """The changed elements' new values, in the order of ``indices``."""
+        assert self.indices is not None, "a tensor changed whole has no element values"
+        return self.tensor.reshape(-1)[self.indices]
+
+
 class Engine(Protocol):
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Make ``tensors`` (Hugging Face names; the ones that changed, each fused group
@@ -58,6 +76,72 @@ class Engine(Protocol):
         """The weights the engine computes with, under Hugging Face names, read back
         from the engine itself where its layout allows it, else None."""
         ...
+
+
+class ElementEngine(Engine, Protocol):
+    """An engine that writes changed elements into its parameters in place, so that
+    activating a version costs what the delta costs."""
+
+    def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
+        """Like ``load_weights``, for ``changes`` (Hugging Face names; every part of a
+        fused group one of them belongs to): changed elements are written where the
+        engine holds them; tensors it cannot write element-wise (repacked, quantized, or
+        changed whole) it loads whole. Transactional: on an error no written element
+        stays written."""
+        ...
+
+
+@dataclass(frozen=True)
+class ElementWrite:
+    """Values to write at flat indices of a 1-D view of an engine's parameter memory."""
+
+    target: torch.Tensor
+    indices: torch.Tensor
+    values: torch.Tensor
+
+
+def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
+    """Writes every ``ElementWrite``, each onto its target's device (indices and values
+    are moved there first, so a GPU engine uploads only the changes). Every write is
+    checked before the first one lands, and one that fails midway undoes those before it.
+    Returns the undo: it writes the replaced values back."""
+    import torch
+
+    placed = []
+    for write in writes:
+        target = write.target
+        if target.dim() != 1:
+            raise ValueError(f"element writes go to a 1-D view, not {tuple(target.shape)}")
+        if write.values.dtype != target.dtype:
+            raise ValueError(f"values of {write.values.dtype} for parameter memory of {target.dtype}")
+        if write.indices.shape != write.values.shape:
+            raise ValueError(f"{write.indices.numel()} indices for {write.values.numel()} values")
+        indices = write.indices.to(target.device, non_blocking=True)
+        values = write.values.to(target.device, non_blocking=True)
+        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= target.numel()):
+            raise IndexError(f"an element index beyond the {target.numel()} elements written to")
+        placed.append((target, indices, values))
+    replaced: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def undo() -> None:
+        with torch.no_grad():
+            for target, indices, old in reversed(replaced):
+                target.index_copy_(0, indices, old)
+
+    try:
+        with torch.no_grad():
+            for target, indices, values in placed:
+                replaced.append((target, indices, target.index_select(0, indices)))
+                target.index_copy_(0, indices, values)
+    except BaseException:
+        undo()
+        raise
+    return undo
+
+
+def writes_elements(engine: Engine) -> bool:
+    """Whether ``engine`` takes changed elements (``ElementEngine``)."""
+    return callable(getattr(engine, "load_changes", None))
 
 
 def fused_group_names(changed: Collection[str]) -> set[str]:

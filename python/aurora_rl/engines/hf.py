@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from aurora_rl.engines import Completion, Sampling
+from aurora_rl.engines import Completion, ElementWrite, Sampling, TensorChange, write_elements
 
 if TYPE_CHECKING:
     import torch
@@ -42,13 +42,35 @@ class TransformersEngine:
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         import torch
 
-        state = self.model.state_dict()
-        unknown = sorted(set(tensors) - set(state))
-        if unknown:
-            raise KeyError(f"the model has no {', '.join(unknown)}")
+        state = self._parameters(tensors)
         with torch.no_grad():
             for name, tensor in tensors.items():
                 state[name].copy_(tensor)
+
+    def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
+        """Writes the changed elements into the parameters (``aurora_rl.engines.
+        ElementEngine``): the parameters are the checkpoint's tensors, so every element
+        lands where the model computes from it."""
+        state = self._parameters(changes)
+        undo = write_elements(
+            [
+                ElementWrite(state[name].view(-1), change.indices, change.values())
+                for name, change in changes.items()
+                if change.indices is not None
+            ]
+        )
+        try:
+            self.load_weights({name: c.tensor for name, c in changes.items() if c.indices is None})
+        except BaseException:
+            undo()
+            raise
+
+    def _parameters(self, names: Mapping[str, object]) -> dict[str, torch.Tensor]:
+        state = self.model.state_dict()
+        unknown = sorted(set(names) - set(state))
+        if unknown:
+            raise KeyError(f"the model has no {', '.join(unknown)}")
+        return state
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
         """Token by token with a KV cache, one prompt at a time (no padding, so each

@@ -1,11 +1,14 @@
 """vLLM as an aurora engine: the offline ``LLM``, in this process or in vLLM's engine
-process.
+process, and its OpenAI-compatible server.
 
-Weights go in through the worker's ``reload_weights`` with Hugging Face names, which
-restores the checkpoint layout of the layers it touches, loads, and processes them again:
-on the CPU vLLM repacks its linear weights for oneDNN after loading, so writing into its
-parameters would change nothing. Fused parameters (``qkv_proj``, ``gate_up_proj``) are
-rebuilt from all their parts, so every group arrives whole (``with_fused_groups``).
+A version's changed elements are written into the parameters vLLM computes from, in
+place, where the engine runs in this process with load format ``aurora``
+(``VllmEngine.start``'s default; ``vllm_worker`` says how elements are placed through
+vLLM's own loading code). Everything else goes in whole through the worker's
+``reload_weights`` with Hugging Face names, which restores the checkpoint layout of the
+layers it touches, loads, and processes them again; fused parameters (``qkv_proj``,
+``gate_up_proj``) are rebuilt from all their parts, so every group arrives whole
+(``with_fused_groups``).
 
 With the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) tensors are passed
 as they are, and the weights it computes with can be read back (``held_weights``): each
@@ -24,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from aurora_rl import _core
-from aurora_rl.engines import Completion, Sampling
+from aurora_rl.engines import Completion, Sampling, TensorChange, fused_group_names
+from aurora_rl.engines import vllm_worker
 
 if TYPE_CHECKING:
     import torch
@@ -40,20 +44,12 @@ _SHARED_MEMORY = "/dev/shm"
 class VllmEngine:
     """An aurora engine over a vLLM ``LLM``."""
 
-    def __init__(self, llm: LLM, *, in_place: Optional[bool] = None) -> None:
-        """``in_place``: write changed tensors straight into the engine's parameters
-        instead of reloading them, which needs the engine in this process and parameters
-        kept as loaded (unquantized weights on a GPU; vLLM's CPU build repacks some).
-        By default, in place exactly when the engine runs on a GPU in this process."""
+    def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-        if in_place is None:
-            import torch
-
-            in_place = self.in_process and torch.cuda.is_available()
-        if in_place and not self.in_process:
-            raise ValueError("writing weights in place needs vLLM's engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-        self.in_place = in_place
+        #: The tensors the last ``load_changes`` reloaded whole (changed whole, or with no
+        #: element map), before their fused groups were added.
+        self.loaded_whole: set[str] = set()
 
     @classmethod
     def start(cls, model: str, **options: Any) -> VllmEngine:
@@ -66,6 +62,9 @@ class VllmEngine:
             "skip_tokenizer_init": True,
             "enforce_eager": True,
             "seed": 0,
+            # Weights kept where the model computes from them: versions are written in
+            # place, element by element (aurora_rl.engines.vllm_worker).
+            "load_format": "aurora",
         }
         settings.update(options)
         started = time.perf_counter()
@@ -75,9 +74,7 @@ class VllmEngine:
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         started = time.perf_counter()
-        if self.in_place:
-            self.llm.collective_rpc(_write_in_place, args=(dict(tensors),))
-        elif self.in_process:
+        if self.in_process:
             self.llm.collective_rpc(
                 "reload_weights",
                 kwargs={"weights_iterator": list(tensors.items()), "is_checkpoint_format": True},
@@ -91,9 +88,56 @@ class VllmEngine:
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_path": directory, "is_checkpoint_format": True}
                 )
+        if self.writes_in_place:
+            # The layers reloaded were processed again: point them at their parameters.
+            self.llm.collective_rpc(vllm_worker.after_reload)
         # Cached prefixes hold keys and values of the old weights.
         self.llm.reset_prefix_cache()
         logger.debug("vLLM reloaded %d tensors in %.3f s", len(tensors), time.perf_counter() - started)
+
+    @property
+    def writes_in_place(self) -> bool:
+        """Whether changed elements are written into the parameters: the engine in this
+        process, loaded with load format ``aurora`` (``VllmEngine.start``'s default)."""
+        load_format = self.llm.llm_engine.vllm_config.load_config.load_format
+        return self.in_process and load_format == "aurora"
+
+    def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
+        """Writes changed elements in place where vLLM holds each tensor as loaded, found
+        through vLLM's own loading code (``vllm_worker``); tensors it cannot write so,
+        and those changed whole, are reloaded whole with their fused groups. Written
+        elements are undone if the reload fails."""
+        started = time.perf_counter()
+        if not self.writes_in_place:
+            self.load_weights({name: change.tensor for name, change in changes.items()})
+            self.loaded_whole = set(changes)
+            return
+        elements = {name: c for name, c in changes.items() if c.indices is not None}
+        whole = set(self.llm.collective_rpc(
+            vllm_worker.write_changes,
+            args=(
+                {name: (c.indices, c.values()) for name, c in elements.items()},
+                {name: (list(c.tensor.shape), c.tensor.dtype) for name, c in elements.items()},
+            ),
+        )[0])
+        whole |= {name for name, c in changes.items() if c.indices is None}
+        # A tensor reloaded whole takes its fused group with it; only changed ones count.
+        whole = {name for name in whole if name not in elements or elements[name].indices.numel()}
+        try:
+            if whole:
+                self.load_weights({name: changes[name].tensor for name in fused_group_names(whole)})
+        except BaseException:
+            self.llm.collective_rpc(vllm_worker.undo_changes)
+            raise
+        self.llm.reset_prefix_cache()
+        self.loaded_whole = whole
+        written = sum(int(c.indices.numel()) for name, c in elements.items() if name not in whole)
+        logger.debug(
+            "vLLM took %d elements in place and %d tensors whole in %.3f s",
+            written,
+            len(whole),
+            time.perf_counter() - started,
+        )
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
         from vllm import SamplingParams
@@ -120,43 +164,6 @@ class VllmEngine:
         if not self.in_process:
             return None
         return self.llm.collective_rpc(_read_back_weights)[0]
-
-
-def _write_in_place(worker: Any, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Runs in the worker: copies each Hugging Face tensor into the parameter that holds
-    it (its rows of a fused one), on the parameter's device. Every target is checked
-    before the first write, so a layout this cannot write leaves the weights alone."""
-    import torch
-
-    model = worker.model_runner.get_model()
-    modules = dict(model.named_modules())
-    fused_rows = {
-        part: (module, parameter, rows)
-        for name, module in modules.items()
-        for parameter in ("weight", "bias")
-        for part, rows in _fused_parts(name, module, parameter)
-    }
-    writes = []
-    for name, tensor in tensors.items():
-        module_name, _, parameter_name = name.rpartition(".")
-        module, rows = modules.get(module_name), None
-        if name in fused_rows:
-            module, parameter_name, rows = fused_rows[name]
-        parameter = getattr(module, parameter_name, None) if module is not None else None
-        if parameter is None:
-            raise KeyError(f"vLLM holds no parameter for {name}")
-        target = _unpadded(module, parameter.data if rows is None else parameter.data[rows])
-        if target.shape != tensor.shape or target.dtype != tensor.dtype:
-            raise ValueError(
-                f"{name}: vLLM holds {tuple(target.shape)} {target.dtype} where the checkpoint has "
-                f"{tuple(tensor.shape)} {tensor.dtype} (repacked or quantized: reload instead of writing in place)"
-            )
-        writes.append((target, tensor))
-    with torch.no_grad():
-        for target, tensor in writes:
-            target.copy_(tensor, non_blocking=True)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _read_back_weights(worker: Any) -> dict[str, torch.Tensor]:

@@ -85,7 +85,7 @@ impl Engine for RlEngine {
         *self.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(guard);
     }
 
-    fn activate(&self, weights: Arc<Weights>, _changed: Vec<String>) {
+    fn activate(&self, weights: Arc<Weights>, _changed: aurora_delta::ChangeSet) {
         let version = weights.active();
         match Policy::from_safetensors(&self.config, weights.image()) {
             Ok(policy) => {

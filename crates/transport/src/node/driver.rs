@@ -76,7 +76,7 @@ pub(crate) enum Event {
         version: u64,
         weights: Arc<Weights>,
         /// The tensors the activation changed (none when it failed).
-        changed: Vec<String>,
+        changed: aurora_delta::ChangeSet,
         result: Result<Hash, DeltaError>,
     },
     /// The artifact the sender asked for, or why there is none.

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use aurora_delta::ChangeSet;
 use aurora_proto::{ConnId, Notice, Output, Receiver, Sender};
 
 use crate::conn::{WriteCmd, dial};
@@ -120,12 +121,17 @@ impl<E: Engine> Driver<E> {
                         }
                     };
                 let events = self.events_tx.clone();
+                let elements = self.engine.as_ref().is_some_and(|e| e.writes_elements());
                 // Not on the decode pool: the engine is paused at its safe point until
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
-                    let changed = staged.changed_tensors();
+                    let changed = staged.change_set(elements);
                     let result = weights.activate(staged);
-                    let changed = if result.is_ok() { changed } else { Vec::new() };
+                    let changed = if result.is_ok() {
+                        changed
+                    } else {
+                        ChangeSet::default()
+                    };
                     let _ = events.blocking_send(Event::Activated {
                         version,
                         weights: Arc::new(weights),
