@@ -1,7 +1,8 @@
 """aurora's vLLM plugin, loaded by vLLM itself in each of its processes (the entry point
 ``vllm.general_plugins`` in this package's metadata), before a model is built.
 
-It registers the load format ``aurora`` (``aurora_rl.engines.vllm_worker``), and on a
+It registers the load format ``aurora`` (``aurora_rl.engines.vllm_worker``) and the
+weight-transfer backend ``aurora`` (``aurora_rl.vllm_backend``), and on a
 Linux x86 CPU with AMX it asks the kernel for the AMX tile state in the process. vLLM's CPU build picks its AMX attention kernel from the CPU's
 flags alone (``torch.cpu._is_amx_tile_supported`` reads cpuinfo), but Linux lets a
 process use AMX tiles only after it asked (``arch_prctl(ARCH_REQ_XCOMP_PERM)``), which
@@ -23,6 +24,8 @@ def register() -> None:
     """vLLM's general-plugin hook: called once per vLLM process."""
     _request_amx_tiles()
     _register_model_loader()
+    # The weight-transfer backend "aurora" (its module registers on import).
+    import aurora_rl.vllm_backend  # noqa: F401
 
 
 def _register_model_loader() -> None:

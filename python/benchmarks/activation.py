@@ -7,13 +7,17 @@ one Adam-style step at about 1% density) with a matching Qwen3 config. Measured,
 ``--rounds`` (each round publishes one more version):
 
 - aurora: ``Trainer.commit`` until ``Actor.safe_point`` has loaded the version into
-  vLLM (the host copy patched in place, the changed tensors reloaded); the delta was
-  published and staged beforehand, as it is behind generation;
+  vLLM (the host copy patched in place and its hash checked, the changed elements
+  written into vLLM's parameters); the delta was published and staged beforehand, as it
+  is behind generation. Of that, the engine's part (``load_changes``) on its own;
 - the baseline: vLLM's ``reload_weights`` from the whole checkpoint file (what a trainer
   that saves checkpoints and tells its engines to reload does), and from the whole state
   in memory (what weight-sync loops that send every tensor do).
 
-    python python/benchmarks/activation.py [--preset 0.6b] [--rounds 3] [--json FILE]
+The density of a step follows ``--lr`` (``aurora synth``'s Adam-style step: 1e-6 gives
+about 1%); the report gives the density measured.
+
+    python python/benchmarks/activation.py [--preset 0.6b] [--rounds 3] [--lr 1e-6] [--json FILE]
 """
 
 from __future__ import annotations
@@ -50,12 +54,20 @@ def write_config(directory: Path, preset: str) -> None:
     ).save_pretrained(directory)
 
 
+def changed_fraction(before, after) -> float:
+    import torch
+
+    changed = sum(int((after[n].view(torch.int16) != t.view(torch.int16)).sum()) for n, t in before.items())
+    return changed / sum(t.numel() for t in before.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="0.6b", choices=sorted(SHAPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--aurora-bin", default=str(REPO / "target" / "release" / "aurora"))
+    parser.add_argument("--lr", default="1e-6", help="aurora synth's learning rate: sets the density")
+    parser.add_argument("--aurora-bin", default=str(REPO / "target" / "debug" / "aurora"))
     args = parser.parse_args()
 
     from safetensors.torch import load_file
@@ -66,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="aurora-bench-activation-") as scratch:
         scratch = Path(scratch)
         subprocess.run([args.aurora_bin, "synth", "--preset", args.preset, "--steps", str(args.rounds),
-                        "--out", str(scratch / "synth")], check=True, capture_output=True)
+                        "--lr", args.lr, "--out", str(scratch / "synth")], check=True, capture_output=True)
         files = sorted((scratch / "synth").glob("*.safetensors"))
         model_dir = scratch / "model"
         write_config(model_dir, args.preset)
@@ -76,11 +88,21 @@ def main() -> None:
         trainer = aurora_rl.Trainer(scratch / "trainer", snapshot_every=0, insecure_plaintext=True)
         states = [load_file(str(path)) for path in files]
         trainer.publish(states[0])
+        engine_s: list[float] = []
+        load_changes = engine.load_changes
+
+        def timed_load_changes(changes):  # the engine's part of each activation
+            started = time.perf_counter()
+            load_changes(changes)
+            engine_s.append(time.perf_counter() - started)
+
+        engine.load_changes = timed_load_changes
         actor = aurora_rl.Actor(engine, id=1, region="here", control=trainer.control_address,
                                 upstreams=[trainer.transport_address], token=trainer.token,
                                 insecure_plaintext=True)
-        aurora_s, changed_tensors = [], []
+        aurora_s, densities = [], []
         for version in range(1, len(files)):
+            densities.append(changed_fraction(states[version - 1], states[version]))
             trainer.publish(states[version])
             # Staged behind generation, as it is in a run, before the Commit.
             deadline = time.monotonic() + 300
@@ -109,7 +131,11 @@ def main() -> None:
     report = {
         "preset": args.preset,
         "model_bytes": sum(t.numel() * t.element_size() for t in states[0].values()),
+        "lr": args.lr,
+        "density": sum(densities) / len(densities),
         "aurora_commit_to_serving_s": min(aurora_s),
+        "of_which_engine_s": min(engine_s[1:]),
+        "elements_in_place": engine.loaded_whole == set(),
         "reload_whole_checkpoint_file_s": min(reload_file_s),
         "reload_whole_state_in_memory_s": min(reload_memory_s),
     }

@@ -26,8 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from aurora_rl import _core
-from aurora_rl.engines import Completion, Sampling, TensorChange, fused_group_names
+from aurora_rl.engines import Completion, Sampling, TensorChange
 from aurora_rl.engines import vllm_worker
 
 if TYPE_CHECKING:
@@ -74,7 +73,9 @@ class VllmEngine:
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         started = time.perf_counter()
-        if self.in_process:
+        if self.writes_in_place:
+            self.llm.collective_rpc(vllm_worker.load_weights, args=(dict(tensors),))
+        elif self.in_process:
             self.llm.collective_rpc(
                 "reload_weights",
                 kwargs={"weights_iterator": list(tensors.items()), "is_checkpoint_format": True},
@@ -88,9 +89,6 @@ class VllmEngine:
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_path": directory, "is_checkpoint_format": True}
                 )
-        if self.writes_in_place:
-            # The layers reloaded were processed again: point them at their parameters.
-            self.llm.collective_rpc(vllm_worker.after_reload)
         # Cached prefixes hold keys and values of the old weights.
         self.llm.reset_prefix_cache()
         logger.debug("vLLM reloaded %d tensors in %.3f s", len(tensors), time.perf_counter() - started)
@@ -104,38 +102,22 @@ class VllmEngine:
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         """Writes changed elements in place where vLLM holds each tensor as loaded, found
-        through vLLM's own loading code (``vllm_worker``); tensors it cannot write so,
-        and those changed whole, are reloaded whole with their fused groups. Written
-        elements are undone if the reload fails."""
+        through vLLM's own loading code; tensors it cannot write so, and those changed
+        whole, are reloaded whole with their fused groups (``vllm_worker.ModelWriter``).
+        Written elements are undone if the reload fails."""
         started = time.perf_counter()
         if not self.writes_in_place:
             self.load_weights({name: change.tensor for name, change in changes.items()})
             self.loaded_whole = set(changes)
             return
-        elements = {name: c for name, c in changes.items() if c.indices is not None}
-        whole = set(self.llm.collective_rpc(
-            vllm_worker.write_changes,
-            args=(
-                {name: (c.indices, c.values()) for name, c in elements.items()},
-                {name: (list(c.tensor.shape), c.tensor.dtype) for name, c in elements.items()},
-            ),
-        )[0])
-        whole |= {name for name, c in changes.items() if c.indices is None}
-        # A tensor reloaded whole takes its fused group with it; only changed ones count.
-        whole = {name for name in whole if name not in elements or elements[name].indices.numel()}
-        try:
-            if whole:
-                self.load_weights({name: changes[name].tensor for name in fused_group_names(whole)})
-        except BaseException:
-            self.llm.collective_rpc(vllm_worker.undo_changes)
-            raise
+        self.loaded_whole = self.llm.collective_rpc(vllm_worker.load_changes, args=(dict(changes),))[0]
+        # Cached prefixes hold keys and values of the old weights.
         self.llm.reset_prefix_cache()
-        self.loaded_whole = whole
-        written = sum(int(c.indices.numel()) for name, c in elements.items() if name not in whole)
+        written = sum(int(c.indices.numel()) for name, c in changes.items() if c.indices is not None and name not in self.loaded_whole)
         logger.debug(
             "vLLM took %d elements in place and %d tensors whole in %.3f s",
             written,
-            len(whole),
+            len(self.loaded_whole),
             time.perf_counter() - started,
         )
 
@@ -163,64 +145,7 @@ class VllmEngine:
     def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
         if not self.in_process:
             return None
-        return self.llm.collective_rpc(_read_back_weights)[0]
-
-
-def _read_back_weights(worker: Any) -> dict[str, torch.Tensor]:
-    """Runs in the worker: the model's weights as it computes with them, under Hugging
-    Face names (fused groups split into their parts)."""
-    import torch
-
-    model = worker.model_runner.get_model()
-    # A tied head is the embedding, which checkpoints store once.
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-    held: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            method = getattr(module, "quant_method", None)
-            if method is None or not hasattr(module, "weight") or name.endswith("embed_tokens"):
-                continue
-            if tied and name == "lm_head":
-                continue
-            inputs = _input_size(module)
-            identity = torch.eye(inputs, dtype=getattr(module, "params_dtype", torch.bfloat16))
-            weight = method.apply(module, identity).t()
-            parts = _fused_parts(name, module, "weight")
-            if not parts:
-                held[f"{name}.weight"] = _unpadded(module, weight)
-            for part, rows in parts:
-                held[part] = weight[rows].contiguous()
-        for name, module in model.named_modules():
-            # Embeddings and norms are used as stored.
-            if name.endswith("embed_tokens") or name.endswith("norm"):
-                held[f"{name}.weight"] = _unpadded(module, module.weight.detach())
-    return held
-
-
-def _fused_parts(name: str, module: Any, parameter: str) -> list[tuple[str, slice]]:
-    """For a fused module's parameter (q/k/v, gate/up): each Hugging Face part's name and
-    its rows, in the order of `unfused_names`; empty for any other."""
-    parts = _core.unfused_names(f"{name}.{parameter}") if hasattr(module, "output_sizes") else None
-    if parts is None:
-        return []
-    starts = [sum(module.output_sizes[:index]) for index in range(len(parts))]
-    return [(part, slice(start, start + size)) for part, start, size in zip(parts, starts, module.output_sizes)]
-
-
-def _unpadded(module: Any, weight: torch.Tensor) -> torch.Tensor:
-    """Vocabulary rows beyond the checkpoint's: vLLM pads an embedding or head to a
-    multiple of 64 rows."""
-    rows = getattr(module, "org_vocab_size", None)
-    return (weight if rows is None else weight[:rows]).contiguous()
-
-
-def _input_size(module: Any) -> int:
-    for attribute in ("input_size_per_partition", "embedding_dim"):
-        value = getattr(module, attribute, None)
-        if value:
-            return int(value)
-    return int(module.weight.shape[1])
-
+        return self.llm.collective_rpc(vllm_worker.held_weights)[0]
 
 
 class VllmServerEngine:

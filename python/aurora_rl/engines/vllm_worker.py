@@ -23,12 +23,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 if TYPE_CHECKING:
     import torch
+
+    from aurora_rl.engines import TensorChange
 
 logger = logging.getLogger("aurora_rl.vllm")
 
@@ -108,11 +110,31 @@ class Piece:
     target_offset: int
     target_strides: tuple[int, ...]
 
-    def place(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For flat indices of the checkpoint tensor: which lie in this block, and the
-        flat indices in the parameter they go to."""
+    @property
+    def shift(self) -> Optional[int]:
+        """For a block that is one run of elements on both sides (a whole tensor, a fused
+        part, rows of a shard): what to add to a source index to get its target index."""
+        contiguous = _contiguous_strides(self.sizes)
+        if _strides_agree(self.sizes, self.source_strides, contiguous) and _strides_agree(
+            self.sizes, self.target_strides, contiguous
+        ):
+            return self.target_offset - self.source_offset
+        return None
+
+    def place(self, indices: torch.Tensor, elements: int) -> tuple[Union[None, slice, torch.Tensor], torch.Tensor]:
+        """For ascending flat indices of a checkpoint tensor of ``elements``: which lie in
+        this block (None: all of them; a slice or a mask of them), and the flat indices
+        in the parameter they go to."""
         import torch
 
+        shift = self.shift
+        if shift is not None:
+            end = self.source_offset + math.prod(self.sizes)
+            if self.source_offset == 0 and end == elements:
+                return None, indices + shift
+            # Ascending: the block's indices are one slice of them.
+            first, last = torch.searchsorted(indices, torch.tensor([self.source_offset, end])).tolist()
+            return slice(first, last), indices[first:last] + shift
         rest = indices - self.source_offset
         inside = rest >= 0
         target = torch.full_like(indices, self.target_offset)
@@ -130,6 +152,20 @@ class Piece:
         return inside, target[inside]
 
 
+def _contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    strides, stride = [], 1
+    for size in reversed(sizes):
+        strides.append(stride)
+        stride *= size
+    return tuple(reversed(strides))
+
+
+def _strides_agree(sizes: tuple[int, ...], strides: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """Whether ``strides`` lay out ``sizes`` as ``expected`` does (a dimension of one
+    element may have any stride)."""
+    return all(size == 1 or a == b for size, a, b in zip(sizes, strides, expected))
+
+
 #: Per checkpoint tensor: its pieces, or None where it has no map (loaded whole).
 ElementMap = dict[str, Optional[list[Piece]]]
 
@@ -141,9 +177,14 @@ def probe_element_map(model: Any, specs: Mapping[str, tuple[list[int], torch.dty
     from torch.utils._python_dispatch import TorchDispatchMode
 
     owners: dict[int, tuple[str, torch.Tensor]] = {}
-    for name, parameter in model.named_parameters():
-        if parameter.numel() and parameter.device.type != "meta":
-            owners.setdefault(parameter.untyped_storage().data_ptr(), (name, parameter))
+    for module_name, module in model.named_modules():
+        # A layer vLLM's CPU build computes from a packed copy of is not written.
+        cpu_linear = getattr(module, "cpu_linear", torch.nn.functional.linear)
+        if cpu_linear is not torch.nn.functional.linear:
+            continue
+        for name, parameter in module.named_parameters(prefix=module_name, recurse=False):
+            if parameter.numel() and parameter.device.type != "meta":
+                owners.setdefault(parameter.untyped_storage().data_ptr(), (name, parameter))
     roots: dict[int, str] = {}
     found: ElementMap = {name: [] for name in specs}
     current: list[str] = []
@@ -216,9 +257,14 @@ def probe_element_map(model: Any, specs: Mapping[str, tuple[list[int], torch.dty
     return found
 
 
-def element_writes(model: Any, element_map: ElementMap, changes: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> list[Any]:
-    """The ``ElementWrite``s of ``changes`` (name: flat indices and their new values)
-    under ``element_map``; elements other ranks hold are left to them."""
+def element_writes(
+    model: Any,
+    element_map: ElementMap,
+    changes: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    specs: Mapping[str, tuple[list[int], torch.dtype]],
+) -> list[Any]:
+    """The ``ElementWrite``s of ``changes`` (name: ascending flat indices and their new
+    values) under ``element_map``; elements other ranks hold are left to them."""
     from aurora_rl.engines import ElementWrite
 
     parameters = dict(model.named_parameters())
@@ -230,43 +276,145 @@ def element_writes(model: Any, element_map: ElementMap, changes: Mapping[str, tu
             parameter = parameters.get(piece.parameter)
             if parameter is None or not parameter.is_contiguous():
                 raise RuntimeError(f"{name}: vLLM no longer holds {piece.parameter} as it was mapped")
-            inside, target = piece.place(indices)
-            writes.append(ElementWrite(parameter.data.view(-1), target, values[inside]))
+            inside, target = piece.place(indices, math.prod(specs[name][0]))
+            writes.append(ElementWrite(parameter.data.view(-1), target, values if inside is None else values[inside]))
     return writes
 
 
-def write_changes(worker: Any, changes: Mapping[str, tuple[torch.Tensor, torch.Tensor]], specs: Mapping[str, tuple[list[int], torch.dtype]]) -> list[str]:
-    """In the worker (``collective_rpc``): writes the changed elements of every tensor
-    ``changes`` names that has an element map (probed on first sight from ``specs``),
-    keeping the undo for ``undo_changes``. Returns the names it left for a whole load."""
-    from vllm.distributed import get_tensor_model_parallel_world_size
+class ModelWriter:
+    """Writes versions into one vLLM model, in the process that holds it: changed
+    elements in place where the model has an element map, everything else through
+    ``reload`` (vLLM's layerwise reload of checkpoint-format tensors). Transactional:
+    elements written are undone if the whole-tensor reload that follows fails."""
 
-    from aurora_rl.engines import write_elements
+    def __init__(self, model: Any, reload: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        self.model = model
+        self._reload = reload
+        self.element_map: ElementMap = {}
 
-    for name, (indices, values) in changes.items():
-        elements = math.prod(specs[name][0])
-        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= elements):
-            raise IndexError(f"{name}: an element index beyond its {elements} elements")
-        if indices.shape != values.shape:
-            raise ValueError(f"{name}: {indices.numel()} indices for {values.numel()} values")
-    model = worker.model_runner.get_model()
-    element_map: ElementMap = worker.__dict__.setdefault("_aurora_element_map", {})
-    unseen = {name: spec for name, spec in specs.items() if name not in element_map}
-    if unseen:
-        element_map.update(probe_element_map(model, unseen, get_tensor_model_parallel_world_size()))
-    mapped = {name: change for name, change in changes.items() if element_map.get(name) is not None}
-    worker._aurora_undo = write_elements(element_writes(model, element_map, mapped))
-    return sorted(set(changes) - set(mapped))
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Loads ``tensors`` whole (fused groups complete), then points the layers the
+        reload processed again at their parameters."""
+        self._reload(dict(tensors))
+        compute_from_parameters(self.model)
+
+    def load_changes(self, changes: Mapping[str, TensorChange]) -> set[str]:
+        """See ``aurora_rl.engines.ElementEngine``. Returns the tensors loaded whole
+        (changed whole, or without an element map), before their fused groups."""
+        from aurora_rl.engines import fused_group_names, write_elements
+
+        elements = {name: c for name, c in changes.items() if c.indices is not None}
+        specs = {name: (list(c.tensor.shape), c.tensor.dtype) for name, c in elements.items()}
+        for name, change in elements.items():
+            indices, count = change.indices, math.prod(specs[name][0])
+            if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= count):
+                raise IndexError(f"{name}: an element index beyond its {count} elements")
+        unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
+        if unseen:
+            from vllm.distributed import get_tensor_model_parallel_world_size
+
+            self.element_map.update(probe_element_map(self.model, unseen, get_tensor_model_parallel_world_size()))
+        mapped = {
+            name: (c.indices, c.values()) for name, c in elements.items() if self.element_map.get(name) is not None
+        }
+        undo = write_elements(element_writes(self.model, self.element_map, mapped, specs))
+        # A tensor reloaded whole takes its fused group with it; only changed ones count.
+        whole = {
+            name
+            for name, c in changes.items()
+            if name not in mapped and (c.indices is None or c.indices.numel())
+        }
+        try:
+            if whole:
+                self.load_weights({name: changes[name].tensor for name in fused_group_names(whole)})
+        except BaseException:
+            undo()
+            raise
+        return whole
+
+    def held_weights(self) -> dict[str, torch.Tensor]:
+        """The weights the model computes with, under Hugging Face names, read back
+        through each layer's own forward: a linear layer applied to an identity matrix
+        gives its weight exactly (one product per output, accumulated with zeros),
+        whatever layout it holds it in."""
+        import torch
+
+        model = self.model
+        # A tied head is the embedding, which checkpoints store once.
+        tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+        held: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                method = getattr(module, "quant_method", None)
+                if method is None or not hasattr(module, "weight") or name.endswith("embed_tokens"):
+                    continue
+                if tied and name == "lm_head":
+                    continue
+                inputs = _input_size(module)
+                identity = torch.eye(inputs, dtype=getattr(module, "params_dtype", torch.bfloat16))
+                weight = method.apply(module, identity).t()
+                parts = _fused_parts(name, module, "weight")
+                if not parts:
+                    held[f"{name}.weight"] = _unpadded(module, weight)
+                for part, rows in parts:
+                    held[part] = weight[rows].contiguous()
+            for name, module in model.named_modules():
+                # Embeddings and norms are used as stored.
+                if name.endswith("embed_tokens") or name.endswith("norm"):
+                    held[f"{name}.weight"] = _unpadded(module, module.weight.detach())
+        return held
 
 
-def undo_changes(worker: Any) -> None:
-    """In the worker: writes back what the last ``write_changes`` replaced."""
-    undo = worker.__dict__.pop("_aurora_undo", None)
-    if undo is not None:
-        undo()
+def _fused_parts(name: str, module: Any, parameter: str) -> list[tuple[str, slice]]:
+    """For a fused module's parameter (q/k/v, gate/up): each Hugging Face part's name and
+    its rows, in the order of `unfused_names`; empty for any other."""
+    from aurora_rl import _core
+
+    parts = _core.unfused_names(f"{name}.{parameter}") if hasattr(module, "output_sizes") else None
+    if parts is None:
+        return []
+    starts = [sum(module.output_sizes[:index]) for index in range(len(parts))]
+    return [(part, slice(start, start + size)) for part, start, size in zip(parts, starts, module.output_sizes)]
 
 
-def after_reload(worker: Any) -> None:
-    """In the worker, after a whole-tensor reload processed layers again."""
-    worker.__dict__.pop("_aurora_undo", None)
-    compute_from_parameters(worker.model_runner.get_model())
+def _unpadded(module: Any, weight: torch.Tensor) -> torch.Tensor:
+    """Vocabulary rows beyond the checkpoint's: vLLM pads an embedding or head to a
+    multiple of 64 rows."""
+    rows = getattr(module, "org_vocab_size", None)
+    return (weight if rows is None else weight[:rows]).contiguous()
+
+
+def _input_size(module: Any) -> int:
+    for attribute in ("input_size_per_partition", "embedding_dim"):
+        value = getattr(module, attribute, None)
+        if value:
+            return int(value)
+    return int(module.weight.shape[1])
+
+
+def worker_writer(worker: Any) -> ModelWriter:
+    """The ``ModelWriter`` of a vLLM worker's model, kept on the worker (its element map
+    is probed once); whole tensors go through the worker's own ``reload_weights``."""
+    writer = worker.__dict__.get("_aurora_writer")
+    if writer is None:
+
+        def reload(tensors: dict[str, torch.Tensor]) -> None:
+            worker.reload_weights(weights_iterator=list(tensors.items()), is_checkpoint_format=True)
+
+        writer = worker._aurora_writer = ModelWriter(worker.model_runner.get_model(), reload)
+    return writer
+
+
+def load_changes(worker: Any, changes: Mapping[str, TensorChange]) -> set[str]:
+    """``collective_rpc`` entry: ``ModelWriter.load_changes`` in the worker."""
+    return worker_writer(worker).load_changes(changes)
+
+
+def load_weights(worker: Any, tensors: Mapping[str, torch.Tensor]) -> None:
+    """``collective_rpc`` entry: ``ModelWriter.load_weights`` in the worker."""
+    worker_writer(worker).load_weights(tensors)
+
+
+def held_weights(worker: Any) -> dict[str, torch.Tensor]:
+    """``collective_rpc`` entry: ``ModelWriter.held_weights`` in the worker."""
+    return worker_writer(worker).held_weights()

@@ -1,0 +1,112 @@
+"""aurora as vLLM's weight-transfer backend, proven with the calls a framework makes: a
+trainer engine (``WeightTransferTrainerFactory``) pushes RL-sized steps (1% of elements)
+with ``send_weights()``; vLLM, started with the backend, joins the fleet, stages each
+version, writes its changed elements in place and checks the weights it computes with.
+
+What it serves is checked against a fresh vLLM loaded from the trainer's export of the same
+version, in a separate process: every log-probability bit-identical, and different from the
+previous version's (at this step size a tolerance against another engine could not tell the
+versions apart)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_engines import free_port, small_qwen3
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "vllm_backend_run.py"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_qwen3(tmp_path_factory.mktemp("qwen3"))
+
+
+def script(*args: object, env: dict | None = None, timeout: float = 540) -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})},
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
+
+
+def fresh(export: Path) -> list[dict]:
+    out = export / "fresh.json"
+    script("fresh", export, out, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    return json.loads(out.read_text())
+
+
+def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(model_dir, tmp_path):
+    # vLLM's default: the engine in a process of its own, where the actor node runs too.
+    out = tmp_path / "offline.json"
+    script("offline", model_dir, out, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    report = json.loads(out.read_text())
+    assert [r["version"] for r in report] == [1, 2, 3]
+    previous = None
+    for served in report:
+        version, label = served["version"], served["weight_version"]
+        assert label.startswith(f"{version}:") and len(label) == len(f"{version}:") + 64
+        # Each output carries the version it was generated on.
+        assert all(o["weight_versions"] == [[label, 0, len(o["tokens"])]] for o in served["outputs"])
+        reference = fresh(tmp_path / f"version-{version}")
+        for output, expected in zip(served["outputs"], reference, strict=True):
+            assert output["tokens"] == expected["tokens"]
+            assert output["logprobs"] == expected["logprobs"]
+            assert output["prompt_logprobs"] == expected["prompt_logprobs"]
+        if previous is not None:
+            assert [o["prompt_logprobs"] for o in reference] != [o["prompt_logprobs"] for o in previous], (
+                "the comparison tells one version from the next"
+            )
+        previous = reference
+
+
+def test_the_openai_server_with_the_aurora_backend_serves_each_version_bit_for_bit(model_dir, tmp_path):
+    """The same through the server's weight-transfer routes (``HTTPVLLMWeightSyncClient``)."""
+    import queue
+    import threading
+
+    port = free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+         "--served-model-name", "small", "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
+         "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--seed", "0",
+         "--skip-tokenizer-init", "--load-format", "aurora", "--weight-transfer-config", '{"backend": "aurora"}',
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
+    try:
+        seen: list[str] = []
+        while not any("Application startup complete" in line for line in seen[-1:]):
+            try:
+                seen.append(lines.get(timeout=300))
+            except queue.Empty:
+                raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
+        out = tmp_path / "server.json"
+        script("server", model_dir, out, f"http://127.0.0.1:{port}")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    report = json.loads(out.read_text())
+    assert [r["version"] for r in report] == [1, 2, 3]
+    for served in report:
+        version = served["version"]
+        assert served["weight_version"].startswith(f"{version}:")
+        reference = fresh(tmp_path / f"version-{version}")
+        for output, expected in zip(served["outputs"], reference, strict=True):
+            assert output["tokens"] == expected["tokens"]
+            # The server gives each chosen token's log-probability; the reference, the top 5.
+            chosen = [dict(step)[token] for step, token in zip(expected["logprobs"], expected["tokens"], strict=True)]
+            assert output["logprobs"] == chosen

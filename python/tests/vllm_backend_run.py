@@ -1,0 +1,169 @@
+"""The aurora weight-transfer backend driven the way a framework drives vLLM's weight sync:
+a trainer engine from ``WeightTransferTrainerFactory.trainer_init`` pushes RL-sized steps
+with ``send_weights()`` through a ``VLLMWeightSyncClient``, into vLLM started with
+``weight_transfer_config={"backend": "aurora"}`` (load format ``aurora``). Run by
+test_vllm_backend.py as a script (vLLM's engine process is spawned).
+
+    vllm_backend_run.py offline MODEL_DIR OUT      # LLM in this process, its engine process spawned
+    vllm_backend_run.py server MODEL_DIR OUT URL   # a running OpenAI server (VLLM_SERVER_DEV_MODE=1)
+    vllm_backend_run.py fresh EXPORT_DIR OUT       # a fresh LLM on an export: the reference
+
+Each mode writes OUT as JSON: per version, the weight version vLLM reports, the weight
+versions its outputs carry, and the greedy tokens and log-probabilities (prompt and
+generated, top 5) of PROMPTS; the first two modes also export each version as a model
+directory beside OUT, for ``fresh``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+PROMPTS = [[5, 17, 300, 42], [1000, 2, 3], [7] * 9, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+VERSIONS = 3
+ENGINE = dict(dtype="bfloat16", skip_tokenizer_init=True, enforce_eager=True, load_format="aurora",
+              max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256, seed=0)
+
+
+def logprobs_of(outputs: Any) -> list[dict]:
+    """Every number vLLM computed for each prompt, as exact floats (repr round-trips)."""
+    def table(steps: Any) -> list:
+        return [None if step is None else sorted((t, repr(l.logprob)) for t, l in step.items()) for step in steps or []]
+
+    return [
+        {
+            "tokens": list(o.outputs[0].token_ids),
+            "logprobs": table(o.outputs[0].logprobs),
+            "prompt_logprobs": table(o.prompt_logprobs),
+            "weight_versions": [[s.version, s.start, s.end] for s in o.outputs[0].weight_versions or []],
+        }
+        for o in outputs
+    ]
+
+
+def sampling() -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=6, temperature=0.0, logprobs=5, prompt_logprobs=5)
+
+
+class Source:
+    """A ``WeightSource`` over the trainer's current state (Hugging Face names)."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def metadata(self) -> list:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.state.items()]
+
+    def __iter__(self):
+        return iter(list(self.state.items()))
+
+
+class OfflineClient:
+    """``VLLMWeightSyncClient`` over an offline ``LLM``: its own weight-sync methods."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: dict) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.llm.finish_weight_update(weight_version)
+
+
+def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version: Any) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from test_engines import sparse_step
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    import aurora_rl
+    from aurora_rl.vllm_backend import AuroraTrainerInitInfo
+
+    source = Source(load_file(str(model_dir / "model.safetensors")))
+    report = []
+    with aurora_rl.Trainer(out.parent / "trainer", insecure_plaintext=True) as trainer:
+        engine = WeightTransferTrainerFactory.trainer_init(
+            AuroraTrainerInitInfo(rank=0, trainer=trainer, dtype=torch.bfloat16,
+                                  inference={"region": "here", "id": 1, "insecure_plaintext": True}),
+            client=client,
+            source=source,
+        )
+        for version in range(1, VERSIONS + 1):
+            source.state = sparse_step(source.state, 0.01, version)
+            engine.send_weights()
+            assert engine.published.version == version
+            assert engine.published.weights_hash == aurora_rl.weights_hash(source.state)
+            export = out.parent / f"version-{version}"
+            export.mkdir()
+            shutil.copy(model_dir / "config.json", export / "config.json")
+            save_file(source.state, str(export / "model.safetensors"))
+            report.append({"version": version, "weight_version": weight_version(), "outputs": generate()})
+    out.write_text(json.dumps(report))
+
+
+def offline(model_dir: Path, out: Path) -> None:
+    from vllm import LLM
+
+    llm = LLM(model=str(model_dir), weight_transfer_config={"backend": "aurora"}, **ENGINE)
+
+    def generate() -> list[dict]:
+        # The caller resets cached prefixes after an update, as with any backend.
+        llm.reset_prefix_cache()
+        return logprobs_of(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling(), use_tqdm=False))
+
+    train(model_dir, out, OfflineClient(llm), generate, llm.get_weight_version)
+
+
+def server(model_dir: Path, out: Path, url: str) -> None:
+    import requests
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+    def generate() -> list[dict]:
+        requests.post(f"{url}/reset_prefix_cache", timeout=60).raise_for_status()
+        answer = requests.post(
+            f"{url}/v1/completions",
+            json={"model": "small", "prompt": PROMPTS, "max_tokens": 6, "temperature": 0.0, "logprobs": 5,
+                  "return_token_ids": True, "return_tokens_as_token_ids": True},
+            timeout=300,
+        )
+        answer.raise_for_status()
+        choices = sorted(answer.json()["choices"], key=lambda c: c["index"])
+        return [{"tokens": c["token_ids"], "logprobs": [repr(x) for x in c["logprobs"]["token_logprobs"]]} for c in choices]
+
+    def weight_version() -> str:
+        return requests.get(f"{url}/weight_info", timeout=60).json()["weight_version"]
+
+    train(model_dir, out, HTTPVLLMWeightSyncClient(url), generate, weight_version)
+
+
+def fresh(export: Path, out: Path) -> None:
+    from vllm import LLM
+
+    llm = LLM(model=str(export), **ENGINE)
+    out.write_text(json.dumps(logprobs_of(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling(), use_tqdm=False))))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    mode, directory, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    if mode == "offline":
+        offline(directory, out)
+    elif mode == "server":
+        server(directory, out, sys.argv[4])
+    else:
+        fresh(directory, out)
+    print("done", mode)
