@@ -284,3 +284,9 @@ def test_the_openai_server_serves_each_version_it_is_given(model_dir):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def test_a_model_directory_whose_config_names_no_architecture_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
+    with pytest.raises(ValueError, match='names no "architectures"'):
+        VllmEngine.start(str(tmp_path))

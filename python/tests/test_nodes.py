@@ -159,6 +159,11 @@ def test_with_certificates_nothing_unsigned_is_served_or_taken_unless_asked_by_n
         aurora_rl.Trainer(tmp_path / "open", insecure_plaintext=True, control_listen="0.0.0.0:0")
     with pytest.raises(aurora_rl.UsageError, match="only widens insecure_plaintext"):
         aurora_rl.Trainer(tmp_path / "closed", insecure_closed_network=True, **nodes["trainer"])
+    # Another trainer's key verifies nothing: the join fails naming why.
+    run(aurora_bin, "certs", "init", "--dir", tmp_path / "other")
+    with pytest.raises(aurora_rl.NodeTimeoutError, match="last upstream failure: .*signature"):
+        aurora_rl.Actor(TransformersEngine.start(str(model_dir)), **actor_args, **nodes["1"],
+                        trainer_key=tmp_path / "other" / "signing.pub", join_timeout=5.0)
     trainer.close()
 
 

@@ -66,6 +66,7 @@ class VllmEngine:
             "load_format": "aurora",
         }
         settings.update(options)
+        _check_config(model)
         started = time.perf_counter()
         llm = LLM(model=model, **settings)
         logger.info("vLLM started on %s in %.1f s", model, time.perf_counter() - started)
@@ -146,6 +147,21 @@ class VllmEngine:
         if not self.in_process:
             return None
         return self.llm.collective_rpc(vllm_worker.held_weights)[0]
+
+
+def _check_config(model: str) -> None:
+    """A model directory's config must name its architecture: without one vLLM fails
+    later with an unrelated message about the tokenizer."""
+    import json
+
+    config = os.path.join(model, "config.json")
+    if os.path.isfile(config):
+        with open(config) as file:
+            if not json.load(file).get("architectures"):
+                raise ValueError(
+                    f"{config} names no \"architectures\" (for example [\"Qwen3ForCausalLM\"]): "
+                    "vLLM picks the model class from it"
+                )
 
 
 class VllmServerEngine:

@@ -20,6 +20,7 @@ but views (a concatenation, a conversion) has no map and is loaded whole.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -295,7 +296,8 @@ class ModelWriter:
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Loads ``tensors`` whole (fused groups complete), then points the layers the
         reload processed again at their parameters."""
-        self._reload(dict(tensors))
+        with _untouched_layers_quiet():
+            self._reload(dict(tensors))
         compute_from_parameters(self.model)
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> set[str]:
@@ -390,6 +392,25 @@ def _input_size(module: Any) -> int:
         if value:
             return int(value)
     return int(module.weight.shape[1])
+
+
+class _UntouchedLayers(logging.Filter):
+    """vLLM's layerwise reload warns "Failed to load weights" for every layer a reload
+    left alone: a partial reload leaves most of them alone on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to load weights" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _untouched_layers_quiet() -> Iterator[None]:
+    reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    quiet = _UntouchedLayers()
+    reload_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        reload_logger.removeFilter(quiet)
 
 
 def worker_writer(worker: Any) -> ModelWriter:

@@ -64,6 +64,7 @@ impl<E: Engine> Driver<E> {
                     tracing::info!(%from, %next, %reason, "switching upstream");
                 } else {
                     tracing::warn!(%from, %next, %reason, "upstream lost; falling back");
+                    self.status.last_upstream_failure = Some(format!("{from}: {reason}"));
                 }
                 self.new_session_at = Some(Instant::now() + backoff);
             }

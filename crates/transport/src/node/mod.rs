@@ -350,6 +350,8 @@ pub struct NodeStatus {
     /// Streams the upstream session uses now (one at first when tuned).
     pub target_streams: u8,
     pub upstream_switches: u64,
+    /// Why the last upstream session that failed ended (a node that cannot join says so).
+    pub last_upstream_failure: Option<String>,
     pub receiver: Option<ReceiverStats>,
     pub sender: Option<SenderStats>,
     /// Status reports received from subscribers (peer id, active version, note),
