@@ -109,7 +109,9 @@ impl ActorNode {
             // Why the upstreams failed is what the caller can act on (a trainer key
             // that verifies nothing, a relay that refuses this node).
             what: match transport.status().last_upstream_failure {
-                Some(failure) => format!("a snapshot to join from (the last upstream failure: {failure})"),
+                Some(failure) => {
+                    format!("a snapshot to join from (the last upstream failure: {failure})")
+                }
                 None => "a snapshot to join from".into(),
             },
             timeout,
