@@ -114,11 +114,15 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         self.verify = "full"
 
     def init_transfer_engine(self, init_info: AuroraInitInfo) -> None:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
         if init_info.verify not in ("full", "off"):
             raise aurora_rl.UsageError(f"verify is 'full' or 'off', not {init_info.verify!r}")
+        if init_info.verify == "full" and get_tensor_model_parallel_world_size() > 1:
+            # Each rank reads back only its shards; gathering them is not built yet.
+            raise aurora_rl.UsageError("verify='full' reads back a whole model: with tensor parallelism use verify='off'")
         if self.actor is not None:
             self.actor.close()
-        from vllm.distributed import get_tensor_model_parallel_rank
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
         vllm_config, model = self.vllm_config, self.model

@@ -40,16 +40,27 @@ def script(*args: object, env: dict | None = None, timeout: float = 540) -> None
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
 
 
-def fresh(export: Path) -> list[dict]:
+def parallel(tensor_parallel: int) -> dict:
+    """vLLM's CPU build binds each rank's threads to a NUMA node of its own unless told
+    which cores: this machine has one node, so each rank gets one core."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    if tensor_parallel > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(rank % os.cpu_count()) for rank in range(tensor_parallel))
+    return env
+
+
+def fresh(export: Path, tensor_parallel: int = 1) -> list[dict]:
     out = export / "fresh.json"
-    script("fresh", export, out, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    script("fresh", export, out, tensor_parallel, env=parallel(tensor_parallel))
     return json.loads(out.read_text())
 
 
-def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(model_dir, tmp_path):
-    # vLLM's default: the engine in a process of its own, where the actor node runs too.
+@pytest.mark.parametrize("tensor_parallel", [1, 2], ids=["tp1", "tp2"])
+def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(model_dir, tmp_path, tensor_parallel):
+    # vLLM's default: the engine in a process of its own, where the actor node runs too;
+    # with tensor parallelism, each rank's worker is an actor writing its own slices.
     out = tmp_path / "offline.json"
-    script("offline", model_dir, out, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    script("offline", model_dir, out, tensor_parallel, env=parallel(tensor_parallel))
     report = json.loads(out.read_text())
     assert [r["version"] for r in report] == [1, 2, 3]
     previous = None
@@ -58,7 +69,7 @@ def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(
         assert label.startswith(f"{version}:") and len(label) == len(f"{version}:") + 64
         # Each output carries the version it was generated on.
         assert all(o["weight_versions"] == [[label, 0, len(o["tokens"])]] for o in served["outputs"])
-        reference = fresh(tmp_path / f"version-{version}")
+        reference = fresh(tmp_path / f"version-{version}", tensor_parallel)
         for output, expected in zip(served["outputs"], reference, strict=True):
             assert output["tokens"] == expected["tokens"]
             assert output["logprobs"] == expected["logprobs"]

@@ -4,9 +4,11 @@ with ``send_weights()`` through a ``VLLMWeightSyncClient``, into vLLM started wi
 ``weight_transfer_config={"backend": "aurora"}`` (load format ``aurora``). Run by
 test_vllm_backend.py as a script (vLLM's engine process is spawned).
 
-    vllm_backend_run.py offline MODEL_DIR OUT      # LLM in this process, its engine process spawned
+    vllm_backend_run.py offline MODEL_DIR OUT TP   # LLM in this process, its engine process spawned
     vllm_backend_run.py server MODEL_DIR OUT URL   # a running OpenAI server (VLLM_SERVER_DEV_MODE=1)
-    vllm_backend_run.py fresh EXPORT_DIR OUT       # a fresh LLM on an export: the reference
+    vllm_backend_run.py fresh EXPORT_DIR OUT TP    # a fresh LLM on an export: the reference
+
+TP is the tensor-parallel size (each rank's worker is an actor of its own).
 
 Each mode writes OUT as JSON: per version, the weight version vLLM reports, the weight
 versions its outputs carry, and the greedy tokens and log-probabilities (prompt and
@@ -83,8 +85,11 @@ class OfflineClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.llm.finish_weight_update(weight_version)
 
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
 
-def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version: Any) -> None:
+
+def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version: Any, tensor_parallel: int = 1) -> None:
     import torch
     from safetensors.torch import load_file, save_file
     from test_engines import sparse_step
@@ -98,7 +103,10 @@ def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version
     with aurora_rl.Trainer(out.parent / "trainer", insecure_plaintext=True) as trainer:
         engine = WeightTransferTrainerFactory.trainer_init(
             AuroraTrainerInitInfo(rank=0, trainer=trainer, dtype=torch.bfloat16,
-                                  inference={"region": "here", "id": 1, "insecure_plaintext": True}),
+                                  inference={"region": "here", "id": 1, "insecure_plaintext": True,
+                                             # Read-back gathers no shards yet: the test
+                                             # compares with a fresh engine instead.
+                                             "verify": "full" if tensor_parallel == 1 else "off"}),
             client=client,
             source=source,
         )
@@ -112,20 +120,23 @@ def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version
             shutil.copy(model_dir / "config.json", export / "config.json")
             save_file(source.state, str(export / "model.safetensors"))
             report.append({"version": version, "weight_version": weight_version(), "outputs": generate()})
+        # The workers leave the fleet while its control plane still answers.
+        client.shutdown_weight_transfer_engine()
     out.write_text(json.dumps(report))
 
 
-def offline(model_dir: Path, out: Path) -> None:
+def offline(model_dir: Path, out: Path, tensor_parallel: int) -> None:
     from vllm import LLM
 
-    llm = LLM(model=str(model_dir), weight_transfer_config={"backend": "aurora"}, **ENGINE)
+    llm = LLM(model=str(model_dir), weight_transfer_config={"backend": "aurora"},
+              tensor_parallel_size=tensor_parallel, **ENGINE)
 
     def generate() -> list[dict]:
         # The caller resets cached prefixes after an update, as with any backend.
         llm.reset_prefix_cache()
         return logprobs_of(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling(), use_tqdm=False))
 
-    train(model_dir, out, OfflineClient(llm), generate, llm.get_weight_version)
+    train(model_dir, out, OfflineClient(llm), generate, llm.get_weight_version, tensor_parallel)
 
 
 def server(model_dir: Path, out: Path, url: str) -> None:
@@ -150,10 +161,10 @@ def server(model_dir: Path, out: Path, url: str) -> None:
     train(model_dir, out, HTTPVLLMWeightSyncClient(url), generate, weight_version)
 
 
-def fresh(export: Path, out: Path) -> None:
+def fresh(export: Path, out: Path, tensor_parallel: int) -> None:
     from vllm import LLM
 
-    llm = LLM(model=str(export), **ENGINE)
+    llm = LLM(model=str(export), tensor_parallel_size=tensor_parallel, **ENGINE)
     out.write_text(json.dumps(logprobs_of(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling(), use_tqdm=False))))
 
 
@@ -161,9 +172,9 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     mode, directory, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     if mode == "offline":
-        offline(directory, out)
+        offline(directory, out, int(sys.argv[4]))
     elif mode == "server":
         server(directory, out, sys.argv[4])
     else:
-        fresh(directory, out)
+        fresh(directory, out, int(sys.argv[4]))
     print("done", mode)

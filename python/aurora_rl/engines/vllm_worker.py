@@ -192,7 +192,7 @@ def probe_element_map(model: Any, specs: Mapping[str, tuple[list[int], torch.dty
 
     def unmapped(name: str, why: str) -> None:
         if found.get(name) is not None:
-            logger.info("%s: no element map (%s): it is loaded whole", name, why)
+            logger.warning("%s: no element map (%s): each version loads it whole", name, why)
         found[name] = None
 
     class Recorder(TorchDispatchMode):
