@@ -176,6 +176,7 @@ class Actor(ClosingNode):
                     # The traceback keeps this frame: its views must not hold the weights
                     # the transport writes in place.
                     del tensors
+                    self._leave_after_failed_load(version, error)
                     raise
                 del tensors
             logger.info(
@@ -206,12 +207,21 @@ class Actor(ClosingNode):
             {name: TensorChange(tensor, indices.get(name, unchanged)) for name, tensor in tensors.items()}
         )
 
+    def _leave_after_failed_load(self, version: int, error: BaseException) -> None:
+        """The engine's weights are not the version the node holds: the actor leaves the
+        fleet, so the control plane hands its leases back at once and counts it out."""
+        logger.error("the engine failed to load version %d (%r): leaving the fleet", version, error)
+        try:
+            self._node.leave()
+        except _core.AuroraError as leaving:
+            logger.warning("leaving the fleet after the failed load: %s", leaving)
+
     def _refuse_after_failed_load(self) -> None:
         if self._load_failed is not None:
             version, error = self._load_failed
             raise _core.NodeError(
                 f"the engine failed to load version {version} ({error!r}): its weights are "
-                "unknown, so this actor serves nothing more; start it again to join afresh"
+                "not the node's, so this actor left the fleet; start it again to join afresh"
             ) from error
 
     def claim(self) -> Optional[Work]:

@@ -328,7 +328,8 @@ def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(
         actor.claim()
     with pytest.raises(aurora_rl.NodeError, match="failed to load version 1"):
         actor.safe_point()
-    actor.close()
+    # The control plane heard: the actor left the fleet.
+    assert actor.closed and trainer.status()["actors"] == []
     trainer.close()
 
 
