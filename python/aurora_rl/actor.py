@@ -198,14 +198,19 @@ class Actor(ClosingNode):
             return
         import torch
 
-        indices = {
-            name: None if data is None else torch_view("I64", [-1], data)
-            for name, data in activation.changed_elements()
-        }
-        unchanged = torch.empty(0, dtype=torch.int64)
-        self.engine.load_changes(  # type: ignore[attr-defined]
-            {name: TensorChange(tensor, indices.get(name, unchanged)) for name, tensor in tensors.items()}
-        )
+        changed = dict(activation.changed_elements())
+        changes = {}
+        for name, tensor in tensors.items():
+            if name not in changed:  # a fused group's unchanged part
+                changes[name] = TensorChange(tensor, torch.empty(0, dtype=torch.int64))
+            elif changed[name] is None:
+                changes[name] = TensorChange(tensor, None)
+            else:
+                indices, values = changed[name]
+                changes[name] = TensorChange(
+                    tensor, torch_view("I64", [-1], indices), torch.from_dlpack(values).view(tensor.dtype)
+                )
+        self.engine.load_changes(changes)  # type: ignore[attr-defined]
 
     def _leave_after_failed_load(self, version: int, error: BaseException) -> None:
         """The engine's weights are not the version the node holds: the actor leaves the

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use aurora_api::{StatusResponse, WireResult};
-use aurora_delta::Encoding;
+use aurora_delta::{ChangedElements, Encoding};
 use aurora_node::{
     Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, StepResults, TrainerNode,
     TrainerSettings,
@@ -697,13 +697,15 @@ impl ActivationCore {
         self.with(|a| a.changed.names())
     }
 
-    /// Each changed tensor's name and the flat indices of its changed elements, ascending,
-    /// as a DLPack capsule of flat uint8 host memory holding int64s (no copy), or None for
-    /// a tensor changed whole. The indices move out: a second call gives None for each.
+    /// Each changed tensor's name and, unless it changed whole, its changed elements: the
+    /// flat indices, ascending (int64s), and the new values in their order (the tensor's
+    /// dtype), each a DLPack capsule of flat uint8 host memory (no copy). They move out: a
+    /// second call gives None for each.
+    #[allow(clippy::type_complexity)]
     fn changed_elements<'py>(
         &self,
         py: Python<'py>,
-    ) -> PyResult<Vec<(String, Option<Bound<'py, PyAny>>)>> {
+    ) -> PyResult<Vec<(String, Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>)>> {
         let mut held = self.activation.lock().unwrap_or_else(|p| p.into_inner());
         let activation = held
             .as_mut()
@@ -713,14 +715,18 @@ impl ActivationCore {
             .tensors
             .iter_mut()
             .map(|tensor| {
-                let Some(indices) = tensor.elements.take() else {
+                let Some(elements) = tensor.elements.take() else {
                     return Ok((tensor.name.clone(), None));
                 };
-                let (data, len) = (indices.as_ptr().cast::<u8>(), indices.len() * 8);
-                // SAFETY: the indices are owned by the capsule, and moving the vector
-                // into it does not move its buffer.
-                let capsule = unsafe { export_bytes(py, Box::new(indices), data, len)? };
-                Ok((tensor.name.clone(), Some(capsule)))
+                let ChangedElements { indices, values } = elements;
+                let (index_data, index_len) = (indices.as_ptr().cast::<u8>(), indices.len() * 8);
+                let (value_data, value_len) = (values.as_ptr(), values.len());
+                // SAFETY: each capsule owns its vector, and moving a vector into it does
+                // not move its buffer.
+                let indices =
+                    unsafe { export_bytes(py, Box::new(indices), index_data, index_len)? };
+                let values = unsafe { export_bytes(py, Box::new(values), value_data, value_len)? };
+                Ok((tensor.name.clone(), Some((indices, values))))
             })
             .collect()
     }

@@ -103,9 +103,19 @@ pub struct ChangeSet {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChangedTensor {
     pub name: String,
-    /// The flat indices of the changed elements, ascending; `None`: the whole tensor (a
-    /// snapshot, a delta that changes the layout, or an engine that loads tensors whole).
-    pub elements: Option<Vec<u64>>,
+    /// The changed elements; `None`: the whole tensor (a snapshot, a delta that changes
+    /// the layout, or an engine that loads tensors whole).
+    pub elements: Option<ChangedElements>,
+}
+
+/// A tensor's changed elements: what an engine writes in place, without reading the
+/// new weights' image.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangedElements {
+    /// Flat indices, ascending.
+    pub indices: Vec<u64>,
+    /// The new values' little-endian bytes, in the order of `indices`.
+    pub values: Vec<u8>,
 }
 
 impl ChangeSet {

@@ -36,8 +36,8 @@ pub use apply::{
     owned_checkpoint,
 };
 pub use checkpoint::{
-    ChangeSet, ChangedTensor, Checkpoint, Hash, SafetensorsView, TensorLayout, TensorView,
-    safetensors_layout,
+    ChangeSet, ChangedElements, ChangedTensor, Checkpoint, Hash, SafetensorsView, TensorLayout,
+    TensorView, safetensors_layout,
 };
 pub use codec::scan::count_changed;
 pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk};

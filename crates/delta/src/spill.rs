@@ -18,7 +18,9 @@ use crate::apply::{
     ChunkRange, Patch, PatchChunk, Threads, changed_tensors, check_in_place, check_ranges,
     placements, preserves_layout, swap_chunks,
 };
-use crate::checkpoint::{ChangeSet, ChangedTensor, Checkpoint, Hash, TensorLayout};
+use crate::checkpoint::{
+    ChangeSet, ChangedElements, ChangedTensor, Checkpoint, Hash, TensorLayout,
+};
 use crate::codec::{Changes, ChunkEncoding};
 use crate::error::{DeltaError, Result};
 use crate::format::DeltaHeader;
@@ -81,20 +83,27 @@ impl SpilledChunk {
 
     /// Writes back the values `chunk` (loaded from here, then swapped) now holds: its
     /// positions have not changed.
-    /// The flat indices, in the tensor, of the elements this chunk changes, ascending.
-    fn element_indices(&self) -> Result<Vec<u64>> {
+    /// The elements this chunk changes (flat indices in the tensor, ascending) and their
+    /// new values, as spilled: one read.
+    fn element_changes(&self, element_bytes: usize) -> Result<ChangedElements> {
         let start = self.range.start;
-        let Some(count) = self.positions else {
-            return Ok((start..start + self.range.len).collect());
-        };
-        let mut bytes = vec![0u8; count * POSITION_BYTES];
+        let mut bytes = vec![0u8; self.len];
         self.spill
             .read_at(self.at, &mut bytes)
             .map_err(|reason| self.failed("reading", reason))?;
-        Ok(bytes
+        let Some(count) = self.positions else {
+            let indices = (start..start + (bytes.len() / element_bytes) as u64).collect();
+            return Ok(ChangedElements {
+                indices,
+                values: bytes,
+            });
+        };
+        let values = bytes.split_off(count * POSITION_BYTES);
+        let indices = bytes
             .chunks_exact(POSITION_BYTES)
             .map(|p| start + u64::from(u32::from_le_bytes(p.try_into().expect("four bytes"))))
-            .collect())
+            .collect();
+        Ok(ChangedElements { indices, values })
     }
 
     fn store_values(&self, chunk: &PatchChunk) -> Result<()> {
@@ -219,30 +228,41 @@ impl SpilledPatch {
         changed_tensors(&self.header, self.chunks.iter().map(|c| c.range.tensor))
     }
 
-    /// What applying this patch changes, per tensor: with `elements`, the flat indices of
-    /// the changed elements (read from the spill, O(changes)) for an engine that writes
-    /// elements in place; otherwise, or when the patch changes the layout, whole tensors.
+    /// What applying this patch changes, per tensor: with `elements`, the changed
+    /// elements' flat indices and new values (read from the spill, O(changes)) for an
+    /// engine that writes elements in place; otherwise, or when the patch changes the
+    /// layout, whole tensors. Read before the patch is applied (which swaps the old
+    /// values into the spill).
     pub fn change_set(&self, elements: bool) -> Result<ChangeSet> {
         if !elements || !self.preserves_layout() {
             return Ok(ChangeSet::whole(self.changed_tensors()));
         }
-        let indices = self
+        let changes = self
             .chunks
             .par_iter()
-            .map(SpilledChunk::element_indices)
+            .map(|chunk| {
+                let spec = self.header.tensors[chunk.range.tensor as usize]
+                    .change
+                    .target()
+                    .expect("chunks belong to target tensors");
+                chunk.element_changes(spec.dtype.size_bytes())
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut tensors: Vec<ChangedTensor> = Vec::new();
-        for (chunk, indices) in self.chunks.iter().zip(indices) {
+        for (chunk, changed) in self.chunks.iter().zip(changes) {
             let name = &self.header.tensors[chunk.range.tensor as usize].name;
             match tensors.last_mut() {
-                Some(last) if &last.name == name => last
-                    .elements
-                    .as_mut()
-                    .expect("element changes are collected per tensor")
-                    .extend(indices),
+                Some(last) if &last.name == name => {
+                    let elements = last
+                        .elements
+                        .as_mut()
+                        .expect("element changes are collected per tensor");
+                    elements.indices.extend(changed.indices);
+                    elements.values.extend(changed.values);
+                }
                 _ => tensors.push(ChangedTensor {
                     name: name.clone(),
-                    elements: Some(indices),
+                    elements: Some(changed),
                 }),
             }
         }
@@ -508,7 +528,8 @@ mod tests {
                     .filter(|&i| before[2 * i..2 * i + 2] != after[2 * i..2 * i + 2])
                     .map(|i| i as u64)
                     .collect();
-                let listed = changed.elements.as_ref().unwrap();
+                let elements = changed.elements.as_ref().unwrap();
+                let listed = &elements.indices;
                 if encoding == Encoding::Dense {
                     // A dense chunk rewrites its whole range: a superset, in order.
                     assert!(listed.windows(2).all(|w| w[0] < w[1]));
@@ -516,6 +537,12 @@ mod tests {
                 } else {
                     assert_eq!(listed, &differ, "{encoding:?} {}", changed.name);
                 }
+                // Each value is the target's element at its index.
+                let values: Vec<u8> = listed
+                    .iter()
+                    .flat_map(|&i| after[2 * i as usize..2 * i as usize + 2].to_vec())
+                    .collect();
+                assert!(elements.values == values, "{encoding:?} {}", changed.name);
             }
         }
     }

@@ -53,10 +53,15 @@ class TensorChange:
     #: Flat int64 indices of the changed elements, ascending (empty for a fused group's
     #: unchanged part); None when the tensor changed whole (a snapshot, a new layout).
     indices: Optional[torch.Tensor]
+    #: Their new values, in order, when the transport handed them over (read from the
+    #: delta it staged, so writing them reads nothing else); None: taken from ``tensor``.
+    new_values: Optional[torch.Tensor] = None
 
     def values(self) -> torch.Tensor:
         """The changed elements' new values, in the order of ``indices``."""
         assert self.indices is not None, "a tensor changed whole has no element values"
+        if self.new_values is not None:
+            return self.new_values
         return self.tensor.reshape(-1)[self.indices]
 
 
