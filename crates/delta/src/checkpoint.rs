@@ -254,6 +254,16 @@ impl<'a> Checkpoint<'a> {
 
     /// The weights hash: BLAKE3 over every tensor in name order (docs/delta-format.md §2).
     pub fn weights_hash(&self) -> Hash {
+        self.weights_hash_with(|tensor, hasher| hash_bytes(hasher, tensor.data))
+    }
+
+    /// The weights hash with each tensor's data fed by `data` (which must feed exactly
+    /// `tensor.data.len()` bytes): the hash of other contents under the same names,
+    /// dtypes and shapes, such as these tensors with a patch laid over them.
+    pub fn weights_hash_with(
+        &self,
+        mut data: impl FnMut(&TensorView<'a>, &mut blake3::Hasher),
+    ) -> Hash {
         let mut hasher = blake3::Hasher::new();
         hasher.update(WEIGHTS_HASH_DOMAIN);
         for tensor in &self.tensors {
@@ -264,14 +274,18 @@ impl<'a> Checkpoint<'a> {
                 hasher.update(&dim.to_le_bytes());
             }
             hasher.update(&(tensor.data.len() as u64).to_le_bytes());
-            // Multi-threaded hashing pays off only on large inputs.
-            if tensor.data.len() >= 1 << 20 {
-                hasher.update_rayon(tensor.data);
-            } else {
-                hasher.update(tensor.data);
-            }
+            data(tensor, &mut hasher);
         }
         Hash(*hasher.finalize().as_bytes())
+    }
+}
+
+/// Feeds `bytes` to `hasher`: multi-threaded hashing pays off only on large inputs.
+pub(crate) fn hash_bytes(hasher: &mut blake3::Hasher, bytes: &[u8]) {
+    if bytes.len() >= 1 << 20 {
+        hasher.update_rayon(bytes);
+    } else {
+        hasher.update(bytes);
     }
 }
 

@@ -9,6 +9,7 @@
 //! hash mismatch is undone the same way ([`SpilledPatch::apply_in_place`]). With a
 //! file-backed spill the receiver's own memory stays flat whatever the delta's size.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ use crate::apply::{
     placements, preserves_layout, swap_chunks,
 };
 use crate::checkpoint::{
-    ChangeSet, ChangedElements, ChangedTensor, Checkpoint, Hash, TensorLayout,
+    ChangeSet, ChangedElements, ChangedTensor, Checkpoint, Hash, TensorLayout, hash_bytes,
 };
 use crate::codec::{Changes, ChunkEncoding};
 use crate::error::{DeltaError, Result};
@@ -194,8 +195,9 @@ impl SpilledChunks {
 }
 
 /// A decoded and validated delta whose changes are in spills: what a receiver stages.
-/// The counterpart of [`Patch`] that holds only where each chunk's changes are.
-#[derive(Debug)]
+/// The counterpart of [`Patch`] that holds only where each chunk's changes are (a clone
+/// shares the spills).
+#[derive(Debug, Clone)]
 pub struct SpilledPatch {
     header: DeltaHeader,
     /// Sorted by tensor, then start; ranges never overlap.
@@ -281,6 +283,74 @@ impl SpilledPatch {
             header: self.header,
             chunks,
         })
+    }
+
+    /// The weights hash of `buffer` (laid out as `layout`) with this patch's changes laid
+    /// over it, computed without writing `buffer`: the target's hash, checked before
+    /// anything is applied (behind generation, while the staged patch waits for its
+    /// Commit), so that applying needs no second look ([`SpilledPatch::swap_in`]).
+    pub fn target_hash(&self, buffer: &[u8], layout: &[TensorLayout]) -> Result<Hash> {
+        check_in_place(&self.header)?;
+        placements(
+            &self.header,
+            self.chunks.iter().map(|c| c.range),
+            buffer.len(),
+            layout,
+        )?;
+        let mut by_name: HashMap<&str, Vec<&SpilledChunk>> = HashMap::new();
+        for chunk in &self.chunks {
+            let name = self.header.tensors[chunk.range.tensor as usize]
+                .name
+                .as_str();
+            by_name.entry(name).or_default().push(chunk);
+        }
+        let base = Checkpoint::from_layout(buffer, layout)?;
+        let mut failure = None;
+        let hash = base.weights_hash_with(|tensor, hasher| {
+            let Some(chunks) = by_name.get(tensor.name.as_str()) else {
+                hash_bytes(hasher, tensor.data);
+                return;
+            };
+            let element_bytes = tensor.dtype.size_bytes();
+            let mut cursor = 0;
+            let mut scratch = Vec::new();
+            for chunk in chunks {
+                let start = chunk.range.start as usize * element_bytes;
+                let end = start + chunk.range.len as usize * element_bytes;
+                hash_bytes(hasher, &tensor.data[cursor..start]);
+                scratch.clear();
+                scratch.extend_from_slice(&tensor.data[start..end]);
+                match chunk.load() {
+                    Ok(mut loaded) => loaded.changes.swap_into(&mut scratch, element_bytes),
+                    Err(error) => {
+                        failure.get_or_insert(error);
+                    }
+                }
+                hash_bytes(hasher, &scratch);
+                cursor = end;
+            }
+            hash_bytes(hasher, &tensor.data[cursor..]);
+        });
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(hash),
+        }
+    }
+
+    /// Writes the patch's changes into `buffer` without checking the result's hash: for
+    /// a patch whose [`SpilledPatch::target_hash`] over the same buffer was checked.
+    /// Every chunk is placed before the first write; a spill that fails midway restores
+    /// the buffer.
+    pub fn swap_in(self, buffer: &mut [u8], layout: &[TensorLayout]) -> Result<()> {
+        check_in_place(&self.header)?;
+        placements(
+            &self.header,
+            self.chunks.iter().map(|c| c.range),
+            buffer.len(),
+            layout,
+        )?;
+        let batches = self.batches(BATCH_BYTES);
+        self.swap_all(&batches, buffer, layout)
     }
 
     /// [`Patch::apply_in_place`], a batch of changes at a time: every chunk is placed
@@ -545,6 +615,33 @@ mod tests {
                 assert!(elements.values == values, "{encoding:?} {}", changed.name);
             }
         }
+    }
+
+    #[test]
+    fn the_target_hash_over_the_base_is_the_hash_after_applying() {
+        for encoding in [Encoding::Aurora, Encoding::Leb128, Encoding::Dense] {
+            let case = case(encoding);
+            let delta = DeltaFile::parse(&case.delta).unwrap();
+            let patch = staged(&delta, &case.base, &Heap.spill().unwrap());
+            let layout = safetensors_layout(&case.base).unwrap();
+            let hash = patch.target_hash(&case.base, &layout).unwrap();
+            assert_eq!(hash, delta.header().target_hash, "{encoding:?}");
+            let mut buffer = case.base.clone();
+            patch.swap_in(&mut buffer, &layout).unwrap();
+            assert!(buffer == case.target, "{encoding:?}");
+        }
+        // Over other weights than its base, it is not the target's.
+        let case = case(Encoding::Aurora);
+        let delta = DeltaFile::parse(&case.delta).unwrap();
+        let patch = staged(&delta, &case.base, &Heap.spill().unwrap());
+        let mut other = case.base.clone();
+        let layout = safetensors_layout(&other).unwrap();
+        let last = layout.last().unwrap().bytes.end - 1;
+        other[last] ^= 1;
+        assert_ne!(
+            patch.target_hash(&other, &layout).unwrap(),
+            delta.header().target_hash
+        );
     }
 
     #[test]

@@ -94,6 +94,13 @@ pub enum Output {
     Activate {
         version: u64,
     },
+    /// Check the patch staged for `version` ([`Node::staged_patch`]) against the active
+    /// weights ([`crate::Weights::verify`]) and pass the outcome to [`Node::verified`]:
+    /// a node that [`Node::verify_at_staging`] reports a delta staged only then. The
+    /// weights are only read; they count as a decode outstanding until it is done.
+    Verify {
+        version: u64,
+    },
     /// Something worth logging or observing; nothing to do.
     Notice(Notice),
 }
@@ -141,6 +148,9 @@ pub struct Node {
     staging: Option<Staging>,
     /// What is staged, until it is activated.
     patch: Option<(u64, Staged)>,
+    /// Staged deltas are checked against the active weights before they count as staged
+    /// ([`Output::Verify`]), so activating one only writes its changes.
+    verify_at_staging: bool,
     /// Decodes handed to the driver and not yet reported, of any version: while one is
     /// out the weights are being read, so an activation waits for them.
     decodes_out: usize,
@@ -217,6 +227,7 @@ impl Node {
             artifacts: BTreeMap::new(),
             staging: None,
             patch: None,
+            verify_at_staging: false,
             decodes_out: 0,
             activation_waiting: None,
             suspend_after: None,
@@ -303,6 +314,14 @@ impl Node {
         self.suspend_after = Some(after);
     }
 
+    /// An actor checks each staged delta's target hash over its active weights behind
+    /// generation ([`Output::Verify`]) and reports it staged only then: the check an
+    /// activation would make at the safe point, where the engine waits for it, is made
+    /// while the engine still generates.
+    pub fn verify_at_staging(&mut self) {
+        self.verify_at_staging = true;
+    }
+
     /// When a relay without a working upstream suspends its sender (a time past what an
     /// instant holds: never).
     fn suspend_at(&self) -> Option<Instant> {
@@ -377,6 +396,39 @@ impl Node {
             staging.decoding.remove(&index);
             staging.decoded.insert(index, (hash, outcome));
             self.finish_staging();
+        }
+        if self.decodes_out == 0
+            && let Some(version) = self.activation_waiting.take()
+        {
+            self.outputs.push_back(Output::Activate { version });
+        }
+    }
+
+    /// The patch staged for `version`, for [`Output::Verify`].
+    pub fn staged_patch(&self, version: u64) -> Option<&SpilledPatch> {
+        match &self.patch {
+            Some((staged, Staged::Patch(patch))) if *staged == version => Some(patch),
+            _ => None,
+        }
+    }
+
+    /// The outcome of [`Output::Verify`] for `version`: a patch that checks out is
+    /// reported staged (and activates without a second check); one that does not is
+    /// dropped and reported failed, as a segment that failed to decode is.
+    pub fn verified(&mut self, version: u64, outcome: Result<(), String>) {
+        self.decodes_out = self.decodes_out.saturating_sub(1);
+        let staged = match self.patch.take() {
+            Some((staged, Staged::Patch(patch))) if staged == version => {
+                outcome.map(|()| self.patch = Some((version, Staged::Verified(patch))))
+            }
+            other => {
+                // Discarded meanwhile (a newer version superseded it).
+                self.patch = other;
+                return;
+            }
+        };
+        if let Some(actor) = &mut self.actor {
+            actor.staged(version, staged);
         }
         if self.decodes_out == 0
             && let Some(version) = self.activation_waiting.take()
@@ -775,6 +827,16 @@ impl Node {
         if outcome.is_ok() {
             // Staged: what activates is the patch, never these bytes again.
             self.artifacts.remove(&version);
+        }
+        // A patch that reshapes tensors is built into a new image, and hashed there.
+        let in_place = self
+            .staged_patch(version)
+            .is_some_and(SpilledPatch::preserves_layout);
+        if outcome.is_ok() && self.verify_at_staging && in_place {
+            // Reported staged once its target hash over the active weights checks out.
+            self.decodes_out += 1;
+            self.outputs.push_back(Output::Verify { version });
+            return;
         }
         if let Some(actor) = &mut self.actor {
             actor.staged(version, outcome);

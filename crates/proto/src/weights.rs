@@ -36,6 +36,9 @@ pub struct Weights {
 /// segments were decoded into.
 pub enum Staged {
     Patch(SpilledPatch),
+    /// A patch whose target hash over the active weights was checked when it was staged
+    /// ([`Weights::verify`]): activating it only writes its changes.
+    Verified(SpilledPatch),
     /// [`Weights::decode_segment`] wrote every segment of the snapshot `header` names.
     Snapshot(Arc<DeltaHeader>),
 }
@@ -43,7 +46,7 @@ pub enum Staged {
 impl Staged {
     pub fn target_version(&self) -> u64 {
         match self {
-            Staged::Patch(patch) => patch.header().target_version,
+            Staged::Patch(patch) | Staged::Verified(patch) => patch.header().target_version,
             Staged::Snapshot(header) => header.target_version,
         }
     }
@@ -53,7 +56,7 @@ impl Staged {
     /// cannot be read for the indices gives whole tensors, which are always right.
     pub fn change_set(&self, elements: bool) -> ChangeSet {
         match self {
-            Staged::Patch(patch) => patch.change_set(elements).unwrap_or_else(|error| {
+            Staged::Patch(patch) | Staged::Verified(patch) => patch.change_set(elements).unwrap_or_else(|error| {
                 tracing::warn!(%error, "the changed elements could not be read: loading whole tensors");
                 ChangeSet::whole(patch.changed_tensors())
             }),
@@ -64,7 +67,7 @@ impl Staged {
     /// The tensors an engine must reload, in name order (every one for a snapshot).
     pub fn changed_tensors(&self) -> Vec<String> {
         match self {
-            Staged::Patch(patch) => patch.changed_tensors(),
+            Staged::Patch(patch) | Staged::Verified(patch) => patch.changed_tensors(),
             Staged::Snapshot(header) => {
                 let mut names: Vec<String> = header
                     .tensors
@@ -234,6 +237,19 @@ impl Weights {
         }
     }
 
+    /// Checks that `patch` turns these weights into its target, by hashing them with its
+    /// changes laid over (O(model), nothing written): what a node does behind generation
+    /// once a delta is staged, so its activation only writes the changes
+    /// ([`Staged::Verified`]).
+    pub fn verify(&self, patch: &SpilledPatch) -> Result<(), DeltaError> {
+        let expected = patch.header().target_hash;
+        let actual = patch.target_hash(&self.image, &self.layout)?;
+        if actual != expected {
+            return Err(DeltaError::TargetMismatch { expected, actual });
+        }
+        Ok(())
+    }
+
     /// Applies a staged patch. A patch that keeps every tensor's dtype and shape is
     /// applied in place; one that adds, removes or reshapes tensors (a snapshot) is
     /// materialised into a new image, hashed once. On a target hash mismatch the weights are left as
@@ -253,6 +269,12 @@ impl Weights {
         }
         let patch = match staged {
             Staged::Patch(patch) => patch,
+            Staged::Verified(patch) => {
+                let hash = patch.header().target_hash;
+                patch.swap_in(&mut self.image, &self.layout)?;
+                self.active = VersionRef { version, hash };
+                return Ok(hash);
+            }
             Staged::Snapshot(header) => return self.activate_snapshot(&header),
         };
         if patch.preserves_layout() {

@@ -290,6 +290,12 @@ enum Event {
         hash: Hash,
         outcome: Result<SpilledChunks, String>,
     },
+    /// `node`'s driver checked its staged delta ([`Output::Verify`]).
+    Verified {
+        node: usize,
+        version: u64,
+        outcome: Result<(), String>,
+    },
     SafePoint {
         node: usize,
     },
@@ -497,11 +503,17 @@ fn receiver(role: Role, name: &str, streams: u8, active: VersionRef) -> Receiver
 
 /// A peer with no weights, as it starts (or restarts before its snapshot is active).
 fn joiner(name: &str, streams: u8) -> Node {
-    Node::joining_actor(Receiver::joining(receiver_config(
+    verifying(Node::joining_actor(Receiver::joining(receiver_config(
         Role::Actor,
         name,
         streams,
-    )))
+    ))))
+}
+
+/// An actor that checks each staged delta behind generation, as the transport's are.
+fn verifying(mut node: Node) -> Node {
+    node.verify_at_staging();
+    node
 }
 
 fn version_ref(version: u64) -> VersionRef {
@@ -541,10 +553,15 @@ impl Sim {
             let name = format!("actor{i}");
             let relay = RELAYS[i % 2];
             let streams = 1 + rng.below(4) as u8;
-            let node = Node::actor(
+            let mut node = Node::actor(
                 receiver(Role::Actor, &name, streams, version_ref(0)),
                 version_ref(0),
             );
+            // Half the actors check staged deltas before reporting them, the other
+            // half at activation: both orders are exercised.
+            if i % 2 == 0 {
+                node = verifying(node);
+            }
             let mut upstreams = vec![relay, HUB, RELAYS[(i + 1) % 2]];
             if rogue && relay == RELAYS[0] {
                 upstreams.insert(0, ROGUE);
@@ -959,6 +976,16 @@ impl Sim {
                 }
                 self.drain(node);
             }
+            Event::Verified {
+                node,
+                version,
+                outcome,
+            } => {
+                if let Some(n) = self.node(node) {
+                    n.verified(version, outcome);
+                }
+                self.drain(node);
+            }
             Event::SafePoint { node } => {
                 if let Some(n) = self.node(node) {
                     n.safe_point();
@@ -1088,10 +1115,10 @@ impl Sim {
                     joiner(&peer.name.clone(), streams)
                 } else {
                     let active = weights.active();
-                    Node::actor(
+                    verifying(Node::actor(
                         receiver(Role::Actor, &peer.name.clone(), streams, active),
                         active,
-                    )
+                    ))
                 });
                 // Often the hub first (as if the relay had not answered): its store
                 // serves the catch-up, as one composed delta when that is cheaper.
@@ -1396,6 +1423,37 @@ impl Sim {
                         version,
                         index,
                         hash,
+                        outcome,
+                    },
+                );
+            }
+            Output::Verify { version } => {
+                let peer = &self.peers[node];
+                let patch = peer
+                    .node
+                    .as_ref()
+                    .unwrap()
+                    .staged_patch(version)
+                    .expect("staged before it is verified");
+                let outcome = peer
+                    .weights
+                    .as_ref()
+                    .unwrap()
+                    .verify(patch)
+                    .map_err(|e| e.to_string());
+                // The trainer's deltas check out over the weights they were staged on.
+                assert!(
+                    outcome.is_ok(),
+                    "seed {}: {} staged version {version}, which does not produce its target: {outcome:?}",
+                    self.seed,
+                    peer.name
+                );
+                let after = self.rng.millis(1, 100);
+                self.at(
+                    after,
+                    Event::Verified {
+                        node,
+                        version,
                         outcome,
                     },
                 );

@@ -71,6 +71,11 @@ pub(crate) enum Event {
         hash: Hash,
         result: Result<SpilledChunks, DeltaError>,
     },
+    /// The outcome of [`aurora_proto::Output::Verify`].
+    Verified {
+        version: u64,
+        result: Result<(), DeltaError>,
+    },
     SafePoint,
     Activated {
         version: u64,
@@ -390,6 +395,13 @@ impl<E: Engine> Driver<E> {
             } => {
                 let outcome = result.map_err(|e| e.to_string());
                 self.node.decoded(version, index, hash, outcome);
+            }
+            Event::Verified { version, result } => {
+                if let Err(error) = &result {
+                    tracing::warn!(version, %error, "the staged delta does not produce its target");
+                }
+                self.node
+                    .verified(version, result.map_err(|e| e.to_string()));
             }
             Event::SafePoint => self.node.safe_point(),
             Event::Activated {

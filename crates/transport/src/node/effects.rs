@@ -141,6 +141,21 @@ impl<E: Engine> Driver<E> {
                     });
                 });
             }
+            Output::Verify { version } => {
+                let weights = self.weights.clone().expect("verifying needs the weights");
+                let Some(patch) = self.node.staged_patch(version).cloned() else {
+                    self.node
+                        .verified(version, Err("the staged patch is gone".into()));
+                    return;
+                };
+                let events = self.events_tx.clone();
+                // Off the decode pool, as an activation is: one pass over the weights.
+                self.tasks.spawn_blocking(move || {
+                    let result = weights.verify(&patch);
+                    drop(weights);
+                    let _ = events.blocking_send(Event::Verified { version, result });
+                });
+            }
             Output::FetchSnapshot { newer_than } => {
                 let mut config = self.config.clone();
                 // The fetcher serves nobody: its snapshot goes to this relay's sender.

@@ -206,10 +206,12 @@ pub(super) async fn start_actor<E: Engine>(
     }
     let active = weights.as_ref().map(Weights::active);
     let receiver = config.receiver(active);
-    let node = match active {
+    let mut node = match active {
         Some(active) => Node::actor(receiver, active),
         None => Node::joining_actor(receiver),
     };
+    // The target hash is checked behind generation, not at the safe point.
+    node.verify_at_staging();
     let weights = weights.unwrap_or_else(|| Weights::empty(config.images.clone()));
     spawn(config, node, Some(weights), Some(engine), None).await
 }
