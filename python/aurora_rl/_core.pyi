@@ -38,6 +38,7 @@ def unfused_names(name: str) -> list[str] | None: ...
 class TrainerNodeCore:
     def __init__(
         self,
+        *,
         directory: object,
         token: str,
         control_listen: str,
@@ -78,6 +79,7 @@ class TrainerNodeCore:
 class ActorNodeCore:
     def __init__(
         self,
+        *,
         id: int,
         region: str,
         control: str,

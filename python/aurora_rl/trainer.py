@@ -94,21 +94,21 @@ class Trainer(ClosingNode):
     ) -> None:
         self.token = token if token is not None else secrets.token_hex(32)
         self._node = _core.TrainerNodeCore(
-            Path(directory),
-            self.token,
-            control_listen,
-            transport_listen,
-            streams,
-            snapshot_every,
-            encoding,
-            json.dumps(dict(control or {})),
-            None if signing_key is None else Path(signing_key),
-            ca,
-            cert,
-            key,
-            insecure_plaintext,
-            insecure_closed_network,
-            insecure_unsigned,
+            directory=Path(directory),
+            token=self.token,
+            control_listen=control_listen,
+            transport_listen=transport_listen,
+            streams=streams,
+            snapshot_every=snapshot_every,
+            encoding=encoding,
+            control=json.dumps(dict(control or {})),
+            signing_key=None if signing_key is None else Path(signing_key),
+            ca=ca,
+            cert=cert,
+            key=key,
+            insecure_plaintext=insecure_plaintext,
+            insecure_closed_network=insecure_closed_network,
+            insecure_unsigned=insecure_unsigned,
         )
         # The latest published version's tensors: the base of the next delta. Kept as the
         # caller gave them (no copy); their hash is checked again before they are used.

@@ -219,7 +219,7 @@ impl TrainerNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Trainer).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control, signing_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned))]
+    #[pyo3(signature = (*, directory, token, control_listen, transport_listen, streams, snapshot_every, encoding, control, signing_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned))]
     fn new(
         py: Python<'_>,
         directory: std::path::PathBuf,
@@ -480,7 +480,7 @@ impl ActorNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned, return_after_s, behind_timeout_s, changed_elements))]
+    #[pyo3(signature = (*, id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned, return_after_s, behind_timeout_s, changed_elements))]
     fn new(
         py: Python<'_>,
         id: u64,
