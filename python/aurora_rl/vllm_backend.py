@@ -73,6 +73,15 @@ class AuroraInitInfo(WeightTransferInitInfo):
     #: read back, O(model)) or ``"off"``.
     verify: str = "full"
 
+    def __post_init__(self) -> None:
+        # It arrives as JSON through the server's routes: refuse what is not one.
+        if not isinstance(self.upstreams, list) or not all(isinstance(u, str) for u in self.upstreams):
+            raise ValueError(f"upstreams is a list of HOST:PORT strings, not {self.upstreams!r}")
+        if not isinstance(self.id, int) or isinstance(self.id, bool) or self.id < 0:
+            raise ValueError(f"id is a non-negative integer, not {self.id!r}")
+        if self.verify not in ("full", "off"):
+            raise ValueError(f"verify is 'full' or 'off', not {self.verify!r}")
+
 
 @dataclass
 class AuroraUpdateInfo(WeightTransferUpdateInfo):
@@ -82,6 +91,15 @@ class AuroraUpdateInfo(WeightTransferUpdateInfo):
     weights_hash: str
     #: Longest wait for the version to be staged and activated.
     timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 0:
+            raise ValueError(f"version is a non-negative integer, not {self.version!r}")
+        if not (isinstance(self.weights_hash, str) and len(self.weights_hash) == 64
+                and all(c in "0123456789abcdef" for c in self.weights_hash)):
+            raise ValueError(f"weights_hash is 64 lowercase hex digits, not {self.weights_hash!r}")
+        if not isinstance(self.timeout, (int, float)) or not 0 < self.timeout <= 86400:
+            raise ValueError(f"timeout is seconds in (0, 86400], not {self.timeout!r}")
 
 
 class _WorkerModel:
@@ -116,8 +134,6 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
     def init_transfer_engine(self, init_info: AuroraInitInfo) -> None:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
-        if init_info.verify not in ("full", "off"):
-            raise aurora_rl.UsageError(f"verify is 'full' or 'off', not {init_info.verify!r}")
         if init_info.verify == "full" and get_tensor_model_parallel_world_size() > 1:
             # Each rank reads back only its shards; gathering them is not built yet.
             raise aurora_rl.UsageError("verify='full' reads back a whole model: with tensor parallelism use verify='off'")

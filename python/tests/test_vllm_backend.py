@@ -121,3 +121,25 @@ def test_the_openai_server_with_the_aurora_backend_serves_each_version_bit_for_b
             # The server gives each chosen token's log-probability; the reference, the top 5.
             chosen = [dict(step)[token] for step, token in zip(expected["logprobs"], expected["tokens"], strict=True)]
             assert output["logprobs"] == chosen
+
+
+def test_update_and_init_info_that_is_not_what_the_backend_takes_is_refused_by_name():
+    """They arrive as JSON through the server's routes, from whoever reaches them."""
+    from aurora_rl.vllm_backend import AuroraInitInfo, AuroraUpdateInfo
+
+    good = "ab" * 32
+    AuroraUpdateInfo(version=3, weights_hash=good)
+    for bad, match in [
+        (dict(version="3", weights_hash=good), "version"),
+        (dict(version=-1, weights_hash=good), "version"),
+        (dict(version=3, weights_hash="AB" * 32), "weights_hash"),
+        (dict(version=3, weights_hash=good[:-1]), "weights_hash"),
+        (dict(version=3, weights_hash=good, timeout=0), "timeout"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            AuroraUpdateInfo(**bad)
+    base = dict(control="127.0.0.1:1", upstreams=["127.0.0.1:2"], region="here", id=1)
+    AuroraInitInfo(**base)
+    for change, match in [({"upstreams": "127.0.0.1:2"}, "upstreams"), ({"id": -1}, "id"), ({"verify": "some"}, "verify")]:
+        with pytest.raises(ValueError, match=match):
+            AuroraInitInfo(**{**base, **change})

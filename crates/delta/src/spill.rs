@@ -290,13 +290,7 @@ impl SpilledPatch {
     /// anything is applied (behind generation, while the staged patch waits for its
     /// Commit), so that applying needs no second look ([`SpilledPatch::swap_in`]).
     pub fn target_hash(&self, buffer: &[u8], layout: &[TensorLayout]) -> Result<Hash> {
-        check_in_place(&self.header)?;
-        placements(
-            &self.header,
-            self.chunks.iter().map(|c| c.range),
-            buffer.len(),
-            layout,
-        )?;
+        self.check_placed(buffer.len(), layout)?;
         let mut by_name: HashMap<&str, Vec<&SpilledChunk>> = HashMap::new();
         for chunk in &self.chunks {
             let name = self.header.tensors[chunk.range.tensor as usize]
@@ -337,18 +331,25 @@ impl SpilledPatch {
         }
     }
 
+    /// Fails, naming a tensor, unless the patch keeps every tensor's layout and each of its
+    /// chunks lies within a buffer of `buffer_len` bytes laid out as `layout`.
+    fn check_placed(&self, buffer_len: usize, layout: &[TensorLayout]) -> Result<()> {
+        check_in_place(&self.header)?;
+        placements(
+            &self.header,
+            self.chunks.iter().map(|c| c.range),
+            buffer_len,
+            layout,
+        )
+        .map(drop)
+    }
+
     /// Writes the patch's changes into `buffer` without checking the result's hash: for
     /// a patch whose [`SpilledPatch::target_hash`] over the same buffer was checked.
     /// Every chunk is placed before the first write; a spill that fails midway restores
     /// the buffer.
     pub fn swap_in(self, buffer: &mut [u8], layout: &[TensorLayout]) -> Result<()> {
-        check_in_place(&self.header)?;
-        placements(
-            &self.header,
-            self.chunks.iter().map(|c| c.range),
-            buffer.len(),
-            layout,
-        )?;
+        self.check_placed(buffer.len(), layout)?;
         let batches = self.batches(BATCH_BYTES);
         self.swap_all(&batches, buffer, layout)
     }
@@ -367,13 +368,7 @@ impl SpilledPatch {
         layout: &[TensorLayout],
         batch_bytes: usize,
     ) -> Result<Hash> {
-        check_in_place(&self.header)?;
-        placements(
-            &self.header,
-            self.chunks.iter().map(|c| c.range),
-            buffer.len(),
-            layout,
-        )?;
+        self.check_placed(buffer.len(), layout)?;
         let batches = self.batches(batch_bytes);
         self.swap_all(&batches, buffer, layout)?;
         let actual = Checkpoint::from_layout(buffer, layout)?.weights_hash();
