@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: Qwen3 configurations of `aurora synth`'s presets (hidden, layers, heads, kv heads,
 #: head dim, intermediate, vocabulary, tied embeddings).
 SHAPES = {
-    "small": (256, 4, 8, 4, 32, 768, 4096, True),
+    "small": (256, 4, 4, 2, 64, 768, 4096, True),
     "0.6b": (1024, 28, 16, 8, 128, 3072, 151936, True),
 }
 
@@ -52,6 +52,18 @@ def write_config(directory: Path, preset: str) -> None:
         head_dim=head_dim, intermediate_size=intermediate, vocab_size=vocab, tie_word_embeddings=tied,
         max_position_embeddings=256, architectures=["Qwen3ForCausalLM"],
     ).save_pretrained(directory)
+
+
+def synth_chain(aurora_bin: str, preset: str, steps: int, lr: str, scratch: Path) -> tuple[list[Path], Path]:
+    """``aurora synth``'s chain of ``steps`` versions after the first in ``scratch``, and a
+    model directory for vLLM: the preset's config with the first version's weights."""
+    subprocess.run([aurora_bin, "synth", "--preset", preset, "--steps", str(steps), "--lr", lr,
+                    "--out", str(scratch / "synth")], check=True, capture_output=True)
+    files = sorted((scratch / "synth").glob("*.safetensors"))
+    model_dir = scratch / "model"
+    write_config(model_dir, preset)
+    os.link(files[0], model_dir / "model.safetensors")
+    return files, model_dir
 
 
 def changed_fraction(before, after) -> float:
@@ -77,13 +89,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="aurora-bench-activation-") as scratch:
         scratch = Path(scratch)
-        subprocess.run([args.aurora_bin, "synth", "--preset", args.preset, "--steps", str(args.rounds),
-                        "--lr", args.lr, "--out", str(scratch / "synth")], check=True, capture_output=True)
-        files = sorted((scratch / "synth").glob("*.safetensors"))
-        model_dir = scratch / "model"
-        write_config(model_dir, args.preset)
         # The first version, as a user's engine would start from it.
-        os.link(files[0], model_dir / "model.safetensors")
+        files, model_dir = synth_chain(args.aurora_bin, args.preset, args.rounds, args.lr, scratch)
         engine = VllmEngine.start(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256)
         trainer = aurora_rl.Trainer(scratch / "trainer", snapshot_every=0, insecure_plaintext=True)
         states = [load_file(str(path)) for path in files]

@@ -122,8 +122,8 @@ impl<'py> HostBytes<'py> {
         unsafe { std::slice::from_raw_parts(self.data, self.len) }
     }
 
-    /// The bytes to write into: only for memory the caller allocated for the purpose
-    /// (the Python side's output buffer), which nothing else references yet.
+    /// The bytes to write into: only for memory the caller hands over to be written (an
+    /// output buffer it allocated, an engine's parameters at a safe point).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as `as_slice`; `&mut self` keeps this the only view made here.
         unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }

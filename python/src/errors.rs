@@ -153,6 +153,7 @@ pub fn delta_error(error: Rust) -> PyErr {
         | Rust::Journal(_)
         | Rust::Spill(_)
         | Rust::Cancelled => DeltaError::new_err(message),
+        Rust::ElementWrites(_) => usage_error(message),
     }
 }
 

@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use dlpack::HostBytes;
-use errors::delta_error;
+use errors::{delta_error, usage_error};
 
 /// Offsets of the tensors `apply` builds are multiples of this, so each can be viewed as
 /// its dtype in any framework (and lands on its own cache line).
@@ -175,6 +175,51 @@ fn apply_into(
     Ok(hash.to_hex())
 }
 
+/// Swaps `values` with the elements of `target` at `indices`, strictly ascending (see
+/// `aurora_delta::swap_elements`): `target` is an engine's parameter memory and
+/// `values` the new values, each a flat `uint8` view of a host tensor, and `indices`
+/// the bytes of an int64 tensor. Afterwards `values` holds what was replaced: the same
+/// call again undoes it. Nothing is written unless every index fits.
+#[pyfunction]
+fn swap_elements(
+    py: Python<'_>,
+    target: Bound<'_, PyAny>,
+    element_bytes: usize,
+    indices: Bound<'_, PyAny>,
+    values: Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let mut target = HostBytes::borrow(&target, "the target")?;
+    let indices = HostBytes::borrow(&indices, "the indices")?;
+    let mut values = HostBytes::borrow(&values, "the values")?;
+    let overlaps = |a: &[u8], b: &[u8]| {
+        let (a, b) = (a.as_ptr_range(), b.as_ptr_range());
+        a.start < b.end && b.start < a.end
+    };
+    let (t, i, v) = (target.as_slice(), indices.as_slice(), values.as_slice());
+    if overlaps(t, i) || overlaps(t, v) || overlaps(i, v) {
+        return Err(usage_error(
+            "the target, indices and values must not share memory",
+        ));
+    }
+    let indices: &[u64] = match indices.as_slice() {
+        [] => &[],
+        bytes if bytes.len() % 8 != 0 || bytes.as_ptr().align_offset(8) != 0 => {
+            return Err(usage_error(
+                "the indices must be the bytes of an int64 tensor",
+            ));
+        }
+        // SAFETY: the bytes are 8-aligned and a whole number of 8-byte words, which any
+        // bit pattern makes a valid u64; int64 tensors hold native-endian words, and a
+        // negative index reads as one beyond any target, which is refused.
+        bytes => unsafe {
+            std::slice::from_raw_parts(bytes.as_ptr().cast::<u64>(), bytes.len() / 8)
+        },
+    };
+    let (target, values) = (target.as_mut_slice(), values.as_mut_slice());
+    py.detach(|| aurora_delta::swap_elements(target, element_bytes, indices, values))
+        .map_err(delta_error)
+}
+
 /// The Hugging Face names an inference engine stores as one fused parameter with `name`
 /// (q, k and v projections; gate and up), in concatenation order, or None for a name it
 /// keeps whole (docs/delta-format.md §9). An engine must receive such a group whole.
@@ -203,6 +248,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(diff, module)?)?;
     module.add_function(wrap_pyfunction!(target_layout, module)?)?;
     module.add_function(wrap_pyfunction!(apply_into, module)?)?;
+    module.add_function(wrap_pyfunction!(swap_elements, module)?)?;
     module.add_function(wrap_pyfunction!(fused_parts, module)?)?;
     module.add_function(wrap_pyfunction!(unfused_names, module)?)?;
     module.add_class::<node::TrainerNodeCore>()?;

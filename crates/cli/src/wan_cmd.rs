@@ -2,7 +2,8 @@
 //! scenario files; `capacity` measures what this machine sustains through a plain veth
 //! and through the emulator; `bench` runs multi-stream TCP transfers across a scenario;
 //! `probe` measures its RTT and loss; `transfer` runs the segment transport across it
-//! (`crate::wan_transfer`); `cleanup` removes namespaces of dead runs.
+//! (`crate::wan_transfer`); `exec` runs a program while a scenario is up, for benchmarks
+//! written outside this binary; `cleanup` removes namespaces of dead runs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -56,6 +57,17 @@ pub enum WanCommand {
     /// checkpoint pair: step time by encoding, stream counts, fan-out, cut-through.
     #[command(subcommand)]
     Transfer(crate::wan_transfer::TransferCommand),
+    /// Bring a scenario up, run a program while it is up (in the host's namespace), then
+    /// tear it down; exits with the program's status. The program finds each region as
+    /// `AURORA_WAN_<REGION>_NETNS` (for `ip netns exec`) and `AURORA_WAN_<REGION>_ADDRESS`,
+    /// the region's name upper-cased with every other character than a letter or digit
+    /// as `_`.
+    Exec {
+        scenario: PathBuf,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
     /// Remove the namespaces of runs whose process died.
     Cleanup,
 }
@@ -95,6 +107,7 @@ pub fn run(command: WanCommand) -> Result<()> {
             datagrams,
         } => probe(&scenario, from, to, round_trips, datagrams),
         WanCommand::Transfer(command) => crate::wan_transfer::run(command),
+        WanCommand::Exec { scenario, command } => exec(&scenario, &command),
         WanCommand::Cleanup => {
             let removed = aurora_wan::remove_leftovers()?;
             crate::print_stdout(&format!("removed {} namespaces\n", removed.len()))
@@ -296,6 +309,46 @@ fn capacity(args: &TransferArgs) -> Result<()> {
         network.down()?;
     }
     write_json(args.json.as_deref(), &rows)
+}
+
+fn exec(path: &Path, command: &[String]) -> Result<()> {
+    let scenario = Scenario::load(path)?;
+    let network = Network::up(&scenario)?;
+    let mut child = std::process::Command::new(&command[0]);
+    child.args(&command[1..]);
+    for region in &scenario.regions {
+        let key = region_variable(&region.name);
+        child.env(
+            format!("AURORA_WAN_{key}_NETNS"),
+            network.netns(&region.name)?,
+        );
+        child.env(
+            format!("AURORA_WAN_{key}_ADDRESS"),
+            network.address(&region.name)?.to_string(),
+        );
+    }
+    let status = child
+        .status()
+        .with_context(|| format!("`{}` could not start", command[0]))?;
+    network.down()?;
+    if !status.success() {
+        bail!("`{}` ended with {status}", command.join(" "));
+    }
+    Ok(())
+}
+
+/// A region's name as it appears in `aurora wan exec`'s environment variables.
+fn region_variable(region: &str) -> String {
+    region
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Loads a scenario with every rate multiplied by `rate_scale`.

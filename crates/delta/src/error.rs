@@ -60,6 +60,8 @@ pub enum DeltaError {
     Spill(String),
     #[error("extraction was cancelled by its consumer")]
     Cancelled,
+    #[error("element writes refused, nothing written: {0}")]
+    ElementWrites(String),
 }
 
 pub type Result<T, E = DeltaError> = std::result::Result<T, E>;

@@ -33,6 +33,10 @@ use crate::image::Spill;
 /// several chunks to swap in parallel.
 const BATCH_BYTES: usize = 16 << 20;
 
+/// Chunks overlaid at once by [`SpilledPatch::target_hash`]: with chunks of at most 8 MiB,
+/// at most two windows (32 MiB) are held, one being hashed and the next being built.
+const OVERLAY_WINDOW_CHUNKS: usize = 2;
+
 /// Bytes of a sparse change's position in the spill.
 const POSITION_BYTES: usize = 4;
 
@@ -300,28 +304,65 @@ impl SpilledPatch {
         }
         let base = Checkpoint::from_layout(buffer, layout)?;
         let mut failure = None;
+        let new_window = || vec![Vec::new(); OVERLAY_WINDOW_CHUNKS];
+        let mut buffers = (new_window(), new_window());
         let hash = base.weights_hash_with(|tensor, hasher| {
             let Some(chunks) = by_name.get(tensor.name.as_str()) else {
                 hash_bytes(hasher, tensor.data);
                 return;
             };
             let element_bytes = tensor.dtype.size_bytes();
-            let mut cursor = 0;
-            let mut scratch = Vec::new();
-            for chunk in chunks {
+            let span = |chunk: &SpilledChunk| {
                 let start = chunk.range.start as usize * element_bytes;
-                let end = start + chunk.range.len as usize * element_bytes;
-                hash_bytes(hasher, &tensor.data[cursor..start]);
-                scratch.clear();
-                scratch.extend_from_slice(&tensor.data[start..end]);
-                match chunk.load() {
-                    Ok(mut loaded) => loaded.changes.swap_into(&mut scratch, element_bytes),
-                    Err(error) => {
-                        failure.get_or_insert(error);
+                (start, start + chunk.range.len as usize * element_bytes)
+            };
+            // A chunk's overlay (its bytes copied, its changes read from the spill and
+            // swapped in) costs about what hashing it does: the next window's are built
+            // on the pool while this one's are hashed, in order. The buffers are reused:
+            // fresh ones of this size would be mapped and faulted in each time.
+            let overlay = |window: &[&SpilledChunk], buffers: &mut [Vec<u8>]| -> Vec<Result<()>> {
+                window
+                    .par_iter()
+                    .zip(buffers.par_iter_mut())
+                    .map(|(chunk, bytes)| {
+                        let (start, end) = span(chunk);
+                        bytes.clear();
+                        bytes.extend_from_slice(&tensor.data[start..end]);
+                        chunk.load()?.changes.swap_into(bytes, element_bytes);
+                        Ok(())
+                    })
+                    .collect()
+            };
+            let mut cursor = 0;
+            let mut hash_window =
+                |window: &[&SpilledChunk], buffers: &[Vec<u8>], laid: Vec<Result<()>>| {
+                    for ((chunk, bytes), laid) in window.iter().zip(buffers).zip(laid) {
+                        let (start, end) = span(chunk);
+                        hash_bytes(hasher, &tensor.data[cursor..start]);
+                        match laid {
+                            Ok(()) => hash_bytes(hasher, bytes),
+                            Err(error) => {
+                                // The hash is void; it still covers as many bytes.
+                                failure.get_or_insert(error);
+                                hash_bytes(hasher, &tensor.data[start..end]);
+                            }
+                        }
+                        cursor = end;
                     }
-                }
-                hash_bytes(hasher, &scratch);
-                cursor = end;
+                };
+            let mut windows = chunks.chunks(OVERLAY_WINDOW_CHUNKS);
+            let (mut current, mut spare) = (buffers.0.as_mut_slice(), buffers.1.as_mut_slice());
+            let mut window = windows.next();
+            let mut laid = window.map(|window| overlay(window, current));
+            while let (Some(this), Some(this_laid)) = (window, laid.take()) {
+                let next = windows.next();
+                let ((), next_laid) = rayon::join(
+                    || hash_window(this, current, this_laid),
+                    || next.map(|next| overlay(next, spare)),
+                );
+                std::mem::swap(&mut current, &mut spare);
+                window = next;
+                laid = next_laid;
             }
             hash_bytes(hasher, &tensor.data[cursor..]);
         });

@@ -98,7 +98,8 @@ class ElementEngine(Engine, Protocol):
 
 @dataclass(frozen=True)
 class ElementWrite:
-    """Values to write at flat indices of a 1-D view of an engine's parameter memory."""
+    """Values to write at flat indices (int64, strictly ascending) of a 1-D view of an
+    engine's parameter memory."""
 
     target: torch.Tensor
     indices: torch.Tensor
@@ -106,13 +107,13 @@ class ElementWrite:
 
 
 def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
-    """Writes every ``ElementWrite``, each onto its target's device (indices and values
-    are moved there first, so a GPU engine uploads only the changes). Every write is
-    checked before the first one lands, and one that fails midway undoes those before it.
-    Returns the undo: it writes the replaced values back."""
+    """Writes every ``ElementWrite``. In host memory, aurora's kernel swaps the values in,
+    one pass over the changed elements, keeping what they replaced for the undo; on a
+    GPU, indices and values are moved to the device first (only the changes travel) and
+    scattered there. Each write is checked before it lands, and one that fails undoes
+    those before it. Returns the undo: it writes the replaced values back."""
     import torch
 
-    placed = []
     for write in writes:
         target = write.target
         if target.dim() != 1:
@@ -121,27 +122,48 @@ def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
             raise ValueError(f"values of {write.values.dtype} for parameter memory of {target.dtype}")
         if write.indices.shape != write.values.shape:
             raise ValueError(f"{write.indices.numel()} indices for {write.values.numel()} values")
-        indices = write.indices.to(target.device, non_blocking=True)
-        values = write.values.to(target.device, non_blocking=True)
-        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= target.numel()):
-            raise IndexError(f"an element index beyond the {target.numel()} elements written to")
-        placed.append((target, indices, values))
-    replaced: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    undos: list[Callable[[], None]] = []
 
     def undo() -> None:
         with torch.no_grad():
-            for target, indices, old in reversed(replaced):
-                target.index_copy_(0, indices, old)
+            for undo_write in reversed(undos):
+                undo_write()
 
     try:
         with torch.no_grad():
-            for target, indices, values in placed:
-                replaced.append((target, indices, target.index_select(0, indices)))
-                target.index_copy_(0, indices, values)
+            for write in writes:
+                undos.append(_write(write))
     except BaseException:
         undo()
         raise
     return undo
+
+
+def _write(write: ElementWrite) -> Callable[[], None]:
+    """Writes one ``ElementWrite``; returns its undo."""
+    import torch
+
+    target = write.target
+    if target.device.type == "cpu":
+        indices = write.indices.to(torch.int64).contiguous()
+        # Swapped with the target's elements: afterwards it holds what they replaced, and
+        # swapping again restores them.
+        swapped = write.values.contiguous().clone()
+
+        def swap() -> None:
+            _core.swap_elements(
+                target.view(torch.uint8), target.element_size(), indices.view(torch.uint8), swapped.view(torch.uint8)
+            )
+
+        swap()
+        return swap
+    indices = write.indices.to(target.device, non_blocking=True)
+    values = write.values.to(target.device, non_blocking=True)
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= target.numel()):
+        raise IndexError(f"an element index beyond the {target.numel()} elements written to")
+    replaced = target.index_select(0, indices)
+    target.index_copy_(0, indices, values)
+    return lambda: target.index_copy_(0, indices, replaced)
 
 
 def writes_elements(engine: Engine) -> bool:

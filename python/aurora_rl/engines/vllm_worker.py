@@ -309,7 +309,8 @@ class ModelWriter:
         specs = {name: (list(c.tensor.shape), c.tensor.dtype) for name, c in elements.items()}
         for name, change in elements.items():
             indices, count = change.indices, math.prod(specs[name][0])
-            if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= count):
+            # Ascending (the element writes refuse them otherwise): the ends bound them.
+            if indices.numel() and (int(indices[0]) < 0 or int(indices[-1]) >= count):
                 raise IndexError(f"{name}: an element index beyond its {count} elements")
         unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
         if unseen:

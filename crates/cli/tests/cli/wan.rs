@@ -244,3 +244,29 @@ fn transfer_fan_out_crosses_each_region_link_once_through_relays() {
         }
     }
 }
+
+#[test]
+fn exec_runs_a_program_that_finds_each_region_and_tears_the_network_down() {
+    require_namespaces();
+    let directory = tempfile::tempdir().unwrap();
+    let scenario = write_small_scenario(directory.path());
+    // b's namespace has a route to a's address (the emulated link's).
+    let script = "ip netns exec \"$AURORA_WAN_B_NETNS\" ip route get \"$AURORA_WAN_A_ADDRESS\" >/dev/null \
+        && echo \"$AURORA_WAN_A_NETNS\"";
+    let stdout = succeeds(&["wan", "exec", &scenario, "--", "sh", "-c", script]);
+    let netns = stdout.trim();
+    assert!(netns.starts_with(aurora_wan::NETNS_PREFIX), "{stdout}");
+    let listed = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !text(&listed.stdout).contains(netns),
+        "the network was left up"
+    );
+
+    let failed = aurora(&["wan", "exec", &scenario, "--", "sh", "-c", "exit 3"]);
+    assert!(!failed.status.success());
+    assert!(
+        text(&failed.stderr).contains("exit status: 3"),
+        "{}",
+        text(&failed.stderr)
+    );
+}

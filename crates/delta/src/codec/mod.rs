@@ -12,6 +12,7 @@ use crate::bits::{ByteReader, write_leb128};
 use crate::dtype::Dtype;
 use crate::error::{DeltaError, Result};
 use crate::format::MAX_CHUNK_ELEMENTS;
+use rayon::prelude::*;
 use scan::{Word, for_each_changed};
 
 /// How the payload of one chunk is coded.
@@ -132,24 +133,112 @@ impl Changes {
 }
 
 fn swap_words<W: Word>(range: &mut [u8], positions: &[u32], values: &mut [u8]) {
+    swap_words_at::<W, u32>(range, positions, |p| p as usize, values);
+}
+
+/// Swaps `values` with the words of `range` at `positions`, each mapped to a word
+/// index by `at`.
+fn swap_words_at<W: Word, P: Copy>(
+    range: &mut [u8],
+    positions: &[P],
+    at: impl Fn(P) -> usize,
+    values: &mut [u8],
+) {
     /// Changes are sparse and irregular, so the hardware prefetcher misses them; asking
     /// for lines this many changes ahead hides most of the memory latency.
     const AHEAD: usize = 16;
     for (i, &p) in positions.iter().enumerate() {
         #[cfg(target_arch = "x86_64")]
         if let Some(&ahead) = positions.get(i + AHEAD) {
-            let at = (ahead as usize * W::BYTES).min(range.len() - 1);
+            let ahead = (at(ahead) * W::BYTES).min(range.len() - 1);
             // SAFETY: prefetching is a hint; the address lies inside `range`.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    range.as_ptr().add(at) as *const i8,
+                    range.as_ptr().add(ahead) as *const i8,
                 )
             };
         }
-        let old = W::load(range, p as usize);
-        W::load(values, i).store(range, p as usize);
+        let p = at(p);
+        let old = W::load(range, p);
+        W::load(values, i).store(range, p);
         old.store(values, i);
     }
+}
+
+/// Swaps `values` (one element of `element_bytes` each) with the elements of `target`
+/// at `indices`, strictly ascending flat element indices: afterwards `target` holds the
+/// new values and `values` the ones they replaced, so the same call again undoes it.
+/// This is how an engine's parameter memory takes a version's changed elements in place
+/// ([`ChangedElements`](crate::ChangedElements)), with the undo in hand. Everything is
+/// checked before the first write; large writes are split over the thread pool.
+pub fn swap_elements(
+    target: &mut [u8],
+    element_bytes: usize,
+    indices: &[u64],
+    values: &mut [u8],
+) -> Result<()> {
+    let refuse = |reason: String| Err(DeltaError::ElementWrites(reason));
+    if element_bytes == 0 || !target.len().is_multiple_of(element_bytes) {
+        return refuse(format!(
+            "a target of {} bytes is not made of {element_bytes}-byte elements",
+            target.len()
+        ));
+    }
+    if values.len() != indices.len() * element_bytes {
+        return refuse(format!(
+            "{} bytes of values for {} elements of {element_bytes} bytes",
+            values.len(),
+            indices.len()
+        ));
+    }
+    let elements = (target.len() / element_bytes) as u64;
+    if let Some(at) = indices.windows(2).position(|pair| pair[0] >= pair[1]) {
+        return refuse(format!(
+            "indices not strictly ascending at position {} ({} then {})",
+            at + 1,
+            indices[at],
+            indices[at + 1]
+        ));
+    }
+    if let Some(&last) = indices.last()
+        && last >= elements
+    {
+        return refuse(format!(
+            "index {last} beyond the target's {elements} elements"
+        ));
+    }
+    /// Indices per task: enough to amortise a task, few enough to share a large write.
+    const TASK_INDICES: usize = 1 << 16;
+    // Ascending indices give each task its own stretch of the target.
+    let mut tasks = Vec::with_capacity(indices.len().div_ceil(TASK_INDICES));
+    let (mut rest, mut rest_start) = (target, 0usize);
+    for (indices, values) in indices
+        .chunks(TASK_INDICES)
+        .zip(values.chunks_mut(TASK_INDICES * element_bytes))
+    {
+        let end = (indices[indices.len() - 1] as usize + 1) * element_bytes;
+        let (stretch, after) = std::mem::take(&mut rest).split_at_mut(end - rest_start);
+        tasks.push((stretch, rest_start / element_bytes, indices, values));
+        (rest, rest_start) = (after, end);
+    }
+    tasks
+        .into_par_iter()
+        .for_each(|(stretch, first, indices, values)| {
+            let at = |index: u64| index as usize - first;
+            match element_bytes {
+                2 => swap_words_at::<u16, u64>(stretch, indices, at, values),
+                4 => swap_words_at::<u32, u64>(stretch, indices, at, values),
+                _ => {
+                    for (&index, value) in
+                        indices.iter().zip(values.chunks_exact_mut(element_bytes))
+                    {
+                        let start = at(index) * element_bytes;
+                        stretch[start..start + element_bytes].swap_with_slice(value);
+                    }
+                }
+            }
+        });
+    Ok(())
 }
 
 /// Which encoding extraction uses for tensors present on both sides.
@@ -662,5 +751,80 @@ mod tests {
         assert_eq!(range, [1, 2, 9, 9, 5, 6]);
         changes.swap_into(&mut range, 2);
         assert_eq!(range, original);
+    }
+
+    mod element_swaps {
+        use super::super::swap_elements;
+        use crate::DeltaError;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Writes land exactly where asked (as index_copy_ would), the values come back
+            /// as the replaced ones, and the same call again restores the target: for
+            /// every element width, and for writes large enough to be split into tasks.
+            #[test]
+            fn a_swap_writes_exactly_the_indices_and_a_second_one_undoes_it(
+                element_bytes in prop::sample::select(vec![1usize, 2, 4, 8]),
+                elements in 1usize..300_000,
+                density in 0.0f64..1.0,
+                seed in any::<u64>(),
+            ) {
+                let mut state = seed | 1;
+                let mut next = move || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state };
+                let original: Vec<u8> = (0..elements * element_bytes).map(|_| next() as u8).collect();
+                let threshold = (density * u64::MAX as f64) as u64;
+                let indices: Vec<u64> = (0..elements as u64).filter(|_| next() <= threshold).collect();
+                let new: Vec<u8> = (0..indices.len() * element_bytes).map(|_| next() as u8).collect();
+                let mut target = original.clone();
+                let mut values = new.clone();
+                swap_elements(&mut target, element_bytes, &indices, &mut values).unwrap();
+                let mut expected = original.clone();
+                for (i, &index) in indices.iter().enumerate() {
+                    let (at, from) = (index as usize * element_bytes, i * element_bytes);
+                    expected[at..at + element_bytes].copy_from_slice(&new[from..from + element_bytes]);
+                    prop_assert_eq!(&values[from..from + element_bytes], &original[at..at + element_bytes]);
+                }
+                prop_assert!(target == expected);
+                swap_elements(&mut target, element_bytes, &indices, &mut values).unwrap();
+                prop_assert!(target == original);
+                prop_assert!(values == new);
+            }
+        }
+
+        #[test]
+        fn writes_that_do_not_fit_are_refused_by_name_and_nothing_is_written() {
+            let original: Vec<u8> = (0..64).collect();
+            let cases: [(&[u64], usize, usize, &str); 5] = [
+                (
+                    &[1, 5, 5],
+                    2,
+                    6,
+                    "not strictly ascending at position 2 (5 then 5)",
+                ),
+                (
+                    &[7, 3],
+                    2,
+                    4,
+                    "not strictly ascending at position 1 (7 then 3)",
+                ),
+                (&[3, 32], 2, 4, "index 32 beyond the target's 32 elements"),
+                (&[3, 4], 2, 3, "3 bytes of values for 2 elements of 2 bytes"),
+                (
+                    &[3],
+                    3,
+                    3,
+                    "a target of 64 bytes is not made of 3-byte elements",
+                ),
+            ];
+            for (indices, element_bytes, value_bytes, reason) in cases {
+                let mut target = original.clone();
+                let mut values = vec![0xFF; value_bytes];
+                let error =
+                    swap_elements(&mut target, element_bytes, indices, &mut values).unwrap_err();
+                assert!(matches!(&error, DeltaError::ElementWrites(_)), "{error}");
+                assert!(error.to_string().contains(reason), "{error}");
+                assert_eq!(target, original, "{reason}");
+            }
+        }
     }
 }
