@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,12 +24,16 @@ from typing import Any, Optional, Union
 from aurora_rl import _core
 from aurora_rl._node import ClosingNode
 from aurora_rl._tensors import Tensor, host_tensors, torch_view
-from aurora_rl.engines import Engine, TensorChange, fused_group_names, writes_elements
+from aurora_rl.engines import Engine, TensorChange, checks_weights, fused_group_names, writes_elements
 
 logger = logging.getLogger("aurora_rl.actor")
 
 #: Longest wait for a committed version the control plane says to activate.
 ACTIVATION_WAIT_S = 120.0
+
+#: What an actor reads back from its engine after loading a version (``Actor``'s
+#: ``verify``): every tensor, ``verify_tensors`` of them chosen at random, or nothing.
+VERIFY_MODES = ("full", "sample", "off")
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,13 @@ class Actor(ClosingNode):
     says by name to take unsigned versions. In plaintext the node dials loopback only,
     unless ``insecure_closed_network=True`` says the network between the nodes is closed.
 
+    After each version is loaded, the engine's weights are read back and compared with
+    the node's copy, whose weights hash was checked (an engine that can: see
+    ``aurora_rl.engines.CheckedEngine``): ``verify="sample"`` checks ``verify_tensors``
+    tensors chosen at random each time (cheap), ``"full"`` every tensor (as costly as
+    reading the model once), ``"off"`` none. A mismatch fails the load: the actor leaves
+    the fleet.
+
     ``close()``, or the end of a ``with`` block, leaves the fleet unless the actor left,
     then stops the node's threads (the engine is the caller's to stop).
 
@@ -108,9 +120,18 @@ class Actor(ClosingNode):
         insecure_unsigned: bool = False,
         return_after: Optional[float] = _core.RETURN_AFTER_S,
         behind_timeout: float = _core.BEHIND_TIMEOUT_S,
+        verify: str = "sample",
+        verify_tensors: int = 4,
     ) -> None:
         if (weights is None) != (version is None):
             raise _core.UsageError("give the local weights and their version together, or neither to join")
+        if verify not in VERIFY_MODES:
+            raise _core.UsageError(f"verify is one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        if verify_tensors < 1:
+            raise _core.UsageError(f"verify_tensors is at least 1, not {verify_tensors}")
+        self._verify, self._verify_tensors = verify, verify_tensors
+        self._sampler = random.Random()
+        self._verify_unavailable_logged = False
         self.engine = engine
         self.id = id
         local = None if weights is None else (version, host_tensors(weights))
@@ -171,6 +192,7 @@ class Actor(ClosingNode):
                 del views
                 try:
                     self._load(activation, tensors)
+                    self._check(activation)
                 except BaseException as error:
                     self._load_failed = (version, error)
                     # The traceback keeps this frame: its views must not hold the weights
@@ -211,6 +233,36 @@ class Actor(ClosingNode):
                     tensor, torch_view("I64", [-1], indices), torch.from_dlpack(values).view(tensor.dtype)
                 )
         self.engine.load_changes(changes)  # type: ignore[attr-defined]
+
+    def _check(self, activation: Any) -> None:
+        """Reads back from the engine what it computes with, for every tensor or a random
+        few (``verify``), and compares it with the activated image, whose weights hash
+        the node checked: a mismatch fails the load."""
+        if self._verify == "off" or not checks_weights(self.engine):
+            return
+        names = [name for name, _, _ in activation.tensor_specs()]
+        if self._verify == "sample":
+            names = self._sampler.sample(names, min(self._verify_tensors, len(names)))
+        views = activation.tensor_bytes(sorted(names))
+        expected = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}
+        del views
+        try:
+            mismatched = self.engine.mismatched(expected)  # type: ignore[attr-defined]
+        finally:
+            # A traceback keeps this frame: its views must not hold the weights.
+            del expected
+        if mismatched is None:
+            if not self._verify_unavailable_logged:
+                logger.warning("this engine cannot read its weights back here: versions are not checked in it")
+                self._verify_unavailable_logged = True
+            return
+        if mismatched:
+            shown = ", ".join(sorted(mismatched)[:4]) + (" and others" if len(mismatched) > 4 else "")
+            raise _core.TargetMismatchError(
+                f"the engine does not compute with version {activation.version}'s {shown} "
+                f"({len(mismatched)} of {len(names)} tensors read back differ)"
+            )
+        logger.debug("version %d: %d tensors read back from the engine, all equal", activation.version, len(names))
 
     def _leave_after_failed_load(self, version: int, error: BaseException) -> None:
         """The engine's weights are not the version the node holds: the actor leaves the

@@ -7,7 +7,9 @@ whole), then stages every version the trainer publishes while vLLM serves. An up
 (``update_weights`` with ``{"version", "weights_hash"}``) activates that committed version
 inside vLLM's update lifecycle: its changed elements are written into the parameters in
 place (``aurora_rl.engines.vllm_worker``), then what the model computes with is read
-back and hashed (``verify="full"``, the default) against the version's weights hash.
+back and compared with the node's copy of the version, whose weights hash the node
+checked: a few tensors at random (``verify="sample"``, the default), every one
+(``"full"``), or none (``"off"``); under tensor parallelism each rank checks its shards.
 
 Trainer side (``AuroraTrainerEngine``, through ``WeightTransferTrainerFactory``): the
 trainer node (an ``aurora_rl.Trainer`` the caller made, with its certificates and signing
@@ -36,6 +38,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 import aurora_rl
+from aurora_rl.actor import VERIFY_MODES
 from aurora_rl.engines import Completion, Sampling, TensorChange
 from aurora_rl.engines.vllm_worker import ModelWriter
 
@@ -69,9 +72,12 @@ class AuroraInitInfo(WeightTransferInitInfo):
     insecure_unsigned: bool = False
     streams: int = 4
     join_timeout: float = 300.0
-    #: After each update, hash what the model computes with: ``"full"`` (every weight
-    #: read back, O(model)) or ``"off"``.
-    verify: str = "full"
+    #: After each update, read back what the model computes with and compare it with the
+    #: version (``aurora_rl.Actor``'s ``verify``): ``"sample"`` (``verify_tensors``
+    #: tensors at random), ``"full"`` (every one, O(model)) or ``"off"``. Under tensor
+    #: parallelism each rank checks its own shards.
+    verify: str = "sample"
+    verify_tensors: int = 4
 
     def __post_init__(self) -> None:
         # It arrives as JSON through the server's routes: refuse what is not one.
@@ -79,8 +85,10 @@ class AuroraInitInfo(WeightTransferInitInfo):
             raise ValueError(f"upstreams is a list of HOST:PORT strings, not {self.upstreams!r}")
         if not isinstance(self.id, int) or isinstance(self.id, bool) or self.id < 0:
             raise ValueError(f"id is a non-negative integer, not {self.id!r}")
-        if self.verify not in ("full", "off"):
-            raise ValueError(f"verify is 'full' or 'off', not {self.verify!r}")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"verify is one of {', '.join(VERIFY_MODES)}, not {self.verify!r}")
+        if not isinstance(self.verify_tensors, int) or isinstance(self.verify_tensors, bool) or self.verify_tensors < 1:
+            raise ValueError(f"verify_tensors is a positive integer, not {self.verify_tensors!r}")
 
 
 @dataclass
@@ -118,6 +126,9 @@ class _WorkerModel:
     def generate(self, prompts: Any, sampling: Sampling) -> list[Completion]:
         raise NotImplementedError("vLLM generates: this engine only loads versions into its model")
 
+    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
+        return self.writer.mismatched(expected)
+
     def held_weights(self) -> Mapping[str, torch.Tensor]:
         return self.writer.held_weights()
 
@@ -129,14 +140,10 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
     def __init__(self, config: Any, vllm_config: Any, device: Any, model: Any) -> None:
         super().__init__(config, vllm_config, device, model)
         self.actor: Optional[aurora_rl.Actor] = None
-        self.verify = "full"
 
     def init_transfer_engine(self, init_info: AuroraInitInfo) -> None:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        from vllm.distributed import get_tensor_model_parallel_rank
 
-        if init_info.verify == "full" and get_tensor_model_parallel_world_size() > 1:
-            # Each rank reads back only its shards; gathering them is not built yet.
-            raise aurora_rl.UsageError("verify='full' reads back a whole model: with tensor parallelism use verify='off'")
         if self.actor is not None:
             self.actor.close()
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
@@ -146,7 +153,6 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         def reload(tensors: dict[str, torch.Tensor]) -> None:
             reload_weights(vllm_config, model, list(tensors.items()), weights_path=None, is_checkpoint_format=True)
 
-        self.verify = init_info.verify
         if vllm_config.load_config.load_format != "aurora":
             logger.warning(
                 "vLLM was started with load format %r: layers it repacked take versions whole; "
@@ -169,8 +175,9 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
             insecure_plaintext=init_info.insecure_plaintext,
             insecure_closed_network=init_info.insecure_closed_network,
             insecure_unsigned=init_info.insecure_unsigned,
+            verify=init_info.verify,
+            verify_tensors=init_info.verify_tensors,
         )
-        self._check(self.actor.active)
         logger.info("joined the aurora fleet at version %d", self.actor.active[0])
 
     def start_weight_update(self) -> None:
@@ -192,7 +199,6 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
                 f"asked for version {update_info.version} ({update_info.weights_hash}), "
                 f"the fleet's is {actor.active[0]} ({actor.active[1]})"
             )
-        self._check(actor.active)
 
     def finish_weight_update(self) -> None:
         self._joined()
@@ -206,17 +212,6 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         if self.actor is None:
             raise aurora_rl.UsageError("init_weight_transfer_engine first: the worker has not joined a fleet")
         return self.actor
-
-    def _check(self, active: tuple[int, str]) -> None:
-        """Reads back what the model computes with and checks its weights hash."""
-        if self.verify == "off":
-            return
-        assert self.actor is not None
-        held = aurora_rl.weights_hash(self.actor.engine.held_weights())
-        if held != active[1]:
-            raise aurora_rl.TargetMismatchError(
-                f"vLLM computes with weights {held}, not version {active[0]}'s {active[1]}"
-            )
 
 
 @dataclass

@@ -373,3 +373,79 @@ def test_an_element_engine_is_handed_exactly_the_changed_elements(model_dir, tmp
                 assert [o["status"] for o in outcomes] == ["accepted"], outcomes
                 assert trainer.wait_step(timeout=60).version == version
                 weights = stepped
+
+
+class ReadBackEngine(TransformersEngine):
+    """Records the tensors each read-back check is asked about; with ``corrupt`` set,
+    changes an element of that tensor after each load, as a faulty write would."""
+
+    checked: list[list[str]]
+    corrupt: str | None = None
+
+    def load_changes(self, changes) -> None:
+        super().load_changes(changes)
+        if self.corrupt is not None:
+            with torch.no_grad():
+                self.model.state_dict()[self.corrupt].view(-1)[0] += 1
+
+    def mismatched(self, expected):
+        self.checked.append(sorted(expected))
+        return super().mismatched(expected)
+
+
+def checked_actor(trainer: aurora_rl.Trainer, engine: ReadBackEngine, weights: dict, **verify) -> aurora_rl.Actor:
+    engine.checked = []
+    return aurora_rl.Actor(engine, id=4, region="eu", weights=weights, version=0, control=trainer.control_address,
+                           upstreams=[trainer.transport_address], token=trainer.token, insecure_plaintext=True, **verify)
+
+
+def next_work(actor: aurora_rl.Actor):
+    work = None
+    while work is None:
+        work = actor.claim()
+    return work
+
+
+def test_a_sampling_actor_reads_back_a_few_tensors_chosen_anew_at_each_version(model_dir, tmp_path):
+    weights = load_file(str(model_dir / "model.safetensors"))
+    with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
+        trainer.publish(weights)
+        engine = ReadBackEngine.start(str(model_dir))
+        with checked_actor(trainer, engine, weights, verify="sample", verify_tensors=3) as actor:
+            for version in range(1, 4):
+                stepped = sparse_step(weights, 0.01, version)
+                trainer.publish(stepped)
+                trainer.open_step([version])
+                trainer.commit()
+                work = next_work(actor)
+                actor.submit(work, [(lease, None, 1) for lease in work.leases])
+                trainer.wait_step(timeout=60)
+                weights = stepped
+        assert [len(names) for names in engine.checked] == [3, 3, 3]
+        assert all(set(names) <= set(weights) for names in engine.checked)
+        # 3 of this model's tensors, drawn three times: the same draw each time would be a
+        # fixed sample, which a fault in the other tensors would never meet.
+        assert len({tuple(names) for names in engine.checked}) > 1
+        with pytest.raises(aurora_rl.UsageError, match="verify is one of full, sample, off"):
+            checked_actor(trainer, engine, weights, verify="some")
+
+
+def test_a_full_read_back_finds_an_element_the_engine_holds_wrong_and_the_actor_leaves(model_dir, tmp_path):
+    weights = load_file(str(model_dir / "model.safetensors"))
+    with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
+        trainer.publish(weights)
+        engine = ReadBackEngine.start(str(model_dir))
+        actor = checked_actor(trainer, engine, weights, verify="full")
+        stepped = sparse_step(weights, 0.01, 1)
+        trainer.publish(stepped)
+        trainer.open_step([1])
+        trainer.commit()
+        next_work(actor)
+        assert engine.checked == [sorted(weights)]
+        engine.corrupt = "model.layers.0.mlp.down_proj.weight"
+        trainer.publish(sparse_step(stepped, 0.01, 2))
+        trainer.commit()
+        with pytest.raises(aurora_rl.TargetMismatchError, match="version 2's model.layers.0.mlp.down_proj.weight"):
+            while True:
+                actor.safe_point(wait=60.0)
+        assert actor.closed and trainer.status()["actors"] == []

@@ -79,6 +79,10 @@ def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(
                 "the comparison tells one version from the next"
             )
         previous = reference
+    # Every update was checked in full, each rank against its own shards: the check finds
+    # nothing on the served weights and names the tensor of an element changed behind it.
+    checks = json.loads(out.with_suffix(".read_back.json").read_text())
+    assert checks == [{"clean": [], "corrupted": ["model.layers.0.self_attn.q_proj.weight"]}] * tensor_parallel
 
 
 def test_the_openai_server_with_the_aurora_backend_serves_each_version_bit_for_bit(model_dir, tmp_path):

@@ -13,7 +13,9 @@ TP is the tensor-parallel size (each rank's worker is an actor of its own).
 Each mode writes OUT as JSON: per version, the weight version vLLM reports, the weight
 versions its outputs carry, and the greedy tokens and log-probabilities (prompt and
 generated, top 5) of PROMPTS; the first two modes also export each version as a model
-directory beside OUT, for ``fresh``.
+directory beside OUT, for ``fresh``. ``offline`` also writes OUT with the suffix
+``.read_back.json``: each rank's read-back check of the last version, clean and with an
+element of its shard changed.
 """
 
 from __future__ import annotations
@@ -104,9 +106,7 @@ def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version
         engine = WeightTransferTrainerFactory.trainer_init(
             AuroraTrainerInitInfo(rank=0, trainer=trainer, dtype=torch.bfloat16,
                                   inference={"region": "here", "id": 1, "insecure_plaintext": True,
-                                             # Read-back gathers no shards yet: the test
-                                             # compares with a fresh engine instead.
-                                             "verify": "full" if tensor_parallel == 1 else "off"}),
+                                             "verify": "full"}),
             client=client,
             source=source,
         )
@@ -125,7 +125,37 @@ def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version
     out.write_text(json.dumps(report))
 
 
+#: A parameter every rank holds a shard of, whose first elements are q's.
+CORRUPTED = "model.layers.0.self_attn.qkv_proj.weight"
+
+
+def read_back(worker: Any, export: str) -> dict:
+    """In each rank's worker: what the read-back finds against ``export``, the version
+    the engine holds, then with one element of this rank's shard of ``CORRUPTED`` changed
+    (put back after)."""
+    from safetensors.torch import load_file
+
+    from aurora_rl.engines.vllm_worker import worker_writer
+
+    expected = load_file(export)
+    writer = worker_writer(worker)
+    clean = writer.mismatched(expected)
+    weight = dict(writer.model.named_parameters())[CORRUPTED].data.view(-1)
+    kept = weight[5].clone()
+    weight[5] = kept + 1
+    try:
+        corrupted = writer.mismatched(expected)
+    finally:
+        weight[5] = kept
+    return {"clean": clean, "corrupted": corrupted}
+
+
 def offline(model_dir: Path, out: Path, tensor_parallel: int) -> None:
+    import os
+
+    # ``read_back`` goes to the workers as a function, which vLLM's own messages refuse
+    # unless told: this script trusts itself.
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM
 
     llm = LLM(model=str(model_dir), weight_transfer_config={"backend": "aurora"},
@@ -137,6 +167,8 @@ def offline(model_dir: Path, out: Path, tensor_parallel: int) -> None:
         return logprobs_of(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling(), use_tqdm=False))
 
     train(model_dir, out, OfflineClient(llm), generate, llm.get_weight_version, tensor_parallel)
+    export = out.parent / f"version-{VERSIONS}" / "model.safetensors"
+    out.with_suffix(".read_back.json").write_text(json.dumps(llm.collective_rpc(read_back, args=(str(export),))))
 
 
 def server(model_dir: Path, out: Path, url: str) -> None:

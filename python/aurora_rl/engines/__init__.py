@@ -96,6 +96,33 @@ class ElementEngine(Engine, Protocol):
         ...
 
 
+class CheckedEngine(Engine, Protocol):
+    """An engine that checks, element by element, that it computes with a version."""
+
+    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> Optional[list[str]]:
+        """The names of ``expected`` (Hugging Face names: the version's tensors) whose
+        values the engine does not compute with bit for bit, each read back from the
+        engine itself (an engine split over ranks checks the elements each holds); None
+        where this engine cannot read its weights back (an engine in another process)."""
+        ...
+
+
+def checks_weights(engine: Engine) -> bool:
+    """Whether ``engine`` checks what it computes with (``CheckedEngine``)."""
+    return callable(getattr(engine, "mismatched", None))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one dtype and shape hold the same bits (NaNs and signed
+    zeros told apart, as the weights hash tells them apart)."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    as_bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.view(as_bits), b.view(as_bits))
+
+
 @dataclass(frozen=True)
 class ElementWrite:
     """Values to write at flat indices (int64, strictly ascending) of a 1-D view of an

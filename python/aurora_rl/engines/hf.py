@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from aurora_rl.engines import Completion, ElementWrite, Sampling, TensorChange, write_elements
+from aurora_rl.engines import Completion, ElementWrite, Sampling, TensorChange, same_bits, write_elements
 
 if TYPE_CHECKING:
     import torch
@@ -117,6 +117,12 @@ class TransformersEngine:
                 chosen = logprobs.gather(1, torch.tensor(list(completion), device=device).unsqueeze(1)).squeeze(1)
                 scores.append(list(zip(chosen.tolist(), logprobs.max(dim=-1).values.tolist())))
         return scores
+
+    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
+        """See ``aurora_rl.engines.CheckedEngine``: the parameters are the checkpoint's
+        tensors, compared where the model holds them."""
+        state = self._parameters(expected)
+        return [name for name, tensor in expected.items() if not same_bits(state[name].detach().cpu(), tensor)]
 
     def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
         held = {name: tensor.detach() for name, tensor in self.model.state_dict().items()}

@@ -143,6 +143,13 @@ class VllmEngine:
             completions.append(Completion(tokens, logprobs))
         return completions
 
+    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> Optional[list[str]]:
+        """See ``aurora_rl.engines.CheckedEngine`` (``vllm_worker.ModelWriter.mismatched``);
+        None when vLLM's engine runs in a process of its own."""
+        if not self.in_process:
+            return None
+        return self.llm.collective_rpc(vllm_worker.mismatched, args=(dict(expected),))[0]
+
     def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
         if not self.in_process:
             return None

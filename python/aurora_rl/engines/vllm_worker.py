@@ -335,11 +335,57 @@ class ModelWriter:
             raise
         return whole
 
+    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
+        """See ``aurora_rl.engines.CheckedEngine``. Each parameter is read back through
+        its layer's own forward (``read_back``) and compared, piece by piece of the
+        element map, with the elements of ``expected`` it holds: under tensor
+        parallelism each rank checks its own shards, against its own node's copy of the
+        version, with nothing gathered. A tensor without an element map (loaded whole)
+        is compared with ``held_weights``'s (one rank only; under tensor parallelism it
+        is named in a warning as not checked)."""
+        import torch
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        from aurora_rl.engines import same_bits
+
+        world_size = get_tensor_model_parallel_world_size()
+        unseen = {name: (list(t.shape), t.dtype) for name, t in expected.items() if name not in self.element_map}
+        if unseen:
+            self.element_map.update(probe_element_map(self.model, unseen, world_size))
+        parameters = dict(self.model.named_parameters())
+        read: dict[str, torch.Tensor] = {}
+        differ, unmapped = [], []
+        with torch.no_grad():
+            for name, tensor in expected.items():
+                pieces = self.element_map[name]
+                if pieces is None:
+                    unmapped.append(name)
+                    continue
+                source = tensor.reshape(-1)
+                for piece in pieces:
+                    if piece.parameter not in read:
+                        read[piece.parameter] = read_back(self.model, piece.parameter, parameters[piece.parameter])
+                    held = read[piece.parameter]
+                    if not same_bits(
+                        held.as_strided(piece.sizes, piece.target_strides, held.storage_offset() + piece.target_offset),
+                        source.as_strided(piece.sizes, piece.source_strides, source.storage_offset() + piece.source_offset),
+                    ):
+                        differ.append(name)
+                        break
+        if unmapped and world_size > 1:
+            logger.warning(
+                "not checked: %s (loaded whole; under tensor parallelism a rank cannot read them back)",
+                ", ".join(unmapped),
+            )
+        elif unmapped:
+            held = self.held_weights()
+            differ += [name for name in unmapped if not same_bits(held[name], expected[name])]
+        return differ
+
     def held_weights(self) -> dict[str, torch.Tensor]:
         """The weights the model computes with, under Hugging Face names, read back
-        through each layer's own forward: a linear layer applied to an identity matrix
-        gives its weight exactly (one product per output, accumulated with zeros),
-        whatever layout it holds it in."""
+        through each layer's own forward (``read_back``), whatever layout it holds them
+        in (one rank: shards are not gathered)."""
         import torch
 
         model = self.model
@@ -353,9 +399,7 @@ class ModelWriter:
                     continue
                 if tied and name == "lm_head":
                     continue
-                inputs = _input_size(module)
-                identity = torch.eye(inputs, dtype=getattr(module, "params_dtype", torch.bfloat16))
-                weight = method.apply(module, identity).t()
+                weight = _through_forward(module)
                 parts = _fused_parts(name, module, "weight")
                 if not parts:
                     held[f"{name}.weight"] = _unpadded(module, weight)
@@ -366,6 +410,29 @@ class ModelWriter:
                 if name.endswith("embed_tokens") or name.endswith("norm"):
                     held[f"{name}.weight"] = _unpadded(module, module.weight.detach())
         return held
+
+
+def read_back(model: Any, name: str, parameter: torch.Tensor) -> torch.Tensor:
+    """What the model computes with for its parameter ``name``, laid out as the
+    parameter, flat: a linear layer's weight through the layer's own forward (applied to
+    an identity matrix it gives its weight exactly: one product per output, accumulated
+    with zeros, whatever layout it holds the weight in); anything else (an embedding,
+    which is looked up; a norm; a bias) as stored."""
+    module_name, _, attribute = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    if attribute == "weight" and getattr(module, "quant_method", None) is not None and not module_name.endswith("embed_tokens"):
+        weight = _through_forward(module)
+        if weight.shape == parameter.shape:
+            return weight.contiguous().view(-1)
+    return parameter.detach().reshape(-1)
+
+
+def _through_forward(module: Any) -> torch.Tensor:
+    """A linear layer's weight, [outputs, inputs], through its quantize method's apply."""
+    import torch
+
+    identity = torch.eye(_input_size(module), dtype=getattr(module, "params_dtype", torch.bfloat16))
+    return module.quant_method.apply(module, identity).t()
 
 
 def _fused_parts(name: str, module: Any, parameter: str) -> list[tuple[str, slice]]:
@@ -435,6 +502,11 @@ def load_changes(worker: Any, changes: Mapping[str, TensorChange]) -> set[str]:
 def load_weights(worker: Any, tensors: Mapping[str, torch.Tensor]) -> None:
     """``collective_rpc`` entry: ``ModelWriter.load_weights`` in the worker."""
     worker_writer(worker).load_weights(tensors)
+
+
+def mismatched(worker: Any, expected: Mapping[str, torch.Tensor]) -> list[str]:
+    """``collective_rpc`` entry: ``ModelWriter.mismatched`` in the worker."""
+    return worker_writer(worker).mismatched(expected)
 
 
 def held_weights(worker: Any) -> dict[str, torch.Tensor]:
