@@ -199,6 +199,36 @@ def test_a_change_vllm_cannot_take_leaves_its_weights_as_they_were(model_dir, vl
     assert aurora_rl.weights_hash(vllm_engine.held_weights()) == aurora_rl.weights_hash(held)
 
 
+def stale_copy_check(worker, expected: dict, name: str) -> tuple[list[str], list[str]]:
+    """What the read-back finds on the engine as it is, then with the layer of ``name``
+    computing from a copy of its weight that differs in one element (as a layer repacked
+    after the writes would), put back after."""
+    from aurora_rl.engines.vllm_worker import worker_writer
+
+    writer = worker_writer(worker)
+    clean = writer.mismatched(expected)
+    module = writer.model.get_submodule(name.removesuffix(".weight"))
+    stale = module.weight.detach().clone()
+    stale.view(-1)[0] += 1
+    module.cpu_linear = lambda x, weight, bias=None: torch.nn.functional.linear(x, stale, bias)
+    try:
+        return clean, writer.mismatched(expected)
+    finally:
+        module.cpu_linear = torch.nn.functional.linear
+
+
+def test_the_read_back_finds_a_layer_computing_from_a_copy_its_parameter_is_not(vllm_engine):
+    held = dict(vllm_engine.held_weights())
+    assert vllm_engine.mismatched(held) == []
+    name = "model.layers.0.mlp.down_proj.weight"
+    clean, stale = vllm_engine.llm.collective_rpc(stale_copy_check, args=(held, name))[0]
+    assert (clean, stale) == ([], [name])
+    # An element of the parameter itself.
+    changed = dict(held, **{name: held[name].clone()})
+    changed[name].view(-1)[7] += 1
+    assert vllm_engine.mismatched(changed) == [name]
+
+
 def test_a_fused_group_is_sent_whole(model_dir, vllm_engine):
     state = load_file(str(model_dir / "model.safetensors"))
     held = vllm_engine.held_weights()

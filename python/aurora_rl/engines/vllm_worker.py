@@ -336,8 +336,8 @@ class ModelWriter:
         return whole
 
     def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
-        """See ``aurora_rl.engines.CheckedEngine``. Each parameter is read back through
-        its layer's own forward (``read_back``) and compared, piece by piece of the
+        """See ``aurora_rl.engines.CheckedEngine``. Each parameter is read back as the
+        model computes with it (``read_back``) and compared, piece by piece of the
         element map, with the elements of ``expected`` it holds: under tensor
         parallelism each rank checks its own shards, against its own node's copy of the
         version, with nothing gathered. A tensor without an element map (loaded whole)
@@ -414,17 +414,34 @@ class ModelWriter:
 
 def read_back(model: Any, name: str, parameter: torch.Tensor) -> torch.Tensor:
     """What the model computes with for its parameter ``name``, laid out as the
-    parameter, flat: a linear layer's weight through the layer's own forward (applied to
-    an identity matrix it gives its weight exactly: one product per output, accumulated
-    with zeros, whatever layout it holds the weight in); anything else (an embedding,
-    which is looked up; a norm; a bias) as stored."""
+    parameter, flat. A layer that computes from another copy of its weight (vLLM's CPU
+    build packs unquantized linear weights for oneDNN unless load format ``aurora`` kept
+    them) is read back through its own forward: applied to an identity matrix it gives its
+    weight exactly (one product per output, accumulated with zeros), at O(outputs x
+    inputs^2). Anything that computes from the parameter itself (such a layer under load
+    format ``aurora``, where ``compute_from_parameters`` pointed it back; an embedding,
+    which is looked up; a norm; a bias) is read as stored, at O(elements)."""
     module_name, _, attribute = name.rpartition(".")
     module = model.get_submodule(module_name)
-    if attribute == "weight" and getattr(module, "quant_method", None) is not None and not module_name.endswith("embed_tokens"):
+    if attribute == "weight" and not _computes_from_parameter(module):
         weight = _through_forward(module)
         if weight.shape == parameter.shape:
             return weight.contiguous().view(-1)
     return parameter.detach().reshape(-1)
+
+
+def _computes_from_parameter(module: Any) -> bool:
+    """Whether ``module`` computes from its ``weight`` parameter: every module but a linear
+    layer whose quantize method computes from another copy (a packed one on the CPU, a
+    quantized one)."""
+    import torch
+
+    method = getattr(module, "quant_method", None)
+    if method is None or not hasattr(module, "weight"):
+        return True
+    if type(method).__name__ not in _UNQUANTIZED:
+        return False
+    return getattr(module, "cpu_linear", torch.nn.functional.linear) is torch.nn.functional.linear
 
 
 def _through_forward(module: Any) -> torch.Tensor:

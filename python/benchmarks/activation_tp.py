@@ -1,0 +1,105 @@
+"""Activation into vLLM with tensor parallelism, through the weight-transfer backend: from
+the trainer's Commit to vLLM's ``update_weights`` returning with the version in every
+rank, against vLLM reloading the whole checkpoint, in one run.
+
+vLLM (CPU build, ``tensor_parallel_size`` ranks, each in a process of its own with a core
+of its own) starts with ``weight_transfer_config={"backend": "aurora"}``; each rank's
+worker joins a trainer node in this process as an actor. Every round publishes the next
+version of ``aurora synth``'s chain (the 0.6B shape by default), waits until every rank
+has staged it (as they do behind generation), then times ``Trainer.commit`` and the
+update calls a framework makes (``start_weight_update``, ``update_weights``,
+``finish_weight_update``): each rank writes the changed elements of its shards and reads a
+few tensors back (the backend's default ``verify="sample"``). The baseline, after the
+aurora rounds: vLLM's ``reload_weights`` of each version's checkpoint file (page-cached)
+in every rank.
+
+    python python/benchmarks/activation_tp.py [--preset 0.6b] [--tensor-parallel 2] [--rounds 3] [--lr 1e-6] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="0.6b", choices=["small", "0.6b"])
+    parser.add_argument("--tensor-parallel", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lr", default="1e-6", help="aurora synth's learning rate: sets the density")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--aurora-bin", default=str(REPO / "target" / "debug" / "aurora"))
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # One core per rank: vLLM's CPU build otherwise wants a NUMA node per rank.
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(args.tensor_parallel)))
+
+    from safetensors.torch import load_file
+    from vllm import LLM
+
+    import aurora_rl
+    from activation import changed_fraction, synth_chain
+
+    with tempfile.TemporaryDirectory(prefix="aurora-bench-activation-tp-") as scratch:
+        scratch = Path(scratch)
+        files, model_dir = synth_chain(args.aurora_bin, args.preset, args.rounds, args.lr, scratch)
+        states = [load_file(str(path)) for path in files]
+        with aurora_rl.Trainer(scratch / "trainer", snapshot_every=0, insecure_plaintext=True) as trainer:
+            trainer.publish(states[0])
+            trainer.commit()
+            llm = LLM(model=str(model_dir), weight_transfer_config={"backend": "aurora"},
+                      tensor_parallel_size=args.tensor_parallel, dtype="bfloat16", load_format="aurora",
+                      skip_tokenizer_init=True, enforce_eager=True, max_model_len=256, max_num_seqs=4,
+                      max_num_batched_tokens=256, seed=0)
+            llm.init_weight_transfer_engine({"init_info": {
+                "control": trainer.control_address, "upstreams": [trainer.transport_address], "token": trainer.token,
+                "insecure_plaintext": True, "region": "here", "id": 1}})
+            aurora_s, densities = [], []
+            for version in range(1, len(states)):
+                densities.append(changed_fraction(states[version - 1], states[version]))
+                published = trainer.publish(states[version])
+                deadline = time.monotonic() + 300
+                while [a["staged"] for a in trainer.status()["actors"]] != [version] * args.tensor_parallel:
+                    assert time.monotonic() < deadline, "the delta was never staged in every rank"
+                    time.sleep(0.01)
+                started = time.perf_counter()
+                trainer.commit()
+                llm.start_weight_update()
+                llm.update_weights({"update_info": {"version": version, "weights_hash": published.weights_hash}})
+                llm.finish_weight_update(f"{version}:{published.weights_hash}")
+                aurora_s.append(time.perf_counter() - started)
+            llm.shutdown_weight_transfer_engine()
+        reload_s = []
+        for version, path in enumerate(files):
+            directory = scratch / f"version-{version}"
+            directory.mkdir()
+            os.link(path, directory / "model.safetensors")
+            started = time.perf_counter()
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory), "is_checkpoint_format": True})
+            reload_s.append(time.perf_counter() - started)
+    report = {
+        "preset": args.preset,
+        "tensor_parallel": args.tensor_parallel,
+        "lr": args.lr,
+        "density": sum(densities) / len(densities),
+        "aurora_commit_to_serving_s": min(aurora_s),
+        "reload_whole_checkpoint_file_s": min(reload_s),
+    }
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
