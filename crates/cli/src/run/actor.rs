@@ -123,10 +123,44 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         return_after: Some(aurora_node::RETURN_AFTER),
         behind_timeout: aurora_node::BEHIND_TIMEOUT,
     };
+    // Taken before joining, so a stop asked meanwhile is not lost.
+    let mut stop = StopSignals::new()?;
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;
-    let outcome = generate_forever(&config, &node, &engine).await;
+    let outcome = tokio::select! {
+        outcome = generate_forever(&config, &node, &engine) => outcome,
+        signal = stop.recv() => {
+            // The paper's graceful leave: the control plane hands this actor's leases to
+            // others now, instead of after they expire.
+            tracing::info!(signal, "asked to stop: leaving the fleet");
+            node.leave().await.context("leaving the fleet")
+        }
+    };
     node.stop();
     outcome
+}
+
+/// SIGTERM (a cloud's preemption notice, a scheduler's stop) and SIGINT.
+struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            terminate: signal(SignalKind::terminate()).context("handling SIGTERM")?,
+            interrupt: signal(SignalKind::interrupt()).context("handling SIGINT")?,
+        })
+    }
+
+    /// The name of the first of them to arrive.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
 }
 
 async fn generate_forever(

@@ -54,6 +54,9 @@ pub struct RegionConfig {
 pub enum Fault {
     /// SIGKILL of an actor (numbered from 0 in start order).
     KillActor { at_step: u64, actor: usize },
+    /// SIGTERM to an actor, as a cloud's preemption notice or a scheduler's stop: it
+    /// leaves the fleet (its leases back to the pool at once) and exits.
+    StopActor { at_step: u64, actor: usize },
     /// A new actor joins a region: snapshot plus catch-up, then eligible.
     StartActor { at_step: u64, region: String },
     /// SIGKILL of a region's relay; its actors fall back to the hub.
@@ -69,6 +72,7 @@ impl Fault {
     pub fn at_step(&self) -> u64 {
         match self {
             Fault::KillActor { at_step, .. }
+            | Fault::StopActor { at_step, .. }
             | Fault::StartActor { at_step, .. }
             | Fault::KillRelay { at_step, .. }
             | Fault::KillTrainer { at_step, .. } => *at_step,
@@ -308,7 +312,7 @@ impl RunConfig {
                 "fault {fault:?} is after the last step"
             );
             match fault {
-                Fault::KillActor { actor, .. } => ensure!(
+                Fault::KillActor { actor, .. } | Fault::StopActor { actor, .. } => ensure!(
                     *actor < actors + self.started_before(fault.at_step()),
                     "fault {fault:?}: no actor {actor} exists by then"
                 ),

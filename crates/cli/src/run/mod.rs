@@ -39,6 +39,8 @@ use report::StepRecord;
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest wait for one step.
 const STEP_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest wait for an actor asked to stop to leave the fleet and exit.
+const ACTOR_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -736,14 +738,25 @@ fn prepare(run_dir: &Path) -> Result<()> {
 
 fn apply_fault(fleet: &mut Fleet<'_>, fault: &Fault) -> Result<String> {
     Ok(match fault {
-        Fault::KillActor { actor, .. } => {
+        Fault::KillActor { actor, .. } | Fault::StopActor { actor, .. } => {
             let (mut node, region) = fleet
                 .actors
                 .remove(&(*actor as u64))
                 .with_context(|| format!("actor {actor} is not running"))?;
             let pid = node.id();
-            node.kill()?;
-            format!("killed actor {actor} (region {region}, pid {pid})")
+            if matches!(fault, Fault::KillActor { .. }) {
+                node.kill()?;
+                format!("killed actor {actor} (region {region}, pid {pid})")
+            } else {
+                let status = node.stop(ACTOR_STOP_TIMEOUT)?;
+                ensure!(
+                    status.success(),
+                    "actor {actor} did not leave cleanly on SIGTERM ({status}): see its log"
+                );
+                format!(
+                    "stopped actor {actor} (region {region}, pid {pid}): it left the fleet on SIGTERM"
+                )
+            }
         }
         Fault::StartActor { region, .. } => {
             let id = fleet.start_actor(region)?;

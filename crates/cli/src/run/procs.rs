@@ -108,6 +108,30 @@ impl Node {
         Ok(())
     }
 
+    /// Asks the process to stop (SIGTERM) and waits up to `timeout` for it to end; kills
+    /// it past that. Returns how it ended.
+    pub fn stop(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let pid = libc::pid_t::try_from(self.child.id()).context("a process id beyond pid_t")?;
+        // SAFETY: kill(2) with a pid this child still holds: it is not reaped until a
+        // wait below.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } == -1 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("asking {} to stop", self.name));
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill()?;
+        bail!(
+            "{} did not stop within {timeout:?} of SIGTERM: killed",
+            self.name
+        )
+    }
+
     /// Waits for the process to end.
     pub fn wait(&mut self) -> Result<std::process::ExitStatus> {
         Ok(self.child.wait()?)
