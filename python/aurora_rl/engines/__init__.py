@@ -3,10 +3,11 @@
 An actor keeps a host copy of its weights (what its weights hash is computed from),
 applies each committed delta to it, and at the engine's safe point (between batches)
 hands the engine the tensors that changed. An engine adapter is one class with the
-methods of ``Engine``; adding an engine (SGLang, another server) is one module against it.
+methods of ``Engine``; adding an engine is one module against it.
 
 - ``aurora_rl.engines.vllm.VllmEngine``: vLLM, offline ``LLM`` (in this process or in
   vLLM's engine process) or the OpenAI-compatible server.
+- ``aurora_rl.engines.sglang.SglangEngine``: SGLang's Python ``Engine``.
 - ``aurora_rl.engines.hf.TransformersEngine``: Hugging Face transformers, the reference
   engine and the CPU fallback.
 """
