@@ -73,3 +73,70 @@ def test_an_sglang_actor_serves_each_version_bit_for_bit(model_dir, tmp_path):
         if previous is not None:
             assert [c.logprobs for c in reference] != [c.logprobs for c in previous], "the versions are told apart"
         previous = reference
+
+
+def test_an_sglang_server_takes_each_version_bit_for_bit(model_dir, tmp_path):
+    """The same through SGLang's HTTP server (``SglangServerEngine``), on loopback."""
+    import os
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    from aurora_rl.engines.sglang import SglangServerEngine
+    from test_engines import free_port
+
+    with pytest.raises(ValueError, match="loopback only"):
+        SglangServerEngine("http://10.1.2.3:30000")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", "127.0.0.1",
+         "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16", "--random-seed", "0",
+         "--device", OPTIONS["device"], "--attention-backend", OPTIONS["attention_backend"],
+         "--max-total-tokens", str(OPTIONS["max_total_tokens"]),
+         "--max-running-requests", str(OPTIONS["max_running_requests"]), "--disable-overlap-schedule"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy(),
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
+    try:
+        seen: list[str] = []
+        while not any("fired up and ready" in line for line in seen[-1:]):
+            try:
+                seen.append(lines.get(timeout=600))
+            except queue.Empty:
+                raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
+        engine = SglangServerEngine(f"http://127.0.0.1:{port}")
+        weights = load_file(str(model_dir / "model.safetensors"))
+        served = []
+        with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
+            trainer.publish(weights)
+            with aurora_rl.Actor(engine, id=2, region="here", weights=weights, version=0,
+                                 control=trainer.control_address, upstreams=[trainer.transport_address],
+                                 token=trainer.token, insecure_plaintext=True) as actor:
+                for version in (1, 2):
+                    weights = sparse_step(weights, 0.01, 10 + version)
+                    trainer.publish(weights)
+                    trainer.open_step([version])
+                    trainer.commit()
+                    work = None
+                    while work is None:
+                        work = actor.claim()
+                    served.append(engine.generate(PROMPTS, GREEDY))
+                    actor.submit(work, [(lease, None, 1) for lease in work.leases])
+                    trainer.wait_step(timeout=60)
+                    export = tmp_path / f"version-{version}"
+                    export.mkdir()
+                    for name in ("config.json", "generation_config.json"):
+                        shutil.copy(model_dir / name, export / name)
+                    save_file(weights, str(export / "model.safetensors"))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    previous = None
+    for version, outputs in enumerate(served, start=1):
+        reference = fresh(tmp_path / f"version-{version}")
+        assert [(c.token_ids, c.logprobs) for c in outputs] == [(c.token_ids, c.logprobs) for c in reference], version
+        if previous is not None:
+            assert [c.logprobs for c in reference] != [c.logprobs for c in previous]
+        previous = reference

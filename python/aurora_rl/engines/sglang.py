@@ -1,5 +1,5 @@
 """SGLang as an aurora engine: its Python ``Engine`` (``sglang.Engine``), whose scheduler
-and model run in processes of their own.
+and model run in processes of their own, and its HTTP server on this machine.
 
 A version goes in through SGLang's own weight-update lifecycle: ``begin_weight_update``,
 ``update_weights_from_tensor`` with the changed tensors under Hugging Face names (each
@@ -10,6 +10,12 @@ through shared memory (SGLang's own serializer); nothing leaves the machine, and
 adapter never opens SGLang's HTTP routes. The actor calls ``load_weights`` only at its
 safe point, between ``generate`` calls, so no request runs on two versions.
 
+The server (``SglangServerEngine``) takes a version as a safetensors file of the changed
+tensors in shared memory, through ``/update_weights_from_disk``: SGLang holds new requests
+and lets those in flight finish before it loads, so none runs on two versions. Its routes
+have no authentication: the adapter speaks to a server on loopback only, and the WAN stays
+aurora's.
+
 ``SglangEngine.start`` gives defaults for token-id prompts in BF16 on the CPU build; any
 ``sglang.Engine`` option overrides them. SGLang starts processes with ``spawn``: a script
 that starts one must do so under ``if __name__ == "__main__":``.
@@ -17,8 +23,12 @@ that starts one must do so under ``if __name__ == "__main__":``.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
+import tempfile
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -29,6 +39,10 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger("aurora_rl.sglang")
+
+#: Where a version's tensors are written for the server: memory, not disk, when the
+#: machine has it.
+_SHARED_MEMORY = "/dev/shm"
 
 
 class SglangEngine:
@@ -74,22 +88,10 @@ class SglangEngine:
             raise RuntimeError(f"SGLang's {call} failed: {message}")
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
-        params: dict[str, Any] = {
-            "max_new_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-        }
-        if sampling.seed is not None:
-            params["sampling_seed"] = sampling.seed
         outputs = self.engine.generate(
-            input_ids=[list(prompt) for prompt in prompts], sampling_params=params, return_logprob=True
+            input_ids=[list(prompt) for prompt in prompts], sampling_params=_sampling_params(sampling), return_logprob=True
         )
-        completions = []
-        for output in outputs:
-            # (log-probability, token id, text) per generated token.
-            logprobs = [step[0] for step in output["meta_info"]["output_token_logprobs"]]
-            completions.append(Completion(list(output["output_ids"]), logprobs))
-        return completions
+        return _completions(outputs)
 
     def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
         """None: SGLang's model runs in another process, in its kernels' layout."""
@@ -97,3 +99,86 @@ class SglangEngine:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+class SglangServerEngine:
+    """An aurora engine over SGLang's HTTP server on this machine (``python -m
+    sglang.launch_server ... --skip-tokenizer-init``: prompts are token ids)."""
+
+    def __init__(self, base_url: str, *, timeout: float = 600.0) -> None:
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+        if not _is_loopback(host):
+            raise ValueError(
+                f"{base_url}: SGLang's weight routes have no authentication; aurora drives a server on "
+                "loopback only (the actor runs beside it)"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def _post(self, path: str, body: dict) -> Any:
+        import json
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(
+            self.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                text = response.read()
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(f"POST {path}: {error.code}: {error.read().decode(errors='replace')}") from None
+        return json.loads(text) if text else None
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        started = time.perf_counter()
+        where = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) else None
+        with tempfile.TemporaryDirectory(prefix="aurora-weights-", dir=where) as directory:
+            save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(directory, "model.safetensors"))
+            answer = self._post("/update_weights_from_disk", {"model_path": directory})
+        if not answer.get("success"):
+            raise RuntimeError(f"SGLang's update_weights_from_disk failed: {answer.get('message')}")
+        logger.debug("SGLang server loaded %d tensors in %.3f s", len(tensors), time.perf_counter() - started)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
+        return _completions(
+            self._post(
+                "/generate",
+                {"input_ids": [list(p) for p in prompts], "sampling_params": _sampling_params(sampling), "return_logprob": True},
+            )
+        )
+
+    def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
+        """None: the server's model runs in another process, in its kernels' layout."""
+        return None
+
+
+def _sampling_params(sampling: Sampling) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_new_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+    }
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    return params
+
+
+def _completions(outputs: list[dict]) -> list[Completion]:
+    """SGLang's outputs, one per prompt: each generated token's (log-probability, token
+    id, text) is in ``output_token_logprobs``."""
+    return [
+        Completion(list(o["output_ids"]), [step[0] for step in o["meta_info"]["output_token_logprobs"]])
+        for o in outputs
+    ]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
