@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 import aurora_rl
 from aurora_rl.engines import Sampling
 from aurora_rl.engines.sglang import SglangEngine
-from test_engines import small_qwen3, sparse_step
+from test_engines import next_work, small_qwen3, sparse_step
 
 PROMPTS = [[5, 17, 300, 42], [1000, 2, 3], [7] * 9, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
 GREEDY = Sampling(max_tokens=6, temperature=0.0)
@@ -29,6 +29,46 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return small_qwen3(tmp_path_factory.mktemp("qwen3"))
 
 
+def serve_versions(engine, model_dir: Path, tmp_path: Path, seeds: list[int]) -> list:
+    """An actor feeding ``engine`` takes one RL-sized version per seed from a trainer node;
+    returns what ``engine`` generates on each, and exports each as ``version-N``."""
+    weights = load_file(str(model_dir / "model.safetensors"))
+    served = []
+    with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
+        trainer.publish(weights)
+        with aurora_rl.Actor(engine, id=1, region="here", weights=weights, version=0,
+                             control=trainer.control_address, upstreams=[trainer.transport_address],
+                             token=trainer.token, insecure_plaintext=True) as actor:
+            for version, seed in enumerate(seeds, start=1):
+                weights = sparse_step(weights, 0.01, seed)
+                published = trainer.publish(weights)
+                trainer.open_step([version])
+                trainer.commit()
+                work = next_work(actor)
+                assert (work.version, work.weights_hash) == (version, published.weights_hash)
+                served.append(engine.generate(PROMPTS, GREEDY))
+                actor.submit(work, [(lease, None, 1) for lease in work.leases])
+                trainer.wait_step(timeout=60)
+                export = tmp_path / f"version-{version}"
+                export.mkdir()
+                for name in ("config.json", "generation_config.json"):
+                    shutil.copy(model_dir / name, export / name)
+                save_file(weights, str(export / "model.safetensors"))
+    return served
+
+
+def assert_each_is_a_fresh_engines(served: list, tmp_path: Path) -> None:
+    """Each version's outputs equal a fresh SGLang's on its export, bit for bit, and
+    differ from the version before."""
+    previous = None
+    for version, outputs in enumerate(served, start=1):
+        reference = fresh(tmp_path / f"version-{version}")
+        assert [(c.token_ids, c.logprobs) for c in outputs] == [(c.token_ids, c.logprobs) for c in reference], version
+        if previous is not None:
+            assert [c.logprobs for c in reference] != [c.logprobs for c in previous], "the versions are told apart"
+        previous = reference
+
+
 def fresh(export: Path) -> list:
     engine = SglangEngine.start(str(export), **OPTIONS)
     try:
@@ -38,41 +78,12 @@ def fresh(export: Path) -> list:
 
 
 def test_an_sglang_actor_serves_each_version_bit_for_bit(model_dir, tmp_path):
-    weights = load_file(str(model_dir / "model.safetensors"))
     engine = SglangEngine.start(str(model_dir), **OPTIONS)
-    served = []
     try:
-        with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
-            trainer.publish(weights)
-            with aurora_rl.Actor(engine, id=1, region="here", weights=weights, version=0,
-                                 control=trainer.control_address, upstreams=[trainer.transport_address],
-                                 token=trainer.token, insecure_plaintext=True) as actor:
-                for version in (1, 2, 3):
-                    weights = sparse_step(weights, 0.01, version)
-                    published = trainer.publish(weights)
-                    trainer.open_step([version])
-                    trainer.commit()
-                    work = None
-                    while work is None:
-                        work = actor.claim()
-                    assert (work.version, work.weights_hash) == (version, published.weights_hash)
-                    served.append(engine.generate(PROMPTS, GREEDY))
-                    actor.submit(work, [(lease, None, 1) for lease in work.leases])
-                    trainer.wait_step(timeout=60)
-                    export = tmp_path / f"version-{version}"
-                    export.mkdir()
-                    for name in ("config.json", "generation_config.json"):
-                        shutil.copy(model_dir / name, export / name)
-                    save_file(weights, str(export / "model.safetensors"))
+        served = serve_versions(engine, model_dir, tmp_path, [1, 2, 3])
     finally:
         engine.shutdown()
-    previous = None
-    for version, outputs in enumerate(served, start=1):
-        reference = fresh(tmp_path / f"version-{version}")
-        assert [(c.token_ids, c.logprobs) for c in outputs] == [(c.token_ids, c.logprobs) for c in reference], version
-        if previous is not None:
-            assert [c.logprobs for c in reference] != [c.logprobs for c in previous], "the versions are told apart"
-        previous = reference
+    assert_each_is_a_fresh_engines(served, tmp_path)
 
 
 def test_an_sglang_server_takes_each_version_bit_for_bit(model_dir, tmp_path):
@@ -106,37 +117,8 @@ def test_an_sglang_server_takes_each_version_bit_for_bit(model_dir, tmp_path):
                 seen.append(lines.get(timeout=600))
             except queue.Empty:
                 raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
-        engine = SglangServerEngine(f"http://127.0.0.1:{port}")
-        weights = load_file(str(model_dir / "model.safetensors"))
-        served = []
-        with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
-            trainer.publish(weights)
-            with aurora_rl.Actor(engine, id=2, region="here", weights=weights, version=0,
-                                 control=trainer.control_address, upstreams=[trainer.transport_address],
-                                 token=trainer.token, insecure_plaintext=True) as actor:
-                for version in (1, 2):
-                    weights = sparse_step(weights, 0.01, 10 + version)
-                    trainer.publish(weights)
-                    trainer.open_step([version])
-                    trainer.commit()
-                    work = None
-                    while work is None:
-                        work = actor.claim()
-                    served.append(engine.generate(PROMPTS, GREEDY))
-                    actor.submit(work, [(lease, None, 1) for lease in work.leases])
-                    trainer.wait_step(timeout=60)
-                    export = tmp_path / f"version-{version}"
-                    export.mkdir()
-                    for name in ("config.json", "generation_config.json"):
-                        shutil.copy(model_dir / name, export / name)
-                    save_file(weights, str(export / "model.safetensors"))
+        served = serve_versions(SglangServerEngine(f"http://127.0.0.1:{port}"), model_dir, tmp_path, [11, 12])
     finally:
         server.terminate()
         server.wait(timeout=60)
-    previous = None
-    for version, outputs in enumerate(served, start=1):
-        reference = fresh(tmp_path / f"version-{version}")
-        assert [(c.token_ids, c.logprobs) for c in outputs] == [(c.token_ids, c.logprobs) for c in reference], version
-        if previous is not None:
-            assert [c.logprobs for c in reference] != [c.logprobs for c in previous]
-        previous = reference
+    assert_each_is_a_fresh_engines(served, tmp_path)

@@ -266,6 +266,14 @@ def test_vllm_in_its_own_engine_process_takes_versions_through_shared_memory(mod
     assert "versions served: 3" in result.stdout, result.stdout
 
 
+def next_work(actor: aurora_rl.Actor) -> aurora_rl.Work:
+    """The actor's next work: ``claim`` until the control plane hands some out."""
+    work = None
+    while work is None:
+        work = actor.claim()
+    return work
+
+
 def free_port() -> int:
     import socket
 

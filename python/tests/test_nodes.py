@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from conftest import run
-from test_engines import next_version, small_qwen3, sparse_step
+from test_engines import next_version, next_work, small_qwen3, sparse_step
 
 import aurora_rl
 from aurora_rl.engines import Sampling
@@ -397,13 +397,6 @@ def checked_actor(trainer: aurora_rl.Trainer, engine: ReadBackEngine, weights: d
     engine.checked = []
     return aurora_rl.Actor(engine, id=4, region="eu", weights=weights, version=0, control=trainer.control_address,
                            upstreams=[trainer.transport_address], token=trainer.token, insecure_plaintext=True, **verify)
-
-
-def next_work(actor: aurora_rl.Actor):
-    work = None
-    while work is None:
-        work = actor.claim()
-    return work
 
 
 def test_a_sampling_actor_reads_back_a_few_tensors_chosen_anew_at_each_version(model_dir, tmp_path):

@@ -14,9 +14,12 @@ methods of ``Engine``; adding an engine is one module against it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from aurora_rl import _core
 
@@ -192,6 +195,41 @@ def _write(write: ElementWrite) -> Callable[[], None]:
     replaced = target.index_select(0, indices)
     target.index_copy_(0, indices, values)
     return lambda: target.index_copy_(0, indices, replaced)
+
+
+#: Where tensors are written for an engine in another process: memory, not disk, when the
+#: machine has it.
+SHARED_MEMORY = "/dev/shm"
+
+
+@contextlib.contextmanager
+def tensors_file(tensors: Mapping[str, torch.Tensor]) -> Iterator[str]:
+    """A directory holding ``tensors`` as ``model.safetensors``, in shared memory where the
+    machine has it, for an engine in another process to load; removed afterwards."""
+    from safetensors.torch import save_file
+
+    where = SHARED_MEMORY if os.path.isdir(SHARED_MEMORY) else None
+    with tempfile.TemporaryDirectory(prefix="aurora-weights-", dir=where) as directory:
+        save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(directory, "model.safetensors"))
+        yield directory
+
+
+def post_json(url: str, body: Optional[dict], timeout: float) -> Any:
+    """POSTs ``body`` as JSON to an engine's server and returns its JSON answer (None when
+    empty); an HTTP error raises with the server's own message."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read()
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"POST {url}: {error.code}: {error.read().decode(errors='replace')}") from None
+    return json.loads(text) if text else None
 
 
 def writes_elements(engine: Engine) -> bool:

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from aurora_rl.engines import Completion, Sampling
+from aurora_rl.engines import Completion, Sampling, post_json, tensors_file
 
 if TYPE_CHECKING:
     import sglang
@@ -40,9 +38,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aurora_rl.sglang")
 
-#: Where a version's tensors are written for the server: memory, not disk, when the
-#: machine has it.
-_SHARED_MEMORY = "/dev/shm"
 
 
 class SglangEngine:
@@ -116,27 +111,11 @@ class SglangServerEngine:
         self.timeout = timeout
 
     def _post(self, path: str, body: dict) -> Any:
-        import json
-        import urllib.error
-        import urllib.request
-
-        request = urllib.request.Request(
-            self.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                text = response.read()
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"POST {path}: {error.code}: {error.read().decode(errors='replace')}") from None
-        return json.loads(text) if text else None
+        return post_json(self.base_url + path, body, self.timeout)
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
-
         started = time.perf_counter()
-        where = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) else None
-        with tempfile.TemporaryDirectory(prefix="aurora-weights-", dir=where) as directory:
-            save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(directory, "model.safetensors"))
+        with tensors_file(tensors) as directory:
             answer = self._post("/update_weights_from_disk", {"model_path": directory})
         if not answer.get("success"):
             raise RuntimeError(f"SGLang's update_weights_from_disk failed: {answer.get('message')}")

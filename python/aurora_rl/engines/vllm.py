@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from aurora_rl.engines import Completion, Sampling, TensorChange
+from aurora_rl.engines import Completion, Sampling, TensorChange, post_json, tensors_file
 from aurora_rl.engines import vllm_worker
 
 if TYPE_CHECKING:
@@ -35,9 +34,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aurora_rl.vllm")
 
-#: Where the changed tensors are written for an engine in another process: memory, not
-#: disk, when the machine has it.
-_SHARED_MEMORY = "/dev/shm"
 
 
 class VllmEngine:
@@ -82,11 +78,7 @@ class VllmEngine:
                 kwargs={"weights_iterator": list(tensors.items()), "is_checkpoint_format": True},
             )
         else:
-            from safetensors.torch import save_file
-
-            where = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) else None
-            with tempfile.TemporaryDirectory(prefix="aurora-weights-", dir=where) as directory:
-                save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(directory, "model.safetensors"))
+            with tensors_file(tensors) as directory:
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_path": directory, "is_checkpoint_format": True}
                 )
@@ -188,30 +180,11 @@ class VllmServerEngine:
         self.timeout = timeout
 
     def _post(self, path: str, body: Optional[dict] = None) -> Any:
-        import json
-        import urllib.error
-        import urllib.request
-
-        request = urllib.request.Request(
-            self.base_url + path,
-            data=json.dumps(body or {}).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                text = response.read()
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"POST {path}: {error.code}: {error.read().decode(errors='replace')}") from None
-        return json.loads(text) if text else None
+        return post_json(self.base_url + path, body, self.timeout)
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
-
         started = time.perf_counter()
-        where = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) else None
-        with tempfile.TemporaryDirectory(prefix="aurora-weights-", dir=where) as directory:
-            save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(directory, "model.safetensors"))
+        with tensors_file(tensors) as directory:
             self._post("/pause?mode=wait")
             try:
                 self._post(
