@@ -238,7 +238,10 @@ class Actor(ClosingNode):
         """Reads back from the engine what it computes with, for every tensor or a random
         few (``verify``), and compares it with the activated image, whose weights hash
         the node checked: a mismatch fails the load."""
-        if self._verify == "off" or not checks_weights(self.engine):
+        if self._verify == "off":
+            return
+        if not checks_weights(self.engine):
+            self._unchecked()
             return
         names = [name for name, _, _ in activation.tensor_specs()]
         if self._verify == "sample":
@@ -252,9 +255,7 @@ class Actor(ClosingNode):
             # A traceback keeps this frame: its views must not hold the weights.
             del expected
         if mismatched is None:
-            if not self._verify_unavailable_logged:
-                logger.warning("this engine cannot read its weights back here: versions are not checked in it")
-                self._verify_unavailable_logged = True
+            self._unchecked()
             return
         if mismatched:
             shown = ", ".join(sorted(mismatched)[:4]) + (" and others" if len(mismatched) > 4 else "")
@@ -263,6 +264,16 @@ class Actor(ClosingNode):
                 f"({len(mismatched)} of {len(names)} tensors read back differ)"
             )
         logger.debug("version %d: %d tensors read back from the engine, all equal", activation.version, len(names))
+
+    def _unchecked(self) -> None:
+        """Says once that ``verify`` cannot be honoured with this engine."""
+        if not self._verify_unavailable_logged:
+            logger.warning(
+                "verify=%r, but %s cannot read its weights back here: versions are not checked in it",
+                self._verify,
+                type(self.engine).__name__,
+            )
+            self._verify_unavailable_logged = True
 
     def _leave_after_failed_load(self, version: int, error: BaseException) -> None:
         """The engine's weights are not the version the node holds: the actor leaves the

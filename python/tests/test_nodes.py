@@ -399,21 +399,27 @@ def checked_actor(trainer: aurora_rl.Trainer, engine: ReadBackEngine, weights: d
                            upstreams=[trainer.transport_address], token=trainer.token, insecure_plaintext=True, **verify)
 
 
+def run_steps(trainer: aurora_rl.Trainer, actor: aurora_rl.Actor, weights: dict, steps: int) -> dict:
+    """``steps`` RL-sized versions after ``weights``, each published, committed, generated
+    for on one prompt and taken; returns the last."""
+    for version in range(1, steps + 1):
+        weights = sparse_step(weights, 0.01, version)
+        trainer.publish(weights)
+        trainer.open_step([version])
+        trainer.commit()
+        work = next_work(actor)
+        actor.submit(work, [(lease, None, 1) for lease in work.leases])
+        trainer.wait_step(timeout=60)
+    return weights
+
+
 def test_a_sampling_actor_reads_back_a_few_tensors_chosen_anew_at_each_version(model_dir, tmp_path):
     weights = load_file(str(model_dir / "model.safetensors"))
     with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
         trainer.publish(weights)
         engine = ReadBackEngine.start(str(model_dir))
         with checked_actor(trainer, engine, weights, verify="sample", verify_tensors=3) as actor:
-            for version in range(1, 4):
-                stepped = sparse_step(weights, 0.01, version)
-                trainer.publish(stepped)
-                trainer.open_step([version])
-                trainer.commit()
-                work = next_work(actor)
-                actor.submit(work, [(lease, None, 1) for lease in work.leases])
-                trainer.wait_step(timeout=60)
-                weights = stepped
+            weights = run_steps(trainer, actor, weights, 3)
         assert [len(names) for names in engine.checked] == [3, 3, 3]
         assert all(set(names) <= set(weights) for names in engine.checked)
         # 3 of this model's tensors, drawn three times: the same draw each time would be a
@@ -442,3 +448,22 @@ def test_a_full_read_back_finds_an_element_the_engine_holds_wrong_and_the_actor_
             while True:
                 actor.safe_point(wait=60.0)
         assert actor.closed and trainer.status()["actors"] == []
+
+
+class BlindEngine(TransformersEngine):
+    """An engine that cannot read its weights back."""
+
+    mismatched = None  # type: ignore[assignment]
+
+
+def test_an_actor_whose_engine_cannot_read_back_says_so_once(model_dir, tmp_path, caplog):
+    weights = load_file(str(model_dir / "model.safetensors"))
+    with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
+        trainer.publish(weights)
+        engine = BlindEngine.start(str(model_dir))
+        with aurora_rl.Actor(engine, id=5, region="eu", weights=weights, version=0, control=trainer.control_address,
+                             upstreams=[trainer.transport_address], token=trainer.token,
+                             insecure_plaintext=True) as actor:
+            run_steps(trainer, actor, weights, 2)
+    said = [r.getMessage() for r in caplog.records if "cannot read its weights back" in r.getMessage()]
+    assert said == ["verify='sample', but BlindEngine cannot read its weights back here: versions are not checked in it"]
