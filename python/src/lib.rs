@@ -179,15 +179,27 @@ fn apply_into(
 /// `aurora_delta::swap_elements`): `target` is an engine's parameter memory and
 /// `values` the new values, each a flat `uint8` view of a host tensor, and `indices`
 /// the bytes of an int64 tensor. Afterwards `values` holds what was replaced: the same
-/// call again undoes it. Nothing is written unless every index fits.
+/// call again undoes it. Nothing is written unless every index fits. `packed`, where
+/// given, is `(rows, columns, block)`: the target holds a matrix in row blocks, column
+/// pair by column pair (`ElementLayout::PairedRowBlocks`), and `indices` are row-major.
 #[pyfunction]
+#[pyo3(signature = (target, element_bytes, indices, values, packed=None))]
 fn swap_elements(
     py: Python<'_>,
     target: Bound<'_, PyAny>,
     element_bytes: usize,
     indices: Bound<'_, PyAny>,
     values: Bound<'_, PyAny>,
+    packed: Option<(u64, u64, u64)>,
 ) -> PyResult<()> {
+    let layout = match packed {
+        None => aurora_delta::ElementLayout::RowMajor,
+        Some((rows, columns, block)) => aurora_delta::ElementLayout::PairedRowBlocks {
+            rows,
+            columns,
+            block,
+        },
+    };
     let mut target = HostBytes::borrow(&target, "the target")?;
     let indices = HostBytes::borrow(&indices, "the indices")?;
     let mut values = HostBytes::borrow(&values, "the values")?;
@@ -216,7 +228,7 @@ fn swap_elements(
         },
     };
     let (target, values) = (target.as_mut_slice(), values.as_mut_slice());
-    py.detach(|| aurora_delta::swap_elements(target, element_bytes, indices, values))
+    py.detach(|| aurora_delta::swap_elements(target, element_bytes, indices, values, layout))
         .map_err(delta_error)
 }
 

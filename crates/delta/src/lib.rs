@@ -40,7 +40,7 @@ pub use checkpoint::{
     TensorView, safetensors_layout,
 };
 pub use codec::scan::count_changed;
-pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk, swap_elements};
+pub use codec::{Changes, ChunkEncoding, ElementLayout, Encoding, encode_chunk, swap_elements};
 pub use compose::{compose, invert, replay};
 pub use dtype::Dtype;
 pub use error::{DeltaError, Result};
