@@ -24,7 +24,15 @@ from typing import Any, Optional, Union
 from aurora_rl import _core
 from aurora_rl._node import ClosingNode
 from aurora_rl._tensors import Tensor, host_tensors, torch_view
-from aurora_rl.engines import Engine, TensorChange, checks_weights, fused_group_names, writes_elements
+from aurora_rl.engines import (
+    Engine,
+    TensorChange,
+    checks_weights,
+    fused_group_names,
+    labels_versions,
+    weight_version,
+    writes_elements,
+)
 
 logger = logging.getLogger("aurora_rl.actor")
 
@@ -193,6 +201,8 @@ class Actor(ClosingNode):
                 try:
                     self._load(activation, tensors)
                     self._check(activation)
+                    if labels_versions(self.engine):
+                        self.engine.set_weight_version(weight_version(version, weights_hash))  # type: ignore[attr-defined]
                 except BaseException as error:
                     self._load_failed = (version, error)
                     # The traceback keeps this frame: its views must not hold the weights

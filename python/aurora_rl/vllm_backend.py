@@ -39,7 +39,7 @@ from vllm.distributed.weight_transfer.base import (
 
 import aurora_rl
 from aurora_rl.actor import VERIFY_MODES
-from aurora_rl.engines import Completion, Sampling, TensorChange
+from aurora_rl.engines import Completion, Sampling, TensorChange, weight_version
 from aurora_rl.engines.vllm_worker import ModelWriter
 
 if TYPE_CHECKING:
@@ -286,7 +286,7 @@ class AuroraTrainerEngine(TrainerWeightTransferEngine[AuroraTrainerInitInfo]):
         self.trainer.commit()
         self.client.start_weight_update()
         self.client.update_weights({"version": published.version, "weights_hash": published.weights_hash})
-        self.client.finish_weight_update(weight_version=f"{published.version}:{published.weights_hash}")
+        self.client.finish_weight_update(weight_version=weight_version(published.version, published.weights_hash))
         self.published = published
 
     def _publish(self) -> aurora_rl.Published:

@@ -73,14 +73,75 @@ def changed_fraction(before, after) -> float:
     return changed / sum(t.numel() for t in before.values())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The options the activation benchmarks share."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--preset", default="0.6b", choices=sorted(SHAPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--lr", default="1e-6", help="aurora synth's learning rate: sets the density")
     parser.add_argument("--aurora-bin", default=str(REPO / "target" / "debug" / "aurora"))
-    args = parser.parse_args()
+    return parser
+
+
+def report(args, states: list, densities: list[float], aurora_s: list[float], engine_s: list[float],
+           in_place: bool, **baselines: float) -> None:
+    """Prints the figures (best of the rounds) as JSON, and writes them to ``--json``."""
+    figures = {
+        "preset": args.preset,
+        "model_bytes": sum(t.numel() * t.element_size() for t in states[0].values()),
+        "lr": args.lr,
+        "density": sum(densities) / len(densities),
+        "aurora_commit_to_serving_s": min(aurora_s),
+        "of_which_engine_s": min(engine_s),
+        "elements_in_place": in_place,
+        **baselines,
+    }
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+def activations(engine, trainer, states: list, serves) -> tuple[list[float], list[float], list[float]]:
+    """Publishes each of ``states`` after the first through ``trainer`` to an actor feeding
+    ``engine``, staged before the Commit as behind generation, and times each from the
+    Commit until the actor has it in the engine, and the engine's part (``load_changes``).
+    ``serves(version)`` says whether the engine then serves it. Returns those times and
+    each step's density."""
+    import aurora_rl
+
+    trainer.publish(states[0])
+    engine_s: list[float] = []
+    load_changes = engine.load_changes
+
+    def timed_load_changes(changes):
+        started = time.perf_counter()
+        load_changes(changes)
+        engine_s.append(time.perf_counter() - started)
+
+    engine.load_changes = timed_load_changes
+    actor = aurora_rl.Actor(engine, id=1, region="here", control=trainer.control_address,
+                            upstreams=[trainer.transport_address], token=trainer.token, insecure_plaintext=True)
+    aurora_s, densities = [], []
+    for version in range(1, len(states)):
+        densities.append(changed_fraction(states[version - 1], states[version]))
+        trainer.publish(states[version])
+        deadline = time.monotonic() + 300
+        while trainer.status()["actors"][0]["staged"] != version:
+            assert time.monotonic() < deadline, "the delta was never staged"
+            time.sleep(0.01)
+        started = time.perf_counter()
+        trainer.commit()
+        while actor.safe_point(wait=60.0) != version:
+            pass
+        aurora_s.append(time.perf_counter() - started)
+        assert serves(version), f"the engine serves version {version}"
+    # The first activation after the join is the snapshot's, whole.
+    return aurora_s, engine_s[1:] or engine_s, densities
+
+
+def main() -> None:
+    args = arguments(__doc__).parse_args()
 
     from safetensors.torch import load_file
 
@@ -94,35 +155,11 @@ def main() -> None:
         engine = VllmEngine.start(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256)
         trainer = aurora_rl.Trainer(scratch / "trainer", snapshot_every=0, insecure_plaintext=True)
         states = [load_file(str(path)) for path in files]
-        trainer.publish(states[0])
-        engine_s: list[float] = []
-        load_changes = engine.load_changes
-
-        def timed_load_changes(changes):  # the engine's part of each activation
-            started = time.perf_counter()
-            load_changes(changes)
-            engine_s.append(time.perf_counter() - started)
-
-        engine.load_changes = timed_load_changes
-        actor = aurora_rl.Actor(engine, id=1, region="here", control=trainer.control_address,
-                                upstreams=[trainer.transport_address], token=trainer.token,
-                                insecure_plaintext=True)
-        aurora_s, densities = [], []
-        for version in range(1, len(files)):
-            densities.append(changed_fraction(states[version - 1], states[version]))
-            trainer.publish(states[version])
-            # Staged behind generation, as it is in a run, before the Commit.
-            deadline = time.monotonic() + 300
-            while trainer.status()["actors"][0]["staged"] != version:
-                assert time.monotonic() < deadline, "the delta was never staged"
-                time.sleep(0.01)
-            started = time.perf_counter()
-            trainer.commit()
-            while actor.safe_point(wait=60.0) != version:
-                pass
-            aurora_s.append(time.perf_counter() - started)
-            held = aurora_rl.weights_hash(engine.held_weights())
-            assert held == aurora_rl.weights_hash(states[version]), "the engine serves the version"
+        aurora_s, engine_s, densities = activations(
+            engine, trainer, states,
+            # The engine serves each version (its weights read back through its layers).
+            lambda version: aurora_rl.weights_hash(engine.held_weights()) == aurora_rl.weights_hash(states[version]),
+        )
         reload_file_s, reload_memory_s = [], []
         for version, path in enumerate(files):
             # vLLM reloads from a directory of safetensors files.
@@ -135,21 +172,8 @@ def main() -> None:
             started = time.perf_counter()
             engine.load_weights(states[version])
             reload_memory_s.append(time.perf_counter() - started)
-    report = {
-        "preset": args.preset,
-        "model_bytes": sum(t.numel() * t.element_size() for t in states[0].values()),
-        "lr": args.lr,
-        "density": sum(densities) / len(densities),
-        "aurora_commit_to_serving_s": min(aurora_s),
-        "of_which_engine_s": min(engine_s[1:]),
-        "elements_in_place": engine.loaded_whole == set(),
-        "reload_whole_checkpoint_file_s": min(reload_file_s),
-        "reload_whole_state_in_memory_s": min(reload_memory_s),
-    }
-    print(json.dumps(report, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-
+    report(args, states, densities, aurora_s, engine_s, engine.loaded_whole == set(),
+           reload_whole_checkpoint_file_s=min(reload_file_s), reload_whole_state_in_memory_s=min(reload_memory_s))
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,6 @@ in every rank.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,18 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from activation import arguments, changed_fraction, synth_chain  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="0.6b", choices=["small", "0.6b"])
+    parser = arguments(__doc__)
     parser.add_argument("--tensor-parallel", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--lr", default="1e-6", help="aurora synth's learning rate: sets the density")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--aurora-bin", default=str(REPO / "target" / "debug" / "aurora"))
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -49,7 +44,6 @@ def main() -> None:
     from vllm import LLM
 
     import aurora_rl
-    from activation import changed_fraction, synth_chain
 
     with tempfile.TemporaryDirectory(prefix="aurora-bench-activation-tp-") as scratch:
         scratch = Path(scratch)

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     import torch
 
 
+class EngineError(_core.AuroraError, RuntimeError):
+    """An engine refused or failed a weight update, a read-back or a request; the message
+    is the engine's own."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How to continue each prompt. ``temperature`` 0 is greedy."""
@@ -111,6 +116,25 @@ class CheckedEngine(Engine, Protocol):
         ...
 
 
+class LabelledEngine(Engine, Protocol):
+    """An engine that reports which version its outputs come from, in its own terms."""
+
+    def set_weight_version(self, weight_version: str) -> None:
+        """Label what the engine serves from now on (``weight_version``)."""
+        ...
+
+
+def weight_version(version: int, weights_hash: str) -> str:
+    """How aurora names a version to an engine, as its weight version: the version number
+    and the weights hash it was checked against."""
+    return f"{version}:{weights_hash}"
+
+
+def labels_versions(engine: Engine) -> bool:
+    """Whether ``engine`` takes a weight version (``LabelledEngine``)."""
+    return callable(getattr(engine, "set_weight_version", None))
+
+
 def checks_weights(engine: Engine) -> bool:
     """Whether ``engine`` checks what it computes with (``CheckedEngine``)."""
     return callable(getattr(engine, "mismatched", None))
@@ -135,6 +159,10 @@ class ElementWrite:
     target: torch.Tensor
     indices: torch.Tensor
     values: torch.Tensor
+    #: ``(rows, columns, block)`` where the memory holds a matrix packed for a CPU's
+    #: kernels (row blocks stored column pair by column pair) and ``indices`` are its
+    #: row-major ones; None where element ``i`` is at ``i``.
+    packed: Optional[tuple[int, int, int]] = None
 
 
 def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
@@ -183,11 +211,17 @@ def _write(write: ElementWrite) -> Callable[[], None]:
 
         def swap() -> None:
             _core.swap_elements(
-                target.view(torch.uint8), target.element_size(), indices.view(torch.uint8), swapped.view(torch.uint8)
+                target.view(torch.uint8),
+                target.element_size(),
+                indices.view(torch.uint8),
+                swapped.view(torch.uint8),
+                write.packed,
             )
 
         swap()
         return swap
+    if write.packed is not None:
+        raise ValueError(f"packed parameter memory is written on the CPU, not on {target.device}")
     indices = write.indices.to(target.device, non_blocking=True)
     values = write.values.to(target.device, non_blocking=True)
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= target.numel()):
@@ -218,17 +252,32 @@ def post_json(url: str, body: Optional[dict], timeout: float) -> Any:
     """POSTs ``body`` as JSON to an engine's server and returns its JSON answer (None when
     empty); an HTTP error raises with the server's own message."""
     import json
-    import urllib.error
     import urllib.request
 
     request = urllib.request.Request(
         url, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
+    return _json_answer(request, timeout)
+
+
+def get_json(url: str, timeout: float) -> Any:
+    """GETs an engine server's JSON document (``post_json``'s errors)."""
+    import urllib.request
+
+    return _json_answer(urllib.request.Request(url, method="GET"), timeout)
+
+
+def _json_answer(request: Any, timeout: float) -> Any:
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = request.full_url
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             text = response.read()
     except urllib.error.HTTPError as error:
-        raise RuntimeError(f"POST {url}: {error.code}: {error.read().decode(errors='replace')}") from None
+        raise EngineError(f"{request.get_method()} {url}: {error.code}: {error.read().decode(errors='replace')}") from None
     return json.loads(text) if text else None
 
 

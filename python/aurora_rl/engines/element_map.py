@@ -1,0 +1,253 @@
+"""The map from a checkpoint tensor's elements to the parameter memory an engine loaded
+them into, taken from the engine's own loading code, and the writes and read-back checks
+it gives. Engine-neutral: vLLM (``vllm_worker``) and SGLang (``sglang_worker``) load
+Hugging Face checkpoints through the same kind of ``load_weights`` (stacked-parameter
+mappings, weight loaders that narrow and copy), so one probe serves both.
+
+The model's ``load_weights`` runs once on shape-only (meta) tensors, with every ``copy_``
+recorded instead of done. Each record says which elements of a checkpoint tensor went to
+which elements of which parameter (fused q/k/v and gate/up rows, tensor-parallel shards,
+padded vocabularies alike). A tensor that reached a parameter through anything but views
+(a concatenation, a conversion) has no map and is loaded whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger("aurora_rl.engines")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One ``copy_`` of the probe: a strided block of a checkpoint tensor's elements to a
+    strided block of a parameter's (offsets and strides in elements, the parameter's
+    relative to its own start)."""
+
+    parameter: str
+    sizes: tuple[int, ...]
+    source_offset: int
+    source_strides: tuple[int, ...]
+    target_offset: int
+    target_strides: tuple[int, ...]
+
+    @property
+    def shift(self) -> Optional[int]:
+        """For a block that is one run of elements on both sides (a whole tensor, a fused
+        part, rows of a shard): what to add to a source index to get its target index."""
+        contiguous = _contiguous_strides(self.sizes)
+        if _strides_agree(self.sizes, self.source_strides, contiguous) and _strides_agree(
+            self.sizes, self.target_strides, contiguous
+        ):
+            return self.target_offset - self.source_offset
+        return None
+
+    def place(self, indices: torch.Tensor, elements: int) -> tuple[Union[None, slice, torch.Tensor], torch.Tensor]:
+        """For ascending flat indices of a checkpoint tensor of ``elements``: which lie in
+        this block (None: all of them; a slice or a mask of them), and the flat indices
+        in the parameter they go to."""
+        import torch
+
+        shift = self.shift
+        if shift is not None:
+            end = self.source_offset + math.prod(self.sizes)
+            if self.source_offset == 0 and end == elements:
+                return None, indices + shift
+            # Ascending: the block's indices are one slice of them.
+            first, last = torch.searchsorted(indices, torch.tensor([self.source_offset, end])).tolist()
+            return slice(first, last), indices[first:last] + shift
+        rest = indices - self.source_offset
+        inside = rest >= 0
+        target = torch.full_like(indices, self.target_offset)
+        # Views of a contiguous tensor: decompose by the largest stride first.
+        for size, stride, target_stride in sorted(
+            zip(self.sizes, self.source_strides, self.target_strides), key=lambda d: -d[1]
+        ):
+            if size == 1:
+                continue
+            coordinate = torch.div(rest, stride, rounding_mode="floor")
+            rest = rest - coordinate * stride
+            inside &= coordinate < size
+            target += coordinate * target_stride
+        inside &= rest == 0
+        return inside, target[inside]
+
+
+def _contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    strides, stride = [], 1
+    for size in reversed(sizes):
+        strides.append(stride)
+        stride *= size
+    return tuple(reversed(strides))
+
+
+def _strides_agree(sizes: tuple[int, ...], strides: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """Whether ``strides`` lay out ``sizes`` as ``expected`` does (a dimension of one
+    element may have any stride)."""
+    return all(size == 1 or a == b for size, a, b in zip(sizes, strides, expected))
+
+
+#: Per checkpoint tensor: its pieces, or None where it has no map (loaded whole).
+ElementMap = dict[str, Optional[list[Piece]]]
+
+
+def probe_element_map(
+    model: Any,
+    specs: Mapping[str, tuple[list[int], torch.dtype]],
+    world_size: int,
+    writable: Callable[[Any], bool] = lambda module: True,
+    destinations: Optional[dict[str, set[str]]] = None,
+) -> ElementMap:
+    """Runs the model's own ``load_weights`` on meta tensors of ``specs`` (name: shape,
+    dtype) and records where each element would go; nothing is written. A tensor loaded
+    into a module ``writable`` refuses (a layer that computes from another copy of its
+    weight) has no map. ``destinations``, where given, gets the names of the parameters
+    each tensor is copied into, mapped or not."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    owners: dict[int, tuple[str, torch.Tensor, bool]] = {}
+    for module_name, module in model.named_modules():
+        for name, parameter in module.named_parameters(prefix=module_name, recurse=False):
+            if parameter.numel() and parameter.device.type != "meta":
+                owners.setdefault(parameter.untyped_storage().data_ptr(), (name, parameter, writable(module)))
+    roots: dict[int, str] = {}
+    found: ElementMap = {name: [] for name in specs}
+    current: list[str] = []
+
+    def unmapped(name: str, why: str) -> None:
+        if found.get(name) is not None:
+            logger.warning("%s: no element map (%s): each version loads it whole", name, why)
+        found[name] = None
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is not torch.ops.aten.copy_.default:
+                return func(*args, **(kwargs or {}))
+            target, source = args[0], args[1]
+            root = source._base if source._base is not None else source
+            name = roots.get(id(root))
+            owner = owners.get(target.untyped_storage().data_ptr()) if target.device.type != "meta" else None
+            loading = name if name is not None else (current[-1] if current else None)
+            if owner is not None and loading is not None and destinations is not None:
+                destinations.setdefault(loading, set()).add(owner[0])
+            if name is None:
+                # A copy from a tensor made of the checkpoint's (a concatenation, a
+                # conversion): the tensor being loaded cannot be written element-wise.
+                if current:
+                    unmapped(current[-1], "its loader transforms it")
+                return target
+            if owner is None:
+                unmapped(name, "it is not copied into a parameter")
+                return target
+            if tuple(source.shape) != tuple(target.shape) or 0 in source.stride():
+                unmapped(name, "it is broadcast")
+                return target
+            parameter_name, parameter, can_write = owner
+            if not can_write:
+                unmapped(name, f"{parameter_name} is not what its layer computes from")
+                return target
+            if not parameter.is_contiguous():
+                unmapped(name, f"{parameter_name} is not contiguous")
+                return target
+            pieces = found.get(name)
+            if pieces is not None:
+                pieces.append(
+                    Piece(
+                        parameter_name,
+                        tuple(source.shape),
+                        source.storage_offset(),
+                        tuple(source.stride()),
+                        target.storage_offset() - parameter.storage_offset(),
+                        tuple(target.stride()),
+                    )
+                )
+            return target
+
+    # The meta tensors stay alive, so no id is reused during the probe.
+    alive: list[torch.Tensor] = []
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, (shape, dtype) in specs.items():
+            tensor = torch.empty(shape, dtype=dtype, device="meta")
+            alive.append(tensor)
+            roots[id(tensor)] = name
+            current.append(name)
+            yield name, tensor
+
+    with Recorder(), torch.no_grad():
+        model.load_weights(tensors())
+    for name, pieces in found.items():
+        if pieces is None:
+            continue
+        covered = sum(math.prod(piece.sizes) for piece in pieces)
+        elements = math.prod(specs[name][0])
+        # One rank must place every element once; under tensor parallelism each places
+        # its share (and replicated tensors whole).
+        if not pieces or (world_size == 1 and covered != elements) or covered > elements:
+            unmapped(name, f"its copies cover {covered} of {elements} elements")
+    return found
+
+
+def element_writes(
+    model: Any,
+    element_map: ElementMap,
+    changes: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    specs: Mapping[str, tuple[list[int], torch.dtype]],
+    packed: Optional[Mapping[str, tuple[int, int, int]]] = None,
+) -> list[Any]:
+    """The ``ElementWrite``s of ``changes`` (name: ascending flat indices and their new
+    values) under ``element_map``; elements other ranks hold are left to them. A
+    parameter in ``packed`` is held packed for a CPU's kernels (``ElementWrite.packed``),
+    its elements written where the packing put them."""
+    from aurora_rl.engines import ElementWrite
+
+    parameters = dict(model.named_parameters())
+    writes = []
+    for name, (indices, values) in changes.items():
+        pieces = element_map[name]
+        assert pieces is not None, f"{name} has no element map"
+        for piece in pieces:
+            parameter = parameters.get(piece.parameter)
+            if parameter is None or not parameter.is_contiguous():
+                raise RuntimeError(f"{name}: the engine no longer holds {piece.parameter} as it was mapped")
+            inside, target = piece.place(indices, math.prod(specs[name][0]))
+            piece_values = values if inside is None else values[inside]
+            writes.append(ElementWrite(parameter.data.view(-1), target, piece_values, (packed or {}).get(piece.parameter)))
+    return writes
+
+
+def mismatched_pieces(
+    element_map: ElementMap, expected: Mapping[str, torch.Tensor], read: Callable[[str], torch.Tensor]
+) -> tuple[list[str], list[str]]:
+    """Compares each tensor of ``expected`` (Hugging Face names), piece by piece of
+    ``element_map``, with what ``read`` gives for the parameter (flat, in the layout the
+    loader writes). Returns the names that differ, and those without a map (unchecked)."""
+    from aurora_rl.engines import same_bits
+
+    held: dict[str, torch.Tensor] = {}
+    differ, unmapped = [], []
+    for name, tensor in expected.items():
+        pieces = element_map[name]
+        if pieces is None:
+            unmapped.append(name)
+            continue
+        source = tensor.reshape(-1)
+        for piece in pieces:
+            if piece.parameter not in held:
+                held[piece.parameter] = read(piece.parameter)
+            flat = held[piece.parameter]
+            if not same_bits(
+                flat.as_strided(piece.sizes, piece.target_strides, flat.storage_offset() + piece.target_offset),
+                source.as_strided(piece.sizes, piece.source_strides, source.storage_offset() + piece.source_offset),
+            ):
+                differ.append(name)
+                break
+    return differ, unmapped
