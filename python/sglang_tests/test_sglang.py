@@ -145,40 +145,23 @@ def refused_writes_leave_no_trace(engine: SglangEngine, last: dict[str, torch.Te
 def test_an_sglang_server_takes_each_version_bit_for_bit(model_dir, tmp_path):
     """The same through SGLang's HTTP server (``SglangServerEngine``), on loopback."""
     import os
-    import queue
-    import subprocess
     import sys
-    import threading
 
     from aurora_rl.engines.sglang import SglangServerEngine
     from aurora_rl.engines.sglang_worker import LOAD_FORMAT
-    from test_engines import free_port
+    from test_engines import free_port, running_server
 
     with pytest.raises(ValueError, match="loopback only"):
         SglangServerEngine("http://10.1.2.3:30000")
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", "127.0.0.1",
-         "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16", "--random-seed", "0",
-         "--device", OPTIONS["device"], "--attention-backend", OPTIONS["attention_backend"],
-         "--max-total-tokens", str(OPTIONS["max_total_tokens"]),
-         "--max-running-requests", str(OPTIONS["max_running_requests"]), "--disable-overlap-schedule",
-         "--custom-weight-loader", LOAD_FORMAT],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy(),
-    )
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
-    try:
-        seen: list[str] = []
-        while not any("fired up and ready" in line for line in seen[-1:]):
-            try:
-                seen.append(lines.get(timeout=600))
-            except queue.Empty:
-                raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
+    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", "127.0.0.1",
+               "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16", "--random-seed", "0",
+               "--device", OPTIONS["device"], "--attention-backend", OPTIONS["attention_backend"],
+               "--max-total-tokens", str(OPTIONS["max_total_tokens"]),
+               "--max-running-requests", str(OPTIONS["max_running_requests"]), "--disable-overlap-schedule",
+               "--custom-weight-loader", LOAD_FORMAT]
+    with running_server(command, "fired up and ready", os.environ.copy(), timeout=600):
         steps = [lambda w: sparse_step(w, 0.01, 11), lambda w: one_tensor_step(w, 12)]
         served, labels = serve_versions(SglangServerEngine(f"http://127.0.0.1:{port}"), model_dir, tmp_path, steps)
         assert [reported for _, reported in labels] == [label for label, _ in labels]
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     assert_each_is_a_fresh_engines(served, tmp_path)

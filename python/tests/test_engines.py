@@ -8,13 +8,17 @@ transformers' on the same weights.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -282,30 +286,36 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def running_server(command: list[str], ready: str, env: dict, timeout: float = 300) -> Iterator[None]:
+    """An engine's server started with ``command``, once its output shows ``ready``;
+    terminated at the end of the block."""
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
+    try:
+        seen: list[str] = []
+        while not any(ready in line for line in seen[-1:]):
+            try:
+                seen.append(lines.get(timeout=timeout))
+            except queue.Empty:
+                raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
+        yield
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def test_the_openai_server_serves_each_version_it_is_given(model_dir):
     """vLLM's OpenAI-compatible server, its generation paused around each reload."""
-    import queue
-    import threading
-
     from aurora_rl.engines.vllm import VllmServerEngine
 
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--served-model-name", "small", "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
-         "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
-    try:
-        seen = []
-        while not any("Application startup complete" in line for line in seen[-1:]):
-            try:
-                seen.append(lines.get(timeout=300))
-            except queue.Empty:
-                raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", "small", "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
+               "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
+    with running_server(command, "Application startup complete", env):
         engine = VllmServerEngine(f"http://127.0.0.1:{port}", "small")
         assert engine.held_weights() is None
         reference = TransformersEngine.start(str(model_dir))
@@ -319,9 +329,6 @@ def test_the_openai_server_serves_each_version_it_is_given(model_dir):
             reference.load_weights(update)
             assert generation_mismatch(engine.generate(PROMPTS, GREEDY), reference) is None
             host = applied
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 def test_a_model_directory_whose_config_names_no_architecture_is_refused_by_name(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_engines import free_port, small_qwen3
+from test_engines import free_port, running_server, small_qwen3
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "vllm_backend_run.py"
@@ -87,33 +87,16 @@ def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(
 
 def test_the_openai_server_with_the_aurora_backend_serves_each_version_bit_for_bit(model_dir, tmp_path):
     """The same through the server's weight-transfer routes (``HTTPVLLMWeightSyncClient``)."""
-    import queue
-    import threading
-
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--served-model-name", "small", "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
-         "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--seed", "0",
-         "--skip-tokenizer-init", "--load-format", "aurora", "--weight-transfer-config", '{"backend": "aurora"}',
-         "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
-    try:
-        seen: list[str] = []
-        while not any("Application startup complete" in line for line in seen[-1:]):
-            try:
-                seen.append(lines.get(timeout=300))
-            except queue.Empty:
-                raise AssertionError("the server did not start:\n" + "".join(seen[-40:])) from None
-        out = tmp_path / "server.json"
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", "small", "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
+               "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--seed", "0",
+               "--skip-tokenizer-init", "--load-format", "aurora", "--weight-transfer-config", '{"backend": "aurora"}',
+               "--host", "127.0.0.1", "--port", str(port)]
+    out = tmp_path / "server.json"
+    with running_server(command, "Application startup complete", env):
         script("server", model_dir, out, f"http://127.0.0.1:{port}")
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     report = json.loads(out.read_text())
     assert [r["version"] for r in report] == [1, 2, 3]
     for served in report:

@@ -39,8 +39,9 @@ pub use checkpoint::{
     ChangeSet, ChangedElements, ChangedTensor, Checkpoint, Hash, SafetensorsView, TensorLayout,
     TensorView, safetensors_layout,
 };
+pub use codec::elements::{ElementLayout, swap_elements};
 pub use codec::scan::count_changed;
-pub use codec::{Changes, ChunkEncoding, ElementLayout, Encoding, encode_chunk, swap_elements};
+pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk};
 pub use compose::{compose, invert, replay};
 pub use dtype::Dtype;
 pub use error::{DeltaError, Result};

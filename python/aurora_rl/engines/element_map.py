@@ -196,6 +196,18 @@ def probe_element_map(
     return found
 
 
+def check_changes(name: str, indices: torch.Tensor, values: Optional[torch.Tensor], elements: int) -> None:
+    """Refuses a tensor's changed elements before anything is written: strictly ascending
+    indices (a fused parameter's pieces are cut from them by position), within the
+    tensor's ``elements``, as many as ``values`` where given."""
+    if values is not None and indices.shape != values.shape:
+        raise ValueError(f"{name}: {indices.numel()} indices for {values.numel()} values")
+    if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
+        raise ValueError(f"{name}: element indices not strictly ascending")
+    if indices.numel() and (int(indices[0]) < 0 or int(indices[-1]) >= elements):
+        raise IndexError(f"{name}: an element index beyond its {elements} elements")
+
+
 def element_writes(
     model: Any,
     element_map: ElementMap,

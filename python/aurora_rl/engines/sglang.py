@@ -46,6 +46,7 @@ from aurora_rl.engines.sglang_worker import (
     REQUEST,
     VALUES,
     data_layout,
+    dtype_name,
     pack_data,
     read_answer,
 )
@@ -120,7 +121,7 @@ class _ElementWrites:
         """See ``aurora_rl.engines.ElementEngine``: changed elements are written in place;
         a tensor SGLang's loader transforms goes whole, with its fused group."""
         started = time.perf_counter()
-        specs = {name: (list(c.tensor.shape), _dtype_name(c.tensor)) for name, c in changes.items()}
+        specs = {name: (list(c.tensor.shape), dtype_name(c.tensor.dtype)) for name, c in changes.items()}
         self._map(specs)
         whole = fused_group_names(
             {n for n, c in changes.items() if self._unmapped[n] and (c.indices is None or c.indices.numel())}
@@ -299,10 +300,6 @@ def _succeeded(call: str, outcome: Any) -> None:
     success, message = outcome if isinstance(outcome, tuple) else (True, None)
     if not success:
         raise EngineError(f"SGLang's {call} failed: {message}")
-
-
-def _dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _sampling_params(sampling: Sampling) -> dict[str, Any]:

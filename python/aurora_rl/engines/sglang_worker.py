@@ -30,6 +30,7 @@ adapter opens one session for the engine's life and never closes it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -37,7 +38,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from aurora_rl.engines.element_map import ElementMap, element_writes, mismatched_pieces, probe_element_map
+from aurora_rl.engines.element_map import (
+    ElementMap,
+    check_changes,
+    element_writes,
+    mismatched_pieces,
+    probe_element_map,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -58,12 +65,17 @@ ALIGNMENT = 64
 INDICES, VALUES = "#indices", "#values"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as a request names it (``bfloat16``), which ``getattr(torch, name)`` reads."""
+    return str(dtype).removeprefix("torch.")
+
+
 def data_layout(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, list], int]:
     """Where each of ``tensors`` lies in a request's ``DATA`` (name: [offset, dtype name,
     shape]), and the buffer's size in bytes."""
     layout, size = {}, 0
     for name, tensor in tensors.items():
-        layout[name] = [size, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)]
+        layout[name] = [size, dtype_name(tensor.dtype), list(tensor.shape)]
         size += -(-tensor.numel() * tensor.element_size() // ALIGNMENT) * ALIGNMENT
     return layout, size
 
@@ -82,8 +94,8 @@ def unpack_data(data: torch.Tensor, layout: Mapping[str, list]) -> dict[str, tor
 def _placed(data: torch.Tensor, place: list) -> torch.Tensor:
     import torch
 
-    offset, dtype_name, shape = place
-    dtype = getattr(torch, dtype_name)
+    offset, named_dtype, shape = place
+    dtype = getattr(torch, named_dtype)
     size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     if offset % ALIGNMENT or offset + size > data.numel():
         raise ValueError(f"a tensor of {size} bytes at {offset} is not within the request's {data.numel()}")
@@ -173,10 +185,12 @@ class Packing:
         return torch.cat(parts)
 
     @classmethod
+    @functools.cache
     def of_kernel(cls, rows: int, columns: int, dtype: torch.dtype) -> Optional[Packing]:
         """The packing SGLang's kernel library applies to a weight of this shape and
         dtype, found by packing a random one with it: every element aurora's writes put
-        where the kernel did, and read back to where it was; None if no block size does."""
+        where the kernel did, and read back to where it was; None if no block size does.
+        Once per shape: a model's layers share a few."""
         import torch
 
         from aurora_rl import _core
@@ -282,15 +296,7 @@ class ModelWriter:
             if self.element_map[name] is None:
                 raise ValueError(f"{name} has no element map: it must come whole")
             indices, values = tensors[name + INDICES], tensors[name + VALUES]
-            count = math.prod(shape)
-            # Checked whole before anything is written: a fused parameter's pieces are cut
-            # from them by position.
-            if indices.shape != values.shape:
-                raise ValueError(f"{name}: {indices.numel()} indices for {values.numel()} values")
-            if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
-                raise ValueError(f"{name}: element indices not strictly ascending")
-            if indices.numel() and (int(indices[0]) < 0 or int(indices[-1]) >= count):
-                raise IndexError(f"{name}: an element index beyond its {count} elements")
+            check_changes(name, indices, values, math.prod(shape))
             changes[name] = (indices, values)
         undos: list[Callable[[], None]] = []
         with torch.no_grad():
@@ -364,7 +370,7 @@ class ModelWriter:
         in a warning as not checked."""
         import torch
 
-        self.probe({name: (list(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in expected.items()})
+        self.probe({name: (list(t.shape), dtype_name(t.dtype)) for name, t in expected.items()})
 
         def read(name: str) -> torch.Tensor:
             flat = self.model.get_parameter(name).detach().reshape(-1)

@@ -23,7 +23,13 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from aurora_rl.engines.element_map import ElementMap, element_writes, mismatched_pieces, probe_element_map
+from aurora_rl.engines.element_map import (
+    ElementMap,
+    check_changes,
+    element_writes,
+    mismatched_pieces,
+    probe_element_map,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -135,10 +141,7 @@ class ModelWriter:
         elements = {name: c for name, c in changes.items() if c.indices is not None}
         specs = {name: (list(c.tensor.shape), c.tensor.dtype) for name, c in elements.items()}
         for name, change in elements.items():
-            indices, count = change.indices, math.prod(specs[name][0])
-            # Ascending (the element writes refuse them otherwise): the ends bound them.
-            if indices.numel() and (int(indices[0]) < 0 or int(indices[-1]) >= count):
-                raise IndexError(f"{name}: an element index beyond its {count} elements")
+            check_changes(name, change.indices, change.new_values, math.prod(specs[name][0]))
         unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
         if unseen:
             self.element_map.update(_probe(self.model, unseen))
