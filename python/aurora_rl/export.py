@@ -4,6 +4,12 @@ FSDP2 (``fully_shard``, whose parameters are DTensors).
 Every rank must call ``export_bf16`` (gathering a sharded tensor is a collective); only
 the publishing rank keeps the result. Tensors are gathered one at a time and converted at
 once, so the publishing rank holds one full FP32 tensor beyond the BF16 export.
+
+A transformers model whose modules fuse what its checkpoints store apart (a
+mixture-of-experts layer holds all its experts in one 3-D parameter, where checkpoints
+and engines name each expert's projections) is exported under the checkpoint's names,
+through transformers' own reversal of its loading conversions: the names actors and
+engines load.
 """
 
 from __future__ import annotations
@@ -49,4 +55,60 @@ def export_bf16(
         # A new tensor even when nothing converted it: the export must not change when
         # training updates the model in place.
         exported[hugging_face_name(name)] = tensor.to("cpu", copy=True).contiguous()
-    return exported if publishing else None
+    if not publishing:
+        return None
+    return checkpoint_layout(model, exported)
+
+
+def export_adapter(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """A PEFT model's adapter only (``peft.get_peft_model_state_dict``: its names, as
+    ``adapter_model.safetensors`` stores them), floating-point tensors in ``dtype``, each
+    a new tensor on the host: what a trainer that trains an adapter publishes."""
+    from peft import get_peft_model_state_dict
+
+    return {
+        name: (tensor.detach().to(dtype) if tensor.is_floating_point() else tensor.detach()).to("cpu", copy=True).contiguous()
+        for name, tensor in get_peft_model_state_dict(model).items()
+    }
+
+
+def checkpoint_layout(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's state under its module names) as the model's checkpoints
+    store it: for a transformers model, its loading conversions reversed (fused experts
+    split into per-expert tensors, each a contiguous view of the exported one where
+    possible); anything else as it is."""
+    return {name: tensor.contiguous() for name, tensor in _reverted(model, state).items()}
+
+
+def checkpoint_views(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state under its checkpoints' names, each tensor a view of the run of
+    the parameter (or buffer) it is loaded into. Found by reversing the loading
+    conversions on each tensor's element numbers, so nothing of the weights is copied; a
+    checkpoint tensor that is not one run of one parameter's elements is refused."""
+    views: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach()
+        if not tensor.is_contiguous():
+            raise ValueError(f"{type(model).__name__}: {name} is not contiguous")
+        dtype = torch.int32 if tensor.numel() < 2**31 else torch.int64
+        numbers = torch.arange(tensor.numel(), dtype=dtype).view(tensor.shape)
+        for stored, placed in _reverted(model, {name: numbers}).items():
+            first = int(placed.reshape(-1)[0]) if placed.numel() else 0
+            if not torch.equal(placed.reshape(-1), torch.arange(first, first + placed.numel(), dtype=dtype)):
+                raise ValueError(f"{type(model).__name__}: {stored} is not one run of the elements of {name}")
+            views[stored] = tensor.reshape(-1)[first : first + placed.numel()].view(placed.shape)
+    return views
+
+
+def _reverted(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # Under torch.compile's and DDP's wrappers.
+    while isinstance(getattr(model, "_orig_mod", None) or getattr(model, "module", None), torch.nn.Module):
+        model = getattr(model, "_orig_mod", None) or model.module
+    try:
+        from transformers import PreTrainedModel
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return state
+    if not isinstance(model, PreTrainedModel):
+        return state
+    return revert_weight_conversion(model, state)

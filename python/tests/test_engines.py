@@ -42,21 +42,24 @@ GREEDY = Sampling(max_tokens=12, temperature=0.0)
 LOGPROB_TOLERANCE = 0.3
 
 
-def small_qwen3(directory: Path) -> Path:
-    """A random Qwen3ForCausalLM from a config (no downloads), saved in BF16. The head is
-    scaled so greedy choices are clear of rounding noise."""
+def small_qwen3(directory: Path, **overrides: object) -> Path:
+    """A random Qwen3ForCausalLM from a config (no downloads; ``overrides`` change it),
+    saved in BF16. The head is scaled so greedy choices are clear of rounding noise."""
     import transformers
 
     config = transformers.Qwen3Config(
-        vocab_size=2048,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
+        **{
+            "vocab_size": 2048,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": False,
+            **overrides,
+        }
     )
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(config)

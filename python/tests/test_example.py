@@ -3,7 +3,8 @@ two regions with an `aurora relay` each, two vLLM actors as separate processes; 
 is killed at step 2 and a new one joins by snapshot; every step completes with rollouts
 accepted for its version, and at the end every live actor, the newcomer included, runs
 the last version (each actor checks after every activation that the weights vLLM computes
-with hash to the version's, and exits if not)."""
+with hash to the version's, and exits if not). Once with the dense model, once with the
+mixture-of-experts one (``--moe``)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "python" / "grpo" / "run.py"
 STEPS = 5
 
 
-def test_the_short_grpo_run_survives_a_killed_actor(aurora_bin, tmp_path):
+@pytest.mark.parametrize(
+    "model",
+    [
+        ["--warmup-max-steps", "50"],
+        # A warm-up long enough that some groups carry a signal, so versions move experts.
+        ["--moe", "--warmup-max-steps", "600"],
+    ],
+    ids=["dense", "mixture-of-experts"],
+)
+def test_the_short_grpo_run_survives_a_killed_actor(aurora_bin, tmp_path, model):
     out = tmp_path / "grpo"
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--prompts-per-step", "8", "--kill-at", "2",
-         "--warmup-max-steps", "50", "--eval-every", "5", "--held-out", "50", "--out", str(out),
-         "--aurora-bin", str(aurora_bin)],
+         *model, "--eval-every", "5", "--held-out", "50", "--out", str(out), "--aurora-bin", str(aurora_bin)],
         capture_output=True,
         text=True,
         cwd=EXAMPLE.parent,

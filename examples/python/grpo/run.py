@@ -1,8 +1,10 @@
 """GRPO on two-digit addition with aurora: a PyTorch trainer, two regions with a relay
 each, and vLLM actors as separate processes, all on this machine's CPU.
 
-The trainer is a Hugging Face ``Qwen3ForCausalLM`` built from a config (no downloads),
-given a short supervised warm-up so that the base policy solves some problems. Each step
+The trainer is a Hugging Face ``Qwen3ForCausalLM`` built from a config (no downloads), or
+with ``--moe`` a ``Qwen3MoeForCausalLM`` (eight experts, two per token: each version
+carries the experts the step's tokens reached, written into vLLM's fused expert weights
+in place), given a short supervised warm-up so that the base policy solves some problems. Each step
 it posts prompts; actors sample groups of completions with vLLM and return them with
 their log-probabilities; the trainer takes the accepted ones, makes a GRPO update to its
 FP32 weights and publishes the BF16 export as the next version, which reaches every actor
@@ -11,6 +13,7 @@ joins by snapshot; the job goes on.
 
     python examples/python/grpo/run.py                  # the full run, ~15 minutes here
     python examples/python/grpo/run.py --steps 6 ...    # a short form (CI runs one)
+    python examples/python/grpo/run.py --moe ...        # the mixture-of-experts model
 
 It writes ``metrics.jsonl`` (a line per step) and the processes' logs into ``--out``.
 """
@@ -36,18 +39,19 @@ import transformers
 import addition
 
 import aurora_rl
+from aurora_rl.export import export_bf16
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 logger = logging.getLogger("grpo")
 
 
-def model_config() -> transformers.Qwen3Config:
-    """About 3 million parameters."""
-    return transformers.Qwen3Config(
+def model_config(moe: bool = False) -> transformers.PretrainedConfig:
+    """About 3 million parameters; with ``moe``, 8 experts of a quarter of the dense MLP's
+    width each, 2 per token (about 5 million, 2.5 active)."""
+    common = dict(
         vocab_size=addition.VOCAB_SIZE,
         hidden_size=256,
-        intermediate_size=768,
         num_hidden_layers=4,
         num_attention_heads=8,
         num_key_value_heads=2,
@@ -57,23 +61,26 @@ def model_config() -> transformers.Qwen3Config:
         eos_token_id=addition.EOS,
         pad_token_id=addition.PAD,
         bos_token_id=None,
-        # Saved without a model, the config would not say what it is for, and vLLM would
-        # also serve it for scoring, which needs a tokenizer.
-        architectures=["Qwen3ForCausalLM"],
     )
+    # Saved without a model, the config would not say what it is for, and vLLM would also
+    # serve it for scoring, which needs a tokenizer.
+    if moe:
+        return transformers.Qwen3MoeConfig(
+            **common, intermediate_size=768, moe_intermediate_size=192, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"],
+        )
+    return transformers.Qwen3Config(**common, intermediate_size=768, architectures=["Qwen3ForCausalLM"])
 
 
-def export(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The BF16 weights actors run, under Hugging Face names: a new tensor each, so the
-    previous export stays the base of the next delta."""
-    return {name: t.detach().to(torch.bfloat16).contiguous() for name, t in model.state_dict().items()}
+def build(config: transformers.PretrainedConfig) -> torch.nn.Module:
+    return transformers.AutoModelForCausalLM.from_config(config)
 
 
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, problems: list[tuple[int, int]]) -> float:
     """Greedy held-out accuracy of the BF16 weights the actors hold."""
-    policy = transformers.Qwen3ForCausalLM(model.config).to(torch.bfloat16).eval()
-    policy.load_state_dict(export(model))
+    policy = build(model.config).to(torch.bfloat16).eval()
+    policy.load_state_dict({name: t.detach().to(torch.bfloat16) for name, t in model.state_dict().items()})
     tokens = torch.tensor([addition.prompt(a, b) for a, b in problems])
     for _ in range(addition.ANSWER_TOKENS):
         logits = policy(input_ids=tokens).logits[:, -1]
@@ -270,6 +277,7 @@ def main() -> None:
     parser.add_argument("--warmup-max-steps", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=7e-4)
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    parser.add_argument("--moe", action="store_true", help="a mixture-of-experts model (Qwen3-MoE) instead of a dense one")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "grpo")
     parser.add_argument("--aurora-bin", default=shutil.which("aurora") or str(REPO / "target" / "debug" / "aurora"))
@@ -284,8 +292,8 @@ def main() -> None:
         handlers=[logging.StreamHandler(), logging.FileHandler(args.out / "trainer.log")],
     )
     torch.manual_seed(args.seed)
-    config = model_config()
-    model = transformers.Qwen3ForCausalLM(config)
+    config = model_config(args.moe)
+    model = build(config)
     model_dir = args.out / "model"
     config.save_pretrained(model_dir)  # what actors start their engine from; the weights come from aurora
     held_out = addition.held_out_problems(args.held_out)
@@ -301,7 +309,7 @@ def main() -> None:
         signing_key=fleet.signing_key,
         **fleet.issue("trainer", "trainer", "us"),
     )
-    weights = export(model)
+    weights = export_bf16(model)  # a new tensor each: the previous export stays the next delta's base
     dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     trainer.publish(weights)
     processes = Processes(args.out, args.aurora_bin, trainer, fleet, model_dir, args.engine)
@@ -336,7 +344,7 @@ def main() -> None:
             training = time.monotonic()
             record |= grpo_step(model, optimizer, results)
             record["training_s"] = time.monotonic() - training
-            weights = export(model)
+            weights = export_bf16(model)
             published = trainer.publish(weights)
             record |= {
                 "published": published.version,

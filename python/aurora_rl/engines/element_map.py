@@ -13,6 +13,7 @@ padded vocabularies alike). A tensor that reached a parameter through anything b
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -263,3 +264,71 @@ def mismatched_pieces(
                 differ.append(name)
                 break
     return differ, unmapped
+
+
+@dataclass(frozen=True)
+class Packing:
+    """A CPU kernel's packing of a [rows, columns] weight: rows in blocks of ``block``
+    (the last may be shorter), each block stored column pair by column pair ([columns /
+    2, block rows, 2]; the VNNI-2 layout AMX multiplies from, which SGLang's linear layers
+    and vLLM's CPU experts use alike); aurora's element writes take it as
+    ``ElementWrite.packed``."""
+
+    rows: int
+    columns: int
+    block: int
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        return (self.rows, self.columns, self.block)
+
+    def unpacked(self, packed: torch.Tensor) -> torch.Tensor:
+        """The weight in the loader's layout (flat), from the packed one (flat)."""
+        import torch
+
+        full = self.rows // self.block * self.block
+        parts = []
+        for start, rows in ((0, full), (full, self.rows - full)):
+            if rows == 0:
+                continue
+            block = self.block if start == 0 else rows
+            chunk = packed[start * self.columns : (start + rows) * self.columns]
+            parts.append(chunk.view(rows // block, self.columns // 2, block, 2).permute(0, 2, 1, 3).reshape(-1))
+        return torch.cat(parts)
+
+    @classmethod
+    @functools.cache
+    def of_kernel(
+        cls, rows: int, columns: int, dtype: torch.dtype, pack: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Optional[Packing]:
+        """The packing ``pack`` (a kernel's, of one [rows, columns] weight) applies to a
+        weight of this shape and dtype, found by packing a random one with it: every
+        element aurora's writes put where the kernel did, and read back to where it was;
+        None if no block size does. Once per shape and kernel: a model's layers share a
+        few."""
+        import torch
+
+        from aurora_rl import _core
+        from aurora_rl.engines import same_bits
+
+        size = torch.empty(0, dtype=dtype).element_size()
+        if columns % 2 or size not in (1, 2):
+            return None
+        # The pattern repeats per block: a few blocks and the shorter last one suffice.
+        largest = 64
+        sample_rows = rows if rows <= 3 * largest else 2 * largest + rows % largest
+        generator = torch.Generator().manual_seed(rows * 1_000_003 + columns)
+        # Random bit patterns: a packing moves elements, it computes nothing.
+        weight = torch.randint(0, 2**8, (sample_rows, columns * size), dtype=torch.uint8, generator=generator).view(dtype)
+        packed = pack(weight)
+        if packed.dtype != dtype or packed.numel() != weight.numel():
+            return None
+        everything = torch.arange(weight.numel())
+        for block in (32, 16, 64):
+            candidate = cls(sample_rows, columns, block)
+            written = torch.zeros_like(weight).view(-1)
+            values = weight.reshape(-1).clone()
+            _core.swap_elements(written.view(torch.uint8), size, everything.view(torch.uint8), values.view(torch.uint8), candidate.layout)
+            if same_bits(written, packed.reshape(-1)) and same_bits(candidate.unpacked(packed.reshape(-1)), weight.reshape(-1)):
+                return cls(rows, columns, block)
+        return None

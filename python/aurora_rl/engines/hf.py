@@ -1,10 +1,13 @@
 """Hugging Face transformers as an aurora engine: the reference the other engines are
 checked against, and the CPU fallback.
 
-Its parameters are the checkpoint's tensors under their own names, so loading is a copy
-into them and the weights it holds are its state dict. It computes wherever the model
-is (``model.to("cuda")``): loading copies the host tensors an actor hands it onto that
-device.
+Each checkpoint tensor is a view of the parameter the model computes from: the parameter
+itself, or, where the model fuses what checkpoints store apart (a mixture-of-experts
+layer's experts in one 3-D parameter), the part transformers' own reversal of its loading
+conversions cuts out of it (``aurora_rl.export.checkpoint_views``). Loading copies into
+the views and writes changed elements through them, so an expert no version touched is
+never written. It computes wherever the model is (``model.to("cuda")``): loading copies
+the host tensors an actor hands it onto that device.
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ class TransformersEngine:
     """An aurora engine over a ``PreTrainedModel`` (a causal language model)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
+        from aurora_rl.export import checkpoint_views
+
         self.model = model.eval()
+        #: Checkpoint name: the view of the parameter (or buffer) it is.
+        self._views = checkpoint_views(model)
 
     @classmethod
     def start(cls, model: str, **options: object) -> TransformersEngine:
@@ -42,35 +49,33 @@ class TransformersEngine:
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         import torch
 
-        state = self._parameters(tensors)
+        views = self._held(tensors)
         with torch.no_grad():
             for name, tensor in tensors.items():
-                state[name].copy_(tensor)
+                views[name].copy_(tensor)
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
-        """Writes the changed elements into the parameters (``aurora_rl.engines.
-        ElementEngine``): the parameters are the checkpoint's tensors, so every element
-        lands where the model computes from it."""
-        state = self._parameters(changes)
+        """Writes the changed elements into the parameters through the checkpoint
+        tensors' views (``aurora_rl.engines.ElementEngine``), so every element lands where
+        the model computes from it; a tensor changed whole is copied in."""
+        views = self._held(changes)
+        by_element = {
+            name: change for name, change in changes.items() if change.indices is not None and views[name].is_contiguous()
+        }
         undo = write_elements(
-            [
-                ElementWrite(state[name].view(-1), change.indices, change.values())
-                for name, change in changes.items()
-                if change.indices is not None
-            ]
+            [ElementWrite(views[name].view(-1), change.indices, change.values()) for name, change in by_element.items()]
         )
         try:
-            self.load_weights({name: c.tensor for name, c in changes.items() if c.indices is None})
+            self.load_weights({name: c.tensor for name, c in changes.items() if name not in by_element})
         except BaseException:
             undo()
             raise
 
-    def _parameters(self, names: Mapping[str, object]) -> dict[str, torch.Tensor]:
-        state = self.model.state_dict()
-        unknown = sorted(set(names) - set(state))
+    def _held(self, names: Mapping[str, object]) -> dict[str, torch.Tensor]:
+        unknown = sorted(set(names) - set(self._views))
         if unknown:
             raise KeyError(f"the model has no {', '.join(unknown)}")
-        return state
+        return self._views
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
         """Token by token with a KV cache, one prompt at a time (no padding, so each
@@ -119,13 +124,13 @@ class TransformersEngine:
         return scores
 
     def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
-        """See ``aurora_rl.engines.CheckedEngine``: the parameters are the checkpoint's
-        tensors, compared where the model holds them."""
-        state = self._parameters(expected)
-        return [name for name, tensor in expected.items() if not same_bits(state[name].detach().cpu(), tensor)]
+        """See ``aurora_rl.engines.CheckedEngine``: each tensor compared where the model
+        holds it."""
+        views = self._held(expected)
+        return [name for name, tensor in expected.items() if not same_bits(views[name].detach().cpu(), tensor)]
 
     def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
-        held = {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+        held = dict(self._views)
         if getattr(self.model.config, "tie_word_embeddings", False):
             # The head is the embedding, which checkpoints store once.
             held.pop("lm_head.weight", None)

@@ -30,16 +30,15 @@ adapter opens one session for the engine's life and never closes it.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from aurora_rl.engines.element_map import (
     ElementMap,
+    Packing,
     check_changes,
     element_writes,
     mismatched_pieces,
@@ -156,65 +155,11 @@ def _writer(model: Any) -> ModelWriter:
     return writer
 
 
-@dataclass(frozen=True)
-class Packing:
-    """The kernel's packing of a [rows, columns] weight: rows in blocks of ``block`` (the
-    last may be shorter), each block stored column pair by column pair ([columns / 2,
-    block rows, 2]); aurora's element writes take it as ``ElementWrite.packed``."""
+def _sgl_pack(weight: torch.Tensor) -> torch.Tensor:
+    """SGLang's kernel library's packing of one [rows, columns] weight."""
+    import torch
 
-    rows: int
-    columns: int
-    block: int
-
-    @property
-    def layout(self) -> tuple[int, int, int]:
-        return (self.rows, self.columns, self.block)
-
-    def unpacked(self, packed: torch.Tensor) -> torch.Tensor:
-        """The weight in the loader's layout (flat), from the packed one (flat)."""
-        import torch
-
-        full = self.rows // self.block * self.block
-        parts = []
-        for start, rows in ((0, full), (full, self.rows - full)):
-            if rows == 0:
-                continue
-            block = self.block if start == 0 else rows
-            chunk = packed[start * self.columns : (start + rows) * self.columns]
-            parts.append(chunk.view(rows // block, self.columns // 2, block, 2).permute(0, 2, 1, 3).reshape(-1))
-        return torch.cat(parts)
-
-    @classmethod
-    @functools.cache
-    def of_kernel(cls, rows: int, columns: int, dtype: torch.dtype) -> Optional[Packing]:
-        """The packing SGLang's kernel library applies to a weight of this shape and
-        dtype, found by packing a random one with it: every element aurora's writes put
-        where the kernel did, and read back to where it was; None if no block size does.
-        Once per shape: a model's layers share a few."""
-        import torch
-
-        from aurora_rl import _core
-        from aurora_rl.engines import same_bits
-
-        if columns % 2 or torch.empty(0, dtype=dtype).element_size() != 2:
-            return None
-        # The pattern repeats per block: a few blocks and the shorter last one suffice.
-        largest = 64
-        sample_rows = rows if rows <= 3 * largest else 2 * largest + rows % largest
-        generator = torch.Generator().manual_seed(rows * 1_000_003 + columns)
-        weight = torch.randint(-(2**15), 2**15, (sample_rows, columns), dtype=torch.int16, generator=generator).view(dtype)
-        packed = torch.ops.sgl_kernel.convert_weight_packed(weight)
-        if packed.dtype != dtype or packed.numel() != weight.numel():
-            return None
-        everything = torch.arange(weight.numel())
-        for block in (32, 16, 64):
-            candidate = cls(sample_rows, columns, block)
-            written = torch.zeros_like(weight).view(-1)
-            values = weight.reshape(-1).clone()
-            _core.swap_elements(written.view(torch.uint8), 2, everything.view(torch.uint8), values.view(torch.uint8), candidate.layout)
-            if same_bits(written, packed.reshape(-1)) and same_bits(candidate.unpacked(packed.reshape(-1)), weight.reshape(-1)):
-                return cls(rows, columns, block)
-        return None
+    return torch.ops.sgl_kernel.convert_weight_packed(weight)
 
 
 def _packed(module: Any) -> bool:
@@ -241,7 +186,7 @@ class ModelWriter:
         if parameter_name not in self.packings:
             parameter = self.model.get_parameter(parameter_name)
             rows, columns = parameter.shape if parameter.dim() == 2 else (0, 0)
-            packing = Packing.of_kernel(rows, columns, parameter.dtype) if rows else None
+            packing = Packing.of_kernel(rows, columns, parameter.dtype, _sgl_pack) if rows else None
             if packing is None:
                 logger.warning("%s: packed in a layout aurora does not know: it is loaded whole", parameter_name)
             self.packings[parameter_name] = packing

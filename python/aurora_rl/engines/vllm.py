@@ -114,7 +114,8 @@ class VllmEngine:
             time.perf_counter() - started,
         )
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, lora_request: Any = None) -> list[Completion]:
+        """One batch; with ``lora_request``, on that adapter (``engines.vllm_lora``)."""
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -125,7 +126,7 @@ class VllmEngine:
             logprobs=0,
         )
         outputs = self.llm.generate(
-            [{"prompt_token_ids": list(prompt)} for prompt in prompts], params, use_tqdm=False
+            [{"prompt_token_ids": list(prompt)} for prompt in prompts], params, use_tqdm=False, lora_request=lora_request
         )
         completions = []
         for output in outputs:

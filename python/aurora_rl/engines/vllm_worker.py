@@ -12,19 +12,28 @@ embedding doubling as the head) at its parameter. On a GPU the marks change noth
 
 **The map** comes from vLLM's own loading code, not from re-derived row ranges
 (``aurora_rl.engines.element_map``).
+
+**Experts.** A mixture-of-experts layer holds each projection of all its experts in one
+3-D parameter ([experts, rows, columns]), which vLLM's CPU build packs in place for its
+AMX kernel after loading (row blocks stored column pair by column pair). Each checkpoint
+expert tensor's map still says where the loader put its elements; the writes place them
+through the packing (``Packing``, checked against vLLM's own packing op once per shape),
+so an activation writes the changed rows of the changed experts only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from aurora_rl.engines.element_map import (
     ElementMap,
+    Packing,
     check_changes,
     element_writes,
     mismatched_pieces,
@@ -38,8 +47,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aurora_rl.vllm")
 
-#: vLLM's quantize methods whose layers compute from the checkpoint's tensors as loaded.
+#: vLLM's quantize methods whose layers compute from the checkpoint's tensors as loaded
+#: (FP8 block-quantized layers: their FP8 weight and scales) when marked to keep them.
 _UNQUANTIZED = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+_AS_LOADED = (*_UNQUANTIZED, "Fp8LinearMethod")
 
 
 def aurora_model_loader() -> type:
@@ -81,9 +92,10 @@ def aurora_model_loader() -> type:
 
 
 def keep_checkpoint_layout(model: Any) -> None:
-    """Marks every unquantized layer so that vLLM's processing keeps its weight."""
+    """Marks every unquantized or FP8 layer so that vLLM's processing keeps its weight (and
+    an FP8 layer its scales) as loaded: its CPU kernels then pack per call."""
     for module in model.modules():
-        if type(getattr(module, "quant_method", None)).__name__ in _UNQUANTIZED:
+        if type(getattr(module, "quant_method", None)).__name__ in _AS_LOADED:
             module._cpu_skip_gemm_dispatch = True
 
 
@@ -115,6 +127,51 @@ def _probe(model: Any, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> El
     return probe_element_map(model, specs, get_tensor_model_parallel_world_size(), _computes_from_own_weight)
 
 
+def _experts_packed_for(module: Any) -> Optional[str]:
+    """The instruction set vLLM's CPU build packed this mixture-of-experts layer's weights
+    for (``cpu_prepack_moe_weight``), or None where its experts compute from the weights
+    as loaded."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:
+        return None
+    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+    experts = getattr(getattr(kernel, "impl", kernel), "fused_experts", None)
+    if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+        return None
+    return experts.isa
+
+
+@functools.cache
+def _expert_packer(isa: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """vLLM's packing of one expert's [rows, columns] weight for ``isa``."""
+    from vllm import _custom_ops
+
+    return lambda weight: _custom_ops.cpu_prepack_moe_weight(weight.unsqueeze(0), isa)[0]
+
+
+def expert_packings(model: Any) -> dict[str, Packing]:
+    """Per packed expert parameter of ``model``: its packing, as one matrix of every
+    expert's rows (each expert's rows start a row block). A parameter whose packing is
+    not one aurora places elements through is left out, and its tensors are written as
+    loaded, which the read-back check then refuses."""
+    packings: dict[str, Packing] = {}
+    for module_name, module in model.named_modules():
+        isa = _experts_packed_for(module)
+        if isa is None:
+            continue
+        for name, parameter in module.named_parameters(prefix=module_name, recurse=False):
+            if parameter.dim() != 3:
+                continue
+            experts, rows, columns = parameter.shape
+            packing = Packing.of_kernel(rows, columns, parameter.dtype, _expert_packer(isa))
+            if packing is None or rows % packing.block:
+                logger.warning("%s: packed in a layout aurora does not place elements in", name)
+                continue
+            packings[name] = Packing(experts * rows, columns, packing.block)
+    return packings
+
+
 class ModelWriter:
     """Writes versions into one vLLM model, in the process that holds it: changed
     elements in place where the model has an element map, everything else through
@@ -125,13 +182,55 @@ class ModelWriter:
         self.model = model
         self._reload = reload
         self.element_map: ElementMap = {}
+        #: Shape and dtype of each tensor in the map.
+        self.specs: dict[str, tuple[list[int], torch.dtype]] = {}
+        self.packings = expert_packings(model)
+
+    def _probe(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
+        self.element_map.update(_probe(self.model, specs))
+        self.specs.update(specs)
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Loads ``tensors`` whole (fused groups complete), then points the layers the
-        reload processed again at their parameters."""
-        with _untouched_layers_quiet():
-            self._reload(dict(tensors))
-        compute_from_parameters(self.model)
+        reload processed again at their parameters. A tensor held in a packed expert
+        parameter is written, every element, through its map instead: vLLM's reload
+        leaves a CPU build's expert weights unpacked where its kernel reads them packed
+        (vLLM 0.32), and it would rebuild every expert of the layer for one of them."""
+        import torch
+
+        from aurora_rl.engines import write_elements
+
+        specs = {name: (list(t.shape), t.dtype) for name, t in tensors.items()}
+        packed = self._in_packed_parameters(specs)
+        for name in packed:
+            # One tensor at a time: the element numbers of the whole model would not fit.
+            everything = torch.arange(tensors[name].numel())
+            write_elements(
+                element_writes(
+                    self.model, self.element_map, {name: (everything, tensors[name].reshape(-1))}, specs, self._layouts()
+                )
+            )
+        rest = {name: tensor for name, tensor in tensors.items() if name not in packed}
+        if rest:
+            with _untouched_layers_quiet():
+                self._reload(rest)
+            compute_from_parameters(self.model)
+
+    def _in_packed_parameters(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> set[str]:
+        """Those of ``specs`` whose elements all lie in packed expert parameters."""
+        if not self.packings:
+            return set()
+        unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
+        if unseen:
+            self._probe(unseen)
+        return {
+            name
+            for name in specs
+            if self.element_map.get(name) and all(piece.parameter in self.packings for piece in self.element_map[name])
+        }
+
+    def _layouts(self) -> dict[str, tuple[int, int, int]]:
+        return {name: packing.layout for name, packing in self.packings.items()}
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> set[str]:
         """See ``aurora_rl.engines.ElementEngine``. Returns the tensors loaded whole
@@ -144,11 +243,11 @@ class ModelWriter:
             check_changes(name, change.indices, change.new_values, math.prod(specs[name][0]))
         unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
         if unseen:
-            self.element_map.update(_probe(self.model, unseen))
+            self._probe(unseen)
         mapped = {
             name: (c.indices, c.values()) for name, c in elements.items() if self.element_map.get(name) is not None
         }
-        undo = write_elements(element_writes(self.model, self.element_map, mapped, specs))
+        undo = write_elements(element_writes(self.model, self.element_map, mapped, specs, self._layouts()))
         # A tensor reloaded whole takes its fused group with it; only changed ones count.
         whole = {
             name
@@ -179,12 +278,9 @@ class ModelWriter:
         world_size = get_tensor_model_parallel_world_size()
         unseen = {name: (list(t.shape), t.dtype) for name, t in expected.items() if name not in self.element_map}
         if unseen:
-            self.element_map.update(_probe(self.model, unseen))
-        parameters = dict(self.model.named_parameters())
+            self._probe(unseen)
         with torch.no_grad():
-            differ, unmapped = mismatched_pieces(
-                self.element_map, expected, lambda name: read_back(self.model, name, parameters[name])
-            )
+            differ, unmapped = mismatched_pieces(self.element_map, expected, self._read_back)
         if unmapped and world_size > 1:
             logger.warning(
                 "not checked: %s (loaded whole; under tensor parallelism a rank cannot read them back)",
@@ -194,6 +290,15 @@ class ModelWriter:
             held = self.held_weights()
             differ += [name for name in unmapped if not same_bits(held[name], expected[name])]
         return differ
+
+    def _read_back(self, name: str) -> torch.Tensor:
+        """What the model computes with for its parameter ``name``, flat, in the layout
+        the loader writes (``read_back``; a packed expert parameter unpacked)."""
+        parameter = self.model.get_parameter(name)
+        packing = self.packings.get(name)
+        if packing is not None:
+            return packing.unpacked(parameter.detach().reshape(-1))
+        return read_back(self.model, name, parameter)
 
     def held_weights(self) -> dict[str, torch.Tensor]:
         """The weights the model computes with, under Hugging Face names, read back
@@ -222,7 +327,34 @@ class ModelWriter:
                 # Embeddings and norms are used as stored.
                 if name.endswith("embed_tokens") or name.endswith("norm"):
                     held[f"{name}.weight"] = _unpadded(module, module.weight.detach())
+            held.update(self._assembled(set(held)))
         return held
+
+    def _assembled(self, known: set[str]) -> dict[str, torch.Tensor]:
+        """The mapped tensors no layer's own weight is (experts, which share one
+        parameter per projection), each put together from its pieces of the map: those
+        the writer has seen (a load, a change, a check), on one rank only."""
+        import torch
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        if get_tensor_model_parallel_world_size() > 1:
+            return {}
+        read: dict[str, torch.Tensor] = {}
+        assembled = {}
+        for name, pieces in self.element_map.items():
+            if name in known or not pieces:
+                continue
+            shape, dtype = self.specs[name]
+            tensor = torch.empty(math.prod(shape), dtype=dtype)
+            for piece in pieces:
+                if piece.parameter not in read:
+                    read[piece.parameter] = self._read_back(piece.parameter)
+                flat = read[piece.parameter]
+                tensor.as_strided(piece.sizes, piece.source_strides, piece.source_offset).copy_(
+                    flat.as_strided(piece.sizes, piece.target_strides, flat.storage_offset() + piece.target_offset)
+                )
+            assembled[name] = tensor.view(shape)
+        return assembled
 
 
 def read_back(model: Any, name: str, parameter: torch.Tensor) -> torch.Tensor:
@@ -252,6 +384,8 @@ def _computes_from_parameter(module: Any) -> bool:
     method = getattr(module, "quant_method", None)
     if method is None or not hasattr(module, "weight"):
         return True
+    if type(method).__name__ == "Fp8LinearMethod":
+        return getattr(module, "_cpu_skip_gemm_dispatch", False)
     if type(method).__name__ not in _UNQUANTIZED:
         return False
     return getattr(module, "cpu_linear", torch.nn.functional.linear) is torch.nn.functional.linear

@@ -1,0 +1,169 @@
+"""FP8 rollout weights: BF16 versions into an engine that serves block-scaled FP8 (128 x 128
+blocks, one scale each, as FP8 checkpoints of Qwen3 and DeepSeek store them).
+
+- Re-quantizing only what a version changed gives, bit for bit, the version quantized
+  from scratch, also where a block's scale moves (its largest element grew, or shrank),
+  and on blocks cut short by the tensor's edge; an engine's failure leaves nothing half
+  written.
+- vLLM's CPU build serves the FP8 checkpoint (its W8A16 AMX kernel), takes each version's
+  FP8 writes in place, reads them back equal to the from-scratch quantization, and
+  generates exactly as a vLLM started from that version's FP8 checkpoint.
+- An actor takes versions a trainer publishes in BF16 into it, each verified in full.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from grpo_steps import verifying_actor
+from safetensors.torch import load_file
+from test_engines import GREEDY, PROMPTS, element_changes, next_version, next_work, small_qwen3, sparse_step
+
+import aurora_rl
+from aurora_rl.engines import ElementWrite, same_bits, write_elements
+from aurora_rl.engines.fp8 import Fp8Rollout, quantize_blocks, quantized_checkpoint, save_checkpoint, scale_name
+from aurora_rl.engines.vllm import VllmEngine
+
+WEIGHT = "model.layers.0.mlp.down_proj.weight"
+
+
+class HostEngine:
+    """An element engine over host tensors: what it holds is what it was handed."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = {name: t.clone() for name, t in tensors.items()}
+        self.fail = False
+        self.written: dict[str, int] = {}
+
+    def load_weights(self, tensors) -> None:
+        for name, tensor in tensors.items():
+            self.tensors[name] = tensor.clone()
+
+    def load_changes(self, changes) -> None:
+        writes = [ElementWrite(self.tensors[name].view(-1), c.indices, c.values().clone())
+                  for name, c in changes.items() if c.indices is not None]
+        undo = write_elements(writes)
+        self.written = {name: c.indices.numel() for name, c in changes.items() if c.indices is not None}
+        if self.fail:
+            undo()
+            raise RuntimeError("the engine failed")
+
+
+def assert_quantized_from_scratch(engine: HostEngine, weights: dict[str, torch.Tensor]) -> None:
+    for name, tensor in quantized_checkpoint(weights).items():
+        assert same_bits(engine.tensors[name], tensor), name
+
+
+def test_requantizing_the_changes_gives_the_version_quantized_from_scratch():
+    generator = torch.Generator().manual_seed(0)
+    # 300 x 260: the last row and column of blocks are cut short.
+    weights = {WEIGHT: (torch.randn(300, 260, generator=generator) * 0.02).to(torch.bfloat16),
+               "model.norm.weight": torch.ones(260, dtype=torch.bfloat16)}
+    engine = HostEngine(quantized_checkpoint(weights))
+    rollout = Fp8Rollout(engine, weights)
+    assert_quantized_from_scratch(engine, weights)
+    scales = quantize_blocks(weights[WEIGHT])[1]
+    for step in range(1, 4):
+        stepped = sparse_step(weights, 0.01, step)
+        rollout.load_changes(element_changes(weights, stepped))
+        assert_quantized_from_scratch(engine, stepped)
+        weights = stepped
+
+    # Block (0, 0)'s largest element shrinks, block (2, 2)'s (cut short) gets a larger one,
+    # and block (1, 0) changes below its largest: two scales move, one does not.
+    tensor = weights[WEIGHT].clone()
+    values = tensor.float().view(-1)
+
+    def block(row: int, column: int) -> torch.Tensor:
+        rows = torch.arange(row * 128, min(row * 128 + 128, 300))
+        columns = torch.arange(column * 128, min(column * 128 + 128, 260))
+        return (rows[:, None] * 260 + columns[None, :]).reshape(-1)
+
+    first = block(0, 0)
+    tensor.view(-1)[first[values[first].abs().argmax()]] = 0
+    edge = block(2, 2)
+    tensor.view(-1)[edge[0]] = values[edge].abs().max() * 4
+    tensor.view(-1)[block(1, 0)[5]] *= 0.5
+    stepped = dict(weights, **{WEIGHT: tensor})
+    rollout.load_changes(element_changes(weights, stepped))
+    assert_quantized_from_scratch(engine, stepped)
+    moved = quantize_blocks(tensor)[1] != quantize_blocks(weights[WEIGHT])[1]
+    assert moved.nonzero().tolist() == [[0, 0], [2, 2]]
+    # Written: the three changed elements, and every element of the two rescaled blocks.
+    assert engine.written[WEIGHT] == 128 * 128 + 44 * 4 + 1
+    assert engine.written[scale_name(WEIGHT)] == 2
+    assert not torch.equal(scales, engine.tensors[scale_name(WEIGHT)])
+
+    # A failing engine leaves its weights and the wrapper's images as they were: the next
+    # version still lands bit for bit.
+    engine.fail = True
+    with pytest.raises(RuntimeError, match="the engine failed"):
+        rollout.load_changes(element_changes(stepped, sparse_step(stepped, 0.05, 9)))
+    assert_quantized_from_scratch(engine, stepped)
+    engine.fail = False
+    final = sparse_step(stepped, 0.02, 10)
+    rollout.load_changes(element_changes(stepped, final))
+    assert_quantized_from_scratch(engine, final)
+
+
+def fp8_model(directory: Path, weights: dict[str, torch.Tensor], bf16_dir: Path) -> Path:
+    save_checkpoint(directory, weights, json.loads((bf16_dir / "config.json").read_text()))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def bf16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every projection a whole number of 128-row blocks, as vLLM's FP8 layers require of
+    each part of a fused one (real models' are)."""
+    return small_qwen3(tmp_path_factory.mktemp("qwen3"), hidden_size=256, intermediate_size=512, head_dim=64)
+
+
+def start(directory: Path) -> VllmEngine:
+    return VllmEngine.start(str(directory), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256)
+
+
+def test_vllm_serves_fp8_versions_written_in_place(bf16_dir, tmp_path):
+    weights = load_file(str(bf16_dir / "model.safetensors"))
+    engine = start(fp8_model(tmp_path / "fp8", weights, bf16_dir))
+    rollout = Fp8Rollout(engine, weights)
+    assert rollout.mismatched(weights) == []
+    for step in range(1, 4):
+        stepped = sparse_step(weights, 0.01, step) if step < 3 else next_version(weights, step)
+        before = [c.token_ids for c in rollout.generate(PROMPTS, GREEDY)]
+        rollout.load_changes(element_changes(weights, stepped))
+        assert engine.loaded_whole == set(), "every FP8 weight and scale is written element by element"
+        assert rollout.mismatched(stepped) == []
+        weights = stepped
+    assert [c.token_ids for c in rollout.generate(PROMPTS, GREEDY)] != before, "the last version changes the output"
+    served = rollout.generate(PROMPTS, GREEDY)
+    del engine, rollout
+    fresh = start(fp8_model(tmp_path / "fp8-last", weights, bf16_dir)).generate(PROMPTS, GREEDY)
+    assert [c.token_ids for c in served] == [c.token_ids for c in fresh]
+    assert [c.logprobs for c in served] == [c.logprobs for c in fresh]
+
+
+def test_an_fp8_actor_takes_bf16_versions_each_verified_in_full(bf16_dir, tmp_path):
+    weights = load_file(str(bf16_dir / "model.safetensors"))
+    rollout = Fp8Rollout(start(fp8_model(tmp_path / "fp8", weights, bf16_dir)), weights)
+    with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
+        trainer.publish(weights)
+        with verifying_actor(trainer, rollout, weights) as actor:
+            for version in range(1, 4):
+                weights = sparse_step(weights, 0.01, 20 + version)
+                published = trainer.publish(weights)
+                trainer.open_step([version])
+                trainer.commit()
+                work = next_work(actor)
+                assert (work.version, work.weights_hash) == (version, published.weights_hash)
+                completions = rollout.generate([[1, 2, 3]], GREEDY)
+                actor.submit(work, [(work.leases[0], completions[0].token_ids, len(completions[0].token_ids))])
+                assert trainer.wait_step(timeout=60).version == version
+    assert rollout.mismatched(weights) == []
