@@ -232,6 +232,64 @@ fn swap_elements(
         .map_err(delta_error)
 }
 
+/// Quantizes BF16 changes to block-scaled FP8 (`aurora_delta::fp8::quantize_changes`):
+/// `values` (the BF16 bytes at `indices`, int64 bytes) of a `grid` = (rows, columns,
+/// block rows, block columns) matrix, under `scales` and checked against `largest` (the
+/// blocks' float32 bytes), into `quantized` (one byte each). Returns the blocks whose
+/// largest magnitude a value exceeds.
+#[pyfunction]
+fn fp8_quantize_changes(
+    py: Python<'_>,
+    grid: (u64, u64, u64, u64),
+    indices: Bound<'_, PyAny>,
+    values: Bound<'_, PyAny>,
+    scales: Bound<'_, PyAny>,
+    largest: Bound<'_, PyAny>,
+    quantized: Bound<'_, PyAny>,
+) -> PyResult<Vec<u64>> {
+    let (rows, columns, block_rows, block_columns) = grid;
+    let grid = aurora_delta::fp8::BlockGrid {
+        rows,
+        columns,
+        block_rows,
+        block_columns,
+    };
+    let indices = HostBytes::borrow(&indices, "the indices")?;
+    let values = HostBytes::borrow(&values, "the values")?;
+    let scales = HostBytes::borrow(&scales, "the scales")?;
+    let largest = HostBytes::borrow(&largest, "the largest magnitudes")?;
+    let mut quantized = HostBytes::borrow(&quantized, "the quantized values")?;
+    let indices: &[u64] = words(
+        indices.as_slice(),
+        "the indices must be the bytes of an int64 tensor",
+    )?;
+    let values: &[u16] = words(
+        values.as_slice(),
+        "the values must be the bytes of a bfloat16 tensor",
+    )?;
+    let scales: &[f32] = words(
+        scales.as_slice(),
+        "the scales must be the bytes of a float32 tensor",
+    )?;
+    let largest: &[f32] = words(
+        largest.as_slice(),
+        "the largest magnitudes must be the bytes of a float32 tensor",
+    )?;
+    let quantized = quantized.as_mut_slice();
+    py.detach(|| {
+        aurora_delta::fp8::quantize_changes(grid, indices, values, scales, largest, quantized)
+    })
+    .map_err(delta_error)
+}
+
+/// `bytes` as a slice of `T` words, refused with `refusal` unless aligned and whole.
+fn words<'a, T: bytemuck::Pod>(bytes: &'a [u8], refusal: &str) -> PyResult<&'a [T]> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(bytes).map_err(|_| usage_error(refusal))
+}
+
 /// The Hugging Face names an inference engine stores as one fused parameter with `name`
 /// (q, k and v projections; gate and up), in concatenation order, or None for a name it
 /// keeps whole (docs/delta-format.md §9). An engine must receive such a group whole.
@@ -261,6 +319,7 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(target_layout, module)?)?;
     module.add_function(wrap_pyfunction!(apply_into, module)?)?;
     module.add_function(wrap_pyfunction!(swap_elements, module)?)?;
+    module.add_function(wrap_pyfunction!(fp8_quantize_changes, module)?)?;
     module.add_function(wrap_pyfunction!(fused_parts, module)?)?;
     module.add_function(wrap_pyfunction!(unfused_names, module)?)?;
     module.add_class::<node::TrainerNodeCore>()?;

@@ -114,6 +114,29 @@ def test_requantizing_the_changes_gives_the_version_quantized_from_scratch():
     assert_quantized_from_scratch(engine, final)
 
 
+def test_the_core_rounds_to_fp8_as_torch_does():
+    """aurora's one pass over the changes (``_core.fp8_quantize_changes``) against torch's
+    division, clamp and conversion, on every BF16 bit pattern (NaNs, infinities and
+    subnormals included) under scales that land them across FP8's range."""
+    from aurora_rl import _core
+
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    n = values.numel()
+    for scale in (1.0, 0.37, 3e-3, 1e3, 2.0**-20, 7.1):
+        scales = torch.tensor([scale], dtype=torch.float32)
+        quantized = torch.empty(n, dtype=torch.float8_e4m3fn)
+        grown = _core.fp8_quantize_changes(
+            (1, n, 1, n), torch.arange(n).view(torch.uint8), values.view(torch.uint8), scales.view(torch.uint8),
+            torch.tensor([1.0]).view(torch.uint8), quantized.view(torch.uint8),
+        )
+        expected = (values.float() / scales).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert same_bits(quantized, expected), scale
+        assert grown == [0]
+    with pytest.raises(aurora_rl.AuroraError, match="not strictly ascending"):
+        _core.fp8_quantize_changes((1, 4, 1, 4), torch.tensor([2, 1]).view(torch.uint8), values[:2].view(torch.uint8),
+                                   scales.view(torch.uint8), scales.view(torch.uint8), quantized[:2].view(torch.uint8))
+
+
 def fp8_model(directory: Path, weights: dict[str, torch.Tensor], bf16_dir: Path) -> Path:
     save_checkpoint(directory, weights, json.loads((bf16_dir / "config.json").read_text()))
     return directory

@@ -24,6 +24,7 @@ mod dtype;
 mod error;
 mod extract;
 mod format;
+pub mod fp8;
 pub mod fused;
 mod image;
 mod signature;

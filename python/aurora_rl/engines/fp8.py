@@ -12,7 +12,8 @@ the version quantized from scratch (``quantize_blocks``), which is what ``mismat
 compares them with. Per quantized tensor the wrapper keeps the FP8 image it handed the
 engine and each block's scale, largest magnitude and where that lies, so that finding the
 blocks to rescale reads only the changed elements (and the blocks whose largest element
-changed).
+changed). The per-element work is one pass in aurora's core
+(``aurora_delta::fp8::quantize_changes``), which rounds as torch does.
 """
 
 from __future__ import annotations
@@ -184,27 +185,37 @@ class _Quantized:
         to write (flat indices, ascending) with their values."""
         import torch
 
-        blocks = self.block_of(indices)
+        from aurora_rl import _core
+
         largest, where, scales = self.largest.view(-1), self.where.view(-1), self.scales.view(-1)
-        # A block's largest magnitude moves where an element exceeds it, or where the
-        # element that held it changed; those blocks are measured again.
-        grew = blocks[values.float().abs() > largest[blocks]]
+        # One pass in the core: each changed element quantized under its block's scale, and
+        # the blocks whose largest magnitude an element exceeds.
+        written = torch.empty(indices.numel(), dtype=torch.float8_e4m3fn)
+        grew = _core.fp8_quantize_changes(
+            (*self.fp8.shape, *self.block),
+            indices.contiguous().view(torch.uint8),
+            values.contiguous().view(torch.uint8),
+            scales.view(torch.uint8),
+            largest.view(torch.uint8),
+            written.view(torch.uint8),
+        )
+        # A block's largest magnitude also moves where the element that held it changed:
+        # those blocks, and the grown ones, are measured again.
         found = torch.searchsorted(indices, where).clamp(max=max(indices.numel() - 1, 0))
         lost = (indices[found] == where).nonzero().view(-1) if indices.numel() else found[:0]
-        moved = torch.unique(torch.cat([grew, lost]))
+        moved = torch.unique(torch.cat([torch.tensor(grew, dtype=torch.int64), lost]))
         new_largest, new_where = self._measure(tensor, moved)
         new_scales = _scale(new_largest)
         rescaled = new_scales.view(torch.int32) != scales[moved].view(torch.int32)
         largest[moved], where[moved] = new_largest, new_where
         moved, new_scales = moved[rescaled], new_scales[rescaled]
         scales[moved] = new_scales
-        written = _quantize(values, scales[blocks])
         if not moved.numel():
             return moved, new_scales, indices, written
         # Every element of a rescaled block, merged with the other changes in order.
         inside = torch.zeros(scales.numel(), dtype=torch.bool)
         inside[moved] = True
-        kept = ~inside[blocks]
+        kept = ~inside[self.block_of(indices)]
         others, other_values = indices[kept], written[kept]
         rescaled_elements = self.block_elements(moved)
         rescaled_values = _quantize(tensor.reshape(-1)[rescaled_elements], scales[self.block_of(rescaled_elements)])
@@ -276,6 +287,8 @@ class Fp8Rollout:
         """Each quantized tensor's changes as the FP8 elements and scales they move
         (see the module); a tensor changed whole is quantized whole. Transactional, as
         the wrapped engine is: on an error the kept images are as they were."""
+        import torch
+
         passed: dict[str, TensorChange] = {}
         kept: dict[str, _Quantized] = {}
         undo_fp8: list[Callable[[], None]] = []
@@ -284,6 +297,8 @@ class Fp8Rollout:
                 if not self._is_quantized(name, change.tensor.shape):
                     passed[name] = change
                     continue
+                if change.tensor.dtype != torch.bfloat16:
+                    raise ValueError(f"{name}: FP8 rollout weights come from BF16 versions, not {change.tensor.dtype}")
                 held = self._held.get(name)
                 if change.indices is None or held is None:
                     kept[name] = _Quantized.of(change.tensor, self.block)

@@ -75,6 +75,9 @@ pub(crate) enum Event {
     Verified {
         version: u64,
         result: Result<(), DeltaError>,
+        /// The elements activating it changes, read from its spill beside the check (for
+        /// an engine that writes elements), so that the activation does not.
+        changed: Option<aurora_delta::ChangeSet>,
     },
     SafePoint,
     Activated {
@@ -181,6 +184,8 @@ pub(super) struct Driver<E: Engine> {
     /// limit.
     pub(super) backlog: Arc<DecodeBacklog>,
     pub(super) engine: Option<Arc<E>>,
+    /// The change set of the verified patch waiting for its Commit, and its version.
+    pub(super) prepared: Option<(u64, aurora_delta::ChangeSet)>,
     pub(super) store: Option<Arc<Store>>,
     pub(super) live: BTreeMap<u64, Live>,
     pub(super) conns: HashMap<ConnId, ConnEntry>,
@@ -396,10 +401,17 @@ impl<E: Engine> Driver<E> {
                 let outcome = result.map_err(|e| e.to_string());
                 self.node.decoded(version, index, hash, outcome);
             }
-            Event::Verified { version, result } => {
+            Event::Verified {
+                version,
+                result,
+                changed,
+            } => {
                 if let Err(error) = &result {
                     tracing::warn!(version, %error, "the staged delta does not produce its target");
                 }
+                self.prepared = changed
+                    .filter(|_| result.is_ok())
+                    .map(|changed| (version, changed));
                 self.node
                     .verified(version, result.map_err(|e| e.to_string()));
             }

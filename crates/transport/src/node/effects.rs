@@ -123,10 +123,14 @@ impl<E: Engine> Driver<E> {
                     };
                 let events = self.events_tx.clone();
                 let elements = self.engine.as_ref().is_some_and(|e| e.writes_elements());
+                let prepared = match self.prepared.take() {
+                    Some((prepared, changed)) if prepared == version => Some(changed),
+                    _ => None,
+                };
                 // Not on the decode pool: the engine is paused at its safe point until
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
-                    let changed = staged.change_set(elements);
+                    let changed = prepared.unwrap_or_else(|| staged.change_set(elements));
                     let result = weights.activate(staged);
                     let changed = if result.is_ok() {
                         changed
@@ -149,11 +153,22 @@ impl<E: Engine> Driver<E> {
                     return;
                 };
                 let events = self.events_tx.clone();
+                let elements = self.engine.as_ref().is_some_and(|e| e.writes_elements());
                 // Off the decode pool, as an activation is: one pass over the weights.
                 self.tasks.spawn_blocking(move || {
                     let result = weights.verify(&patch);
                     drop(weights);
-                    let _ = events.blocking_send(Event::Verified { version, result });
+                    // Behind generation too: the elements the engine will be handed, read
+                    // while the patch waits for its Commit (a spill that cannot be read
+                    // leaves it to the activation).
+                    let changed = (result.is_ok() && elements)
+                        .then(|| patch.change_set(true).ok())
+                        .flatten();
+                    let _ = events.blocking_send(Event::Verified {
+                        version,
+                        result,
+                        changed,
+                    });
                 });
             }
             Output::FetchSnapshot { newer_than } => {

@@ -325,6 +325,7 @@ pub(super) async fn spawn<E: Engine>(
         decoder,
         backlog,
         engine,
+        prepared: None,
         store,
         live: BTreeMap::new(),
         conns: HashMap::new(),

@@ -1,0 +1,217 @@
+//! Block-scaled FP8 (E4M3FN) quantization of a BF16 matrix's changed elements: how an
+//! actor whose engine serves FP8 rollout weights turns a version's BF16 changes into the
+//! FP8 elements they imply (the Python package's `aurora_rl.engines.fp8`). One pass over
+//! the changes: each element's block, divided by the block's scale, clamped to E4M3FN's
+//! range, rounded as torch rounds (`fp8e4m3fn_from_fp32_value`), so that these elements
+//! equal the whole matrix quantized from scratch by torch; and the blocks whose largest
+//! magnitude a change exceeds, whose scale the caller recomputes.
+
+use rayon::prelude::*;
+
+use crate::{DeltaError, Result};
+
+/// The largest magnitude E4M3FN holds.
+pub const E4M3FN_MAX: f32 = 448.0;
+
+/// A `rows` x `columns` matrix cut into blocks of `block_rows` x `block_columns` (the last
+/// row and column of blocks may be shorter), numbered row-major, one scale each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockGrid {
+    pub rows: u64,
+    pub columns: u64,
+    pub block_rows: u64,
+    pub block_columns: u64,
+}
+
+impl BlockGrid {
+    /// The number of blocks.
+    pub fn blocks(&self) -> u64 {
+        self.rows.div_ceil(self.block_rows) * self.columns.div_ceil(self.block_columns)
+    }
+
+    /// The block of the element at flat (row-major) `index`.
+    pub fn block_of(&self, index: u64) -> u64 {
+        let (row, column) = (index / self.columns, index % self.columns);
+        row / self.block_rows * self.columns.div_ceil(self.block_columns)
+            + column / self.block_columns
+    }
+
+    fn refusal(&self) -> Option<String> {
+        (self.rows == 0 || self.columns == 0 || self.block_rows == 0 || self.block_columns == 0)
+            .then(|| format!("{self:?} has no elements or empty blocks"))
+    }
+}
+
+/// `value` rounded to E4M3FN (bits), to nearest, ties to even; magnitudes from 480 up, and
+/// NaN, become NaN (E4M3FN has no infinity). Bit for bit torch's conversion.
+pub fn e4m3fn(value: f32) -> u8 {
+    // 480: halfway between 448, the largest finite value, and the next step past it.
+    const OVERFLOW: u32 = 1087 << 20;
+    // 2^14: added to a magnitude below the smallest normal (2^-6), it leaves the
+    // subnormal's mantissa, rounded by the addition, in the low bits.
+    const SUBNORMAL: u32 = 141 << 23;
+    let bits = value.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let magnitude = bits & 0x7fff_ffff;
+    let rounded = if magnitude >= OVERFLOW {
+        0x7f
+    } else if magnitude < 121 << 23 {
+        let shifted = (f32::from_bits(magnitude) + f32::from_bits(SUBNORMAL)).to_bits();
+        shifted.wrapping_sub(SUBNORMAL) as u8
+    } else {
+        // Rebias the exponent (127 to 7) and round the 20 dropped mantissa bits to even.
+        let odd = (magnitude >> 20) & 1;
+        let rebiased = magnitude
+            .wrapping_add((7u32.wrapping_sub(127)) << 23)
+            .wrapping_add(0x7_ffff + odd);
+        (rebiased >> 20) as u8
+    };
+    rounded | sign
+}
+
+/// Quantizes the BF16 `values` (bits) at `indices` (ascending flat indices of `grid`'s
+/// matrix) under their blocks' `scales` into `quantized` (E4M3FN bits, one per value).
+/// Returns the blocks (ascending, each once) where a value's magnitude exceeds the block's
+/// `largest`: their scale grows, and the caller quantizes them anew. Everything is checked
+/// before the first write.
+pub fn quantize_changes(
+    grid: BlockGrid,
+    indices: &[u64],
+    values: &[u16],
+    scales: &[f32],
+    largest: &[f32],
+    quantized: &mut [u8],
+) -> Result<Vec<u64>> {
+    let refuse = |reason: String| Err(DeltaError::ElementWrites(reason));
+    if let Some(reason) = grid.refusal() {
+        return refuse(reason);
+    }
+    let blocks = grid.blocks();
+    if scales.len() as u64 != blocks || largest.len() as u64 != blocks {
+        return refuse(format!(
+            "{} scales and {} largest magnitudes for {blocks} blocks",
+            scales.len(),
+            largest.len()
+        ));
+    }
+    if values.len() != indices.len() || quantized.len() != indices.len() {
+        return refuse(format!(
+            "{} indices, {} values and room for {} quantized",
+            indices.len(),
+            values.len(),
+            quantized.len()
+        ));
+    }
+    if let Some(at) = indices.windows(2).position(|pair| pair[0] >= pair[1]) {
+        return refuse(format!(
+            "indices not strictly ascending at position {}",
+            at + 1
+        ));
+    }
+    if let Some(&last) = indices.last()
+        && last >= grid.rows * grid.columns
+    {
+        return refuse(format!(
+            "index {last} beyond the matrix's {} elements",
+            grid.rows * grid.columns
+        ));
+    }
+    /// Changes per task: enough to amortise a task, few enough to share a large tensor.
+    const TASK: usize = 1 << 15;
+    let block_columns = grid.columns.div_ceil(grid.block_columns);
+    let mut grown: Vec<u64> = indices
+        .par_chunks(TASK)
+        .zip(values.par_chunks(TASK))
+        .zip(quantized.par_chunks_mut(TASK))
+        .flat_map_iter(|((indices, values), quantized)| {
+            let mut grown = Vec::new();
+            // Ascending indices: one division per row reached, not one per element.
+            let (mut row_start, mut row_end, mut first_block) = (0, 0, 0);
+            for ((&index, &value), out) in indices.iter().zip(values).zip(quantized.iter_mut()) {
+                if index >= row_end {
+                    let row = index / grid.columns;
+                    (row_start, row_end) = (row * grid.columns, (row + 1) * grid.columns);
+                    first_block = row / grid.block_rows * block_columns;
+                }
+                let block = (first_block + (index - row_start) / grid.block_columns) as usize;
+                let value = f32::from_bits(u32::from(value) << 16);
+                if value.abs() > largest[block] {
+                    grown.push(block as u64);
+                }
+                *out = e4m3fn((value / scales[block]).clamp(-E4M3FN_MAX, E4M3FN_MAX));
+            }
+            grown
+        })
+        .collect();
+    grown.sort_unstable();
+    grown.dedup();
+    Ok(grown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3fn_rounds_to_nearest_even_and_saturates_to_nan() {
+        for (value, bits) in [
+            (0.0, 0x00),
+            (-0.0, 0x80),
+            (1.0, 0x38),
+            (-2.0, 0xc0),
+            (448.0, 0x7e),
+            (-448.0, 0xfe),
+            (464.0, 0x7e), // below 480: rounds to 448
+            (480.0, 0x7f), // NaN
+            (f32::NAN, 0x7f),
+            (1.0625, 0x38),        // halfway between 1 and 1.125: to the even mantissa
+            (1.1875, 0x3a),        // halfway between 1.125 and 1.25: to the even 1.25
+            (2f32.powi(-9), 0x01), // the smallest subnormal
+            (2f32.powi(-10), 0x00), // half of it: to even, zero
+            (3.0 * 2f32.powi(-10), 0x02),
+        ] {
+            assert_eq!(e4m3fn(value), bits, "{value}");
+        }
+    }
+
+    #[test]
+    fn changes_are_quantized_under_their_blocks_and_growth_is_reported() {
+        let grid = BlockGrid {
+            rows: 3,
+            columns: 5,
+            block_rows: 2,
+            block_columns: 2,
+        };
+        assert_eq!(grid.blocks(), 6);
+        assert_eq!([0, 2, 5, 14].map(|i| grid.block_of(i)), [0, 1, 0, 5]);
+        let bf16 = |x: f32| (x.to_bits() >> 16) as u16;
+        let (scales, largest) = (
+            [1.0, 2.0, 1.0, 1.0, 1.0, 4.0],
+            [448.0, 896.0, 1.0, 1.0, 1.0, 1.0],
+        );
+        let mut out = [0u8; 3];
+        let grown = quantize_changes(
+            grid,
+            &[2, 5, 14],
+            &[bf16(4.0), bf16(1.0), bf16(8.0)],
+            &scales,
+            &largest,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out, [e4m3fn(2.0), e4m3fn(1.0), e4m3fn(2.0)]);
+        assert_eq!(grown, [5]);
+        for (indices, why) in [(&[5u64, 2][..], "ascending"), (&[15u64][..], "beyond")] {
+            let error = quantize_changes(
+                grid,
+                indices,
+                &vec![0; indices.len()],
+                &scales,
+                &largest,
+                &mut vec![0; indices.len()],
+            );
+            assert!(error.unwrap_err().to_string().contains(why), "{why}");
+        }
+        assert!(quantize_changes(grid, &[0], &[0], &scales[..5], &largest, &mut [0]).is_err());
+    }
+}
