@@ -14,6 +14,7 @@ engines load.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -80,23 +81,38 @@ def checkpoint_layout(model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
     return {name: tensor.contiguous() for name, tensor in _reverted(model, state).items()}
 
 
-def checkpoint_views(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state under its checkpoints' names, each tensor a view of the run of
-    the parameter (or buffer) it is loaded into. Found by reversing the loading
-    conversions on each tensor's element numbers, so nothing of the weights is copied; a
-    checkpoint tensor that is not one run of one parameter's elements is refused."""
-    views: dict[str, torch.Tensor] = {}
+#: Where a checkpoint tensor lies in a model's state: the state tensor's name, the first
+#: of its elements the checkpoint tensor is, and the checkpoint tensor's shape.
+Place = tuple[str, int, tuple[int, ...]]
+
+
+def checkpoint_places(model: torch.nn.Module) -> dict[str, Place]:
+    """Where each of the model's checkpoint tensors lies in its state: one run of one
+    parameter's (or buffer's) elements. Found by reversing the loading conversions on each
+    state tensor's element numbers, so nothing of the weights is read; a checkpoint
+    tensor that is not one run is refused."""
+    places: dict[str, Place] = {}
     for name, tensor in model.state_dict().items():
-        tensor = tensor.detach()
-        if not tensor.is_contiguous():
-            raise ValueError(f"{type(model).__name__}: {name} is not contiguous")
         dtype = torch.int32 if tensor.numel() < 2**31 else torch.int64
         numbers = torch.arange(tensor.numel(), dtype=dtype).view(tensor.shape)
         for stored, placed in _reverted(model, {name: numbers}).items():
             first = int(placed.reshape(-1)[0]) if placed.numel() else 0
             if not torch.equal(placed.reshape(-1), torch.arange(first, first + placed.numel(), dtype=dtype)):
                 raise ValueError(f"{type(model).__name__}: {stored} is not one run of the elements of {name}")
-            views[stored] = tensor.reshape(-1)[first : first + placed.numel()].view(placed.shape)
+            places[stored] = (name, first, tuple(placed.shape))
+    return places
+
+
+def checkpoint_views(model: torch.nn.Module, places: dict[str, Place]) -> dict[str, torch.Tensor]:
+    """The model's checkpoint tensors (``places``), each a view of the memory the model
+    holds it in now (a model moved to another device holds it elsewhere)."""
+    state = model.state_dict()
+    views = {}
+    for stored, (name, first, shape) in places.items():
+        tensor = state[name].detach()
+        if not tensor.is_contiguous():
+            raise ValueError(f"{type(model).__name__}: {name} is not contiguous")
+        views[stored] = tensor.view(-1)[first : first + math.prod(shape)].view(shape)
     return views
 
 

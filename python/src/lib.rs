@@ -234,19 +234,20 @@ fn swap_elements(
 
 /// Quantizes BF16 changes to block-scaled FP8 (`aurora_delta::fp8::quantize_changes`):
 /// `values` (the BF16 bytes at `indices`, int64 bytes) of a `grid` = (rows, columns,
-/// block rows, block columns) matrix, under `scales` and checked against `largest` (the
-/// blocks' float32 bytes), into `quantized` (one byte each). Returns the blocks whose
-/// largest magnitude a value exceeds.
+/// block rows, block columns) matrix, into `quantized` (one byte each). `blocks` = (scales,
+/// largest, largest_at): per block its scale and largest magnitude (float32 bytes) and
+/// where that lies (int64 bytes). Returns the blocks whose largest magnitude may have
+/// moved.
 #[pyfunction]
 fn fp8_quantize_changes(
     py: Python<'_>,
     grid: (u64, u64, u64, u64),
     indices: Bound<'_, PyAny>,
     values: Bound<'_, PyAny>,
-    scales: Bound<'_, PyAny>,
-    largest: Bound<'_, PyAny>,
+    blocks: (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>),
     quantized: Bound<'_, PyAny>,
 ) -> PyResult<Vec<u64>> {
+    let (scales, largest, largest_at) = blocks;
     let (rows, columns, block_rows, block_columns) = grid;
     let grid = aurora_delta::fp8::BlockGrid {
         rows,
@@ -258,6 +259,7 @@ fn fp8_quantize_changes(
     let values = HostBytes::borrow(&values, "the values")?;
     let scales = HostBytes::borrow(&scales, "the scales")?;
     let largest = HostBytes::borrow(&largest, "the largest magnitudes")?;
+    let largest_at = HostBytes::borrow(&largest_at, "the places of the largest magnitudes")?;
     let mut quantized = HostBytes::borrow(&quantized, "the quantized values")?;
     let indices: &[u64] = words(
         indices.as_slice(),
@@ -275,9 +277,15 @@ fn fp8_quantize_changes(
         largest.as_slice(),
         "the largest magnitudes must be the bytes of a float32 tensor",
     )?;
+    let largest_at: &[u64] = words(
+        largest_at.as_slice(),
+        "their places must be the bytes of an int64 tensor",
+    )?;
     let quantized = quantized.as_mut_slice();
     py.detach(|| {
-        aurora_delta::fp8::quantize_changes(grid, indices, values, scales, largest, quantized)
+        aurora_delta::fp8::quantize_changes(
+            grid, indices, values, scales, largest, largest_at, quantized,
+        )
     })
     .map_err(delta_error)
 }

@@ -36,25 +36,29 @@ WEIGHT = "model.layers.0.mlp.down_proj.weight"
 
 
 class HostEngine:
-    """An element engine over host tensors: what it holds is what it was handed."""
+    """An element engine over host tensors: what it holds is what it was handed. It loads
+    the tensors named in ``whole`` whole (from the change's tensor), and says so."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], whole: set[str] = frozenset()) -> None:
         self.tensors = {name: t.clone() for name, t in tensors.items()}
+        self.whole = set(whole)
         self.fail = False
         self.written: dict[str, int] = {}
+        self.loaded_whole: set[str] = set()
 
     def load_weights(self, tensors) -> None:
         for name, tensor in tensors.items():
             self.tensors[name] = tensor.clone()
 
     def load_changes(self, changes) -> None:
-        writes = [ElementWrite(self.tensors[name].view(-1), c.indices, c.values().clone())
-                  for name, c in changes.items() if c.indices is not None]
-        undo = write_elements(writes)
-        self.written = {name: c.indices.numel() for name, c in changes.items() if c.indices is not None}
+        by_element = {name: c for name, c in changes.items() if c.indices is not None and name not in self.whole}
+        undo = write_elements([ElementWrite(self.tensors[name].view(-1), c.indices, c.values()) for name, c in by_element.items()])
         if self.fail:
             undo()
             raise RuntimeError("the engine failed")
+        self.loaded_whole = changes.keys() - by_element.keys()
+        self.load_weights({name: changes[name].tensor for name in self.loaded_whole})
+        self.written = {name: c.indices.numel() for name, c in by_element.items()}
 
 
 def assert_quantized_from_scratch(engine: HostEngine, weights: dict[str, torch.Tensor]) -> None:
@@ -125,16 +129,35 @@ def test_the_core_rounds_to_fp8_as_torch_does():
     for scale in (1.0, 0.37, 3e-3, 1e3, 2.0**-20, 7.1):
         scales = torch.tensor([scale], dtype=torch.float32)
         quantized = torch.empty(n, dtype=torch.float8_e4m3fn)
-        grown = _core.fp8_quantize_changes(
-            (1, n, 1, n), torch.arange(n).view(torch.uint8), values.view(torch.uint8), scales.view(torch.uint8),
-            torch.tensor([1.0]).view(torch.uint8), quantized.view(torch.uint8),
+        moved = _core.fp8_quantize_changes(
+            (1, n, 1, n), torch.arange(n).view(torch.uint8), values.view(torch.uint8),
+            (scales.view(torch.uint8), torch.tensor([1.0]).view(torch.uint8), torch.tensor([0]).view(torch.uint8)),
+            quantized.view(torch.uint8),
         )
         expected = (values.float() / scales).clamp(-448, 448).to(torch.float8_e4m3fn)
         assert same_bits(quantized, expected), scale
-        assert grown == [0]
+        assert moved == [0]
     with pytest.raises(aurora_rl.AuroraError, match="not strictly ascending"):
-        _core.fp8_quantize_changes((1, 4, 1, 4), torch.tensor([2, 1]).view(torch.uint8), values[:2].view(torch.uint8),
-                                   scales.view(torch.uint8), scales.view(torch.uint8), quantized[:2].view(torch.uint8))
+        _core.fp8_quantize_changes(
+            (1, 4, 1, 4), torch.tensor([2, 1]).view(torch.uint8), values[:2].view(torch.uint8),
+            (scales.view(torch.uint8), scales.view(torch.uint8), torch.tensor([0]).view(torch.uint8)),
+            quantized[:2].view(torch.uint8),
+        )
+
+
+def test_an_engine_that_loads_a_tensor_whole_gets_it_as_the_version_quantizes_it():
+    """The kept FP8 image is updated after the engine took the changes: a tensor the
+    engine loaded whole from it (the previous version's, then) is loaded again."""
+    generator = torch.Generator().manual_seed(1)
+    weights = {WEIGHT: (torch.randn(256, 384, generator=generator) * 0.02).to(torch.bfloat16)}
+    engine = HostEngine(quantized_checkpoint(weights), whole={WEIGHT})
+    rollout = Fp8Rollout(engine, weights)
+    for step in range(1, 4):
+        stepped = sparse_step(weights, 0.01, step)
+        rollout.load_changes(element_changes(weights, stepped))
+        assert engine.loaded_whole == {WEIGHT}
+        assert_quantized_from_scratch(engine, stepped)
+        weights = stepped
 
 
 def fp8_model(directory: Path, weights: dict[str, torch.Tensor], bf16_dir: Path) -> Path:

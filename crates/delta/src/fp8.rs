@@ -4,7 +4,8 @@
 //! the changes: each element's block, divided by the block's scale, clamped to E4M3FN's
 //! range, rounded as torch rounds (`fp8e4m3fn_from_fp32_value`), so that these elements
 //! equal the whole matrix quantized from scratch by torch; and the blocks whose largest
-//! magnitude a change exceeds, whose scale the caller recomputes.
+//! magnitude a change may have moved (exceeded it, or changed the element that held it),
+//! which the caller measures again.
 
 use rayon::prelude::*;
 
@@ -71,15 +72,17 @@ pub fn e4m3fn(value: f32) -> u8 {
 
 /// Quantizes the BF16 `values` (bits) at `indices` (ascending flat indices of `grid`'s
 /// matrix) under their blocks' `scales` into `quantized` (E4M3FN bits, one per value).
-/// Returns the blocks (ascending, each once) where a value's magnitude exceeds the block's
-/// `largest`: their scale grows, and the caller quantizes them anew. Everything is checked
-/// before the first write.
+/// Returns the blocks (ascending, each once) whose largest magnitude may have moved: a
+/// value exceeds the block's `largest`, or the element at the block's `largest_at` (the
+/// flat index of an element holding it) changed. The caller measures those again, and
+/// quantizes anew any whose scale moved. Everything is checked before the first write.
 pub fn quantize_changes(
     grid: BlockGrid,
     indices: &[u64],
     values: &[u16],
     scales: &[f32],
     largest: &[f32],
+    largest_at: &[u64],
     quantized: &mut [u8],
 ) -> Result<Vec<u64>> {
     let refuse = |reason: String| Err(DeltaError::ElementWrites(reason));
@@ -87,11 +90,12 @@ pub fn quantize_changes(
         return refuse(reason);
     }
     let blocks = grid.blocks();
-    if scales.len() as u64 != blocks || largest.len() as u64 != blocks {
+    if [scales.len(), largest.len(), largest_at.len()] != [blocks as usize; 3] {
         return refuse(format!(
-            "{} scales and {} largest magnitudes for {blocks} blocks",
+            "{} scales, {} largest magnitudes and {} of their places for {blocks} blocks",
             scales.len(),
-            largest.len()
+            largest.len(),
+            largest_at.len()
         ));
     }
     if values.len() != indices.len() || quantized.len() != indices.len() {
@@ -119,12 +123,22 @@ pub fn quantize_changes(
     /// Changes per task: enough to amortise a task, few enough to share a large tensor.
     const TASK: usize = 1 << 15;
     let block_columns = grid.columns.div_ceil(grid.block_columns);
-    let mut grown: Vec<u64> = indices
+    // A block's width is a power of two in every FP8 checkpoint (128): a shift, where a
+    // 64-bit division per element would cost more than the rest of the pass.
+    let shift = grid.block_columns.trailing_zeros();
+    let column_block = |column: u64| {
+        if grid.block_columns.is_power_of_two() {
+            column >> shift
+        } else {
+            column / grid.block_columns
+        }
+    };
+    let mut moved: Vec<u64> = indices
         .par_chunks(TASK)
         .zip(values.par_chunks(TASK))
         .zip(quantized.par_chunks_mut(TASK))
         .flat_map_iter(|((indices, values), quantized)| {
-            let mut grown = Vec::new();
+            let mut moved = Vec::new();
             // Ascending indices: one division per row reached, not one per element.
             let (mut row_start, mut row_end, mut first_block) = (0, 0, 0);
             for ((&index, &value), out) in indices.iter().zip(values).zip(quantized.iter_mut()) {
@@ -133,19 +147,19 @@ pub fn quantize_changes(
                     (row_start, row_end) = (row * grid.columns, (row + 1) * grid.columns);
                     first_block = row / grid.block_rows * block_columns;
                 }
-                let block = (first_block + (index - row_start) / grid.block_columns) as usize;
+                let block = (first_block + column_block(index - row_start)) as usize;
                 let value = f32::from_bits(u32::from(value) << 16);
-                if value.abs() > largest[block] {
-                    grown.push(block as u64);
+                if value.abs() > largest[block] || largest_at[block] == index {
+                    moved.push(block as u64);
                 }
                 *out = e4m3fn((value / scales[block]).clamp(-E4M3FN_MAX, E4M3FN_MAX));
             }
-            grown
+            moved
         })
         .collect();
-    grown.sort_unstable();
-    grown.dedup();
-    Ok(grown)
+    moved.sort_unstable();
+    moved.dedup();
+    Ok(moved)
 }
 
 #[cfg(test)]
@@ -175,7 +189,7 @@ mod tests {
     }
 
     #[test]
-    fn changes_are_quantized_under_their_blocks_and_growth_is_reported() {
+    fn changes_are_quantized_under_their_blocks_and_moved_largest_magnitudes_reported() {
         let grid = BlockGrid {
             rows: 3,
             columns: 5,
@@ -189,18 +203,22 @@ mod tests {
             [1.0, 2.0, 1.0, 1.0, 1.0, 4.0],
             [448.0, 896.0, 1.0, 1.0, 1.0, 1.0],
         );
+        // Block 0's largest is at element 5, block 1's at element 3 (unchanged).
+        let largest_at = [5, 3, 10, 12, 13, 9];
         let mut out = [0u8; 3];
-        let grown = quantize_changes(
+        let moved = quantize_changes(
             grid,
             &[2, 5, 14],
             &[bf16(4.0), bf16(1.0), bf16(8.0)],
             &scales,
             &largest,
+            &largest_at,
             &mut out,
         )
         .unwrap();
         assert_eq!(out, [e4m3fn(2.0), e4m3fn(1.0), e4m3fn(2.0)]);
-        assert_eq!(grown, [5]);
+        // Block 0: the element holding its largest changed; block 5: a value exceeds it.
+        assert_eq!(moved, [0, 5]);
         for (indices, why) in [(&[5u64, 2][..], "ascending"), (&[15u64][..], "beyond")] {
             let error = quantize_changes(
                 grid,
@@ -208,10 +226,22 @@ mod tests {
                 &vec![0; indices.len()],
                 &scales,
                 &largest,
+                &largest_at,
                 &mut vec![0; indices.len()],
             );
             assert!(error.unwrap_err().to_string().contains(why), "{why}");
         }
-        assert!(quantize_changes(grid, &[0], &[0], &scales[..5], &largest, &mut [0]).is_err());
+        assert!(
+            quantize_changes(
+                grid,
+                &[0],
+                &[0],
+                &scales[..5],
+                &largest,
+                &largest_at,
+                &mut [0]
+            )
+            .is_err()
+        );
     }
 }

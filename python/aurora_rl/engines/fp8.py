@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,21 +190,17 @@ class _Quantized:
 
         largest, where, scales = self.largest.view(-1), self.where.view(-1), self.scales.view(-1)
         # One pass in the core: each changed element quantized under its block's scale, and
-        # the blocks whose largest magnitude an element exceeds.
+        # the blocks whose largest magnitude may have moved (an element exceeds it, or the
+        # element that held it changed), measured again here.
         written = torch.empty(indices.numel(), dtype=torch.float8_e4m3fn)
-        grew = _core.fp8_quantize_changes(
+        moved = _core.fp8_quantize_changes(
             (*self.fp8.shape, *self.block),
             indices.contiguous().view(torch.uint8),
             values.contiguous().view(torch.uint8),
-            scales.view(torch.uint8),
-            largest.view(torch.uint8),
+            (scales.view(torch.uint8), largest.view(torch.uint8), where.view(torch.uint8)),
             written.view(torch.uint8),
         )
-        # A block's largest magnitude also moves where the element that held it changed:
-        # those blocks, and the grown ones, are measured again.
-        found = torch.searchsorted(indices, where).clamp(max=max(indices.numel() - 1, 0))
-        lost = (indices[found] == where).nonzero().view(-1) if indices.numel() else found[:0]
-        moved = torch.unique(torch.cat([torch.tensor(grew, dtype=torch.int64), lost]))
+        moved = torch.tensor(moved, dtype=torch.int64)
         new_largest, new_where = self._measure(tensor, moved)
         new_scales = _scale(new_largest)
         rescaled = new_scales.view(torch.int32) != scales[moved].view(torch.int32)
@@ -246,6 +243,29 @@ class _Quantized:
         return torch.stack(largest), torch.stack(where)
 
 
+class _Update(threading.Thread):
+    """Element writes into host images on a thread of their own (aurora's swap lets go of
+    the GIL); ``wait`` joins it and raises what it raised. Not a daemon: a process that
+    exits meanwhile waits for it rather than killing it inside the swap."""
+
+    def __init__(self, writes: list[ElementWrite]) -> None:
+        super().__init__(name="aurora-fp8-images")
+        self._writes = writes
+        self._error: Optional[BaseException] = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            write_elements(self._writes)
+        except BaseException as error:  # raised again by ``wait``
+            self._error = error
+
+    def wait(self) -> None:
+        self.join()
+        if self._error is not None:
+            raise self._error
+
+
 class Fp8Rollout:
     """An engine serving block-scaled FP8 weights, fed BF16 versions (see the module).
     ``weights``: the BF16 weights the engine's FP8 checkpoint was quantized from, where it
@@ -268,11 +288,13 @@ class Fp8Rollout:
         self._held: dict[str, _Quantized] = {
             name: _Quantized.of(t, block) for name, t in (weights or {}).items() if quantized(name, t.shape)
         }
+        self._updating: Optional[_Update] = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._settle()
         held = {name: _Quantized.of(t, self.block) for name, t in tensors.items() if self._is_quantized(name, t.shape)}
         passed: dict[str, torch.Tensor] = {}
         for name, tensor in tensors.items():
@@ -286,37 +308,60 @@ class Fp8Rollout:
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         """Each quantized tensor's changes as the FP8 elements and scales they move
         (see the module); a tensor changed whole is quantized whole. Transactional, as
-        the wrapped engine is: on an error the kept images are as they were."""
+        the wrapped engine is: on an error the kept images are as they were.
+
+        The kept FP8 images take the changes after the engine has them, on a thread of
+        their own while the engine generates again, where the engine says which tensors
+        it loaded whole (``loaded_whole``, as ``VllmEngine`` does): it reads an image only
+        then, and such a tensor is loaded again from its updated image. Any other engine's
+        images are updated first."""
         import torch
 
+        self._settle()
         passed: dict[str, TensorChange] = {}
         kept: dict[str, _Quantized] = {}
-        undo_fp8: list[Callable[[], None]] = []
+        image_writes: dict[str, ElementWrite] = {}
+        for name, change in changes.items():
+            if not self._is_quantized(name, change.tensor.shape):
+                passed[name] = change
+                continue
+            if change.tensor.dtype != torch.bfloat16:
+                raise ValueError(f"{name}: FP8 rollout weights come from BF16 versions, not {change.tensor.dtype}")
+            held = self._held.get(name)
+            if change.indices is None or held is None:
+                kept[name] = _Quantized.of(change.tensor, self.block)
+                passed[name] = TensorChange(kept[name].fp8, None)
+                passed[scale_name(name)] = TensorChange(kept[name].scales, None)
+                continue
+            kept[name] = _Quantized(held.fp8, held.scales.clone(), held.largest.clone(), held.where.clone(), self.block)
+            rescaled, scales, written, values = kept[name].update(change.tensor, change.indices, change.values())
+            passed[name] = TensorChange(held.fp8, written, values)
+            passed[scale_name(name)] = TensorChange(kept[name].scales, rescaled, scales)
+            image_writes[name] = ElementWrite(held.fp8.view(-1), written, values)
+        reports = hasattr(self.engine, "loaded_whole")
+        if not reports:
+            undo = write_elements(list(image_writes.values()))
         try:
-            for name, change in changes.items():
-                if not self._is_quantized(name, change.tensor.shape):
-                    passed[name] = change
-                    continue
-                if change.tensor.dtype != torch.bfloat16:
-                    raise ValueError(f"{name}: FP8 rollout weights come from BF16 versions, not {change.tensor.dtype}")
-                held = self._held.get(name)
-                if change.indices is None or held is None:
-                    kept[name] = _Quantized.of(change.tensor, self.block)
-                    passed[name] = TensorChange(kept[name].fp8, None)
-                    passed[scale_name(name)] = TensorChange(kept[name].scales, None)
-                    continue
-                kept[name] = _Quantized(held.fp8, held.scales.clone(), held.largest.clone(), held.where.clone(), self.block)
-                rescaled, scales, written, values = kept[name].update(change.tensor, change.indices, change.values())
-                passed[name] = TensorChange(held.fp8, written, values)
-                passed[scale_name(name)] = TensorChange(kept[name].scales, rescaled, scales)
-                # The kept image takes the values too (a swap: the undo restores the old ones).
-                undo_fp8.append(write_elements([ElementWrite(held.fp8.view(-1), written, values)]))
             self.engine.load_changes(passed)
         except BaseException:
-            for undo in reversed(undo_fp8):
+            if not reports:
                 undo()
             raise
         self._held.update(kept)
+        if not reports:
+            return
+        stale = image_writes.keys() & set(self.engine.loaded_whole)
+        if stale:
+            write_elements(list(image_writes.values()))
+            self.engine.load_weights({n: t for name in stale for n, t in ((name, kept[name].fp8), (scale_name(name), kept[name].scales))})
+            return
+        self._updating = _Update(list(image_writes.values()))
+
+    def _settle(self) -> None:
+        """Waits for the kept images' update from the last version, if it still runs."""
+        if self._updating is not None:
+            updating, self._updating = self._updating, None
+            updating.wait()
 
     def mismatched(self, expected: Mapping[str, torch.Tensor]) -> Optional[list[str]]:
         """The tensors of ``expected`` (BF16, the version's) the engine does not compute

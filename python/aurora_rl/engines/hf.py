@@ -4,7 +4,7 @@ checked against, and the CPU fallback.
 Each checkpoint tensor is a view of the parameter the model computes from: the parameter
 itself, or, where the model fuses what checkpoints store apart (a mixture-of-experts
 layer's experts in one 3-D parameter), the part transformers' own reversal of its loading
-conversions cuts out of it (``aurora_rl.export.checkpoint_views``). Loading copies into
+conversions cuts out of it (``aurora_rl.export.checkpoint_places``). Loading copies into
 the views and writes changed elements through them, so an expert no version touched is
 never written. It computes wherever the model is (``model.to("cuda")``): loading copies
 the host tensors an actor hands it onto that device.
@@ -27,11 +27,11 @@ class TransformersEngine:
     """An aurora engine over a ``PreTrainedModel`` (a causal language model)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
-        from aurora_rl.export import checkpoint_views
+        from aurora_rl.export import checkpoint_places
 
         self.model = model.eval()
-        #: Checkpoint name: the view of the parameter (or buffer) it is.
-        self._views = checkpoint_views(model)
+        #: Where each checkpoint tensor lies in the model's state.
+        self._places = checkpoint_places(model)
 
     @classmethod
     def start(cls, model: str, **options: object) -> TransformersEngine:
@@ -72,10 +72,13 @@ class TransformersEngine:
             raise
 
     def _held(self, names: Mapping[str, object]) -> dict[str, torch.Tensor]:
-        unknown = sorted(set(names) - set(self._views))
+        """The checkpoint tensors, as views of where the model holds them now."""
+        from aurora_rl.export import checkpoint_views
+
+        unknown = sorted(set(names) - set(self._places))
         if unknown:
             raise KeyError(f"the model has no {', '.join(unknown)}")
-        return self._views
+        return checkpoint_views(self.model, self._places)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Completion]:
         """Token by token with a KV cache, one prompt at a time (no padding, so each
@@ -130,7 +133,9 @@ class TransformersEngine:
         return [name for name, tensor in expected.items() if not same_bits(views[name].detach().cpu(), tensor)]
 
     def held_weights(self) -> Optional[Mapping[str, torch.Tensor]]:
-        held = dict(self._views)
+        from aurora_rl.export import checkpoint_views
+
+        held = checkpoint_views(self.model, self._places)
         if getattr(self.model.config, "tie_word_embeddings", False):
             # The head is the embedding, which checkpoints store once.
             held.pop("lm_head.weight", None)

@@ -78,9 +78,12 @@ class VllmLora:
             raise RuntimeError("no adapter loaded yet")
         return self.engine.generate(prompts, sampling, lora_request=self._request)
 
-    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
+    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> Optional[list[str]]:
         """The adapter tensors of ``expected`` vLLM does not compute with, read back from
-        its adapter slot (``lora_B`` compared scaled, as vLLM scales it)."""
+        its adapter slot (``lora_B`` compared scaled, as vLLM scales it); None when vLLM's
+        engine runs in a process of its own."""
+        if not self.engine.in_process:
+            return None
         held = self.engine.llm.collective_rpc(read_adapter, args=({n: list(t.shape) for n, t in expected.items()},))[0]
         return [name for name, tensor in expected.items() if not same_bits(held[name], self._as_served(name, tensor))]
 
