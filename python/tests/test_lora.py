@@ -70,7 +70,7 @@ def test_a_trainer_and_a_vllm_actor_run_grpo_steps_on_a_lora_adapter(tmp_path):
     assert all(0 < p.artifact_bytes <= 1.2 * adapter_bytes for p, _ in published)
     adapter = published[-1][1]
     assert engine.mismatched(adapter) == []
-    assert engine.base_mismatched(base) == [], "the base weights are untouched"
+    assert engine.engine.mismatched(base) == [], "the base weights are untouched"
     assert generation_mismatch(engine.generate(PROMPTS, GREEDY), merged(model)) is None
 
 

@@ -38,8 +38,15 @@ impl BlockGrid {
     }
 
     fn refusal(&self) -> Option<String> {
-        (self.rows == 0 || self.columns == 0 || self.block_rows == 0 || self.block_columns == 0)
-            .then(|| format!("{self:?} has no elements or empty blocks"))
+        // Blocks never outnumber elements: a count of elements that fits bounds both.
+        (self.rows == 0
+            || self.columns == 0
+            || self.block_rows == 0
+            || self.block_columns == 0
+            || self.rows.checked_mul(self.columns).is_none())
+        .then(|| {
+            format!("{self:?} has no elements, empty blocks or more elements than a u64 counts")
+        })
     }
 }
 
@@ -243,5 +250,12 @@ mod tests {
             )
             .is_err()
         );
+        let huge = BlockGrid {
+            rows: u64::MAX,
+            columns: 2,
+            ..grid
+        };
+        let error = quantize_changes(huge, &[], &[], &[], &[], &[], &mut []).unwrap_err();
+        assert!(error.to_string().contains("more elements"), "{error}");
     }
 }

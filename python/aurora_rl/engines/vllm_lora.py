@@ -98,10 +98,6 @@ class VllmLora:
         (``mismatched`` compares it)."""
         return None
 
-    def base_mismatched(self, base: Mapping[str, torch.Tensor]) -> Optional[list[str]]:
-        """The base model's tensors vLLM does not compute with (``VllmEngine.mismatched``)."""
-        return self.engine.mismatched(base)
-
 
 def _json_value(value: Any) -> bool:
     try:
