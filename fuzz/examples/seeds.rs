@@ -1,6 +1,6 @@
 //! Writes the seed corpus of `delta_decode` (valid deltas against its fixed base), a
 //! few inputs for `chunk_roundtrip`, the journals of the seed deltas' applies for
-//! `undo_journal`, and valid conversations for `proto_frames` and
+//! `undo_journal`, the genuine parts of `shard_part`, and valid conversations for `proto_frames` and
 //! `proto_state`. Run from `fuzz/`:
 //! `cargo run --example seeds` (the corpus directories are not in git).
 
@@ -10,6 +10,8 @@ fn main() -> std::io::Result<()> {
     write_seeds("delta_decode", aurora_fuzz::seed_deltas(), ".adelta")?;
     write_seeds("chunk_roundtrip", aurora_fuzz::seed_roundtrips(), "")?;
     write_seeds("undo_journal", aurora_fuzz::seed_journals(), ".undo")?;
+    let parts = aurora_fuzz::shard_fixture().1.iter().cloned().enumerate();
+    write_seeds("shard_part", parts, ".part")?;
     let streams = aurora_fuzz::proto::seed_streams();
     // The state target reads a selector byte before the frames.
     write_seeds("proto_state", streams.clone(), "")?;

@@ -12,15 +12,19 @@
 //!   the base image: nothing may panic, a refused journal leaves the buffer alone, and an
 //!   accepted one replays to the same bytes twice. (The journals an apply writes are
 //!   checked in [`check_delta_decode`]: replaying one after the apply restores the base.)
+//! - [`check_shard_part`]: arbitrary bytes as one rank's part of a delta extracted from
+//!   shards (docs/delta-format.md §11), assembled with the other rank's genuine part:
+//!   nothing panics, and whatever is accepted is a delta that parses and whose chunks lie
+//!   inside their tensors.
 
 pub mod proto;
 
 use std::sync::OnceLock;
 
 use aurora_delta::{
-    Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Hash, OwnedTensor,
-    TensorLayout, TensorView, apply, check_base, decode, owned_checkpoint, replay_undo_journal,
-    stats,
+    Checkpoint, DeltaError, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Hash,
+    OwnedTensor, SegmentSource, ShardPiece, ShardTable, TensorLayout, TensorSpec, TensorView,
+    apply, check_base, decode, owned_checkpoint, replay_undo_journal, stats,
 };
 
 /// Runs one fuzz input through the delta parser and decoders.
@@ -639,6 +643,64 @@ pub fn seed_journals() -> Vec<(String, Vec<u8>)> {
             Some((name.to_string(), journal))
         })
         .collect()
+}
+
+/// The fuzz base's shard table and the genuine parts of two ranks, each holding half the
+/// rows of every tensor, of a step at 2% density.
+pub fn shard_fixture() -> &'static (ShardTable, Vec<Vec<u8>>) {
+    static FIXTURE: OnceLock<(ShardTable, Vec<Vec<u8>>)> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let base = base_tensors();
+        let target = stepped(&base, 6, 0.02);
+        let specs = target
+            .iter()
+            .map(|t| {
+                let spec = TensorSpec {
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                };
+                (t.name.clone(), spec)
+            })
+            .collect();
+        let table = ShardTable::new(specs, Encoding::Aurora).expect("a valid table");
+        let parts = (0..2)
+            .map(|rank| {
+                let pieces: Vec<ShardPiece<'_>> = base
+                    .iter()
+                    .zip(&target)
+                    .filter_map(|(b, t)| {
+                        ShardPiece::dim0_shard(&t.name, &t.shape, &b.data, &t.data, rank, 2)
+                    })
+                    .collect();
+                table.extract(&pieces).expect("genuine pieces")
+            })
+            .collect();
+        (table, parts)
+    })
+}
+
+/// Runs one fuzz input as either rank's part, beside the other's genuine one.
+pub fn check_shard_part(data: &[u8]) {
+    let (table, parts) = shard_fixture();
+    for position in 0..parts.len() {
+        let mut inputs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        inputs[position] = data;
+        let Ok(assembly) = table.assemble(0, Hash::ZERO, &inputs) else {
+            continue;
+        };
+        let mut segments = Vec::new();
+        let manifest = assembly
+            .run(|segment| {
+                segments.push(segment.bytes);
+                Ok::<(), DeltaError>(())
+            })
+            .expect("an assembly streams");
+        let (_, bytes) = aurora_delta::assemble(&manifest.header, &segments);
+        let delta = DeltaFile::parse(&bytes).expect("an accepted assembly is a delta");
+        for index in 0..delta.segment_count() {
+            delta.verify_segment(index).expect("its segments verify");
+        }
+    }
 }
 
 #[cfg(test)]

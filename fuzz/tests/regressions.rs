@@ -2,7 +2,8 @@
 //! the fuzzer ever found stays fixed. `cargo test` in `fuzz/` runs them.
 
 use aurora_fuzz::{
-    check_chunk_roundtrip, check_delta_decode, reseal, seed_deltas, seed_roundtrips,
+    check_chunk_roundtrip, check_delta_decode, check_shard_part, reseal, seed_deltas,
+    seed_roundtrips, shard_fixture,
 };
 
 #[test]
@@ -33,6 +34,31 @@ fn damaged_seeds_never_panic() {
             let mut damaged = bytes.clone();
             damaged[at] ^= 0x55;
             check_delta_decode(&damaged);
+        }
+    }
+}
+
+#[test]
+fn genuine_shard_parts_assemble_and_damaged_ones_never_panic() {
+    let (table, parts) = shard_fixture();
+    let inputs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    let assembly = table
+        .assemble(0, aurora_delta::Hash::ZERO, &inputs)
+        .expect("genuine parts");
+    assert_eq!(
+        assembly.parts_base_hash(),
+        aurora_fuzz::base().checkpoint.weights_hash()
+    );
+    for part in parts {
+        check_shard_part(part);
+        // Every byte of the header and the first segment's start, and a sample after.
+        for at in (0..part.len()).filter(|at| *at < 512 || at % 61 == 0) {
+            let mut damaged = part.clone();
+            damaged[at] ^= 0x55;
+            check_shard_part(&damaged);
+        }
+        for cut in 0..part.len().min(512) {
+            check_shard_part(&part[..cut]);
         }
     }
 }

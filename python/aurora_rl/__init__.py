@@ -6,6 +6,8 @@ The Rust core that the ``aurora`` binary runs, with torch and numpy faces:
   tensor names to torch tensors or numpy arrays.
 - ``Trainer``: the trainer node (control plane, transport hub, checkpoint store) in a
   PyTorch process: publish versions, post steps, take accepted rollouts.
+- ``aurora_rl.sharded.ShardedPublisher`` (with torch): publishes from an FSDP2-sharded
+  model without gathering it, each rank encoding its own shards.
 - ``Actor``: the actor node in an inference process, activating versions into an engine
   (``aurora_rl.engines``: vLLM, Hugging Face transformers) at its safe points.
 

@@ -60,6 +60,14 @@ def _is_numpy(value: object) -> bool:
     return numpy is not None and isinstance(value, numpy.ndarray)
 
 
+def dtype_name(dtype: Any) -> str:
+    """The safetensors name of a torch dtype."""
+    name = _TORCH_NAMES.get(str(dtype).removeprefix("torch."))
+    if name is None:
+        raise TypeError(f"dtype {dtype} has no counterpart in the delta format")
+    return name
+
+
 def host_tensors(state: Mapping[str, Tensor]) -> list[HostTensor]:
     """The extension's view of a mapping from tensor names to tensors."""
     if not isinstance(state, Mapping):
@@ -76,9 +84,10 @@ def host_tensor(name: str, tensor: Tensor) -> HostTensor:
         host = tensor.detach()
         if host.device.type != "cpu":
             host = host.to("cpu")
-        dtype = _TORCH_NAMES.get(str(host.dtype).removeprefix("torch."))
-        if dtype is None:
-            raise TypeError(f"tensor {name!r}: dtype {host.dtype} has no counterpart in the delta format")
+        try:
+            dtype = dtype_name(host.dtype)
+        except TypeError as error:
+            raise TypeError(f"tensor {name!r}: {error}") from None
         flat = host.contiguous().reshape(-1).view(torch.uint8)
         return (name, dtype, list(host.shape), flat)
     if _is_numpy(tensor):

@@ -93,6 +93,8 @@ class Trainer(ClosingNode):
         insecure_unsigned: bool = False,
     ) -> None:
         self.token = token if token is not None else secrets.token_hex(32)
+        #: The chunk encoding of every delta this node publishes.
+        self.encoding = encoding
         self._node = _core.TrainerNodeCore(
             directory=Path(directory),
             token=self.token,
@@ -150,14 +152,40 @@ class Trainer(ClosingNode):
         logger.info("published version %d (%d bytes)", published.version, published.artifact_bytes)
         return published
 
+    def publish_shards(self, tensors: list[tuple[str, str, list[int]]], parts: list[bytes]) -> Published:
+        """Publishes the next version from the parts of a sharded trainer's ranks, each
+        encoded where its shards are (``aurora_rl.ShardedPublisher`` makes and gathers
+        them; ``tensors`` is the checkpoint's table, ``(name, dtype, shape)`` each): no
+        process holds the model whole. Refused unless the parts cover every tensor once
+        and their base is the latest version as published."""
+        published = Published(*self._node.publish_shards(tensors, list(parts)))
+        # The base of the next version is held by the ranks now, not here.
+        self._previous = None
+        logger.info("published version %d from %d shards (%d bytes)", published.version, len(parts), published.artifact_bytes)
+        return published
+
+    def check_shards(self, tensors: list[tuple[str, str, list[int]]], parts: list[bytes]) -> int:
+        """Checks that the ranks' parts (each extracted with its shards as both base and
+        target) hold the latest published version, by the weights hash they compose: a
+        sharded trainer's :meth:`resume`. Returns that version."""
+        version, expected = self._latest_or_refuse()
+        actual = _core.shards_weights_hash(tensors, list(parts), self.encoding)
+        if actual != expected:
+            raise _core.WrongBaseError(f"the shards hash to {actual}, not to version {version}'s {expected}")
+        self._previous = None
+        return version
+
+    def _latest_or_refuse(self) -> tuple[int, str]:
+        latest = self._node.latest()
+        if latest is None:
+            raise _core.UsageError("nothing is published in this directory: publish the first version")
+        return latest
+
     def resume(self, state: Mapping[str, Tensor]) -> int:
         """Carries on from a reopened directory: ``state`` must be the latest published
         version's weights (checked by their hash), the base of the next publish. Returns
         that version."""
-        latest = self._node.latest()
-        if latest is None:
-            raise _core.UsageError("nothing is published in this directory: publish the first version")
-        version, expected = latest
+        version, expected = self._latest_or_refuse()
         tensors = host_tensors(state)
         actual = _core.weights_hash(tensors)
         if actual != expected:

@@ -142,13 +142,16 @@ pub fn delta_error(error: Rust) -> PyErr {
         }
         Rust::WrongBase { .. } | Rust::BaseMismatch(_) => WrongBaseError::new_err(message),
         Rust::TargetMismatch { .. } => TargetMismatchError::new_err(message),
-        Rust::Checkpoint(_) | Rust::Unsupported { .. } => CheckpointError::new_err(message),
+        Rust::Checkpoint(_) | Rust::Unsupported { .. } | Rust::ShardCoverage(_) => {
+            CheckpointError::new_err(message)
+        }
         Rust::BadMagic
         | Rust::UnsupportedVersion { .. }
         | Rust::Malformed(_)
         | Rust::LimitExceeded { .. }
         | Rust::SegmentMalformed { .. }
         | Rust::ChunkMalformed { .. }
+        | Rust::ShardPart { .. }
         | Rust::BrokenChain(_)
         | Rust::Journal(_)
         | Rust::Spill(_)

@@ -11,12 +11,12 @@ mod node;
 mod trust;
 
 use aurora_delta::{
-    Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, TensorView, check_base,
-    decode,
+    Checkpoint, DeltaFile, Dtype, Encoding, ExtractOptions, Extraction, Hash, ShardPiece,
+    ShardTable, TensorSpec, TensorView, check_base, decode,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyByteArray, PyBytes};
 
 use dlpack::HostBytes;
 use errors::{delta_error, usage_error};
@@ -68,6 +68,89 @@ impl<'py> Tensors<'py> {
     }
 }
 
+fn encoding_named(name: &str) -> PyResult<Encoding> {
+    match name {
+        "aurora" => Ok(Encoding::Aurora),
+        "leb128" => Ok(Encoding::Leb128),
+        "dense" => Ok(Encoding::Dense),
+        other => Err(PyValueError::new_err(format!(
+            "unknown encoding {other:?}: aurora, leb128 or dense"
+        ))),
+    }
+}
+
+/// A tensor of a sharded checkpoint's table: name, safetensors dtype name, whole shape.
+type SpecArg = (String, String, Vec<u64>);
+
+fn tensor_specs(tensors: Vec<SpecArg>) -> PyResult<Vec<(String, TensorSpec)>> {
+    tensors
+        .into_iter()
+        .map(|(name, dtype, shape)| {
+            let dtype = Dtype::from_name(&dtype).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "tensor '{name}': dtype {dtype} is not one the delta format knows"
+                ))
+            })?;
+            Ok((name, TensorSpec { dtype, shape }))
+        })
+        .collect()
+}
+
+/// A rank's part of a delta extracted where the model is sharded (docs/delta-format.md
+/// §11): `tensors` is the whole table (every rank gives the same), `pieces` the element
+/// ranges this rank holds, each `(name, first element, base bytes, target bytes)` with
+/// the bytes as flat `uint8` host tensors.
+#[pyfunction]
+fn extract_shard<'py>(
+    py: Python<'py>,
+    tensors: Vec<SpecArg>,
+    pieces: Vec<(String, u64, Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    encoding: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let table =
+        ShardTable::new(tensor_specs(tensors)?, encoding_named(encoding)?).map_err(delta_error)?;
+    let mut borrowed = Vec::with_capacity(pieces.len());
+    for (name, first, base, target) in &pieces {
+        let what = format!("the shard of tensor '{name}' from element {first}");
+        borrowed.push((
+            name,
+            *first,
+            HostBytes::borrow(base, &what)?,
+            HostBytes::borrow(target, &what)?,
+        ));
+    }
+    let shard_pieces: Vec<ShardPiece<'_>> = borrowed
+        .iter()
+        .map(|(name, first, base, target)| ShardPiece {
+            name,
+            first: *first,
+            base: base.as_slice(),
+            target: target.as_slice(),
+        })
+        .collect();
+    let part = py
+        .detach(|| table.extract(&shard_pieces))
+        .map_err(delta_error)?;
+    Ok(PyBytes::new(py, &part))
+}
+
+/// The weights hash (§2, in hex) of the target the ranks' parts of a sharded delta
+/// compose, checked to cover every tensor of `tensors` once.
+#[pyfunction]
+fn shards_weights_hash(
+    py: Python<'_>,
+    tensors: Vec<SpecArg>,
+    parts: Vec<Bound<'_, PyBytes>>,
+    encoding: &str,
+) -> PyResult<String> {
+    let table =
+        ShardTable::new(tensor_specs(tensors)?, encoding_named(encoding)?).map_err(delta_error)?;
+    let parts: Vec<&[u8]> = parts.iter().map(|part| part.as_bytes()).collect();
+    py.detach(|| table.assemble(0, Hash::ZERO, &parts))
+        .map(|assembly| assembly.target_hash().to_hex())
+        .map_err(delta_error)
+}
+
 /// The weights hash of docs/delta-format.md §2, in hex.
 #[pyfunction]
 fn weights_hash(py: Python<'_>, state: Vec<TensorArg<'_>>) -> PyResult<String> {
@@ -88,16 +171,7 @@ fn diff<'py>(
     base_version: u64,
     target_version: Option<u64>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let encoding = match encoding {
-        "aurora" => Encoding::Aurora,
-        "leb128" => Encoding::Leb128,
-        "dense" => Encoding::Dense,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "unknown encoding {other:?}: aurora, leb128 or dense"
-            )));
-        }
-    };
+    let encoding = encoding_named(encoding)?;
     let target_version = match target_version {
         Some(version) => version,
         None => base_version.checked_add(1).ok_or_else(|| {
@@ -232,22 +306,28 @@ fn swap_elements(
         .map_err(delta_error)
 }
 
-/// Quantizes BF16 changes to block-scaled FP8 (`aurora_delta::fp8::quantize_changes`):
-/// `values` (the BF16 bytes at `indices`, int64 bytes) of a `grid` = (rows, columns,
-/// block rows, block columns) matrix, into `quantized` (one byte each). `blocks` = (scales,
-/// largest, largest_at): per block its scale and largest magnitude (float32 bytes) and
-/// where that lies (int64 bytes). Returns the blocks whose largest magnitude may have
-/// moved.
+/// Takes a version's changes to a BF16 matrix into its FP8 image
+/// (`aurora_delta::fp8::requantize`): `grid` is `(rows, columns, block rows, block
+/// columns)`, `matrix` the new matrix whole, `indices` and `values` the changes, `stats`
+/// the blocks' scales, largest magnitudes and their places (updated in place), and
+/// `quantized` receives the changes' FP8 values. Returns the rescaled blocks, their new
+/// scales and, where a scale moved, every element to write as writable bytes (int64
+/// indices, FP8 values).
 #[pyfunction]
-fn fp8_quantize_changes(
-    py: Python<'_>,
+#[allow(clippy::type_complexity)]
+fn fp8_requantize<'py>(
+    py: Python<'py>,
     grid: (u64, u64, u64, u64),
-    indices: Bound<'_, PyAny>,
-    values: Bound<'_, PyAny>,
-    blocks: (Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>),
-    quantized: Bound<'_, PyAny>,
-) -> PyResult<Vec<u64>> {
-    let (scales, largest, largest_at) = blocks;
+    matrix: Bound<'py, PyAny>,
+    indices: Bound<'py, PyAny>,
+    values: Bound<'py, PyAny>,
+    stats: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+    quantized: Bound<'py, PyAny>,
+) -> PyResult<(
+    Vec<u64>,
+    Vec<f32>,
+    Option<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)>,
+)> {
     let (rows, columns, block_rows, block_columns) = grid;
     let grid = aurora_delta::fp8::BlockGrid {
         rows,
@@ -255,39 +335,45 @@ fn fp8_quantize_changes(
         block_rows,
         block_columns,
     };
+    let matrix = HostBytes::borrow(&matrix, "the matrix")?;
     let indices = HostBytes::borrow(&indices, "the indices")?;
     let values = HostBytes::borrow(&values, "the values")?;
-    let scales = HostBytes::borrow(&scales, "the scales")?;
-    let largest = HostBytes::borrow(&largest, "the largest magnitudes")?;
-    let largest_at = HostBytes::borrow(&largest_at, "the places of the largest magnitudes")?;
+    let mut scales = HostBytes::borrow(&stats.0, "the scales")?;
+    let mut largest = HostBytes::borrow(&stats.1, "the largest magnitudes")?;
+    let mut largest_at = HostBytes::borrow(&stats.2, "the places of the largest magnitudes")?;
     let mut quantized = HostBytes::borrow(&quantized, "the quantized values")?;
+    let bf16 = "must be the bytes of a bfloat16 tensor";
+    let matrix: &[u16] = words(matrix.as_slice(), &format!("the matrix {bf16}"))?;
     let indices: &[u64] = words(
         indices.as_slice(),
         "the indices must be the bytes of an int64 tensor",
     )?;
-    let values: &[u16] = words(
-        values.as_slice(),
-        "the values must be the bytes of a bfloat16 tensor",
-    )?;
-    let scales: &[f32] = words(
-        scales.as_slice(),
-        "the scales must be the bytes of a float32 tensor",
-    )?;
-    let largest: &[f32] = words(
-        largest.as_slice(),
-        "the largest magnitudes must be the bytes of a float32 tensor",
-    )?;
-    let largest_at: &[u64] = words(
-        largest_at.as_slice(),
-        "their places must be the bytes of an int64 tensor",
-    )?;
+    let values: &[u16] = words(values.as_slice(), &format!("the values {bf16}"))?;
+    let stats = aurora_delta::fp8::BlockStats {
+        scales: words_mut(
+            scales.as_mut_slice(),
+            "the scales must be the bytes of a float32 tensor",
+        )?,
+        largest: words_mut(
+            largest.as_mut_slice(),
+            "the largest magnitudes must be the bytes of a float32 tensor",
+        )?,
+        largest_at: words_mut(
+            largest_at.as_mut_slice(),
+            "their places must be the bytes of an int64 tensor",
+        )?,
+    };
     let quantized = quantized.as_mut_slice();
-    py.detach(|| {
-        aurora_delta::fp8::quantize_changes(
-            grid, indices, values, scales, largest, largest_at, quantized,
+    let out = py
+        .detach(|| aurora_delta::fp8::requantize(grid, matrix, indices, values, stats, quantized))
+        .map_err(delta_error)?;
+    let merged = (!out.rescaled.is_empty()).then(|| {
+        (
+            PyByteArray::new(py, bytemuck::cast_slice(&out.indices)),
+            PyByteArray::new(py, &out.values),
         )
-    })
-    .map_err(delta_error)
+    });
+    Ok((out.rescaled, out.scales, merged))
 }
 
 /// `bytes` as a slice of `T` words, refused with `refusal` unless aligned and whole.
@@ -296,6 +382,14 @@ fn words<'a, T: bytemuck::Pod>(bytes: &'a [u8], refusal: &str) -> PyResult<&'a [
         return Ok(&[]);
     }
     bytemuck::try_cast_slice(bytes).map_err(|_| usage_error(refusal))
+}
+
+/// [`words`] of writable bytes.
+fn words_mut<'a, T: bytemuck::Pod>(bytes: &'a mut [u8], refusal: &str) -> PyResult<&'a mut [T]> {
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| usage_error(refusal))
 }
 
 /// The Hugging Face names an inference engine stores as one fused parameter with `name`
@@ -324,10 +418,12 @@ fn _core(module: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     module.add_function(wrap_pyfunction!(weights_hash, module)?)?;
     module.add_function(wrap_pyfunction!(diff, module)?)?;
+    module.add_function(wrap_pyfunction!(extract_shard, module)?)?;
+    module.add_function(wrap_pyfunction!(shards_weights_hash, module)?)?;
     module.add_function(wrap_pyfunction!(target_layout, module)?)?;
     module.add_function(wrap_pyfunction!(apply_into, module)?)?;
     module.add_function(wrap_pyfunction!(swap_elements, module)?)?;
-    module.add_function(wrap_pyfunction!(fp8_quantize_changes, module)?)?;
+    module.add_function(wrap_pyfunction!(fp8_requantize, module)?)?;
     module.add_function(wrap_pyfunction!(fused_parts, module)?)?;
     module.add_function(wrap_pyfunction!(unfused_names, module)?)?;
     module.add_class::<node::TrainerNodeCore>()?;

@@ -23,7 +23,7 @@ use pyo3::types::PyBytes;
 use crate::dlpack::export_bytes;
 use crate::errors::{self, NodeClosedError, delta_error, node_timeout_error, usage_error};
 use crate::trust::TrustArgs;
-use crate::{TensorArg, Tensors};
+use crate::{SpecArg, TensorArg, Tensors, tensor_specs};
 
 /// An error's message and every cause after it.
 pub(crate) fn message_chain(error: &dyn std::error::Error) -> String {
@@ -331,6 +331,22 @@ impl TrainerNodeCore {
         let (base, target) = (base.checkpoint()?, target.checkpoint()?);
         let node = self.node()?;
         py.detach(|| node.publish(&base, &target))
+            .map(published)
+            .map_err(node_error)
+    }
+
+    /// Publishes the next version from the parts of a sharded trainer's ranks
+    /// (`extract_shard` over each rank's element ranges of `tensors`).
+    fn publish_shards(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<SpecArg>,
+        parts: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<(u64, String, u64)> {
+        let tensors = tensor_specs(tensors)?;
+        let node = self.node()?;
+        let parts: Vec<&[u8]> = parts.iter().map(|part| part.as_bytes()).collect();
+        py.detach(|| node.publish_shards(tensors, &parts))
             .map(published)
             .map_err(node_error)
     }

@@ -8,7 +8,8 @@ blocks, one scale each, as FP8 checkpoints of Qwen3 and DeepSeek store them).
 - vLLM's CPU build serves the FP8 checkpoint (its W8A16 AMX kernel), takes each version's
   FP8 writes in place, reads them back equal to the from-scratch quantization, and
   generates exactly as a vLLM started from that version's FP8 checkpoint.
-- An actor takes versions a trainer publishes in BF16 into it, each verified in full.
+- A trainer trains GRPO-style on what an FP8 actor generates; the actor takes each BF16
+  version into its FP8 engine, verified in full.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_steps import verifying_actor
+from grpo_steps import grpo_steps, verifying_actor
 from safetensors.torch import load_file
-from test_engines import GREEDY, PROMPTS, element_changes, next_version, next_work, small_qwen3, sparse_step
+from test_engines import GREEDY, PROMPTS, element_changes, next_version, small_qwen3, sparse_step
 
 import aurora_rl
 from aurora_rl.engines import ElementWrite, same_bits, write_elements
 from aurora_rl.engines.fp8 import Fp8Rollout, quantize_blocks, quantized_checkpoint, save_checkpoint, scale_name
 from aurora_rl.engines.vllm import VllmEngine
+from aurora_rl.export import export_bf16
 
 WEIGHT = "model.layers.0.mlp.down_proj.weight"
 
@@ -59,6 +61,21 @@ class HostEngine:
         self.loaded_whole = changes.keys() - by_element.keys()
         self.load_weights({name: changes[name].tensor for name in self.loaded_whole})
         self.written = {name: c.indices.numel() for name, c in by_element.items()}
+
+
+class ImageReader:
+    """An engine that takes every change whole, from the change's tensor, and does not say
+    what it loaded whole: it reads the wrapper's FP8 images, which must be current."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = {name: t.clone() for name, t in tensors.items()}
+
+    def load_weights(self, tensors) -> None:
+        for name, tensor in tensors.items():
+            self.tensors[name] = tensor.clone()
+
+    def load_changes(self, changes) -> None:
+        self.load_weights({name: change.tensor for name, change in changes.items()})
 
 
 def assert_quantized_from_scratch(engine: HostEngine, weights: dict[str, torch.Tensor]) -> None:
@@ -99,10 +116,19 @@ def test_requantizing_the_changes_gives_the_version_quantized_from_scratch():
     stepped = dict(weights, **{WEIGHT: tensor})
     rollout.load_changes(element_changes(weights, stepped))
     assert_quantized_from_scratch(engine, stepped)
-    moved = quantize_blocks(tensor)[1] != quantize_blocks(weights[WEIGHT])[1]
-    assert moved.nonzero().tolist() == [[0, 0], [2, 2]]
-    # Written: the three changed elements, and every element of the two rescaled blocks.
-    assert engine.written[WEIGHT] == 128 * 128 + 44 * 4 + 1
+    before, after = quantize_blocks(weights[WEIGHT])[1], quantize_blocks(tensor)[1]
+    assert (before != after).nonzero().tolist() == [[0, 0], [2, 2]]
+    # Written: the three changed elements, and those of the two rescaled blocks whose FP8
+    # value the new scale moves (not all: a scale moves by little).
+    written = set((tensor.view(-1) != weights[WEIGHT].view(-1)).nonzero().view(-1).tolist())
+    for row, column in ((0, 0), (2, 2)):
+        elements = block(row, column)
+        old, new = (tensor.float().view(-1)[elements] / s[row, column] for s in (before, after))
+        moved = old.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8) != new.clamp(-448, 448).to(
+            torch.float8_e4m3fn).view(torch.uint8)
+        written |= set(elements[moved].tolist())
+    assert len(written) < 128 * 128 + 44 * 4 + 1
+    assert engine.written[WEIGHT] == len(written)
     assert engine.written[scale_name(WEIGHT)] == 2
     assert not torch.equal(scales, engine.tensors[scale_name(WEIGHT)])
 
@@ -118,29 +144,44 @@ def test_requantizing_the_changes_gives_the_version_quantized_from_scratch():
     assert_quantized_from_scratch(engine, final)
 
 
+def test_an_engine_that_reads_the_images_gets_them_current():
+    generator = torch.Generator().manual_seed(2)
+    weights = {WEIGHT: (torch.randn(256, 384, generator=generator) * 0.02).to(torch.bfloat16)}
+    engine = ImageReader(quantized_checkpoint(weights))
+    rollout = Fp8Rollout(engine, weights)
+    for step in range(1, 4):
+        stepped = sparse_step(weights, 0.02, 30 + step)
+        rollout.load_changes(element_changes(weights, stepped))
+        assert_quantized_from_scratch(engine, stepped)
+        weights = stepped
+
+
 def test_the_core_rounds_to_fp8_as_torch_does():
-    """aurora's one pass over the changes (``_core.fp8_quantize_changes``) against torch's
-    division, clamp and conversion, on every BF16 bit pattern (NaNs, infinities and
-    subnormals included) under scales that land them across FP8's range."""
+    """aurora's pass over the changes (``_core.fp8_requantize``) against torch's division,
+    clamp and conversion, on every BF16 bit pattern (NaNs, infinities and subnormals
+    included) under scales that land them across FP8's range: each pattern a block of
+    its own, whose largest magnitude no change moves."""
     from aurora_rl import _core
 
     values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     n = values.numel()
     for scale in (1.0, 0.37, 3e-3, 1e3, 2.0**-20, 7.1):
-        scales = torch.tensor([scale], dtype=torch.float32)
+        scales = torch.full((n,), scale, dtype=torch.float32)
+        largest, where = torch.full((n,), float("inf")), torch.full((n,), -1, dtype=torch.int64)
         quantized = torch.empty(n, dtype=torch.float8_e4m3fn)
-        moved = _core.fp8_quantize_changes(
-            (1, n, 1, n), torch.arange(n).view(torch.uint8), values.view(torch.uint8),
-            (scales.view(torch.uint8), torch.tensor([1.0]).view(torch.uint8), torch.tensor([0]).view(torch.uint8)),
+        rescaled, _, merged = _core.fp8_requantize(
+            (1, n, 1, 1), values.view(torch.uint8), torch.arange(n).view(torch.uint8), values.view(torch.uint8),
+            (scales.view(torch.uint8), largest.view(torch.uint8), where.view(torch.uint8)),
             quantized.view(torch.uint8),
         )
         expected = (values.float() / scales).clamp(-448, 448).to(torch.float8_e4m3fn)
         assert same_bits(quantized, expected), scale
-        assert moved == [0]
+        assert (rescaled, merged) == ([], None)
     with pytest.raises(aurora_rl.AuroraError, match="not strictly ascending"):
-        _core.fp8_quantize_changes(
-            (1, 4, 1, 4), torch.tensor([2, 1]).view(torch.uint8), values[:2].view(torch.uint8),
-            (scales.view(torch.uint8), scales.view(torch.uint8), torch.tensor([0]).view(torch.uint8)),
+        _core.fp8_requantize(
+            (1, 4, 1, 4), values[:4].view(torch.uint8), torch.tensor([2, 1]).view(torch.uint8),
+            values[:2].view(torch.uint8),
+            (scales[:1].view(torch.uint8), scales[:1].view(torch.uint8), torch.tensor([0]).view(torch.uint8)),
             quantized[:2].view(torch.uint8),
         )
 
@@ -196,20 +237,17 @@ def test_vllm_serves_fp8_versions_written_in_place(bf16_dir, tmp_path):
     assert [c.logprobs for c in served] == [c.logprobs for c in fresh]
 
 
-def test_an_fp8_actor_takes_bf16_versions_each_verified_in_full(bf16_dir, tmp_path):
-    weights = load_file(str(bf16_dir / "model.safetensors"))
+def test_an_fp8_actor_serves_grpo_steps_each_version_verified_in_full(bf16_dir, tmp_path):
+    """A trainer trains the BF16 model GRPO-style on the rollouts an FP8 actor generates;
+    the actor takes each BF16 version and reads it back, quantized, before serving it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    weights = export_bf16(model)
     rollout = Fp8Rollout(start(fp8_model(tmp_path / "fp8", weights, bf16_dir)), weights)
     with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
         trainer.publish(weights)
         with verifying_actor(trainer, rollout, weights) as actor:
-            for version in range(1, 4):
-                weights = sparse_step(weights, 0.01, 20 + version)
-                published = trainer.publish(weights)
-                trainer.open_step([version])
-                trainer.commit()
-                work = next_work(actor)
-                assert (work.version, work.weights_hash) == (version, published.weights_hash)
-                completions = rollout.generate([[1, 2, 3]], GREEDY)
-                actor.submit(work, [(work.leases[0], completions[0].token_ids, len(completions[0].token_ids))])
-                assert trainer.wait_step(timeout=60).version == version
-    assert rollout.mismatched(weights) == []
+            published = grpo_steps(trainer, actor, model, optimizer, export_bf16, steps=3)
+    assert rollout.mismatched(published[-1][1]) == []

@@ -267,13 +267,12 @@ impl<'a> Checkpoint<'a> {
         let mut hasher = blake3::Hasher::new();
         hasher.update(WEIGHTS_HASH_DOMAIN);
         for tensor in &self.tensors {
-            hasher.update(&(tensor.name.len() as u32).to_le_bytes());
-            hasher.update(tensor.name.as_bytes());
-            hasher.update(&[tensor.dtype as u8, tensor.shape.len() as u8]);
-            for dim in &tensor.shape {
-                hasher.update(&dim.to_le_bytes());
-            }
-            hasher.update(&(tensor.data.len() as u64).to_le_bytes());
+            hasher.update(&tensor_framing(
+                &tensor.name,
+                tensor.dtype,
+                &tensor.shape,
+                tensor.data.len() as u64,
+            ));
             data(tensor, &mut hasher);
         }
         Hash(*hasher.finalize().as_bytes())
@@ -290,7 +289,20 @@ pub(crate) fn hash_bytes(hasher: &mut blake3::Hasher, bytes: &[u8]) {
 }
 
 /// Domain separation so a weights hash can never collide with a hash of other content.
-const WEIGHTS_HASH_DOMAIN: &[u8] = b"aurora weights v1\0";
+pub(crate) const WEIGHTS_HASH_DOMAIN: &[u8] = b"aurora weights v1\0";
+
+/// What precedes a tensor's data in the weights hash's input (§2).
+pub(crate) fn tensor_framing(name: &str, dtype: Dtype, shape: &[u64], data_len: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + name.len() + 2 + 8 * shape.len() + 8);
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&[dtype as u8, shape.len() as u8]);
+    for dim in shape {
+        out.extend_from_slice(&dim.to_le_bytes());
+    }
+    out.extend_from_slice(&data_len.to_le_bytes());
+    out
+}
 
 pub(crate) fn checked_byte_len(dtype: Dtype, shape: &[u64]) -> Option<u64> {
     shape

@@ -60,6 +60,10 @@ pub enum DeltaError {
     Spill(String),
     #[error("extraction was cancelled by its consumer")]
     Cancelled,
+    #[error("shard part {part} is invalid: {reason}")]
+    ShardPart { part: usize, reason: String },
+    #[error("the shards' parts do not make one checkpoint: {0}")]
+    ShardCoverage(String),
     #[error("element writes refused, nothing written: {0}")]
     ElementWrites(String),
 }

@@ -13,6 +13,7 @@ use std::sync::{Condvar, Mutex};
 
 use crate::checkpoint::{Checkpoint, Hash, TensorView};
 use crate::codec::{ChunkEncoding, ChunkRecord, EncodedPiece, Encoding, encode_range};
+use crate::dtype::Dtype;
 use crate::error::{DeltaError, Result};
 use crate::format::{
     DeltaHeader, MAX_CHUNK_ELEMENTS, MAX_DIMS, MAX_NAME_BYTES, MAX_SEGMENT_BYTES, MAX_TENSORS,
@@ -66,6 +67,32 @@ impl Default for ExtractOptions {
     }
 }
 
+/// What a publisher streams: a delta's header, known before its first segment, and its
+/// segments in order as [`Extraction::run`] produces them.
+pub trait SegmentSource: Sync {
+    fn header(&self) -> &DeltaHeader;
+
+    /// Passes each segment to `sink` in order and returns the manifest; an error of
+    /// `sink` stops it and is returned.
+    fn run<E: From<DeltaError> + Send>(
+        &self,
+        sink: impl FnMut(Segment) -> std::result::Result<(), E> + Send,
+    ) -> std::result::Result<Manifest, E>;
+}
+
+impl SegmentSource for Extraction<'_> {
+    fn header(&self) -> &DeltaHeader {
+        Extraction::header(self)
+    }
+
+    fn run<E: From<DeltaError> + Send>(
+        &self,
+        sink: impl FnMut(Segment) -> std::result::Result<(), E> + Send,
+    ) -> std::result::Result<Manifest, E> {
+        Extraction::run(self, sink)
+    }
+}
+
 /// One finished segment, in artifact order.
 #[derive(Debug, Clone)]
 pub struct Segment {
@@ -74,31 +101,31 @@ pub struct Segment {
     pub hash: Hash,
 }
 
-struct ChunkJob {
+/// One element range of one tensor, with its bytes on both sides (no base: a dense job).
+struct ChunkJob<'c> {
     tensor: u32,
     start: u64,
     len: u64,
-    dense: bool,
+    base: Option<&'c [u8]>,
+    target: &'c [u8],
 }
 
 /// A planned extraction: the header is final, the segments are produced by [`run`].
 ///
 /// [`run`]: Extraction::run
-pub struct Extraction<'c, 'a> {
-    base: &'c Checkpoint<'a>,
-    target: &'c Checkpoint<'a>,
+pub struct Extraction<'c> {
     header: DeltaHeader,
-    jobs: Vec<ChunkJob>,
+    jobs: Vec<ChunkJob<'c>>,
     options: ExtractOptions,
     input_done: AtomicU64,
 }
 
-impl<'c, 'a> Extraction<'c, 'a> {
+impl<'c> Extraction<'c> {
     /// Classifies every tensor and plans the chunk jobs. Tensors whose name appears on
     /// one side only are added or removed; a changed dtype or shape is a replacement.
     pub fn new(
-        base: &'c Checkpoint<'a>,
-        target: &'c Checkpoint<'a>,
+        base: &'c Checkpoint<'_>,
+        target: &'c Checkpoint<'_>,
         options: ExtractOptions,
     ) -> Result<Self> {
         let mut names: Vec<&str> = base
@@ -150,23 +177,19 @@ impl<'c, 'a> Extraction<'c, 'a> {
                 (None, Some(t)) => TensorChange::Added(spec(t)),
                 (None, None) => unreachable!("name came from one of the checkpoints"),
             };
-            if let Some(target_spec) = change.target() {
+            if let Some(target_tensor) = target.get(name) {
                 let dense = options.encoding == Encoding::Dense
                     || !matches!(change, TensorChange::Patched(_));
-                let elements = target_spec.element_count();
-                let per_chunk = (CHUNK_BYTES / target_spec.dtype.size_bytes() as u64)
-                    .clamp(1, MAX_CHUNK_ELEMENTS);
-                let mut start = 0;
-                while start < elements {
-                    let len = per_chunk.min(elements - start);
-                    jobs.push(ChunkJob {
-                        tensor: index as u32,
-                        start,
-                        len,
-                        dense,
-                    });
-                    start += len;
-                }
+                let base_data =
+                    (!dense).then(|| base.get(name).expect("patched tensors have a base").data);
+                plan_jobs(
+                    &mut jobs,
+                    index as u32,
+                    target_tensor.dtype,
+                    0,
+                    base_data,
+                    target_tensor.data,
+                );
             }
             tensors.push(TensorEntry {
                 name: name.to_string(),
@@ -191,13 +214,36 @@ impl<'c, 'a> Extraction<'c, 'a> {
             tensors,
         };
         Ok(Extraction {
-            base,
-            target,
             header,
             jobs,
             options,
             input_done: AtomicU64::new(0),
         })
+    }
+
+    /// An extraction of some element ranges of `header`'s patched tensors only: what a
+    /// holder of shards encodes (§11). Each piece is a tensor's index, the range's first
+    /// element and the range's bytes on both sides, checked by the caller.
+    pub(crate) fn of_pieces(
+        header: DeltaHeader,
+        pieces: impl IntoIterator<Item = (u32, u64, &'c [u8], &'c [u8])>,
+        options: ExtractOptions,
+    ) -> Self {
+        let mut jobs = Vec::new();
+        for (tensor, first, base, target) in pieces {
+            let dtype = header.tensors[tensor as usize]
+                .change
+                .target()
+                .expect("pieces are of patched tensors")
+                .dtype;
+            plan_jobs(&mut jobs, tensor, dtype, first, Some(base), target);
+        }
+        Extraction {
+            header,
+            jobs,
+            options,
+            input_done: AtomicU64::new(0),
+        }
     }
 
     pub fn header(&self) -> &DeltaHeader {
@@ -206,7 +252,7 @@ impl<'c, 'a> Extraction<'c, 'a> {
 
     /// Bytes of target data the encoder will read in all.
     pub fn input_bytes(&self) -> u64 {
-        self.target.total_bytes()
+        self.jobs.iter().map(|job| job.target.len() as u64).sum()
     }
 
     /// Bytes of target data encoded so far; safe to poll from another thread.
@@ -353,35 +399,48 @@ impl<'c, 'a> Extraction<'c, 'a> {
         }
     }
 
-    fn encode_job(&self, job: &ChunkJob) -> Vec<EncodedPiece> {
-        let entry = &self.header.tensors[job.tensor as usize];
-        let target = self
-            .target
-            .get(&entry.name)
-            .expect("planned from the target");
-        let bytes = target.dtype.size_bytes() as u64;
-        let range = (job.start * bytes) as usize..((job.start + job.len) * bytes) as usize;
-        let target_bytes = &target.data[range.clone()];
+    fn encode_job(&self, job: &ChunkJob<'_>) -> Vec<EncodedPiece> {
         self.input_done
-            .fetch_add(target_bytes.len() as u64, Ordering::Relaxed);
-        if job.dense {
+            .fetch_add(job.target.len() as u64, Ordering::Relaxed);
+        let Some(base) = job.base else {
             return vec![EncodedPiece {
                 start: 0,
                 len: job.len,
                 encoding: ChunkEncoding::Dense,
-                payload: target_bytes.to_vec(),
+                payload: job.target.to_vec(),
             }];
-        }
-        let base = self
-            .base
-            .get(&entry.name)
-            .expect("patched tensors have a base");
-        encode_range(
-            self.options.encoding,
-            target.dtype,
-            &base.data[range],
-            target_bytes,
-        )
+        };
+        let dtype = self.header.tensors[job.tensor as usize]
+            .change
+            .target()
+            .expect("planned from the target")
+            .dtype;
+        encode_range(self.options.encoding, dtype, base, job.target)
+    }
+}
+
+/// Cuts the element range that `target` holds of tensor `tensor` (from element `first`)
+/// into chunk jobs of at most [`CHUNK_BYTES`]; `base` is the same range of the base (none
+/// for dense chunks).
+fn plan_jobs<'c>(
+    jobs: &mut Vec<ChunkJob<'c>>,
+    tensor: u32,
+    dtype: Dtype,
+    first: u64,
+    base: Option<&'c [u8]>,
+    target: &'c [u8],
+) {
+    let size = dtype.size_bytes();
+    let per_chunk = (CHUNK_BYTES / size as u64).clamp(1, MAX_CHUNK_ELEMENTS) as usize * size;
+    for (index, target) in target.chunks(per_chunk).enumerate() {
+        let at = index * per_chunk;
+        jobs.push(ChunkJob {
+            tensor,
+            start: first + (at / size) as u64,
+            len: (target.len() / size) as u64,
+            base: base.map(|base| &base[at..at + target.len()]),
+            target,
+        });
     }
 }
 

@@ -9,6 +9,8 @@
 //! - [`DeltaFile`] parses and verifies an artifact; [`decode`] turns it into a [`Patch`]
 //!   after checking the base, which then applies in place (transactionally) or
 //!   materialises a new checkpoint.
+//! - [`ShardTable`] extracts a delta where the model is sharded, each holder of shards
+//!   encoding and hashing its own, and assembles the holders' parts into one delta.
 //! - [`compose`] and [`invert`] build catch-up and rollback deltas.
 //! - [`sign`] and [`verify`] sign and check the trainer's statements of artifacts and
 //!   commits ([`Statement`]).
@@ -27,6 +29,7 @@ mod format;
 pub mod fp8;
 pub mod fused;
 mod image;
+mod shard;
 mod signature;
 mod spill;
 pub mod stats;
@@ -46,13 +49,17 @@ pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk};
 pub use compose::{compose, invert, replay};
 pub use dtype::Dtype;
 pub use error::{DeltaError, Result};
-pub use extract::{CHUNK_BYTES, ExtractOptions, Extraction, Segment, TargetHash};
+pub use extract::{CHUNK_BYTES, ExtractOptions, Extraction, Segment, SegmentSource, TargetHash};
 pub use format::{
     DeltaFile, DeltaHeader, FORMAT_VERSION, MAX_CHUNK_ELEMENTS, MAX_DIMS, MAX_NAME_BYTES,
     MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry, TensorChange, TensorEntry, TensorSpec,
     assemble,
 };
 pub use image::{Heap, Image, ImageMemory, ImageSpace, Spill, checkpoint_image};
+pub use shard::{
+    HashLayout, HashShare, SHARD_PART_MAGIC, SHARD_PART_VERSION, ShardAssembly, ShardPiece,
+    ShardTable,
+};
 pub use signature::{
     ARTIFACT_DOMAIN, ArtifactKind, ArtifactSignature, COMMIT_DOMAIN, DETACHED_BYTES,
     DETACHED_MAGIC, DETACHED_VERSION, DetachedSignature, OFFER_DOMAIN, RunId, SignatureError,

@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use aurora_control::{PromptId, StepId, Version, WeightsHash};
-use aurora_delta::{Checkpoint, Encoding, ExtractOptions, Extraction, Hash, TargetHash};
+use aurora_delta::{
+    Checkpoint, Encoding, ExtractOptions, Extraction, Hash, SegmentSource, ShardTable, TargetHash,
+    TensorSpec,
+};
 use aurora_hub::{Hub, HubConfig, JoinPoint, Limits, ServeConfig, StepResults, SystemClock};
 use aurora_proto::{Identity, Role, VersionRef};
 use aurora_store::Store;
@@ -101,6 +104,14 @@ pub struct TrainerNode {
     /// Hashes and encodes each version on every core: from the end of training until
     /// every actor has staged it, the version is what the run waits for.
     publishing: rayon::ThreadPool,
+}
+
+fn wrong_base(latest: VersionRef, base_hash: Hash) -> NodeError {
+    NodeError::Usage(format!(
+        "the base is not version {} as published (weights hash {base_hash}, published {}): \
+         were its tensors changed in place after publishing? Publish a copy (an export) instead",
+        latest.version, latest.hash
+    ))
 }
 
 impl TrainerNode {
@@ -325,44 +336,88 @@ impl TrainerNode {
         target: &Checkpoint<'_>,
         known_base: Option<Hash>,
     ) -> Result<Published, NodeError> {
-        let latest = self
-            .latest()
-            .ok_or_else(|| NodeError::Usage("publish the first version first".into()))?;
-        let version = latest.version + 1;
-        let started = Instant::now();
+        let latest = self.latest_or_refuse()?;
         let extraction = Extraction::new(
             base,
             target,
             ExtractOptions {
                 encoding: self.settings.encoding,
                 base_version: latest.version,
-                target_version: version,
+                target_version: latest.version + 1,
                 // As published; a base that is not is found out before the Seal.
                 base_hash: Some(latest.hash),
                 target_hash: TargetHash::Later,
                 ..ExtractOptions::default()
             },
         )?;
-        // The hashes are computed beside the encoder, off the path of the segments, which
-        // take as long: the target's goes out in the Seal (docs/wire-protocol.md §4.4),
-        // and a base not known for certain (a checkpoint file, the first version after a
-        // restart) is checked before it. Nothing extracted from other weights than the
+        // Hashed beside the encoder, which takes as long.
+        let hashes = || {
+            rayon::join(
+                || known_base.unwrap_or_else(|| base.weights_hash()),
+                || target.weights_hash(),
+            )
+        };
+        self.stream_version(latest, &extraction, hashes, |version| {
+            self.store.put_snapshot_checkpoint(version, target)
+        })
+    }
+
+    /// Publishes the version after the latest from the parts of a sharded trainer's
+    /// ranks (`aurora_delta::ShardTable::extract`, each over the ranks' own element
+    /// ranges of `tensors`, with this node's encoding): no process ever holds the model
+    /// whole. The parts must cover every tensor exactly once, and their base must be the
+    /// latest version as published (both checked by the weights hashes the parts
+    /// compose). A snapshot, when one is due, is rebuilt by the store from the previous
+    /// one and the deltas since.
+    pub fn publish_shards(
+        &self,
+        tensors: Vec<(String, TensorSpec)>,
+        parts: &[&[u8]],
+    ) -> Result<Published, NodeError> {
+        let latest = self.latest_or_refuse()?;
+        let table = ShardTable::new(tensors, self.settings.encoding)?;
+        let assembly = table.assemble(latest.version, latest.hash, parts)?;
+        // Known before anything is sent, so a wrong base sends nothing.
+        let base_hash = assembly.parts_base_hash();
+        if base_hash != latest.hash {
+            return Err(wrong_base(latest, base_hash));
+        }
+        let hashes = || (base_hash, assembly.target_hash());
+        let published = self.stream_version(latest, &assembly, hashes, |version| {
+            self.store.put_snapshot_rebuilt(version)
+        })?;
+        self.set_latest(published.version, published.weights_hash, None);
+        Ok(published)
+    }
+
+    fn latest_or_refuse(&self) -> Result<VersionRef, NodeError> {
+        self.latest()
+            .ok_or_else(|| NodeError::Usage("publish the first version first".into()))
+    }
+
+    /// Streams `delta`, the version after `latest`, to every subscriber as its segments
+    /// come, while the store keeps it; `hashes` (run beside the segments) returns the
+    /// weights hashes of its base, which must be `latest` as published, and of its target.
+    /// Every `snapshot_every` versions `snapshot` stores the new version whole.
+    fn stream_version(
+        &self,
+        latest: VersionRef,
+        delta: &impl SegmentSource,
+        hashes: impl FnOnce() -> (Hash, Hash) + Send,
+        snapshot: impl FnOnce(u64) -> Result<aurora_store::SnapshotRecord, aurora_store::StoreError>,
+    ) -> Result<Published, NodeError> {
+        let version = latest.version + 1;
+        let started = Instant::now();
+        // The target's hash goes out in the Seal (docs/wire-protocol.md §4.4), and the
+        // base's is checked before it. Nothing extracted from other weights than the
         // published ones is sealed: the segments sent stay unsealed, and a later
         // publication of the version replaces them (§4.4).
         let phases = Mutex::new((Duration::ZERO, Duration::ZERO));
         let hash_and_announce = || -> Result<Hash, NodeError> {
-            let (base_hash, target_hash) = rayon::join(
-                || known_base.unwrap_or_else(|| base.weights_hash()),
-                || target.weights_hash(),
-            );
+            let (base_hash, target_hash) = hashes();
             let hashed = started.elapsed();
             if base_hash != latest.hash {
-                return Err(NodeError::Usage(format!(
-                    "the base is not version {} as published (weights hash {}, published \
-                     {}): were its tensors changed in place after publishing? Publish a copy \
-                     (an export) instead",
-                    latest.version, base_hash, latest.hash
-                )));
+                return Err(wrong_base(latest, base_hash));
             }
             // Published to the control plane before the Seal, so actors may report it
             // staged. A node that stopped between the two announced it already: the
@@ -385,23 +440,22 @@ impl TrainerNode {
             *phases.lock().unwrap_or_else(PoisonError::into_inner) = (hashed, started.elapsed());
             Ok(target_hash)
         };
-        let manifest = self.publishing.install(|| {
-            self.transport
-                .publish_extraction(&extraction, hash_and_announce)
-        })?;
+        let manifest = self
+            .publishing
+            .install(|| self.transport.publish_delta(delta, hash_and_announce))?;
         let (hashed, announced) = *phases.lock().unwrap_or_else(PoisonError::into_inner);
         let target_hash = manifest.header.target_hash;
         tracing::info!(
             version,
-            base_hashed = known_base.is_none(),
             hashed_s = hashed.as_secs_f64(),
             announced_s = announced.as_secs_f64(),
             // Sealed and stored: the Seal went out before the store's write.
             stored_s = started.elapsed().as_secs_f64(),
             "published"
         );
-        if self.settings.snapshot_every > 0 && version % self.settings.snapshot_every == 0 {
-            self.store.put_snapshot_checkpoint(version, target)?;
+        if self.settings.snapshot_every > 0 && version.is_multiple_of(self.settings.snapshot_every)
+        {
+            snapshot(version)?;
             self.runtime.block_on(self.transport.store_changed())?;
         }
         Ok(Published {

@@ -5,7 +5,9 @@ use aurora_checkpoint::{FileImages, MappedFile};
 use aurora_delta::{Checkpoint, DeltaError, DeltaFile, ExtractOptions, Hash, compose, replay};
 use redb::ReadableTable;
 
-use crate::catalog::{COMPOSED_TABLE, ComposedRecord, composed_record, composed_value};
+use crate::catalog::{
+    COMPOSED_TABLE, ComposedRecord, SnapshotRecord, composed_record, composed_value,
+};
 use crate::error::catalog;
 use crate::files::{commit_with_file, open_delta_artifact};
 use crate::{Result, Store, StoreError};
@@ -144,6 +146,21 @@ impl Store {
         chain.with_weights(&parsed, &self.scratch(), failed, |weights, _| {
             weights.to_safetensors()
         })
+    }
+
+    /// Stores a snapshot of `version`, rebuilt as [`Store::weights_image`] rebuilds it:
+    /// for a trainer that published `version` from its ranks' shards and never held it
+    /// whole. The rebuilt weights lie in mapped scratch files, not in memory.
+    pub fn put_snapshot_rebuilt(&self, version: u64) -> Result<SnapshotRecord> {
+        let chain = self.chain_to(version, version)?;
+        let failed = |source| StoreError::Rebuild { version, source };
+        let parsed = chain.parse().map_err(failed)?;
+        let mut stored = None;
+        chain.with_weights(&parsed, &self.scratch(), failed, |weights, _| {
+            stored = Some(self.put_snapshot_checkpoint(version, weights));
+            Ok(())
+        })?;
+        stored.expect("set by the rebuild")
     }
 
     /// Where weights are rebuilt: unnamed files in the store's directory, mapped, so a

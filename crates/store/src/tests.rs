@@ -878,3 +878,18 @@ fn a_catalog_of_schema_3_gets_a_run_id_and_its_deltas_lose_their_signatures() {
     assert_eq!(record.signature, None);
     store.delta(1).unwrap();
 }
+
+#[test]
+fn a_snapshot_is_rebuilt_from_the_previous_one_and_the_deltas_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), 4);
+    store.put_snapshot(2, &snapshot(2)).unwrap();
+    let record = store.put_snapshot_rebuilt(4).unwrap();
+    assert_eq!(
+        record.weights_hash,
+        owned_checkpoint(&weights(0.0, 4)).unwrap().weights_hash()
+    );
+    assert_eq!(store.snapshot(4).unwrap().bytes(), &snapshot(4)[..]);
+    // Nothing to rebuild from past the latest delta.
+    assert!(store.put_snapshot_rebuilt(5).is_err());
+}

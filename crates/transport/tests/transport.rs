@@ -139,7 +139,7 @@ async fn a_live_delta_streams_before_its_target_hash_and_seals_with_it() {
             assert!(status.completed.is_empty(), "completed before its Seal");
             Ok::<_, TransportError>(target.weights_hash())
         };
-        publisher.publish_extraction(&extraction, target_hash)
+        publisher.publish_delta(&extraction, target_hash)
     })
     .await
     .unwrap()

@@ -9,20 +9,22 @@ changed BF16 elements become the FP8 writes they imply and no others: each chang
 quantized under its block's scale, and every element of a block whose scale moved (its
 largest magnitude changed) with the new scale. The engine's weights are then bit for bit
 the version quantized from scratch (``quantize_blocks``), which is what ``mismatched``
-compares them with. Per quantized tensor the wrapper keeps the FP8 image it handed the
-engine and each block's scale, largest magnitude and where that lies, so that finding the
-blocks to rescale reads only the changed elements (and the blocks whose largest element
-changed). The per-element work is one pass in aurora's core
-(``aurora_delta::fp8::quantize_changes``), which rounds as torch does.
+compares them with. Per quantized tensor the wrapper keeps each block's scale, largest
+magnitude and where that lies, so that finding the blocks to rescale reads only the
+changed elements (and the blocks whose largest element shrank); no FP8 image, unless the
+engine may read one. The work is one call into aurora's core per tensor
+(``aurora_delta::fp8::requantize``, tensors side by side), which rounds as torch does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -117,11 +119,11 @@ def save_checkpoint(
 
 @dataclass
 class _Quantized:
-    """What the wrapper keeps of one quantized tensor: the FP8 image the engine holds, and
-    per block its scale, its largest magnitude and the flat index of an element holding
-    it."""
+    """What the wrapper keeps of one quantized tensor: per block its scale, its largest
+    magnitude and the flat index of an element holding it; and, for an engine that may
+    read them (one that does not say what it loaded whole), the FP8 image it holds."""
 
-    fp8: torch.Tensor
+    fp8: Optional[torch.Tensor]
     scales: torch.Tensor
     largest: torch.Tensor
     where: torch.Tensor
@@ -141,41 +143,13 @@ class _Quantized:
         fp8, scales = quantize_blocks(tensor, block)
         return cls(fp8, scales, largest, rows * tensor.shape[1] + columns, block)
 
-    def block_of(self, indices: torch.Tensor) -> torch.Tensor:
-        """The flat block number of each flat element index."""
-        import torch
+    def without_image(self) -> _Quantized:
+        return dataclasses.replace(self, fp8=None)
 
-        rows, columns = self.fp8.shape
-        if rows * columns < 2**31:
-            # Half the memory traffic of int64, for the one pass per changed element.
-            indices = indices.to(torch.int32)
-        row = torch.div(indices, columns, rounding_mode="floor")
-        column = indices - row * columns
-        return (
-            torch.div(row, self.block[0], rounding_mode="floor") * self.scales.shape[1]
-            + torch.div(column, self.block[1], rounding_mode="floor")
-        ).long()
-
-    def block_elements(self, blocks: torch.Tensor) -> torch.Tensor:
-        """The flat element indices of ``blocks`` (flat block numbers, ascending),
-        ascending."""
-        import torch
-
-        rows, columns = self.fp8.shape
-        grid_columns = self.scales.shape[1]
-        row_offsets = torch.arange(self.block[0])
-        column_offsets = torch.arange(self.block[1])
-        parts = []
-        for number in blocks.tolist():
-            first_row = number // grid_columns * self.block[0]
-            first_column = number % grid_columns * self.block[1]
-            block_rows = first_row + row_offsets[row_offsets < rows - first_row]
-            block_columns = first_column + column_offsets[column_offsets < columns - first_column]
-            parts.append((block_rows[:, None] * columns + block_columns[None, :]).reshape(-1))
-        if not parts:
-            return torch.empty(0, dtype=torch.int64)
-        # Blocks side by side interleave by row: ascending only once sorted.
-        return torch.cat(parts).sort().values
+    def for_update(self) -> _Quantized:
+        """A copy whose statistics an update may change (the image, if kept, is shared:
+        its writes are undone apart)."""
+        return _Quantized(self.fp8, self.scales.clone(), self.largest.clone(), self.where.clone(), self.block)
 
     def update(
         self, tensor: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
@@ -188,82 +162,28 @@ class _Quantized:
 
         from aurora_rl import _core
 
-        largest, where, scales = self.largest.view(-1), self.where.view(-1), self.scales.view(-1)
-        # One pass in the core: each changed element quantized under its block's scale, and
-        # the blocks whose largest magnitude may have moved (an element exceeds it, or the
-        # element that held it changed), measured again here.
+        # One call into the core: each change quantized under its block's scale, the
+        # blocks whose largest magnitude may have moved measured again, those whose scale
+        # moved quantized anew.
         written = torch.empty(indices.numel(), dtype=torch.float8_e4m3fn)
-        moved = _core.fp8_quantize_changes(
-            (*self.fp8.shape, *self.block),
+        rescaled, scales, merged = _core.fp8_requantize(
+            (*tensor.shape, *self.block),
+            tensor.contiguous().view(-1).view(torch.uint8),
             indices.contiguous().view(torch.uint8),
             values.contiguous().view(torch.uint8),
-            (scales.view(torch.uint8), largest.view(torch.uint8), where.view(torch.uint8)),
+            tuple(stat.view(-1).view(torch.uint8) for stat in (self.scales, self.largest, self.where)),
             written.view(torch.uint8),
         )
-        moved = torch.tensor(moved, dtype=torch.int64)
-        new_largest, new_where = self._measure(tensor, moved)
-        new_scales = _scale(new_largest)
-        rescaled = new_scales.view(torch.int32) != scales[moved].view(torch.int32)
-        largest[moved], where[moved] = new_largest, new_where
-        moved, new_scales = moved[rescaled], new_scales[rescaled]
-        scales[moved] = new_scales
-        if not moved.numel():
-            return moved, new_scales, indices, written
-        # Every element of a rescaled block, merged with the other changes in order.
-        inside = torch.zeros(scales.numel(), dtype=torch.bool)
-        inside[moved] = True
-        kept = ~inside[self.block_of(indices)]
-        others, other_values = indices[kept], written[kept]
-        rescaled_elements = self.block_elements(moved)
-        rescaled_values = _quantize(tensor.reshape(-1)[rescaled_elements], scales[self.block_of(rescaled_elements)])
-        at = torch.searchsorted(others, rescaled_elements) + torch.arange(rescaled_elements.numel())
-        merged = torch.ones(others.numel() + at.numel(), dtype=torch.bool)
-        merged[at] = False
-        all_indices = torch.empty(merged.numel(), dtype=indices.dtype)
-        # Moved as bytes: torch places no FP8 values by mask.
-        all_values = torch.empty(merged.numel(), dtype=torch.uint8)
-        all_indices[merged], all_indices[at] = others, rescaled_elements
-        all_values[merged], all_values[at] = other_values.view(torch.uint8), rescaled_values.view(torch.uint8)
-        return moved, new_scales, all_indices, all_values.view(written.dtype)
-
-    def _measure(self, tensor: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each of ``blocks``' largest magnitude in ``tensor`` and the flat index of an
-        element holding it."""
-        import torch
-
-        flat = tensor.reshape(-1)
-        largest, where = [], []
-        for number in blocks.tolist():
-            elements = self.block_elements(torch.tensor([number]))
-            magnitude, position = flat[elements].float().abs().max(dim=0)
-            largest.append(magnitude)
-            where.append(elements[position])
-        if not largest:
-            return torch.empty(0), torch.empty(0, dtype=torch.int64)
-        return torch.stack(largest), torch.stack(where)
-
-
-class _Update(threading.Thread):
-    """Element writes into host images on a thread of their own (aurora's swap lets go of
-    the GIL); ``wait`` joins it and raises what it raised. Not a daemon: a process that
-    exits meanwhile waits for it rather than killing it inside the swap."""
-
-    def __init__(self, writes: list[ElementWrite]) -> None:
-        super().__init__(name="aurora-fp8-images")
-        self._writes = writes
-        self._error: Optional[BaseException] = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            write_elements(self._writes)
-        except BaseException as error:  # raised again by ``wait``
-            self._error = error
-
-    def wait(self) -> None:
-        self.join()
-        if self._error is not None:
-            raise self._error
+        rescaled, scales = torch.tensor(rescaled, dtype=torch.int64), torch.tensor(scales, dtype=torch.float32)
+        if merged is None:
+            return rescaled, scales, indices, written
+        merged_indices, merged_values = merged
+        return (
+            rescaled,
+            scales,
+            torch.frombuffer(merged_indices, dtype=torch.int64),
+            torch.frombuffer(merged_values, dtype=torch.uint8).view(torch.float8_e4m3fn),
+        )
 
 
 class Fp8Rollout:
@@ -285,16 +205,23 @@ class Fp8Rollout:
         self.engine = engine
         self.block = block
         self._is_quantized = quantized
+        # An engine that says which tensors it loaded whole (``loaded_whole``, as
+        # ``VllmEngine`` does) reads a tensor's FP8 image only then: such a tensor is
+        # loaded again, quantized from the version's BF16, and no image is kept. Any other
+        # engine may read the images, which are kept current.
+        self._keeps_images = not hasattr(engine, "loaded_whole")
         self._held: dict[str, _Quantized] = {
-            name: _Quantized.of(t, block) for name, t in (weights or {}).items() if quantized(name, t.shape)
+            name: self._kept(_Quantized.of(t, block)) for name, t in (weights or {}).items() if quantized(name, t.shape)
         }
-        self._updating: Optional[_Update] = None
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="aurora-fp8")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
+    def _kept(self, quantized: _Quantized) -> _Quantized:
+        return quantized if self._keeps_images else quantized.without_image()
+
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        self._settle()
         held = {name: _Quantized.of(t, self.block) for name, t in tensors.items() if self._is_quantized(name, t.shape)}
         passed: dict[str, torch.Tensor] = {}
         for name, tensor in tensors.items():
@@ -303,24 +230,18 @@ class Fp8Rollout:
             else:
                 passed[name] = tensor
         self.engine.load_weights(passed)
-        self._held.update(held)
+        self._held.update({name: self._kept(q) for name, q in held.items()})
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         """Each quantized tensor's changes as the FP8 elements and scales they move
         (see the module); a tensor changed whole is quantized whole. Transactional, as
-        the wrapped engine is: on an error the kept images are as they were.
-
-        The kept FP8 images take the changes after the engine has them, on a thread of
-        their own while the engine generates again, where the engine says which tensors
-        it loaded whole (``loaded_whole``, as ``VllmEngine`` does): it reads an image only
-        then, and such a tensor is loaded again from its updated image. Any other engine's
-        images are updated first."""
+        the wrapped engine is: on an error the kept statistics and images are as they
+        were."""
         import torch
 
-        self._settle()
         passed: dict[str, TensorChange] = {}
         kept: dict[str, _Quantized] = {}
-        image_writes: dict[str, ElementWrite] = {}
+        updates: list[tuple[str, TensorChange]] = []
         for name, change in changes.items():
             if not self._is_quantized(name, change.tensor.shape):
                 passed[name] = change
@@ -329,39 +250,45 @@ class Fp8Rollout:
                 raise ValueError(f"{name}: FP8 rollout weights come from BF16 versions, not {change.tensor.dtype}")
             held = self._held.get(name)
             if change.indices is None or held is None:
-                kept[name] = _Quantized.of(change.tensor, self.block)
-                passed[name] = TensorChange(kept[name].fp8, None)
-                passed[scale_name(name)] = TensorChange(kept[name].scales, None)
+                whole = _Quantized.of(change.tensor, self.block)
+                passed[name] = TensorChange(whole.fp8, None)
+                passed[scale_name(name)] = TensorChange(whole.scales, None)
+                kept[name] = self._kept(whole)
                 continue
-            kept[name] = _Quantized(held.fp8, held.scales.clone(), held.largest.clone(), held.where.clone(), self.block)
-            rescaled, scales, written, values = kept[name].update(change.tensor, change.indices, change.values())
-            passed[name] = TensorChange(held.fp8, written, values)
-            passed[scale_name(name)] = TensorChange(kept[name].scales, rescaled, scales)
-            image_writes[name] = ElementWrite(held.fp8.view(-1), written, values)
-        reports = hasattr(self.engine, "loaded_whole")
-        if not reports:
-            undo = write_elements(list(image_writes.values()))
+            kept[name] = held.for_update()
+            updates.append((name, change))
+
+        def requantized(update: tuple[str, TensorChange]) -> tuple[str, tuple[torch.Tensor, ...]]:
+            name, change = update
+            return name, kept[name].update(change.tensor, change.indices, change.values())
+
+        image_writes: list[ElementWrite] = []
+        # Tensors side by side: the core lets go of the GIL.
+        for name, (rescaled, scales, written, values) in self._pool.map(requantized, updates):
+            image = kept[name].fp8
+            if image is None:
+                # Never read: the engine writes the elements given, and a tensor it loads
+                # whole instead is loaded again below.
+                image = torch.zeros((), dtype=torch.float8_e4m3fn).expand(changes[name].tensor.shape)
+            else:
+                image_writes.append(ElementWrite(image.view(-1), written, values))
+            passed[name] = TensorChange(image, written, values)
+            if rescaled.numel():
+                passed[scale_name(name)] = TensorChange(kept[name].scales, rescaled, scales)
+        undo = write_elements(image_writes)
         try:
             self.engine.load_changes(passed)
+            stale = {name for name, _ in updates} & set(getattr(self.engine, "loaded_whole", ()))
+            if stale:
+                self.engine.load_weights({
+                    n: t
+                    for name in stale
+                    for n, t in zip((name, scale_name(name)), quantize_blocks(changes[name].tensor, self.block))
+                })
         except BaseException:
-            if not reports:
-                undo()
+            undo()
             raise
         self._held.update(kept)
-        if not reports:
-            return
-        stale = image_writes.keys() & set(self.engine.loaded_whole)
-        if stale:
-            write_elements(list(image_writes.values()))
-            self.engine.load_weights({n: t for name in stale for n, t in ((name, kept[name].fp8), (scale_name(name), kept[name].scales))})
-            return
-        self._updating = _Update(list(image_writes.values()))
-
-    def _settle(self) -> None:
-        """Waits for the kept images' update from the last version, if it still runs."""
-        if self._updating is not None:
-            updating, self._updating = self._updating, None
-            updating.wait()
 
     def mismatched(self, expected: Mapping[str, torch.Tensor]) -> Optional[list[str]]:
         """The tensors of ``expected`` (BF16, the version's) the engine does not compute

@@ -194,7 +194,7 @@ pub(super) fn fan_out(
                 std::thread::scope(|scope| {
                     let publisher = scope.spawn(|| {
                         let hash = live.header().target_hash;
-                        let published = fleet.hub.publish_extraction_observed(
+                        let published = fleet.hub.publish_delta_observed(
                             &live,
                             || Ok::<_, TransportError>(hash),
                             |_| {

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aurora_delta::{Extraction, Hash, Manifest, Segment};
+use aurora_delta::{Hash, Manifest, Segment, SegmentSource};
 use aurora_proto::{KeptSegments, KeptSnapshot, VersionRef};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -190,9 +190,9 @@ impl NodeHandle {
             .map_err(|_| TransportError::Stopped)
     }
 
-    /// Runs `extraction` and publishes it cut-through: the descriptor first (its target
-    /// hash pending), each segment as the encoder finishes it, and the Seal with the
-    /// manifest last. `target_hash` runs beside the encoder (the hash of a large model
+    /// Runs `delta` (an extraction, or the parts of sharded ranks put together) and
+    /// publishes it cut-through: the descriptor first (its target hash pending), each
+    /// segment as the encoder finishes it, and the Seal with the manifest last. `target_hash` runs beside the encoder (the hash of a large model
     /// takes as long as its extraction) and returns the target's weights hash, which the
     /// Seal carries (docs/wire-protocol.md §4.4): whatever must precede the Seal (a
     /// control-plane announcement) belongs in it too. On an error of either, nothing is
@@ -200,28 +200,28 @@ impl NodeHandle {
     /// publication of the version, whose Seal tells its segments from these
     /// (docs/wire-protocol.md §4.4). Blocks the calling thread, which must not be an
     /// async task's (use `spawn_blocking`); both run on its rayon pool.
-    pub fn publish_extraction<E: From<TransportError> + Send>(
+    pub fn publish_delta<E: From<TransportError> + Send>(
         &self,
-        extraction: &Extraction,
+        delta: &impl SegmentSource,
         target_hash: impl FnOnce() -> Result<Hash, E> + Send,
     ) -> Result<Manifest, E> {
-        self.publish_extraction_observed(extraction, target_hash, |_| {})
+        self.publish_delta_observed(delta, target_hash, |_| {})
     }
 
-    /// [`NodeHandle::publish_extraction`], calling `observe` with each segment as it
+    /// [`NodeHandle::publish_delta`], calling `observe` with each segment as it
     /// leaves the encoder, before it is published (benchmarks time the first one).
-    pub fn publish_extraction_observed<E: From<TransportError> + Send>(
+    pub fn publish_delta_observed<E: From<TransportError> + Send>(
         &self,
-        extraction: &Extraction,
+        delta: &impl SegmentSource,
         target_hash: impl FnOnce() -> Result<Hash, E> + Send,
         mut observe: impl FnMut(&Segment) + Send,
     ) -> Result<Manifest, E> {
-        let descriptor = Bytes::from(extraction.header().encode_pending());
+        let descriptor = Bytes::from(delta.header().encode_pending());
         let version = block_on_reply(&self.commands, |reply| Command::Begin { descriptor, reply })?;
         // The encoder first: on a pool of one thread the hash follows it.
         let (extracted, hashed) = rayon::join(
             || {
-                extraction.run(|segment: Segment| {
+                delta.run(|segment: Segment| {
                     observe(&segment);
                     block_on_reply(&self.commands, |reply| Command::Segment {
                         version,
@@ -234,7 +234,7 @@ impl NodeHandle {
         );
         let mut manifest = extracted?;
         let hash = hashed?;
-        let header = extraction.header();
+        let header = delta.header();
         if !header.target_pending() && header.target_hash != hash {
             return Err(TransportError::TargetHashDisagrees {
                 version,
