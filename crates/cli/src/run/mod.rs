@@ -665,14 +665,20 @@ pub fn run(args: RunArgs) -> Result<()> {
     drop(trainer);
     drop(metrics);
     let records = report::read_metrics(&metrics_path)?;
-    report::write_report(&run_dir.join("report.html"), "aurora run", &records)?;
+    let base_accuracy = ready["accuracy"].as_f64();
+    report::write_report(
+        &run_dir.join("report.html"),
+        "aurora run",
+        base_accuracy,
+        &records,
+    )?;
     let first = records.iter().find_map(|r| r.accuracy);
     let last = records.iter().rev().find_map(|r| r.accuracy);
     println!(
         "{} steps in {:.0} s; held-out accuracy {:.1}% at the base, {} at the end; report: {}",
         records.len(),
         started.elapsed().as_secs_f64(),
-        100.0 * ready["accuracy"].as_f64().unwrap_or(0.0),
+        100.0 * base_accuracy.unwrap_or(0.0),
         last.or(first)
             .map_or("n/a".into(), |a| format!("{:.1}%", 100.0 * a)),
         run_dir.join("report.html").display()

@@ -136,33 +136,60 @@ pub fn read_metrics(path: &Path) -> Result<Vec<StepRecord>> {
 }
 
 /// Writes `report.html` for the steps of a run.
-pub fn write_report(path: &Path, title: &str, steps: &[StepRecord]) -> Result<()> {
-    let html = render(title, steps)?;
+/// Writes the report of a run whose base policy (version 0) scored `base_accuracy` on
+/// the held-out problems, when it was evaluated.
+pub fn write_report(
+    path: &Path,
+    title: &str,
+    base_accuracy: Option<f64>,
+    steps: &[StepRecord],
+) -> Result<()> {
+    let html = render(title, base_accuracy, steps)?;
     std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))
 }
 
-fn render(title: &str, steps: &[StepRecord]) -> Result<String> {
+/// Charts first, each with the steps that had events (faults, joins, leaves) marked,
+/// then the summary and the tables.
+fn render(title: &str, base_accuracy: Option<f64>, steps: &[StepRecord]) -> Result<String> {
     let x = |s: &StepRecord| s.step as f64;
-    let reward: Vec<(f64, f64)> = steps
-        .iter()
-        .map(|s| (x(s), f64::from(s.train.mean_reward)))
-        .collect();
-    let accuracy: Vec<(f64, f64)> = steps
-        .iter()
-        .filter_map(|s| s.accuracy.map(|a| (x(s), a)))
-        .collect();
-    let throughput: Vec<(f64, f64)> = steps.iter().map(|s| (x(s), s.tokens_per_s)).collect();
-    let sync_mb: Vec<(f64, f64)> = steps
-        .iter()
-        .map(|s| (x(s), s.sync_bytes as f64 / 1e6))
-        .collect();
-    let dense_mb: Vec<(f64, f64)> = steps
-        .iter()
-        .map(|s| (x(s), s.dense_bytes as f64 / 1e6))
-        .collect();
-    let phase = |f: fn(&StepTimes) -> f64| -> Vec<(f64, f64)> {
-        steps.iter().map(|s| (x(s), f(&s.times))).collect()
+    let per_step = |f: &dyn Fn(&StepRecord) -> f64| -> Vec<(f64, f64)> {
+        steps.iter().map(|s| (x(s), f(s))).collect()
     };
+    let reward = per_step(&|s| f64::from(s.train.mean_reward));
+    // The version a step trained is evaluated after it: the base at 0, step s's at s + 1.
+    let accuracy: Vec<(f64, f64)> = base_accuracy
+        .map(|a| (0.0, 100.0 * a))
+        .into_iter()
+        .chain(
+            steps
+                .iter()
+                .filter_map(|s| s.accuracy.map(|a| (x(s) + 1.0, 100.0 * a))),
+        )
+        .collect();
+    let marks: Vec<f64> = steps
+        .iter()
+        .filter(|s| !s.events.is_empty())
+        .map(x)
+        .collect();
+    let mut actor_ids: Vec<u64> = steps
+        .iter()
+        .flat_map(|s| s.actors.iter().map(|a| a.id))
+        .collect();
+    actor_ids.sort_unstable();
+    actor_ids.dedup();
+    let versions: Vec<(String, Vec<(f64, f64)>)> = actor_ids
+        .iter()
+        .map(|id| {
+            let points = steps
+                .iter()
+                .filter_map(|s| {
+                    let actor = s.actors.iter().find(|a| a.id == *id)?;
+                    Some((x(s), actor.version as f64))
+                })
+                .collect();
+            (format!("actor {id}"), points)
+        })
+        .collect();
 
     let mut html = String::new();
     write!(
@@ -172,44 +199,84 @@ fn render(title: &str, steps: &[StepRecord]) -> Result<String> {
          table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;\
          text-align:right}}</style></head><body><h1>{title}</h1>"
     )?;
-    html.push_str(&summary(steps));
-    html.push_str(&density_table(steps));
+    if !marks.is_empty() {
+        html.push_str("<p>Dashed lines mark the steps with events (listed at the end).</p>");
+    }
     html.push_str(&chart(
-        "Reward and held-out accuracy",
-        "score",
-        &[("mean reward", &reward), ("held-out accuracy", &accuracy)],
-    )?);
-    html.push_str(&chart(
-        "Generation throughput",
-        "tokens/s",
-        &[("all actors", &throughput)],
+        "Held-out accuracy (the base policy at 0) and mean reward",
+        "percent",
+        &marks,
+        &[
+            ("held-out accuracy", &accuracy),
+            (
+                "mean reward x 100",
+                &reward.iter().map(|(x, r)| (*x, 100.0 * r)).collect(),
+            ),
+        ],
     )?);
     html.push_str(&chart(
         "Bytes per step, per receiver",
         "MB",
-        &[("sent", &sync_mb), ("dense checkpoint", &dense_mb)],
+        &marks,
+        &[
+            ("sent", &per_step(&|s| s.sync_bytes as f64 / 1e6)),
+            (
+                "dense checkpoint",
+                &per_step(&|s| s.dense_bytes as f64 / 1e6),
+            ),
+        ],
+    )?);
+    html.push_str(&chart(
+        "Elements changed per step",
+        "percent",
+        &marks,
+        &[("density", &per_step(&|s| 100.0 * s.density()))],
+    )?);
+    html.push_str(&chart(
+        "Time weight sync added to each step",
+        "seconds",
+        &marks,
+        &[("sync", &per_step(&|s| s.times.sync_held_s))],
+    )?);
+    let versions: Vec<(&str, &Vec<(f64, f64)>)> = versions
+        .iter()
+        .map(|(name, points)| (name.as_str(), points))
+        .collect();
+    html.push_str(&chart(
+        "Version each actor runs",
+        "version",
+        &marks,
+        &versions,
     )?);
     html.push_str(&chart(
         "Step time by phase",
         "seconds",
+        &marks,
         &[
-            ("generation", &phase(|t| t.generation_s)),
-            ("training", &phase(|t| t.training_s)),
-            ("extraction", &phase(|t| t.extraction_s)),
-            ("transfer", &phase(|t| t.transfer_s)),
-            ("activation", &phase(|t| t.activation_s)),
+            ("generation", &per_step(&|s| s.times.generation_s)),
+            ("training", &per_step(&|s| s.times.training_s)),
+            ("extraction", &per_step(&|s| s.times.extraction_s)),
+            ("transfer", &per_step(&|s| s.times.transfer_s)),
+            ("activation", &per_step(&|s| s.times.activation_s)),
         ],
     )?);
+    html.push_str(&chart(
+        "Generation throughput",
+        "tokens/s",
+        &marks,
+        &[("all actors", &per_step(&|s| s.tokens_per_s))],
+    )?);
+    html.push_str(&summary(base_accuracy, steps));
     html.push_str(&events(steps));
+    html.push_str(&density_table(steps));
     html.push_str("</body></html>\n");
     Ok(html)
 }
 
-fn summary(steps: &[StepRecord]) -> String {
+fn summary(base_accuracy: Option<f64>, steps: &[StepRecord]) -> String {
     let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
         return "<p>No step completed.</p>".into();
     };
-    let first_accuracy = steps.iter().find_map(|s| s.accuracy);
     let last_accuracy = steps.iter().rev().find_map(|s| s.accuracy);
     let percent = |a: Option<f64>| a.map_or("n/a".into(), |a| format!("{:.1}%", 100.0 * a));
     let sync: u64 = steps.iter().map(|s| s.sync_bytes).sum();
@@ -218,14 +285,14 @@ fn summary(steps: &[StepRecord]) -> String {
     format!(
         "<table><tr><th>steps</th><td>{}</td></tr>\
          <tr><th>mean reward, first and last step</th><td>{:.3} to {:.3}</td></tr>\
-         <tr><th>held-out accuracy, first and last evaluation</th><td>{} to {}</td></tr>\
+         <tr><th>held-out accuracy, base policy and last evaluation</th><td>{} to {}</td></tr>\
          <tr><th>bytes sent per receiver (all steps)</th><td>{:.2} MB of {:.2} MB dense ({:.1}x less)</td></tr>\
          <tr><th>elements changed per step</th><td>{:.3}% to {:.3}%: {}</td></tr>\
          <tr><th>final weights hash</th><td>{}</td></tr></table>",
         steps.len(),
         first.train.mean_reward,
         last.train.mean_reward,
-        percent(first_accuracy),
+        percent(base_accuracy),
         percent(last_accuracy),
         sync as f64 / 1e6,
         dense as f64 / 1e6,
@@ -290,8 +357,13 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// A line chart as inline SVG.
-fn chart(title: &str, y_label: &str, series: &[(&str, &Vec<(f64, f64)>)]) -> Result<String> {
+/// A line chart as inline SVG, with a dashed vertical line at each step of `marks`.
+fn chart(
+    title: &str,
+    y_label: &str,
+    marks: &[f64],
+    series: &[(&str, &Vec<(f64, f64)>)],
+) -> Result<String> {
     let points = series.iter().flat_map(|(_, s)| s.iter());
     let (mut x_max, mut y_max) = (1.0f64, 0.0f64);
     for &(x, y) in points {
@@ -316,6 +388,16 @@ fn chart(title: &str, y_label: &str, series: &[(&str, &Vec<(f64, f64)>)]) -> Res
             .y_desc(y_label)
             .draw()
             .map_err(plot_error)?;
+        for &mark in marks {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(mark, 0.0), (mark, y_max)],
+                    6,
+                    4,
+                    RED.mix(0.6).stroke_width(1),
+                ))
+                .map_err(plot_error)?;
+        }
         for (index, (name, points)) in series.iter().enumerate() {
             let color = Palette99::pick(index).to_rgba();
             chart
@@ -381,19 +463,34 @@ mod tests {
     }
 
     #[test]
-    fn the_report_has_every_chart_and_the_summary() {
-        let steps = vec![
+    fn the_report_shows_its_charts_first_from_the_base_policy_with_events_marked() {
+        let mut steps = vec![
             step(0, 0.2, Some(0.25)),
             step(1, 0.4, None),
             step(2, 0.6, Some(0.55)),
         ];
-        let html = render("run", &steps).unwrap();
+        for s in &mut steps {
+            s.actors = [1, 2]
+                .map(|id| ActorRecord {
+                    id,
+                    region: "eu".into(),
+                    version: s.version,
+                    state: "active".into(),
+                    tokens_per_s: 250.0,
+                })
+                .to_vec();
+        }
+        let html = render("run", Some(0.175), &steps).unwrap();
         for expected in [
-            "Reward and held-out accuracy",
-            "Generation throughput",
+            "Held-out accuracy (the base policy at 0)",
             "Bytes per step",
+            "Elements changed per step",
+            "Time weight sync added",
+            "Version each actor runs",
+            "actor 2",
             "Step time by phase",
-            "25.0% to 55.0%",
+            "Generation throughput",
+            "17.5% to 55.0%",
             "0.200 to 0.600",
             "100.0x less",
             "killed actor 2 &lt;pid 7&gt;",
@@ -404,7 +501,20 @@ mod tests {
         ] {
             assert!(html.contains(expected), "missing {expected}");
         }
-        assert_eq!(html.matches("<svg").count(), 4);
+        assert_eq!(html.matches("<svg").count(), 7);
+        // Every chart before the first table.
+        assert!(html.rfind("<svg").unwrap() < html.find("<table").unwrap());
+        // Step 1's event, dashed on every chart.
+        assert!(html.contains("Dashed lines mark the steps with events"));
+        for s in &mut steps {
+            s.events.clear();
+        }
+        let unmarked = render("run", Some(0.175), &steps).unwrap();
+        let lines = |html: &str| html.matches("<polyline").count();
+        assert!(
+            lines(&html) >= lines(&unmarked) + 7,
+            "a dashed line on each chart"
+        );
     }
 
     #[test]
