@@ -831,6 +831,29 @@ mod tests {
                 100.0 * difference
             );
         }
+        // The same figures as data: a JSON object and a CSV line for every row.
+        let rows: Vec<&Row> = report.rows().collect();
+        let json = report.figures_json();
+        let json_rows: Vec<&serde_json::Value> = json["sections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|section| section["rows"].as_array().unwrap())
+            .collect();
+        assert_eq!(json_rows.len(), rows.len());
+        for (row, data) in rows.iter().zip(&json_rows) {
+            assert_eq!(data["label"], row.label.as_str());
+            assert_eq!(data["simulated"].as_f64(), Some(row.simulated));
+            assert_eq!(data["difference"].as_f64(), row.difference());
+        }
+        let csv = report.figures_csv();
+        assert_eq!(csv.lines().count(), rows.len() + 1);
+        assert!(
+            csv.lines()
+                .skip(1)
+                .zip(&rows)
+                .all(|(line, row)| line.contains(&row.label))
+        );
     }
 
     #[test]

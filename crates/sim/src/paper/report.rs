@@ -124,6 +124,85 @@ impl PaperReport {
     pub fn rows(&self) -> impl Iterator<Item = &Row> {
         self.sections.iter().flat_map(|section| &section.rows)
     }
+
+    /// Every figure as JSON, for a researcher's own plots: per section its rows, each with
+    /// the simulated value, the paper's (a value, a range, or null), the difference, the
+    /// tolerance the regression test holds it to and the explanation of a flagged one.
+    pub fn figures_json(&self) -> serde_json::Value {
+        let sections: Vec<serde_json::Value> = self
+            .sections
+            .iter()
+            .map(|section| {
+                let rows: Vec<serde_json::Value> = section
+                    .rows
+                    .iter()
+                    .map(|row| {
+                        let paper = row.paper.map(|paper| match paper {
+                            PaperFigure::Value(value) => serde_json::json!({ "value": value }),
+                            PaperFigure::Range(low, high) => {
+                                serde_json::json!({ "low": low, "high": high })
+                            }
+                        });
+                        serde_json::json!({
+                            "label": row.label,
+                            "unit": row.unit,
+                            "simulated": row.simulated,
+                            "paper": paper,
+                            "difference": row.difference(),
+                            "flagged": row.flagged(),
+                            "tolerance": row.tolerance.is_finite().then_some(row.tolerance),
+                            "explanation": row.explanation,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "title": section.title,
+                    "setting": section.setting,
+                    "rows": rows,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "wan_loss": self.wan_loss,
+            "tcp": {
+                "mathis_constant": self.tcp.mathis_constant,
+                "goodput_efficiency": self.tcp.goodput_efficiency,
+            },
+            "sections": sections,
+        })
+    }
+
+    /// Every figure as CSV, a row each: section, figure, unit, simulated, the paper's
+    /// value or range (`paper_low`, `paper_high`; equal for a value, empty for none),
+    /// the difference and the tolerance (both shares, empty where none).
+    pub fn figures_csv(&self) -> String {
+        let field = |text: &str| format!("\"{}\"", text.replace('"', "\"\""));
+        let number = |value: Option<f64>| value.map_or(String::new(), |v| format!("{v}"));
+        let mut out = String::from(
+            "section,figure,unit,simulated,paper_low,paper_high,difference,tolerance\n",
+        );
+        for section in &self.sections {
+            for row in &section.rows {
+                let (low, high) = match row.paper {
+                    Some(PaperFigure::Value(value)) => (Some(value), Some(value)),
+                    Some(PaperFigure::Range(low, high)) => (Some(low), Some(high)),
+                    None => (None, None),
+                };
+                out.push_str(&format!(
+                    "{},{},{},{},{},{},{},{}\n",
+                    field(&section.title),
+                    field(&row.label),
+                    field(row.unit),
+                    row.simulated,
+                    number(low),
+                    number(high),
+                    number(row.difference()),
+                    number(row.tolerance.is_finite().then_some(row.tolerance)),
+                ));
+            }
+        }
+        out
+    }
 }
 
 fn value(number: f64, unit: &str) -> String {
