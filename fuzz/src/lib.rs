@@ -14,8 +14,8 @@
 //!   checked in [`check_delta_decode`]: replaying one after the apply restores the base.)
 //! - [`check_shard_part`]: arbitrary bytes as one rank's part of a delta extracted from
 //!   shards (docs/delta-format.md §11), assembled with the other rank's genuine part:
-//!   nothing panics, and whatever is accepted is a delta that parses and whose chunks lie
-//!   inside their tensors.
+//!   nothing panics, and whatever is accepted is a delta that parses, whose chunks lie
+//!   inside their tensors and whose decoding against the base never panics.
 
 pub mod proto;
 
@@ -700,6 +700,9 @@ pub fn check_shard_part(data: &[u8]) {
         for index in 0..delta.segment_count() {
             delta.verify_segment(index).expect("its segments verify");
         }
+        // The node checks chunks' places, not their payloads: decoding may refuse one, but
+        // never panic.
+        let _ = decode(&delta, &base().checkpoint);
     }
 }
 

@@ -15,6 +15,7 @@ store holds whole anyway.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import math
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import torch
 
 from aurora_rl import _core
 from aurora_rl._tensors import dtype_name, host_tensor
-from aurora_rl.export import Place, checkpoint_places, export_bf16
+from aurora_rl.export import Place, checkpoint_places, export_bf16, hugging_face_name
 from aurora_rl.trainer import Published, Trainer
 
 logger = logging.getLogger("aurora_rl.sharded")
@@ -70,12 +71,19 @@ class ShardedPublisher:
         self._rank = dist.get_rank(group)
         self._ranks = dist.get_world_size(group)
         self._publishing = publishing_rank
+        self._trainer = trainer
+        # Every rank learns of any rank's mistake, rather than waiting in a collective the
+        # mistaken one never joins.
+        mistake = None
         if (trainer is not None) != (self._rank == publishing_rank):
-            raise _core.UsageError(
+            mistake = (
                 f"the publishing rank ({publishing_rank}) holds the Trainer and no other rank does "
                 f"(rank {self._rank} was given {'one' if trainer is not None else 'none'})"
             )
-        self._trainer = trainer
+        mistakes: list[Any] = [None] * self._ranks
+        dist.all_gather_object(mistakes, mistake, group=group)
+        if any(mistakes):
+            raise _core.UsageError("; ".join(m for m in mistakes if m))
         self._places: dict[str, Place] = checkpoint_places(model)
         self._encoding = self._broadcast(trainer.encoding if trainer is not None else None)
         self._table: Optional[list[tuple[str, str, list[int]]]] = None
@@ -85,23 +93,26 @@ class ShardedPublisher:
     def publish(self) -> Published:
         """Publishes the model's current weights as the next version (the first from the
         gathered export) and returns it, on every rank."""
-        first = self._broadcast(
-            self._trainer is not None and self._trainer._node.latest() is None and self._trainer._previous is None
-        )
+        trainer = self._trainer
+        first = self._on_publishing_rank(lambda: trainer._node.latest() is None and trainer._previous is None)
         if first:
-            state = export_bf16(self._model, publishing_rank=self._publishing, dtype=self._dtype)
-            published = self._on_publishing_rank(lambda: self._trainer.publish(state))
+            state = export_bf16(self._model, publishing_rank=self._global(self._publishing), dtype=self._dtype)
+            published = self._on_publishing_rank(lambda: trainer.publish(state))
             self._previous = self._pieces()
             return published
-        if self._previous is None:
-            raise _core.UsageError(
-                "the trainer's store already holds published versions: call resume() with the latest "
-                "version's weights in the model first"
-            )
-        pieces = self._pieces()
-        part = self._part(self._previous, pieces)
-        parts = self._gather(part)
-        published = self._on_publishing_rank(lambda: self._trainer.publish_shards(self._table, parts))
+        pieces: list[_Piece] = []
+
+        def part() -> bytes:
+            if self._previous is None:
+                raise _core.UsageError(
+                    "the trainer's store already holds published versions: call resume() with the latest "
+                    "version's weights in the model first"
+                )
+            pieces.extend(self._pieces())
+            return self._part(self._previous, pieces)
+
+        parts = self._gather(_outcome(part))
+        published = self._on_publishing_rank(lambda: trainer.publish_shards(self._table, _values(parts)))
         self._previous = pieces
         return published
 
@@ -109,9 +120,14 @@ class ShardedPublisher:
         """Carries on from a reopened trainer directory: the model must hold the latest
         published version's weights (checked by the hash the ranks' shards compose), the
         base of the next publish. Returns that version, on every rank."""
-        pieces = self._pieces()
-        parts = self._gather(self._part(pieces, pieces))
-        version = self._on_publishing_rank(lambda: self._trainer.check_shards(self._table, parts))
+        pieces: list[_Piece] = []
+
+        def part() -> bytes:
+            pieces.extend(self._pieces())
+            return self._part(pieces, pieces)
+
+        parts = self._gather(_outcome(part))
+        version = self._on_publishing_rank(lambda: self._trainer.check_shards(self._table, _values(parts)))
         self._previous = pieces
         return version
 
@@ -120,7 +136,9 @@ class ShardedPublisher:
         state = self._model.state_dict()
         pieces: list[_Piece] = []
         table = []
-        for stored, (name, first, shape) in sorted(self._places.items()):
+        for place, (name, first, shape) in sorted(self._places.items()):
+            # As the gathered export names it (without what wrappers add).
+            stored = hugging_face_name(place)
             tensor = state[name].detach()
             local, start = self._held(name, tensor)
             count = math.prod(shape)
@@ -139,6 +157,8 @@ class ShardedPublisher:
         """The elements of state tensor ``name`` this rank exports, flat, and the first's
         number: its dim-0 shard, or its share of the rows of a replicated tensor."""
         placements = getattr(tensor, "placements", None)
+        if placements is not None and not all(p.is_replicate() or p.is_shard() for p in placements):
+            raise _core.UsageError(f"{name}: placements {placements} hold partial values: publish the gathered export")
         if placements is not None and not all(p.is_replicate() for p in placements):
             from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -170,26 +190,19 @@ class ShardedPublisher:
             self._encoding,
         )
 
-    def _gather(self, part: bytes) -> Optional[list[bytes]]:
+    def _gather(self, outcome: tuple) -> Optional[list[tuple]]:
+        """Every rank's ``outcome`` on the publishing rank (None on the others)."""
         import torch.distributed as dist
 
-        parts: Optional[list[Any]] = [None] * self._ranks if self._rank == self._publishing else None
-        dist.gather_object(part, parts, dst=self._global(self._publishing), group=self._group)
-        return parts
+        outcomes: Optional[list[Any]] = [None] * self._ranks if self._rank == self._publishing else None
+        dist.gather_object(outcome, outcomes, dst=self._global(self._publishing), group=self._group)
+        return outcomes
 
     def _on_publishing_rank(self, call: Any) -> Any:
         """``call()``'s result on the publishing rank, given to every rank; its error
         raised on every rank (so no rank waits for a collective the others left)."""
-        outcome: Any = None
-        if self._rank == self._publishing:
-            try:
-                outcome = ("ok", call())
-            except _core.AuroraError as error:
-                outcome = ("error", type(error).__name__, str(error))
-        outcome = self._broadcast(outcome)
-        if outcome[0] == "error":
-            raise getattr(_core, outcome[1], _core.AuroraError)(outcome[2])
-        return outcome[1]
+        outcome = _outcome(call) if self._rank == self._publishing else None
+        return _value(self._broadcast(outcome))
 
     def _broadcast(self, value: Any) -> Any:
         import torch.distributed as dist
@@ -202,3 +215,33 @@ class ShardedPublisher:
         import torch.distributed as dist
 
         return rank if self._group is None else dist.get_global_rank(self._group, rank)
+
+
+def _outcome(call: Any) -> tuple:
+    """``("ok", call())``, or what it raised as ``("error", type name, message)``: what a
+    rank hands the others, which must all leave a collective the same way."""
+    try:
+        return ("ok", call())
+    except Exception as error:
+        return ("error", type(error).__name__, str(error))
+
+
+def _value(outcome: tuple) -> Any:
+    """An outcome's value, or its error raised: as the extension's exception type where
+    it is one, as the builtin type where that is one, else as an ``AuroraError``."""
+    if outcome[0] == "ok":
+        return outcome[1]
+    _, name, message = outcome
+    kind = getattr(_core, name, None) or getattr(builtins, name, None)
+    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+        kind, message = _core.AuroraError, f"{name}: {message}"
+    raise kind(message)
+
+
+def _values(outcomes: list[tuple]) -> list[Any]:
+    """Every rank's value; the first rank's error raised, naming the rank."""
+    for rank, outcome in enumerate(outcomes):
+        if outcome[0] == "error":
+            _, name, message = outcome
+            _value(("error", name, f"rank {rank}: {message}"))
+    return [outcome[1] for outcome in outcomes]

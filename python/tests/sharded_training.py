@@ -86,3 +86,21 @@ def run(rank: int, ranks: int, port: int, model_dir: str, directory: str, steps:
     # Rank 0 serves the group's store: no rank may leave while another still uses it.
     dist.barrier()
     dist.destroy_process_group()
+
+
+def mistaken(rank: int, ranks: int, port: int, directory: str) -> None:
+    """Every rank builds a ``ShardedPublisher``, rank 1 wrongly with a trainer of its own:
+    each rank writes what it raised, instead of waiting in a collective for ever."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    trainer = aurora_rl.Trainer(Path(directory) / "trainer", insecure_plaintext=True) if rank == 0 else None
+    try:
+        ShardedPublisher(torch.nn.Linear(4, 4), trainer if rank != 1 else object())
+        raised = "nothing"
+    except aurora_rl.UsageError as error:
+        raised = str(error)
+    Path(directory, f"rank-{rank}").write_text(raised)
+    if trainer is not None:
+        trainer.close()
+    dist.barrier()
+    dist.destroy_process_group()

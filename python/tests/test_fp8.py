@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from test_engines import GREEDY, PROMPTS, element_changes, next_version, small_qwen3, sparse_step
 
 import aurora_rl
-from aurora_rl.engines import ElementWrite, same_bits, write_elements
+from aurora_rl.engines import ElementWrite, fused_group_names, same_bits, write_elements
 from aurora_rl.engines.fp8 import Fp8Rollout, quantize_blocks, quantized_checkpoint, save_checkpoint, scale_name
 from aurora_rl.engines.vllm import VllmEngine
 from aurora_rl.export import export_bf16
@@ -142,6 +142,32 @@ def test_requantizing_the_changes_gives_the_version_quantized_from_scratch():
     final = sparse_step(stepped, 0.02, 10)
     rollout.load_changes(element_changes(stepped, final))
     assert_quantized_from_scratch(engine, final)
+
+
+class GroupEngine(HostEngine):
+    """As vLLM does: a tensor it loads whole takes its fused group (q, k, v) with it, each
+    member read from the tensor it was passed, while it reports only the one it had to
+    load whole."""
+
+    def load_changes(self, changes) -> None:
+        whole = {name for name, c in changes.items() if name in self.whole or c.indices is None}
+        group = fused_group_names(whole)
+        by_element = {name: c for name, c in changes.items() if c.indices is not None and name not in group}
+        write_elements([ElementWrite(self.tensors[name].view(-1), c.indices, c.values()) for name, c in by_element.items()])
+        self.load_weights({name: changes[name].tensor for name in group if name in changes})
+        self.loaded_whole = whole
+
+
+def test_a_fused_group_loaded_whole_for_one_member_gets_every_member_quantized():
+    generator = torch.Generator().manual_seed(3)
+    names = [f"model.layers.0.self_attn.{part}_proj.weight" for part in "qkv"]
+    weights = {name: (torch.randn(256, 128, generator=generator) * 0.02).to(torch.bfloat16) for name in names}
+    engine = GroupEngine(quantized_checkpoint(weights), whole={names[1]})
+    rollout = Fp8Rollout(engine, weights)
+    stepped = sparse_step(weights, 0.02, 40)
+    rollout.load_changes(element_changes(weights, stepped))
+    assert engine.loaded_whole == {names[1]}
+    assert_quantized_from_scratch(engine, stepped)
 
 
 def test_an_engine_that_reads_the_images_gets_them_current():

@@ -7,11 +7,12 @@ the trainer node assembles each version, which must be the gathered export bit f
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from sharded_training import run
+from sharded_training import mistaken, run
 from test_engines import free_port, small_qwen3
 from test_moe import small_qwen3_moe
 
@@ -69,3 +70,17 @@ def test_a_missing_or_doubled_shard_and_a_wrong_base_are_refused(tmp_path):
             trainer.publish_shards(specs(target), stale)
         published = trainer.publish_shards(specs(target), parts)
         assert (published.version, published.weights_hash) == (1, aurora_rl.weights_hash(target))
+
+
+def test_a_mistake_on_one_rank_is_raised_on_every_rank(tmp_path):
+    ranks = 3
+    context = mp.spawn(mistaken, args=(ranks, free_port(), str(tmp_path)), nprocs=ranks, join=False)
+    # A rank waiting in a collective for ever would hold this join.
+    deadline = time.monotonic() + 300
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("a rank still waits in a collective")
+    for rank in range(ranks):
+        assert "rank 1 was given one" in (tmp_path / f"rank-{rank}").read_text(), rank

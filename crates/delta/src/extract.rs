@@ -223,10 +223,11 @@ impl<'c> Extraction<'c> {
 
     /// An extraction of some element ranges of `header`'s patched tensors only: what a
     /// holder of shards encodes (§11). Each piece is a tensor's index, the range's first
-    /// element and the range's bytes on both sides, checked by the caller.
+    /// element and the range's bytes on both sides (no base: dense chunks), checked by
+    /// the caller.
     pub(crate) fn of_pieces(
         header: DeltaHeader,
-        pieces: impl IntoIterator<Item = (u32, u64, &'c [u8], &'c [u8])>,
+        pieces: impl IntoIterator<Item = (u32, u64, Option<&'c [u8]>, &'c [u8])>,
         options: ExtractOptions,
     ) -> Self {
         let mut jobs = Vec::new();
@@ -236,7 +237,7 @@ impl<'c> Extraction<'c> {
                 .target()
                 .expect("pieces are of patched tensors")
                 .dtype;
-            plan_jobs(&mut jobs, tensor, dtype, first, Some(base), target);
+            plan_jobs(&mut jobs, tensor, dtype, first, base, target);
         }
         Extraction {
             header,

@@ -237,7 +237,7 @@ pub fn requantize(
 /// Quantizes the BF16 `values` (bits) at `indices` (ascending flat indices of `grid`'s
 /// matrix) under their blocks' `scales` into `quantized` (E4M3FN bits, one per value).
 /// Returns the blocks (ascending, each once) whose largest magnitude may have moved: a
-/// value exceeds the block's `largest`, or the element at the block's `largest_at` (the
+/// value exceeds the block's `largest` (or is NaN), or the element at the block's `largest_at` (the
 /// flat index of an element holding it) changed. The caller measures those again, and
 /// quantizes anew any whose scale moved. Everything is checked before the first write.
 fn quantize_changes(
@@ -313,7 +313,9 @@ fn quantize_changes(
                 }
                 let block = (first_block + column_block(index - row_start)) as usize;
                 let value = bf16(value);
-                if value.abs() > largest[block] || largest_at[block] == index {
+                // NaN too: a block holding one has no largest magnitude (torch's max).
+                let magnitude = value.abs();
+                if magnitude > largest[block] || magnitude.is_nan() || largest_at[block] == index {
                     moved.push(block as u64);
                 }
                 *out = quantize(value, scales[block]);
@@ -372,6 +374,8 @@ mod tests {
                 let value = match random() % 10 {
                     // A new largest magnitude: the block's scale grows.
                     0 => bf16_of(5.0 + step as f32),
+                    // A NaN anywhere: quantized from scratch, its block's scale is 1.
+                    2 if step == 7 => 0x7fc0,
                     // The element holding a block's largest shrinks: its scale falls.
                     1 => {
                         let block = grid.block_of(index) as usize;
@@ -405,14 +409,12 @@ mod tests {
             }
             let (expected, expected_scales, expected_largest, _) = from_scratch(grid, &matrix);
             assert_eq!(image, expected, "step {step}");
-            assert_eq!(scales, expected_scales, "step {step}");
-            assert_eq!(largest, expected_largest, "step {step}");
+            let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&scales), bits(&expected_scales), "step {step}");
+            assert_eq!(bits(&largest), bits(&expected_largest), "step {step}");
             for (block, &at) in largest_at.iter().enumerate() {
-                assert_eq!(
-                    bf16(matrix[at as usize]).abs(),
-                    largest[block],
-                    "step {step}"
-                );
+                let held = bf16(matrix[at as usize]).abs();
+                assert_eq!(held.to_bits(), largest[block].to_bits(), "step {step}");
             }
         }
         let stats = BlockStats {

@@ -295,9 +295,7 @@ impl TrainerNode {
         base: &Checkpoint<'_>,
         target: &Checkpoint<'_>,
     ) -> Result<Published, NodeError> {
-        let published = self.publish_checked(base, target, None)?;
-        self.set_latest(published.version, published.weights_hash, None);
-        Ok(published)
+        self.publish_checked(base, target, None, None)
     }
 
     /// [`TrainerNode::publish`] from safetensors images the node may keep a share of (a
@@ -310,13 +308,12 @@ impl TrainerNode {
         base: &Arc<Vec<u8>>,
         target: Arc<Vec<u8>>,
     ) -> Result<Published, NodeError> {
-        let published = self.publish_checked(
+        self.publish_checked(
             &Checkpoint::from_safetensors(base)?,
             &Checkpoint::from_safetensors(&target)?,
             self.known_hash(base),
-        )?;
-        self.set_latest(published.version, published.weights_hash, Some(target));
-        Ok(published)
+            Some(target.clone()),
+        )
     }
 
     /// The weights hash of `image` if it is the newest version's image, held since it was
@@ -329,12 +326,14 @@ impl TrainerNode {
     }
 
     /// Publishes `target` against `base`, whose weights hash is `known_base` when the
-    /// caller knows it for certain, and returns it for the caller to record as the latest.
+    /// caller knows it for certain; `image`, the target's safetensors image if the node
+    /// keeps a share of it.
     fn publish_checked(
         &self,
         base: &Checkpoint<'_>,
         target: &Checkpoint<'_>,
         known_base: Option<Hash>,
+        image: Option<Arc<Vec<u8>>>,
     ) -> Result<Published, NodeError> {
         let latest = self.latest_or_refuse()?;
         let extraction = Extraction::new(
@@ -357,7 +356,7 @@ impl TrainerNode {
                 || target.weights_hash(),
             )
         };
-        self.stream_version(latest, &extraction, hashes, |version| {
+        self.stream_version(latest, &extraction, hashes, image, |version| {
             self.store.put_snapshot_checkpoint(version, target)
         })
     }
@@ -383,11 +382,9 @@ impl TrainerNode {
             return Err(wrong_base(latest, base_hash));
         }
         let hashes = || (base_hash, assembly.target_hash());
-        let published = self.stream_version(latest, &assembly, hashes, |version| {
+        self.stream_version(latest, &assembly, hashes, None, |version| {
             self.store.put_snapshot_rebuilt(version)
-        })?;
-        self.set_latest(published.version, published.weights_hash, None);
-        Ok(published)
+        })
     }
 
     fn latest_or_refuse(&self) -> Result<VersionRef, NodeError> {
@@ -398,12 +395,15 @@ impl TrainerNode {
     /// Streams `delta`, the version after `latest`, to every subscriber as its segments
     /// come, while the store keeps it; `hashes` (run beside the segments) returns the
     /// weights hashes of its base, which must be `latest` as published, and of its target.
-    /// Every `snapshot_every` versions `snapshot` stores the new version whole.
+    /// Once sealed, the version is the latest (with `image`); every `snapshot_every`
+    /// versions `snapshot` then stores it whole, and an error of it is returned though the
+    /// version is published.
     fn stream_version(
         &self,
         latest: VersionRef,
         delta: &impl SegmentSource,
         hashes: impl FnOnce() -> (Hash, Hash) + Send,
+        image: Option<Arc<Vec<u8>>>,
         snapshot: impl FnOnce(u64) -> Result<aurora_store::SnapshotRecord, aurora_store::StoreError>,
     ) -> Result<Published, NodeError> {
         let version = latest.version + 1;
@@ -453,6 +453,9 @@ impl TrainerNode {
             stored_s = started.elapsed().as_secs_f64(),
             "published"
         );
+        // The latest from the Seal on: a snapshot that fails below must not keep the next
+        // version from being published.
+        self.set_latest(version, target_hash, image);
         if self.settings.snapshot_every > 0 && version.is_multiple_of(self.settings.snapshot_every)
         {
             snapshot(version)?;

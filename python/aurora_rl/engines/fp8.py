@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from aurora_rl.engines import Completion, ElementWrite, Sampling, TensorChange, write_elements
+from aurora_rl.engines import (
+    Completion,
+    ElementWrite,
+    Sampling,
+    TensorChange,
+    fused_group_names,
+    write_elements,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -278,7 +285,10 @@ class Fp8Rollout:
         undo = write_elements(image_writes)
         try:
             self.engine.load_changes(passed)
-            stale = {name for name, _ in updates} & set(getattr(self.engine, "loaded_whole", ()))
+            # A tensor loaded whole takes its fused group with it (q, k, v; gate, up): every
+            # member read from what it was passed, a stand-in included.
+            loaded = fused_group_names(getattr(self.engine, "loaded_whole", ()))
+            stale = {name for name, _ in updates} & loaded
             if stale:
                 self.engine.load_weights({
                     n: t

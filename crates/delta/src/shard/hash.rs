@@ -16,7 +16,7 @@ use blake3::hazmat::{
 use blake3::{CHUNK_LEN, Hasher};
 use rayon::prelude::*;
 
-use crate::checkpoint::{Hash, WEIGHTS_HASH_DOMAIN, tensor_framing};
+use crate::checkpoint::{Hash, WEIGHTS_HASH_DOMAIN, checked_byte_len, tensor_framing};
 use crate::error::{DeltaError, Result};
 use crate::format::TensorSpec;
 
@@ -38,24 +38,35 @@ pub struct HashLayout {
 }
 
 impl HashLayout {
-    /// The layout of `tensors`, which must be in canonical order (a delta header's).
-    pub fn new<'s>(tensors: impl IntoIterator<Item = (&'s str, &'s TensorSpec)>) -> HashLayout {
+    /// The layout of `tensors`, which must be in canonical order (a delta header's);
+    /// refused when the input would be longer than a u64 counts.
+    pub fn new<'s>(
+        tensors: impl IntoIterator<Item = (&'s str, &'s TensorSpec)>,
+    ) -> Result<HashLayout> {
         let domain = WEIGHTS_HASH_DOMAIN;
         let mut offset = domain.len() as u64;
         let mut framing = vec![(0, domain.to_vec())];
         let mut placed = Vec::new();
         for (name, spec) in tensors {
-            let bytes = tensor_framing(name, spec.dtype, &spec.shape, spec.byte_len());
-            let data_at = offset + bytes.len() as u64;
+            let len = checked_byte_len(spec.dtype, &spec.shape);
+            let bytes = tensor_framing(name, spec.dtype, &spec.shape, len.unwrap_or(0));
+            let data_at = offset.checked_add(bytes.len() as u64);
+            let end = data_at.zip(len).and_then(|(at, len)| at.checked_add(len));
+            let (Some(data_at), Some(len), Some(end)) = (data_at, len, end) else {
+                return Err(DeltaError::Unsupported {
+                    name: name.chars().take(80).collect(),
+                    reason: "the checkpoint up to it is longer than a u64 counts".into(),
+                });
+            };
             framing.push((offset, bytes));
-            placed.push((name.to_string(), data_at, spec.byte_len()));
-            offset = data_at + spec.byte_len();
+            placed.push((name.to_string(), data_at, len));
+            offset = end;
         }
-        HashLayout {
+        Ok(HashLayout {
             framing,
             tensors: placed,
             total: offset,
-        }
+        })
     }
 
     /// Where tensor `index`'s data starts in the input, and its length.
@@ -224,8 +235,9 @@ impl HashShare {
         while end - at >= CHUNK {
             // The largest subtree that starts here (its size divides the offset) and
             // fits before the end.
+            // At offset 0 any power of two is aligned: start from the largest one.
             let mut len = if at == 0 {
-                u64::MAX
+                1 << 63
             } else {
                 1 << at.trailing_zeros()
             };

@@ -12,14 +12,15 @@ mod tests;
 
 pub use hash::{HashLayout, HashShare};
 
+use crate::apply::checked_record;
 use crate::bits::ByteReader;
 use crate::checkpoint::{Hash, checked_byte_len};
 use crate::codec::{ChunkRecord, Encoding};
 use crate::error::{DeltaError, Result};
 use crate::extract::{ExtractOptions, Extraction, Segment, SegmentSource, TargetHash};
 use crate::format::{
-    DeltaHeader, MAX_DIMS, MAX_NAME_BYTES, MAX_SEGMENT_BYTES, MAX_TENSORS, Manifest, SegmentEntry,
-    TensorChange, TensorEntry, TensorSpec,
+    DeltaHeader, MAX_DIMS, MAX_NAME_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENTS, MAX_TENSORS, Manifest,
+    SegmentEntry, TensorChange, TensorEntry, TensorSpec,
 };
 
 /// The first bytes of a shard part (§11.1).
@@ -39,7 +40,8 @@ pub struct ShardPiece<'a> {
 impl<'a> ShardPiece<'a> {
     /// Rank `rank` of `ranks`'s share of a tensor as FSDP2 shards it along dimension 0
     /// (`torch.chunk`'s split: `ceil(rows / ranks)` rows each, the last ranks fewer or
-    /// none), from the tensor's whole bytes on both sides; None for a rank that holds none.
+    /// none), from the tensor's whole bytes on both sides; None for a rank that holds none
+    /// (or for sides of different lengths, or bytes that are not whole rows).
     pub fn dim0_shard(
         name: &'a str,
         shape: &[u64],
@@ -49,13 +51,14 @@ impl<'a> ShardPiece<'a> {
         ranks: u64,
     ) -> Option<ShardPiece<'a>> {
         let rows = shape.first().copied().unwrap_or(1).max(1);
-        let per_rank = rows.div_ceil(ranks.max(1));
-        let (first, end) = (
-            (rank * per_rank).min(rows),
-            ((rank + 1) * per_rank).min(rows),
-        );
-        let row_elements = shape.iter().skip(1).product::<u64>();
         let row_bytes = target.len() as u64 / rows;
+        if base.len() != target.len() || row_bytes * rows != target.len() as u64 {
+            return None;
+        }
+        let per_rank = rows.div_ceil(ranks.max(1));
+        let first = rank.saturating_mul(per_rank).min(rows);
+        let end = rank.saturating_add(1).saturating_mul(per_rank).min(rows);
+        let row_elements = shape.iter().skip(1).product::<u64>();
         let bytes = (first * row_bytes) as usize..(end * row_bytes) as usize;
         (first < end).then(|| ShardPiece {
             name,
@@ -124,7 +127,7 @@ impl ShardTable {
                 .tensors
                 .iter()
                 .map(|entry| (entry.name.as_str(), spec_of(entry))),
-        );
+        )?;
         let digest = Hash::of(&header.encode());
         Ok(ShardTable {
             header,
@@ -151,11 +154,18 @@ impl ShardTable {
                 )));
             }
         }
+        // A dense delta carries every element of every range, changed or not (§6.1).
+        let dense = self.header.encoding == Encoding::Dense;
         let extraction = Extraction::of_pieces(
             self.header.clone(),
-            located
-                .iter()
-                .map(|((tensor, _), piece)| (*tensor, piece.first, piece.base, piece.target)),
+            located.iter().map(|((tensor, _), piece)| {
+                (
+                    *tensor,
+                    piece.first,
+                    (!dense).then_some(piece.base),
+                    piece.target,
+                )
+            }),
             ExtractOptions {
                 encoding: self.header.encoding,
                 target_hash: TargetHash::Later,
@@ -232,25 +242,9 @@ impl ShardTable {
                 while !reader.is_empty() {
                     let record = ChunkRecord::read(&mut reader)
                         .map_err(|error| invalid(error.to_string()))?;
-                    let Some(entry) = self.header.tensors.get(record.tensor as usize) else {
-                        return Err(invalid(format!(
-                            "a chunk names tensor {} of {}",
-                            record.tensor,
-                            self.header.tensors.len()
-                        )));
-                    };
-                    let elements = spec_of(entry).element_count();
-                    if record.len == 0
-                        || record
-                            .start
-                            .checked_add(record.len)
-                            .is_none_or(|end| end > elements)
-                    {
-                        return Err(invalid(format!(
-                            "a chunk of tensor '{}' covers elements {}+{} of {elements}",
-                            entry.name, record.start, record.len
-                        )));
-                    }
+                    // What every reader of the delta checks of a chunk (§5).
+                    checked_record(&self.header, &record)
+                        .map_err(|error| invalid(error.to_string()))?;
                     chunks.push((record.tensor, record.start, record.len, index));
                 }
             }
@@ -258,6 +252,16 @@ impl ShardTable {
             base_shares.push(part.base);
             target_shares.push(part.target);
         }
+        if segments.len() as u64 > u64::from(MAX_SEGMENTS) {
+            return Err(DeltaError::LimitExceeded {
+                what: "segment count",
+                value: segments.len() as u64,
+                limit: u64::from(MAX_SEGMENTS),
+            });
+        }
+        let target_version = base_version
+            .checked_add(1)
+            .ok_or_else(|| DeltaError::Malformed(format!("no version follows {base_version}")))?;
         chunks.sort_unstable();
         for pair in chunks.windows(2) {
             let (tensor, start, len, part) = pair[0];
@@ -278,7 +282,7 @@ impl ShardTable {
         Ok(ShardAssembly {
             header: DeltaHeader {
                 base_version,
-                target_version: base_version + 1,
+                target_version,
                 base_hash,
                 target_hash: target_hash?,
                 ..self.header.clone()

@@ -62,6 +62,10 @@ fn versions(seed: u64) -> (Vec<OwnedTensor>, Vec<OwnedTensor>) {
 }
 
 fn table(tensors: &[OwnedTensor]) -> ShardTable {
+    table_encoded(tensors, Encoding::Aurora)
+}
+
+fn table_encoded(tensors: &[OwnedTensor], encoding: Encoding) -> ShardTable {
     ShardTable::new(
         tensors
             .iter()
@@ -75,7 +79,7 @@ fn table(tensors: &[OwnedTensor]) -> ShardTable {
                 )
             })
             .collect(),
-        Encoding::Aurora,
+        encoding,
     )
     .unwrap()
 }
@@ -106,6 +110,36 @@ fn parts(base: &[OwnedTensor], target: &[OwnedTensor], ranks: u64) -> Vec<Vec<u8
         .collect()
 }
 
+/// The assembly's segments, and the artifact they make with the base's hash in its
+/// header (the node names the base as published).
+fn artifact(assembly: &ShardAssembly, base_hash: Hash) -> (Vec<Vec<u8>>, DeltaHeader, Vec<u8>) {
+    let mut segments = Vec::new();
+    let manifest = assembly
+        .run(|segment: Segment| {
+            segments.push(segment.bytes);
+            Ok::<(), DeltaError>(())
+        })
+        .unwrap();
+    let header = DeltaHeader {
+        base_hash,
+        ..manifest.header
+    };
+    let (_, bytes) = assemble(&header, &segments);
+    (segments, header, bytes)
+}
+
+/// `target`, as applying `bytes` to `base` must give it (in name order).
+fn assert_applies(bytes: &[u8], base: &[OwnedTensor], target: &[OwnedTensor]) {
+    let applied = apply(
+        &DeltaFile::parse(bytes).unwrap(),
+        &owned_checkpoint(base).unwrap(),
+        None,
+    );
+    let mut expected = target.to_vec();
+    expected.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(applied.unwrap(), expected);
+}
+
 fn assembled(table: &ShardTable, parts: &[Vec<u8>]) -> Result<ShardAssembly> {
     table.assemble(
         4,
@@ -124,31 +158,9 @@ fn shards_assemble_into_the_gathered_delta_on_any_number_of_ranks() {
         let assembly = assembled(&table, &parts(&base, &target, ranks)).unwrap();
         assert_eq!(assembly.parts_base_hash(), base_hash, "{ranks} ranks");
         assert_eq!(assembly.target_hash(), target_hash, "{ranks} ranks");
-        let mut segments = Vec::new();
-        let manifest = assembly
-            .run(|segment: Segment| {
-                segments.push(segment.bytes);
-                Ok::<(), DeltaError>(())
-            })
-            .unwrap();
-        assert_eq!(
-            (manifest.header.base_version, manifest.header.target_version),
-            (4, 5)
-        );
-        let header = DeltaHeader {
-            base_hash,
-            ..manifest.header
-        };
-        let (_, bytes) = assemble(&header, &segments);
-        let applied = apply(
-            &DeltaFile::parse(&bytes).unwrap(),
-            &owned_checkpoint(&base).unwrap(),
-            None,
-        )
-        .unwrap();
-        let mut expected = target.clone();
-        expected.sort_by(|a, b| a.name.cmp(&b.name));
-        assert_eq!(applied, expected, "{ranks} ranks");
+        let (_, header, bytes) = artifact(&assembly, base_hash);
+        assert_eq!((header.base_version, header.target_version), (4, 5));
+        assert_applies(&bytes, &base, &target);
     }
 }
 
@@ -278,4 +290,52 @@ fn a_checkpoint_smaller_than_a_chunk_composes_too() {
         table.layout.compose(&[&share]).unwrap(),
         owned_checkpoint(&tiny).unwrap().weights_hash()
     );
+}
+
+#[test]
+fn a_dense_delta_from_shards_carries_every_element() {
+    let (base, target) = versions(11);
+    let table = table_encoded(&target, Encoding::Dense);
+    let parts: Vec<Vec<u8>> = (0..3)
+        .map(|rank| {
+            table
+                .extract(&fsdp_pieces(&base, &target, rank, 3))
+                .unwrap()
+        })
+        .collect();
+    let assembly = assembled(&table, &parts).unwrap();
+    let base_hash = owned_checkpoint(&base).unwrap().weights_hash();
+    let (segments, _, bytes) = artifact(&assembly, base_hash);
+    let elements: u64 = target.iter().map(|t| t.shape.iter().product::<u64>()).sum();
+    let mut covered = 0;
+    for segment in &segments {
+        let mut reader = ByteReader::new(segment);
+        while !reader.is_empty() {
+            let record = ChunkRecord::read(&mut reader).unwrap();
+            assert_eq!(record.encoding, crate::codec::ChunkEncoding::Dense);
+            covered += record.len;
+        }
+    }
+    assert_eq!(covered, elements, "every element, changed or not");
+    assert_applies(&bytes, &base, &target);
+}
+
+#[test]
+fn a_share_from_offset_zero_takes_the_largest_aligned_subtrees() {
+    for len in [1, 1023, 1024, 4094, 5000, 70_000] {
+        let data = vec![7u8; len];
+        let share = HashShare::of_range(0, &data);
+        let mut at = 0;
+        for (offset, size, _) in &share.subtrees {
+            assert_eq!(*offset, at);
+            assert!(size.is_power_of_two() && offset % size == 0);
+            at += size;
+        }
+        let tail: u64 = share
+            .edges
+            .iter()
+            .map(|(_, bytes)| bytes.len() as u64)
+            .sum();
+        assert_eq!(at + tail, len as u64, "{len} bytes");
+    }
 }
