@@ -182,8 +182,11 @@ region = "us"
         );
     }
 
+    // Seven charts before any table, the fault steps dashed on them.
     let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
-    assert_eq!(report.matches("<svg").count(), 4);
+    assert_eq!(report.matches("<svg").count(), 7);
+    assert!(report.rfind("<svg").unwrap() < report.find("<table").unwrap());
+    assert!(report.contains("Dashed lines mark the steps with events"));
     assert!(report.contains("killed actor 1"));
 
     // The store keeps every version's delta, a snapshot every third version (0, 3, 6),
