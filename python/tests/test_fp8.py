@@ -186,7 +186,7 @@ def test_the_core_rounds_to_fp8_as_torch_does():
     """aurora's pass over the changes (``_core.fp8_requantize``) against torch's division,
     clamp and conversion, on every BF16 bit pattern (NaNs, infinities and subnormals
     included) under scales that land them across FP8's range: each pattern a block of
-    its own, whose largest magnitude no change moves."""
+    its own, whose largest magnitude only a NaN moves."""
     from aurora_rl import _core
 
     values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
@@ -202,7 +202,9 @@ def test_the_core_rounds_to_fp8_as_torch_does():
         )
         expected = (values.float() / scales).clamp(-448, 448).to(torch.float8_e4m3fn)
         assert same_bits(quantized, expected), scale
-        assert (rescaled, merged) == ([], None)
+        # A NaN's block takes scale 1, as quantizing it from scratch gives; no other moves.
+        nans = torch.isnan(values.float()).nonzero().view(-1).tolist()
+        assert rescaled == (nans if scale != 1.0 else []), scale
     with pytest.raises(aurora_rl.AuroraError, match="not strictly ascending"):
         _core.fp8_requantize(
             (1, 4, 1, 4), values[:4].view(torch.uint8), torch.tensor([2, 1]).view(torch.uint8),
