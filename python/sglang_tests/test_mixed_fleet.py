@@ -10,6 +10,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,23 @@ def vllm_python() -> str:
     if not os.access(python, os.X_OK):
         pytest.fail(f"{python}: no vLLM environment (run README's set-up, or set AURORA_VLLM_PYTHON)")
     return python
+
+
+def await_staged(trainer: aurora_rl.Trainer, version: int, actors: int, failures: list[BaseException]) -> None:
+    """Returns once ``actors`` actors have reported ``version`` staged (or active) to the
+    control plane: a step opened then reserves a share of its prompts for each of them,
+    in proportion to their estimates (Algorithm 1), where a step opened before they
+    staged would go whole to whichever claims first. The control plane has no call that
+    blocks on an actor's report, so this asks it again until the deadline."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        members = trainer.status()["actors"]
+        holding = [m for m in members if version in (m["active"], m.get("staged"))]
+        if len(holding) >= actors:
+            return
+        if failures or time.monotonic() > deadline:
+            raise AssertionError(f"{len(holding)} of {actors} actors staged version {version}: {members} {failures}")
+        time.sleep(0.05)
 
 
 def test_vllm_and_sglang_actors_serve_every_version_of_one_run(tmp_path):
@@ -75,6 +93,7 @@ def test_vllm_and_sglang_actors_serve_every_version_of_one_run(tmp_path):
             for version in range(1, VERSIONS + 1):
                 weights = sparse_step(weights, 0.01, version)
                 published = trainer.publish(weights)
+                await_staged(trainer, version, 2, failures)
                 trainer.open_step(list(range(version * PROMPTS_PER_STEP, (version + 1) * PROMPTS_PER_STEP)))
                 trainer.commit()
                 expected = [str(version), published.weights_hash]
