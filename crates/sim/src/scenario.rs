@@ -358,9 +358,9 @@ impl Scenario {
                 max_tokens_per_result: 100_000,
             },
             lease: LeaseConfig {
-                initial_ms: 30_000,
+                initial_ms: self.first_lease_ms(),
                 min_ms: 2_000,
-                max_ms: 180_000,
+                max_ms: self.first_lease_ms().max(180_000),
                 median_multiplier_percent: 250,
                 completion_window: 1024,
             },
@@ -381,6 +381,28 @@ impl Scenario {
             partial_batch: self.partial_batch,
             preemption_grace_ms: PREEMPTION_GRACE_MS,
         }
+    }
+
+    /// The first leases' lifetime: 30 s, or longer where this scenario's work is long
+    /// (the paper's reasoning answers at B = 512 keep one actor busy for minutes). A lease
+    /// must outlast an equal share of the batch at its longest on the slowest actor, with
+    /// the control core's own 250% margin, or every first lease expires before its work
+    /// can be done; after the first step the lifetime follows the completions.
+    fn first_lease_ms(&self) -> u64 {
+        let slowest = self
+            .actors
+            .iter()
+            .map(|actor| actor.tokens_per_s)
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        let actors = u64::try_from(self.actors.len()).unwrap_or(u64::MAX).max(1);
+        let share = u64::from(self.batch_size).div_ceil(actors);
+        let share_ms = share
+            .saturating_mul(self.tokens_per_prompt.1)
+            .saturating_mul(1000)
+            / slowest;
+        (share_ms.saturating_mul(5) / 2).max(30_000)
     }
 
     /// The rollout length of a prompt: a function of the seed and the prompt alone, so

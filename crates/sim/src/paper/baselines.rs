@@ -3,7 +3,7 @@
 //! and what activation costs.
 
 use super::calibration::Encoding;
-use super::tcp::{CongestionControl, Flow, TcpModel};
+use super::tcp::{CongestionControl, Flow, Link, TcpModel};
 use super::testbed::{ModelShape, Network, RELOAD_BYTES_PER_S, Trainer, Workload, actor_decode_s};
 use super::timeline::SyncPlan;
 
@@ -20,8 +20,8 @@ pub enum System {
     Async4,
     /// The full checkpoint on four streams per actor, one step of lag.
     MultiStream,
-    /// The same actors and trainer in one datacenter, weights broadcast over RDMA into
-    /// the engines' memory, one step of lag: the ceiling.
+    /// The paper's construction: aurora's run with its cross-cloud transfer replaced by
+    /// a full broadcast over the single datacenter's RDMA fabric: the ceiling.
     IdealSingleDc,
     /// aurora: the `aurora` delta, extraction streamed into four streams per flow, one
     /// relay per region, one step of lag.
@@ -70,10 +70,16 @@ pub struct Deployment {
     pub workload: Workload,
     /// The trainer.
     pub trainer: Trainer,
-    /// The links.
+    /// The links around the trainer.
     pub network: Network,
-    /// Actors in each region, the trainer's first.
-    pub actors_per_region: Vec<u32>,
+    /// Actors in the trainer's own datacenter.
+    pub local_actors: u32,
+    /// Every other region: the path from the trainer to each of its actors' VMs, and
+    /// how many actors it has.
+    pub remote: Vec<(Link, u32)>,
+    /// The share of their nominal rate the remote paths run at, shipment by shipment
+    /// (cycled): section 7.1's link fluctuates.
+    pub rate_shares: Vec<f64>,
     /// The transfer-time model.
     pub tcp: TcpModel,
     /// The encoding aurora's deltas travel in (its own; LEB128 to ask what the paper's
@@ -86,14 +92,20 @@ impl Deployment {
     pub fn sync_plan(&self, system: System) -> SyncPlan {
         let model = &self.model;
         let reload_s = model.checkpoint_bytes() / RELOAD_BYTES_PER_S;
+        let each_shipment = |ship: &dyn Fn(f64) -> f64| -> Vec<f64> {
+            self.rate_shares.iter().map(|&share| ship(share)).collect()
+        };
         let full = |lag, streams| SyncPlan {
             lag,
-            ship_s: self.fan_out_s(
-                model.checkpoint_bytes(),
-                streams,
-                false,
-                CongestionControl::Cubic,
-            ),
+            ship_s: each_shipment(&|share| {
+                self.fan_out_s(
+                    model.checkpoint_bytes(),
+                    streams,
+                    false,
+                    CongestionControl::Cubic,
+                    share,
+                )
+            }),
             tail_s: 0.0,
             activation_s: reload_s,
             skips_versions: true,
@@ -104,22 +116,18 @@ impl Deployment {
             System::Async4 => full(4, 1),
             System::MultiStream => full(1, MULTI_STREAMS),
             System::IdealSingleDc => SyncPlan {
-                lag: 1,
-                ship_s: self.tcp.transfer_s(
+                ship_s: vec![self.tcp.transfer_s(
                     model.checkpoint_bytes(),
                     self.network.rdma,
                     CongestionControl::Bbr,
                     1,
-                ),
+                )],
                 tail_s: 0.0,
-                activation_s: 0.0,
-                skips_versions: false,
+                ..self.sync_plan(System::Aurora)
             },
             System::Aurora | System::AuroraWithoutRelays => {
                 let relays = system == System::Aurora;
                 let delta_bytes = model.delta_bytes(self.delta_encoding, self.workload.density);
-                let transfer_s =
-                    self.fan_out_s(delta_bytes, MULTI_STREAMS, relays, CongestionControl::Bbr);
                 let extraction_s = self.trainer.extraction_s(model, self.delta_encoding);
                 // Cut-through: a relay forwards and an actor decodes each segment as it
                 // lands, so only the last segment's hop and decode follow the last byte.
@@ -137,7 +145,16 @@ impl Deployment {
                     };
                 SyncPlan {
                     lag: 1,
-                    ship_s: transfer_s.max(extraction_s),
+                    ship_s: each_shipment(&|share| {
+                        self.fan_out_s(
+                            delta_bytes,
+                            MULTI_STREAMS,
+                            relays,
+                            CongestionControl::Bbr,
+                            share,
+                        )
+                        .max(extraction_s)
+                    }),
                     tail_s: last_segment_s,
                     // The engine reloads every tensor with a change, which at 1% is
                     // every tensor: writing only the changed elements into a GPU's
@@ -149,18 +166,26 @@ impl Deployment {
         }
     }
 
-    /// Seconds until every actor has `bytes` from the trainer: local actors over the
-    /// datacenter network, each other region over its WAN path and the trainer's
-    /// shared uplink, one flow per region through a relay or one per actor without.
-    pub fn fan_out_s(&self, bytes: f64, streams: u32, relays: bool, cc: CongestionControl) -> f64 {
-        let local_actors = self.actors_per_region.first().copied().unwrap_or(0);
-        let local_s = if local_actors == 0 {
+    /// Seconds until every actor has `bytes` from the trainer, the remote paths at
+    /// `rate_share` of their nominal rate: local actors over the datacenter network,
+    /// each other region's actors over their own paths and the trainer's shared uplink,
+    /// through the region's relay (one receiver) or each from the trainer.
+    pub fn fan_out_s(
+        &self,
+        bytes: f64,
+        streams: u32,
+        relays: bool,
+        cc: CongestionControl,
+        rate_share: f64,
+    ) -> f64 {
+        let receivers = |actors: u32| if relays { 1 } else { actors };
+        let local_s = if self.local_actors == 0 {
             0.0
         } else {
             let local = Flow {
                 link: self.network.lan,
                 streams,
-                copies: if relays { 1 } else { local_actors },
+                receivers: receivers(self.local_actors),
             };
             self.tcp.fan_out_s(
                 bytes,
@@ -170,15 +195,16 @@ impl Deployment {
             )
         };
         let remote: Vec<Flow> = self
-            .actors_per_region
+            .remote
             .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|&(_, &actors)| actors > 0)
-            .map(|(region, &actors)| Flow {
-                link: self.network.path(region),
+            .filter(|&&(_, actors)| actors > 0)
+            .map(|&(link, actors)| Flow {
+                link: Link {
+                    rate_bps: link.rate_bps * rate_share,
+                    ..link
+                },
                 streams,
-                copies: if relays { 1 } else { actors },
+                receivers: receivers(actors),
             })
             .collect();
         let remote_s = if remote.is_empty() {

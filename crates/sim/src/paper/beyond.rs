@@ -21,13 +21,31 @@ use aurora_control::{Permille, SplitPolicy};
 use super::calibration::{Encoding, HUB_DURABLE_CALLS_PER_S};
 use super::tcp::{CongestionControl, TcpModel};
 use super::testbed::{
-    A100, ActorKind, DENSE_70B, H100, JoinFrom, KEPT_TAIL_SNAPSHOTS, ModelShape, Network,
-    PAPER_TRAINER, PAPER_WORKLOAD, QWEN3_8B, QWEN3_14B, actor_decode_s,
+    A100, ActorKind, DENSE_70B, Dataset, H100, JoinFrom, KEPT_TAIL_SNAPSHOTS, ModelShape, Network,
+    QWEN3_8B, QWEN3_14B, Trainer, Workload, actor_decode_s,
 };
 use crate::report::{RunReport, Violation};
 use crate::scenario::{ActorSpec, Fault, Scenario, ScheduledFault};
 use crate::world::SplitMix64;
 
+/// Assumption: beyond the paper the trainer is one node of eight H100s.
+const TRAINER: Trainer = Trainer::of(8);
+/// Assumption: beyond the paper, answers of 256 to 768 tokens after 256-token prompts
+/// (short, so that a step's generation takes tens of seconds and the sync is a large
+/// share of it: the harder case for the shared resources).
+const SHORT_ANSWERS: Dataset = Dataset {
+    name: "short answers",
+    prompt_tokens: 256.0,
+    completion_tokens: (256, 768),
+};
+/// Assumption: beyond the paper, groups of 8 short answers, about 1% of the elements
+/// changing a step.
+const WORKLOAD: Workload = Workload {
+    dataset: SHORT_ANSWERS,
+    prompts_per_step: 128,
+    samples_per_prompt: 8,
+    density: 0.01,
+};
 /// Assumption: the trainer is sized so that a step's training takes this share of its
 /// generation.
 const TRAIN_SHARE_OF_GENERATION: f64 = 0.5;
@@ -338,9 +356,9 @@ impl Costs {
 
     /// Seconds an actor takes for its share of a step.
     fn generation_s(&self, model: &ModelShape) -> f64 {
-        let (shortest, longest) = PAPER_WORKLOAD.group_tokens();
+        let (shortest, longest) = WORKLOAD.group_tokens();
         let tokens = PROMPTS_PER_ACTOR * (shortest + longest) as f64 / 2.0;
-        tokens / Self::actor(model).tokens_per_s(model, &PAPER_WORKLOAD)
+        tokens / Self::actor(model).tokens_per_s(model, &WORKLOAD)
     }
 
     /// Runs the real control core at `scale` through the driver: its actors spread
@@ -351,9 +369,7 @@ impl Costs {
     /// ([`Costs::rejoin_s`]).
     fn run_core(&self, scale: ScaleStep) -> Result<CoreAtScale, Violation> {
         let model = &scale.model;
-        let tokens_per_s = Self::actor(model)
-            .tokens_per_s(model, &PAPER_WORKLOAD)
-            .round() as u64;
+        let tokens_per_s = Self::actor(model).tokens_per_s(model, &WORKLOAD).round() as u64;
         let mut actors: Vec<ActorSpec> = (0..scale.actors)
             .map(|index| ActorSpec {
                 label: format!("70B-{index}"),
@@ -405,7 +421,7 @@ impl Costs {
             split: SplitPolicy::Proportional,
             partial_batch: None,
             drift: Permille::clamped(0),
-            tokens_per_prompt: PAPER_WORKLOAD.group_tokens(),
+            tokens_per_prompt: WORKLOAD.group_tokens(),
             // Training overlaps generation (one step of lag), as in the paper's rows.
             train_ms: 0,
             faults: faults.clone(),
@@ -430,7 +446,7 @@ impl Costs {
     }
 
     fn delta_bytes(model: &ModelShape) -> f64 {
-        model.delta_bytes(Encoding::Aurora, PAPER_WORKLOAD.density)
+        model.delta_bytes(Encoding::Aurora, WORKLOAD.density)
     }
 
     /// Replacements of preempted actors that join a region each step.
@@ -541,7 +557,7 @@ impl Costs {
             },
             ResourceLimit {
                 resource: "extraction",
-                utilisation: PAPER_TRAINER.extraction_s(model, Encoding::Aurora) / window_s,
+                utilisation: TRAINER.extraction_s(model, Encoding::Aurora) / window_s,
             },
             ResourceLimit {
                 resource: "an actor's decode",

@@ -41,15 +41,16 @@ pub struct Link {
     pub loss: f64,
 }
 
-/// One receiver's (or one region's) share of a fan-out.
+/// Receivers of a fan-out in one region, each a VM behind its own path of the region's
+/// rate (a cross-cloud VM's bandwidth is its own): they share only the sender's uplink.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Flow {
-    /// The path from the sender's uplink to the receiver.
+    /// The path from the sender's uplink to each receiver.
     pub link: Link,
-    /// Parallel TCP streams of this flow.
+    /// Parallel TCP streams to each receiver.
     pub streams: u32,
-    /// Copies of the payload this path carries (receivers behind it with no relay).
-    pub copies: u32,
+    /// Receivers (the region's relay alone, or every actor without one).
+    pub receivers: u32,
 }
 
 /// The transfer-time model with its two calibrated constants.
@@ -124,7 +125,7 @@ impl TcpModel {
 
     /// Seconds until every receiver of a fan-out has `bytes`: the flows share the
     /// sender's uplink (`uplink_bps`, before efficiency) by max-min fairness, each
-    /// flow capped by its own path; the slowest flow finishes last.
+    /// capped by its receivers' paths; the slowest flow finishes last.
     pub fn fan_out_s(
         &self,
         bytes: f64,
@@ -134,7 +135,7 @@ impl TcpModel {
     ) -> f64 {
         let caps: Vec<f64> = flows
             .iter()
-            .map(|flow| self.steady_bps(flow.link, cc, flow.streams * flow.copies))
+            .map(|flow| f64::from(flow.receivers) * self.steady_bps(flow.link, cc, flow.streams))
             .collect();
         let shares = max_min_shares(&caps, uplink_bps * self.goodput_efficiency);
         flows
@@ -142,10 +143,10 @@ impl TcpModel {
             .zip(shares)
             .map(|(flow, rate_bps)| {
                 transfer_at_rate_s(
-                    bytes * f64::from(flow.copies),
+                    bytes,
                     flow.link.rtt_s,
-                    flow.streams * flow.copies,
-                    rate_bps,
+                    flow.streams,
+                    rate_bps / f64::from(flow.receivers.max(1)),
                 )
             })
             .fold(0.0, f64::max)
@@ -324,10 +325,10 @@ mod tests {
     fn fan_out_shares_the_uplink_and_never_beats_one_receiver() {
         let model = TcpModel::calibrated();
         let link = clean(1e9, 0.04);
-        let flow = |copies| Flow {
+        let flow = |receivers| Flow {
             link,
             streams: 4,
-            copies,
+            receivers,
         };
         let alone = model.transfer_s(1e8, link, CongestionControl::Bbr, 4);
         let one = model.fan_out_s(1e8, &[flow(1)], 1e10, CongestionControl::Bbr);
@@ -345,12 +346,15 @@ mod tests {
             three > uplink_s && three < 3.0 * alone,
             "{three} {alone} {uplink_s}"
         );
-        // Two copies behind one path: twice the bytes, one slow start.
-        let doubled = model.fan_out_s(1e8, &[flow(2)], 1e10, CongestionControl::Bbr);
+        // Two receivers, each behind a path of its own: as fast as one while the uplink
+        // carries both, as slow as two copies through it when it does not.
+        let both = model.fan_out_s(1e8, &[flow(2)], 1e10, CongestionControl::Bbr);
+        assert!((both - alone).abs() < 1e-9, "{both} {alone}");
+        let squeezed = model.fan_out_s(1e8, &[flow(2)], 1e9, CongestionControl::Bbr);
         let two_copies_s = 2e8 * 8.0 / (1e9 * model.goodput_efficiency);
         assert!(
-            doubled > two_copies_s && doubled < 2.0 * alone,
-            "{doubled} {alone}"
+            squeezed > two_copies_s && squeezed < 2.0 * alone,
+            "{squeezed} {alone}"
         );
     }
 

@@ -12,6 +12,7 @@ use super::calibration::{
     LEB128_EXTRACT_GBPS_PER_CORE,
 };
 use super::tcp::{CongestionControl, Link, TcpModel};
+use crate::world::SplitMix64;
 
 /// A decoder-only transformer, as far as sizes and decode costs go.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -98,11 +99,13 @@ pub const H100: Gpu = Gpu {
     bandwidth_bytes_per_s: 3.35e12,
     bf16_flops: 989e12,
 };
-/// NVIDIA A100 80 GB SXM: 2.04 TB/s, 312 TFLOPS.
+/// NVIDIA A100 80 GB PCIe, the paper's actor GPU (section 7.1): 1.935 TB/s, 312
+/// TFLOPS. Which memory size the paper rented is not stated: the 80 GB card is the
+/// assumption.
 pub const A100: Gpu = Gpu {
     name: "A100",
     memory_bytes: 80e9,
-    bandwidth_bytes_per_s: 2.039e12,
+    bandwidth_bytes_per_s: 1.935e12,
     bf16_flops: 312e12,
 };
 /// NVIDIA L40: 48 GB, 864 GB/s, 181 TFLOPS.
@@ -114,10 +117,15 @@ pub const L40: Gpu = Gpu {
 };
 
 /// Assumption: the share of the memory roofline a serving engine reaches in decode
-/// (paged attention, sampling and scheduling overheads).
-const DECODE_ROOFLINE_SHARE: f64 = 0.5;
-/// Assumption: the share of peak FLOP/s the trainer reaches (model FLOPs utilisation).
-const TRAINER_MFU: f64 = 0.4;
+/// (paged attention, sampling and scheduling overheads; plausible 0.3 to 0.7).
+pub const DECODE_ROOFLINE_SHARE: f64 = 0.5;
+/// The what-if at the low end of that range.
+pub const SLOW_DECODE_ROOFLINE_SHARE: f64 = 0.35;
+/// Assumption: the share of peak FLOP/s the trainer reaches (model FLOPs utilisation;
+/// plausible 0.2 to 0.45 for FSDP2 with GRPO's extra passes).
+pub const TRAINER_MFU: f64 = 0.4;
+/// The what-if near the low end of that range.
+pub const LOW_TRAINER_MFU: f64 = 0.25;
 /// Assumption: most sequences an engine decodes at once.
 const MAX_CONCURRENT_SEQUENCES: f64 = 256.0;
 /// Share of GPU memory the engine may use (vLLM's default `gpu_memory_utilization`).
@@ -133,54 +141,112 @@ pub struct ActorKind {
     pub gpus: u32,
 }
 
+/// A dataset the paper trains on, as far as a step's shape goes. The paper states
+/// neither prompt nor completion lengths: each is an assumption, named with its
+/// plausible range in docs/paper-eval.md, and the sections show what the figures do
+/// across it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dataset {
+    /// Its name in the report.
+    pub name: &'static str,
+    /// Prompt tokens per sample, with the chat template.
+    pub prompt_tokens: f64,
+    /// Shortest and longest mean completion of a prompt's group, tokens per sample.
+    pub completion_tokens: (u64, u64),
+}
+
+/// Assumption: grade-school problems; Qwen3's reasoning answers run to about a thousand
+/// tokens (plausible mean 300 to 1,500).
+pub const GSM8K: Dataset = Dataset {
+    name: "GSM8K",
+    prompt_tokens: 150.0,
+    completion_tokens: (400, 1_600),
+};
+/// The what-if at the top of GSM8K's plausible range: thinking answers of 1,500 tokens
+/// on average.
+pub const GSM8K_LONG: Dataset = Dataset {
+    name: "GSM8K, 1,500-token answers",
+    prompt_tokens: 150.0,
+    completion_tokens: (600, 2_400),
+};
+/// Assumption: competition mathematics; answers about twice GSM8K's (plausible mean
+/// 800 to 4,000).
+pub const MATH: Dataset = Dataset {
+    name: "MATH",
+    prompt_tokens: 200.0,
+    completion_tokens: (800, 3_200),
+};
+/// Assumption: olympiad problems, the longest answers, capped by the generation limit
+/// (plausible mean 2,000 to 8,000).
+pub const DEEPSCALER: Dataset = Dataset {
+    name: "DeepScaleR",
+    prompt_tokens: 250.0,
+    completion_tokens: (1_200, 4_800),
+};
+/// The three datasets of section 7.1; the paper's ranges are over them.
+pub const DATASETS: [Dataset; 3] = [GSM8K, MATH, DEEPSCALER];
+
 /// What a step asks of the actors and the trainer. The paper trains GRPO groups; a
 /// group is one prompt of the control plane (one lease).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Workload {
+    /// The dataset.
+    pub dataset: Dataset,
     /// Prompt groups per step.
     pub prompts_per_step: u32,
     /// Samples per group.
     pub samples_per_prompt: u32,
-    /// Prompt tokens per sample.
-    pub prompt_tokens: f64,
-    /// Shortest and longest completion, tokens.
-    pub completion_tokens: (u64, u64),
     /// Share of elements that change per step.
     pub density: f64,
 }
 
-/// Assumption: the paper's workload as far as the text says: GRPO groups of 8, a
-/// batch whose generation takes tens of seconds, about 1% of elements changing per
-/// step (the abstract's ρ ≈ 1%).
-pub const PAPER_WORKLOAD: Workload = Workload {
-    prompts_per_step: 128,
-    samples_per_prompt: 8,
-    prompt_tokens: 256.0,
-    completion_tokens: (256, 768),
-    density: 0.01,
-};
+/// Rollouts per step in all: section 7.1's B = 512, a total that Algorithm 1 splits
+/// over the actors (the scalability run keeps "batch 512" from one actor to four).
+pub const ROLLOUTS_PER_STEP: u32 = 512;
+/// Assumption: GRPO samples per prompt (plausible 4 to 16).
+pub const SAMPLES_PER_PROMPT: u32 = 8;
 
 impl Workload {
+    /// A step of `model` on `dataset`: B = 512 rollouts, and the density the paper
+    /// measured for the model's updates ([`paper_density`]).
+    pub fn of(model: &ModelShape, dataset: Dataset) -> Workload {
+        Workload {
+            dataset,
+            prompts_per_step: ROLLOUTS_PER_STEP / SAMPLES_PER_PROMPT,
+            samples_per_prompt: SAMPLES_PER_PROMPT,
+            density: paper_density(model),
+        }
+    }
+
     /// Tokens of one group, shortest and longest (the range the control core's
     /// simulated prompts draw from).
     pub fn group_tokens(&self) -> (u64, u64) {
         let samples = u64::from(self.samples_per_prompt);
-        (
-            samples * self.completion_tokens.0,
-            samples * self.completion_tokens.1,
-        )
+        let (shortest, longest) = self.dataset.completion_tokens;
+        (samples * shortest, samples * longest)
     }
 
     /// Mean context a sequence holds while it decodes: its prompt and half its answer.
     fn mean_context_tokens(&self) -> f64 {
-        let (shortest, longest) = self.completion_tokens;
-        self.prompt_tokens + (shortest + longest) as f64 / 4.0
+        let (shortest, longest) = self.dataset.completion_tokens;
+        self.dataset.prompt_tokens + (shortest + longest) as f64 / 4.0
     }
 
     /// Generated tokens per step, on average.
     pub fn tokens_per_step(&self) -> f64 {
         let (shortest, longest) = self.group_tokens();
         f64::from(self.prompts_per_step) * (shortest + longest) as f64 / 2.0
+    }
+}
+
+/// The share of elements one step changes, as the paper measured it in section 3 (a
+/// property of the workload, not a result of section 7): 1.12% for Qwen3-4B, 0.96% for
+/// Qwen3-8B under GRPO; for other models "below 1%", taken as 1%.
+pub fn paper_density(model: &ModelShape) -> f64 {
+    match model.name {
+        "Qwen3-4B" => 0.0112,
+        "Qwen3-8B" => 0.0096,
+        _ => 0.01,
     }
 }
 
@@ -215,23 +281,44 @@ pub struct Trainer {
     pub gpus: u32,
     /// Host cores given to extraction.
     pub extraction_cores: u32,
+    /// The share of peak FLOP/s it reaches.
+    pub mfu: f64,
 }
 
-/// Assumption: the paper's trainer is one node of eight H100s; extraction gets 16 of
-/// its host cores.
-pub const PAPER_TRAINER: Trainer = Trainer {
-    gpu: H100,
-    gpus: 8,
-    extraction_cores: 16,
-};
+/// Assumption: host cores given to extraction on the trainer's node.
+pub const EXTRACTION_CORES: u32 = 16;
+
+impl Trainer {
+    /// Section 7.1's trainer for `model`: 2, 4 or 6 H100s for Qwen3-4B, 8B and 14B
+    /// (eight for a model beyond the paper).
+    pub fn paper(model: &ModelShape) -> Trainer {
+        let gpus = match model.name {
+            "Qwen3-4B" => 2,
+            "Qwen3-8B" => 4,
+            "Qwen3-14B" => 6,
+            _ => 8,
+        };
+        Trainer::of(gpus)
+    }
+
+    /// `gpus` H100s.
+    pub const fn of(gpus: u32) -> Trainer {
+        Trainer {
+            gpu: H100,
+            gpus,
+            extraction_cores: EXTRACTION_CORES,
+            mfu: TRAINER_MFU,
+        }
+    }
+}
 
 impl Trainer {
     /// One GRPO step: forward and backward over every generated and prompt token
     /// (6 FLOPs per parameter and token) plus the old-policy forward (2 more).
     pub fn step_s(&self, model: &ModelShape, workload: &Workload) -> f64 {
         let sequences = f64::from(workload.prompts_per_step * workload.samples_per_prompt);
-        let tokens = workload.tokens_per_step() + sequences * workload.prompt_tokens;
-        8.0 * model.parameters * tokens / (self.gpu.bf16_flops * f64::from(self.gpus) * TRAINER_MFU)
+        let tokens = workload.tokens_per_step() + sequences * workload.dataset.prompt_tokens;
+        8.0 * model.parameters * tokens / (self.gpu.bf16_flops * f64::from(self.gpus) * self.mfu)
     }
 
     /// Seconds to extract one version's delta in `encoding` from the BF16 export.
@@ -274,30 +361,98 @@ pub struct Network {
     pub rdma: Link,
 }
 
-/// Assumption: the paper's links as far as its text says: commodity 1 Gbps paths
-/// between regions, here all of 50 ms; a trainer in a cloud region with a 10 Gbps
-/// uplink (so the paths, not the trainer, are what is commodity); 25 GbE inside a
-/// region; 400 Gb/s InfiniBand for the ideal datacenter. The WAN's loss rate is not in
-/// what this simulation could read of the paper: [`super::calibrate_wan_loss`] infers
-/// it from one of the paper's own transfers.
+/// Assumption: random loss on a commodity long-haul path, the geometric middle of a
+/// plausible 1e-6 to 1e-5 (nothing in the paper gives it). It bounds a CUBIC stream at
+/// `C MSS / (RTT sqrt(loss))`, which is why a far region's single stream is slow.
+pub const WAN_LOSS: f64 = 3.16e-6;
+/// The share of a path's nominal rate it may fall to between steps: section 7.1's link
+/// "fluctuates between 500 Mbps and 1 Gbps".
+pub const LINK_LOW_SHARE: f64 = 0.5;
+
+/// A path between regions at its nominal (highest) rate.
+pub const fn wan_path(rtt_ms: f64) -> Link {
+    Link {
+        rate_bps: 1e9,
+        rtt_s: rtt_ms / 1e3,
+        loss: WAN_LOSS,
+    }
+}
+
+/// A region of the paper's deployments, with its path from the trainer's region.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Region {
+    /// Its name in the report.
+    pub name: &'static str,
+    /// The path from the trainer's region: each actor's VM has one of its own, at
+    /// this rate (a cross-cloud VM's bandwidth), sharing only the trainer's uplink.
+    pub path: Link,
+}
+
+/// Section 7.1: actors in Canada, the trainer in the US, over a commodity cross-cloud
+/// link of 0.5 to 1 Gbps. The round trip is an assumption: this project's
+/// `wan/scenarios/us-canada.toml` (30 ms; plausible 10 to 70).
+pub const CANADA: Region = Region {
+    name: "Canada",
+    path: wan_path(30.0),
+};
+/// Assumption: US to Japan, 135 ms (plausible 100 to 170); rate as Canada's.
+pub const JAPAN: Region = Region {
+    name: "Japan",
+    path: wan_path(135.0),
+};
+/// Assumption: US to the Netherlands, 100 ms (plausible 80 to 120).
+pub const NETHERLANDS: Region = Region {
+    name: "Netherlands",
+    path: wan_path(100.0),
+};
+/// Assumption: US to Iceland, 90 ms (plausible 70 to 110).
+pub const ICELAND: Region = Region {
+    name: "Iceland",
+    path: wan_path(90.0),
+};
+/// Assumption: Canada to Australia, 205 ms (plausible 180 to 230).
+pub const AUSTRALIA: Region = Region {
+    name: "Australia",
+    path: wan_path(205.0),
+};
+/// Section 7.6's heterogeneous pool sits in the US with the trainer in Canada: the
+/// same path as [`CANADA`], the other way.
+pub const US: Region = Region {
+    name: "US",
+    path: wan_path(30.0),
+};
+
+/// The links around the trainer: its uplink, and the datacenter networks. The
+/// uplink (unstated) is an assumption: a cloud VM's 10 Gbps, so a region's paths, not
+/// the trainer, are what is commodity. 25 GbE inside a region; the ideal datacenter's
+/// RDMA at section 7.1's 800 Gb/s.
 pub const PAPER_NETWORK: Network = Network {
     uplink_bps: 10e9,
-    wan: Link {
-        rate_bps: 1e9,
-        rtt_s: 0.05,
-        loss: 0.0,
-    },
+    wan: CANADA.path,
     lan: Link {
         rate_bps: 25e9,
         rtt_s: 0.000_5,
         loss: 0.0,
     },
     rdma: Link {
-        rate_bps: 400e9,
+        rate_bps: 800e9,
         rtt_s: 0.000_01,
         loss: 0.0,
     },
 };
+
+/// The shares of their nominal rate fluctuating paths run at for `shipments`
+/// shipments: uniform in [`LINK_LOW_SHARE`, 1] from `seed`, so every system of a
+/// comparison meets the same sequence.
+pub fn rate_shares(seed: u64, shipments: usize) -> Vec<f64> {
+    let mut random = SplitMix64(seed);
+    (0..shipments)
+        .map(|_| {
+            let unit = (random.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            LINK_LOW_SHARE + (1.0 - LINK_LOW_SHARE) * unit
+        })
+        .collect()
+}
 
 /// [`aurora_proto::KEPT_TAIL_SNAPSHOTS`], as the model counts.
 pub const KEPT_TAIL_SNAPSHOTS: f64 = aurora_proto::KEPT_TAIL_SNAPSHOTS as f64;
@@ -352,7 +507,7 @@ mod tests {
 
     #[test]
     fn a_joiner_takes_its_relay_s_snapshot_while_the_deltas_after_it_fit() {
-        let density = PAPER_WORKLOAD.density;
+        let density = paper_density(&QWEN3_8B);
         let delta = QWEN3_8B.delta_bytes(Encoding::Aurora, density);
         let fits = (KEPT_TAIL_SNAPSHOTS * QWEN3_8B.checkpoint_bytes() / delta).floor() as u64;
         assert_eq!(
@@ -374,7 +529,7 @@ mod tests {
     #[test]
     fn decode_slows_less_than_the_weights_grow_and_needs_the_memory() {
         let a100 = ActorKind { gpu: A100, gpus: 1 };
-        let rate = |kind: ActorKind, model| kind.tokens_per_s(&model, &PAPER_WORKLOAD);
+        let rate = |kind: ActorKind, model| kind.tokens_per_s(&model, &Workload::of(&model, MATH));
         let slowdown = rate(a100, QWEN3_4B) / rate(a100, QWEN3_14B);
         // The KV cache every iteration reads does not grow with the parameters.
         assert!(slowdown > 1.0 && slowdown < QWEN3_14B.parameters / QWEN3_4B.parameters);
@@ -390,9 +545,32 @@ mod tests {
     }
 
     #[test]
+    fn a_fluctuating_path_stays_within_section_7_1_s_range_and_repeats_per_seed() {
+        let shares = rate_shares(7, 1000);
+        assert!(
+            shares
+                .iter()
+                .all(|&share| (LINK_LOW_SHARE..=1.0).contains(&share))
+        );
+        let mean = shares.iter().sum::<f64>() / shares.len() as f64;
+        assert!((mean - 0.75).abs() < 0.02, "{mean}");
+        assert_eq!(shares, rate_shares(7, 1000));
+        assert_ne!(shares, rate_shares(8, 1000));
+    }
+
+    #[test]
+    fn section_7_1_sizes_the_trainer_to_the_model() {
+        let gpus = [QWEN3_4B, QWEN3_8B, QWEN3_14B].map(|model| Trainer::paper(&model).gpus);
+        assert_eq!(gpus, [2, 4, 6]);
+        let workload = Workload::of(&QWEN3_8B, GSM8K);
+        assert_eq!(workload.prompts_per_step * workload.samples_per_prompt, 512);
+    }
+
+    #[test]
     fn a_step_trains_in_proportion_to_parameters() {
-        let ratio = PAPER_TRAINER.step_s(&QWEN3_14B, &PAPER_WORKLOAD)
-            / PAPER_TRAINER.step_s(&QWEN3_4B, &PAPER_WORKLOAD);
+        let trainer = Trainer::of(4);
+        let ratio = trainer.step_s(&QWEN3_14B, &Workload::of(&QWEN3_14B, MATH))
+            / trainer.step_s(&QWEN3_4B, &Workload::of(&QWEN3_4B, MATH));
         assert!((ratio - QWEN3_14B.parameters / QWEN3_4B.parameters).abs() < 1e-9);
     }
 }

@@ -12,12 +12,13 @@
 use std::ops::Range;
 
 /// How a system moves each new version to the actors.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SyncPlan {
     /// How many versions behind its step a generation may be.
     pub lag: u32,
-    /// Seconds shipping one version holds the sender.
-    pub ship_s: f64,
+    /// Seconds shipping a version holds the sender, shipment by shipment (cycled): the
+    /// paths' rate moves between steps.
+    pub ship_s: Vec<f64>,
     /// Seconds from the sender's last byte until the slowest actor has it staged.
     pub tail_s: f64,
     /// Seconds generation pauses to activate an arrived version.
@@ -44,7 +45,8 @@ pub struct StepTiming {
     pub tokens: f64,
 }
 
-/// Runs the pipeline over `steps`, training each version in `train_s`.
+/// Runs the pipeline over `steps`, training each version in `train_s`. A plan ships
+/// at least once: an empty `ship_s` reads as instant shipping.
 pub fn simulate(plan: &SyncPlan, train_s: f64, steps: &[GeneratedStep]) -> Vec<StepTiming> {
     let mut sender = Sender {
         plan,
@@ -132,7 +134,14 @@ impl Sender<'_> {
             } else {
                 next
             };
-            self.free_at = start + self.plan.ship_s;
+            let shipment = self.arrivals.len() - 1;
+            let ship_s = self
+                .plan
+                .ship_s
+                .get(shipment % self.plan.ship_s.len().max(1))
+                .copied()
+                .unwrap_or(0.0);
+            self.free_at = start + ship_s;
             self.arrivals
                 .push((shipped, self.free_at + self.plan.tail_s));
         }
@@ -165,7 +174,7 @@ mod tests {
     fn plan(lag: u32, ship_s: f64, skips_versions: bool) -> SyncPlan {
         SyncPlan {
             lag,
-            ship_s,
+            ship_s: vec![ship_s],
             tail_s: 0.0,
             activation_s: 0.0,
             skips_versions,
