@@ -12,6 +12,8 @@ mod util;
 mod run;
 #[path = "cli/security.rs"]
 mod security;
+#[path = "cli/sim.rs"]
+mod sim;
 #[path = "cli/transport.rs"]
 mod transport;
 #[path = "cli/wan.rs"]

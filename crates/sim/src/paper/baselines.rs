@@ -4,7 +4,10 @@
 
 use super::calibration::Encoding;
 use super::tcp::{CongestionControl, Flow, Link, TcpModel};
-use super::testbed::{ModelShape, Network, RELOAD_BYTES_PER_S, Trainer, Workload, actor_decode_s};
+use super::testbed::{
+    ModelShape, Network, PAPER_EXTRACTION_S_PER_PARAMETER, RELOAD_BYTES_PER_S, Trainer, Workload,
+    actor_decode_s,
+};
 use super::timeline::SyncPlan;
 
 /// A system under comparison. The baselines run Linux's default congestion control,
@@ -23,21 +26,28 @@ pub enum System {
     /// The paper's construction: aurora's run with its cross-cloud transfer replaced by
     /// a full broadcast over the single datacenter's RDMA fabric: the ceiling.
     IdealSingleDc,
-    /// aurora: the `aurora` delta, extraction streamed into four streams per flow, one
-    /// relay per region, one step of lag.
+    /// The paper's own system as its sections 4 and 5 describe it: LEB128 deltas,
+    /// extraction of about 5 s for Qwen3-8B pipelined with four streams of the
+    /// kernel's congestion control (CUBIC), one relay per region, activation by an
+    /// in-place scatter-add, one step of lag. What section 7 measured.
+    AuroraRl,
+    /// AuroraRL with every actor fetching from the trainer (no relays).
+    AuroraRlWithoutRelays,
+    /// aurora, this project: its own delta encoding extracted on the trainer's cores,
+    /// four BBR streams per flow, one relay per region, a whole reload of the changed
+    /// tensors at activation, one step of lag.
     Aurora,
-    /// aurora with every actor fetching from the trainer (no relays).
-    AuroraWithoutRelays,
 }
 
 impl System {
-    /// The baselines the paper defines, then aurora.
-    pub const COMPARED: [System; 6] = [
+    /// The baselines the paper defines, the paper's system, then aurora.
+    pub const COMPARED: [System; 7] = [
         System::PrimeRlFull,
         System::Async2,
         System::Async4,
         System::MultiStream,
         System::IdealSingleDc,
+        System::AuroraRl,
         System::Aurora,
     ];
 
@@ -49,8 +59,9 @@ impl System {
             System::Async4 => "Async4",
             System::MultiStream => "MultiStream",
             System::IdealSingleDc => "Ideal-SingleDC",
+            System::AuroraRl => "AuroraRL",
+            System::AuroraRlWithoutRelays => "AuroraRL, no relays",
             System::Aurora => "aurora",
-            System::AuroraWithoutRelays => "aurora, no relays",
         }
     }
 }
@@ -60,6 +71,32 @@ pub const MULTI_STREAMS: u32 = 4;
 /// A segment of the segment transport: what a relay or an actor handles at once, so
 /// what is left to do after the sender's last byte (`docs/wire-protocol.md`).
 const SEGMENT_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
+
+/// A region away from the trainer's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteRegion {
+    /// The path from the trainer to each of its actors' VMs, at its nominal rate.
+    pub path: Link,
+    /// Its actors.
+    pub actors: u32,
+    /// The share of the nominal rate the path runs at, shipment by shipment (cycled):
+    /// a commodity link fluctuates, each region's on its own.
+    pub rate_shares: Vec<f64>,
+}
+
+impl RemoteRegion {
+    /// The path during shipment `shipment`.
+    fn path_during(&self, shipment: usize) -> Link {
+        let share = match self.rate_shares.len() {
+            0 => 1.0,
+            shipments => self.rate_shares[shipment % shipments],
+        };
+        Link {
+            rate_bps: self.path.rate_bps * share,
+            ..self.path
+        }
+    }
+}
 
 /// Everything that fixes a run but the system.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,12 +111,8 @@ pub struct Deployment {
     pub network: Network,
     /// Actors in the trainer's own datacenter.
     pub local_actors: u32,
-    /// Every other region: the path from the trainer to each of its actors' VMs, and
-    /// how many actors it has.
-    pub remote: Vec<(Link, u32)>,
-    /// The share of their nominal rate the remote paths run at, shipment by shipment
-    /// (cycled): section 7.1's link fluctuates.
-    pub rate_shares: Vec<f64>,
+    /// Every other region with actors.
+    pub remote: Vec<RemoteRegion>,
     /// The transfer-time model.
     pub tcp: TcpModel,
     /// The encoding aurora's deltas travel in (its own; LEB128 to ask what the paper's
@@ -92,18 +125,17 @@ impl Deployment {
     pub fn sync_plan(&self, system: System) -> SyncPlan {
         let model = &self.model;
         let reload_s = model.checkpoint_bytes() / RELOAD_BYTES_PER_S;
-        let each_shipment = |ship: &dyn Fn(f64) -> f64| -> Vec<f64> {
-            self.rate_shares.iter().map(|&share| ship(share)).collect()
-        };
+        let each_shipment =
+            |ship: &dyn Fn(usize) -> f64| -> Vec<f64> { (0..self.shipments()).map(ship).collect() };
         let full = |lag, streams| SyncPlan {
             lag,
-            ship_s: each_shipment(&|share| {
+            ship_s: each_shipment(&|shipment| {
                 self.fan_out_s(
                     model.checkpoint_bytes(),
                     streams,
                     false,
                     CongestionControl::Cubic,
-                    share,
+                    shipment,
                 )
             }),
             tail_s: 0.0,
@@ -123,51 +155,82 @@ impl Deployment {
                     1,
                 )],
                 tail_s: 0.0,
-                ..self.sync_plan(System::Aurora)
+                ..self.sync_plan(System::AuroraRl)
             },
-            System::Aurora | System::AuroraWithoutRelays => {
-                let relays = system == System::Aurora;
-                let delta_bytes = model.delta_bytes(self.delta_encoding, self.workload.density);
-                let extraction_s = self.trainer.extraction_s(model, self.delta_encoding);
-                // Cut-through: a relay forwards and an actor decodes each segment as it
-                // lands, so only the last segment's hop and decode follow the last byte.
-                let segments = (delta_bytes / SEGMENT_BYTES).ceil().max(1.0);
-                let last_segment_s = actor_decode_s(model) / segments
-                    + if relays {
-                        self.tcp.transfer_s(
-                            SEGMENT_BYTES.min(delta_bytes),
-                            self.network.lan,
-                            CongestionControl::Bbr,
-                            MULTI_STREAMS,
-                        )
-                    } else {
-                        0.0
-                    };
-                SyncPlan {
-                    lag: 1,
-                    ship_s: each_shipment(&|share| {
-                        self.fan_out_s(
-                            delta_bytes,
-                            MULTI_STREAMS,
-                            relays,
-                            CongestionControl::Bbr,
-                            share,
-                        )
-                        .max(extraction_s)
-                    }),
-                    tail_s: last_segment_s,
-                    // The engine reloads every tensor with a change, which at 1% is
-                    // every tensor: writing only the changed elements into a GPU's
-                    // parameters is not built (BENCHMARKS.md, "Activation into vLLM").
-                    activation_s: reload_s,
-                    skips_versions: false,
-                }
-            }
+            // The paper's actors scatter-add the changed elements in place: at about 1%
+            // that is milliseconds.
+            System::AuroraRl | System::AuroraRlWithoutRelays => SyncPlan {
+                activation_s: 0.0,
+                ..self.delta_plan(
+                    Encoding::Leb128,
+                    model.parameters * PAPER_EXTRACTION_S_PER_PARAMETER,
+                    system == System::AuroraRl,
+                    CongestionControl::Cubic,
+                )
+            },
+            System::Aurora => self.delta_plan(
+                self.delta_encoding,
+                self.trainer.extraction_s(model, self.delta_encoding),
+                true,
+                CongestionControl::Bbr,
+            ),
         }
     }
 
-    /// Seconds until every actor has `bytes` from the trainer, the remote paths at
-    /// `rate_share` of their nominal rate: local actors over the datacenter network,
+    /// A delta system's plan: each version extracted in `extraction_s`, pipelined with
+    /// its transfer on four streams of `cc`, through relays or not; activation reloads
+    /// the changed tensors whole.
+    fn delta_plan(
+        &self,
+        encoding: Encoding,
+        extraction_s: f64,
+        relays: bool,
+        cc: CongestionControl,
+    ) -> SyncPlan {
+        let model = &self.model;
+        let delta_bytes = model.delta_bytes(encoding, self.workload.density);
+        // Cut-through: a relay forwards and an actor decodes each segment as it lands,
+        // so only the last segment's hop and decode follow the last byte.
+        let segments = (delta_bytes / SEGMENT_BYTES).ceil().max(1.0);
+        let relay_hop_s = if relays {
+            self.tcp.transfer_s(
+                SEGMENT_BYTES.min(delta_bytes),
+                self.network.lan,
+                CongestionControl::Bbr,
+                MULTI_STREAMS,
+            )
+        } else {
+            0.0
+        };
+        SyncPlan {
+            lag: 1,
+            ship_s: (0..self.shipments())
+                .map(|shipment| {
+                    self.fan_out_s(delta_bytes, MULTI_STREAMS, relays, cc, shipment)
+                        .max(extraction_s)
+                })
+                .collect(),
+            tail_s: actor_decode_s(model) / segments + relay_hop_s,
+            // The engine reloads every tensor with a change, which at 1% is every
+            // tensor: writing only the changed elements into a GPU's parameters is not
+            // built (BENCHMARKS.md, "Activation into vLLM").
+            activation_s: model.checkpoint_bytes() / RELOAD_BYTES_PER_S,
+            skips_versions: false,
+        }
+    }
+
+    /// Shipments after which the paths' fluctuation repeats.
+    pub fn shipments(&self) -> usize {
+        self.remote
+            .iter()
+            .map(|region| region.rate_shares.len())
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
+    /// Seconds until every actor has `bytes` from the trainer during shipment
+    /// `shipment` (the paths at that shipment's rates): local actors over the datacenter network,
     /// each other region's actors over their own paths and the trainer's shared uplink,
     /// through the region's relay (one receiver) or each from the trainer.
     pub fn fan_out_s(
@@ -176,7 +239,7 @@ impl Deployment {
         streams: u32,
         relays: bool,
         cc: CongestionControl,
-        rate_share: f64,
+        shipment: usize,
     ) -> f64 {
         let receivers = |actors: u32| if relays { 1 } else { actors };
         let local_s = if self.local_actors == 0 {
@@ -197,14 +260,11 @@ impl Deployment {
         let remote: Vec<Flow> = self
             .remote
             .iter()
-            .filter(|&&(_, actors)| actors > 0)
-            .map(|&(link, actors)| Flow {
-                link: Link {
-                    rate_bps: link.rate_bps * rate_share,
-                    ..link
-                },
+            .filter(|region| region.actors > 0)
+            .map(|region| Flow {
+                link: region.path_during(shipment),
                 streams,
-                receivers: receivers(actors),
+                receivers: receivers(region.actors),
             })
             .collect();
         let remote_s = if remote.is_empty() {

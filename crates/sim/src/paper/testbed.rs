@@ -12,6 +12,8 @@ use super::calibration::{
     LEB128_EXTRACT_GBPS_PER_CORE,
 };
 use super::tcp::{CongestionControl, Link, TcpModel};
+use std::borrow::Cow;
+
 use crate::world::SplitMix64;
 
 /// A decoder-only transformer, as far as sizes and decode costs go.
@@ -331,6 +333,11 @@ impl Trainer {
     }
 }
 
+/// The paper's own extraction, seconds per parameter: "extracting a sparse delta takes
+/// approximately 5 s" for Qwen3-8B in its US-Canada deployment (its section 4, a
+/// measurement of its system, not a result of section 7), scaled by size.
+pub const PAPER_EXTRACTION_S_PER_PARAMETER: f64 = 5.0 / 8.19e9;
+
 /// Assumption: host cores an actor gives to decoding staged segments.
 pub const ACTOR_DECODE_CORES: u32 = 8;
 /// Assumption: the rate at which an engine reloads changed tensors from host memory
@@ -353,6 +360,9 @@ fn parallel_rate(per_core_gbps: f64, cores: u32) -> f64 {
 pub struct Network {
     /// The trainer's uplink, bits per second: shared by every flow leaving its region.
     pub uplink_bps: f64,
+    /// The share of their nominal rate the paths between regions may fall to between
+    /// shipments.
+    pub link_low_share: f64,
     /// The path from the trainer's region to any other.
     pub wan: Link,
     /// A datacenter's network between machines of one region (no RDMA).
@@ -378,11 +388,12 @@ pub const fn wan_path(rtt_ms: f64) -> Link {
     }
 }
 
-/// A region of the paper's deployments, with its path from the trainer's region.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// A region of a deployment, with its path from the trainer's region.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Region {
-    /// Its name in the report.
-    pub name: &'static str,
+    /// Its name in the report (the paper's regions are constants; a fleet file names
+    /// its own).
+    pub name: Cow<'static, str>,
     /// The path from the trainer's region: each actor's VM has one of its own, at
     /// this rate (a cross-cloud VM's bandwidth), sharing only the trainer's uplink.
     pub path: Link,
@@ -392,33 +403,33 @@ pub struct Region {
 /// link of 0.5 to 1 Gbps. The round trip is an assumption: this project's
 /// `wan/scenarios/us-canada.toml` (30 ms; plausible 10 to 70).
 pub const CANADA: Region = Region {
-    name: "Canada",
+    name: Cow::Borrowed("Canada"),
     path: wan_path(30.0),
 };
 /// Assumption: US to Japan, 135 ms (plausible 100 to 170); rate as Canada's.
 pub const JAPAN: Region = Region {
-    name: "Japan",
+    name: Cow::Borrowed("Japan"),
     path: wan_path(135.0),
 };
 /// Assumption: US to the Netherlands, 100 ms (plausible 80 to 120).
 pub const NETHERLANDS: Region = Region {
-    name: "Netherlands",
+    name: Cow::Borrowed("Netherlands"),
     path: wan_path(100.0),
 };
 /// Assumption: US to Iceland, 90 ms (plausible 70 to 110).
 pub const ICELAND: Region = Region {
-    name: "Iceland",
+    name: Cow::Borrowed("Iceland"),
     path: wan_path(90.0),
 };
 /// Assumption: Canada to Australia, 205 ms (plausible 180 to 230).
 pub const AUSTRALIA: Region = Region {
-    name: "Australia",
+    name: Cow::Borrowed("Australia"),
     path: wan_path(205.0),
 };
 /// Section 7.6's heterogeneous pool sits in the US with the trainer in Canada: the
 /// same path as [`CANADA`], the other way.
 pub const US: Region = Region {
-    name: "US",
+    name: Cow::Borrowed("US"),
     path: wan_path(30.0),
 };
 
@@ -428,6 +439,7 @@ pub const US: Region = Region {
 /// RDMA at section 7.1's 800 Gb/s.
 pub const PAPER_NETWORK: Network = Network {
     uplink_bps: 10e9,
+    link_low_share: LINK_LOW_SHARE,
     wan: CANADA.path,
     lan: Link {
         rate_bps: 25e9,
@@ -442,14 +454,14 @@ pub const PAPER_NETWORK: Network = Network {
 };
 
 /// The shares of their nominal rate fluctuating paths run at for `shipments`
-/// shipments: uniform in [`LINK_LOW_SHARE`, 1] from `seed`, so every system of a
+/// shipments: uniform in [`low_share`, 1] from `seed`, so every system of a
 /// comparison meets the same sequence.
-pub fn rate_shares(seed: u64, shipments: usize) -> Vec<f64> {
+pub fn rate_shares(seed: u64, shipments: usize, low_share: f64) -> Vec<f64> {
     let mut random = SplitMix64(seed);
     (0..shipments)
         .map(|_| {
             let unit = (random.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            LINK_LOW_SHARE + (1.0 - LINK_LOW_SHARE) * unit
+            low_share + (1.0 - low_share) * unit
         })
         .collect()
 }
@@ -546,7 +558,7 @@ mod tests {
 
     #[test]
     fn a_fluctuating_path_stays_within_section_7_1_s_range_and_repeats_per_seed() {
-        let shares = rate_shares(7, 1000);
+        let shares = rate_shares(7, 1000, LINK_LOW_SHARE);
         assert!(
             shares
                 .iter()
@@ -554,8 +566,8 @@ mod tests {
         );
         let mean = shares.iter().sum::<f64>() / shares.len() as f64;
         assert!((mean - 0.75).abs() < 0.02, "{mean}");
-        assert_eq!(shares, rate_shares(7, 1000));
-        assert_ne!(shares, rate_shares(8, 1000));
+        assert_eq!(shares, rate_shares(7, 1000, LINK_LOW_SHARE));
+        assert_ne!(shares, rate_shares(8, 1000, LINK_LOW_SHARE));
     }
 
     #[test]

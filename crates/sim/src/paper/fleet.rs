@@ -1,0 +1,1180 @@
+//! A researcher's own runs of the paper's model: a topology (the regions and links of a
+//! `wan/scenarios/*.toml` file) and a fleet (a fleet file: the model, the trainer, the
+//! dataset, the actors of each region, whole regions reclaimed at once) over several
+//! seeds and, optionally, a sweep of one input, every system compared. The fleet file's
+//! format is docs/paper-eval.md, "Fleet files" (version [`FLEET_FORMAT`]); the command
+//! that reads both files is `aurora sim fleet`.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::fmt;
+
+use aurora_control::SplitPolicy;
+use serde::Deserialize;
+
+use super::baselines::{Deployment, System};
+use super::tcp::{CongestionControl, Link, TcpModel};
+use super::testbed::{
+    A100, DATASETS, DECODE_ROOFLINE_SHARE, DENSE_70B, Gpu, H100, L40, ModelShape, PAPER_NETWORK,
+    QWEN3_4B, QWEN3_8B, QWEN3_14B, Region, TRAINER_MFU, Trainer, Workload,
+};
+use super::timeline::StepTiming;
+use super::{Bench, PoolActor, Runs, Setup, actor};
+use crate::report::Violation;
+use crate::scenario::{Fault, ScheduledFault};
+
+/// The version of the fleet file format this build reads.
+pub const FLEET_FORMAT: u32 = 1;
+/// Most actors a fleet may have, replacements included.
+pub const MAX_FLEET_ACTORS: u32 = 4_096;
+/// Most steps a run may have.
+pub const MAX_FLEET_STEPS: u32 = 1_000;
+/// Most seeds, and most points in a sweep.
+pub const MAX_FLEET_SEEDS: usize = 64;
+/// Most values a sweep may take.
+pub const MAX_SWEEP_VALUES: usize = 64;
+
+/// A fleet file (docs/paper-eval.md, "Fleet files").
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSpec {
+    /// [`FLEET_FORMAT`].
+    pub format: u32,
+    /// Its name in the report.
+    pub name: String,
+    /// What it is for.
+    #[serde(default)]
+    pub description: String,
+    /// The topology: a `wan/scenarios` file, relative to the fleet file. Read by the
+    /// caller, which passes its links as a [`Topology`].
+    pub topology: String,
+    /// The topology's region the trainer is in.
+    pub trainer_region: String,
+    /// The model trained.
+    pub model: ModelChoice,
+    /// The trainer's H100s.
+    pub trainer_gpus: u32,
+    /// The share of peak FLOP/s the trainer reaches.
+    #[serde(default = "default_trainer_mfu")]
+    pub trainer_mfu: f64,
+    /// What a step generates.
+    pub dataset: DatasetChoice,
+    /// Steps per run.
+    #[serde(default = "default_steps")]
+    pub steps: u32,
+    /// Steps left out of the throughputs at the start.
+    #[serde(default = "default_warm_up")]
+    pub warm_up: u32,
+    /// One run per seed; the report gives the mean and the spread over them.
+    #[serde(default = "default_seeds")]
+    pub seeds: Vec<u64>,
+    /// The systems compared; every one when empty.
+    #[serde(default)]
+    pub systems: Vec<SystemChoice>,
+    /// The share of its nominal rate a path between regions may fall to between
+    /// shipments (each region's path on its own sequence).
+    #[serde(default = "default_link_low_share")]
+    pub link_low_share: f64,
+    /// The trainer's uplink, shared by every flow leaving its region.
+    #[serde(default = "default_trainer_uplink_mbps")]
+    pub trainer_uplink_mbps: f64,
+    /// The share of the memory roofline the actors' engines decode at.
+    #[serde(default = "default_decode_share")]
+    pub decode_share: f64,
+    /// The actors, by region and GPU.
+    pub actors: Vec<ActorGroup>,
+    /// Whole regions whose actors are reclaimed at once (a spot pool taken back).
+    #[serde(default)]
+    pub reclaims: Vec<Reclaim>,
+    /// One input taken over several values.
+    #[serde(default)]
+    pub sweep: Option<FleetSweep>,
+}
+
+fn default_trainer_mfu() -> f64 {
+    TRAINER_MFU
+}
+fn default_steps() -> u32 {
+    30
+}
+fn default_warm_up() -> u32 {
+    4
+}
+fn default_seeds() -> Vec<u64> {
+    vec![1]
+}
+fn default_link_low_share() -> f64 {
+    PAPER_NETWORK.link_low_share
+}
+fn default_trainer_uplink_mbps() -> f64 {
+    PAPER_NETWORK.uplink_bps / 1e6
+}
+fn default_decode_share() -> f64 {
+    DECODE_ROOFLINE_SHARE
+}
+fn one() -> u32 {
+    1
+}
+
+/// A model the simulation knows the shape of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelChoice {
+    /// Qwen3-4B.
+    Qwen3_4b,
+    /// Qwen3-8B.
+    Qwen3_8b,
+    /// Qwen3-14B.
+    Qwen3_14b,
+    /// A 70B dense model (served on four H100s per actor).
+    Dense70b,
+}
+
+impl ModelChoice {
+    fn shape(self) -> ModelShape {
+        match self {
+            ModelChoice::Qwen3_4b => QWEN3_4B,
+            ModelChoice::Qwen3_8b => QWEN3_8B,
+            ModelChoice::Qwen3_14b => QWEN3_14B,
+            ModelChoice::Dense70b => DENSE_70B,
+        }
+    }
+}
+
+/// One of section 7.1's datasets (docs/paper-eval.md names their assumed lengths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DatasetChoice {
+    /// GSM8K.
+    Gsm8k,
+    /// Hendrycks MATH.
+    Math,
+    /// DeepScaleR.
+    Deepscaler,
+}
+
+/// A system to compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SystemChoice {
+    /// [`System::PrimeRlFull`].
+    PrimerlFull,
+    /// [`System::Async2`].
+    Async2,
+    /// [`System::Async4`].
+    Async4,
+    /// [`System::MultiStream`].
+    Multistream,
+    /// [`System::IdealSingleDc`].
+    IdealSingleDc,
+    /// [`System::AuroraRl`].
+    Aurorarl,
+    /// [`System::AuroraRlWithoutRelays`].
+    AurorarlWithoutRelays,
+    /// [`System::Aurora`].
+    Aurora,
+}
+
+impl SystemChoice {
+    fn system(self) -> System {
+        match self {
+            SystemChoice::PrimerlFull => System::PrimeRlFull,
+            SystemChoice::Async2 => System::Async2,
+            SystemChoice::Async4 => System::Async4,
+            SystemChoice::Multistream => System::MultiStream,
+            SystemChoice::IdealSingleDc => System::IdealSingleDc,
+            SystemChoice::Aurorarl => System::AuroraRl,
+            SystemChoice::AurorarlWithoutRelays => System::AuroraRlWithoutRelays,
+            SystemChoice::Aurora => System::Aurora,
+        }
+    }
+}
+
+/// A GPU an actor may run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuChoice {
+    /// A100 80 GB PCIe.
+    A100,
+    /// L40.
+    L40,
+    /// H100 SXM.
+    H100,
+}
+
+impl GpuChoice {
+    fn gpu(self) -> Gpu {
+        match self {
+            GpuChoice::A100 => A100,
+            GpuChoice::L40 => L40,
+            GpuChoice::H100 => H100,
+        }
+    }
+}
+
+/// Actors of one GPU in one region.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActorGroup {
+    /// A region of the topology.
+    pub region: String,
+    /// Their GPU.
+    pub gpu: GpuChoice,
+    /// How many.
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+/// Every actor of a region reclaimed at once as a step opens, and, optionally, as many
+/// fresh actors joining later: they take the whole checkpoint from the trainer across
+/// the region's path, since the region's relay went with the pool.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reclaim {
+    /// The region.
+    pub region: String,
+    /// The step during which its actors get their preemption notices.
+    pub at_step: u32,
+    /// The step as which their replacements start to fetch the checkpoint.
+    #[serde(default)]
+    pub replaced_at_step: Option<u32>,
+}
+
+/// One input taken over several values, every other input as the file gives it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSweep {
+    /// The input.
+    pub parameter: SweepParameter,
+    /// Its values.
+    pub values: Vec<f64>,
+}
+
+/// An input a sweep may take over values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SweepParameter {
+    /// Every path's nominal rate between regions, Mbps.
+    RateMbps,
+    /// Every path's round trip, ms.
+    RttMs,
+    /// Every path's random loss.
+    Loss,
+    /// [`FleetSpec::link_low_share`].
+    LinkLowShare,
+    /// [`FleetSpec::trainer_uplink_mbps`].
+    TrainerUplinkMbps,
+    /// [`FleetSpec::trainer_gpus`].
+    TrainerGpus,
+    /// [`FleetSpec::trainer_mfu`].
+    TrainerMfu,
+    /// [`FleetSpec::decode_share`].
+    DecodeShare,
+    /// Every group's [`ActorGroup::count`].
+    ActorsPerGroup,
+}
+
+impl SweepParameter {
+    fn name(self) -> &'static str {
+        match self {
+            SweepParameter::RateMbps => "rate_mbps",
+            SweepParameter::RttMs => "rtt_ms",
+            SweepParameter::Loss => "loss",
+            SweepParameter::LinkLowShare => "link_low_share",
+            SweepParameter::TrainerUplinkMbps => "trainer_uplink_mbps",
+            SweepParameter::TrainerGpus => "trainer_gpus",
+            SweepParameter::TrainerMfu => "trainer_mfu",
+            SweepParameter::DecodeShare => "decode_share",
+            SweepParameter::ActorsPerGroup => "actors_per_group",
+        }
+    }
+}
+
+/// The regions of a topology and the links between them, as a `wan/scenarios` file
+/// gives them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Topology {
+    /// Its regions' names.
+    pub regions: Vec<String>,
+    /// Its links: the two regions they join, and the link.
+    pub links: Vec<(String, String, Link)>,
+}
+
+impl Topology {
+    /// The path from `from` to `to` along the least round trip: the slowest link's
+    /// rate, the round trips added, the losses compounded. None when no links join
+    /// them.
+    pub fn path(&self, from: &str, to: &str) -> Option<Link> {
+        let index = |name: &str| self.regions.iter().position(|region| region == name);
+        let (start, goal) = (index(from)?, index(to)?);
+        // Dijkstra over at most a few dozen regions: a plain scan is enough.
+        let mut best: Vec<Option<Link>> = vec![None; self.regions.len()];
+        let mut settled = vec![false; self.regions.len()];
+        best[start] = Some(Link {
+            rate_bps: f64::INFINITY,
+            rtt_s: 0.0,
+            loss: 0.0,
+        });
+        loop {
+            let next = (0..self.regions.len())
+                .filter(|&region| !settled[region])
+                .filter_map(|region| best[region].map(|link| (region, link)))
+                .min_by(|a, b| a.1.rtt_s.total_cmp(&b.1.rtt_s));
+            let (region, path) = next?;
+            if region == goal {
+                return Some(path);
+            }
+            settled[region] = true;
+            for (a, b, link) in &self.links {
+                let other = match (index(a), index(b)) {
+                    (Some(a), Some(b)) if a == region => b,
+                    (Some(a), Some(b)) if b == region => a,
+                    _ => continue,
+                };
+                let extended = Link {
+                    rate_bps: path.rate_bps.min(link.rate_bps),
+                    rtt_s: path.rtt_s + link.rtt_s,
+                    loss: 1.0 - (1.0 - path.loss) * (1.0 - link.loss),
+                };
+                if !settled[other] && best[other].is_none_or(|known| extended.rtt_s < known.rtt_s) {
+                    best[other] = Some(extended);
+                }
+            }
+        }
+    }
+}
+
+/// Why a fleet cannot run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FleetError {
+    /// The file is of another format version.
+    Format {
+        /// The version it names.
+        found: u32,
+    },
+    /// A field's value is out of its range.
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A region the fleet names is not in the topology, or no link reaches it.
+    Region {
+        /// The region.
+        region: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// The control core broke an invariant (a defect of the core or the driver).
+    Simulation(Violation),
+}
+
+impl fmt::Display for FleetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FleetError::Format { found } => write!(
+                f,
+                "fleet format {found}: this build reads format {FLEET_FORMAT}"
+            ),
+            FleetError::Invalid { field, problem } => write!(f, "fleet field {field}: {problem}"),
+            FleetError::Region { region, problem } => write!(f, "region {region:?}: {problem}"),
+            FleetError::Simulation(violation) => {
+                write!(f, "the simulation broke an invariant: {violation}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for FleetError {}
+
+impl From<Violation> for FleetError {
+    fn from(violation: Violation) -> FleetError {
+        FleetError::Simulation(violation)
+    }
+}
+
+/// Mean and range of a figure over seeds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spread {
+    /// Mean.
+    pub mean: f64,
+    /// Least.
+    pub min: f64,
+    /// Most.
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(values: &[f64]) -> Spread {
+        let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Spread { mean, min, max }
+    }
+}
+
+/// What one system made at one point of the sweep, over the seeds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SystemOutcome {
+    /// The system.
+    pub system: System,
+    /// Accepted tokens per second after the warm-up.
+    pub tokens_per_s: Spread,
+    /// Mean step after the warm-up, seconds.
+    pub step_s: Spread,
+}
+
+/// One point of the sweep (the only one without a sweep).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetPoint {
+    /// The swept input's value, if there is a sweep.
+    pub value: Option<f64>,
+    /// Every system compared.
+    pub systems: Vec<SystemOutcome>,
+}
+
+/// One step of one run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepRecord {
+    /// The swept input's value, if there is a sweep.
+    pub value: Option<f64>,
+    /// The run's seed.
+    pub seed: u64,
+    /// The system.
+    pub system: System,
+    /// The step.
+    pub step: usize,
+    /// When its generation ended, seconds from the run's start.
+    pub end_s: f64,
+    /// Its accepted tokens.
+    pub tokens: f64,
+}
+
+/// Everything `aurora sim fleet` prints and writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetReport {
+    /// The fleet's name.
+    pub name: String,
+    /// The swept input, if any.
+    pub swept: Option<SweepParameter>,
+    /// Every point.
+    pub points: Vec<FleetPoint>,
+    /// Every step of every run.
+    pub steps: Vec<StepRecord>,
+}
+
+/// Checks `spec` against `topology` and runs it: for every point of its sweep and every
+/// seed, the control core schedules each step over the fleet and every system's
+/// pipeline runs on the result.
+pub fn run_fleet(spec: &FleetSpec, topology: &Topology) -> Result<FleetReport, FleetError> {
+    validate(spec, topology)?;
+    let values: Vec<Option<f64>> = match &spec.sweep {
+        None => vec![None],
+        Some(sweep) => sweep.values.iter().map(|&value| Some(value)).collect(),
+    };
+    let systems: Vec<System> = if spec.systems.is_empty() {
+        System::COMPARED.to_vec()
+    } else {
+        spec.systems.iter().map(|choice| choice.system()).collect()
+    };
+    let mut report = FleetReport {
+        name: spec.name.clone(),
+        swept: spec.sweep.as_ref().map(|sweep| sweep.parameter),
+        points: Vec::new(),
+        steps: Vec::new(),
+    };
+    for value in values {
+        let point = match (value, &spec.sweep) {
+            (Some(value), Some(sweep)) => swept(spec, sweep.parameter, value),
+            _ => spec.clone(),
+        };
+        validate(&point, topology)?;
+        let mut tokens_per_s = vec![Vec::new(); systems.len()];
+        let mut step_s = vec![Vec::new(); systems.len()];
+        for &seed in &spec.seeds {
+            let run = FleetRun::new(&point, topology, seed);
+            let generation = run.generation()?;
+            for (index, &system) in systems.iter().enumerate() {
+                let timings = run.bench.timings(&run.deployment, system, &generation);
+                let measured = run.bench.run(&run.deployment, system, &generation);
+                tokens_per_s[index].push(measured.tokens_per_s);
+                step_s[index].push(measured.step_s);
+                report.steps.extend(timings.iter().enumerate().map(
+                    |(step, timing): (usize, &StepTiming)| StepRecord {
+                        value,
+                        seed,
+                        system,
+                        step,
+                        end_s: timing.end_s,
+                        tokens: timing.tokens,
+                    },
+                ));
+            }
+        }
+        report.points.push(FleetPoint {
+            value,
+            systems: systems
+                .iter()
+                .enumerate()
+                .map(|(index, &system)| SystemOutcome {
+                    system,
+                    tokens_per_s: Spread::of(&tokens_per_s[index]),
+                    step_s: Spread::of(&step_s[index]),
+                })
+                .collect(),
+        });
+    }
+    Ok(report)
+}
+
+/// `spec` with its swept input at `value`.
+fn swept(spec: &FleetSpec, parameter: SweepParameter, value: f64) -> FleetSpec {
+    let mut point = spec.clone();
+    match parameter {
+        SweepParameter::LinkLowShare => point.link_low_share = value,
+        SweepParameter::TrainerUplinkMbps => point.trainer_uplink_mbps = value,
+        SweepParameter::TrainerGpus => point.trainer_gpus = value as u32,
+        SweepParameter::TrainerMfu => point.trainer_mfu = value,
+        SweepParameter::DecodeShare => point.decode_share = value,
+        SweepParameter::ActorsPerGroup => {
+            for group in &mut point.actors {
+                group.count = value as u32;
+            }
+        }
+        // Path inputs apply where the topology is read: see `fleet_path`.
+        SweepParameter::RateMbps | SweepParameter::RttMs | SweepParameter::Loss => {}
+    }
+    point.sweep = spec.sweep.clone().map(|sweep| FleetSweep {
+        values: vec![value],
+        ..sweep
+    });
+    point
+}
+
+fn validate(spec: &FleetSpec, topology: &Topology) -> Result<(), FleetError> {
+    let invalid = |field, problem: String| Err(FleetError::Invalid { field, problem });
+    if spec.format != FLEET_FORMAT {
+        return Err(FleetError::Format { found: spec.format });
+    }
+    if !(1..=MAX_FLEET_STEPS).contains(&spec.steps) {
+        return invalid(
+            "steps",
+            format!("{} is not in 1..={MAX_FLEET_STEPS}", spec.steps),
+        );
+    }
+    if spec.warm_up >= spec.steps {
+        return invalid(
+            "warm_up",
+            format!(
+                "{} leaves no step of {} to measure",
+                spec.warm_up, spec.steps
+            ),
+        );
+    }
+    if spec.seeds.is_empty() || spec.seeds.len() > MAX_FLEET_SEEDS {
+        return invalid(
+            "seeds",
+            format!("{} seeds, not 1 to {MAX_FLEET_SEEDS}", spec.seeds.len()),
+        );
+    }
+    if !(1..=64).contains(&spec.trainer_gpus) {
+        return invalid(
+            "trainer_gpus",
+            format!("{} is not in 1..=64", spec.trainer_gpus),
+        );
+    }
+    for (field, value, low, high) in [
+        ("trainer_mfu", spec.trainer_mfu, 0.0, 1.0),
+        ("decode_share", spec.decode_share, 0.0, 1.0),
+        ("link_low_share", spec.link_low_share, 0.0, 1.0),
+    ] {
+        if !(value > low && value <= high) {
+            return invalid(field, format!("{value} is not in ({low}, {high}]"));
+        }
+    }
+    if !(spec.trainer_uplink_mbps > 0.0 && spec.trainer_uplink_mbps.is_finite()) {
+        return invalid(
+            "trainer_uplink_mbps",
+            format!("{} is not a rate", spec.trainer_uplink_mbps),
+        );
+    }
+    if let Some(sweep) = &spec.sweep {
+        if sweep.values.is_empty() || sweep.values.len() > MAX_SWEEP_VALUES {
+            return invalid(
+                "sweep.values",
+                format!("{} values, not 1 to {MAX_SWEEP_VALUES}", sweep.values.len()),
+            );
+        }
+        if let Some(bad) = sweep
+            .values
+            .iter()
+            .find(|value| !value.is_finite() || **value < 0.0)
+        {
+            return invalid(
+                "sweep.values",
+                format!("{bad} is not a value of {}", sweep.parameter.name()),
+            );
+        }
+    }
+    let known = |region: &str| topology.regions.iter().any(|name| name == region);
+    if !known(&spec.trainer_region) {
+        return Err(FleetError::Region {
+            region: spec.trainer_region.clone(),
+            problem: "the trainer's region is not in the topology",
+        });
+    }
+    if spec.actors.is_empty() {
+        return invalid("actors", "the fleet has no actors".into());
+    }
+    let mut actors: u32 = 0;
+    for group in &spec.actors {
+        if !known(&group.region) {
+            return Err(FleetError::Region {
+                region: group.region.clone(),
+                problem: "not in the topology",
+            });
+        }
+        if group.region != spec.trainer_region
+            && topology.path(&spec.trainer_region, &group.region).is_none()
+        {
+            return Err(FleetError::Region {
+                region: group.region.clone(),
+                problem: "no link reaches it from the trainer's region",
+            });
+        }
+        if group.count == 0 {
+            return invalid(
+                "actors.count",
+                format!("a group in {} has no actors", group.region),
+            );
+        }
+        actors = actors.saturating_add(group.count);
+    }
+    for reclaim in &spec.reclaims {
+        if !spec
+            .actors
+            .iter()
+            .any(|group| group.region == reclaim.region)
+        {
+            return Err(FleetError::Region {
+                region: reclaim.region.clone(),
+                problem: "reclaimed, but the fleet has no actors there",
+            });
+        }
+        if reclaim.region == spec.trainer_region {
+            return Err(FleetError::Region {
+                region: reclaim.region.clone(),
+                problem: "the trainer's region cannot be reclaimed (its pool is not spot)",
+            });
+        }
+        if reclaim.at_step >= spec.steps {
+            return invalid(
+                "reclaims.at_step",
+                format!("{} is past the run's {} steps", reclaim.at_step, spec.steps),
+            );
+        }
+        if let Some(replaced) = reclaim.replaced_at_step {
+            if replaced <= reclaim.at_step || replaced >= spec.steps {
+                return invalid(
+                    "reclaims.replaced_at_step",
+                    format!(
+                        "{replaced} is not after step {} and within the run",
+                        reclaim.at_step
+                    ),
+                );
+            }
+            actors = actors.saturating_add(region_actors(spec, &reclaim.region));
+        }
+    }
+    if actors > MAX_FLEET_ACTORS {
+        return invalid(
+            "actors",
+            format!("{actors} actors, more than {MAX_FLEET_ACTORS}"),
+        );
+    }
+    for link in &topology.links {
+        let (rate, rtt, loss) = (link.2.rate_bps, link.2.rtt_s, link.2.loss);
+        if !(rate > 0.0
+            && rate.is_finite()
+            && rtt >= 0.0
+            && rtt.is_finite()
+            && (0.0..1.0).contains(&loss))
+        {
+            return Err(FleetError::Region {
+                region: format!("{}-{}", link.0, link.1),
+                problem: "a link needs a finite rate, a round trip and a loss below 1",
+            });
+        }
+    }
+    Ok(())
+}
+
+fn region_actors(spec: &FleetSpec, region: &str) -> u32 {
+    spec.actors
+        .iter()
+        .filter(|group| group.region == region)
+        .map(|group| group.count)
+        .sum()
+}
+
+/// One seed of one point of the sweep.
+struct FleetRun<'a> {
+    spec: &'a FleetSpec,
+    topology: &'a Topology,
+    bench: Bench,
+    setup: Setup,
+    pool: Vec<PoolActor>,
+    deployment: Deployment,
+}
+
+impl<'a> FleetRun<'a> {
+    fn new(spec: &'a FleetSpec, topology: &'a Topology, seed: u64) -> FleetRun<'a> {
+        let bench = Bench {
+            tcp: TcpModel::calibrated(),
+            network: super::Network {
+                uplink_bps: spec.trainer_uplink_mbps * 1e6,
+                link_low_share: spec.link_low_share,
+                ..PAPER_NETWORK
+            },
+            runs: Runs {
+                seed,
+                steps: spec.steps,
+                warm_up: spec.warm_up as usize,
+            },
+            generations: RefCell::default(),
+        };
+        let model = spec.model.shape();
+        let dataset = match spec.dataset {
+            DatasetChoice::Gsm8k => DATASETS[0],
+            DatasetChoice::Math => DATASETS[1],
+            DatasetChoice::Deepscaler => DATASETS[2],
+        };
+        let setup = Setup {
+            model,
+            trainer: Trainer {
+                mfu: spec.trainer_mfu,
+                ..Trainer::of(spec.trainer_gpus)
+            },
+            workload: Workload::of(&model, dataset),
+        };
+        let pool: Vec<PoolActor> = spec
+            .actors
+            .iter()
+            .flat_map(|group| {
+                let member = member(spec, topology, &model, group.gpu, &group.region);
+                std::iter::repeat_n(member, group.count as usize)
+            })
+            .collect();
+        let deployment = bench.deployment(&setup, &pool);
+        FleetRun {
+            spec,
+            topology,
+            bench,
+            setup,
+            pool,
+            deployment,
+        }
+    }
+
+    /// The control core's run, with each reclaim's notices and replacements.
+    fn generation(&self) -> Result<super::Generation, FleetError> {
+        let bench = &self.bench;
+        let reference = bench.generate(
+            &self.setup,
+            &self.pool,
+            SplitPolicy::Proportional,
+            Vec::new(),
+        )?;
+        let opened = |generation: &super::Generation, step: u32| {
+            generation
+                .opened_at_s
+                .get(step as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let mut faults = Vec::new();
+        for reclaim in &self.spec.reclaims {
+            let at_ms = ((opened(&reference, reclaim.at_step) + 1.0) * 1e3) as u64;
+            faults.extend(
+                self.pool
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, member)| member.region.name == reclaim.region)
+                    .map(|(index, _)| ScheduledFault {
+                        at_ms,
+                        fault: Fault::Preempt { actor: index },
+                    }),
+            );
+        }
+        if self
+            .spec
+            .reclaims
+            .iter()
+            .all(|reclaim| reclaim.replaced_at_step.is_none())
+        {
+            return Ok(bench.generate(
+                &self.setup,
+                &self.pool,
+                SplitPolicy::Proportional,
+                faults,
+            )?);
+        }
+        // Replacements come as their step opens on the timeline the reclaims slowed: a
+        // run without them tells when that is, since nothing changes before they join.
+        let reclaimed = bench.generate(
+            &self.setup,
+            &self.pool,
+            SplitPolicy::Proportional,
+            faults.clone(),
+        )?;
+        let mut pool = self.pool.clone();
+        for reclaim in &self.spec.reclaims {
+            let Some(step) = reclaim.replaced_at_step else {
+                continue;
+            };
+            let path = fleet_path(self.spec, self.topology, &reclaim.region);
+            let snapshot_s = bench.tcp.transfer_s(
+                self.setup.model.checkpoint_bytes(),
+                path,
+                CongestionControl::Bbr,
+                super::MULTI_STREAMS,
+            );
+            let joins_at_s = opened(&reclaimed, step) + snapshot_s;
+            let replacements: Vec<PoolActor> = self
+                .pool
+                .iter()
+                .filter(|member| member.region.name == reclaim.region)
+                .map(|member| PoolActor {
+                    joins_at_s,
+                    ..member.clone()
+                })
+                .collect();
+            pool.extend(replacements);
+        }
+        Ok(bench.generate(&self.setup, &pool, SplitPolicy::Proportional, faults)?)
+    }
+}
+
+/// An actor of `gpu` in `region`, decoding at the fleet's share of the roofline.
+fn member(
+    spec: &FleetSpec,
+    topology: &Topology,
+    model: &ModelShape,
+    gpu: GpuChoice,
+    region: &str,
+) -> PoolActor {
+    let gpu = gpu.gpu();
+    PoolActor {
+        speed: spec.decode_share / DECODE_ROOFLINE_SHARE,
+        kind: super::ActorKind {
+            gpu,
+            // A replica too large for one GPU is split over four.
+            gpus: if model.checkpoint_bytes() > 0.8 * gpu.memory_bytes {
+                4
+            } else {
+                1
+            },
+        },
+        ..actor(
+            gpu,
+            Region {
+                name: Cow::Owned(region.to_owned()),
+                path: fleet_path(spec, topology, region),
+            },
+        )
+    }
+}
+
+/// The path from the trainer's region to `region`, with a path input of the sweep
+/// applied; the trainer's own region's is its datacenter network.
+fn fleet_path(spec: &FleetSpec, topology: &Topology, region: &str) -> Link {
+    if region == spec.trainer_region {
+        return PAPER_NETWORK.lan;
+    }
+    let mut path = topology
+        .path(&spec.trainer_region, region)
+        .unwrap_or(PAPER_NETWORK.wan);
+    if let Some(sweep) = &spec.sweep {
+        let value = sweep.values[0];
+        match sweep.parameter {
+            SweepParameter::RateMbps => path.rate_bps = value * 1e6,
+            SweepParameter::RttMs => path.rtt_s = value / 1e3,
+            SweepParameter::Loss => path.loss = value,
+            _ => {}
+        }
+    }
+    path
+}
+
+impl FleetReport {
+    /// Every point and system as JSON.
+    pub fn figures_json(&self) -> serde_json::Value {
+        let spread = |spread: &Spread| serde_json::json!({ "mean": spread.mean, "min": spread.min, "max": spread.max });
+        serde_json::json!({
+            "fleet": self.name,
+            "swept": self.swept.map(SweepParameter::name),
+            "points": self.points.iter().map(|point| serde_json::json!({
+                "value": point.value,
+                "systems": point.systems.iter().map(|outcome| serde_json::json!({
+                    "system": outcome.system.name(),
+                    "tokens_per_s": spread(&outcome.tokens_per_s),
+                    "step_s": spread(&outcome.step_s),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Every point and system as CSV, a row each.
+    pub fn figures_csv(&self) -> String {
+        let mut out = String::from(
+            "value,system,tokens_per_s_mean,tokens_per_s_min,tokens_per_s_max,step_s_mean,step_s_min,step_s_max\n",
+        );
+        for point in &self.points {
+            for outcome in &point.systems {
+                out.push_str(&format!(
+                    "{},\"{}\",{},{},{},{},{},{}\n",
+                    point.value.map_or(String::new(), |value| value.to_string()),
+                    outcome.system.name(),
+                    outcome.tokens_per_s.mean,
+                    outcome.tokens_per_s.min,
+                    outcome.tokens_per_s.max,
+                    outcome.step_s.mean,
+                    outcome.step_s.min,
+                    outcome.step_s.max,
+                ));
+            }
+        }
+        out
+    }
+
+    /// Every step of every run as CSV, a row each.
+    pub fn steps_csv(&self) -> String {
+        let mut out = String::from("value,seed,system,step,end_s,tokens\n");
+        for record in &self.steps {
+            out.push_str(&format!(
+                "{},{},\"{}\",{},{},{}\n",
+                record
+                    .value
+                    .map_or(String::new(), |value| value.to_string()),
+                record.seed,
+                record.system.name(),
+                record.step,
+                record.end_s,
+                record.tokens,
+            ));
+        }
+        out
+    }
+}
+
+impl fmt::Display for FleetReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "Fleet {:?}: tokens/s and step time after the warm-up, mean (min-max) over the seeds",
+            self.name
+        )?;
+        for point in &self.points {
+            if let (Some(parameter), Some(value)) = (self.swept, point.value) {
+                writeln!(f, "\n{} = {value}", parameter.name())?;
+            }
+            for outcome in &point.systems {
+                let (rate, step) = (&outcome.tokens_per_s, &outcome.step_s);
+                writeln!(
+                    f,
+                    "  {:<22} {:>9.0} tokens/s ({:.0}-{:.0})   step {:>8.2} s ({:.2}-{:.2})",
+                    outcome.system.name(),
+                    rate.mean,
+                    rate.min,
+                    rate.max,
+                    step.mean,
+                    step.min,
+                    step.max
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(rate_mbps: f64, rtt_ms: f64) -> Link {
+        Link {
+            rate_bps: rate_mbps * 1e6,
+            rtt_s: rtt_ms / 1e3,
+            loss: 1e-5,
+        }
+    }
+
+    /// A trainer in `us`, `canada` behind one link, `australia` behind `canada`.
+    fn topology() -> Topology {
+        Topology {
+            regions: ["us", "canada", "australia", "mars"]
+                .map(String::from)
+                .to_vec(),
+            links: vec![
+                ("us".into(), "canada".into(), link(1000.0, 30.0)),
+                ("canada".into(), "australia".into(), link(500.0, 200.0)),
+            ],
+        }
+    }
+
+    fn spec() -> FleetSpec {
+        FleetSpec {
+            format: FLEET_FORMAT,
+            name: "test".into(),
+            description: String::new(),
+            topology: "unused.toml".into(),
+            trainer_region: "us".into(),
+            model: ModelChoice::Qwen3_4b,
+            trainer_gpus: 2,
+            trainer_mfu: TRAINER_MFU,
+            dataset: DatasetChoice::Gsm8k,
+            steps: 14,
+            warm_up: 3,
+            seeds: vec![1, 2],
+            systems: vec![SystemChoice::PrimerlFull, SystemChoice::Aurora],
+            link_low_share: 0.5,
+            trainer_uplink_mbps: 10_000.0,
+            decode_share: DECODE_ROOFLINE_SHARE,
+            actors: vec![
+                ActorGroup {
+                    region: "canada".into(),
+                    gpu: GpuChoice::A100,
+                    count: 2,
+                },
+                ActorGroup {
+                    region: "australia".into(),
+                    gpu: GpuChoice::L40,
+                    count: 2,
+                },
+            ],
+            reclaims: Vec::new(),
+            sweep: None,
+        }
+    }
+
+    fn aurora_rate(report: &FleetReport, point: usize) -> Spread {
+        report.points[point]
+            .systems
+            .iter()
+            .find(|outcome| outcome.system == System::Aurora)
+            .unwrap()
+            .tokens_per_s
+    }
+
+    #[test]
+    fn a_path_through_another_region_adds_round_trips_and_keeps_the_slowest_rate() {
+        let path = topology().path("us", "australia").unwrap();
+        assert_eq!(path.rate_bps, 500e6);
+        assert!((path.rtt_s - 0.23).abs() < 1e-12, "{}", path.rtt_s);
+        assert!((path.loss - (1.0 - (1.0 - 1e-5_f64).powi(2))).abs() < 1e-15);
+        assert_eq!(topology().path("us", "mars"), None);
+        assert_eq!(topology().path("us", "venus"), None);
+    }
+
+    #[test]
+    fn a_fleet_runs_every_seed_and_point_and_records_every_step() {
+        let mut spec = spec();
+        spec.sweep = Some(FleetSweep {
+            parameter: SweepParameter::ActorsPerGroup,
+            values: vec![1.0, 3.0],
+        });
+        let report = run_fleet(&spec, &topology()).unwrap();
+        assert_eq!(report.points.len(), 2);
+        // 2 points x 2 seeds x 2 systems x 14 steps.
+        assert_eq!(report.steps.len(), 2 * 2 * 2 * 14);
+        for point in &report.points {
+            for outcome in &point.systems {
+                let rate = outcome.tokens_per_s;
+                assert!(
+                    rate.min <= rate.mean && rate.mean <= rate.max && rate.min > 0.0,
+                    "{rate:?}"
+                );
+            }
+        }
+        let (few, many) = (aurora_rate(&report, 0), aurora_rate(&report, 1));
+        assert!(many.mean > 1.5 * few.mean, "{few:?} {many:?}");
+        assert_eq!(
+            report,
+            run_fleet(&spec, &topology()).unwrap(),
+            "deterministic"
+        );
+        let csv = report.steps_csv();
+        assert_eq!(csv.lines().count(), report.steps.len() + 1);
+        let json = report.figures_json();
+        assert_eq!(json["swept"], "actors_per_group");
+        assert_eq!(json["points"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_reclaimed_region_costs_throughput_and_its_replacements_win_some_back() {
+        let rate = |reclaims: Vec<Reclaim>| {
+            let spec = FleetSpec {
+                reclaims,
+                seeds: vec![1],
+                ..spec()
+            };
+            aurora_rate(&run_fleet(&spec, &topology()).unwrap(), 0).mean
+        };
+        let reclaim = |replaced_at_step| Reclaim {
+            region: "canada".into(),
+            at_step: 4,
+            replaced_at_step,
+        };
+        let undisturbed = rate(Vec::new());
+        let reclaimed = rate(vec![reclaim(None)]);
+        let replaced = rate(vec![reclaim(Some(7))]);
+        assert!(reclaimed < 0.9 * undisturbed, "{reclaimed} {undisturbed}");
+        assert!(replaced > reclaimed, "{replaced} {reclaimed}");
+    }
+
+    #[test]
+    fn a_fleet_that_cannot_run_is_refused_naming_what_is_wrong() {
+        let refused = |change: &dyn Fn(&mut FleetSpec)| {
+            let mut spec = spec();
+            change(&mut spec);
+            run_fleet(&spec, &topology()).unwrap_err().to_string()
+        };
+        assert!(refused(&|spec| spec.format = 2).contains("fleet format 2"));
+        assert!(
+            refused(&|spec| spec.actors[0].region = "venus".into())
+                .contains("\"venus\": not in the topology")
+        );
+        assert!(
+            refused(&|spec| spec.actors[0].region = "mars".into()).contains("no link reaches it")
+        );
+        assert!(refused(&|spec| spec.warm_up = 14).contains("warm_up"));
+        assert!(refused(&|spec| spec.seeds.clear()).contains("seeds"));
+        assert!(refused(&|spec| spec.decode_share = 0.0).contains("decode_share"));
+        assert!(refused(&|spec| spec.actors[1].count = 0).contains("no actors"));
+        assert!(
+            refused(&|spec| spec.reclaims.push(Reclaim {
+                region: "us".into(),
+                at_step: 3,
+                replaced_at_step: None,
+            }))
+            .contains("no actors there")
+        );
+        assert!(
+            refused(&|spec| spec.reclaims.push(Reclaim {
+                region: "canada".into(),
+                at_step: 5,
+                replaced_at_step: Some(5),
+            }))
+            .contains("replaced_at_step")
+        );
+        assert!(
+            refused(&|spec| spec.sweep = Some(FleetSweep {
+                parameter: SweepParameter::Loss,
+                values: vec![f64::NAN],
+            }))
+            .contains("sweep.values")
+        );
+        assert!(refused(&|spec| spec.actors[0].count = MAX_FLEET_ACTORS).contains("more than"));
+    }
+}
