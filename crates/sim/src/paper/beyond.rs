@@ -22,7 +22,7 @@ use super::calibration::{Encoding, HUB_DURABLE_CALLS_PER_S};
 use super::tcp::{CongestionControl, TcpModel};
 use super::testbed::{
     A100, ActorKind, DENSE_70B, Dataset, H100, JoinFrom, KEPT_TAIL_SNAPSHOTS, ModelShape, Network,
-    QWEN3_8B, QWEN3_14B, Trainer, Workload, actor_decode_s,
+    QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, Trainer, Workload, actor_decode_s,
 };
 use crate::report::{RunReport, Violation};
 use crate::scenario::{ActorSpec, Fault, Scenario, ScheduledFault};
@@ -104,6 +104,17 @@ pub struct ScaleOutcome {
     pub churn_loss: f64,
 }
 
+/// A region's spot pool reclaimed at once during the run at scale.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reclaimed {
+    /// Its actors, all preempted together.
+    pub actors: usize,
+    /// When, seconds of virtual time.
+    pub at_s: f64,
+    /// Seconds until their replacements all have the checkpoint from the hub.
+    pub refetch_s: f64,
+}
+
 /// The control core run at the largest scale, under virtual time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreAtScale {
@@ -115,8 +126,10 @@ pub struct CoreAtScale {
     pub steps_asked: u32,
     /// When each preemption notice came, seconds of virtual time.
     pub preempted_at_s: Vec<f64>,
-    /// The actors preempted, by index.
+    /// The actors preempted, by index (the reclaimed region's among them).
     pub preempted: Vec<usize>,
+    /// The region reclaimed at once.
+    pub reclaimed: Reclaimed,
     /// What the driver reported (every invariant held, or there would be none).
     pub report: RunReport,
 }
@@ -213,7 +226,7 @@ pub struct Beyond {
 }
 
 /// The scales the report walks through, the paper's first.
-pub fn scale_steps() -> [ScaleStep; 5] {
+pub fn scale_steps() -> [ScaleStep; 6] {
     [
         ScaleStep {
             regions: 4,
@@ -231,6 +244,12 @@ pub fn scale_steps() -> [ScaleStep; 5] {
             regions: 16,
             actors: 256,
             model: DENSE_70B,
+            preemptions_per_hour: 0.05,
+        },
+        ScaleStep {
+            regions: 16,
+            actors: 1_000,
+            model: QWEN3_30B_A3B,
             preemptions_per_hour: 0.05,
         },
         ScaleStep {
@@ -294,7 +313,7 @@ pub fn analyse(tcp: &TcpModel, network: &Network) -> Result<Beyond, Violation> {
             )
         })
         .collect();
-    let saturating_regions = [QWEN3_8B, QWEN3_14B, DENSE_70B]
+    let saturating_regions = [QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, DENSE_70B]
         .iter()
         .map(|&model| {
             let utilisation = |regions| {
@@ -346,7 +365,7 @@ struct Costs {
 
 impl Costs {
     fn actor(model: &ModelShape) -> ActorKind {
-        if model.parameters > 20e9 {
+        if model.checkpoint_bytes() > 0.8 * A100.memory_bytes {
             // A 70B replica does not fit one GPU: four H100s, tensor parallel.
             ActorKind { gpu: H100, gpus: 4 }
         } else {
@@ -413,6 +432,27 @@ impl Costs {
                 ..actors[actor].clone()
             });
         }
+        // Correlated churn: one region's spot pool reclaimed at once, midway through the
+        // run. Its relay goes with it, so the replacements take the whole checkpoint
+        // from the hub across the region's path, all at once.
+        let reclaim_at_ms = ((from_s + horizon_s) / 2.0 * 1e3) as u64;
+        let reclaimed: Vec<usize> = (1..scale.actors as usize)
+            .filter(|&actor| actor % scale.regions as usize == 1 && !preempted.contains(&actor))
+            .collect();
+        let refetch_ms = (self.region_refetch_s(model, reclaimed.len()) * 1e3) as u64;
+        for &actor in &reclaimed {
+            faults.push(ScheduledFault {
+                at_ms: reclaim_at_ms,
+                fault: Fault::Preempt { actor },
+            });
+            actors.push(ActorSpec {
+                label: format!("70B-{actor}-replacement"),
+                joins_at_ms: reclaim_at_ms + refetch_ms,
+                ..actors[actor].clone()
+            });
+        }
+        preempted.extend(&reclaimed);
+        faults.sort_by_key(|fault| fault.at_ms);
         let scenario = Scenario {
             seed: CORE_SEED,
             actors,
@@ -436,8 +476,27 @@ impl Costs {
                 .map(|fault| fault.at_ms as f64 / 1e3)
                 .collect(),
             preempted,
+            reclaimed: Reclaimed {
+                actors: reclaimed.len(),
+                at_s: reclaim_at_ms as f64 / 1e3,
+                refetch_s: refetch_ms as f64 / 1e3,
+            },
             report,
         })
+    }
+
+    /// Seconds until `actors` replacements in one region all have the checkpoint from
+    /// the hub: each VM on its own path, all of them through the trainer's uplink.
+    fn region_refetch_s(&self, model: &ModelShape, actors: usize) -> f64 {
+        let path = self.tcp.transfer_s(
+            model.checkpoint_bytes(),
+            self.network.path(1),
+            CongestionControl::Bbr,
+            4,
+        );
+        let uplink = actors as f64 * model.checkpoint_bytes() * 8.0
+            / (self.network.uplink_bps * self.tcp.goodput_efficiency);
+        path.max(uplink)
     }
 
     /// Seconds a version may take from trained to staged without stalling a step.
@@ -690,6 +749,12 @@ impl fmt::Display for CoreAtScale {
         writeln!(f, "    each step, s (* a preemption)  {}", times.join(" "))?;
         writeln!(
             f,
+            "    a region reclaimed at once     {} actors at {:.0} s; their replacements take the \
+             checkpoint from the hub in {:.0} s",
+            self.reclaimed.actors, self.reclaimed.at_s, self.reclaimed.refetch_s
+        )?;
+        writeln!(
+            f,
             "    idle while a step is open      {:.1}% of the never-preempted actors' time",
             100.0 * self.idle_share()
         )?;
@@ -737,6 +802,11 @@ mod tests {
         assert_eq!(steps, u64::from(core.steps_asked));
         assert!(report.steps.iter().all(|step| !step.partial));
         assert!(!core.preempted.is_empty(), "the run preempts no one");
+        // One region's whole pool goes at once: a sixteenth of the actors, every one
+        // with a notice at the same moment.
+        let region_pool = (core.scale.actors / core.scale.regions) as usize;
+        assert!(core.reclaimed.actors >= region_pool - 3 && core.reclaimed.actors <= region_pool + 1);
+        assert!(core.preempted.len() > core.reclaimed.actors);
         // Every prompt accepted once; every lease granted again follows exactly one
         // lease that ended without a result: an expiry or a departure (no actor
         // misbehaves here, so no result is rejected for its content).

@@ -16,7 +16,7 @@ use super::baselines::{Deployment, System};
 use super::tcp::{CongestionControl, Link, TcpModel};
 use super::testbed::{
     A100, DATASETS, DECODE_ROOFLINE_SHARE, DENSE_70B, Gpu, H100, L40, ModelShape, PAPER_NETWORK,
-    QWEN3_4B, QWEN3_8B, QWEN3_14B, Region, TRAINER_MFU, Trainer, Workload,
+    QWEN3_4B, QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, Region, TRAINER_MFU, Trainer, Workload,
 };
 use super::timeline::StepTiming;
 use super::{Bench, PoolActor, Runs, Setup, actor};
@@ -126,6 +126,9 @@ pub enum ModelChoice {
     Qwen3_8b,
     /// Qwen3-14B.
     Qwen3_14b,
+    /// Qwen3-30B-A3B, a mixture of experts.
+    #[serde(rename = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
     /// A 70B dense model (served on four H100s per actor).
     Dense70b,
 }
@@ -136,6 +139,7 @@ impl ModelChoice {
             ModelChoice::Qwen3_4b => QWEN3_4B,
             ModelChoice::Qwen3_8b => QWEN3_8B,
             ModelChoice::Qwen3_14b => QWEN3_14B,
+            ModelChoice::Qwen3_30bA3b => QWEN3_30B_A3B,
             ModelChoice::Dense70b => DENSE_70B,
         }
     }

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use aurora_control::SplitPolicy;
 
 pub use baselines::{Deployment, MULTI_STREAMS, RemoteRegion, System};
-pub use beyond::{Beyond, CoreAtScale, ResourceLimit, ScaleOutcome, ScaleStep};
+pub use beyond::{Beyond, CoreAtScale, Reclaimed, ResourceLimit, ScaleOutcome, ScaleStep};
 pub use calibration::Encoding;
 pub use report::{FLAG_THRESHOLD, PaperFigure, PaperReport, Row, Section, Tally};
 pub use tcp::{CongestionControl, Link, TcpModel};

@@ -23,6 +23,14 @@ pub struct ModelShape {
     pub name: &'static str,
     /// Parameters (elements of the checkpoint).
     pub parameters: f64,
+    /// Parameters one token passes through: all of them in a dense model, the routed
+    /// experts' share in a mixture of experts. Compute follows these; memory and the
+    /// checkpoint follow [`ModelShape::parameters`].
+    pub active_parameters: f64,
+    /// A step's delta over a dense model's of the same size at the same density: 1 for
+    /// a dense model; for a mixture of experts the share aurora measured when a quarter
+    /// of the experts see tokens (experts no token reached do not change).
+    pub delta_share: f64,
     /// Transformer layers.
     pub layers: f64,
     /// Key-value heads (grouped-query attention).
@@ -35,6 +43,8 @@ pub struct ModelShape {
 pub const QWEN3_4B: ModelShape = ModelShape {
     name: "Qwen3-4B",
     parameters: 4.02e9,
+    active_parameters: 4.02e9,
+    delta_share: 1.0,
     layers: 36.0,
     kv_heads: 8.0,
     head_dim: 128.0,
@@ -43,6 +53,8 @@ pub const QWEN3_4B: ModelShape = ModelShape {
 pub const QWEN3_8B: ModelShape = ModelShape {
     name: "Qwen3-8B",
     parameters: 8.19e9,
+    active_parameters: 8.19e9,
+    delta_share: 1.0,
     layers: 36.0,
     kv_heads: 8.0,
     head_dim: 128.0,
@@ -51,14 +63,31 @@ pub const QWEN3_8B: ModelShape = ModelShape {
 pub const QWEN3_14B: ModelShape = ModelShape {
     name: "Qwen3-14B",
     parameters: 14.77e9,
+    active_parameters: 14.77e9,
+    delta_share: 1.0,
     layers: 40.0,
     kv_heads: 8.0,
+    head_dim: 128.0,
+};
+/// Qwen3-30B-A3B beyond the paper: 30.5 B parameters, 3.3 B active per token (8 of 128
+/// experts), 48 layers, 4 KV heads of 128. Its delta is 0.30 of a dense model's of the
+/// same size (BENCHMARKS.md, issue 42's MoE row: 0.27 to 0.33 with 128 experts, 8 per
+/// token, a quarter reached; `python/benchmarks/moe.py`).
+pub const QWEN3_30B_A3B: ModelShape = ModelShape {
+    name: "Qwen3-30B-A3B",
+    parameters: 30.5e9,
+    active_parameters: 3.3e9,
+    delta_share: 0.30,
+    layers: 48.0,
+    kv_heads: 4.0,
     head_dim: 128.0,
 };
 /// A 70B-class dense model beyond the paper (Llama-3-70B's shape: 70.6 B, 80 layers).
 pub const DENSE_70B: ModelShape = ModelShape {
     name: "70B",
     parameters: 70.6e9,
+    active_parameters: 70.6e9,
+    delta_share: 1.0,
     layers: 80.0,
     kv_heads: 8.0,
     head_dim: 128.0,
@@ -72,7 +101,7 @@ impl ModelShape {
 
     /// One step's update in `encoding` when `density` of the elements change.
     pub fn delta_bytes(&self, encoding: Encoding, density: f64) -> f64 {
-        self.parameters * density * encoding.bytes_per_change(density)
+        self.delta_share * self.parameters * density * encoding.bytes_per_change(density)
     }
 
     /// Key and value cache per token of context, BF16.
@@ -269,7 +298,7 @@ impl ActorKind {
         }
         let bytes_per_iteration = model.checkpoint_bytes() + batch * kv_per_sequence;
         let memory_s = bytes_per_iteration / (self.gpu.bandwidth_bytes_per_s * gpus);
-        let compute_s = 2.0 * model.parameters * batch / (self.gpu.bf16_flops * gpus);
+        let compute_s = 2.0 * model.active_parameters * batch / (self.gpu.bf16_flops * gpus);
         batch * DECODE_ROOFLINE_SHARE / memory_s.max(compute_s)
     }
 }
@@ -320,7 +349,8 @@ impl Trainer {
     pub fn step_s(&self, model: &ModelShape, workload: &Workload) -> f64 {
         let sequences = f64::from(workload.prompts_per_step * workload.samples_per_prompt);
         let tokens = workload.tokens_per_step() + sequences * workload.dataset.prompt_tokens;
-        8.0 * model.parameters * tokens / (self.gpu.bf16_flops * f64::from(self.gpus) * self.mfu)
+        8.0 * model.active_parameters * tokens
+            / (self.gpu.bf16_flops * f64::from(self.gpus) * self.mfu)
     }
 
     /// Seconds to extract one version's delta in `encoding` from the BF16 export.
