@@ -805,7 +805,9 @@ mod tests {
         // One region's whole pool goes at once: a sixteenth of the actors, every one
         // with a notice at the same moment.
         let region_pool = (core.scale.actors / core.scale.regions) as usize;
-        assert!(core.reclaimed.actors >= region_pool - 3 && core.reclaimed.actors <= region_pool + 1);
+        assert!(
+            core.reclaimed.actors >= region_pool - 3 && core.reclaimed.actors <= region_pool + 1
+        );
         assert!(core.preempted.len() > core.reclaimed.actors);
         // Every prompt accepted once; every lease granted again follows exactly one
         // lease that ended without a result: an expiry or a departure (no actor

@@ -4,169 +4,239 @@
 
 use super::*;
 
+/// Every system's outcome on one run, in [`System::COMPARED`]'s order.
+struct Outcomes([Outcome; 7]);
+
+impl Outcomes {
+    fn of(&self, system: System) -> Outcome {
+        let index = System::COMPARED
+            .iter()
+            .position(|&compared| compared == system)
+            .unwrap_or(0);
+        self.0[index]
+    }
+
+    /// How much more `system` makes than `other`.
+    fn over(&self, system: System, other: System) -> f64 {
+        self.of(system).tokens_per_s / self.of(other).tokens_per_s
+    }
+
+    /// How far below Ideal-SingleDC `system` is, percent.
+    fn below_ideal(&self, system: System) -> f64 {
+        100.0 * (1.0 - self.over(system, System::IdealSingleDc))
+    }
+}
+
+/// One of fig:main_comparison's figures.
+struct Figure {
+    label: &'static str,
+    paper: PaperFigure,
+    value: fn(&Outcomes) -> f64,
+    unit: &'static str,
+    why: &'static str,
+    tolerance: f64,
+}
+
+const OVER_FULL_WHY: &str = "the gain over a dense broadcast is the broadcast's share of a \
+    step, so it follows the decode rate and the answer length assumed for the dataset: \
+    GSM8K's short answers make steps short and the broadcast dominant, DeepScaleR's long \
+    ones the reverse; the what-ifs decode at 0.35 of the roofline, or run GSM8K at the \
+    top of its plausible length";
+const LAG_WHY: &str = "where a step's generation is long beside the broadcast, relaxing \
+    the lag (or adding streams) recovers less than the paper's range; the what-ifs change \
+    the decode rate, or GSM8K's answer length";
+const HIDDEN_SYNC_WHY: &str = "under one step of lag the sync (about 5 s of extraction \
+    for 8B, the transfer pipelined with it) overlaps the next training and generation \
+    wherever training plus the sync is shorter than a generation, or training sets the \
+    pace; with the decode at 0.35 of the roofline generation and training take about as \
+    long as the paper's section 2 says (45 and 40 s for 8B), and the sync shows";
+
+/// The figures compared for `model` on each dataset.
+fn end_to_end_figures(model: &ModelShape) -> [Figure; 10] {
+    let over_full = match model.name {
+        "Qwen3-4B" => Range(2.4, 3.7),
+        "Qwen3-14B" => Range(7.7, 9.5),
+        // The paper gives 8B no range of its own: the abstract's over all.
+        _ => Range(2.4, 9.5),
+    };
+    let figure = |label, paper, value, unit, why, tolerance| Figure {
+        label,
+        paper,
+        value,
+        unit,
+        why,
+        tolerance,
+    };
+    [
+        figure(
+            "AuroraRL over PrimeRL-Full",
+            over_full,
+            |o| o.over(System::AuroraRl, System::PrimeRlFull),
+            "x",
+            OVER_FULL_WHY,
+            1.2,
+        ),
+        figure(
+            "AuroraRL over Async2",
+            Range(1.3, 6.1),
+            |o| o.over(System::AuroraRl, System::Async2),
+            "x",
+            OVER_FULL_WHY,
+            1.2,
+        ),
+        figure(
+            "Async2 over PrimeRL-Full",
+            Range(44.0, 160.0),
+            |o| 100.0 * (o.over(System::Async2, System::PrimeRlFull) - 1.0),
+            "%",
+            LAG_WHY,
+            0.8,
+        ),
+        figure(
+            "AuroraRL over Async4",
+            Range(1.3, 6.1),
+            |o| o.over(System::AuroraRl, System::Async4),
+            "x",
+            OVER_FULL_WHY,
+            1.2,
+        ),
+        figure(
+            "Async4 over PrimeRL-Full",
+            Range(44.0, 160.0),
+            |o| 100.0 * (o.over(System::Async4, System::PrimeRlFull) - 1.0),
+            "%",
+            LAG_WHY,
+            0.8,
+        ),
+        figure(
+            "AuroraRL over MultiStream",
+            Range(1.5, 6.0),
+            |o| o.over(System::AuroraRl, System::MultiStream),
+            "x",
+            OVER_FULL_WHY,
+            1.2,
+        ),
+        figure(
+            "MultiStream over PrimeRL-Full",
+            Range(1.0, 2.1),
+            |o| o.over(System::MultiStream, System::PrimeRlFull),
+            "x",
+            LAG_WHY,
+            0.8,
+        ),
+        figure(
+            "AuroraRL below Ideal-SingleDC",
+            Range(1.31, 8.91),
+            |o| o.below_ideal(System::AuroraRl),
+            "%",
+            HIDDEN_SYNC_WHY,
+            1.01,
+        ),
+        figure(
+            "PrimeRL-Full below Ideal-SingleDC",
+            Range(59.0, 90.3),
+            |o| o.below_ideal(System::PrimeRlFull),
+            "%",
+            LAG_WHY,
+            0.8,
+        ),
+        figure(
+            "MultiStream below Ideal-SingleDC",
+            Range(37.3, 84.5),
+            |o| o.below_ideal(System::MultiStream),
+            "%",
+            LAG_WHY,
+            0.8,
+        ),
+    ]
+}
+
 impl Bench {
     pub(super) fn against_baselines(&self) -> Result<Section, Violation> {
-        const OVER_FULL_WHY: &str = "the gain over a dense broadcast is the broadcast's \
-            share of a step, so it follows the answer length assumed for the dataset: \
-            GSM8K's short answers make steps short and the broadcast dominant (the what-if \
-            runs GSM8K at the top of its plausible length), DeepScaleR's long ones the \
-            reverse";
-        const LAG_WHY: &str = "with DeepScaleR's long answers a step's generation is \
-            long beside the broadcast, so relaxing the lag (or adding streams) recovers \
-            less than the paper's range; unexplained by a single input";
-        const HIDDEN_SYNC_WHY: &str = "under one step of lag the sync (about 5 s of \
-            extraction for 8B, the transfer pipelined with it) overlaps the next training \
-            and generation wherever training plus the sync is shorter than a generation, \
-            as in the modelled trainer-bound GSM8K steps: unexplained by a single input";
         let mut rows = Vec::new();
         for model in [QWEN3_4B, QWEN3_8B, QWEN3_14B] {
             let pool = paper_pool(&model);
-            let over_full = match model.name {
-                "Qwen3-4B" => Range(2.4, 3.7),
-                "Qwen3-14B" => Range(7.7, 9.5),
-                // The paper gives 8B no range of its own: the abstract's over all.
-                _ => Range(2.4, 9.5),
-            };
             for dataset in DATASETS {
                 let setup = Setup::paper(model, dataset);
                 let deployment = self.deployment(&setup, &pool);
-                let generation =
-                    self.generate(&setup, &pool, SplitPolicy::Proportional, Vec::new())?;
-                let outcome = |system| self.run(&deployment, system, &generation);
-                let [full, async2, async4, multi, ideal, aurora_rl, aurora] =
-                    System::COMPARED.map(outcome);
+                let outcomes = |pool: &[PoolActor]| -> Result<Outcomes, Violation> {
+                    let generation =
+                        self.generate(&setup, pool, SplitPolicy::Proportional, Vec::new())?;
+                    Ok(Outcomes(
+                        System::COMPARED.map(|system| self.run(&deployment, system, &generation)),
+                    ))
+                };
+                let measured = outcomes(&pool)?;
                 let name = format!("{} {}", model.name, dataset.name);
-                rows.push(Row::simulated(
-                    format!("{name}: AuroraRL throughput"),
-                    aurora_rl.tokens_per_s,
-                    "tokens/s",
-                ));
-                rows.push(Row::simulated(
-                    format!("{name}: AuroraRL step"),
-                    aurora_rl.step_s,
-                    "s",
-                ));
+                for (what, system) in [
+                    ("AuroraRL", System::AuroraRl),
+                    ("aurora (this project)", System::Aurora),
+                ] {
+                    let outcome = measured.of(system);
+                    rows.push(Row::simulated(
+                        format!("{name}: {what} throughput"),
+                        outcome.tokens_per_s,
+                        "tokens/s",
+                    ));
+                    rows.push(Row::simulated(
+                        format!("{name}: {what} step"),
+                        outcome.step_s,
+                        "s",
+                    ));
+                }
                 rows.push(Row::simulated(
                     format!("{name}: PrimeRL-Full step"),
-                    full.step_s,
+                    measured.of(System::PrimeRlFull).step_s,
                     "s",
                 ));
-                rows.push(Row::simulated(
-                    format!("{name}: aurora (this project) throughput"),
-                    aurora.tokens_per_s,
-                    "tokens/s",
-                ));
-                rows.push(Row::simulated(
-                    format!("{name}: aurora over AuroraRL"),
-                    aurora.tokens_per_s / aurora_rl.tokens_per_s,
-                    "x",
-                ));
-                let speedup = |other: Outcome| aurora_rl.tokens_per_s / other.tokens_per_s;
-                let below = |what: Outcome| 100.0 * (1.0 - what.tokens_per_s / ideal.tokens_per_s);
-                rows.extend(checked(
-                    Row::compared(
-                        format!("{name}: AuroraRL over PrimeRL-Full"),
-                        over_full,
-                        speedup(full),
-                        "x",
-                    ),
-                    OVER_FULL_WHY,
-                    1.2,
-                    || {
-                        if dataset.name != GSM8K.name {
-                            return Ok(Vec::new());
-                        }
-                        let setup = Setup::paper(model, GSM8K_LONG);
-                        let deployment = self.deployment(&setup, &pool);
-                        let generation =
-                            self.generate(&setup, &pool, SplitPolicy::Proportional, Vec::new())?;
-                        let [full, aurora_rl] = [System::PrimeRlFull, System::AuroraRl]
-                            .map(|system| self.run(&deployment, system, &generation).tokens_per_s);
-                        Ok(vec![Row::what_if(
-                            format!(
-                                "{} {}: AuroraRL over PrimeRL-Full",
-                                model.name, GSM8K_LONG.name
-                            ),
-                            over_full,
-                            aurora_rl / full,
-                            "x",
-                        )])
-                    },
-                )?);
-                for (label, other) in [("Async2", async2), ("Async4", async4)] {
+                for figure in end_to_end_figures(&model) {
                     rows.extend(checked(
                         Row::compared(
-                            format!("{name}: AuroraRL over {label}"),
-                            Range(1.3, 6.1),
-                            speedup(other),
-                            "x",
+                            format!("{name}: {}", figure.label),
+                            figure.paper,
+                            (figure.value)(&measured),
+                            figure.unit,
                         ),
-                        OVER_FULL_WHY,
-                        1.2,
-                        || Ok(Vec::new()),
-                    )?);
-                    rows.extend(checked(
-                        Row::compared(
-                            format!("{name}: {label} over PrimeRL-Full"),
-                            Range(44.0, 160.0),
-                            100.0 * (other.tokens_per_s / full.tokens_per_s - 1.0),
-                            "%",
-                        ),
-                        LAG_WHY,
-                        0.8,
-                        || Ok(Vec::new()),
+                        figure.why,
+                        figure.tolerance,
+                        || {
+                            let mut what_ifs = vec![Row::what_if(
+                                format!("{name}, decode at 0.35 of the roofline: {}", figure.label),
+                                figure.paper,
+                                (figure.value)(&outcomes(&decoding_at(
+                                    &pool,
+                                    SLOW_DECODE_ROOFLINE_SHARE,
+                                ))?),
+                                figure.unit,
+                            )];
+                            if dataset.name == GSM8K.name {
+                                let setup = Setup::paper(model, GSM8K_LONG);
+                                let deployment = self.deployment(&setup, &pool);
+                                let generation = self.generate(
+                                    &setup,
+                                    &pool,
+                                    SplitPolicy::Proportional,
+                                    Vec::new(),
+                                )?;
+                                let long = Outcomes(
+                                    System::COMPARED
+                                        .map(|system| self.run(&deployment, system, &generation)),
+                                );
+                                what_ifs.push(Row::what_if(
+                                    format!("{} {}: {}", model.name, GSM8K_LONG.name, figure.label),
+                                    figure.paper,
+                                    (figure.value)(&long),
+                                    figure.unit,
+                                ));
+                            }
+                            Ok(what_ifs)
+                        },
                     )?);
                 }
-                rows.extend(checked(
-                    Row::compared(
-                        format!("{name}: AuroraRL over MultiStream"),
-                        Range(1.5, 6.0),
-                        speedup(multi),
-                        "x",
-                    ),
-                    OVER_FULL_WHY,
-                    1.2,
-                    || Ok(Vec::new()),
-                )?);
-                rows.push(Row::compared(
-                    format!("{name}: MultiStream over PrimeRL-Full"),
-                    Range(1.0, 2.1),
-                    multi.tokens_per_s / full.tokens_per_s,
-                    "x",
-                ));
-                rows.extend(checked(
-                    Row::compared(
-                        format!("{name}: AuroraRL below Ideal-SingleDC"),
-                        Range(1.31, 8.91),
-                        below(aurora_rl),
-                        "%",
-                    ),
-                    HIDDEN_SYNC_WHY,
-                    1.01,
-                    || Ok(Vec::new()),
-                )?);
-                rows.extend(checked(
-                    Row::compared(
-                        format!("{name}: PrimeRL-Full below Ideal-SingleDC"),
-                        Range(59.0, 90.3),
-                        below(full),
-                        "%",
-                    ),
-                    LAG_WHY,
-                    0.8,
-                    || Ok(Vec::new()),
-                )?);
-                rows.extend(checked(
-                    Row::compared(
-                        format!("{name}: MultiStream below Ideal-SingleDC"),
-                        Range(37.3, 84.5),
-                        below(multi),
-                        "%",
-                    ),
-                    LAG_WHY,
-                    0.8,
-                    || Ok(Vec::new()),
-                )?);
+                let (full, aurora_rl) = (
+                    measured.of(System::PrimeRlFull),
+                    measured.of(System::AuroraRl),
+                );
                 if model.name == "Qwen3-8B" && dataset.name == UNNAMED_DATASET.name {
                     rows.extend(self.five_steps(&setup, &pool, &deployment, full, aurora_rl)?);
                 }

@@ -408,7 +408,7 @@ mod tests {
     /// The paper's figures within 20%, and those beyond it that a what-if explains, as
     /// docs/paper-eval.md reports them (the issue asks 90% within 20%).
     const WITHIN_AT_LEAST: f64 = 0.61;
-    const WITHIN_OR_EXPLAINED_AT_LEAST: f64 = 0.74;
+    const WITHIN_OR_EXPLAINED_AT_LEAST: f64 = 0.78;
 
     #[test]
     fn every_figure_stays_within_its_documented_tolerance_of_the_paper() {
