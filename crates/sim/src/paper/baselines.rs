@@ -115,6 +115,8 @@ pub struct Deployment {
     pub remote: Vec<RemoteRegion>,
     /// The transfer-time model.
     pub tcp: TcpModel,
+    /// Streams per flow of the delta systems ([`MULTI_STREAMS`] but in what-if rows).
+    pub delta_streams: u32,
     /// The encoding aurora's deltas travel in (its own; LEB128 to ask what the paper's
     /// encoding would cost on the same path).
     pub delta_encoding: Encoding,
@@ -206,7 +208,7 @@ impl Deployment {
             lag: 1,
             ship_s: (0..self.shipments())
                 .map(|shipment| {
-                    self.fan_out_s(delta_bytes, MULTI_STREAMS, relays, cc, shipment)
+                    self.fan_out_s(delta_bytes, self.delta_streams, relays, cc, shipment)
                         .max(extraction_s)
                 })
                 .collect(),

@@ -51,6 +51,22 @@ const HIDDEN_SYNC_WHY: &str = "under one step of lag the sync (about 5 s of extr
     pace; with the decode at 0.35 of the roofline generation and training take about as \
     long as the paper's section 2 says (45 and 40 s for 8B), and the sync shows";
 
+const STREAMS_WHY: &str = "one CUBIC stream moves the LEB128 delta in about 5 s (section \
+    1), which, pipelined with the 5 s extraction, still hides behind training and \
+    generation, so a fourth stream gains nothing in the model; the paper's gain says its \
+    one-stream sync was exposed: unexplained";
+
+/// Section 7.3's throughput gain of four streams over one, where the paper gives it.
+fn stream_gain(model: &ModelShape, dataset: &Dataset) -> Option<f64> {
+    match (model.name, dataset.name) {
+        ("Qwen3-8B", "GSM8K") => Some(8.2),
+        ("Qwen3-8B", "DeepScaleR") => Some(11.7),
+        ("Qwen3-14B", "GSM8K") => Some(12.4),
+        ("Qwen3-14B", "DeepScaleR") => Some(16.3),
+        _ => None,
+    }
+}
+
 /// The figures compared for `model` on each dataset.
 fn end_to_end_figures(model: &ModelShape) -> [Figure; 10] {
     let over_full = match model.name {
@@ -237,6 +253,26 @@ impl Bench {
                     measured.of(System::PrimeRlFull),
                     measured.of(System::AuroraRl),
                 );
+                if let Some(paper) = stream_gain(&model, &dataset) {
+                    let one_stream = Deployment {
+                        delta_streams: 1,
+                        ..deployment.clone()
+                    };
+                    let generation =
+                        self.generate(&setup, &pool, SplitPolicy::Proportional, Vec::new())?;
+                    let single = self.run(&one_stream, System::AuroraRl, &generation);
+                    rows.extend(checked(
+                        Row::compared(
+                            format!("{name}: AuroraRL on four streams over one"),
+                            Value(paper),
+                            100.0 * (aurora_rl.tokens_per_s / single.tokens_per_s - 1.0),
+                            "%",
+                        ),
+                        STREAMS_WHY,
+                        1.01,
+                        || Ok(Vec::new()),
+                    )?);
+                }
                 if model.name == "Qwen3-8B" && dataset.name == UNNAMED_DATASET.name {
                     rows.extend(self.five_steps(&setup, &pool, &deployment, full, aurora_rl)?);
                 }

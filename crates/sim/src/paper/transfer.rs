@@ -37,6 +37,12 @@ impl Bench {
                 1e3 * wan.rtt_s
             ),
             rows: vec![
+                Row::compared(
+                    "dense checkpoint",
+                    Value(15.6),
+                    model.checkpoint_bytes() / 1e9,
+                    "GB",
+                ),
                 Row::compared("int32 size", Value(414.0), megabytes(Encoding::Int32), "MB"),
                 Row::compared(
                     "LEB128 size",
