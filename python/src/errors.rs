@@ -154,7 +154,9 @@ pub fn delta_error(error: Rust) -> PyErr {
         | Rust::ShardPart { .. }
         | Rust::BrokenChain(_)
         | Rust::Journal(_)
-        | Rust::Spill(_)
+        | Rust::Spill { .. }
+        | Rust::Image { .. }
+        | Rust::RestoreFailed { .. }
         | Rust::Cancelled => DeltaError::new_err(message),
         Rust::ElementWrites(_) => usage_error(message),
     }

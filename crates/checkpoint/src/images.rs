@@ -2,6 +2,7 @@
 //! whatever the model's size (`aurora_delta::ImageSpace`).
 
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,6 +26,12 @@ impl FileImages {
         FileImages { dir: dir.into() }
     }
 
+    /// `error`, naming the directory; its kind kept, so a caller still tells a full disk
+    /// from a missing directory.
+    fn in_dir(&self, error: io::Error) -> io::Error {
+        io::Error::new(error.kind(), format!("in {}: {error}", self.dir.display()))
+    }
+
     /// Files in the directory `path` is in: scratch space for building what will be
     /// written to `path`, on the same disk.
     pub fn beside(path: &Path) -> FileImages {
@@ -46,12 +53,12 @@ impl ImageMemory for MappedImage {
 }
 
 impl ImageSpace for FileImages {
-    fn allocate(&self, len: usize) -> Result<Image, String> {
+    fn allocate(&self, len: usize) -> io::Result<Image> {
         // A map of zero bytes is refused by the kernel; an empty image needs no file.
         if len == 0 {
             return Ok(Image::new(Vec::new()));
         }
-        let in_dir = |e: std::io::Error| format!("in {}: {e}", self.dir.display());
+        let in_dir = |e| self.in_dir(e);
         let file = tempfile::tempfile_in(&self.dir).map_err(in_dir)?;
         // Sparse: blocks are taken as pages are first written, and read as zeros before.
         file.set_len(len as u64).map_err(in_dir)?;
@@ -61,9 +68,8 @@ impl ImageSpace for FileImages {
         Ok(Image::new(MappedImage(map)))
     }
 
-    fn spill(&self) -> Result<Arc<dyn Spill>, String> {
-        let file = tempfile::tempfile_in(&self.dir)
-            .map_err(|e| format!("in {}: {e}", self.dir.display()))?;
+    fn spill(&self) -> io::Result<Arc<dyn Spill>> {
+        let file = tempfile::tempfile_in(&self.dir).map_err(|e| self.in_dir(e))?;
         Ok(Arc::new(FileSpill {
             file,
             end: AtomicU64::new(0),
@@ -82,22 +88,28 @@ struct FileSpill {
 }
 
 impl Spill for FileSpill {
-    fn append(&self, bytes: &[u8]) -> Result<u64, String> {
+    fn append(&self, bytes: &[u8]) -> io::Result<u64> {
         let offset = self.end.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.write_at(offset, bytes)?;
         Ok(offset)
     }
 
-    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), String> {
-        self.file
-            .read_exact_at(out, offset)
-            .map_err(|e| format!("reading {} bytes at {offset}: {e}", out.len()))
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(out, offset).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("reading {} bytes at {offset}: {e}", out.len()),
+            )
+        })
     }
 
-    fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<(), String> {
-        self.file
-            .write_all_at(bytes, offset)
-            .map_err(|e| format!("writing {} bytes at {offset}: {e}", bytes.len()))
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(bytes, offset).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("writing {} bytes at {offset}: {e}", bytes.len()),
+            )
+        })
     }
 }
 
@@ -151,10 +163,7 @@ mod tests {
             .max()
             .unwrap();
         let error = spill.read_at(end, &mut out).unwrap_err();
-        assert!(
-            error.contains(&format!("reading 6 bytes at {end}")),
-            "{error}"
-        );
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "unnamed");
     }
 
@@ -162,8 +171,12 @@ mod tests {
     fn a_missing_directory_is_an_error_naming_it() {
         let images = FileImages::new("/nonexistent/aurora-images");
         let error = images.allocate(16).unwrap_err();
-        assert!(error.contains("/nonexistent/aurora-images"), "{error}");
+        assert_eq!(error.kind(), io::ErrorKind::NotFound, "{error}");
+        assert!(
+            error.to_string().contains("/nonexistent/aurora-images"),
+            "{error}"
+        );
         let error = images.spill().unwrap_err();
-        assert!(error.contains("/nonexistent/aurora-images"), "{error}");
+        assert_eq!(error.kind(), io::ErrorKind::NotFound, "{error}");
     }
 }

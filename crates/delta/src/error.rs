@@ -56,8 +56,29 @@ pub enum DeltaError {
     BrokenChain(String),
     #[error("undo journal is invalid: {0}")]
     Journal(String),
-    #[error("the space a staged delta is kept in failed: {0}")]
-    Spill(String),
+    #[error("the space a staged delta is kept in failed {doing}: {source}")]
+    Spill {
+        /// What it was asked to do.
+        doing: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the space an image is kept in failed {doing}: {source}")]
+    Image {
+        /// What it was asked to do.
+        doing: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{error}; then, restoring the weights: {undo}: they are now neither the delta's base nor its target"
+    )]
+    RestoreFailed {
+        /// What failed while applying.
+        error: Box<DeltaError>,
+        /// What failed while undoing the batches already applied.
+        undo: Box<DeltaError>,
+    },
     #[error("extraction was cancelled by its consumer")]
     Cancelled,
     #[error("shard part {part} is invalid: {reason}")]

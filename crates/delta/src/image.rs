@@ -10,6 +10,7 @@
 //! `aurora_checkpoint::FileImages`.
 
 use std::fmt;
+use std::io;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -35,11 +36,11 @@ impl ImageMemory for Vec<u8> {
 
 /// Where a node's images are allocated.
 pub trait ImageSpace: Send + Sync + fmt::Debug {
-    /// `len` bytes, every one zero; an error says why they could not be had.
-    fn allocate(&self, len: usize) -> std::result::Result<Image, String>;
+    /// `len` bytes, every one zero.
+    fn allocate(&self, len: usize) -> io::Result<Image>;
 
-    /// A new, empty [`Spill`]; an error says why it could not be had.
-    fn spill(&self) -> std::result::Result<Arc<dyn Spill>, String>;
+    /// A new, empty [`Spill`].
+    fn spill(&self) -> io::Result<Arc<dyn Spill>>;
 }
 
 /// Bytes a receiver keeps from staging to activation (a delta's decoded changes,
@@ -47,11 +48,11 @@ pub trait ImageSpace: Send + Sync + fmt::Debug {
 /// grow by appends, from any thread, and are read and rewritten in place at activation.
 pub trait Spill: Send + Sync + fmt::Debug {
     /// Appends `bytes` and returns the offset they start at.
-    fn append(&self, bytes: &[u8]) -> std::result::Result<u64, String>;
+    fn append(&self, bytes: &[u8]) -> io::Result<u64>;
     /// Fills `out` from `offset`, which earlier appends wrote.
-    fn read_at(&self, offset: u64, out: &mut [u8]) -> std::result::Result<(), String>;
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
     /// Overwrites bytes earlier appends wrote.
-    fn write_at(&self, offset: u64, bytes: &[u8]) -> std::result::Result<(), String>;
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()>;
 }
 
 /// Images on the heap: what tests and small models use.
@@ -59,13 +60,13 @@ pub trait Spill: Send + Sync + fmt::Debug {
 pub struct Heap;
 
 impl ImageSpace for Heap {
-    fn allocate(&self, len: usize) -> std::result::Result<Image, String> {
+    fn allocate(&self, len: usize) -> io::Result<Image> {
         // Zeroed allocations come from the kernel's zero pages: nothing is resident until
         // it is written.
         Ok(Image::new(vec![0u8; len]))
     }
 
-    fn spill(&self) -> std::result::Result<Arc<dyn Spill>, String> {
+    fn spill(&self) -> io::Result<Arc<dyn Spill>> {
         Ok(Arc::new(HeapSpill::default()))
     }
 }
@@ -75,34 +76,35 @@ impl ImageSpace for Heap {
 struct HeapSpill(Mutex<Vec<u8>>);
 
 impl HeapSpill {
-    fn range(
-        bytes: &[u8],
-        offset: u64,
-        len: usize,
-    ) -> std::result::Result<std::ops::Range<usize>, String> {
+    fn range(bytes: &[u8], offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
         usize::try_from(offset)
             .ok()
             .and_then(|start| Some(start..start.checked_add(len)?))
             .filter(|range| range.end <= bytes.len())
-            .ok_or_else(|| format!("bytes {offset}..+{len} lie past the {} held", bytes.len()))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("bytes {offset}..+{len} lie past the {} held", bytes.len()),
+                )
+            })
     }
 }
 
 impl Spill for HeapSpill {
-    fn append(&self, bytes: &[u8]) -> std::result::Result<u64, String> {
+    fn append(&self, bytes: &[u8]) -> io::Result<u64> {
         let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let offset = held.len() as u64;
         held.extend_from_slice(bytes);
         Ok(offset)
     }
 
-    fn read_at(&self, offset: u64, out: &mut [u8]) -> std::result::Result<(), String> {
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         let held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         out.copy_from_slice(&held[HeapSpill::range(&held, offset, out.len())?]);
         Ok(())
     }
 
-    fn write_at(&self, offset: u64, bytes: &[u8]) -> std::result::Result<(), String> {
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let range = HeapSpill::range(&held, offset, bytes.len())?;
         held[range].copy_from_slice(bytes);
@@ -164,8 +166,9 @@ pub(crate) fn safetensors_image(
     let header = safetensors_header(&mut tensors)?;
     let data_len: usize = tensors.iter().map(|t| t.len).sum();
     let total = header.len() + data_len;
-    let mut image = space.allocate(total).map_err(|reason| {
-        DeltaError::Checkpoint(format!("allocating a {total}-byte image: {reason}"))
+    let mut image = space.allocate(total).map_err(|source| DeltaError::Image {
+        doing: format!("allocating a {total}-byte image"),
+        source,
     })?;
     image[..header.len()].copy_from_slice(&header);
     let mut at = header.len();
@@ -266,12 +269,12 @@ mod tests {
         #[derive(Debug)]
         struct Full;
         impl ImageSpace for Full {
-            fn allocate(&self, _: usize) -> std::result::Result<Image, String> {
-                Err("no space left on device".into())
+            fn allocate(&self, _: usize) -> io::Result<Image> {
+                Err(io::Error::from(io::ErrorKind::StorageFull))
             }
 
-            fn spill(&self) -> std::result::Result<Arc<dyn Spill>, String> {
-                Err("no space left on device".into())
+            fn spill(&self) -> io::Result<Arc<dyn Spill>> {
+                Err(io::Error::from(io::ErrorKind::StorageFull))
             }
         }
         let data = [0u8; 4];
@@ -282,9 +285,14 @@ mod tests {
             data: &data,
         }])
         .unwrap();
-        let error = checkpoint_image(&checkpoint, &Full)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("-byte image: no space left"), "{error}");
+        let error = checkpoint_image(&checkpoint, &Full).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                DeltaError::Image { doing, source }
+                    if doing.ends_with("-byte image") && source.kind() == io::ErrorKind::StorageFull
+            ),
+            "{error}"
+        );
     }
 }

@@ -123,11 +123,14 @@ impl SpilledChunk {
             .map_err(|reason| self.failed("writing back", reason))
     }
 
-    fn failed(&self, doing: &str, reason: String) -> DeltaError {
-        DeltaError::Spill(format!(
-            "{doing} the changes of tensor {} at element {}: {reason}",
-            self.range.tensor, self.range.start
-        ))
+    fn failed(&self, doing: &str, source: std::io::Error) -> DeltaError {
+        DeltaError::Spill {
+            doing: format!(
+                "{doing} the changes of tensor {} at element {}",
+                self.range.tensor, self.range.start
+            ),
+            source,
+        }
     }
 }
 
@@ -181,11 +184,9 @@ impl SpilledChunks {
         if bytes.is_empty() {
             return Ok(SpilledChunks { chunks: spilled });
         }
-        let start = spill.append(&bytes).map_err(|reason| {
-            DeltaError::Spill(format!(
-                "keeping {} bytes of changes: {reason}",
-                bytes.len()
-            ))
+        let start = spill.append(&bytes).map_err(|source| DeltaError::Spill {
+            doing: format!("keeping {} bytes of changes", bytes.len()),
+            source,
         })?;
         for chunk in &mut spilled {
             chunk.at += start;
@@ -438,16 +439,10 @@ impl SpilledPatch {
             };
             for batch in batches[..done].iter().rev() {
                 if let Err(undo) = self.swap_batch(batch.clone(), buffer, layout) {
-                    let reason = |error: DeltaError| match error {
-                        DeltaError::Spill(reason) => reason,
-                        other => other.to_string(),
-                    };
-                    return Err(DeltaError::Spill(format!(
-                        "{}; then, restoring the weights: {}: they are now neither the \
-                         delta's base nor its target",
-                        reason(error),
-                        reason(undo)
-                    )));
+                    return Err(DeltaError::RestoreFailed {
+                        error: Box::new(error),
+                        undo: Box::new(undo),
+                    });
                 }
             }
             return Err(error);
@@ -713,25 +708,25 @@ mod tests {
     }
 
     impl Failing {
-        fn take(left: &AtomicUsize) -> std::result::Result<(), String> {
+        fn take(left: &AtomicUsize) -> std::io::Result<()> {
             match left.fetch_sub(1, Ordering::Relaxed) {
-                0 => Err("input/output error".to_string()),
+                0 => Err(std::io::Error::other("input/output error")),
                 _ => Ok(()),
             }
         }
     }
 
     impl Spill for Failing {
-        fn append(&self, bytes: &[u8]) -> std::result::Result<u64, String> {
+        fn append(&self, bytes: &[u8]) -> std::io::Result<u64> {
             self.inner.append(bytes)
         }
 
-        fn read_at(&self, offset: u64, out: &mut [u8]) -> std::result::Result<(), String> {
+        fn read_at(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
             Failing::take(&self.reads_left)?;
             self.inner.read_at(offset, out)
         }
 
-        fn write_at(&self, offset: u64, bytes: &[u8]) -> std::result::Result<(), String> {
+        fn write_at(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
             Failing::take(&self.writes_left)?;
             self.inner.write_at(offset, bytes)
         }
@@ -760,10 +755,13 @@ mod tests {
                 let layout = safetensors_layout(&buffer).unwrap();
                 let error = patch
                     .apply_in_batches(&mut buffer, &layout, 4096)
-                    .unwrap_err()
-                    .to_string();
+                    .unwrap_err();
                 assert!(
-                    error.contains(doing) && error.contains("input/output error"),
+                    matches!(
+                        &error,
+                        DeltaError::Spill { doing: what, source }
+                            if what.starts_with(doing) && source.kind() == std::io::ErrorKind::Other
+                    ),
                     "{error}"
                 );
                 assert!(buffer == case.base, "failing after {at}: {error}");
@@ -802,24 +800,27 @@ mod tests {
         #[derive(Debug)]
         struct Full;
         impl Spill for Full {
-            fn append(&self, _: &[u8]) -> std::result::Result<u64, String> {
-                Err("no space left on device".into())
+            fn append(&self, _: &[u8]) -> std::io::Result<u64> {
+                Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
             }
-            fn read_at(&self, _: u64, _: &mut [u8]) -> std::result::Result<(), String> {
+            fn read_at(&self, _: u64, _: &mut [u8]) -> std::io::Result<()> {
                 unreachable!("nothing was appended")
             }
-            fn write_at(&self, _: u64, _: &[u8]) -> std::result::Result<(), String> {
+            fn write_at(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
                 unreachable!("nothing was appended")
             }
         }
         let spill: Arc<dyn Spill> = Arc::new(Full);
         let chunks =
             decode_segment(delta.header(), 0, delta.verify_segment(0).unwrap(), &view).unwrap();
-        let error = SpilledChunks::write(&spill, chunks)
-            .unwrap_err()
-            .to_string();
+        let error = SpilledChunks::write(&spill, chunks).unwrap_err();
         assert!(
-            error.contains("bytes of changes: no space left on device"),
+            matches!(
+                &error,
+                DeltaError::Spill { doing, source }
+                    if doing.ends_with("bytes of changes")
+                        && source.kind() == std::io::ErrorKind::StorageFull
+            ),
             "{error}"
         );
     }

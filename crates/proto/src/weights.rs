@@ -119,9 +119,13 @@ impl Weights {
 
     /// A copy in the same space, without hashing the image again.
     pub fn try_clone(&self) -> Result<Weights, DeltaError> {
-        let mut image = self.space.allocate(self.image.len()).map_err(|reason| {
-            DeltaError::Checkpoint(format!("copying the weights' image: {reason}"))
-        })?;
+        let mut image =
+            self.space
+                .allocate(self.image.len())
+                .map_err(|source| DeltaError::Image {
+                    doing: "copying the weights' image".into(),
+                    source,
+                })?;
         image.copy_from_slice(&self.image);
         Ok(Weights {
             image,
@@ -220,11 +224,9 @@ impl Weights {
             hash: header.target_hash,
         };
         let new_spill = || {
-            self.space.spill().map_err(|reason| {
-                DeltaError::Spill(format!(
-                    "making a place for version {}'s changes: {reason}",
-                    target.version
-                ))
+            self.space.spill().map_err(|source| DeltaError::Spill {
+                doing: format!("making a place for version {}'s changes", target.version),
+                source,
             })
         };
         let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
