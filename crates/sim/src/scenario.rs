@@ -153,6 +153,9 @@ pub struct Scenario {
     pub faults: Vec<ScheduledFault>,
 }
 
+/// A lease lasts this share of the median completion (the control core's rule), in percent.
+const LEASE_MEDIAN_MULTIPLIER_PERCENT: u16 = 250;
+
 impl Scenario {
     /// A random scenario: 3 to 7 actors of 1,000 to 3,000 tokens/s in three regions,
     /// up to two late joiners, and up to a dozen faults of every kind.
@@ -361,7 +364,7 @@ impl Scenario {
                 initial_ms: self.first_lease_ms(),
                 min_ms: 2_000,
                 max_ms: self.first_lease_ms().max(180_000),
-                median_multiplier_percent: 250,
+                median_multiplier_percent: LEASE_MEDIAN_MULTIPLIER_PERCENT,
                 completion_window: 1024,
             },
             scheduler: SchedulerConfig {
@@ -386,7 +389,7 @@ impl Scenario {
     /// The first leases' lifetime: 30 s, or longer where this scenario's work is long
     /// (the paper's reasoning answers at B = 512 keep one actor busy for minutes). A lease
     /// must outlast an equal share of the batch at its longest on the slowest actor, with
-    /// the control core's own 250% margin, or every first lease expires before its work
+    /// the margin the control core keeps over completions, or every first lease expires before its work
     /// can be done; after the first step the lifetime follows the completions.
     fn first_lease_ms(&self) -> u64 {
         let slowest = self
@@ -402,7 +405,7 @@ impl Scenario {
             .saturating_mul(self.tokens_per_prompt.1)
             .saturating_mul(1000)
             / slowest;
-        (share_ms.saturating_mul(5) / 2).max(30_000)
+        (share_ms.saturating_mul(u64::from(LEASE_MEDIAN_MULTIPLIER_PERCENT)) / 100).max(30_000)
     }
 
     /// The rollout length of a prompt: a function of the seed and the prompt alone, so

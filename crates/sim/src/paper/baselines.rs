@@ -2,7 +2,9 @@
 //! sends, over how many streams, through relays or not, how stale a generation may be,
 //! and what activation costs.
 
-use super::calibration::Encoding;
+use std::ops::Range;
+
+use super::calibration::{AURORA_ACTIVATION_SHARE_OF_RELOAD, Encoding};
 use super::tcp::{CongestionControl, Flow, Link, TcpModel};
 use super::testbed::{
     ModelShape, Network, PAPER_EXTRACTION_S_PER_PARAMETER, RELOAD_BYTES_PER_S, Trainer, Workload,
@@ -34,8 +36,8 @@ pub enum System {
     /// AuroraRL with every actor fetching from the trainer (no relays).
     AuroraRlWithoutRelays,
     /// aurora, this project: its own delta encoding extracted on the trainer's cores,
-    /// four BBR streams per flow, one relay per region, a whole reload of the changed
-    /// tensors at activation, one step of lag.
+    /// four BBR streams per flow, one relay per region, the changed elements written
+    /// into the engine at activation, one step of lag.
     Aurora,
 }
 
@@ -82,6 +84,9 @@ pub struct RemoteRegion {
     /// The share of the nominal rate the path runs at, shipment by shipment (cycled):
     /// a commodity link fluctuates, each region's on its own.
     pub rate_shares: Vec<f64>,
+    /// Shipments (a shipment made as step n runs is the n-th) during which the region
+    /// has no actors, its pool reclaimed and not yet replaced: nothing is sent to it.
+    pub absent: Vec<Range<usize>>,
 }
 
 impl RemoteRegion {
@@ -180,8 +185,8 @@ impl Deployment {
     }
 
     /// A delta system's plan: each version extracted in `extraction_s`, pipelined with
-    /// its transfer on four streams of `cc`, through relays or not; activation reloads
-    /// the changed tensors whole.
+    /// its transfer on [`Deployment::delta_streams`] streams of `cc`, through relays or
+    /// not; activation as aurora's.
     fn delta_plan(
         &self,
         encoding: Encoding,
@@ -213,10 +218,10 @@ impl Deployment {
                 })
                 .collect(),
             tail_s: actor_decode_s(model) / segments + relay_hop_s,
-            // The engine reloads every tensor with a change, which at 1% is every
-            // tensor: writing only the changed elements into a GPU's parameters is not
-            // built (BENCHMARKS.md, "Activation into vLLM").
-            activation_s: model.checkpoint_bytes() / RELOAD_BYTES_PER_S,
+            // aurora writes the changed elements into the engine's parameters, at the
+            // share of a whole reload it measured; the paper's system overrides this.
+            activation_s: AURORA_ACTIVATION_SHARE_OF_RELOAD * model.checkpoint_bytes()
+                / RELOAD_BYTES_PER_S,
             skips_versions: false,
         }
     }
@@ -262,7 +267,9 @@ impl Deployment {
         let remote: Vec<Flow> = self
             .remote
             .iter()
-            .filter(|region| region.actors > 0)
+            .filter(|region| {
+                region.actors > 0 && !region.absent.iter().any(|steps| steps.contains(&shipment))
+            })
             .map(|region| Flow {
                 link: region.path_during(shipment),
                 streams,

@@ -28,7 +28,9 @@ use crate::report::{RunReport, Violation};
 use crate::scenario::{ActorSpec, Fault, Scenario, ScheduledFault};
 use crate::world::SplitMix64;
 
-/// Assumption: beyond the paper the trainer is one node of eight H100s.
+/// Assumption: beyond the paper extraction runs on the host of one eight-H100 node (the
+/// training itself is sized by [`TRAIN_SHARE_OF_GENERATION`], however many GPUs that
+/// takes).
 const TRAINER: Trainer = Trainer::of(8);
 /// Assumption: beyond the paper, answers of 256 to 768 tokens after 256-token prompts
 /// (short, so that a step's generation takes tens of seconds and the sync is a large
@@ -38,11 +40,12 @@ const SHORT_ANSWERS: Dataset = Dataset {
     prompt_tokens: 256.0,
     completion_tokens: (256, 768),
 };
-/// Assumption: beyond the paper, groups of 8 short answers, about 1% of the elements
-/// changing a step.
+/// Assumption: beyond the paper, groups of 8 short answers, [`PROMPTS_PER_ACTOR`] of
+/// them per actor (the batch grows with the pool); each model's deltas at its own
+/// density ([`ModelShape::density`]).
 const WORKLOAD: Workload = Workload {
     dataset: SHORT_ANSWERS,
-    prompts_per_step: 128,
+    prompts_per_step: PROMPTS_PER_ACTOR as u32,
     samples_per_prompt: 8,
     density: 0.01,
 };
@@ -439,7 +442,11 @@ impl Costs {
         let reclaimed: Vec<usize> = (1..scale.actors as usize)
             .filter(|&actor| actor % scale.regions as usize == 1 && !preempted.contains(&actor))
             .collect();
-        let refetch_ms = (self.region_refetch_s(model, reclaimed.len()) * 1e3) as u64;
+        let refetch_ms =
+            (self
+                .network
+                .refetch_s(&self.tcp, model, self.network.path(1), reclaimed.len())
+                * 1e3) as u64;
         for &actor in &reclaimed {
             faults.push(ScheduledFault {
                 at_ms: reclaim_at_ms,
@@ -485,27 +492,13 @@ impl Costs {
         })
     }
 
-    /// Seconds until `actors` replacements in one region all have the checkpoint from
-    /// the hub: each VM on its own path, all of them through the trainer's uplink.
-    fn region_refetch_s(&self, model: &ModelShape, actors: usize) -> f64 {
-        let path = self.tcp.transfer_s(
-            model.checkpoint_bytes(),
-            self.network.path(1),
-            CongestionControl::Bbr,
-            4,
-        );
-        let uplink = actors as f64 * model.checkpoint_bytes() * 8.0
-            / (self.network.uplink_bps * self.tcp.goodput_efficiency);
-        path.max(uplink)
-    }
-
     /// Seconds a version may take from trained to staged without stalling a step.
     fn window_s(&self, model: &ModelShape) -> f64 {
         self.generation_s(model) * (1.0 - TRAIN_SHARE_OF_GENERATION)
     }
 
     fn delta_bytes(model: &ModelShape) -> f64 {
-        model.delta_bytes(Encoding::Aurora, WORKLOAD.density)
+        model.delta_bytes(Encoding::Aurora, model.density)
     }
 
     /// Replacements of preempted actors that join a region each step.

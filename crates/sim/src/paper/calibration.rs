@@ -61,6 +61,10 @@ pub const LEB128_EXTRACT_GBPS_PER_CORE: f64 = 6.28 / 2.0;
 /// aurora decode+apply at 1%, GB of model per second on one core. BENCHMARKS.md,
 /// "Throughput", session 14.
 pub const AURORA_DECODE_GBPS_PER_CORE: f64 = 4.93;
+/// aurora's activation into vLLM over a whole reload of the weights: it writes the
+/// changed elements into the engine's parameters. BENCHMARKS.md, "Activation into vLLM",
+/// the 0.6B shape at 1.2% on the CPU build: 0.48x.
+pub const AURORA_ACTIVATION_SHARE_OF_RELOAD: f64 = 0.48;
 /// What the second core adds to extraction (two threads 1.8x one: 0.9 per core).
 /// BENCHMARKS.md, "Where the targets stand", issue 2.
 pub const CODEC_PARALLEL_EFFICIENCY: f64 = 0.9;

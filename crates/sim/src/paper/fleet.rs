@@ -13,15 +13,17 @@ use aurora_control::SplitPolicy;
 use serde::Deserialize;
 
 use super::baselines::{Deployment, System};
-use super::tcp::{CongestionControl, Link, TcpModel};
+use super::tcp::{Link, TcpModel};
 use super::testbed::{
-    A100, DATASETS, DECODE_ROOFLINE_SHARE, DENSE_70B, Gpu, H100, L40, ModelShape, PAPER_NETWORK,
-    QWEN3_4B, QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, Region, TRAINER_MFU, Trainer, Workload,
+    A100, DECODE_ROOFLINE_SHARE, DEEPSCALER, DENSE_70B, GSM8K, Gpu, H100, L40, MATH, ModelShape,
+    PAPER_NETWORK, QWEN3_4B, QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, Region, TRAINER_MFU, Trainer,
+    Workload,
 };
 use super::timeline::StepTiming;
 use super::{Bench, PoolActor, Runs, Setup, actor};
 use crate::report::Violation;
 use crate::scenario::{Fault, ScheduledFault};
+use crate::world::STEP_TIME_LIMIT_MS;
 
 /// The version of the fleet file format this build reads.
 pub const FLEET_FORMAT: u32 = 1;
@@ -29,7 +31,7 @@ pub const FLEET_FORMAT: u32 = 1;
 pub const MAX_FLEET_ACTORS: u32 = 4_096;
 /// Most steps a run may have.
 pub const MAX_FLEET_STEPS: u32 = 1_000;
-/// Most seeds, and most points in a sweep.
+/// Most seeds.
 pub const MAX_FLEET_SEEDS: usize = 64;
 /// Most values a sweep may take.
 pub const MAX_SWEEP_VALUES: usize = 64;
@@ -129,7 +131,8 @@ pub enum ModelChoice {
     /// Qwen3-30B-A3B, a mixture of experts.
     #[serde(rename = "qwen3-30b-a3b")]
     Qwen3_30bA3b,
-    /// A 70B dense model (served on four H100s per actor).
+    /// A 70B dense model (an actor's replica split over four of its GPUs).
+    #[serde(rename = "dense-70b")]
     Dense70b,
 }
 
@@ -370,6 +373,13 @@ pub enum FleetError {
         /// What is wrong.
         problem: &'static str,
     },
+    /// A link of the topology, or a path a sweep makes, cannot carry a transfer.
+    Link {
+        /// The regions it joins.
+        between: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// The control core broke an invariant (a defect of the core or the driver).
     Simulation(Violation),
 }
@@ -383,6 +393,7 @@ impl fmt::Display for FleetError {
             ),
             FleetError::Invalid { field, problem } => write!(f, "fleet field {field}: {problem}"),
             FleetError::Region { region, problem } => write!(f, "region {region:?}: {problem}"),
+            FleetError::Link { between, problem } => write!(f, "link {between}: {problem}"),
             FleetError::Simulation(violation) => {
                 write!(f, "the simulation broke an invariant: {violation}")
             }
@@ -497,11 +508,11 @@ pub fn run_fleet(spec: &FleetSpec, topology: &Topology) -> Result<FleetReport, F
         let mut tokens_per_s = vec![Vec::new(); systems.len()];
         let mut step_s = vec![Vec::new(); systems.len()];
         for &seed in &spec.seeds {
-            let run = FleetRun::new(&point, topology, seed);
+            let run = FleetRun::new(&point, topology, seed)?;
             let generation = run.generation()?;
             for (index, &system) in systems.iter().enumerate() {
                 let timings = run.bench.timings(&run.deployment, system, &generation);
-                let measured = run.bench.run(&run.deployment, system, &generation);
+                let measured = run.bench.outcome(&timings);
                 tokens_per_s[index].push(measured.tokens_per_s);
                 step_s[index].push(measured.step_s);
                 report.steps.extend(timings.iter().enumerate().map(
@@ -567,6 +578,14 @@ fn validate(spec: &FleetSpec, topology: &Topology) -> Result<(), FleetError> {
             format!("{} is not in 1..={MAX_FLEET_STEPS}", spec.steps),
         );
     }
+    if spec.warm_up == 0 {
+        return invalid(
+            "warm_up",
+            "0: the figures are measured from the end of the step before them, so at least \
+             one step is left out"
+                .into(),
+        );
+    }
     if spec.warm_up >= spec.steps {
         return invalid(
             "warm_up",
@@ -610,11 +629,15 @@ fn validate(spec: &FleetSpec, topology: &Topology) -> Result<(), FleetError> {
                 format!("{} values, not 1 to {MAX_SWEEP_VALUES}", sweep.values.len()),
             );
         }
-        if let Some(bad) = sweep
-            .values
-            .iter()
-            .find(|value| !value.is_finite() || **value < 0.0)
-        {
+        let whole = matches!(
+            sweep.parameter,
+            SweepParameter::TrainerGpus | SweepParameter::ActorsPerGroup
+        );
+        if let Some(bad) = sweep.values.iter().find(|value| {
+            !value.is_finite()
+                || **value < 0.0
+                || (whole && (value.fract() != 0.0 || **value < 1.0))
+        }) {
             return invalid(
                 "sweep.values",
                 format!("{bad} is not a value of {}", sweep.parameter.name()),
@@ -654,6 +677,36 @@ fn validate(spec: &FleetSpec, topology: &Topology) -> Result<(), FleetError> {
             );
         }
         actors = actors.saturating_add(group.count);
+    }
+    // Reclaims and replacements in step order: the fleet must keep an actor throughout,
+    // and a region is reclaimed once.
+    let mut changes: Vec<(u32, i64)> = Vec::new();
+    for (index, reclaim) in spec.reclaims.iter().enumerate() {
+        if spec.reclaims[..index]
+            .iter()
+            .any(|earlier| earlier.region == reclaim.region)
+        {
+            return Err(FleetError::Region {
+                region: reclaim.region.clone(),
+                problem: "reclaimed twice",
+            });
+        }
+        let actors = i64::from(region_actors(spec, &reclaim.region));
+        changes.push((reclaim.at_step, -actors));
+        if let Some(step) = reclaim.replaced_at_step {
+            changes.push((step, actors));
+        }
+    }
+    changes.sort_unstable();
+    let mut present: i64 = spec.actors.iter().map(|group| i64::from(group.count)).sum();
+    for (step, change) in changes {
+        present += change;
+        if present <= 0 {
+            return invalid(
+                "reclaims",
+                format!("from step {step} the fleet has no actor left to generate"),
+            );
+        }
     }
     for reclaim in &spec.reclaims {
         if !spec
@@ -697,21 +750,35 @@ fn validate(spec: &FleetSpec, topology: &Topology) -> Result<(), FleetError> {
             format!("{actors} actors, more than {MAX_FLEET_ACTORS}"),
         );
     }
-    for link in &topology.links {
-        let (rate, rtt, loss) = (link.2.rate_bps, link.2.rtt_s, link.2.loss);
-        if !(rate > 0.0
-            && rate.is_finite()
-            && rtt >= 0.0
-            && rtt.is_finite()
-            && (0.0..1.0).contains(&loss))
-        {
-            return Err(FleetError::Region {
-                region: format!("{}-{}", link.0, link.1),
-                problem: "a link needs a finite rate, a round trip and a loss below 1",
-            });
+    for (a, b, link) in &topology.links {
+        check_link(&format!("{a}-{b}"), link)?;
+    }
+    // A sweep of a path input makes paths of its own: each actor region's, as it will run.
+    for group in &spec.actors {
+        if group.region != spec.trainer_region {
+            check_link(
+                &format!("{}-{}", spec.trainer_region, group.region),
+                &fleet_path(spec, topology, &group.region),
+            )?;
         }
     }
     Ok(())
+}
+
+fn check_link(between: &str, link: &Link) -> Result<(), FleetError> {
+    let (rate, rtt, loss) = (link.rate_bps, link.rtt_s, link.loss);
+    if rate > 0.0 && rate.is_finite() && (0.0..=60.0).contains(&rtt) && (0.0..1.0).contains(&loss) {
+        return Ok(());
+    }
+    Err(FleetError::Link {
+        between: between.to_owned(),
+        problem: format!(
+            "{:.6} Mbps, {:.3} s round trip, loss {loss}: a link needs a rate above 0, a round \
+             trip of at most a minute and a loss below 1",
+            rate / 1e6,
+            rtt
+        ),
+    })
 }
 
 fn region_actors(spec: &FleetSpec, region: &str) -> u32 {
@@ -733,7 +800,11 @@ struct FleetRun<'a> {
 }
 
 impl<'a> FleetRun<'a> {
-    fn new(spec: &'a FleetSpec, topology: &'a Topology, seed: u64) -> FleetRun<'a> {
+    fn new(
+        spec: &'a FleetSpec,
+        topology: &'a Topology,
+        seed: u64,
+    ) -> Result<FleetRun<'a>, FleetError> {
         let bench = Bench {
             tcp: TcpModel::calibrated(),
             network: super::Network {
@@ -750,9 +821,9 @@ impl<'a> FleetRun<'a> {
         };
         let model = spec.model.shape();
         let dataset = match spec.dataset {
-            DatasetChoice::Gsm8k => DATASETS[0],
-            DatasetChoice::Math => DATASETS[1],
-            DatasetChoice::Deepscaler => DATASETS[2],
+            DatasetChoice::Gsm8k => GSM8K,
+            DatasetChoice::Math => MATH,
+            DatasetChoice::Deepscaler => DEEPSCALER,
         };
         let setup = Setup {
             model,
@@ -770,94 +841,118 @@ impl<'a> FleetRun<'a> {
                 std::iter::repeat_n(member, group.count as usize)
             })
             .collect();
-        let deployment = bench.deployment(&setup, &pool);
-        FleetRun {
+        // The driver takes a step open this long for a stall: refuse a fleet whose
+        // batch it could not generate in that time, naming why.
+        let pool_rate: f64 = pool
+            .iter()
+            .map(|member| member.speed * member.kind.tokens_per_s(&model, &setup.workload))
+            .sum();
+        let (_, longest) = setup.workload.group_tokens();
+        let longest_step_s =
+            f64::from(setup.workload.prompts_per_step) * longest as f64 / pool_rate;
+        let limit_s = STEP_TIME_LIMIT_MS as f64 / 1e3;
+        if !(longest_step_s < 0.8 * limit_s) {
+            return Err(FleetError::Invalid {
+                field: "actors",
+                problem: format!(
+                    "the pool generates {pool_rate:.0} tokens/s, so a step of {} could take \
+                     {longest_step_s:.0} s, too close to the {limit_s:.0} s the simulator \
+                     takes for a stall: more actors, faster GPUs or a higher decode_share",
+                    dataset.name
+                ),
+            });
+        }
+        let mut deployment = bench.deployment(&setup, &pool);
+        // A reclaimed region gets nothing from its reclaim until its replacements come.
+        let remote_regions: Vec<&str> = remote_region_names(spec);
+        for reclaim in &spec.reclaims {
+            if let Some(index) = remote_regions
+                .iter()
+                .position(|name| *name == reclaim.region)
+            {
+                let until = reclaim.replaced_at_step.unwrap_or(u32::MAX);
+                deployment.remote[index]
+                    .absent
+                    .push(reclaim.at_step as usize..until as usize);
+            }
+        }
+        Ok(FleetRun {
             spec,
             topology,
             bench,
             setup,
             pool,
             deployment,
-        }
+        })
     }
 
-    /// The control core's run, with each reclaim's notices and replacements.
+    /// The control core's run with each reclaim's notices and replacements, in the
+    /// order of their steps: each is timed on the run the ones before it changed.
     fn generation(&self) -> Result<super::Generation, FleetError> {
         let bench = &self.bench;
-        let reference = bench.generate(
-            &self.setup,
-            &self.pool,
-            SplitPolicy::Proportional,
-            Vec::new(),
-        )?;
-        let opened = |generation: &super::Generation, step: u32| {
-            generation
+        let mut events: Vec<(u32, &Reclaim, bool)> = Vec::new();
+        for reclaim in &self.spec.reclaims {
+            events.push((reclaim.at_step, reclaim, false));
+            if let Some(step) = reclaim.replaced_at_step {
+                events.push((step, reclaim, true));
+            }
+        }
+        events.sort_by_key(|&(step, _, replacement)| (step, replacement));
+        let mut faults: Vec<ScheduledFault> = Vec::new();
+        let mut pool = self.pool.clone();
+        let mut current =
+            bench.generate(&self.setup, &pool, SplitPolicy::Proportional, Vec::new())?;
+        for (step, reclaim, replacement) in events {
+            let opened_s = current
                 .opened_at_s
                 .get(step as usize)
                 .copied()
-                .unwrap_or(0.0)
-        };
-        let mut faults = Vec::new();
-        for reclaim in &self.spec.reclaims {
-            let at_ms = ((opened(&reference, reclaim.at_step) + 1.0) * 1e3) as u64;
-            faults.extend(
-                self.pool
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, member)| member.region.name == reclaim.region)
-                    .map(|(index, _)| ScheduledFault {
-                        at_ms,
-                        fault: Fault::Preempt { actor: index },
-                    }),
-            );
-        }
-        if self
-            .spec
-            .reclaims
-            .iter()
-            .all(|reclaim| reclaim.replaced_at_step.is_none())
-        {
-            return Ok(bench.generate(
-                &self.setup,
-                &self.pool,
-                SplitPolicy::Proportional,
-                faults,
-            )?);
-        }
-        // Replacements come as their step opens on the timeline the reclaims slowed: a
-        // run without them tells when that is, since nothing changes before they join.
-        let reclaimed = bench.generate(
-            &self.setup,
-            &self.pool,
-            SplitPolicy::Proportional,
-            faults.clone(),
-        )?;
-        let mut pool = self.pool.clone();
-        for reclaim in &self.spec.reclaims {
-            let Some(step) = reclaim.replaced_at_step else {
-                continue;
-            };
-            let path = fleet_path(self.spec, self.topology, &reclaim.region);
-            let snapshot_s = bench.tcp.transfer_s(
-                self.setup.model.checkpoint_bytes(),
-                path,
-                CongestionControl::Bbr,
-                super::MULTI_STREAMS,
-            );
-            let joins_at_s = opened(&reclaimed, step) + snapshot_s;
-            let replacements: Vec<PoolActor> = self
+                .unwrap_or(0.0);
+            let region: Vec<usize> = self
                 .pool
                 .iter()
-                .filter(|member| member.region.name == reclaim.region)
-                .map(|member| PoolActor {
-                    joins_at_s,
-                    ..member.clone()
-                })
+                .enumerate()
+                .filter(|(_, member)| member.region.name == reclaim.region)
+                .map(|(index, _)| index)
                 .collect();
-            pool.extend(replacements);
+            if replacement {
+                let path = fleet_path(self.spec, self.topology, &reclaim.region);
+                let refetch_s =
+                    bench
+                        .network
+                        .refetch_s(&bench.tcp, &self.setup.model, path, region.len());
+                pool.extend(region.iter().map(|&index| PoolActor {
+                    joins_at_s: opened_s + refetch_s,
+                    ..self.pool[index].clone()
+                }));
+            } else {
+                let at_ms = ((opened_s + 1.0) * 1e3) as u64;
+                faults.extend(region.iter().map(|&actor| ScheduledFault {
+                    at_ms,
+                    fault: Fault::Preempt { actor },
+                }));
+            }
+            current = bench.generate(
+                &self.setup,
+                &pool,
+                SplitPolicy::Proportional,
+                faults.clone(),
+            )?;
         }
-        Ok(bench.generate(&self.setup, &pool, SplitPolicy::Proportional, faults)?)
+        Ok(current)
     }
+}
+
+/// The fleet's regions away from the trainer's, in the order the deployment lists them
+/// (as their actors first appear).
+fn remote_region_names(spec: &FleetSpec) -> Vec<&str> {
+    let mut names: Vec<&str> = Vec::new();
+    for group in &spec.actors {
+        if group.region != spec.trainer_region && !names.contains(&group.region.as_str()) {
+            names.push(&group.region);
+        }
+    }
+    names
 }
 
 /// An actor of `gpu` in `region`, decoding at the fleet's share of the roofline.
@@ -885,6 +980,7 @@ fn member(
             Region {
                 name: Cow::Owned(region.to_owned()),
                 path: fleet_path(spec, topology, region),
+                local: region == spec.trainer_region,
             },
         )
     }
@@ -1072,6 +1168,46 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_names_parse() {
+        // docs/paper-eval.md, "Fleet files".
+        for name in [
+            "qwen3-4b",
+            "qwen3-8b",
+            "qwen3-14b",
+            "qwen3-30b-a3b",
+            "dense-70b",
+        ] {
+            serde_json::from_str::<ModelChoice>(&format!("\"{name}\"")).unwrap();
+        }
+        for name in [
+            "primerl-full",
+            "async2",
+            "async4",
+            "multistream",
+            "ideal-single-dc",
+            "aurorarl",
+            "aurorarl-without-relays",
+            "aurora",
+        ] {
+            serde_json::from_str::<SystemChoice>(&format!("\"{name}\"")).unwrap();
+        }
+        for name in [
+            "rate_mbps",
+            "rtt_ms",
+            "loss",
+            "link_low_share",
+            "trainer_uplink_mbps",
+            "trainer_gpus",
+            "trainer_mfu",
+            "decode_share",
+            "actors_per_group",
+        ] {
+            let parameter: SweepParameter = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+            assert_eq!(parameter.name(), name);
+        }
+    }
+
+    #[test]
     fn a_path_through_another_region_adds_round_trips_and_keeps_the_slowest_rate() {
         let path = topology().path("us", "australia").unwrap();
         assert_eq!(path.rate_bps, 500e6);
@@ -1138,6 +1274,56 @@ mod tests {
     }
 
     #[test]
+    fn a_reclaimed_region_is_sent_nothing_until_its_replacements_come() {
+        let full_rate = |reclaims: Vec<Reclaim>| {
+            let spec = FleetSpec {
+                reclaims,
+                seeds: vec![1],
+                systems: vec![SystemChoice::PrimerlFull],
+                ..spec()
+            };
+            run_fleet(&spec, &topology()).unwrap().points[0].systems[0]
+                .tokens_per_s
+                .mean
+        };
+        // The full broadcast waits for its slowest path, Australia's: once its pool is
+        // gone the rest are served at Canada's pace.
+        let far = |replaced_at_step| Reclaim {
+            region: "australia".into(),
+            at_step: 3,
+            replaced_at_step,
+        };
+        let undisturbed = full_rate(Vec::new());
+        assert!(full_rate(vec![far(None)]) > 1.5 * undisturbed);
+        // Both regions reclaimed, the later one timed on the run the first slowed: the
+        // fleet must keep an actor throughout.
+        let canada = Reclaim {
+            region: "canada".into(),
+            at_step: 5,
+            replaced_at_step: None,
+        };
+        let mut spec = FleetSpec {
+            reclaims: vec![far(Some(9)), canada.clone()],
+            ..spec()
+        };
+        let error = run_fleet(&spec, &topology()).unwrap_err().to_string();
+        assert!(
+            error.contains("from step 5 the fleet has no actor left"),
+            "{error}"
+        );
+        spec.actors.push(ActorGroup {
+            region: "us".into(),
+            gpu: GpuChoice::A100,
+            count: 1,
+        });
+        let report = run_fleet(&spec, &topology()).unwrap();
+        assert!(aurora_rate(&report, 0).min > 0.0);
+        spec.reclaims.push(canada);
+        let error = run_fleet(&spec, &topology()).unwrap_err().to_string();
+        assert!(error.contains("reclaimed twice"), "{error}");
+    }
+
+    #[test]
     fn a_fleet_that_cannot_run_is_refused_naming_what_is_wrong() {
         let refused = |change: &dyn Fn(&mut FleetSpec)| {
             let mut spec = spec();
@@ -1180,5 +1366,18 @@ mod tests {
             .contains("sweep.values")
         );
         assert!(refused(&|spec| spec.actors[0].count = MAX_FLEET_ACTORS).contains("more than"));
+        assert!(refused(&|spec| spec.warm_up = 0).contains("warm_up"));
+        let sweep = |parameter, value| {
+            move |spec: &mut FleetSpec| {
+                spec.sweep = Some(FleetSweep {
+                    parameter,
+                    values: vec![value],
+                })
+            }
+        };
+        assert!(refused(&sweep(SweepParameter::RateMbps, 0.0)).contains("link us-canada"));
+        assert!(refused(&sweep(SweepParameter::Loss, 1.5)).contains("link us-canada"));
+        assert!(refused(&sweep(SweepParameter::ActorsPerGroup, 2.7)).contains("sweep.values"));
+        assert!(refused(&|spec| spec.decode_share = 1e-9).contains("too close to the"));
     }
 }

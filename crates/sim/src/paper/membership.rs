@@ -14,9 +14,10 @@ impl Bench {
             four, so its pipeline is bound by the trainer at four A100s; the modelled \
             trainer (2 H100 at 40% MFU, training overlapped with the next generation) \
             binds later: unexplained by a single input";
-        let setup = Setup::paper(QWEN3_4B, UNNAMED_DATASET);
+        let paper = PAPER_DEPLOYMENTS[0];
+        let setup = Setup::paper(&paper, UNNAMED_DATASET);
         let model = setup.model;
-        let base = paper_pool(&model);
+        let base = paper_pool(&paper);
         let deployment = self.deployment(&setup, &base);
         let reference = self.generate(&setup, &base, SplitPolicy::Proportional, Vec::new())?;
         // Each region's relay took the snapshot of version 0 as the run began, and keeps
@@ -179,8 +180,8 @@ impl Bench {
             }
         }
         Ok(Section {
-            title: "7. A preemption at step 6, a newcomer at step 14; 1 to 4 actors \
-                    (fig:fault, fig:scale)"
+            title: "7. A preemption at step 6, a newcomer at step 14; 1 to 4 actors (sections 7.5 \
+                    and 7.8, fig:fault, fig:scale)"
                 .into(),
             setting: format!(
                 "Qwen3-4B on 2 H100, A100 actors in Canada, {}, AuroraRL; preemptions and \

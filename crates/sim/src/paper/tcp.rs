@@ -17,7 +17,7 @@
 use super::calibration::{BBR_SWEEP, CUBIC_LOSSY};
 
 /// Payload bytes per segment at a 1,500-byte MTU with timestamps.
-pub const SEGMENT_BYTES: f64 = 1_448.0;
+pub const MSS_BYTES: f64 = 1_448.0;
 /// Linux's initial congestion window (RFC 6928).
 pub const INITIAL_WINDOW_SEGMENTS: f64 = 10.0;
 
@@ -71,7 +71,7 @@ impl TcpModel {
             .iter()
             .map(|&(_, rtt_ms, loss, streams, goodput_mbps)| {
                 let per_stream_bps = goodput_mbps * 1e6 / f64::from(streams);
-                per_stream_bps / (SEGMENT_BYTES * 8.0 / (rtt_ms / 1e3 * loss.sqrt()))
+                per_stream_bps / (MSS_BYTES * 8.0 / (rtt_ms / 1e3 * loss.sqrt()))
             })
             .collect();
         let mut efficiencies: Vec<f64> = BBR_SWEEP
@@ -88,7 +88,7 @@ impl TcpModel {
     pub fn loss_bound_bps(&self, link: Link, cc: CongestionControl) -> f64 {
         match cc {
             CongestionControl::Cubic if link.loss > 0.0 => {
-                self.mathis_constant * SEGMENT_BYTES * 8.0 / (link.rtt_s * link.loss.sqrt())
+                self.mathis_constant * MSS_BYTES * 8.0 / (link.rtt_s * link.loss.sqrt())
             }
             CongestionControl::Cubic | CongestionControl::Bbr => f64::INFINITY,
         }
@@ -157,7 +157,7 @@ impl TcpModel {
 /// run out), the rest at `steady_bps`, and half a round trip for the last byte to land.
 fn transfer_at_rate_s(bytes: f64, rtt_s: f64, streams: u32, steady_bps: f64) -> f64 {
     let steady_window_bytes = steady_bps * rtt_s / 8.0;
-    let mut window_bytes = f64::from(streams.max(1)) * INITIAL_WINDOW_SEGMENTS * SEGMENT_BYTES;
+    let mut window_bytes = f64::from(streams.max(1)) * INITIAL_WINDOW_SEGMENTS * MSS_BYTES;
     let (mut sent_bytes, mut elapsed_s) = (0.0, 0.0);
     // Doubling from one segment to any link this model meets takes under 64 rounds.
     for _ in 0..64 {

@@ -27,6 +27,11 @@ pub struct ModelShape {
     /// experts' share in a mixture of experts. Compute follows these; memory and the
     /// checkpoint follow [`ModelShape::parameters`].
     pub active_parameters: f64,
+    /// The share of elements one step changes, as the paper measured it in its section 3
+    /// (a property of the workload, not a result of section 7): 1.12% for Qwen3-4B, 0.96%
+    /// for Qwen3-8B under GRPO, 1.85% for Qwen2.5-72B (taken for the 70B model); where it
+    /// measured nothing, 1%, the abstract's figure.
+    pub density: f64,
     /// A step's delta over a dense model's of the same size at the same density: 1 for
     /// a dense model; for a mixture of experts the share aurora measured when a quarter
     /// of the experts see tokens (experts no token reached do not change).
@@ -44,6 +49,7 @@ pub const QWEN3_4B: ModelShape = ModelShape {
     name: "Qwen3-4B",
     parameters: 4.02e9,
     active_parameters: 4.02e9,
+    density: 0.0112,
     delta_share: 1.0,
     layers: 36.0,
     kv_heads: 8.0,
@@ -54,6 +60,7 @@ pub const QWEN3_8B: ModelShape = ModelShape {
     name: "Qwen3-8B",
     parameters: 8.19e9,
     active_parameters: 8.19e9,
+    density: 0.0096,
     delta_share: 1.0,
     layers: 36.0,
     kv_heads: 8.0,
@@ -64,6 +71,7 @@ pub const QWEN3_14B: ModelShape = ModelShape {
     name: "Qwen3-14B",
     parameters: 14.77e9,
     active_parameters: 14.77e9,
+    density: 0.01,
     delta_share: 1.0,
     layers: 40.0,
     kv_heads: 8.0,
@@ -77,6 +85,7 @@ pub const QWEN3_30B_A3B: ModelShape = ModelShape {
     name: "Qwen3-30B-A3B",
     parameters: 30.5e9,
     active_parameters: 3.3e9,
+    density: 0.01,
     delta_share: 0.30,
     layers: 48.0,
     kv_heads: 4.0,
@@ -87,6 +96,7 @@ pub const DENSE_70B: ModelShape = ModelShape {
     name: "70B",
     parameters: 70.6e9,
     active_parameters: 70.6e9,
+    density: 0.0185,
     delta_share: 1.0,
     layers: 80.0,
     kv_heads: 8.0,
@@ -231,21 +241,23 @@ pub struct Workload {
     pub density: f64,
 }
 
-/// Rollouts per step in all: section 7.1's B = 512, a total that Algorithm 1 splits
-/// over the actors (the scalability run keeps "batch 512" from one actor to four).
+/// Rollouts per step in all: section 7.1's B = 512. An interpretation: section 7.1 says
+/// "each Actor generates a rollout group of size B=512", but Algorithm 1 splits one batch
+/// B over the actors and the scalability run keeps "batch 512" from one actor to four,
+/// so B is taken as the step's total.
 pub const ROLLOUTS_PER_STEP: u32 = 512;
 /// Assumption: GRPO samples per prompt (plausible 4 to 16).
 pub const SAMPLES_PER_PROMPT: u32 = 8;
 
 impl Workload {
     /// A step of `model` on `dataset`: B = 512 rollouts, and the density the paper
-    /// measured for the model's updates ([`paper_density`]).
+    /// measured for the model's updates ([`ModelShape::density`]).
     pub fn of(model: &ModelShape, dataset: Dataset) -> Workload {
         Workload {
             dataset,
             prompts_per_step: ROLLOUTS_PER_STEP / SAMPLES_PER_PROMPT,
             samples_per_prompt: SAMPLES_PER_PROMPT,
-            density: paper_density(model),
+            density: model.density,
         }
     }
 
@@ -267,17 +279,6 @@ impl Workload {
     pub fn tokens_per_step(&self) -> f64 {
         let (shortest, longest) = self.group_tokens();
         f64::from(self.prompts_per_step) * (shortest + longest) as f64 / 2.0
-    }
-}
-
-/// The share of elements one step changes, as the paper measured it in section 3 (a
-/// property of the workload, not a result of section 7): 1.12% for Qwen3-4B, 0.96% for
-/// Qwen3-8B under GRPO; for other models "below 1%", taken as 1%.
-pub fn paper_density(model: &ModelShape) -> f64 {
-    match model.name {
-        "Qwen3-4B" => 0.0112,
-        "Qwen3-8B" => 0.0096,
-        _ => 0.01,
     }
 }
 
@@ -316,22 +317,41 @@ pub struct Trainer {
     pub mfu: f64,
 }
 
+/// Section 7.1's deployment of each model it trains.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PaperDeployment {
+    /// The model.
+    pub model: ModelShape,
+    /// The trainer's H100s.
+    pub trainer_gpus: u32,
+    /// The A100 actors, in Canada.
+    pub actors: usize,
+}
+
+/// "Qwen3 models at 4B/8B/14B with 2/4/6xH100 (SXM5) for training and 4/8/12 Actors,
+/// each on a single A100 (PCIe) GPU."
+pub const PAPER_DEPLOYMENTS: [PaperDeployment; 3] = [
+    PaperDeployment {
+        model: QWEN3_4B,
+        trainer_gpus: 2,
+        actors: 4,
+    },
+    PaperDeployment {
+        model: QWEN3_8B,
+        trainer_gpus: 4,
+        actors: 8,
+    },
+    PaperDeployment {
+        model: QWEN3_14B,
+        trainer_gpus: 6,
+        actors: 12,
+    },
+];
+
 /// Assumption: host cores given to extraction on the trainer's node.
 pub const EXTRACTION_CORES: u32 = 16;
 
 impl Trainer {
-    /// Section 7.1's trainer for `model`: 2, 4 or 6 H100s for Qwen3-4B, 8B and 14B
-    /// (eight for a model beyond the paper).
-    pub fn paper(model: &ModelShape) -> Trainer {
-        let gpus = match model.name {
-            "Qwen3-4B" => 2,
-            "Qwen3-8B" => 4,
-            "Qwen3-14B" => 6,
-            _ => 8,
-        };
-        Trainer::of(gpus)
-    }
-
     /// `gpus` H100s.
     pub const fn of(gpus: u32) -> Trainer {
         Trainer {
@@ -364,13 +384,15 @@ impl Trainer {
 }
 
 /// The paper's own extraction, seconds per parameter: "extracting a sparse delta takes
-/// approximately 5 s" for Qwen3-8B in its US-Canada deployment (its section 4, a
-/// measurement of its system, not a result of section 7), scaled by size.
+/// approximately 5 s" for Qwen3-8B (its section 4, measured in section 7's US-Canada
+/// deployment), scaled by size. A measurement of the paper's system, not of one of
+/// section 7's results; the one section 7 figure it would restate (7 to 12 s of
+/// extraction plus transfer) is therefore not compared.
 pub const PAPER_EXTRACTION_S_PER_PARAMETER: f64 = 5.0 / 8.19e9;
 
 /// Assumption: host cores an actor gives to decoding staged segments.
 pub const ACTOR_DECODE_CORES: u32 = 8;
-/// Assumption: the rate at which an engine reloads changed tensors from host memory
+/// Assumption: the rate at which an engine reloads its weights from host memory
 /// into the GPU at activation (PCIe 4.0 x16 at about three quarters of its 32 GB/s).
 pub const RELOAD_BYTES_PER_S: f64 = 24e9;
 
@@ -427,6 +449,8 @@ pub struct Region {
     /// The path from the trainer's region: each actor's VM has one of its own, at
     /// this rate (a cross-cloud VM's bandwidth), sharing only the trainer's uplink.
     pub path: Link,
+    /// Whether it is the trainer's own region (its actors on the datacenter's network).
+    pub local: bool,
 }
 
 /// Section 7.1: actors in Canada, the trainer in the US, over a commodity cross-cloud
@@ -435,32 +459,38 @@ pub struct Region {
 pub const CANADA: Region = Region {
     name: Cow::Borrowed("Canada"),
     path: wan_path(30.0),
+    local: false,
 };
 /// Assumption: US to Japan, 135 ms (plausible 100 to 170); rate as Canada's.
 pub const JAPAN: Region = Region {
     name: Cow::Borrowed("Japan"),
     path: wan_path(135.0),
+    local: false,
 };
 /// Assumption: US to the Netherlands, 100 ms (plausible 80 to 120).
 pub const NETHERLANDS: Region = Region {
     name: Cow::Borrowed("Netherlands"),
     path: wan_path(100.0),
+    local: false,
 };
 /// Assumption: US to Iceland, 90 ms (plausible 70 to 110).
 pub const ICELAND: Region = Region {
     name: Cow::Borrowed("Iceland"),
     path: wan_path(90.0),
+    local: false,
 };
 /// Assumption: Canada to Australia, 205 ms (plausible 180 to 230).
 pub const AUSTRALIA: Region = Region {
     name: Cow::Borrowed("Australia"),
     path: wan_path(205.0),
+    local: false,
 };
-/// Section 7.6's heterogeneous pool sits in the US with the trainer in Canada: the
+/// Section 7.4's heterogeneous pool sits in the US with the trainer in Canada: the
 /// same path as [`CANADA`], the other way.
 pub const US: Region = Region {
     name: Cow::Borrowed("US"),
     path: wan_path(30.0),
+    local: false,
 };
 
 /// The links around the trainer: its uplink, and the datacenter networks. The
@@ -523,6 +553,16 @@ impl JoinFrom {
 }
 
 impl Network {
+    /// Seconds until `actors` fresh actors behind `path` all have the whole checkpoint
+    /// from the trainer: each VM on its own path, all of them through its uplink (their
+    /// region's relay went with the pool they replace).
+    pub fn refetch_s(&self, tcp: &TcpModel, model: &ModelShape, path: Link, actors: usize) -> f64 {
+        let one_s = tcp.transfer_s(model.checkpoint_bytes(), path, CongestionControl::Bbr, 4);
+        let uplink_s = actors as f64 * model.checkpoint_bytes() * 8.0
+            / (self.uplink_bps * tcp.goodput_efficiency);
+        one_s.max(uplink_s)
+    }
+
     /// Seconds a newcomer (or a preempted actor's replacement) in another region takes
     /// to fetch a snapshot before it can work, on aurora's four BBR streams: the whole
     /// checkpoint from the hub over its region's path, or from its region's relay over
@@ -549,7 +589,7 @@ mod tests {
 
     #[test]
     fn a_joiner_takes_its_relay_s_snapshot_while_the_deltas_after_it_fit() {
-        let density = paper_density(&QWEN3_8B);
+        let density = QWEN3_8B.density;
         let delta = QWEN3_8B.delta_bytes(Encoding::Aurora, density);
         let fits = (KEPT_TAIL_SNAPSHOTS * QWEN3_8B.checkpoint_bytes() / delta).floor() as u64;
         assert_eq!(
@@ -602,7 +642,7 @@ mod tests {
 
     #[test]
     fn section_7_1_sizes_the_trainer_to_the_model() {
-        let gpus = [QWEN3_4B, QWEN3_8B, QWEN3_14B].map(|model| Trainer::paper(&model).gpus);
+        let gpus = PAPER_DEPLOYMENTS.map(|deployment| deployment.trainer_gpus);
         assert_eq!(gpus, [2, 4, 6]);
         let workload = Workload::of(&QWEN3_8B, GSM8K);
         assert_eq!(workload.prompts_per_step * workload.samples_per_prompt, 512);
