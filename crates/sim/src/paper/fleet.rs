@@ -851,7 +851,7 @@ impl<'a> FleetRun<'a> {
         let longest_step_s =
             f64::from(setup.workload.prompts_per_step) * longest as f64 / pool_rate;
         let limit_s = STEP_TIME_LIMIT_MS as f64 / 1e3;
-        if !(longest_step_s < 0.8 * limit_s) {
+        if longest_step_s.is_nan() || longest_step_s >= 0.8 * limit_s {
             return Err(FleetError::Invalid {
                 field: "actors",
                 problem: format!(

@@ -115,7 +115,7 @@ impl Row {
     pub fn flagged(&self) -> bool {
         // A figure the model cannot give (NaN, infinite) is as far off as can be.
         self.difference()
-            .is_some_and(|difference| !(difference.abs() <= FLAG_THRESHOLD))
+            .is_some_and(|difference| difference.is_nan() || difference.abs() > FLAG_THRESHOLD)
     }
 }
 
