@@ -461,7 +461,20 @@ impl Bench {
                     ),
                     DECODE_WHY,
                     0.4,
-                    || Ok(Vec::new()),
+                    || {
+                        let slow =
+                            mean_rate(&decoding_at(&pool, SLOW_DECODE_ROOFLINE_SHARE), system)?;
+                        Ok(vec![Row::what_if(
+                            format!(
+                                "{}, decode at 0.35 of the roofline: {what}, million tokens per \
+                                 dollar",
+                                model.name
+                            ),
+                            Value(tokens_per_dollar[index]),
+                            slow * 3600.0 / price[index] / 1e6,
+                            "",
+                        )])
+                    },
                 )?);
             }
             rows.push(Row::compared(

@@ -448,7 +448,7 @@ mod tests {
     /// change that moves a figure away from the paper fails here unless another comes
     /// closer.
     const WITHIN_AT_LEAST: usize = 92;
-    const WITHIN_OR_EXPLAINED_AT_LEAST: usize = 115;
+    const WITHIN_OR_EXPLAINED_AT_LEAST: usize = 119;
 
     #[test]
     fn every_figure_stays_within_its_documented_tolerance_of_the_paper() {
