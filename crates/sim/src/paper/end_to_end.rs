@@ -172,6 +172,16 @@ fn end_to_end_figures(model: &ModelShape) -> [Figure; 10] {
 }
 
 impl Bench {
+    /// Every compared system's outcome with `pool` on `setup`; the deployment is the
+    /// pool's own (its speed does not change what the sync costs).
+    fn outcomes(&self, setup: &Setup, pool: &[PoolActor]) -> Result<Outcomes, Violation> {
+        let deployment = self.deployment(setup, pool);
+        let generation = self.generate(setup, pool, SplitPolicy::Proportional, Vec::new())?;
+        Ok(Outcomes(
+            System::COMPARED.map(|system| self.run(&deployment, system, &generation)),
+        ))
+    }
+
     pub(super) fn against_baselines(&self) -> Result<Section, Violation> {
         let mut rows = Vec::new();
         for paper in PAPER_DEPLOYMENTS {
@@ -180,14 +190,7 @@ impl Bench {
             for dataset in DATASETS {
                 let setup = Setup::paper(&paper, dataset);
                 let deployment = self.deployment(&setup, &pool);
-                let outcomes = |pool: &[PoolActor]| -> Result<Outcomes, Violation> {
-                    let generation =
-                        self.generate(&setup, pool, SplitPolicy::Proportional, Vec::new())?;
-                    Ok(Outcomes(
-                        System::COMPARED.map(|system| self.run(&deployment, system, &generation)),
-                    ))
-                };
-                let measured = outcomes(&pool)?;
+                let measured = self.outcomes(&setup, &pool)?;
                 let name = format!("{} {}", model.name, dataset.name);
                 for (what, system) in [
                     ("AuroraRL", System::AuroraRl),
@@ -230,25 +233,15 @@ impl Bench {
                             let mut what_ifs = vec![Row::what_if(
                                 format!("{name}, decode at 0.35 of the roofline: {}", figure.label),
                                 figure.paper,
-                                (figure.value)(&outcomes(&decoding_at(
-                                    &pool,
-                                    SLOW_DECODE_ROOFLINE_SHARE,
-                                ))?),
+                                (figure.value)(&self.outcomes(
+                                    &setup,
+                                    &decoding_at(&pool, SLOW_DECODE_ROOFLINE_SHARE),
+                                )?),
                                 figure.unit,
                             )];
                             if dataset == GSM8K {
-                                let setup = Setup::paper(&paper, GSM8K_LONG);
-                                let deployment = self.deployment(&setup, &pool);
-                                let generation = self.generate(
-                                    &setup,
-                                    &pool,
-                                    SplitPolicy::Proportional,
-                                    Vec::new(),
-                                )?;
-                                let long = Outcomes(
-                                    System::COMPARED
-                                        .map(|system| self.run(&deployment, system, &generation)),
-                                );
+                                let long =
+                                    self.outcomes(&Setup::paper(&paper, GSM8K_LONG), &pool)?;
                                 what_ifs.push(Row::what_if(
                                     format!("{} {}: {}", model.name, GSM8K_LONG.name, figure.label),
                                     figure.paper,
