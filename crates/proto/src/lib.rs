@@ -52,8 +52,8 @@ pub use receiver::{
     ReceiverEvent, ReceiverStats, SessionEnd, Violation,
 };
 pub use sender::{
-    ArtifactKey, Auth, KeptSnapshot, Sender, SenderConfig, SenderError, SenderEvent, SenderStats,
-    StoredArtifact, Transmit, offer_signature,
+    ArtifactKey, Auth, AuthRefusal, KeptSnapshot, Sender, SenderConfig, SenderError, SenderEvent,
+    SenderStats, StoredArtifact, Transmit, offer_signature,
 };
 pub use tuner::StreamTuner;
 pub use upstreams::Upstreams;

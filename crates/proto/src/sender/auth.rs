@@ -30,45 +30,78 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// Why a Hello may not subscribe. Its text is what the Reject frame carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthRefusal {
+    /// A per-peer secret was expected, and the peer has none.
+    #[error("peer '{peer}' is unknown")]
+    UnknownPeer { peer: String },
+    /// The Hello's token is not the peer's secret.
+    #[error("the token is wrong for peer '{peer}'")]
+    WrongToken { peer: String },
+    /// The upstream authenticates by TLS and the connection verified no certificate.
+    #[error("peer '{peer}' has no certificate: this upstream authenticates peers by TLS")]
+    NoCertificate { peer: String },
+    /// The Hello names someone other than the connection's certificate.
+    #[error(
+        "the Hello names {named_role} '{named}' but the connection's certificate is {certified_role} '{certified}'"
+    )]
+    NotTheCertificate {
+        named_role: Role,
+        named: String,
+        certified_role: Role,
+        certified: String,
+    },
+    /// The certificate's role does not subscribe (a hub, a trainer).
+    #[error("{role} '{peer}' may not subscribe: only relays and actors do")]
+    RoleMayNotSubscribe { role: Role, peer: String },
+}
+
 impl Auth {
     /// Whether `hello`, received on a connection whose peer the transport verified as
-    /// `certified` (none over plaintext), may subscribe; the error says why not, naming
-    /// both identities where they differ.
-    pub fn check(&self, certified: Option<&Identity>, hello: &Hello) -> Result<(), String> {
+    /// `certified` (none over plaintext), may subscribe.
+    pub fn check(&self, certified: Option<&Identity>, hello: &Hello) -> Result<(), AuthRefusal> {
         let expected = match self {
             Auth::Certificate => return check_certified(certified, hello),
             Auth::Shared(secret) => secret,
             Auth::PerPeer(peers) => match peers.get(&hello.peer_id) {
                 Some(secret) => secret,
-                None => return Err(format!("peer '{}' is unknown", hello.peer_id)),
+                None => {
+                    return Err(AuthRefusal::UnknownPeer {
+                        peer: hello.peer_id.clone(),
+                    });
+                }
             },
         };
         if constant_time_eq(expected, &hello.token) {
             Ok(())
         } else {
-            Err(format!("the token is wrong for peer '{}'", hello.peer_id))
+            Err(AuthRefusal::WrongToken {
+                peer: hello.peer_id.clone(),
+            })
         }
     }
 }
 
-fn check_certified(certified: Option<&Identity>, hello: &Hello) -> Result<(), String> {
+fn check_certified(certified: Option<&Identity>, hello: &Hello) -> Result<(), AuthRefusal> {
     let Some(certified) = certified else {
-        return Err(format!(
-            "peer '{}' has no certificate: this upstream authenticates peers by TLS",
-            hello.peer_id
-        ));
+        return Err(AuthRefusal::NoCertificate {
+            peer: hello.peer_id.clone(),
+        });
     };
     if certified.peer_id != hello.peer_id || certified.role != hello.role {
-        return Err(format!(
-            "the Hello names {} '{}' but the connection's certificate is {} '{}'",
-            hello.role, hello.peer_id, certified.role, certified.peer_id
-        ));
+        return Err(AuthRefusal::NotTheCertificate {
+            named_role: hello.role,
+            named: hello.peer_id.clone(),
+            certified_role: certified.role,
+            certified: certified.peer_id.clone(),
+        });
     }
     if !matches!(certified.role, Role::Relay | Role::Actor) {
-        return Err(format!(
-            "{} '{}' may not subscribe: only relays and actors do",
-            certified.role, certified.peer_id
-        ));
+        return Err(AuthRefusal::RoleMayNotSubscribe {
+            role: certified.role,
+            peer: certified.peer_id.clone(),
+        });
     }
     Ok(())
 }
@@ -77,4 +110,57 @@ fn check_certified(certified: Option<&Identity>, hello: &Hello) -> Result<(), St
 /// first hides the length too (the hub checks its tokens the same way).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     blake3::hash(a) == blake3::hash(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{TOKEN, hello, identity};
+
+    #[test]
+    fn each_refusal_names_what_was_wrong() {
+        let a1 = hello(1, 0, 1);
+        let shared = Auth::Shared(TOKEN.to_vec());
+        assert_eq!(shared.check(None, &a1), Ok(()));
+        let wrong = Hello {
+            token: b"guess".to_vec(),
+            ..a1.clone()
+        };
+        assert_eq!(
+            shared.check(None, &wrong),
+            Err(AuthRefusal::WrongToken { peer: "a1".into() })
+        );
+        let per_peer = Auth::PerPeer(BTreeMap::from([("a2".to_owned(), TOKEN.to_vec())]));
+        assert_eq!(
+            per_peer.check(None, &a1),
+            Err(AuthRefusal::UnknownPeer { peer: "a1".into() })
+        );
+        let tls = Auth::Certificate;
+        assert_eq!(
+            tls.check(None, &a1),
+            Err(AuthRefusal::NoCertificate { peer: "a1".into() })
+        );
+        assert_eq!(tls.check(Some(&identity(Role::Actor, "a1")), &a1), Ok(()));
+        assert_eq!(
+            tls.check(Some(&identity(Role::Actor, "a2")), &a1),
+            Err(AuthRefusal::NotTheCertificate {
+                named_role: Role::Actor,
+                named: "a1".into(),
+                certified_role: Role::Actor,
+                certified: "a2".into(),
+            })
+        );
+        let hub = Hello {
+            role: Role::Hub,
+            peer_id: "hub".into(),
+            ..a1
+        };
+        assert_eq!(
+            tls.check(Some(&identity(Role::Hub, "hub")), &hub),
+            Err(AuthRefusal::RoleMayNotSubscribe {
+                role: Role::Hub,
+                peer: "hub".into(),
+            })
+        );
+    }
 }

@@ -46,7 +46,7 @@ use aurora_delta::{
 
 use self::artifacts::Artifact;
 pub use self::artifacts::{ArtifactKey, KeptSnapshot, StoredArtifact, offer_signature};
-pub use self::auth::Auth;
+pub use self::auth::{Auth, AuthRefusal};
 use self::session::{
     Conn, Hedge, SegState, Session, hedgeable, next_artifact_frame, next_hedge_frame,
     session_artifact,

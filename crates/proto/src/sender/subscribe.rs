@@ -186,9 +186,9 @@ impl Sender {
             );
         }
         let certified = self.conns.get(&conn).and_then(|c| c.peer.as_ref());
-        if let Err(reason) = self.config.auth.check(certified, &hello) {
+        if let Err(refusal) = self.config.auth.check(certified, &hello) {
             self.stats.refused_auth += 1;
-            return self.refuse(conn, RejectCode::Auth, reason);
+            return self.refuse(conn, RejectCode::Auth, refusal.to_string());
         }
         if hello.role == Role::Hub {
             return self.refuse(
