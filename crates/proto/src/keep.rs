@@ -7,6 +7,7 @@
 //! simulation); the file's is the transport's.
 
 use std::fmt;
+use std::io;
 
 use aurora_delta::{DeltaHeader, TensorChange};
 use bytes::Bytes;
@@ -21,16 +22,15 @@ pub const KEPT_TAIL_SNAPSHOTS: u64 = 2;
 
 /// Where kept snapshots live.
 pub trait SnapshotSpace: Send + Sync + fmt::Debug {
-    /// Room for the segments of one snapshot, at most `capacity` bytes of them; an
-    /// error says why there is none.
-    fn create(&self, capacity: u64) -> Result<Box<dyn KeptSegments>, String>;
+    /// Room for the segments of one snapshot, at most `capacity` bytes of them.
+    fn create(&self, capacity: u64) -> io::Result<Box<dyn KeptSegments>>;
 }
 
 /// The segments of one kept snapshot.
 pub trait KeptSegments: Send + fmt::Debug {
-    /// Keeps `bytes` and returns them as kept, to be served from there; an error says
-    /// why they could not be (the capacity is spent, the disk is full).
-    fn keep(&mut self, bytes: &[u8]) -> Result<Bytes, String>;
+    /// Keeps `bytes` and returns them as kept, to be served from there; an error of kind
+    /// `StorageFull` where the capacity is spent (or the disk is full).
+    fn keep(&mut self, bytes: &[u8]) -> io::Result<Bytes>;
 }
 
 /// The room a snapshot with `header` and the deltas kept after it need: its tensors'
@@ -58,7 +58,7 @@ pub fn snapshot_capacity(header: &DeltaHeader) -> u64 {
 pub struct HeapSnapshots;
 
 impl SnapshotSpace for HeapSnapshots {
-    fn create(&self, capacity: u64) -> Result<Box<dyn KeptSegments>, String> {
+    fn create(&self, capacity: u64) -> io::Result<Box<dyn KeptSegments>> {
         Ok(Box::new(HeapSegments { left: capacity }))
     }
 }
@@ -69,11 +69,13 @@ struct HeapSegments {
 }
 
 impl KeptSegments for HeapSegments {
-    fn keep(&mut self, bytes: &[u8]) -> Result<Bytes, String> {
-        self.left = self
-            .left
-            .checked_sub(bytes.len() as u64)
-            .ok_or_else(|| format!("{} bytes more than the snapshot's room", bytes.len()))?;
+    fn keep(&mut self, bytes: &[u8]) -> io::Result<Bytes> {
+        self.left = self.left.checked_sub(bytes.len() as u64).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("{} bytes more than the snapshot's room", bytes.len()),
+            )
+        })?;
         Ok(Bytes::copy_from_slice(bytes))
     }
 }

@@ -26,8 +26,10 @@ impl FileSnapshots {
 }
 
 impl SnapshotSpace for FileSnapshots {
-    fn create(&self, capacity: u64) -> Result<Box<dyn KeptSegments>, String> {
-        let in_dir = |e: std::io::Error| format!("in {}: {e}", self.dir.display());
+    fn create(&self, capacity: u64) -> std::io::Result<Box<dyn KeptSegments>> {
+        let in_dir = |e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("in {}: {e}", self.dir.display()))
+        };
         let file = tempfile::tempfile_in(&self.dir).map_err(in_dir)?;
         // Sparse: the disk is taken as segments are written, and the map reserves only
         // address space.
@@ -53,21 +55,27 @@ struct FileSegments {
 }
 
 impl KeptSegments for FileSegments {
-    fn keep(&mut self, bytes: &[u8]) -> Result<Bytes, String> {
+    fn keep(&mut self, bytes: &[u8]) -> std::io::Result<Bytes> {
         let start = self.end;
         let end = start
             .checked_add(bytes.len())
             .filter(|&end| end <= self.whole.len())
             .ok_or_else(|| {
-                format!(
-                    "{} bytes more would pass the {} bytes set aside for the snapshot",
-                    bytes.len(),
-                    self.whole.len()
+                std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!(
+                        "{} bytes more would pass the {} bytes set aside for the snapshot",
+                        bytes.len(),
+                        self.whole.len()
+                    ),
                 )
             })?;
-        self.file
-            .write_all_at(bytes, start as u64)
-            .map_err(|e| format!("writing {} bytes at {start}: {e}", bytes.len()))?;
+        self.file.write_all_at(bytes, start as u64).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("writing {} bytes at {start}: {e}", bytes.len()),
+            )
+        })?;
         self.end = end;
         Ok(self.whole.slice(start..end))
     }
@@ -85,10 +93,10 @@ mod tests {
         let second = kept.keep(b"efgh").unwrap();
         assert_eq!((&first[..], &second[..]), (&b"abcd"[..], &b"efgh"[..]));
         let error = kept.keep(b"ijk").unwrap_err();
-        assert!(error.contains("10 bytes set aside"), "{error}");
+        assert_eq!(error.kind(), std::io::ErrorKind::StorageFull, "{error}");
         assert_eq!(&first[..], b"abcd", "what was handed out never changes");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "unnamed");
         let missing = FileSnapshots::new(dir.path().join("missing")).create(10);
-        assert!(missing.unwrap_err().contains("missing"));
+        assert_eq!(missing.unwrap_err().kind(), std::io::ErrorKind::NotFound);
     }
 }
