@@ -46,7 +46,7 @@ fn node_error(error: NodeError) -> PyErr {
     match error {
         NodeError::Delta(error) => delta_error(error),
         NodeError::Timeout { .. } => node_timeout_error(message),
-        NodeError::Usage(_) => usage_error(message),
+        error if error.is_usage() => usage_error(message),
         _ => errors::NodeError::new_err(message),
     }
 }

@@ -168,7 +168,7 @@ impl NodeArgs {
         let identity = match security.certified_identity() {
             // The certificate says who this node is; flags may only repeat it.
             Some(certified) => {
-                let certified = certified.map_err(anyhow::Error::msg)?;
+                let certified = certified?;
                 if certified.role != role
                     || id.as_ref().is_some_and(|id| *id != certified.peer_id)
                     || region.as_ref().is_some_and(|r| *r != certified.region)

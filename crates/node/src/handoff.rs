@@ -109,11 +109,7 @@ impl Handoff {
     pub fn at_safe_point(&self, wait: Duration) -> Result<Option<Activation>, NodeError> {
         let mut state = self.lock();
         if state.taken.strong_count() > 0 {
-            return Err(NodeError::Usage(
-                "the weights of the previous activation are still held: release them before \
-                 the next safe point"
-                    .into(),
-            ));
+            return Err(NodeError::ActivationStillHeld);
         }
         state = self
             .arrived
@@ -227,7 +223,7 @@ mod tests {
         drop(taken);
         handoff.activate(weights(), ChangeSet::default());
         let error = handoff.at_safe_point(Duration::ZERO).unwrap_err();
-        assert!(error.to_string().contains("still held"), "{error}");
+        assert!(matches!(error, NodeError::ActivationStillHeld), "{error}");
         drop(guard);
         assert!(handoff.at_safe_point(Duration::ZERO).unwrap().is_some());
     }

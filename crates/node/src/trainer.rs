@@ -107,11 +107,11 @@ pub struct TrainerNode {
 }
 
 fn wrong_base(latest: VersionRef, base_hash: Hash) -> NodeError {
-    NodeError::Usage(format!(
-        "the base is not version {} as published (weights hash {base_hash}, published {}): \
-         were its tensors changed in place after publishing? Publish a copy (an export) instead",
-        latest.version, latest.hash
-    ))
+    NodeError::BaseNotPublished {
+        version: latest.version,
+        base: base_hash,
+        published: latest.hash,
+    }
 }
 
 impl TrainerNode {
@@ -172,7 +172,7 @@ impl TrainerNode {
         let transport = Arc::new(spawn_hub(node, Some(store.clone())).await?);
         let transport_address = transport
             .local_addr()
-            .ok_or_else(|| NodeError::Usage("the transport hub has no listening address".into()))?;
+            .ok_or(NodeError::NoTransportAddress)?;
         let latest = catch_up_control_plane(&hub, &store)?;
         let committed = committed_before(&hub, &store, latest)?;
         if let Some(committed) = committed {
@@ -203,8 +203,9 @@ impl TrainerNode {
                 .num_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
                 .thread_name(|index| format!("aurora-publish-{index}"))
                 .build()
-                .map_err(|error| {
-                    NodeError::Usage(format!("starting the publishing threads: {error}"))
+                .map_err(|error| NodeError::Io {
+                    what: "starting the publishing threads".into(),
+                    source: std::io::Error::other(error),
                 })?,
         })
     }
@@ -268,10 +269,9 @@ impl TrainerNode {
         weights: &Checkpoint<'_>,
     ) -> Result<Published, NodeError> {
         if let Some(latest) = self.latest() {
-            return Err(NodeError::Usage(format!(
-                "version {} is published already: publish the next versions from it",
-                latest.version
-            )));
+            return Err(NodeError::AlreadyPublished {
+                version: latest.version,
+            });
         }
         let record = self.store.put_snapshot_checkpoint(version, weights)?;
         self.runtime.block_on(self.transport.store_changed())?;
@@ -388,8 +388,7 @@ impl TrainerNode {
     }
 
     fn latest_or_refuse(&self) -> Result<VersionRef, NodeError> {
-        self.latest()
-            .ok_or_else(|| NodeError::Usage("publish the first version first".into()))
+        self.latest().ok_or(NodeError::NothingPublished)
     }
 
     /// Streams `delta`, the version after `latest`, to every subscriber as its segments
@@ -425,12 +424,11 @@ impl TrainerNode {
             match self.hub.inspect(|core| core.latest_version()) {
                 Some((announced, hash)) if announced.0 == version => {
                     if hash.0 != target_hash.0 {
-                        return Err(NodeError::Usage(format!(
-                            "version {version} was announced with weights {} before a \
-                             restart, and these are {target_hash}: the trainer did not \
-                             reproduce it",
-                            Hash(hash.0)
-                        )));
+                        return Err(NodeError::NotReproduced {
+                            version,
+                            announced: Hash(hash.0),
+                            produced: target_hash,
+                        });
                     }
                 }
                 _ => self
@@ -472,9 +470,7 @@ impl TrainerNode {
 
     /// Commits the latest version: actors activate it at their next safe point.
     pub async fn commit(&self) -> Result<VersionRef, NodeError> {
-        let latest = self
-            .latest()
-            .ok_or_else(|| NodeError::Usage("nothing is published".into()))?;
+        let latest = self.latest().ok_or(NodeError::NothingPublished)?;
         if latest.version > 0 {
             self.transport.commit(latest).await?;
         }
@@ -518,9 +514,7 @@ impl TrainerNode {
                 timeout,
             })?;
         // Only this node takes outcomes, so the one just seen is still there.
-        self.take_step()?.ok_or_else(|| {
-            NodeError::Usage("the completed step's outcome was taken by another caller".into())
-        })
+        self.take_step()?.ok_or(NodeError::OutcomeTaken)
     }
 
     fn set_latest(&self, version: u64, hash: Hash, image: Option<Arc<Vec<u8>>>) {
@@ -550,11 +544,10 @@ fn committed_before(
     let Some(version) = open.filter(|&open| latest.is_some_and(|l| open < l.version)) else {
         return Ok(latest.filter(|latest| latest.version > 0));
     };
-    let hash = *store.weights_hashes()?.get(&version).ok_or_else(|| {
-        NodeError::Usage(format!(
-            "the open step runs on version {version}, which the store lacks"
-        ))
-    })?;
+    let hash = *store
+        .weights_hashes()?
+        .get(&version)
+        .ok_or(NodeError::StoreLacksVersion { version })?;
     // Version 0 is where every node starts: nothing to commit.
     Ok((version > 0).then_some(VersionRef { version, hash }))
 }
@@ -584,10 +577,7 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
             .get(&version.0)
             .is_some_and(|stored| stored.0 != hash.0)
     {
-        return Err(NodeError::Usage(format!(
-            "version {} has one weights hash in the store and another in the control plane",
-            version.0
-        )));
+        return Err(NodeError::HashesDisagree { version: version.0 });
     }
     let next = published.map_or(0, |(version, _)| version.0 + 1);
     for (&version, hash) in stored.range(next..) {
@@ -704,7 +694,10 @@ mod tests {
             );
             assert_eq!(node.known_hash(&images[0]), Some(v0.weights_hash));
             let error = node.publish_first_image(0, images[0].clone()).unwrap_err();
-            assert!(error.to_string().contains("published already"), "{error}");
+            assert!(
+                matches!(error, NodeError::AlreadyPublished { version: 0 }),
+                "{error}"
+            );
             let v1 = node.publish_image(&images[0], images[1].clone()).unwrap();
             assert_eq!(v1.version, 1);
             assert_eq!(node.known_hash(&images[0]), None);
@@ -733,7 +726,10 @@ mod tests {
             let error = node
                 .publish_image(&images[0], images[2].clone())
                 .unwrap_err();
-            assert!(error.to_string().contains("is not version 1"), "{error}");
+            assert!(
+                matches!(error, NodeError::BaseNotPublished { version: 1, .. }),
+                "{error}"
+            );
             // The copy is hashed, found to be version 1, and published against.
             let v2 = node.publish_image(&copy, images[2].clone()).unwrap();
             assert_eq!(v2.version, 2);

@@ -42,9 +42,7 @@ impl NodeTrust {
     ) -> Result<NodeTrust, NodeError> {
         let fleet_token = fleet_token.into();
         if fleet_token.is_empty() {
-            return Err(NodeError::Usage(
-                "the fleet token is empty: plaintext needs a shared secret".into(),
-            ));
+            return Err(NodeError::EmptyFleetToken);
         }
         tracing::warn!(
             ?reach,
@@ -83,14 +81,21 @@ impl NodeTrust {
                 aurora_hub::Security::insecure_plaintext(fleet_token)
             }
         };
-        security.map_err(|error| NodeError::Usage(format!("serving the control plane: {error}")))
+        security.map_err(|error| NodeError::Security {
+            what: "serving the control plane",
+            reason: error.to_string(),
+        })
     }
 
     /// How a node calls the control plane.
     pub fn control_client(&self) -> Result<ControlSecurity, NodeError> {
         match self {
-            NodeTrust::Certificates(tls) => ControlSecurity::mutual_tls(tls)
-                .map_err(|error| NodeError::Usage(format!("calling the control plane: {error}"))),
+            NodeTrust::Certificates(tls) => {
+                ControlSecurity::mutual_tls(tls).map_err(|error| NodeError::Security {
+                    what: "calling the control plane",
+                    reason: error.to_string(),
+                })
+            }
             NodeTrust::InsecurePlaintext { fleet_token, .. } => {
                 Ok(ControlSecurity::InsecurePlaintext {
                     fleet_token: fleet_token.clone(),
@@ -105,7 +110,7 @@ impl NodeTrust {
         self.transport()
             .certified_identity()
             .unwrap_or(Ok(plaintext))
-            .map_err(NodeError::Usage)
+            .map_err(NodeError::from)
     }
 }
 

@@ -32,4 +32,4 @@ pub use node::{
     BEHIND_TIMEOUT, COMPLETED_SHOWN, MAX_REPORTS, NodeConfig, NodeHandle, NodeStatus, RETURN_AFTER,
     TransportError, spawn_actor, spawn_collector, spawn_hub, spawn_joining_actor, spawn_relay,
 };
-pub use security::{Limits, Refusal, Refusals, Security};
+pub use security::{Limits, NoSegmentRole, Refusal, Refusals, Security};

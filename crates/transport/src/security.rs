@@ -80,7 +80,7 @@ impl Security {
 
     /// The identity this node's certificate gives it on the segment protocol (none in
     /// plaintext), or why it has none (an observer's certificate).
-    pub fn certified_identity(&self) -> Option<Result<Identity, String>> {
+    pub fn certified_identity(&self) -> Option<Result<Identity, NoSegmentRole>> {
         match self {
             Security::Tls(tls) => Some(segment_identity(tls.identity())),
             Security::InsecurePlaintext { .. } => None,
@@ -95,18 +95,27 @@ pub(crate) struct TlsEndpoints {
     pub(crate) connector: TlsConnector,
 }
 
+/// A certificate whose role has no part in the segment protocol (an observer's).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{identity} has no part in the segment protocol: only trainers, relays and actors do")]
+pub struct NoSegmentRole {
+    /// The certificate's identity, as it prints.
+    pub identity: String,
+}
+
 /// The identity a certificate gives on the segment protocol: a trainer serves as the
 /// hub; an observer has no part in it.
-pub(crate) fn segment_identity(identity: &aurora_trust::Identity) -> Result<Identity, String> {
+pub(crate) fn segment_identity(
+    identity: &aurora_trust::Identity,
+) -> Result<Identity, NoSegmentRole> {
     let role = match identity.role {
         aurora_trust::Role::Trainer => Role::Hub,
         aurora_trust::Role::Relay => Role::Relay,
         aurora_trust::Role::Actor => Role::Actor,
         aurora_trust::Role::Observer => {
-            return Err(format!(
-                "{identity} has no part in the segment protocol: only trainers, relays and \
-                 actors do"
-            ));
+            return Err(NoSegmentRole {
+                identity: identity.to_string(),
+            });
         }
     };
     Ok(Identity {
@@ -130,7 +139,7 @@ pub(crate) async fn connect(
     let certified = peer_identity(stream.get_ref().1.peer_certificates())
         .map_err(|error| (error.to_string(), Refusal::Handshake))
         .and_then(|identity| {
-            segment_identity(&identity).map_err(|why| (why, Refusal::WrongRole))
+            segment_identity(&identity).map_err(|why| (why.to_string(), Refusal::WrongRole))
         })?;
     Ok((Stream::Tls(Box::new(stream.into())), certified))
 }

@@ -211,7 +211,9 @@ async fn handshake(
     };
     let certified = peer_identity(stream.get_ref().1.peer_certificates())
         .map_err(|error| (Refusal::Handshake, error.to_string()))
-        .and_then(|identity| segment_identity(&identity).map_err(|why| (Refusal::WrongRole, why)));
+        .and_then(|identity| {
+            segment_identity(&identity).map_err(|why| (Refusal::WrongRole, why.to_string()))
+        });
     let peer = match certified {
         Ok(peer) => peer,
         Err((refusal, why)) => return gate.refuse(refusal, address, &why),

@@ -250,7 +250,7 @@ pub(super) async fn spawn<E: Engine>(
     if let Some(certified) = config.security.certified_identity() {
         let certified = certified.map_err(|why| TransportError::NotTheCertificate {
             configured: config.identity.clone(),
-            certified: why,
+            certified: why.to_string(),
         })?;
         if certified.role != config.identity.role || certified.peer_id != config.identity.peer_id {
             return Err(TransportError::NotTheCertificate {
