@@ -8,7 +8,7 @@ pub enum Encoding {
     /// A 4-byte index and the BF16 value per changed element (the paper's naive sparse
     /// format).
     Int32,
-    /// LEB128 index gaps and BF16 values (the paper's SparrowRL encoding).
+    /// LEB128 index gaps and BF16 values (the paper's own encoding, AuroraRL's).
     Leb128,
     /// aurora's own encoding (`delta::codec::aurora`).
     Aurora,
