@@ -742,6 +742,7 @@ mod tests {
                 "bandwidth-sweep",
                 "four-regions",
                 "lossy-50ms",
+                "paper-testbed",
                 "two-regions",
                 "us-canada"
             ]
