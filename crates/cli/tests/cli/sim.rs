@@ -2,18 +2,10 @@
 //! written as JSON and CSV, and a fleet file that cannot run is refused naming why.
 
 use std::path::Path;
-use std::process::{Command, Output};
+
+use crate::util::aurora;
 
 const FLEETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../wan/fleets");
-
-fn aurora(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_aurora"))
-        .args(args)
-        .env("AURORA_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("the aurora binary runs")
-}
 
 #[test]
 fn every_shipped_fleet_runs_and_writes_its_figures() {
@@ -29,7 +21,7 @@ fn every_shipped_fleet_runs_and_writes_its_figures() {
         let json = scratch.path().join(format!("{name}.json"));
         let csv = scratch.path().join(format!("{name}.csv"));
         let steps = scratch.path().join(format!("{name}-steps.csv"));
-        let output = aurora(&[
+        let stdout = aurora(&[
             "sim",
             "fleet",
             fleet.to_str().unwrap(),
@@ -39,13 +31,9 @@ fn every_shipped_fleet_runs_and_writes_its_figures() {
             csv.to_str().unwrap(),
             "--steps-csv",
             steps.to_str().unwrap(),
-        ]);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "{name}: {stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        ])
+        .ok()
+        .stdout;
         assert!(stdout.contains(&format!("Fleet \"{name}\"")), "{stdout}");
         let figures: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -75,11 +63,9 @@ fn a_fleet_that_cannot_run_is_refused_naming_why() {
     let refused = |name: &str, body: &str| {
         let path = scratch.path().join(format!("{name}.toml"));
         std::fs::write(&path, body.replace("TOPOLOGY", topology.to_str().unwrap())).unwrap();
-        let output = aurora(&["sim", "fleet", path.to_str().unwrap()]);
-        assert!(!output.status.success(), "{name} ran");
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        assert!(!stderr.contains("panicked"), "{stderr}");
-        stderr
+        let run = aurora(&["sim", "fleet", path.to_str().unwrap()]).fails();
+        assert!(!run.stderr.contains("panicked"), "{name}: {}", run.stderr);
+        run.stderr
     };
     let fleet = "format = 1\nname = \"x\"\ntopology = \"TOPOLOGY\"\ntrainer_region = \"us\"\n\
                  model = \"qwen3-4b\"\ntrainer_gpus = 2\ndataset = \"gsm8k\"\n";

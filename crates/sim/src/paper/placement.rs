@@ -271,42 +271,30 @@ impl Bench {
                 let setup = setup.slow_trainer();
                 self.relay_rates(&setup, &self.deployment(&setup, &pool), &pool)
             };
-            rows.extend(checked(
-                Row::compared(
-                    format!("{}: no relay", dataset.name),
-                    Value(without_paper),
-                    without,
-                    "tokens/s",
-                ),
-                DECODE_WHY,
-                0.7,
-                || {
-                    Ok(vec![Row::what_if(
-                        format!("{}, trainer at 25% MFU: no relay", dataset.name),
-                        Value(without_paper),
-                        slow_trainer()?[1],
+            // Without relays, then with them: index 1 and 0 of `relay_rates`.
+            for (what, index, paper, tolerance) in [
+                ("no relay", 1, without_paper, 0.7),
+                ("relay", 0, with_paper, 0.6),
+            ] {
+                rows.extend(checked(
+                    Row::compared(
+                        format!("{}: {what}", dataset.name),
+                        Value(paper),
+                        [with, without][index],
                         "tokens/s",
-                    )])
-                },
-            )?);
-            rows.extend(checked(
-                Row::compared(
-                    format!("{}: relay", dataset.name),
-                    Value(with_paper),
-                    with,
-                    "tokens/s",
-                ),
-                DECODE_WHY,
-                0.6,
-                || {
-                    Ok(vec![Row::what_if(
-                        format!("{}, trainer at 25% MFU: relay", dataset.name),
-                        Value(with_paper),
-                        slow_trainer()?[0],
-                        "tokens/s",
-                    )])
-                },
-            )?);
+                    ),
+                    DECODE_WHY,
+                    tolerance,
+                    || {
+                        Ok(vec![Row::what_if(
+                            format!("{}, trainer at 25% MFU: {what}", dataset.name),
+                            Value(paper),
+                            slow_trainer()?[index],
+                            "tokens/s",
+                        )])
+                    },
+                )?);
+            }
             rows.extend(checked(
                 Row::compared(
                     format!("{}: relay over none", dataset.name),
