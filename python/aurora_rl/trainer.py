@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 from aurora_rl import _core
 from aurora_rl._node import ClosingNode
 from aurora_rl._tensors import Tensor, host_tensors
+
+#: A trainer a caller brings back with :meth:`Trainer.recover`.
+T = TypeVar("T")
 
 logger = logging.getLogger("aurora_rl.trainer")
 
@@ -193,17 +196,45 @@ class Trainer(ClosingNode):
         self._previous = tensors
         return version
 
+    def recover(
+        self,
+        restore: Callable[[int, bytes], T],
+        retrain: Callable[[T, int, bytes], None],
+        export: Callable[[T], Mapping[str, Tensor]],
+    ) -> T:
+        """Brings a restarted trainer back to the latest published version (what
+        :meth:`resume` checks, done whole): ``restore(version, state)`` rebuilds it from
+        the newest state kept with :meth:`save_state` at or below that version, then
+        ``retrain(trainer, version, rollouts)`` trains each later version once more on
+        the rollouts kept with :meth:`save_rollouts`. Training must be deterministic:
+        every version's ``export(trainer)`` must hash to the weights it was published
+        with, else ``WrongBaseError`` names the first that differs. The latest export is
+        the base of the next :meth:`publish`. Returns the trainer; an exception a
+        callable raises is the cause of the ``NodeError`` raised."""
+        latest: list[Any] = []
+
+        def hashed(trainer: T, version: int) -> list[Any]:
+            latest[:] = host_tensors(export(trainer))
+            return latest
+
+        trainer, version, restored_from = self._node.recover(restore, retrain, hashed)
+        self._previous = list(latest)
+        logger.info(
+            "recovered version %d from version %d's state (%d trained again)", version, restored_from, version - restored_from
+        )
+        return trainer
+
     def save_state(self, version: int, data: bytes) -> None:
         """Keeps the trainer's own state once it produced ``version`` (master weights,
         optimizer moments, data-loader and RNG positions: serialise it as you like, for
         example ``torch.save`` of the state dicts into an ``io.BytesIO``) in the store,
         hashed and written crash-safely. Save one every few versions; a restarted trainer
-        loads the newest (:meth:`load_state`) and trains forward on the rollouts kept
-        with :meth:`save_rollouts`."""
+        comes back from the newest with :meth:`recover`."""
         self._node.save_trainer_data("state", version, bytes(data))
 
     def load_state(self) -> Optional[tuple[int, bytes]]:
-        """The newest state kept with :meth:`save_state` and its version, or ``None``."""
+        """The newest state kept with :meth:`save_state` and its version, or ``None``
+        (:meth:`recover` takes the newest at or below the latest version itself)."""
         versions = self._node.trainer_data_versions("state")
         if not versions:
             return None

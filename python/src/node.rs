@@ -12,8 +12,8 @@ use std::time::Duration;
 use aurora_api::{StatusResponse, WireResult};
 use aurora_delta::{ChangedElements, Encoding};
 use aurora_node::{
-    Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, StepResults, TrainerNode,
-    TrainerSettings,
+    Activation, ActorNode, ActorSettings, Handoff, NodeError, Published, RecoverError, Retraining,
+    RetrainingError, StepResults, TrainerNode, TrainerSettings,
 };
 use aurora_proto::Weights;
 use aurora_store::TrainerData;
@@ -391,6 +391,34 @@ impl TrainerNodeCore {
             .collect())
     }
 
+    /// Brings a restarted trainer back to the latest published version
+    /// (`aurora_node::TrainerNode::recover`) with the caller's callables:
+    /// `restore(version, state)` gives a trainer, `retrain(trainer, version, rollouts)`
+    /// trains it once more, `export(trainer, version)` gives its host tensors. Returns
+    /// the trainer, the latest version and the version it was restored from.
+    fn recover(
+        &self,
+        restore: Bound<'_, PyAny>,
+        retrain: Bound<'_, PyAny>,
+        export: Bound<'_, PyAny>,
+    ) -> PyResult<(Py<PyAny>, u64, u64)> {
+        let py = restore.py();
+        let mut callables = Callables {
+            restore,
+            retrain,
+            export,
+        };
+        let recovered = self
+            .node()?
+            .recover(&mut callables)
+            .map_err(|error| recover_error(py, error))?;
+        Ok((
+            recovered.trainer,
+            recovered.version,
+            recovered.restored_from,
+        ))
+    }
+
     /// `version`'s trainer data of `kind`, verified against its hash.
     fn trainer_data<'py>(
         &self,
@@ -678,6 +706,66 @@ impl ActorNodeCore {
 impl ActorNodeCore {
     fn node(&self) -> PyResult<Arc<ActorNode>> {
         open_node(&self.node, &self.runtime)
+    }
+}
+
+/// A Python trainer's side of `TrainerNode::recover`: its own callables, called with the
+/// GIL held (the recovery runs on the caller's thread).
+struct Callables<'py> {
+    restore: Bound<'py, PyAny>,
+    retrain: Bound<'py, PyAny>,
+    export: Bound<'py, PyAny>,
+}
+
+impl Retraining for Callables<'_> {
+    type Trainer = Py<PyAny>;
+
+    fn restore(&mut self, version: u64, state: Vec<u8>) -> Result<Py<PyAny>, RetrainingError> {
+        let state = PyBytes::new(self.restore.py(), &state);
+        Ok(self.restore.call1((version, state))?.unbind())
+    }
+
+    fn retrain(
+        &mut self,
+        trainer: &mut Py<PyAny>,
+        version: u64,
+        rollouts: Vec<u8>,
+    ) -> Result<(), RetrainingError> {
+        let py = self.retrain.py();
+        let rollouts = PyBytes::new(py, &rollouts);
+        self.retrain.call1((trainer.bind(py), version, rollouts))?;
+        Ok(())
+    }
+
+    fn weights_hash(
+        &mut self,
+        trainer: &mut Py<PyAny>,
+        version: u64,
+    ) -> Result<aurora_delta::Hash, RetrainingError> {
+        let py = self.export.py();
+        let tensors: Vec<TensorArg<'_>> =
+            self.export.call1((trainer.bind(py), version))?.extract()?;
+        let tensors = Tensors::borrow(tensors)?;
+        let checkpoint = tensors.checkpoint()?;
+        Ok(py.detach(|| checkpoint.weights_hash()))
+    }
+}
+
+/// A recovery's failure: the caller's own exception as the cause of the step it failed
+/// in; a trainer that did not reproduce a version as `WrongBaseError`.
+fn recover_error(py: Python<'_>, error: RecoverError) -> PyErr {
+    let (head, message) = (error.to_string(), message_chain(&error));
+    match error {
+        RecoverError::NothingPublished => usage_error(message),
+        RecoverError::NotReproduced { .. } => errors::WrongBaseError::new_err(message),
+        RecoverError::Retraining { source, .. } => {
+            let raised = errors::NodeError::new_err(head);
+            if let Ok(cause) = source.downcast::<PyErr>() {
+                raised.set_cause(py, Some(*cause));
+            }
+            raised
+        }
+        _ => errors::NodeError::new_err(message),
     }
 }
 

@@ -236,21 +236,38 @@ def test_a_restarted_trainer_resumes_from_its_saved_state_and_rollouts(tmp_path)
     trainer.close()  # the crash: version 3 was trained but not published
 
     # The restarted trainer: the newest state, then every later version trained again.
+    def restore(version: int, saved: bytes):
+        assert version == 0
+        model, optimizer = fresh()
+        checkpoint = torch.load(io.BytesIO(saved))
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        return model, optimizer
+
+    def retrain(trainer, version: int, rollouts: bytes):
+        train(*trainer, rollouts)
+
     again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
-    from_version, saved = again.load_state()
-    assert from_version == 0
-    model, optimizer = fresh()
-    checkpoint = torch.load(io.BytesIO(saved))
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    for version in (1, 2):
-        train(model, optimizer, again.rollouts(version))
-    assert again.resume(export(model)) == 2, "the weights of version 2, reproduced"
+    model, optimizer = again.recover(restore, retrain, lambda trainer: export(trainer[0]))
     train(model, optimizer, rollouts(3))
     assert torch.equal(export(model)["w"], unbroken)
     assert again.publish(export(model)).version == 3
     with pytest.raises(aurora_rl.NodeError, match="rollouts"):
         again.rollouts(3)
+    again.close()
+
+    # Training that differs is refused at the first version it changes; an exception of
+    # the trainer's own is the cause of the error.
+    again = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)
+    with pytest.raises(aurora_rl.WrongBaseError, match="version 1 was published with weights"):
+        again.recover(restore, lambda trainer, version, rollouts: [train(*trainer, rollouts) for _ in (1, 2)], lambda t: export(t[0]))
+
+    def failing(trainer, version: int, rollouts: bytes):
+        raise KeyError("no such batch")
+
+    with pytest.raises(aurora_rl.NodeError, match="training again into version 1") as raised:
+        again.recover(restore, failing, lambda t: export(t[0]))
+    assert isinstance(raised.value.__cause__, KeyError)
     again.close()
 
 

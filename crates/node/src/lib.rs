@@ -5,7 +5,8 @@
 //!
 //! - [`TrainerNode`]: the control plane (HTTP API), the transport hub and the checkpoint
 //!   store; publishes versions (extracted against the previous one and streamed
-//!   cut-through), commits them, opens steps and hands back their accepted rollouts.
+//!   cut-through), commits them, opens steps and hands back their accepted rollouts;
+//!   brings a restarted trainer back to its latest version ([`TrainerNode::recover`]).
 //! - [`ActorNode`]: a transport actor that joins over the wire (or from local weights),
 //!   stages deltas behind generation and activates committed versions at the engine's
 //!   safe points, plus the actor's side of the control API (register, heartbeats, version
@@ -22,6 +23,7 @@ mod actor;
 mod client;
 mod error;
 mod handoff;
+mod recover;
 mod trainer;
 mod trust;
 
@@ -31,6 +33,7 @@ pub use aurora_transport::{BEHIND_TIMEOUT, Limits as TransportLimits, RETURN_AFT
 pub use client::{ControlClient, ControlSecurity};
 pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};
+pub use recover::{RecoverError, Recovered, Retraining, RetrainingError};
 pub use trainer::{Published, TrainerNode, TrainerSettings};
 pub use trust::NodeTrust;
 

@@ -592,7 +592,7 @@ fn catch_up_control_plane(hub: &Hub, store: &Store) -> Result<Option<VersionRef>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use aurora_synth::{Synth, SynthConfig, preset};
 
@@ -610,7 +610,7 @@ mod tests {
     }
 
     /// A trainer node over plaintext in a fresh directory (kept alive by the caller).
-    async fn started() -> (tempfile::TempDir, Arc<TrainerNode>) {
+    pub(crate) async fn started() -> (tempfile::TempDir, Arc<TrainerNode>) {
         let dir = tempfile::tempdir().unwrap();
         let trust =
             NodeTrust::insecure_plaintext("fleet", aurora_trust::PlaintextReach::Loopback).unwrap();

@@ -20,7 +20,7 @@ use aurora_delta::{Checkpoint, Encoding};
 use aurora_engine::{Policy, RolloutGroup, TrainStats, Trainer};
 use aurora_hub::{Hub, StepResults};
 use aurora_node::NodeTrust;
-use aurora_node::{Published, TrainerNode, TrainerSettings};
+use aurora_node::{Published, Retraining, RetrainingError, TrainerNode, TrainerSettings};
 use aurora_store::{Store, TrainerData};
 use serde::{Deserialize, Serialize};
 
@@ -125,9 +125,9 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
         }
         Some(latest) => {
             let resuming = Instant::now();
-            let (config, store) = (config.clone(), store.clone());
+            let (config, node) = (config.clone(), node.clone());
             let (trainer, exports, replayed) =
-                tokio::task::spawn_blocking(move || resume(&config, &store, latest)).await??;
+                tokio::task::spawn_blocking(move || resume(&config, &node)).await??;
             announce(&format!(
                 "resumed {}",
                 serde_json::json!({
@@ -402,40 +402,57 @@ async fn pending_after_restart(
     )
 }
 
-/// The trainer as it was when it published `latest`: the newest stored state at or
-/// below it, then every later version trained again on the rollouts it was trained
-/// on. Training is deterministic, so each must export the weights hash the store holds;
-/// one that does not is refused, since publishing it would give a version two contents.
-/// Returns the trainer, the exports a next step needs, and how many versions it
-/// trained again.
-fn resume(config: &RunConfig, store: &Store, latest: u64) -> Result<(Trainer, Exports, u64)> {
-    let states = store.trainer_data_records(TrainerData::State)?;
-    let from = *states
-        .range(..=latest)
-        .next_back()
-        .with_context(|| format!("no trainer state at or below version {latest} to resume from"))?
-        .0;
-    let mut trainer = Trainer::load_state(&store.trainer_data(TrainerData::State, from)?)
-        .with_context(|| format!("restoring the trainer state of version {from}"))?;
-    let hashes = store.weights_hashes()?;
-    let stored_hash = |version: u64| {
-        hashes
-            .get(&version)
-            .copied()
-            .with_context(|| format!("version {version} is not in the store"))
-    };
-    let mut exports = Exports::default();
-    let check = |version: u64, bytes: &[u8]| -> Result<()> {
-        let hash = Checkpoint::from_safetensors(bytes)?.weights_hash();
-        let stored = stored_hash(version)?;
-        if hash != stored {
-            bail!(
-                "cannot resume: the trainer reproduces version {version} with weights {hash}, \
-                 but the store holds {stored} (was the run's configuration changed?)"
-            );
-        }
+/// The run's side of [`TrainerNode::recover`]: the engine's trainer state, a version
+/// trained again on its stored [`TrainedOn`], and the exports the next step needs.
+struct Retrain<'a> {
+    config: &'a RunConfig,
+    store: &'a Store,
+    reference: Option<Policy>,
+    exports: Exports,
+}
+
+impl Retraining for Retrain<'_> {
+    type Trainer = Trainer;
+
+    fn restore(&mut self, _: u64, state: Vec<u8>) -> Result<Trainer, RetrainingError> {
+        Ok(Trainer::load_state(&state)?)
+    }
+
+    fn retrain(
+        &mut self,
+        trainer: &mut Trainer,
+        version: u64,
+        rollouts: Vec<u8>,
+    ) -> Result<(), RetrainingError> {
+        let trained_on: TrainedOn = serde_json::from_slice(&rollouts)?;
+        let (_, bytes) = train_version(
+            self.config,
+            trainer,
+            (&self.exports, self.store),
+            self.reference.as_ref(),
+            &trained_on,
+        )?;
+        self.exports.insert(version, bytes);
         Ok(())
-    };
+    }
+
+    fn weights_hash(
+        &mut self,
+        trainer: &mut Trainer,
+        version: u64,
+    ) -> Result<aurora_delta::Hash, RetrainingError> {
+        // The restored state's export is made here; a retrained one's by `retrain`.
+        if self.exports.get(version).is_err() {
+            self.exports.insert(version, trainer.export_bf16()?);
+        }
+        Ok(Checkpoint::from_safetensors(&self.exports.get(version)?)?.weights_hash())
+    }
+}
+
+/// The trainer as it was when it published the latest version ([`TrainerNode::recover`]).
+/// Returns it, the exports a next step needs, and how many versions it trained again.
+fn resume(config: &RunConfig, node: &TrainerNode) -> Result<(Trainer, Exports, u64)> {
+    let store = node.store();
     let reference = match config.rl.kl_coef > 0.0 {
         true => Some(Policy::from_safetensors(
             &config.model,
@@ -443,27 +460,20 @@ fn resume(config: &RunConfig, store: &Store, latest: u64) -> Result<(Trainer, Ex
         )?),
         false => None,
     };
-    let exported = trainer.export_bf16()?;
-    check(from, &exported)?;
-    exports.insert(from, exported);
-    for version in from + 1..=latest {
-        let trained_on: TrainedOn =
-            serde_json::from_slice(&store.trainer_data(TrainerData::Rollouts, version)?)
-                .with_context(|| {
-                    format!("reading the rollouts version {version} was trained on")
-                })?;
-        let (_, bytes) = train_version(
-            config,
-            &mut trainer,
-            (&exports, store),
-            reference.as_ref(),
-            &trained_on,
-        )?;
-        check(version, &bytes)?;
-        exports.insert(version, bytes);
-        tracing::info!(version, "trained again after the restart");
-    }
-    Ok((trainer, exports, latest - from))
+    let mut retrain = Retrain {
+        config,
+        store,
+        reference,
+        exports: Exports::default(),
+    };
+    let recovered = node
+        .recover(&mut retrain)
+        .context("cannot resume the trainer")?;
+    Ok((
+        recovered.trainer,
+        retrain.exports,
+        recovered.version - recovered.restored_from,
+    ))
 }
 
 /// Seconds from now until every actor runs `version`, also kept in `into`.
