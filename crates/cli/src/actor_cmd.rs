@@ -11,6 +11,7 @@ use aurora_transport::{IdleEngine, spawn_actor, spawn_joining_actor};
 use clap::Args;
 
 use crate::relay_cmd::{Node, NodeArgs, report_activations};
+use crate::signals::StopSignals;
 
 #[derive(Args)]
 pub struct ActorArgs {
@@ -21,11 +22,18 @@ pub struct ActorArgs {
 pub fn run(args: ActorArgs) -> Result<()> {
     let Node { config, weights } = args.node.resolve(Role::Actor)?;
     crate::runtime(None)?.block_on(async {
+        let stop = StopSignals::new()?;
         let engine = Arc::new(IdleEngine::default());
         let actor = match weights {
             Some(weights) => spawn_actor(config, weights, engine).await?,
             None => spawn_joining_actor(config, engine).await?,
         };
-        report_activations(&actor).await
+        tokio::select! {
+            reported = report_activations(&actor) => reported,
+            signal = stop.recv() => {
+                tracing::info!(signal, "asked to stop");
+                Ok(())
+            }
+        }
     })
 }

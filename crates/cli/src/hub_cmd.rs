@@ -20,6 +20,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::limits_file::NodeLimits;
+use crate::signals::StopSignals;
 use crate::trust_args::TrustArgs;
 
 #[derive(Args)]
@@ -85,6 +86,7 @@ pub fn run(args: HubArgs) -> Result<()> {
     };
     settings.insecure_unsigned = args.insecure_unsigned;
     let runtime = crate::runtime(None)?;
+    let stop = runtime.block_on(async { StopSignals::new() })?;
     let node = Arc::new(
         runtime
             .block_on(TrainerNode::start(settings))
@@ -95,18 +97,37 @@ pub fn run(args: HubArgs) -> Result<()> {
     println!("listening on {}", node.control_address());
     println!("transport listening on {}", node.transport_address());
     std::io::stdout().flush()?;
+    let mut stopping = Box::pin(stop.recv());
     let Some(watched) = args.watch else {
-        // Serves until killed.
-        runtime.block_on(std::future::pending::<()>());
+        stopped(runtime.block_on(stopping));
         return Ok(());
     };
     let mut watcher = Watcher::open(&args.dir, watched, args.marker, &node)?;
     loop {
+        // A signal stops the hub between versions: the one being published is finished,
+        // stored and recorded first.
         for checkpoint in watcher.complete_and_new()? {
             watcher.publish(&node, &runtime, &checkpoint)?;
         }
-        std::thread::sleep(Duration::from_millis(args.poll_ms));
+        let poll = Duration::from_millis(args.poll_ms);
+        let signal = runtime.block_on(async {
+            tokio::select! {
+                signal = &mut stopping => Some(signal),
+                _ = tokio::time::sleep(poll) => None,
+            }
+        });
+        if let Some(signal) = signal {
+            stopped(signal);
+            return Ok(());
+        }
     }
+}
+
+/// A hub stopped by `signal`: everything it published is in its store (each put is
+/// durable when it returns), so it just says so.
+fn stopped(signal: &str) {
+    tracing::info!(signal, "asked to stop: every published version is stored");
+    println!("stopped");
 }
 
 /// Which checkpoint of the watched directory became which version, and which were set

@@ -11,6 +11,7 @@ mod hub_cmd;
 mod limits_file;
 mod relay_cmd;
 mod run;
+mod signals;
 mod sim_cmd;
 mod store_cmd;
 mod synth_cmd;

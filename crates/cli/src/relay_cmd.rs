@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroU8;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::{FileImages, MappedFile};
@@ -17,6 +18,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::limits_file::NodeLimits;
+use crate::signals::StopSignals;
 use crate::trust_args::TrustArgs;
 
 /// Settings of a relay or an actor, from flags or a TOML file with the same keys (flags
@@ -244,6 +246,9 @@ fn read_config(path: &Path) -> Result<NodeArgs> {
     toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
+/// How long a stopping relay waits for its subscribers to be sent away.
+const STOP_DEADLINE: Duration = Duration::from_secs(10);
+
 #[derive(Args)]
 pub struct RelayArgs {
     /// Address actors connect to (port 0 picks one; the bound address is printed).
@@ -257,12 +262,27 @@ pub fn run(args: RelayArgs) -> Result<()> {
     let Node { mut config, .. } = args.node.resolve(Role::Relay)?;
     config.listen = Some(args.listen);
     crate::runtime(None)?.block_on(async {
+        let stop = StopSignals::new()?;
         let relay = spawn_relay(config).await?;
         let address = relay.local_addr().context("the relay listens")?;
         // One line on stdout announces readiness to scripts and tests; logs go to stderr.
         println!("listening on {address}");
         std::io::stdout().flush()?;
-        report_held(&relay).await
+        tokio::select! {
+            held = report_held(&relay) => held,
+            signal = stop.recv() => {
+                // Its actors move to their next upstream now, not when its sockets close.
+                let reason = format!("the relay is stopping ({signal})");
+                tracing::info!(signal, "asked to stop: sending the subscribers to their next upstream");
+                relay.stop_serving(reason).await?;
+                let gone = relay.wait_for(|status| status.subscribers == 0);
+                if tokio::time::timeout(STOP_DEADLINE, gone).await.is_err() {
+                    tracing::warn!("subscribers still connected after {STOP_DEADLINE:?}: stopping");
+                }
+                println!("stopped");
+                Ok(())
+            }
+        }
     })
 }
 

@@ -165,6 +165,8 @@ pub struct Node {
     upstream_welcomed_at: Option<Instant>,
     /// A relay that keeps a snapshot for its region's joins ([`Node::keep_snapshots`]).
     keeping: Option<Keeping>,
+    /// The node serves nobody any more ([`Node::stop_serving`]).
+    stopped_serving: bool,
     outputs: VecDeque<Output>,
 }
 
@@ -234,6 +236,7 @@ impl Node {
             upstream_lost_at: None,
             upstream_welcomed_at: None,
             keeping: None,
+            stopped_serving: false,
             outputs: VecDeque::new(),
         }
     }
@@ -314,6 +317,17 @@ impl Node {
         self.suspend_after = Some(after);
     }
 
+    /// Sends every subscriber away and refuses new ones for good ([`Sender::suspend`]):
+    /// a relay's graceful stop (docs/wire-protocol.md §8), after which its subscribers
+    /// are at their next upstream before it closes its sockets.
+    pub fn stop_serving(&mut self, reason: String) {
+        self.stopped_serving = true;
+        if let Some(sender) = &mut self.sender {
+            tracing::info!(reason, "sending the subscribers away for good");
+            sender.suspend(reason);
+        }
+    }
+
     /// An actor checks each staged delta's target hash over its active weights behind
     /// generation ([`Output::Verify`]) and reports it staged only then: the check an
     /// activation would make at the safe point, where the engine waits for it, is made
@@ -342,6 +356,7 @@ impl Node {
         self.upstream_lost_at = None;
         if let Some(sender) = &mut self.sender
             && sender.is_suspended()
+            && !self.stopped_serving
         {
             tracing::info!("an upstream again: serving subscribers");
             sender.resume();
@@ -929,6 +944,8 @@ impl Node {
 }
 
 mod keeping;
+#[cfg(test)]
+mod keeping_tests;
 #[cfg(test)]
 mod tests;
 

@@ -124,7 +124,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         behind_timeout: aurora_node::BEHIND_TIMEOUT,
     };
     // Taken before joining, so a stop asked meanwhile is not lost.
-    let mut stop = StopSignals::new()?;
+    let stop = crate::signals::StopSignals::new()?;
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;
     let outcome = tokio::select! {
         outcome = generate_forever(&config, &node, &engine) => outcome,
@@ -137,30 +137,6 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
     };
     node.stop();
     outcome
-}
-
-/// SIGTERM (a cloud's preemption notice, a scheduler's stop) and SIGINT.
-struct StopSignals {
-    terminate: tokio::signal::unix::Signal,
-    interrupt: tokio::signal::unix::Signal,
-}
-
-impl StopSignals {
-    fn new() -> Result<StopSignals> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(StopSignals {
-            terminate: signal(SignalKind::terminate()).context("handling SIGTERM")?,
-            interrupt: signal(SignalKind::interrupt()).context("handling SIGINT")?,
-        })
-    }
-
-    /// The name of the first of them to arrive.
-    async fn recv(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.terminate.recv() => "SIGTERM",
-            _ = self.interrupt.recv() => "SIGINT",
-        }
-    }
 }
 
 async fn generate_forever(

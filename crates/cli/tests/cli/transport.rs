@@ -1,7 +1,7 @@
 //! `aurora hub`, `aurora relay` and `aurora actor` as real processes on loopback: a store's
 //! deltas reach an actor through a relay, verified and activated; an actor with no weights
-//! (`--join`) takes the store's snapshot over the wire; and a hub watching a directory
-//! publishes each checkpoint a trainer saves there.
+//! (`--join`) takes the store's snapshot over the wire; a hub watching a directory
+//! publishes each checkpoint a trainer saves there; and each node stops cleanly on SIGTERM.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -52,6 +52,22 @@ impl Process {
                 return rest.to_string();
             }
         }
+    }
+
+    /// Sends SIGTERM, as a cloud's preemption notice or a scheduler's stop does; the
+    /// process then says `stopped` and ends with status 0.
+    fn terminate(&mut self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) on a child this test started and has not reaped.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGTERM) },
+            0,
+            "{}",
+            self.name
+        );
+        self.expect("stopped");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{} ended with {status}", self.name);
     }
 }
 
@@ -446,4 +462,73 @@ fn a_hub_watching_a_directory_publishes_each_checkpoint_a_trainer_saves() {
         hub.expect("published "),
         format!("checkpoint-300 as version 3 {}", hash(3))
     );
+}
+
+#[test]
+fn a_relay_and_a_hub_stop_cleanly_on_sigterm_and_the_relay_s_actor_moves_on() {
+    let s = Scratch::new();
+    let steps = s.synth("tiny", 2, &[]);
+    let watched = s.path("checkpoints");
+    let save = |step: usize| {
+        let dir = watched.join(format!("checkpoint-{step}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&steps[step], dir.join("model.safetensors")).unwrap();
+        std::fs::write(dir.join("COMPLETE"), b"").unwrap();
+    };
+    save(0);
+    let plaintext = os("--insecure-plaintext");
+    let watch = [
+        os("--watch"),
+        watched.as_os_str(),
+        os("--poll-ms"),
+        os("20"),
+        plaintext,
+    ];
+    let mut hub = start_hub(&s.path("hub"), &watch);
+    let hub_address = hub.expect("transport listening on ");
+    let hash = |step: usize| weights_hash(&steps[step]).to_hex();
+    assert_eq!(hub.expect("published checkpoint-0 as version 0 "), hash(0));
+    let mut relay = Process::start(
+        "relay",
+        &[
+            os("relay"),
+            os("--listen"),
+            os("127.0.0.1:0"),
+            os("--id"),
+            os("relay-eu"),
+            os("--region"),
+            os("eu"),
+            os("--upstream"),
+            os(&hub_address),
+            plaintext,
+        ],
+    );
+    let relay_address = relay.expect("listening on ");
+    let actor = Process::start(
+        "actor",
+        &[
+            os("actor"),
+            os("--join"),
+            os("--id"),
+            os("1"),
+            os("--region"),
+            os("eu"),
+            os("--upstream"),
+            os(&relay_address),
+            os("--upstream"),
+            os(&hub_address),
+            plaintext,
+        ],
+    );
+    // It joined from the hub's snapshot, then subscribed to the relay for the deltas.
+    assert_eq!(actor.expect("active 0 "), hash(0));
+
+    // The relay sends its actor to the next upstream, the hub, which brings the next
+    // version.
+    relay.terminate();
+    save(1);
+    assert_eq!(hub.expect("published checkpoint-1 as version 1 "), hash(1));
+    assert_eq!(actor.expect("active 1 "), hash(1));
+    // The hub stops between versions, everything published stored.
+    hub.terminate();
 }

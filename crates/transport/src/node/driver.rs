@@ -687,6 +687,7 @@ impl<E: Engine> Driver<E> {
                 self.read_store(None);
                 let _ = reply.send(Ok(()));
             }
+            Command::StopServing(reason) => self.node.stop_serving(reason),
             Command::TakeKept { reply } => {
                 let _ = reply.send(self.node.take_kept());
             }

@@ -35,6 +35,7 @@ pub(super) enum Command {
     StoreChanged {
         reply: oneshot::Sender<Result<(), TransportError>>,
     },
+    StopServing(String),
     /// A relay's fetcher hands over the snapshot it took ([`aurora_proto::Node::take_kept`]).
     TakeKept {
         reply: oneshot::Sender<Option<(KeptSnapshot, Box<dyn KeptSegments>)>>,
@@ -178,6 +179,16 @@ impl NodeHandle {
     pub async fn expect_committed(&self, version: u64) -> Result<(), TransportError> {
         self.commands
             .send(Command::ExpectCommitted(version))
+            .await
+            .map_err(|_| TransportError::Stopped)
+    }
+
+    /// Sends every subscriber away and refuses new ones, for `reason`, until the node
+    /// stops: a relay's graceful stop, so its subscribers move to their next upstream at
+    /// once ([`aurora_proto::Node::stop_serving`]).
+    pub async fn stop_serving(&self, reason: String) -> Result<(), TransportError> {
+        self.commands
+            .send(Command::StopServing(reason))
             .await
             .map_err(|_| TransportError::Stopped)
     }
