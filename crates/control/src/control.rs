@@ -563,4 +563,6 @@ fn readiness(latest: Version, active: Version, staged: Option<Version>) -> Readi
 }
 
 #[cfg(test)]
+mod bounds_tests;
+#[cfg(test)]
 mod tests;

@@ -536,4 +536,6 @@ mod decode;
 mod encode;
 
 #[cfg(test)]
+mod limit_tests;
+#[cfg(test)]
 mod tests;

@@ -877,4 +877,10 @@ fn truncated(reason: &str) -> String {
 }
 
 #[cfg(test)]
+mod behind_tests;
+#[cfg(test)]
+mod run_tests;
+#[cfg(test)]
+mod signature_tests;
+#[cfg(test)]
 mod tests;

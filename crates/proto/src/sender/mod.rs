@@ -800,4 +800,10 @@ impl Sender {
 }
 
 #[cfg(test)]
+mod catch_up_tests;
+#[cfg(test)]
+mod stream_tests;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trust_tests;
