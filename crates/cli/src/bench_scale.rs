@@ -150,7 +150,7 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         "hub".into(),
         "--dir".into(),
         hub_dir.display().to_string(),
-        "--listen".into(),
+        "--control-listen".into(),
         "127.0.0.1:0".into(),
         "--transport-listen".into(),
         "127.0.0.1:0".into(),
@@ -174,7 +174,7 @@ pub fn run(args: ScaleArgs) -> Result<()> {
     std::fs::create_dir_all(&images)?;
     let mut relay_args = vec![
         "relay".into(),
-        "--listen".into(),
+        "--transport-listen".into(),
         "127.0.0.1:0".into(),
         "--upstream".into(),
         hub_address.clone(),

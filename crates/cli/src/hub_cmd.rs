@@ -30,9 +30,12 @@ pub struct HubArgs {
     #[arg(long, default_value = "hub")]
     dir: PathBuf,
     /// The control plane's HTTP API (port 0 picks a free one; the bound address is
-    /// printed).
-    #[arg(long, default_value = "127.0.0.1:7300")]
-    listen: SocketAddr,
+    /// printed) [default: 127.0.0.1:7300].
+    #[arg(long)]
+    control_listen: Option<SocketAddr>,
+    /// The old name of --control-listen.
+    #[arg(long, hide = true, conflicts_with = "control_listen")]
+    listen: Option<SocketAddr>,
     /// The delta transport (port 0 picks one; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:7301")]
     transport_listen: SocketAddr,
@@ -73,11 +76,15 @@ pub struct HubArgs {
 }
 
 pub fn run(args: HubArgs) -> Result<()> {
+    let control_listen = crate::renamed(
+        (args.control_listen, "--control-listen"),
+        (args.listen, "--listen"),
+    );
     let limits = NodeLimits::load(args.limits.as_deref())?;
     let mut settings = TrainerSettings::new(&args.dir, args.trust.load()?);
     settings.control_limits = limits.control;
     settings.transport_limits = limits.transport;
-    settings.control_listen = args.listen;
+    settings.control_listen = control_listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7300)));
     settings.transport_listen = args.transport_listen;
     settings.snapshot_every = args.snapshot_every;
     settings.signing_key = match &args.signing_key {

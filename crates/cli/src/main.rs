@@ -162,6 +162,17 @@ pub(crate) fn spinner(message: &str) -> indicatif::ProgressBar {
 
 /// The async runtime of a command that serves or joins the network; `workers` caps its
 /// threads (the run's nodes share this machine's cores), the default is one per core.
+/// A flag's value under its name, or under the name it had before the CLI took one
+/// vocabulary (kept for one release, with a deprecation line).
+fn renamed<T>(current: (Option<T>, &str), old: (Option<T>, &str)) -> Option<T> {
+    let ((value, name), (old_value, old_name)) = (current, old);
+    value.or_else(|| {
+        let old_value = old_value?;
+        tracing::warn!("{old_name} is deprecated and goes in the next release: use {name}");
+        Some(old_value)
+    })
+}
+
 fn runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context;
     let mut builder = tokio::runtime::Builder::new_multi_thread();

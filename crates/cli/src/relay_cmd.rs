@@ -251,16 +251,24 @@ const STOP_DEADLINE: Duration = Duration::from_secs(10);
 
 #[derive(Args)]
 pub struct RelayArgs {
-    /// Address actors connect to (port 0 picks one; the bound address is printed).
-    #[arg(long, default_value = "127.0.0.1:7400")]
-    listen: SocketAddr,
+    /// Address actors connect to (port 0 picks one; the bound address is printed)
+    /// [default: 127.0.0.1:7400].
+    #[arg(long)]
+    transport_listen: Option<SocketAddr>,
+    /// The old name of --transport-listen.
+    #[arg(long, hide = true, conflicts_with = "transport_listen")]
+    listen: Option<SocketAddr>,
     #[command(flatten)]
     node: NodeArgs,
 }
 
 pub fn run(args: RelayArgs) -> Result<()> {
     let Node { mut config, .. } = args.node.resolve(Role::Relay)?;
-    config.listen = Some(args.listen);
+    let listen = crate::renamed(
+        (args.transport_listen, "--transport-listen"),
+        (args.listen, "--listen"),
+    );
+    config.listen = Some(listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7400))));
     crate::runtime(None)?.block_on(async {
         let stop = StopSignals::new()?;
         let relay = spawn_relay(config).await?;

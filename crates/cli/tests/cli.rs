@@ -897,7 +897,7 @@ fn the_hub_process_serves_its_api_behind_the_token() {
     let mut hub = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
         .args([
             "hub",
-            "--listen",
+            "--control-listen",
             "127.0.0.1:0",
             "--transport-listen",
             "127.0.0.1:0",
@@ -947,7 +947,8 @@ fn the_hub_process_serves_its_api_behind_the_token() {
     );
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
 
-    // Without certificates or --insecure-plaintext the hub refuses to start, saying why.
+    // Without certificates or --insecure-plaintext the hub refuses to start, saying why
+    // (and that --listen, the old name of --control-listen, is going).
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
         .args(["hub", "--listen", "127.0.0.1:0", "--dir"])
         .arg(s.path("other"))
@@ -960,13 +961,18 @@ fn the_hub_process_serves_its_api_behind_the_token() {
         stderr.contains("error: this node needs --ca, --cert and --key"),
         "{stderr}"
     );
+    assert!(
+        stderr
+            .contains("--listen is deprecated and goes in the next release: use --control-listen"),
+        "{stderr}"
+    );
 
     // Without a token the hub refuses to start, saying why.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_aurora"))
         .args([
             "hub",
             "--insecure-plaintext",
-            "--listen",
+            "--control-listen",
             "127.0.0.1:0",
             "--dir",
         ])

@@ -193,7 +193,7 @@ class Processes:
 
     def start_relay(self, region: str) -> None:
         process = self._start(
-            [self.aurora_bin, "relay", "--listen", "127.0.0.1:0", "--upstream", self.trainer.transport_address,
+            [self.aurora_bin, "relay", "--transport-listen", "127.0.0.1:0", "--upstream", self.trainer.transport_address,
              *self.fleet.flags("relay", f"relay-{region}", region)],
             f"relay-{region}",
         )

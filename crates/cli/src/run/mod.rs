@@ -75,23 +75,21 @@ pub enum NodeCommand {
     Trainer {
         #[arg(long)]
         dir: PathBuf,
-        /// The address its control API and transport hub listen on.
-        #[arg(long, default_value = "127.0.0.1")]
-        bind: IpAddr,
-        /// The control API's port (0: any free one); a restarted trainer takes its old one.
-        #[arg(long, default_value_t = 0)]
-        control_port: u16,
-        /// The transport hub's port (0: any free one).
-        #[arg(long, default_value_t = 0)]
-        transport_port: u16,
+        /// Its control API (port 0: any free one; a restarted trainer takes its old one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        control_listen: SocketAddr,
+        /// Its transport hub (port 0: any free one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        transport_listen: SocketAddr,
         #[command(flatten)]
         trust: TrustArgs,
     },
     Relay {
         #[arg(long)]
         dir: PathBuf,
-        #[arg(long, default_value = "127.0.0.1")]
-        bind: IpAddr,
+        /// Where its actors connect (port 0: any free one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        transport_listen: SocketAddr,
         #[arg(long)]
         region: String,
         #[arg(long)]
@@ -117,13 +115,27 @@ pub enum NodeCommand {
 }
 
 /// The trainer's signing key in a run directory, and its public half that every relay
-/// and actor of the run pins: `aurora run` is signed by default (docs/security.md).
-const SIGNING_KEY_FILE: &str = "trainer.key";
-const TRAINER_KEY_FILE: &str = "trainer.pub";
+/// and actor of the run pins: `aurora run` is signed by default (docs/security.md). The
+/// names `aurora certs init` gives them.
+const SIGNING_KEY_FILE: &str = "signing.key";
+const TRAINER_KEY_FILE: &str = "signing.pub";
+/// What an earlier release called them, renamed when such a run is resumed.
+const OLD_KEY_FILES: [(&str, &str); 2] = [
+    ("trainer.key", SIGNING_KEY_FILE),
+    ("trainer.pub", TRAINER_KEY_FILE),
+];
 
 /// Generates the run's trainer key unless the directory holds one (a resumed run keeps
 /// its key, so what its store holds stays verifiable).
 fn ensure_trainer_key(run_dir: &Path) -> Result<()> {
+    for (old, new) in OLD_KEY_FILES {
+        let (old, new) = (run_dir.join(old), run_dir.join(new));
+        if old.exists() && !new.exists() {
+            std::fs::rename(&old, &new)
+                .with_context(|| format!("renaming {} to {}", old.display(), new.display()))?;
+            tracing::info!(from = %old.display(), to = %new.display(), "the signing key's file renamed");
+        }
+    }
     let private = run_dir.join(SIGNING_KEY_FILE);
     if private.exists() {
         return Ok(());
@@ -163,26 +175,24 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
     match command {
         NodeCommand::Trainer {
             dir,
-            bind,
-            control_port,
-            transport_port,
+            control_listen,
+            transport_listen,
             trust,
         } => trainer::run(
             &dir,
             trainer::Listen {
-                bind,
-                control_port,
-                transport_port,
+                control: control_listen,
+                transport: transport_listen,
             },
             trust.load()?,
         ),
         NodeCommand::Relay {
             dir,
-            bind,
+            transport_listen,
             region,
             upstream,
             trust,
-        } => relay(&dir, bind, region, upstream, trust.load()?),
+        } => relay(&dir, transport_listen, region, upstream, trust.load()?),
         NodeCommand::Actor {
             dir,
             id,
@@ -203,7 +213,7 @@ pub fn run_node(command: NodeCommand) -> Result<()> {
 
 fn relay(
     run_dir: &Path,
-    bind: IpAddr,
+    listen: SocketAddr,
     region: String,
     upstream: SocketAddr,
     trust: NodeTrust,
@@ -216,7 +226,7 @@ fn relay(
             region,
         };
         let mut node = NodeConfig::new(trust.identity(plaintext)?, trust.transport());
-        node.listen = Some(SocketAddr::new(bind, 0));
+        node.listen = Some(listen);
         node.upstreams = vec![upstream];
         node.streams = config.streams;
         node.trainer_key = Some(trainer_key(run_dir)?);
@@ -428,23 +438,21 @@ pub fn run(args: RunArgs) -> Result<()> {
             "trainer".into(),
             "--dir".into(),
             run_dir.display().to_string(),
-            "--bind".into(),
-            placement.bind(trainer_region)?.to_string(),
         ];
+        let bind = placement.bind(trainer_region)?;
+        let (control, transport) = ports.unwrap_or((0, 0));
+        args.extend([
+            "--control-listen".into(),
+            SocketAddr::new(bind, control).to_string(),
+            "--transport-listen".into(),
+            SocketAddr::new(bind, transport).to_string(),
+        ]);
         args.extend(trust::node_args(
             &run_dir,
             aurora_trust::Role::Trainer,
             "trainer",
             trainer_region,
         )?);
-        if let Some((control, transport)) = ports {
-            args.extend([
-                "--control-port".into(),
-                control.to_string(),
-                "--transport-port".into(),
-                transport.to_string(),
-            ]);
-        }
         let command = placement.command(trainer_region)?;
         Node::spawn("trainer", command, &args, &env, &run_dir, sender.clone())
     };
@@ -516,8 +524,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             "relay".into(),
             "--dir".into(),
             run_dir.display().to_string(),
-            "--bind".into(),
-            placement.bind(&region.name)?.to_string(),
+            "--transport-listen".into(),
+            SocketAddr::new(placement.bind(&region.name)?, 0).to_string(),
             "--region".into(),
             region.name.clone(),
             "--upstream".into(),
@@ -813,4 +821,30 @@ fn describe(record: &StepRecord) -> String {
 /// hidden bar would swallow `println`).
 fn say(progress: &ProgressBar, line: impl AsRef<str>) {
     progress.suspend(|| println!("{}", line.as_ref()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_of_an_earlier_release_keeps_its_key_under_the_new_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old_private, old_public) = (
+            dir.path().join("trainer.key"),
+            dir.path().join("trainer.pub"),
+        );
+        aurora_trust::signing::create_key_pair(&old_private, &old_public).unwrap();
+        let public = std::fs::read(&old_public).unwrap();
+        ensure_trainer_key(dir.path()).unwrap();
+        assert!(!old_private.exists() && !old_public.exists());
+        assert_eq!(
+            std::fs::read(dir.path().join(TRAINER_KEY_FILE)).unwrap(),
+            public
+        );
+        assert_eq!(
+            signing_key(dir.path()).unwrap().verifying_key(),
+            trainer_key(dir.path()).unwrap()
+        );
+    }
 }

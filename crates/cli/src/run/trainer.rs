@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,9 +41,8 @@ pub fn run(run_dir: &Path, listen: Listen, trust: NodeTrust) -> Result<()> {
 /// and actors find it again where they left it.
 #[derive(Debug, Clone, Copy)]
 pub struct Listen {
-    pub bind: IpAddr,
-    pub control_port: u16,
-    pub transport_port: u16,
+    pub control: SocketAddr,
+    pub transport: SocketAddr,
 }
 
 /// Every exported version the trainer may still need: the behaviour policy of the
@@ -88,8 +87,8 @@ struct Pending {
 async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig) -> Result<()> {
     let started = Instant::now();
     let run_dir: &Path = &settings.dir.clone();
-    settings.control_listen = SocketAddr::new(listen.bind, listen.control_port);
-    settings.transport_listen = SocketAddr::new(listen.bind, listen.transport_port);
+    settings.control_listen = listen.control;
+    settings.transport_listen = listen.transport;
     settings.streams = config.streams;
     settings.snapshot_every = config.snapshot_every;
     settings.encoding = match config.sync {

@@ -80,7 +80,7 @@ fn key_files_others_may_read_are_refused_by_every_node() {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let refused = aurora(&[
         "relay",
-        "--listen",
+        "--transport-listen",
         "127.0.0.1:0",
         "--upstream",
         "127.0.0.1:9",
@@ -147,17 +147,22 @@ fn a_node_with_certificates_takes_no_unsigned_version_unless_told_by_name() {
     assert_error_mentions(&refused, &["cannot be used with"]);
     // A hub with certificates and no signing key: the same.
     issue(&dir, "trainer", "trainer").ok();
-    let refused = aurora(&["hub", "--listen", "127.0.0.1:0", "--transport-listen"])
-        .arg("127.0.0.1:0")
-        .arg("--dir")
-        .arg(s.path("hub"))
-        .arg("--ca")
-        .arg(dir.join("ca.pem"))
-        .arg("--cert")
-        .arg(dir.join("nodes/trainer-trainer.pem"))
-        .arg("--key")
-        .arg(dir.join("nodes/trainer-trainer.key"))
-        .fails();
+    let refused = aurora(&[
+        "hub",
+        "--control-listen",
+        "127.0.0.1:0",
+        "--transport-listen",
+    ])
+    .arg("127.0.0.1:0")
+    .arg("--dir")
+    .arg(s.path("hub"))
+    .arg("--ca")
+    .arg(dir.join("ca.pem"))
+    .arg("--cert")
+    .arg(dir.join("nodes/trainer-trainer.pem"))
+    .arg("--key")
+    .arg(dir.join("nodes/trainer-trainer.key"))
+    .fails();
     assert_error_mentions(&refused, &["no signing key", "--insecure-unsigned"]);
 }
 
@@ -167,7 +172,7 @@ fn plaintext_stays_on_loopback_unless_the_network_is_said_closed() {
     let refused = aurora(&[
         "hub",
         "--insecure-plaintext",
-        "--listen",
+        "--control-listen",
         "0.0.0.0:0",
         "--dir",
     ])
@@ -180,7 +185,7 @@ fn plaintext_stays_on_loopback_unless_the_network_is_said_closed() {
         "--insecure-plaintext",
         "--id",
         "relay",
-        "--listen",
+        "--transport-listen",
         "127.0.0.1:0",
         "--upstream",
         "192.0.2.1:7301",

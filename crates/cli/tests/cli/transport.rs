@@ -120,7 +120,7 @@ fn start_hub(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Process {
         os("hub"),
         os("--dir"),
         dir.as_os_str(),
-        os("--listen"),
+        os("--control-listen"),
         os("127.0.0.1:0"),
         os("--transport-listen"),
         os("127.0.0.1:0"),
@@ -168,7 +168,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let relay_tls = certified(&certs, "relay", "relay-eu", "eu");
     let relay_args: Vec<&std::ffi::OsStr> = [
         os("relay"),
-        os("--listen"),
+        os("--transport-listen"),
         os("127.0.0.1:0"),
         os("--upstream"),
         os(&hub_address),
@@ -234,7 +234,7 @@ fn a_stored_chain_reaches_an_actor_through_a_relay_process() {
     let keeping_tls = certified(&certs, "relay", "relay-eu-2", "eu");
     let keeping_args: Vec<&std::ffi::OsStr> = [
         os("relay"),
-        os("--listen"),
+        os("--transport-listen"),
         os("127.0.0.1:0"),
         os("--upstream"),
         os(&hub_address),
@@ -492,7 +492,7 @@ fn a_relay_and_a_hub_stop_cleanly_on_sigterm_and_the_relay_s_actor_moves_on() {
         "relay",
         &[
             os("relay"),
-            os("--listen"),
+            os("--transport-listen"),
             os("127.0.0.1:0"),
             os("--id"),
             os("relay-eu"),
