@@ -37,16 +37,19 @@ from aurora_rl._core import (
 )
 from aurora_rl.actor import Actor, Lease, LeaseId, Work
 from aurora_rl.codec import apply, diff, weights_hash
-from aurora_rl.trainer import Published, Rollout, StepResults, Trainer
+from aurora_rl.trainer import ActorStatus, Published, Rollout, Status, StepResults, StepStatus, Trainer
 
 __all__ = [
     "FORMAT_VERSION",
     "Actor",
+    "ActorStatus",
     "Lease",
     "LeaseId",
     "Published",
     "Rollout",
+    "Status",
     "StepResults",
+    "StepStatus",
     "Trainer",
     "Work",
     "AuroraError",

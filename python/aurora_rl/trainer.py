@@ -54,6 +54,54 @@ class StepResults:
     unfinished: list[int]
 
 
+@dataclass(frozen=True)
+class ActorStatus:
+    """One registered actor, as the control plane sees it."""
+
+    actor: int
+    region: str
+    #: The version it runs, and the one it holds staged.
+    active: int
+    staged: Optional[int]
+    #: Its throughput estimate, in thousandths of a token per second.
+    estimate_milli_tokens_per_s: int
+    #: In a preemption window: it gets no new work.
+    leaving: bool
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """The current or last step's counts."""
+
+    step: int
+    version: int
+    batch_size: int
+    accepted: int
+    #: Prompts under a live lease.
+    leased: int
+    #: Prompts in the pool, reserved or not; of those, reserved for an actor.
+    pooled: int
+    reserved: int
+    complete: bool
+
+
+@dataclass(frozen=True)
+class Status:
+    """The control plane's monitoring view (``GET /v1/status``, docs/control-api.md)."""
+
+    #: The latest published version and its weights hash, None before the first.
+    latest: Optional[tuple[int, str]]
+    #: The lifetime a lease issued now would get, in milliseconds.
+    lease_ms: int
+    actors: list[ActorStatus]
+    step: Optional[StepStatus]
+    #: Results accepted and leases expired since the state was created, and results
+    #: rejected, by reason.
+    accepted: int
+    expired: int
+    rejected: dict[str, int]
+
+
 class Trainer(ClosingNode):
     """A trainer node in this process.
 
@@ -261,12 +309,21 @@ class Trainer(ClosingNode):
         version: actors that run it, or hold it staged, are given leases. Commit it next."""
         return self._node.open_step(list(prompts))
 
-    def status(self) -> dict:
+    def status(self) -> Status:
         """The control plane's monitoring view, as ``GET /v1/status`` gives it
-        (docs/control-api.md): the latest version, every registered actor (``actor``,
-        ``region``, ``active``, ``staged``, ``estimate_milli_tokens_per_s``, ``leaving``),
-        the step's progress and the result counts."""
-        return json.loads(self._node.status())
+        (docs/control-api.md): the latest version, every registered actor, the step's
+        progress and the result counts."""
+        status = json.loads(self._node.status())
+        latest = status["latest"]
+        return Status(
+            latest=None if latest is None else (latest["version"], latest["weights_hash"]),
+            lease_ms=status["lease_ms"],
+            actors=[ActorStatus(**actor) for actor in status["actors"]],
+            step=None if status["step"] is None else StepStatus(**status["step"]),
+            accepted=status["accepted"],
+            expired=status["expired"],
+            rejected=status["rejected"],
+        )
 
     def wait_step(self, timeout: float = 3600.0) -> StepResults:
         """The open step's accepted rollouts, once every prompt has one."""

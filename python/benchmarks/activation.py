@@ -127,7 +127,7 @@ def activations(engine, trainer, states: list, serves) -> tuple[list[float], lis
         densities.append(changed_fraction(states[version - 1], states[version]))
         trainer.publish(states[version])
         deadline = time.monotonic() + 300
-        while trainer.status()["actors"][0]["staged"] != version:
+        while trainer.status().actors[0].staged != version:
             assert time.monotonic() < deadline, "the delta was never staged"
             time.sleep(0.01)
         started = time.perf_counter()

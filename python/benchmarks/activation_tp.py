@@ -64,7 +64,7 @@ def main() -> None:
                 densities.append(changed_fraction(states[version - 1], states[version]))
                 published = trainer.publish(states[version])
                 deadline = time.monotonic() + 300
-                while [a["staged"] for a in trainer.status()["actors"]] != [version] * args.tensor_parallel:
+                while [a.staged for a in trainer.status().actors] != [version] * args.tensor_parallel:
                     assert time.monotonic() < deadline, "the delta was never staged in every rank"
                     time.sleep(0.01)
                 started = time.perf_counter()

@@ -45,8 +45,8 @@ def await_staged(trainer: aurora_rl.Trainer, version: int, actors: int, failures
     blocks on an actor's report, so this asks it again until the deadline."""
     deadline = time.monotonic() + WAIT_S
     while True:
-        members = trainer.status()["actors"]
-        holding = [m for m in members if version in (m["active"], m.get("staged"))]
+        members = trainer.status().actors
+        holding = [m for m in members if version in (m.active, m.staged)]
         if len(holding) >= actors:
             return
         if failures or time.monotonic() > deadline:

@@ -135,8 +135,13 @@ def test_a_trainer_and_an_actor_run_steps_on_every_version(model_dir, tmp_path, 
             assert loop.error is None, loop.error
             # Every version was generated on with exactly the weights the trainer published.
             assert loop.served == {p.version: p.weights_hash for p in published[:STEPS]}
+            status = trainer.status()
+            assert status.latest == (published[-1].version, published[-1].weights_hash)
+            assert [(a.actor, a.region) for a in status.actors] == [(1, "us")]
+            assert status.step is not None and status.step.complete
+            assert status.accepted == STEPS * PROMPTS_PER_STEP and status.rejected == {}
         # Leaving the block left the fleet and stopped the node.
-        assert actor.closed and trainer.status()["actors"] == []
+        assert actor.closed and trainer.status().actors == []
         with pytest.raises(aurora_rl.NodeClosedError):
             actor.claim()
     assert trainer.closed
@@ -346,7 +351,7 @@ def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(
     with pytest.raises(aurora_rl.NodeError, match="failed to load version 1"):
         actor.safe_point()
     # The control plane heard: the actor left the fleet.
-    assert actor.closed and trainer.status()["actors"] == []
+    assert actor.closed and trainer.status().actors == []
     trainer.close()
 
 
@@ -464,7 +469,7 @@ def test_a_full_read_back_finds_an_element_the_engine_holds_wrong_and_the_actor_
         with pytest.raises(aurora_rl.TargetMismatchError, match="version 2's model.layers.0.mlp.down_proj.weight"):
             while True:
                 actor.safe_point(wait=60.0)
-        assert actor.closed and trainer.status()["actors"] == []
+        assert actor.closed and trainer.status().actors == []
 
 
 class BlindEngine(TransformersEngine):

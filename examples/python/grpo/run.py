@@ -21,6 +21,7 @@ It writes ``metrics.jsonl`` (a line per step) and the processes' logs into ``--o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -239,14 +240,16 @@ def wait_step(trainer: aurora_rl.Trainer, processes: Processes, timeout: float) 
                 raise
 
 
-def wait_for_version(trainer: aurora_rl.Trainer, processes: Processes, version: int, timeout: float) -> list[dict]:
+def wait_for_version(
+    trainer: aurora_rl.Trainer, processes: Processes, version: int, timeout: float
+) -> list[aurora_rl.ActorStatus]:
     """Waits until every actor this run has alive (the one that joined late included)
     is registered and runs ``version``; returns what the control plane says of them."""
     deadline = time.monotonic() + timeout
     while True:
         processes.check_alive()
-        live = [actor for actor in trainer.status()["actors"] if actor["actor"] in processes.actors]
-        if len(live) == len(processes.actors) and all(actor["active"] == version for actor in live):
+        live = [actor for actor in trainer.status().actors if actor.actor in processes.actors]
+        if len(live) == len(processes.actors) and all(actor.active == version for actor in live):
             return live
         if time.monotonic() > deadline:
             raise RuntimeError(f"the actors did not all reach version {version}: {live}")
@@ -370,7 +373,7 @@ def main() -> None:
         "final_accuracy": accuracy_now,
         "steps": args.steps,
         "elapsed_s": time.monotonic() - started,
-        "actors": actors,
+        "actors": [dataclasses.asdict(actor) for actor in actors],
     }
     (args.out / "summary.json").write_text(json.dumps(summary))
     print(json.dumps(summary))
