@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use aurora_delta::{DeltaHeader, Hash};
 
+use crate::EffectError;
 use crate::frame::{ArtifactKind, VersionRef};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,7 +184,7 @@ impl ActorCore {
     }
 
     /// The driver staged `version` (or could not).
-    pub fn staged(&mut self, version: u64, outcome: Result<(), String>) {
+    pub fn staged(&mut self, version: u64, outcome: Result<(), EffectError>) {
         if self.stage != Stage::Staging(version) {
             return;
         }
@@ -208,7 +209,7 @@ impl ActorCore {
 
     /// The driver applied (or failed to apply) the staged patch of `version`; on
     /// failure its weights are unchanged.
-    pub fn activated(&mut self, version: u64, outcome: Result<Hash, String>) {
+    pub fn activated(&mut self, version: u64, outcome: Result<Hash, EffectError>) {
         if self.stage != Stage::Activating(version) {
             return;
         }
@@ -504,7 +505,11 @@ mod tests {
         core.staged(2, Ok(()));
         core.safe_point();
         drain(&mut core);
-        core.activated(2, Err("target hash mismatch; weights restored".into()));
+        let mismatch = aurora_delta::DeltaError::TargetMismatch {
+            expected: hash(2),
+            actual: hash(3),
+        };
+        core.activated(2, Err(mismatch.into()));
         let actions = drain(&mut core);
         assert!(actions.contains(&ActorAction::Rewind { version: 2 }));
         assert_eq!(core.status().active, Some(at(1)));

@@ -27,6 +27,7 @@
 
 mod actor;
 mod backoff;
+mod effect;
 pub mod frame;
 mod keep;
 mod node;
@@ -42,6 +43,7 @@ mod weights;
 
 pub use actor::{ActorAction, ActorCore, ActorStatus, MAX_REFUSALS};
 pub use backoff::Backoff;
+pub use effect::{EffectError, PatchState};
 pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, Side, VersionRef};
 pub use keep::{
     HeapSnapshots, KEPT_TAIL_SNAPSHOTS, KeptSegments, SnapshotSpace, snapshot_capacity,

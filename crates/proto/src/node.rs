@@ -26,6 +26,7 @@ use aurora_delta::{DeltaHeader, Hash, SpilledChunks, SpilledPatch};
 use bytes::Bytes;
 
 use crate::ConnId;
+use crate::EffectError;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
 use crate::frame::{ArtifactKind, Frame, Role, VersionRef, Welcome};
 use crate::keep::{KeptSegments, SnapshotSpace};
@@ -178,7 +179,7 @@ struct Staging {
     version: u64,
     kind: ArtifactKind,
     header: Arc<DeltaHeader>,
-    decoded: BTreeMap<u32, (Hash, Result<SpilledChunks, String>)>,
+    decoded: BTreeMap<u32, (Hash, Result<SpilledChunks, EffectError>)>,
     /// Decodes out, by index, with the hash of the bytes sent.
     decoding: BTreeMap<u32, Hash>,
     /// The complete artifact, once the actor core asked to stage it.
@@ -401,7 +402,7 @@ impl Node {
         version: u64,
         index: u32,
         hash: Hash,
-        outcome: Result<SpilledChunks, String>,
+        outcome: Result<SpilledChunks, EffectError>,
     ) {
         self.decodes_out = self.decodes_out.saturating_sub(1);
         if let Some(staging) = &mut self.staging
@@ -430,7 +431,7 @@ impl Node {
     /// The outcome of [`Output::Verify`] for `version`: a patch that checks out is
     /// reported staged (and activates without a second check); one that does not is
     /// dropped and reported failed, as a segment that failed to decode is.
-    pub fn verified(&mut self, version: u64, outcome: Result<(), String>) {
+    pub fn verified(&mut self, version: u64, outcome: Result<(), EffectError>) {
         self.decodes_out = self.decodes_out.saturating_sub(1);
         let staged = match self.patch.take() {
             Some((staged, Staged::Patch(patch))) if staged == version => {
@@ -469,7 +470,7 @@ impl Node {
         }
     }
 
-    pub fn activated(&mut self, version: u64, outcome: Result<Hash, String>) {
+    pub fn activated(&mut self, version: u64, outcome: Result<Hash, EffectError>) {
         if let Some(actor) = &mut self.actor {
             actor.activated(version, outcome);
         }
@@ -823,9 +824,12 @@ impl Node {
             .segments()
             .map(|(index, _, _)| {
                 let (_, outcome) = staging.decoded.remove(&index).expect("checked above");
-                outcome.map_err(|reason| format!("segment {index}: {reason}"))
+                outcome.map_err(|error| EffectError::Segment {
+                    index,
+                    error: Box::new(error),
+                })
             })
-            .collect::<Result<Vec<_>, String>>()
+            .collect::<Result<Vec<_>, EffectError>>()
             .and_then(|segments| {
                 // What activates checks the weights against the complete header's
                 // target hash, the Seal's. A snapshot's segments were decoded into its
@@ -836,7 +840,7 @@ impl Node {
                 }
                 SpilledPatch::new(DeltaHeader::clone(header), segments)
                     .map(Staged::Patch)
-                    .map_err(|e| e.to_string())
+                    .map_err(EffectError::from)
             })
             .map(|patch| self.patch = Some((version, patch)));
         if outcome.is_ok() {

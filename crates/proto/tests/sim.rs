@@ -46,9 +46,9 @@ use aurora_delta::{
     Hash, RunId, SigningKey, SpilledChunks, TargetHash, TensorChange, TensorEntry, TensorSpec,
 };
 use aurora_proto::{
-    ArtifactKey, Auth, Commit, ConnId, Frame, HeapSnapshots, Identity, Node, Notice, Output,
-    Receiver, ReceiverConfig, Role, Sender, SenderConfig, SessionEnd, StoredArtifact, Upstreams,
-    VersionRef, Violation, Weights,
+    ArtifactKey, Auth, Commit, ConnId, EffectError, Frame, HeapSnapshots, Identity, Node, Notice,
+    Output, Receiver, ReceiverConfig, Role, Sender, SenderConfig, SessionEnd, StoredArtifact,
+    Upstreams, VersionRef, Violation, Weights,
 };
 use bytes::Bytes;
 
@@ -134,13 +134,13 @@ enum Event {
         version: u64,
         index: u32,
         hash: Hash,
-        outcome: Result<SpilledChunks, String>,
+        outcome: Result<SpilledChunks, EffectError>,
     },
     /// `node`'s driver checked its staged delta ([`Output::Verify`]).
     Verified {
         node: usize,
         version: u64,
-        outcome: Result<(), String>,
+        outcome: Result<(), EffectError>,
     },
     SafePoint {
         node: usize,

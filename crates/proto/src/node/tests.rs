@@ -136,7 +136,8 @@ fn a_revoked_segment_is_decoded_again_and_activation_waits_for_the_stale_decode(
         "the forged segment's decode still reads the weights"
     );
     // Its result comes back late and is not used.
-    node.decoded(1, 0, forged[0].2, Err("garbage".into()));
+    let garbage = aurora_delta::DeltaError::Malformed("garbage".into());
+    node.decoded(1, 0, forged[0].2, Err(garbage.into()));
     assert!(poll(&mut node).contains(&Output::Activate { version: 1 }));
     assert!(node.take_staged(1).is_some());
 }
@@ -151,7 +152,8 @@ fn a_segment_that_does_not_decode_refuses_the_version() {
     }
     assert_eq!(asked.len(), 2);
     node.decoded(1, 0, asked[0].2, Ok(SpilledChunks::default()));
-    node.decoded(1, 1, asked[1].2, Err("chunk 3 is truncated".into()));
+    let truncated = aurora_delta::DeltaError::Malformed("chunk 3 is truncated".into());
+    node.decoded(1, 1, asked[1].2, Err(truncated.into()));
     poll(&mut node);
     let status = node.actor_status().unwrap();
     assert_eq!(

@@ -587,7 +587,7 @@ impl Sim {
                         peer.name
                     );
                 }
-                let outcome = outcome.map_err(|e| e.to_string());
+                let outcome = outcome.map_err(EffectError::from);
                 let after = self.rng.millis(1, 50);
                 self.at(
                     after,
@@ -613,7 +613,7 @@ impl Sim {
                     .as_ref()
                     .unwrap()
                     .verify(patch)
-                    .map_err(|e| e.to_string());
+                    .map_err(EffectError::from);
                 // The trainer's deltas check out over the weights they were staged on.
                 assert!(
                     outcome.is_ok(),
@@ -666,7 +666,7 @@ impl Sim {
                         self.seed, peer.name
                     ),
                 }
-                let outcome = outcome.map_err(|e| e.to_string());
+                let outcome = outcome.map_err(EffectError::from);
                 peer.node.as_mut().unwrap().activated(version, outcome);
             }
             Output::FetchSnapshot { newer_than } => self.fetch(node, newer_than),

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use aurora_delta::{ArtifactKind, DeltaError, Hash, SigningKey, SpilledChunks, Statement};
 use aurora_proto::{
-    ArtifactKey, Commit, ConnId, Identity, KeptSegments, KeptSnapshot, Node, Sender,
+    ArtifactKey, Commit, ConnId, EffectError, Identity, KeptSegments, KeptSnapshot, Node, Sender,
     StoredArtifact, Upstreams, Weights,
 };
 use aurora_store::{Store, StoreError};
@@ -398,8 +398,8 @@ impl<E: Engine> Driver<E> {
                 hash,
                 result,
             } => {
-                let outcome = result.map_err(|e| e.to_string());
-                self.node.decoded(version, index, hash, outcome);
+                self.node
+                    .decoded(version, index, hash, result.map_err(EffectError::from));
             }
             Event::Verified {
                 version,
@@ -413,7 +413,7 @@ impl<E: Engine> Driver<E> {
                     .filter(|_| result.is_ok())
                     .map(|changed| (version, changed));
                 self.node
-                    .verified(version, result.map_err(|e| e.to_string()));
+                    .verified(version, result.map_err(EffectError::from));
             }
             Event::SafePoint => self.node.safe_point(),
             Event::Activated {
@@ -422,7 +422,7 @@ impl<E: Engine> Driver<E> {
                 changed,
                 result,
             } => {
-                let result = result.map_err(|e| e.to_string());
+                let result = result.map_err(EffectError::from);
                 // The engine resumes on the new weights, or on the old ones if the patch
                 // did not reproduce the target (they were restored). A joining node's
                 // engine, whose snapshot failed, was never paused and has nothing to run.

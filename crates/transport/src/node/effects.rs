@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aurora_delta::ChangeSet;
-use aurora_proto::{ConnId, Notice, Output, Receiver, Sender};
+use aurora_proto::{ConnId, EffectError, Notice, Output, PatchState, Receiver, Sender};
 
 use crate::conn::{WriteCmd, dial};
 use crate::engine::Engine;
@@ -117,7 +117,7 @@ impl<E: Engine> Driver<E> {
                             // The node activates only a staged patch with no decode out.
                             self.weights = Some(shared.map_or_else(|arc| arc, Arc::new));
                             self.node
-                                .activated(version, Err("the staged patch is not ready".into()));
+                                .activated(version, Err(EffectError::Patch(PatchState::NotReady)));
                             return;
                         }
                     };
@@ -149,7 +149,7 @@ impl<E: Engine> Driver<E> {
                 let weights = self.weights.clone().expect("verifying needs the weights");
                 let Some(patch) = self.node.staged_patch(version).cloned() else {
                     self.node
-                        .verified(version, Err("the staged patch is gone".into()));
+                        .verified(version, Err(EffectError::Patch(PatchState::Gone)));
                     return;
                 };
                 let events = self.events_tx.clone();

@@ -1,0 +1,45 @@
+//! Why an effect a driver carried out for a node failed: the typed outcome of
+//! [`crate::Output::Decode`], [`crate::Output::Verify`] and [`crate::Output::Activate`],
+//! which the node turns into the refusal it reports.
+
+use std::sync::Arc;
+
+use aurora_delta::DeltaError;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EffectError {
+    /// The delta or the weights did not do what they must: a segment that does not
+    /// decode, a target hash that does not match, a spill that cannot be read.
+    #[error(transparent)]
+    Delta(Arc<DeltaError>),
+    /// The driver no longer held what the effect needed.
+    #[error("the staged patch is {0}")]
+    Patch(PatchState),
+    /// Segment `index` of the artifact being staged failed to decode.
+    #[error("segment {index}: {error}")]
+    Segment { index: u32, error: Box<EffectError> },
+}
+
+/// Where a staged patch was when an effect needed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchState {
+    /// A decode of it is still out, or its weights are shared.
+    NotReady,
+    /// Another version replaced it.
+    Gone,
+}
+
+impl std::fmt::Display for PatchState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PatchState::NotReady => "not ready",
+            PatchState::Gone => "gone",
+        })
+    }
+}
+
+impl From<DeltaError> for EffectError {
+    fn from(error: DeltaError) -> EffectError {
+        EffectError::Delta(Arc::new(error))
+    }
+}
