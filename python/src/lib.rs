@@ -254,8 +254,8 @@ fn apply_into(
 /// `values` the new values, each a flat `uint8` view of a host tensor, and `indices`
 /// the bytes of an int64 tensor. Afterwards `values` holds what was replaced: the same
 /// call again undoes it. Nothing is written unless every index fits. `packed`, where
-/// given, is `(rows, columns, block)`: the target holds a matrix in row blocks, column
-/// pair by column pair (`ElementLayout::PairedRowBlocks`), and `indices` are row-major.
+/// given, is `(rows, columns, block, group)`: the target holds a matrix in row blocks,
+/// `group` columns at a time (`ElementLayout::RowBlocks`), and `indices` are row-major.
 #[pyfunction]
 #[pyo3(signature = (target, element_bytes, indices, values, packed=None))]
 fn swap_elements(
@@ -264,14 +264,15 @@ fn swap_elements(
     element_bytes: usize,
     indices: Bound<'_, PyAny>,
     values: Bound<'_, PyAny>,
-    packed: Option<(u64, u64, u64)>,
+    packed: Option<(u64, u64, u64, u64)>,
 ) -> PyResult<()> {
     let layout = match packed {
         None => aurora_delta::ElementLayout::RowMajor,
-        Some((rows, columns, block)) => aurora_delta::ElementLayout::PairedRowBlocks {
+        Some((rows, columns, block, group)) => aurora_delta::ElementLayout::RowBlocks {
             rows,
             columns,
             block,
+            group,
         },
     };
     let mut target = HostBytes::borrow(&target, "the target")?;

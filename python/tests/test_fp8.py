@@ -7,7 +7,9 @@ blocks, one scale each, as FP8 checkpoints of Qwen3 and DeepSeek store them).
   written.
 - vLLM's CPU build serves the FP8 checkpoint (its W8A16 AMX kernel), takes each version's
   FP8 writes in place, reads them back equal to the from-scratch quantization, and
-  generates exactly as a vLLM started from that version's FP8 checkpoint.
+  generates exactly as a vLLM started from that version's FP8 checkpoint. On a CPU
+  without AMX tiles vLLM has no kernel for it: there the tests check that it refuses the
+  model as its kernel selection says, and the actor's steps run over a host engine.
 - A trainer trains GRPO-style on what an FP8 actor generates; the actor takes each BF16
   version into its FP8 engine, verified in full.
 """
@@ -30,7 +32,8 @@ from test_engines import GREEDY, PROMPTS, element_changes, next_version, small_q
 
 import aurora_rl
 from aurora_rl.engines import ElementWrite, fused_group_names, same_bits, write_elements
-from aurora_rl.engines.fp8 import Fp8Rollout, quantize_blocks, quantized_checkpoint, save_checkpoint, scale_name
+from aurora_rl.engines.fp8 import BLOCK, Fp8Rollout, quantize_blocks, quantized_checkpoint, save_checkpoint, scale_name
+from aurora_rl.engines.hf import TransformersEngine
 from aurora_rl.engines.vllm import VllmEngine
 from aurora_rl.export import export_bf16
 
@@ -61,6 +64,37 @@ class HostEngine:
         self.loaded_whole = changes.keys() - by_element.keys()
         self.load_weights({name: changes[name].tensor for name in self.loaded_whole})
         self.written = {name: c.indices.numel() for name, c in by_element.items()}
+
+
+class CheckedHostEngine(HostEngine):
+    """A ``HostEngine`` that reads back what it holds, as a ``CheckedEngine`` does."""
+
+    def mismatched(self, expected) -> list[str]:
+        return [name for name, tensor in expected.items() if not same_bits(self.tensors[name], tensor)]
+
+
+class DequantizingEngine(CheckedHostEngine):
+    """Serves the FP8 checkpoint it holds by computing with its weights dequantized (each
+    block times its scale) in transformers: where vLLM has no FP8 kernel (a CPU without
+    AMX tiles), what the actor's steps run over."""
+
+    def __init__(self, checkpoint: Path, bf16_dir: Path) -> None:
+        super().__init__(load_file(str(checkpoint / "model.safetensors")))
+        self.model = TransformersEngine.start(str(bf16_dir))
+
+    def generate(self, prompts, sampling):
+        weights = {}
+        for name, tensor in self.tensors.items():
+            scales = self.tensors.get(scale_name(name))
+            if name.endswith("_scale_inv"):
+                continue
+            if scales is not None:
+                rows, columns = tensor.shape
+                expanded = scales.repeat_interleave(BLOCK[0], 0)[:rows].repeat_interleave(BLOCK[1], 1)[:, :columns]
+                tensor = (tensor.float() * expanded).bfloat16()
+            weights[name] = tensor
+        self.model.load_weights(weights)
+        return self.model.generate(prompts, sampling)
 
 
 class ImageReader:
@@ -241,13 +275,30 @@ def bf16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return small_qwen3(tmp_path_factory.mktemp("qwen3"), hidden_size=256, intermediate_size=512, head_dim=64)
 
 
+#: vLLM's CPU build serves block-scaled FP8 through an AMX kernel only (its
+#: ``CPUFp8BlockScaledMMKernel.is_supported`` asks for AMX tiles).
+AMX = torch.cpu._is_amx_tile_supported()
+
+
 def start(directory: Path) -> VllmEngine:
     return VllmEngine.start(str(directory), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256)
 
 
+def start_fp8(directory: Path) -> VllmEngine | None:
+    """vLLM on the FP8 checkpoint in ``directory``; on a CPU without AMX tiles, None once
+    vLLM has refused it for want of a kernel (and for no other reason)."""
+    if AMX:
+        return start(directory)
+    with pytest.raises(ValueError, match="Failed to find a kernel that can implement the ScaledMM linear layer"):
+        start(directory)
+    return None
+
+
 def test_vllm_serves_fp8_versions_written_in_place(bf16_dir, tmp_path):
     weights = load_file(str(bf16_dir / "model.safetensors"))
-    engine = start(fp8_model(tmp_path / "fp8", weights, bf16_dir))
+    engine = start_fp8(fp8_model(tmp_path / "fp8", weights, bf16_dir))
+    if engine is None:
+        return
     rollout = Fp8Rollout(engine, weights)
     assert rollout.mismatched(weights) == []
     for step in range(1, 4):
@@ -273,7 +324,9 @@ def test_an_fp8_actor_serves_grpo_steps_each_version_verified_in_full(bf16_dir, 
     model = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     weights = export_bf16(model)
-    rollout = Fp8Rollout(start(fp8_model(tmp_path / "fp8", weights, bf16_dir)), weights)
+    checkpoint = fp8_model(tmp_path / "fp8", weights, bf16_dir)
+    engine = start_fp8(checkpoint) or DequantizingEngine(checkpoint, bf16_dir)
+    rollout = Fp8Rollout(engine, weights)
     with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
         trainer.publish(weights)
         with verifying_actor(trainer, rollout, weights) as actor:

@@ -269,18 +269,20 @@ def mismatched_pieces(
 @dataclass(frozen=True)
 class Packing:
     """A CPU kernel's packing of a [rows, columns] weight: rows in blocks of ``block``
-    (the last may be shorter), each block stored column pair by column pair ([columns /
-    2, block rows, 2]; the VNNI-2 layout AMX multiplies from, which SGLang's linear layers
-    and vLLM's CPU experts use alike); aurora's element writes take it as
-    ``ElementWrite.packed``."""
+    (the last may be shorter), each block stored ``group`` columns at a time ([columns /
+    group, block rows, group]). Group 2 is the VNNI-2 layout AMX multiplies from
+    (SGLang's linear layers, vLLM's experts with AMX); group 1, column by column (vLLM's
+    experts on CPUs without AMX). aurora's element writes take it as
+    ``ElementWrite.packed`` (``aurora_delta::ElementLayout::RowBlocks``)."""
 
     rows: int
     columns: int
     block: int
+    group: int = 2
 
     @property
-    def layout(self) -> tuple[int, int, int]:
-        return (self.rows, self.columns, self.block)
+    def layout(self) -> tuple[int, int, int, int]:
+        return (self.rows, self.columns, self.block, self.group)
 
     def unpacked(self, packed: torch.Tensor) -> torch.Tensor:
         """The weight in the loader's layout (flat), from the packed one (flat)."""
@@ -293,7 +295,9 @@ class Packing:
                 continue
             block = self.block if start == 0 else rows
             chunk = packed[start * self.columns : (start + rows) * self.columns]
-            parts.append(chunk.view(rows // block, self.columns // 2, block, 2).permute(0, 2, 1, 3).reshape(-1))
+            parts.append(
+                chunk.view(rows // block, self.columns // self.group, block, self.group).permute(0, 2, 1, 3).reshape(-1)
+            )
         return torch.cat(parts)
 
     @classmethod
@@ -312,7 +316,7 @@ class Packing:
         from aurora_rl.engines import same_bits
 
         size = torch.empty(0, dtype=dtype).element_size()
-        if columns % 2 or size not in (1, 2):
+        if size not in (1, 2):
             return None
         # The pattern repeats per block: a few blocks and the shorter last one suffice.
         largest = 64
@@ -324,11 +328,18 @@ class Packing:
         if packed.dtype != dtype or packed.numel() != weight.numel():
             return None
         everything = torch.arange(weight.numel())
-        for block in (32, 16, 64):
-            candidate = cls(sample_rows, columns, block)
-            written = torch.zeros_like(weight).view(-1)
-            values = weight.reshape(-1).clone()
-            _core.swap_elements(written.view(torch.uint8), size, everything.view(torch.uint8), values.view(torch.uint8), candidate.layout)
-            if same_bits(written, packed.reshape(-1)) and same_bits(candidate.unpacked(packed.reshape(-1)), weight.reshape(-1)):
-                return cls(rows, columns, block)
+        for group in (2, 1):
+            if columns % group:
+                continue
+            for block in (32, 16, 64):
+                candidate = cls(sample_rows, columns, block, group)
+                written = torch.zeros_like(weight).view(-1)
+                values = weight.reshape(-1).clone()
+                _core.swap_elements(
+                    written.view(torch.uint8), size, everything.view(torch.uint8), values.view(torch.uint8), candidate.layout
+                )
+                if same_bits(written, packed.reshape(-1)) and same_bits(
+                    candidate.unpacked(packed.reshape(-1)), weight.reshape(-1)
+                ):
+                    return cls(rows, columns, block, group)
         return None

@@ -16,7 +16,7 @@ raised in a loader would end its scheduler: every error is caught and answered).
 its weight packed in place by its kernel library (``convert_weight_packed``: rows in
 blocks, each block's columns in pairs). A parameter's elements are a permutation of the
 loader's, so a changed element is still one element write, which aurora's swap places
-through the packing (``aurora_delta::ElementLayout::PairedRowBlocks``; ``Packing`` here).
+through the packing (``aurora_delta::ElementLayout::RowBlocks``; ``Packing`` here).
 The packing is not assumed: for each shape it is checked against the kernel's own function
 before any write, and a layer whose packing does not match is loaded whole and packed by
 SGLang's own processing.

@@ -168,7 +168,7 @@ def expert_packings(model: Any) -> dict[str, Packing]:
             if packing is None or rows % packing.block:
                 logger.warning("%s: packed in a layout aurora does not place elements in", name)
                 continue
-            packings[name] = Packing(experts * rows, columns, packing.block)
+            packings[name] = Packing(experts * rows, columns, packing.block, packing.group)
     return packings
 
 

@@ -10,21 +10,28 @@ use rayon::prelude::*;
 pub enum ElementLayout {
     /// Element `i` at position `i`.
     RowMajor,
-    /// A `rows` x `columns` matrix packed for a CPU's paired-element dot products (the
-    /// VNNI-2 layout SGLang's CPU kernels compute linear layers from): rows in blocks of
-    /// `block` (the last may be shorter), each block stored column pair by column pair,
-    /// as `[columns / 2, block rows, 2]`.
-    PairedRowBlocks { rows: u64, columns: u64, block: u64 },
+    /// A `rows` x `columns` matrix packed for a CPU's kernels: rows in blocks of `block`
+    /// (the last may be shorter), each block stored `group` columns at a time, as
+    /// `[columns / group, block rows, group]`. Group 2 is the VNNI-2 layout AMX multiplies
+    /// from (SGLang's linear layers, vLLM's experts with AMX); group 1, column by column
+    /// (vLLM's experts on CPUs without AMX).
+    RowBlocks {
+        rows: u64,
+        columns: u64,
+        block: u64,
+        group: u64,
+    },
 }
 
 impl ElementLayout {
     /// Where each of `indices` (ascending, within one task's runs) lies, less `first`.
     /// Incremental: one division per row reached, not three per element.
     fn positions(self, indices: &[u64], first: usize) -> Vec<usize> {
-        let Self::PairedRowBlocks {
+        let Self::RowBlocks {
             rows,
             columns,
             block,
+            group,
         } = self
         else {
             return indices
@@ -33,17 +40,18 @@ impl ElementLayout {
                 .collect();
         };
         let mut positions = Vec::with_capacity(indices.len());
-        let (mut row_start, mut row_end, mut base, mut pair_stride) = (0, 0, 0, 0);
+        let (mut row_start, mut row_end, mut base, mut group_stride) = (0, 0, 0, 0);
         for &index in indices {
             if index >= row_end {
                 let row = index / columns;
                 let start = row - row % block;
                 (row_start, row_end) = (row * columns, row * columns + columns);
-                base = start * columns + (row - start) * 2;
-                pair_stride = block.min(rows - start) * 2;
+                base = start * columns + (row - start) * group;
+                group_stride = block.min(rows - start) * group;
             }
             let column = index - row_start;
-            positions.push((base + column / 2 * pair_stride + column % 2) as usize - first);
+            positions
+                .push((base + column / group * group_stride + column % group) as usize - first);
         }
         positions
     }
@@ -53,10 +61,11 @@ impl ElementLayout {
     fn run_end(self, index: u64) -> u64 {
         match self {
             Self::RowMajor => index + 1,
-            Self::PairedRowBlocks {
+            Self::RowBlocks {
                 rows,
                 columns,
                 block,
+                ..
             } => {
                 let row = index / columns;
                 (row - row % block + block).min(rows) * columns
@@ -67,17 +76,21 @@ impl ElementLayout {
     fn refusal(self, elements: u64) -> Option<String> {
         match self {
             Self::RowMajor => None,
-            Self::PairedRowBlocks {
+            Self::RowBlocks {
                 rows,
                 columns,
                 block,
-            } => (rows.checked_mul(columns) != Some(elements) || columns % 2 != 0 || block == 0)
-                .then(|| {
-                    format!(
-                        "a {rows} x {columns} matrix in row blocks of {block}, column pairs, is not \
-                         a target of {elements} elements"
-                    )
-                }),
+                group,
+            } => (rows.checked_mul(columns) != Some(elements)
+                || block == 0
+                || group == 0
+                || !columns.is_multiple_of(group))
+            .then(|| {
+                format!(
+                    "a {rows} x {columns} matrix in row blocks of {block}, {group} columns at a \
+                     time, is not a target of {elements} elements"
+                )
+            }),
         }
     }
 }
@@ -163,7 +176,7 @@ pub fn swap_elements(
                 |index| index as usize - first,
                 values,
             ),
-            ElementLayout::PairedRowBlocks { .. } => {
+            ElementLayout::RowBlocks { .. } => {
                 let positions = layout.positions(indices, first);
                 swap_at(
                     stretch,
@@ -205,17 +218,17 @@ mod tests {
     use proptest::prelude::*;
 
     /// Where each element of a row-major `rows` x `columns` matrix goes when packed in
-    /// row blocks of `block`, column pair by column pair, computed the way the packing
+    /// row blocks of `block`, `group` columns at a time, computed the way the packing
     /// kernel copies it (an oracle independent of `ElementLayout::positions`).
-    fn packed_positions(rows: usize, columns: usize, block: usize) -> Vec<usize> {
+    fn packed_positions(rows: usize, columns: usize, block: usize, group: usize) -> Vec<usize> {
         let mut positions = vec![0; rows * columns];
         let mut next = 0;
         for start in (0..rows).step_by(block) {
             let height = block.min(rows - start);
-            for pair in 0..columns / 2 {
+            for first in (0..columns).step_by(group) {
                 for row in start..start + height {
-                    for d in 0..2 {
-                        positions[row * columns + pair * 2 + d] = next;
+                    for d in 0..group {
+                        positions[row * columns + first + d] = next;
                         next += 1;
                     }
                 }
@@ -235,6 +248,7 @@ mod tests {
             rows in 1usize..600,
             half_columns in 1usize..250,
             packing in prop::sample::select(vec![None, Some(1usize), Some(2), Some(16), Some(32)]),
+            group in 1usize..=2,
             density in 0.0f64..1.0,
             seed in any::<u64>(),
         ) {
@@ -243,8 +257,13 @@ mod tests {
             let (layout, positions) = match packing {
                 None => (ElementLayout::RowMajor, (0..elements).collect()),
                 Some(block) => (
-                    ElementLayout::PairedRowBlocks { rows: rows as u64, columns: columns as u64, block: block as u64 },
-                    packed_positions(rows, columns, block),
+                    ElementLayout::RowBlocks {
+                        rows: rows as u64,
+                        columns: columns as u64,
+                        block: block as u64,
+                        group: group as u64,
+                    },
+                    packed_positions(rows, columns, block, group),
                 ),
             };
             let mut state = seed | 1;
@@ -272,10 +291,11 @@ mod tests {
     #[test]
     fn writes_that_do_not_fit_are_refused_by_name_and_nothing_is_written() {
         let original: Vec<u8> = (0..64).collect();
-        let packed = ElementLayout::PairedRowBlocks {
+        let packed = ElementLayout::RowBlocks {
             rows: 4,
             columns: 9,
             block: 2,
+            group: 2,
         };
         let cases: [(&[u64], usize, usize, ElementLayout, &str); 6] = [
             (
@@ -318,7 +338,7 @@ mod tests {
                 2,
                 2,
                 packed,
-                "a 4 x 9 matrix in row blocks of 2, column pairs, is not a target of 32 elements",
+                "a 4 x 9 matrix in row blocks of 2, 2 columns at a time, is not a target of 32 elements",
             ),
         ];
         for (indices, element_bytes, value_bytes, layout, reason) in cases {
