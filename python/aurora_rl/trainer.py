@@ -116,9 +116,9 @@ class Trainer(ClosingNode):
     ``control`` overrides the control plane's settings for a new database, nested as in
     ``aurora_control::Config`` (for example ``{"heartbeat_timeout_ms": 4000, "lease":
     {"initial_ms": 20000}}``); unknown names are refused. ``signing_key`` is the trainer's
-    ed25519 key (PKCS#8 PEM, mode 0600, as ``aurora certs init`` and ``aurora run`` write ``signing.key``): every
-    version and commit is then signed, and actors given the public key
-    (``Actor(trainer_key=...)``) take nothing else (docs/security.md). With certificates
+    ed25519 key (PKCS#8 PEM, mode 0600, as ``aurora certs init`` and ``aurora run``
+    write ``signing.key``): every version and commit is then signed, and actors given
+    the public key (``Actor(trainer_key=...)``) take nothing else (docs/security.md). With certificates
     the signing key is required, unless ``insecure_unsigned=True`` says by name that
     versions travel unsigned. In plaintext the node listens on loopback only, unless
     ``insecure_closed_network=True`` says the network between the nodes is closed.

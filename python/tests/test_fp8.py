@@ -85,9 +85,9 @@ class DequantizingEngine(CheckedHostEngine):
     def generate(self, prompts, sampling):
         weights = {}
         for name, tensor in self.tensors.items():
-            scales = self.tensors.get(scale_name(name))
             if name.endswith("_scale_inv"):
                 continue
+            scales = self.tensors.get(scale_name(name))
             if scales is not None:
                 rows, columns = tensor.shape
                 expanded = scales.repeat_interleave(BLOCK[0], 0)[:rows].repeat_interleave(BLOCK[1], 1)[:, :columns]

@@ -160,8 +160,6 @@ pub(crate) fn spinner(message: &str) -> indicatif::ProgressBar {
     spinner
 }
 
-/// The async runtime of a command that serves or joins the network; `workers` caps its
-/// threads (the run's nodes share this machine's cores), the default is one per core.
 /// A flag's value under its name, or under the name it had before the CLI took one
 /// vocabulary (kept for one release, with a deprecation line).
 fn renamed<T>(current: (Option<T>, &str), old: (Option<T>, &str)) -> Option<T> {
@@ -173,6 +171,8 @@ fn renamed<T>(current: (Option<T>, &str), old: (Option<T>, &str)) -> Option<T> {
     })
 }
 
+/// The async runtime of a command that serves or joins the network; `workers` caps its
+/// threads (the run's nodes share this machine's cores), the default is one per core.
 fn runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context;
     let mut builder = tokio::runtime::Builder::new_multi_thread();

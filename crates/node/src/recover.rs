@@ -62,12 +62,9 @@ pub enum RecoverError {
         "no trainer state is kept at or below version {latest}: keep one with the first version"
     )]
     NoState { latest: u64 },
-    #[error("reading the {what} of version {version} from the store")]
-    Store {
-        what: &'static str,
-        version: u64,
-        source: StoreError,
-    },
+    /// Reading `what` from the store failed.
+    #[error("reading the {what} from the store")]
+    Store { what: String, source: StoreError },
     #[error(
         "version {version} was published with weights {published}, and the trainer reproduces {produced}: was its configuration or its data changed?"
     )]
@@ -95,30 +92,24 @@ impl TrainerNode {
         retraining: &mut R,
     ) -> Result<Recovered<R::Trainer>, RecoverError> {
         let store = self.store();
-        let read = |what: &'static str, version: u64| {
-            move |source: StoreError| RecoverError::Store {
-                what,
-                version,
-                source,
-            }
-        };
+        let read = |what: String| move |source: StoreError| RecoverError::Store { what, source };
         let latest = store
             .latest_version()
-            .map_err(read("latest version", 0))?
+            .map_err(read("latest version".into()))?
             .ok_or(RecoverError::NothingPublished)?;
         let restored_from = *store
             .trainer_data_records(TrainerData::State)
-            .map_err(read("trainer states", latest))?
+            .map_err(read("trainer states".into()))?
             .range(..=latest)
             .next_back()
             .ok_or(RecoverError::NoState { latest })?
             .0;
         let published = store
             .weights_hashes()
-            .map_err(read("weights hashes", latest))?;
+            .map_err(read("weights hashes".into()))?;
         let state = store
             .trainer_data(TrainerData::State, restored_from)
-            .map_err(read("trainer state", restored_from))?;
+            .map_err(read(format!("trainer state of version {restored_from}")))?;
         let failed = |doing: &'static str, version: u64| {
             move |source| RecoverError::Retraining {
                 doing,
@@ -133,7 +124,7 @@ impl TrainerNode {
             if version > restored_from {
                 let rollouts = store
                     .trainer_data(TrainerData::Rollouts, version)
-                    .map_err(read("rollouts", version))?;
+                    .map_err(read(format!("rollouts of version {version}")))?;
                 retraining
                     .retrain(&mut trainer, version, rollouts)
                     .map_err(failed("training again into", version))?;
@@ -142,18 +133,12 @@ impl TrainerNode {
             let produced = retraining
                 .weights_hash(&mut trainer, version)
                 .map_err(failed("exporting", version))?;
-            let published =
-                published
-                    .get(&version)
-                    .copied()
-                    .ok_or_else(|| RecoverError::Store {
-                        what: "weights hash",
-                        version,
-                        source: StoreError::NotFound {
-                            kind: "weights hash",
-                            version,
-                        },
-                    })?;
+            let published = published.get(&version).copied().ok_or_else(|| {
+                read(format!("weights hash of version {version}"))(StoreError::NotFound {
+                    kind: "weights hash",
+                    version,
+                })
+            })?;
             if produced != published {
                 return Err(RecoverError::NotReproduced {
                     version,

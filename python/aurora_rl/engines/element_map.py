@@ -278,7 +278,7 @@ class Packing:
     rows: int
     columns: int
     block: int
-    group: int = 2
+    group: int
 
     @property
     def layout(self) -> tuple[int, int, int, int]:

@@ -441,7 +441,7 @@ impl Retraining for Retrain<'_> {
         version: u64,
     ) -> Result<aurora_delta::Hash, RetrainingError> {
         // The restored state's export is made here; a retrained one's by `retrain`.
-        if self.exports.get(version).is_err() {
+        if !self.exports.bytes.contains_key(&version) {
             self.exports.insert(version, trainer.export_bf16()?);
         }
         Ok(Checkpoint::from_safetensors(&self.exports.get(version)?)?.weights_hash())
