@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use aurora_proto::Role;
 use aurora_transport::{IdleEngine, spawn_actor, spawn_joining_actor};
 use clap::Args;
 
@@ -20,9 +19,9 @@ pub struct ActorArgs {
 }
 
 pub fn run(args: ActorArgs) -> Result<()> {
-    let Node { config, weights } = args.node.resolve(Role::Actor)?;
+    let Node { config, weights } = args.node.actor()?;
     crate::runtime(None)?.block_on(async {
-        let stop = StopSignals::new()?;
+        let mut stop = StopSignals::new()?;
         let engine = Arc::new(IdleEngine::default());
         let actor = match weights {
             Some(weights) => spawn_actor(config, weights, engine).await?,

@@ -93,7 +93,7 @@ pub fn run(args: HubArgs) -> Result<()> {
     };
     settings.insecure_unsigned = args.insecure_unsigned;
     let runtime = crate::runtime(None)?;
-    let stop = runtime.block_on(async { StopSignals::new() })?;
+    let mut stop = runtime.block_on(async { StopSignals::new() })?;
     let node = Arc::new(
         runtime
             .block_on(TrainerNode::start(settings))

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use aurora_checkpoint::{FileImages, MappedFile};
-use aurora_proto::{Identity, Role, Weights};
-use aurora_transport::{NodeConfig, NodeHandle, SocketOptions, spawn_relay};
+use aurora_node::{RelayNode, RelaySettings};
+use aurora_proto::{Role, Weights};
+use aurora_transport::{NodeConfig, NodeHandle, SocketOptions};
 use clap::Args;
 use serde::Deserialize;
 
@@ -108,127 +109,95 @@ pub struct NodeArgs {
 
 pub(crate) struct Node {
     pub config: NodeConfig,
-    /// None: the node joins over the wire (--join), or is a relay.
+    /// None: the node joins over the wire (--join).
     pub weights: Option<Weights>,
 }
 
 impl NodeArgs {
-    /// Merges the file (if any) under the flags and builds the node's settings.
-    pub(crate) fn resolve(self, role: Role) -> Result<Node> {
-        let file = match &self.config {
-            Some(path) => read_config(path)?,
-            None => NodeArgs::default(),
+    /// The settings of a relay listening on `transport_listen`.
+    pub(crate) fn relay(self, transport_listen: SocketAddr) -> Result<RelaySettings> {
+        let args = self.merged()?;
+        if args.weights.is_some() || args.version.is_some() || args.join || args.image_dir.is_some()
+        {
+            bail!("a relay holds no weights: drop --weights, --version, --join and --image-dir");
+        }
+        // Files are checked before the node's secrets are read.
+        let limits = NodeLimits::load(args.limits.as_deref())?.transport;
+        let trust = args.trust.load()?;
+        let mut settings = RelaySettings::new(transport_listen, args.upstreams, trust);
+        settings.id = args.id;
+        settings.region = args.region;
+        if let Some(streams) = args.streams {
+            settings.streams = streams.get();
+        }
+        settings.tune_interval = args.tune_ms.map(Duration::from_millis);
+        if let Some(ms) = args.return_after_ms {
+            settings.return_after = never_if_zero(ms);
+        }
+        if let Some(ms) = args.suspend_after_ms {
+            settings.suspend_after = never_if_zero(ms);
+        }
+        settings.socket = SocketOptions {
+            congestion: args.congestion,
         };
-        let upstreams = if self.upstreams.is_empty() {
-            file.upstreams
-        } else {
-            self.upstreams
-        };
-        if upstreams.is_empty() {
+        settings.transport_limits = limits;
+        settings.snapshot_dir = args.snapshot_dir;
+        settings.run = args.run_id;
+        settings.insecure_unsigned = args.insecure_unsigned;
+        settings.trainer_key = trainer_key(args.trainer_key, args.insecure_unsigned)?;
+        Ok(settings)
+    }
+
+    /// The settings of a transport actor, and the weights it starts from.
+    pub(crate) fn actor(self) -> Result<Node> {
+        let mut args = self.merged()?;
+        if args.upstreams.is_empty() {
             bail!("at least one --upstream is required");
         }
-        let weights_path = self.weights.or(file.weights);
-        let version = self.version.or(file.version);
-        let join = self.join || file.join;
-        let image_dir = self.image_dir.or(file.image_dir);
-        let suspend_after_ms = self.suspend_after_ms.or(file.suspend_after_ms);
-        if role != Role::Relay && suspend_after_ms.is_some() {
+        if args.suspend_after_ms.is_some() {
             bail!("--suspend-after-ms is a relay's setting: an actor has no subscribers");
         }
-        let snapshot_dir = self.snapshot_dir.or(file.snapshot_dir);
-        if role != Role::Relay && snapshot_dir.is_some() {
+        if args.snapshot_dir.is_some() {
             bail!("--snapshot-dir is a relay's setting: an actor serves no joiners");
         }
-        let start = if role == Role::Relay {
-            if weights_path.is_some() || version.is_some() || join || image_dir.is_some() {
-                bail!(
-                    "a relay holds no weights: drop --weights, --version, --join and --image-dir"
-                );
-            }
-            None
-        } else if join {
-            if weights_path.is_some() || version.is_some() {
+        let start = if args.join {
+            if args.weights.is_some() || args.version.is_some() {
                 bail!("--join takes the weights from an upstream: drop --weights and --version");
             }
             None
         } else {
-            let path = weights_path.context(
+            let path = args.weights.take().context(
                 "--weights is required (or --join, to take a snapshot from an upstream)",
             )?;
-            Some((path, version.context("--version is required")?))
+            Some((path, args.version.context("--version is required")?))
         };
         // Files are checked before the node's secrets are read.
-        let limits = NodeLimits::load(self.limits.or(file.limits).as_deref())?.transport;
-        let image_dir = image_dir.unwrap_or_else(std::env::temp_dir);
+        let limits = NodeLimits::load(args.limits.as_deref())?.transport;
+        let image_dir = args.image_dir.take().unwrap_or_else(std::env::temp_dir);
         // Checked now: the first image is made only when a snapshot arrives.
         if !image_dir.is_dir() {
             bail!("--image-dir {} is not a directory", image_dir.display());
         }
-        let security = self.trust.load()?.transport();
-        let id = self.id.or(file.id);
-        let region = self.region.or(file.region);
-        let identity = match security.certified_identity() {
-            // The certificate says who this node is; flags may only repeat it.
-            Some(certified) => {
-                let certified = certified?;
-                if certified.role != role
-                    || id.as_ref().is_some_and(|id| *id != certified.peer_id)
-                    || region.as_ref().is_some_and(|r| *r != certified.region)
-                {
-                    bail!(
-                        "the certificate is of {} '{}' in region '{}', not of this {role}",
-                        certified.role,
-                        certified.peer_id,
-                        certified.region
-                    );
-                }
-                certified
-            }
-            None => Identity {
-                role,
-                peer_id: id.context("--id is required")?,
-                region: region.unwrap_or_else(|| "default".into()),
-            },
-        };
-        let mut config = NodeConfig::new(identity, security);
-        config.upstreams = upstreams;
-        if let Some(streams) = self.streams.or(file.streams) {
+        let trust = args.trust.load()?;
+        let identity = trust.identity_as(Role::Actor, args.id, args.region)?;
+        let mut config = NodeConfig::new(identity, trust.transport());
+        config.upstreams = args.upstreams;
+        if let Some(streams) = args.streams {
             config.streams = streams.get();
         }
-        config.tune_interval = self
-            .tune_ms
-            .or(file.tune_ms)
-            .map(std::time::Duration::from_millis);
-        let never_if_zero = |ms: u64| (ms > 0).then(|| std::time::Duration::from_millis(ms));
-        if let Some(ms) = self.return_after_ms.or(file.return_after_ms) {
+        config.tune_interval = args.tune_ms.map(Duration::from_millis);
+        if let Some(ms) = args.return_after_ms {
             config.return_after = never_if_zero(ms);
         }
-        if let Some(ms) = suspend_after_ms {
-            config.relay_suspend_after = never_if_zero(ms);
-        }
         config.socket = SocketOptions {
-            congestion: self.congestion.or(file.congestion),
+            congestion: args.congestion,
         };
         config.limits = limits;
-        config.snapshot_dir = snapshot_dir;
-        config.insecure_unsigned = self.insecure_unsigned || file.insecure_unsigned;
-        config.run = self.run_id.or(file.run_id);
-        config.trainer_key = match self.trainer_key.or(file.trainer_key) {
-            Some(_) if config.insecure_unsigned => {
-                bail!("--trainer-key and --insecure-unsigned contradict each other")
-            }
-            Some(path) => {
-                let key = aurora_trust::signing::load_public_key(&path)?;
-                let fingerprint = aurora_delta::key_fingerprint(&key);
-                tracing::info!(key = %fingerprint, "taking only versions the trainer key signed");
-                Some(key)
-            }
-            None => None,
-        };
-        if role == Role::Actor {
-            tracing::info!(dir = %image_dir.display(), "the model's image lives in a mapped file");
-            config.images = Arc::new(FileImages::new(image_dir));
-        }
+        config.insecure_unsigned = args.insecure_unsigned;
+        config.run = args.run_id;
+        config.trainer_key = trainer_key(args.trainer_key, args.insecure_unsigned)?;
+        tracing::info!(dir = %image_dir.display(), "the model's image lives in a mapped file");
+        config.images = Arc::new(FileImages::new(image_dir));
         let weights = start
             .map(|(path, version)| {
                 let file = MappedFile::open(&path)?;
@@ -237,6 +206,62 @@ impl NodeArgs {
             })
             .transpose()?;
         Ok(Node { config, weights })
+    }
+
+    /// The file's settings (if any) under the flags.
+    fn merged(self) -> Result<NodeArgs> {
+        let file = match &self.config {
+            Some(path) => read_config(path)?,
+            None => NodeArgs::default(),
+        };
+        Ok(NodeArgs {
+            config: None,
+            id: self.id.or(file.id),
+            region: self.region.or(file.region),
+            upstreams: if self.upstreams.is_empty() {
+                file.upstreams
+            } else {
+                self.upstreams
+            },
+            weights: self.weights.or(file.weights),
+            version: self.version.or(file.version),
+            join: self.join || file.join,
+            streams: self.streams.or(file.streams),
+            tune_ms: self.tune_ms.or(file.tune_ms),
+            return_after_ms: self.return_after_ms.or(file.return_after_ms),
+            suspend_after_ms: self.suspend_after_ms.or(file.suspend_after_ms),
+            congestion: self.congestion.or(file.congestion),
+            trainer_key: self.trainer_key.or(file.trainer_key),
+            insecure_unsigned: self.insecure_unsigned || file.insecure_unsigned,
+            run_id: self.run_id.or(file.run_id),
+            limits: self.limits.or(file.limits),
+            image_dir: self.image_dir.or(file.image_dir),
+            snapshot_dir: self.snapshot_dir.or(file.snapshot_dir),
+            trust: self.trust,
+        })
+    }
+}
+
+fn never_if_zero(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// The trainer's public key from `path`, which contradicts `insecure_unsigned`.
+fn trainer_key(
+    path: Option<PathBuf>,
+    insecure_unsigned: bool,
+) -> Result<Option<aurora_delta::VerifyingKey>> {
+    match path {
+        Some(_) if insecure_unsigned => {
+            bail!("--trainer-key and --insecure-unsigned contradict each other")
+        }
+        Some(path) => {
+            let key = aurora_trust::signing::load_public_key(&path)?;
+            let fingerprint = aurora_delta::key_fingerprint(&key);
+            tracing::info!(key = %fingerprint, "taking only versions the trainer key signed");
+            Ok(Some(key))
+        }
+        None => Ok(None),
     }
 }
 
@@ -263,35 +288,45 @@ pub struct RelayArgs {
 }
 
 pub fn run(args: RelayArgs) -> Result<()> {
-    let Node { mut config, .. } = args.node.resolve(Role::Relay)?;
     let listen = crate::renamed(
         (args.transport_listen, "--transport-listen"),
         (args.listen, "--listen"),
     );
-    config.listen = Some(listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7400))));
+    let settings = args
+        .node
+        .relay(listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7400))))?;
     crate::runtime(None)?.block_on(async {
-        let stop = StopSignals::new()?;
-        let relay = spawn_relay(config).await?;
-        let address = relay.local_addr().context("the relay listens")?;
+        let mut stop = StopSignals::new()?;
+        let relay = RelayNode::start(settings).await?;
         // One line on stdout announces readiness to scripts and tests; logs go to stderr.
-        println!("listening on {address}");
+        println!("listening on {}", relay.transport_address());
         std::io::stdout().flush()?;
         tokio::select! {
-            held = report_held(&relay) => held,
-            signal = stop.recv() => {
-                // Its actors move to their next upstream now, not when its sockets close.
-                let reason = format!("the relay is stopping ({signal})");
-                tracing::info!(signal, "asked to stop: sending the subscribers to their next upstream");
-                relay.stop_serving(reason).await?;
-                let gone = relay.wait_for(|status| status.subscribers == 0);
-                if tokio::time::timeout(STOP_DEADLINE, gone).await.is_err() {
-                    tracing::warn!("subscribers still connected after {STOP_DEADLINE:?}: stopping");
-                }
-                println!("stopped");
-                Ok(())
-            }
+            held = report_held(relay.transport()) => held,
+            signal = stop.recv() => stop_relay(&relay, signal).await,
         }
     })
+}
+
+/// A relay's graceful stop on `signal`: its actors move to their next upstream now, not
+/// when its sockets close. Prints `stopped`.
+pub(crate) async fn stop_relay(relay: &RelayNode, signal: &str) -> Result<()> {
+    tracing::info!(
+        signal,
+        "asked to stop: sending the subscribers to their next upstream"
+    );
+    let stopped = relay
+        .stop(format!("the relay is stopping ({signal})"), STOP_DEADLINE)
+        .await?;
+    if stopped.subscribers_left > 0 {
+        tracing::warn!(
+            subscribers = stopped.subscribers_left,
+            "subscribers still connected after {STOP_DEADLINE:?}: stopping"
+        );
+    }
+    println!("stopped");
+    std::io::stdout().flush()?;
+    Ok(())
 }
 
 /// Prints `holds VERSION` on stdout as each version is complete here (verified, and

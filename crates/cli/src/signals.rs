@@ -13,10 +13,27 @@ impl StopSignals {
     /// Takes both signals over from their default (ending the process) and watches them
     /// on the runtime it is called in.
     pub fn new() -> Result<StopSignals> {
-        let mut signals = Signals {
+        Ok(StopSignals::watch(Signals {
             terminate: signal(SignalKind::terminate()).context("handling SIGTERM")?,
-            interrupt: signal(SignalKind::interrupt()).context("handling SIGINT")?,
-        };
+            interrupt: Some(signal(SignalKind::interrupt()).context("handling SIGINT")?),
+        }))
+    }
+
+    /// For the nodes `aurora run` starts: they take their orders from the run. A
+    /// terminal's Ctrl-C reaches the whole process group, and it is the run that decides
+    /// how its nodes stop (SIGTERM, in order), so SIGINT is ignored here.
+    pub fn of_run_node() -> Result<StopSignals> {
+        // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
+        if unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) } == libc::SIG_ERR {
+            return Err(std::io::Error::last_os_error()).context("ignoring SIGINT");
+        }
+        Ok(StopSignals::watch(Signals {
+            terminate: signal(SignalKind::terminate()).context("handling SIGTERM")?,
+            interrupt: None,
+        }))
+    }
+
+    fn watch(mut signals: Signals) -> StopSignals {
         let (asked, watched) = watch::channel(None);
         tokio::spawn(async move {
             let _ = asked.send(Some(signals.next().await));
@@ -29,11 +46,16 @@ impl StopSignals {
             // The status a shell gives a process that the signal ended.
             std::process::exit(128 + number);
         });
-        Ok(StopSignals(watched))
+        StopSignals(watched)
+    }
+
+    /// The first signal's name, if one has arrived.
+    pub fn asked(&self) -> Option<&'static str> {
+        *self.0.borrow()
     }
 
     /// Resolves with the first signal's name once one has arrived.
-    pub async fn recv(mut self) -> &'static str {
+    pub async fn recv(&mut self) -> &'static str {
         match self.0.wait_for(Option::is_some).await {
             Ok(asked) => asked.expect("waited for"),
             // The watching task never ends before it has sent, short of a panic.
@@ -44,14 +66,25 @@ impl StopSignals {
 
 struct Signals {
     terminate: Signal,
-    interrupt: Signal,
+    /// None: SIGINT is ignored.
+    interrupt: Option<Signal>,
 }
 
 impl Signals {
     async fn next(&mut self) -> &'static str {
+        let Signals {
+            terminate,
+            interrupt,
+        } = self;
+        let interrupt = async {
+            match interrupt {
+                Some(interrupt) => interrupt.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = self.terminate.recv() => "SIGTERM",
-            _ = self.interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt => "SIGINT",
         }
     }
 }

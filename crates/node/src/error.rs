@@ -74,6 +74,27 @@ pub enum NodeError {
     /// The node's certificate gives it no part in the segment protocol.
     #[error(transparent)]
     NoSegmentRole(#[from] aurora_transport::NoSegmentRole),
+    /// The certificate names another node than the settings do.
+    #[error(
+        "the certificate is of {} '{}' in region '{}', not of this {role}{}{}",
+        certified.role,
+        certified.peer_id,
+        certified.region,
+        id.as_ref().map(|id| format!(" '{id}'")).unwrap_or_default(),
+        region.as_ref().map(|r| format!(" in region '{r}'")).unwrap_or_default()
+    )]
+    NotThisNode {
+        certified: aurora_proto::Identity,
+        role: aurora_proto::Role,
+        id: Option<String>,
+        region: Option<String>,
+    },
+    /// A node without certificates was given no id.
+    #[error("a {role} without certificates needs an id")]
+    NoId { role: aurora_proto::Role },
+    /// A relay or actor was given no upstream to follow.
+    #[error("at least one upstream is required")]
+    NoUpstream,
     /// The transport hub started without a listening address.
     #[error("the transport hub has no listening address")]
     NoTransportAddress,
@@ -97,6 +118,9 @@ impl NodeError {
                 | NodeError::HashesDisagree { .. }
                 | NodeError::NoSegmentRole(_)
                 | NodeError::NoTransportAddress
+                | NodeError::NotThisNode { .. }
+                | NodeError::NoId { .. }
+                | NodeError::NoUpstream
         )
     }
 }

@@ -1,4 +1,4 @@
-//! The trainer and actor nodes of aurora as a library.
+//! The trainer, relay and actor nodes of aurora as a library.
 //!
 //! `aurora run` starts them in its processes, and the Python package runs the same code
 //! inside a user's trainer and inference processes: one implementation, thin faces.
@@ -7,6 +7,9 @@
 //!   store; publishes versions (extracted against the previous one and streamed
 //!   cut-through), commits them, opens steps and hands back their accepted rollouts;
 //!   brings a restarted trainer back to its latest version ([`TrainerNode::recover`]).
+//! - [`RelayNode`]: a region's relay, forwarding each verified segment to the region's
+//!   actors as it arrives and serving their joins from a snapshot it keeps; its graceful
+//!   stop sends them to their next upstream at once.
 //! - [`ActorNode`]: a transport actor that joins over the wire (or from local weights),
 //!   stages deltas behind generation and activates committed versions at the engine's
 //!   safe points, plus the actor's side of the control API (register, heartbeats, version
@@ -24,6 +27,7 @@ mod client;
 mod error;
 mod handoff;
 mod recover;
+mod relay;
 mod trainer;
 mod trust;
 
@@ -34,6 +38,7 @@ pub use client::{ControlClient, ControlSecurity};
 pub use error::NodeError;
 pub use handoff::{Activation, ActivationGuard, Handoff};
 pub use recover::{RecoverError, Recovered, Retraining, RetrainingError};
+pub use relay::{RelayNode, RelaySettings, Stopped};
 pub use trainer::{Published, TrainerNode, TrainerSettings};
 pub use trust::NodeTrust;
 

@@ -8,7 +8,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use aurora_proto::Identity;
+use aurora_proto::{Identity, Role};
 use aurora_trust::{NodeTls, PlaintextReach, TlsFiles, TrustError};
 
 use crate::{ControlSecurity, NodeError};
@@ -101,6 +101,40 @@ impl NodeTrust {
                     fleet_token: fleet_token.clone(),
                 })
             }
+        }
+    }
+
+    /// The identity of a node of `role` that may name its `id` and `region`: with
+    /// certificates the certificate's, which must be of that role and which the names,
+    /// where given, must repeat; in plaintext the names (the id is required, the region
+    /// is "default" when unnamed).
+    pub fn identity_as(
+        &self,
+        role: Role,
+        id: Option<String>,
+        region: Option<String>,
+    ) -> Result<Identity, NodeError> {
+        match self.transport().certified_identity() {
+            Some(certified) => {
+                let certified = certified?;
+                if certified.role != role
+                    || id.as_ref().is_some_and(|id| *id != certified.peer_id)
+                    || region.as_ref().is_some_and(|r| *r != certified.region)
+                {
+                    return Err(NodeError::NotThisNode {
+                        certified,
+                        role,
+                        id,
+                        region,
+                    });
+                }
+                Ok(certified)
+            }
+            None => Ok(Identity {
+                role,
+                peer_id: id.ok_or(NodeError::NoId { role })?,
+                region: region.unwrap_or_else(|| "default".into()),
+            }),
         }
     }
 

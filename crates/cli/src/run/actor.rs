@@ -124,7 +124,7 @@ async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {
         behind_timeout: aurora_node::BEHIND_TIMEOUT,
     };
     // Taken before joining, so a stop asked meanwhile is not lost.
-    let stop = crate::signals::StopSignals::new()?;
+    let mut stop = crate::signals::StopSignals::of_run_node()?;
     let node = ActorNode::join(settings, engine.clone(), JOIN_TIMEOUT).await?;
     let outcome = tokio::select! {
         outcome = generate_forever(&config, &node, &engine) => outcome,

@@ -21,12 +21,11 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::TOKEN_VARIABLE;
+use crate::signals::StopSignals;
 use crate::trust_args::TrustArgs;
 use anyhow::{Context, Result, bail, ensure};
 use aurora_control::Config;
-use aurora_node::NodeTrust;
-use aurora_proto::{Identity, Role};
-use aurora_transport::{NodeConfig, spawn_relay};
+use aurora_node::{NodeTrust, RelayNode, RelaySettings};
 use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,6 +40,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(600);
 const STEP_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest wait for an actor asked to stop to leave the fleet and exit.
 const ACTOR_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a relay asked to stop (it gives its subscribers 10 s to move on).
+const RELAY_STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest wait for a trainer that announced its stop to exit (it waits up to 30 s for
+/// its actors to leave).
+const TRAINER_STOP_TIMEOUT: Duration = Duration::from_secs(40);
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -219,29 +223,24 @@ fn relay(
     trust: NodeTrust,
 ) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
+    let mut settings = RelaySettings::new(listen, vec![upstream], trust);
+    settings.id = Some(format!("relay-{region}"));
+    settings.streams = config.streams;
+    settings.trainer_key = Some(trainer_key(run_dir)?);
+    // It holds no weights: it keeps the hub's newest snapshot in a file and serves it to
+    // the region's actors as they join, then forwards the deltas after it.
+    let snapshots = run_dir.join("relays").join(&region);
+    std::fs::create_dir_all(&snapshots)
+        .with_context(|| format!("creating {}", snapshots.display()))?;
+    settings.snapshot_dir = Some(snapshots);
+    settings.region = Some(region);
     crate::runtime(Some(1))?.block_on(async move {
-        let plaintext = Identity {
-            role: Role::Relay,
-            peer_id: format!("relay-{region}"),
-            region,
-        };
-        let mut node = NodeConfig::new(trust.identity(plaintext)?, trust.transport());
-        node.listen = Some(listen);
-        node.upstreams = vec![upstream];
-        node.streams = config.streams;
-        node.trainer_key = Some(trainer_key(run_dir)?);
-        // It holds no weights: it keeps the hub's newest snapshot in a file and serves
-        // it to the region's actors as they join, then forwards the deltas after it.
-        let snapshots = run_dir.join("relays").join(&node.identity.region);
-        std::fs::create_dir_all(&snapshots)
-            .with_context(|| format!("creating {}", snapshots.display()))?;
-        node.snapshot_dir = Some(snapshots);
-        let handle = spawn_relay(node).await?;
-        let address = handle.local_addr().context("the relay has no address")?;
-        println!("transport {address}");
+        let mut stop = StopSignals::of_run_node()?;
+        let relay = RelayNode::start(settings).await?;
+        println!("transport {}", relay.transport_address());
         std::io::stdout().flush()?;
-        std::future::pending::<()>().await;
-        Ok(())
+        let signal = stop.recv().await;
+        crate::relay_cmd::stop_relay(&relay, signal).await
     })
 }
 
@@ -361,6 +360,20 @@ struct Fleet<'a> {
 impl Fleet<'_> {
     fn env(&self) -> [(&str, &str); 2] {
         node_env(&self.token)
+    }
+
+    /// The graceful stop, once the trainer has stopped between versions: every actor
+    /// leaves the fleet (its leases back to the pool), then every relay sends its
+    /// subscribers on.
+    fn stop(&mut self) -> Result<()> {
+        stop_all(
+            self.actors.values_mut().map(|(node, _)| node),
+            ACTOR_STOP_TIMEOUT,
+        )?;
+        stop_all(
+            self.relays.values_mut().map(|(node, _)| node),
+            RELAY_STOP_TIMEOUT,
+        )
     }
 
     fn start_actor(&mut self, region: &str) -> Result<u64> {
@@ -568,6 +581,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     // Each fault happens once: a restarted trainer opens again the step it was killed at.
     let mut applied = vec![false; config.faults.len()];
     let mut restarted_at: Option<Instant> = None;
+    watch_stop_signals(sender.clone())?;
+    // The first signal: the trainer is asked to stop, and the run waits for its word.
+    let mut stopping: Option<String> = None;
+    let mut stopped_at: Option<u64> = None;
     loop {
         let line = match lines.recv_timeout(STEP_TIMEOUT) {
             Ok(line) => line,
@@ -576,6 +593,18 @@ pub fn run(args: RunArgs) -> Result<()> {
                 run_dir.join("logs").display()
             ),
         };
+        if line.from == SIGNALLED {
+            trainer.terminate()?;
+            say(
+                &progress,
+                format!(
+                    "stopping ({}): the trainer finishes the version in hand, then the fleet leaves",
+                    line.text
+                ),
+            );
+            stopping = Some(line.text);
+            continue;
+        }
         if line.text == procs::CLOSED {
             if line.from == "trainer" {
                 let status = trainer.wait()?;
@@ -591,6 +620,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             continue;
         }
         if let Some(step) = line.text.strip_prefix("open ") {
+            if stopping.is_some() {
+                continue;
+            }
             let step: u64 = step.parse()?;
             for (index, fault) in config.faults.iter().enumerate() {
                 if fault.at_step() != step || std::mem::replace(&mut applied[index], true) {
@@ -664,11 +696,23 @@ pub fn run(args: RunArgs) -> Result<()> {
                     format!("not on the final version: {}", behind.join(", ")),
                 );
             }
+        } else if let Some(json) = line.text.strip_prefix("stopped ") {
+            let stopped: serde_json::Value = serde_json::from_str(json)?;
+            stopped_at = stopped["version"].as_u64();
+            break;
         } else if line.text == "done" {
             break;
         }
     }
     progress.finish_and_clear();
+    if stopped_at.is_some() {
+        fleet.stop()?;
+        let status = trainer.wait_within(TRAINER_STOP_TIMEOUT)?;
+        ensure!(
+            status.success(),
+            "the trainer did not stop cleanly ({status}): see its log"
+        );
+    }
     drop(fleet);
     drop(trainer);
     drop(metrics);
@@ -694,6 +738,65 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(sync) = sync_summary(&records, training_started.elapsed()) {
         println!("{sync}");
     }
+    if let (Some(version), Some(signal)) = (stopped_at, stopping) {
+        println!(
+            "stopped at v{version} ({signal}); `aurora run --resume --dir {}` goes on from there",
+            args.dir.display()
+        );
+        std::io::stdout().flush()?;
+        // The status a shell gives a process the signal ended: the run did not finish.
+        std::process::exit(
+            128 + match signal.as_str() {
+                "SIGTERM" => libc::SIGTERM,
+                _ => libc::SIGINT,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Asks every one of `nodes` to stop at once, then waits for each to end cleanly.
+fn stop_all<'a>(nodes: impl Iterator<Item = &'a mut Node>, timeout: Duration) -> Result<()> {
+    let mut nodes: Vec<&mut Node> = nodes.collect();
+    for node in &nodes {
+        node.terminate()?;
+    }
+    for node in &mut nodes {
+        let status = node.wait_within(timeout)?;
+        ensure!(
+            status.success(),
+            "{} did not stop cleanly on SIGTERM ({status}): see its log",
+            node.name
+        );
+    }
+    Ok(())
+}
+
+/// The sender of the line that says a stop was asked for (the signal's name).
+const SIGNALLED: &str = "aurora run";
+
+/// Watches SIGTERM and SIGINT (a terminal's Ctrl-C) from now on: the first becomes a
+/// line from [`SIGNALLED`] among the nodes' lines, so the run stops its nodes in order; a
+/// second ends the run at once, and its nodes with it.
+fn watch_stop_signals(lines: mpsc::Sender<Line>) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut stop = runtime.block_on(async { StopSignals::new() })?;
+    std::thread::Builder::new()
+        .name("stop-signals".into())
+        .spawn(move || {
+            runtime.block_on(async {
+                let signal = stop.recv().await;
+                let _ = lines.send(Line {
+                    from: SIGNALLED.into(),
+                    text: signal.into(),
+                });
+                // Kept running for the second signal.
+                std::future::pending::<()>().await
+            })
+        })
+        .context("starting the signal watcher")?;
     Ok(())
 }
 

@@ -111,13 +111,24 @@ impl Node {
     /// Asks the process to stop (SIGTERM) and waits up to `timeout` for it to end; kills
     /// it past that. Returns how it ended.
     pub fn stop(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        self.terminate()?;
+        self.wait_within(timeout)
+    }
+
+    /// Asks the process to stop (SIGTERM), without waiting for it.
+    pub fn terminate(&self) -> Result<()> {
         let pid = libc::pid_t::try_from(self.child.id()).context("a process id beyond pid_t")?;
         // SAFETY: kill(2) with a pid this child still holds: it is not reaped until a
-        // wait below.
+        // wait.
         if unsafe { libc::kill(pid, libc::SIGTERM) } == -1 {
             return Err(std::io::Error::last_os_error())
                 .with_context(|| format!("asking {} to stop", self.name));
         }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for a process asked to stop to end; kills it past that.
+    pub fn wait_within(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {

@@ -26,10 +26,13 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{RunConfig, SyncMode};
 use super::report::{ActorRecord, StepRecord, StepTimes, sync_held_s};
+use crate::signals::StopSignals;
 
 /// Longest wait for a step's rollouts: the lease machinery hands the prompts of a dead
 /// actor to the others long before.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long a stopped trainer serves on for its actors to leave.
+const FLEET_LEAVE_DEADLINE: Duration = Duration::from_secs(30);
 
 pub fn run(run_dir: &Path, listen: Listen, trust: NodeTrust) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
@@ -86,6 +89,8 @@ struct Pending {
 
 async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig) -> Result<()> {
     let started = Instant::now();
+    // Taken at once, so that a stop asked during the warm-up or a resume is not lost.
+    let mut stop = StopSignals::of_run_node()?;
     let run_dir: &Path = &settings.dir.clone();
     settings.control_listen = listen.control;
     settings.transport_listen = listen.transport;
@@ -138,6 +143,9 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             (trainer, exports, latest + 1)
         }
     };
+    // The version whose trainer state the store holds last: a graceful stop saves the
+    // newest one unless it is there, so a resumed run trains nothing again.
+    let mut state_saved = resumed_at.is_none().then_some(0);
     let base = store.weights_image(0)?;
     announce(&format!("control {control_address}"))?;
     announce(&format!("transport {transport_address}"))?;
@@ -170,7 +178,18 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
         _ => (first_step, None),
     };
     let activations: Arc<std::sync::Mutex<BTreeMap<u64, f64>>> = Arc::default();
+    let mut latest_trained = resumed_at.unwrap_or(0);
     for k in first_step..=config.steps {
+        if let Some(signal) = stop.asked() {
+            return stopped(
+                signal,
+                &trainer,
+                (&hub, &store),
+                latest_trained,
+                state_saved,
+            )
+            .await;
+        }
         let mut times = StepTimes::default();
         let opened = Instant::now();
         // Commit the newest version: actors activate it at their next batch boundary,
@@ -227,9 +246,11 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             if published.version != trained {
                 bail!("published version {}, trained {trained}", published.version);
             }
+            latest_trained = trained;
             if trained % config.checkpoint_every == 0 || trained == config.steps {
                 let state = trainer.save_state()?;
                 store.put_trainer_data(TrainerData::State, trained, &state)?;
+                state_saved = Some(trained);
                 events.push(format!(
                     "trainer state of v{trained} checkpointed ({} bytes)",
                     state.len()
@@ -265,22 +286,45 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
         }
 
         let mut generation_s = 0.0;
+        // A stop asked while the step generates ends the wait: what the actors have
+        // submitted stays in the control plane, and a resumed run takes it from there.
+        let mut interrupted = None;
         if let Some(generated) = generated {
-            let results = node.wait_step(STEP_TIMEOUT).await?;
-            generation_s = generated.await?.duration_since(opened).as_secs_f64();
-            previous = Some(store_pending(
-                &config,
-                &store,
-                k + 1,
-                &results,
-                generation_s,
-            )?);
+            let results = tokio::select! {
+                results = node.wait_step(STEP_TIMEOUT) => Some(results?),
+                signal = stop.recv() => {
+                    interrupted = Some(signal);
+                    None
+                }
+            };
+            if let Some(results) = results {
+                generation_s = generated.await?.duration_since(opened).as_secs_f64();
+                previous = Some(store_pending(
+                    &config,
+                    &store,
+                    k + 1,
+                    &results,
+                    generation_s,
+                )?);
+            } else {
+                generated.abort();
+                generation_s = opened.elapsed().as_secs_f64();
+            }
         }
         let activation_s = match activation {
-            Some(activation) => activation.await?,
+            Some(activation) if interrupted.is_none() => activation.await?,
+            Some(activation) => {
+                activation.abort();
+                0.0
+            }
             None => 0.0,
         };
         if let Some(mut record) = record {
+            if let Some(signal) = interrupted {
+                record.events.push(format!(
+                    "the run stopped ({signal}) while step {k} generated: its generation time is up to then"
+                ));
+            }
             record.times.sync_held_s = sync_held_s(
                 trained_at,
                 trained_at + record.times.transfer_s,
@@ -298,6 +342,8 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             record.actors = actors(&hub);
             announce(&format!("step {}", serde_json::to_string(&record)?))?;
         }
+        // An interrupted step is never the last (that one opens nothing): the next
+        // round's first look stops the trainer.
     }
     // Every actor ends on the final version, checked by its hash on activation.
     let last = node.commit().await?;
@@ -648,6 +694,41 @@ fn evaluate(config: &RunConfig, weights: &[u8]) -> Result<f64> {
 }
 
 /// One line on stdout for the orchestrator; logs go to stderr.
+/// The graceful stop, between versions: the trainer state of the newest version is
+/// saved (unless it is already), so that `aurora run --resume` trains nothing again, and
+/// `stopped {"version", "signal"}` is announced. The node then serves on until every
+/// actor has left (the run stops them next), so that they hand their leases back to a
+/// live control plane.
+async fn stopped(
+    signal: &str,
+    trainer: &Trainer,
+    (hub, store): (&Hub, &Store),
+    latest: u64,
+    state_saved: Option<u64>,
+) -> Result<()> {
+    tracing::info!(signal, version = latest, "asked to stop");
+    if state_saved != Some(latest) {
+        store.put_trainer_data(TrainerData::State, latest, &trainer.save_state()?)?;
+    }
+    announce(&format!(
+        "stopped {}",
+        serde_json::json!({ "version": latest, "signal": signal })
+    ))?;
+    let left = hub.wait_for(|core| {
+        core.members()
+            .values()
+            .all(|member| member.leaving_at.is_some())
+            .then_some(())
+    });
+    if tokio::time::timeout(FLEET_LEAVE_DEADLINE, left)
+        .await
+        .is_err()
+    {
+        tracing::warn!("actors still in the fleet after {FLEET_LEAVE_DEADLINE:?}: stopping");
+    }
+    Ok(())
+}
+
 fn announce(line: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{line}")?;

@@ -260,7 +260,7 @@ restart_after_s = 0.5
 }
 
 #[test]
-fn a_run_that_died_whole_resumes_and_ends_on_the_weights_of_an_unbroken_run() {
+fn a_run_that_died_whole_or_was_stopped_resumes_and_ends_on_the_weights_of_an_unbroken_run() {
     let scratch = Scratch::new();
     let config = scratch.write("run.toml", small_config(6, "").as_bytes());
     let unbroken = scratch.path("unbroken");
@@ -296,6 +296,49 @@ fn a_run_that_died_whole_resumes_and_ends_on_the_weights_of_an_unbroken_run() {
         "{versions:?}"
     );
     for record in &died {
+        let version = record["trained_version"].as_u64().unwrap() as usize;
+        assert_eq!(
+            unbroken[version - 1]["weights_hash"],
+            record["weights_hash"],
+            "version {version}"
+        );
+    }
+    // The same run stopped by a terminal's Ctrl-C after step 2's record (SIGINT to the
+    // whole process group): the trainer finishes the version in hand and saves its
+    // state, the actors leave, the relays send their subscribers on, and the run writes
+    // its report, says how to go on and ends as interrupted. Resumed, it trains nothing
+    // again and ends on the unbroken run's weights.
+    let stopped = scratch.path("stopped");
+    let (status, stdout) = aurora(&["run", "--config"])
+        .arg(&config)
+        .arg("--dir")
+        .arg(&stopped)
+        .interrupted_at("step   2 ");
+    assert_eq!(status.code(), Some(130), "{stdout}");
+    assert!(
+        stdout.contains("stopping (SIGINT)")
+            && stdout.contains("stopped at v")
+            && stdout.contains("aurora run --resume --dir")
+            && stopped.join("report.html").exists(),
+        "{stdout}"
+    );
+    let resumed = aurora(&["run", "--resume", "--dir"]).arg(&stopped).ok();
+    assert!(
+        resumed.stdout.contains("(0 versions trained again")
+            && resumed
+                .stdout
+                .contains("every actor runs the final version v6"),
+        "{}",
+        resumed.stdout
+    );
+    let stopped = metrics(&stopped);
+    let versions: Vec<u64> = stopped
+        .iter()
+        .map(|s| s["trained_version"].as_u64().unwrap())
+        .collect();
+    // A graceful stop loses no record.
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
+    for record in &stopped {
         let version = record["trained_version"].as_u64().unwrap() as usize;
         assert_eq!(
             unbroken[version - 1]["weights_hash"],

@@ -111,6 +111,46 @@ impl Aurora {
     /// containing `marker`, kills the whole group at once, as a machine that loses
     /// power would: every process it started dies with it.
     pub fn killed_at(self, marker: &str) {
+        let (mut child, _, _) = self.signalled_at(marker, "KILL");
+        child.wait().expect("the run is reaped");
+        // The nodes were killed with it, but die on their own time: one still holding
+        // its store's locks or ports would fail the next run over the directory. The
+        // group is gone once no process answers a signal 0 (there is no event for it).
+        let group = format!("-{}", child.id());
+        while Command::new("kill")
+            .args(["-0", "--", &group])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Starts the command in a process group of its own and, once it prints a line
+    /// containing `marker`, sends SIGINT to the whole group, as a terminal's Ctrl-C does;
+    /// returns how the command ended and everything it printed on stdout.
+    pub fn interrupted_at(self, marker: &str) -> (std::process::ExitStatus, String) {
+        use std::io::Read;
+        let (mut child, mut stdout, mut seen) = self.signalled_at(marker, "INT");
+        stdout
+            .read_to_string(&mut seen)
+            .expect("the command's stdout");
+        (child.wait().expect("the command is reaped"), seen)
+    }
+
+    /// Starts the command in a process group of its own, reads its stdout up to a line
+    /// containing `marker` and sends `signal` to the group; returns the child, the rest of
+    /// its stdout and what it printed up to the marker.
+    fn signalled_at(
+        self,
+        marker: &str,
+        signal: &str,
+    ) -> (
+        std::process::Child,
+        std::io::BufReader<std::process::ChildStdout>,
+        String,
+    ) {
         use std::io::{BufRead, BufReader};
         use std::os::unix::process::CommandExt;
         use std::process::Stdio;
@@ -123,37 +163,35 @@ impl Aurora {
             .process_group(0)
             .spawn()
             .expect("the aurora binary runs");
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
         let mut seen = String::new();
-        let found = stdout.lines().map_while(Result::ok).any(|line| {
-            writeln!(seen, "{line}").unwrap();
-            line.contains(marker)
-        });
-        if found {
-            let group = format!("-{}", child.id());
-            let killed = Command::new("kill").args(["-KILL", "--", &group]).status();
-            assert!(killed.is_ok_and(|s| s.success()), "killing {group}");
-        }
-        let status = child.wait().expect("the run is reaped");
-        if found {
-            // The nodes were killed with it, but die on their own time: one still holding
-            // its store's locks or ports would fail the next run over the directory. The
-            // group is gone once no process answers a signal 0 (there is no event for it).
-            let group = format!("-{}", child.id());
-            while Command::new("kill")
-                .args(["-0", "--", &group])
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-            {
-                std::thread::yield_now();
+        let mut line = String::new();
+        let found = loop {
+            line.clear();
+            if stdout.read_line(&mut line).unwrap_or(0) == 0 {
+                break false;
             }
+            seen.push_str(&line);
+            if line.contains(marker) {
+                break true;
+            }
+        };
+        if !found {
+            let status = child.wait().expect("the command is reaped");
+            panic!(
+                "`{}` ended ({status}) without printing {marker:?}:\n{seen}",
+                self.shown()
+            );
         }
+        let group = format!("-{}", child.id());
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), "--", &group])
+            .status();
         assert!(
-            found,
-            "`{}` ended ({status}) without printing {marker:?}:\n{seen}",
-            self.shown()
+            sent.is_ok_and(|s| s.success()),
+            "sending SIG{signal} to {group}"
         );
+        (child, stdout, seen)
     }
 }
 
