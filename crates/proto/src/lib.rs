@@ -55,7 +55,7 @@ pub use receiver::{
 };
 pub use sender::{
     ArtifactKey, Auth, AuthRefusal, KeptSnapshot, Sender, SenderConfig, SenderError, SenderEvent,
-    SenderStats, StoredArtifact, Transmit, offer_signature,
+    SenderStats, StoredArtifact, offer_signature,
 };
 pub use tuner::StreamTuner;
 pub use upstreams::Upstreams;
@@ -64,6 +64,15 @@ pub use weights::{Staged, Weights};
 /// A connection, named by the driver; unique among a node's connections for its
 /// lifetime.
 pub type ConnId = u64;
+
+/// A frame for the driver to write on `conn`, from a sender, a receiver or a node; after
+/// writing it, the driver closes the connection if `close_after` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    pub conn: ConnId,
+    pub frame: Frame,
+    pub close_after: bool,
+}
 
 /// Who a peer is, as told in its handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]

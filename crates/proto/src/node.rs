@@ -13,10 +13,12 @@
 //! snapshot over the wire, decodes it segment by segment against the empty checkpoint,
 //! activates it at once, then goes on as any other.
 //!
-//! The node wires its parts together and hands the driver one stream of [`Output`]s.
-//! Drivers feed inputs to the parts directly ([`Node::sender_mut`],
-//! [`Node::receiver_mut`]) or through the node's methods for the actor's work, then
-//! drain [`Node::poll`].
+//! The node wires its parts together. Drivers feed it connection events and the outcomes
+//! of its effects through its `handle_*` methods and the actor's (`decoded`, `verified`,
+//! `activated`), tell it the time through [`Node::handle_timeout`], and drain one stream
+//! of [`Output`]s from [`Node::poll`], as quinn-proto's `Connection` states its contract.
+//! Reading a part ([`Node::sender`], [`Node::receiver`]) is for status; a hub's driver
+//! publishes through its sender ([`Node::sender_mut`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -25,25 +27,20 @@ use std::time::{Duration, Instant};
 use aurora_delta::{DeltaHeader, Hash, SpilledChunks, SpilledPatch};
 use bytes::Bytes;
 
-use crate::ConnId;
 use crate::EffectError;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
-use crate::frame::{ArtifactKind, Frame, Role, VersionRef, Welcome};
+use crate::frame::{ArtifactKind, Role, VersionRef, Welcome};
 use crate::keep::{KeptSegments, SnapshotSpace};
 use crate::receiver::{Artifact, Receiver, ReceiverEvent, SessionEnd};
 use crate::sender::{ArtifactKey, KeptSnapshot, Sender, SenderEvent};
 use crate::weights::Staged;
+use crate::{ConnId, Transmit};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
-    /// Write `frame` on `conn` (closing it afterwards if `close_after`). Frames for
-    /// inbound connections count against their window: report [`Node::sent`] once
-    /// written.
-    Transmit {
-        conn: ConnId,
-        frame: Frame,
-        close_after: bool,
-    },
+    /// Write a frame. Frames for inbound connections count against their window:
+    /// report [`Node::sent`] once written.
+    Transmit(Transmit),
     Close {
         conn: ConnId,
     },
@@ -522,25 +519,15 @@ impl Node {
                 self.on_actor_action(action);
                 continue;
             }
-            if let Some((conn, frame, close_after)) =
-                self.receiver.as_mut().and_then(Receiver::poll_transmit)
-            {
-                return Some(Output::Transmit {
-                    conn,
-                    frame,
-                    close_after,
-                });
+            if let Some(transmit) = self.receiver.as_mut().and_then(Receiver::poll_transmit) {
+                return Some(Output::Transmit(transmit));
             }
             if let Some(event) = self.sender.as_mut().and_then(Sender::poll_event) {
                 self.on_sender_event(event);
                 continue;
             }
             let transmit = self.sender.as_mut().and_then(|s| s.poll_transmit(now))?;
-            return Some(Output::Transmit {
-                conn: transmit.conn,
-                frame: transmit.frame,
-                close_after: transmit.close_after,
-            });
+            return Some(Output::Transmit(transmit));
         }
     }
 
@@ -947,6 +934,7 @@ impl Node {
     }
 }
 
+mod inputs;
 mod keeping;
 #[cfg(test)]
 mod keeping_tests;

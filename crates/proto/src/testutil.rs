@@ -222,7 +222,12 @@ impl Pair {
                     other => self.events.push(other),
                 }
             }
-            while let Some((conn, frame, close_after)) = self.receiver.poll_transmit() {
+            while let Some(crate::Transmit {
+                conn,
+                frame,
+                close_after,
+            }) = self.receiver.poll_transmit()
+            {
                 moved = true;
                 self.sender.handle_frame(self.now, conn, frame);
                 if close_after {

@@ -48,7 +48,7 @@ use aurora_delta::{
 use aurora_proto::{
     ArtifactKey, Auth, Commit, ConnId, EffectError, Frame, HeapSnapshots, Identity, Node, Notice,
     Output, Receiver, ReceiverConfig, Role, Sender, SenderConfig, SessionEnd, StoredArtifact,
-    Upstreams, VersionRef, Violation, Weights,
+    Transmit, Upstreams, VersionRef, Violation, Weights,
 };
 use bytes::Bytes;
 

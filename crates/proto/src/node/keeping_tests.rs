@@ -4,6 +4,8 @@
 
 use super::tests::{feed, poll, relay_sender, subscribe};
 use super::*;
+use crate::Transmit;
+use crate::frame::Frame;
 use crate::receiver::ReceiverConfig;
 use crate::sender::Sender;
 use crate::testutil::{Pair, TOKEN, artifact, frames, frames_of, identity, snapshot_artifact};
@@ -26,11 +28,11 @@ fn keeping_relay(now: Instant) -> Node {
 /// The snapshot a Welcome on `conn` offered, if one was written.
 fn welcome_on(outputs: &[Output], conn: ConnId) -> Option<Option<u64>> {
     outputs.iter().find_map(|o| match o {
-        Output::Transmit {
+        Output::Transmit(Transmit {
             conn: c,
             frame: Frame::Welcome(welcome),
             ..
-        } if *c == conn => Some(welcome.snapshot),
+        }) if *c == conn => Some(welcome.snapshot),
         _ => None,
     })
 }
@@ -47,14 +49,14 @@ fn a_relay_keeps_the_snapshot_it_starts_from_and_serves_it_while_it_holds_the_de
     assert_eq!(welcome_on(&welcomed, 7), Some(Some(3)), "{welcomed:?}");
     assert!(welcomed.iter().any(|o| matches!(
         o,
-        Output::Transmit {
+        Output::Transmit(Transmit {
             frame: Frame::Want {
                 next_version: 3,
                 snapshot: true,
                 ..
             },
             ..
-        }
+        })
     )));
 
     let (bytes, snapshot) = snapshot_artifact(3, 40);
@@ -173,7 +175,7 @@ fn a_relay_whose_upstream_is_lost_answers_the_joiners_it_held() {
     let now = Instant::now();
     let mut relay = keeping_relay(now);
     subscribe(&mut relay, now, 7, 40);
-    relay.receiver_mut().unwrap().abandon("cut off");
+    relay.abandon_session("cut off");
     let outputs = poll(&mut relay);
     assert_eq!(welcome_on(&outputs, 7), Some(None), "{outputs:?}");
 }
@@ -479,7 +481,7 @@ fn a_snapshot_the_relay_will_not_finish_is_withdrawn_and_never_offered_again() {
     // Its deltas are retained as on any relay: four, not every one after version 3.
     for version in 5..=12 {
         for frame in frames(&artifact(version, 1).0) {
-            relay.receiver_mut().unwrap().handle_frame(now, 2, frame);
+            relay.handle_frame(now, 2, frame);
             poll(&mut relay);
         }
     }
@@ -572,7 +574,7 @@ fn a_snapshot_left_unfinished_for_another_is_withdrawn_from_its_joiners() {
     // another snapshot.
     subscribe(&mut relay, now, 7, 40);
     want_snapshot(&mut relay, now, 7, 3);
-    relay.receiver_mut().unwrap().abandon("cut off");
+    relay.abandon_session("cut off");
     poll(&mut relay);
     reconnect_at(&mut relay, now, crate::testutil::hub_welcome(Some(5)));
     let sender = relay.sender().unwrap();
@@ -595,5 +597,5 @@ fn want_snapshot(relay: &mut Node, now: Instant, conn: ConnId, version: u64) {
         epochs: vec![0],
         progress: Vec::new(),
     };
-    relay.sender_mut().unwrap().handle_frame(now, conn, want);
+    relay.handle_frame(now, conn, want);
 }

@@ -4,6 +4,8 @@
 //! still reads the weights.
 
 use super::*;
+use crate::Transmit;
+use crate::frame::Frame;
 use crate::receiver::{ReceiverConfig, ReceiverEvent, SessionEnd, Violation};
 use crate::sender::{Sender, SenderConfig};
 use crate::testutil::{
@@ -45,9 +47,7 @@ fn decodes(outputs: &[Output]) -> Vec<(u64, u32, Hash)> {
 }
 
 pub(super) fn feed(node: &mut Node, frame: Frame) -> Vec<Output> {
-    node.receiver_mut()
-        .unwrap()
-        .handle_frame(Instant::now(), 1, frame);
+    node.handle_frame(Instant::now(), 1, frame);
     poll(node)
 }
 
@@ -123,7 +123,7 @@ fn a_revoked_segment_is_decoded_again_and_activation_waits_for_the_stale_decode(
     let outputs = poll(&mut node);
     assert_eq!(node.actor_status().unwrap().staged, Some(1));
 
-    node.receiver_mut().unwrap().handle_frame(
+    node.handle_frame(
         Instant::now(),
         1,
         Frame::Commit(crate::testutil::commit(1, None)),
@@ -251,7 +251,7 @@ fn a_relay_forwards_from_its_upstream_s_newest_version_and_decodes_nothing() {
     assert!(
         outputs.iter().any(|o| matches!(
             o,
-            Output::Transmit { frame: Frame::Status { active, staged: None, .. }, .. } if *active == held
+            Output::Transmit(Transmit { frame: Frame::Status { active, staged: None, .. }, .. }) if *active == held
         )),
         "{outputs:?}"
     );
@@ -448,7 +448,7 @@ pub(super) fn subscribe(relay: &mut Node, now: Instant, conn: ConnId, session: u
 }
 
 fn lose_upstream(relay: &mut Node, now: Instant) {
-    relay.receiver_mut().unwrap().abandon("cut off");
+    relay.abandon_session("cut off");
     let outputs: Vec<Output> = std::iter::from_fn(|| relay.poll(now)).collect();
     assert!(
         outputs
@@ -471,11 +471,11 @@ fn busy(outputs: &[Output], conn: ConnId, why: &str) -> bool {
     outputs.iter().any(|o| {
         matches!(
             o,
-            Output::Transmit {
+            Output::Transmit(Transmit {
                 conn: c,
                 frame: Frame::Reject { code: crate::frame::RejectCode::Busy, reason },
                 ..
-            } if *c == conn && reason.contains(why)
+            }) if *c == conn && reason.contains(why)
         )
     })
 }
@@ -488,7 +488,7 @@ fn a_relay_without_a_working_upstream_sends_its_subscribers_away_until_it_has_on
     relay.suspend_after(after);
     let serves = |outputs: &[Output], conn: ConnId| {
         outputs.iter().any(|o| {
-            matches!(o, Output::Transmit { conn: c, frame: Frame::Welcome(_), .. } if *c == conn)
+            matches!(o, Output::Transmit(Transmit { conn: c, frame: Frame::Welcome(_), .. }) if *c == conn)
         })
     };
     let welcome = subscribe(&mut relay, start, 10, 100);
@@ -504,7 +504,7 @@ fn a_relay_without_a_working_upstream_sends_its_subscribers_away_until_it_has_on
     let (bytes, _) = artifact(3, 2);
     let now = start + after / 2;
     for frame in frames(&bytes) {
-        relay.receiver_mut().unwrap().handle_frame(now, 2, frame);
+        relay.handle_frame(now, 2, frame);
     }
     let outputs: Vec<Output> = std::iter::from_fn(|| relay.poll(now)).collect();
     assert!(
@@ -572,7 +572,7 @@ fn a_relay_that_stops_serving_sends_its_subscribers_away_for_good() {
     reconnect(&mut relay, now, 6, 2);
     let (bytes, _) = artifact(3, 2);
     for frame in frames(&bytes) {
-        relay.receiver_mut().unwrap().handle_frame(now, 2, frame);
+        relay.handle_frame(now, 2, frame);
     }
     std::iter::from_fn(|| relay.poll(now)).for_each(drop);
     relay.handle_timeout(now + Duration::from_secs(60));

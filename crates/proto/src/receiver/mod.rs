@@ -53,7 +53,7 @@ mod inbound;
 pub use self::assembly::Artifact;
 use self::assembly::Assembly;
 pub use self::error::{DescriptorFault, SessionEnd, Violation};
-use crate::{ConnId, Identity};
+use crate::{ConnId, Identity, Transmit};
 
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
@@ -276,7 +276,7 @@ pub struct Receiver {
     /// carried by a stream that dies is sent again.
     nacks: BTreeMap<(u64, u32), (usize, u32)>,
     /// Frames to write, and whether to close the connection after each.
-    out: VecDeque<(ConnId, Frame, bool)>,
+    out: VecDeque<Transmit>,
     events: VecDeque<ReceiverEvent>,
     stats: ReceiverStats,
     /// The newest version known to be committed, from outside the session
@@ -556,7 +556,11 @@ impl Receiver {
                     let goodbye = Frame::Goodbye {
                         reason: truncated(reason),
                     };
-                    self.out.push_back((conn, goodbye, true));
+                    self.out.push_back(Transmit {
+                        conn,
+                        frame: goodbye,
+                        close_after: true,
+                    });
                 }
             }
         }
@@ -623,7 +627,11 @@ impl Receiver {
                     snapshot_floor,
                 };
                 s.last_heard = now;
-                self.out.push_back((conn, Frame::Hello(hello), false));
+                self.out.push_back(Transmit {
+                    conn,
+                    frame: Frame::Hello(hello),
+                    close_after: false,
+                });
             }
             // A late connection of a session given up.
             _ => self.events.push_back(ReceiverEvent::Close { conn }),
@@ -778,7 +786,7 @@ impl Receiver {
         };
         // A newer Want replaces one still queued: it says everything the old one did.
         self.out
-            .retain(|(_, f, _)| !matches!(f, Frame::Want { .. }));
+            .retain(|transmit| !matches!(transmit.frame, Frame::Want { .. }));
         let _ = self.send_control(frame);
     }
 
@@ -799,12 +807,16 @@ impl Receiver {
             .iter()
             .enumerate()
             .find(|(_, st)| st.welcomed)?;
-        self.out.push_back((stream.conn?, frame, false));
+        self.out.push_back(Transmit {
+            conn: stream.conn?,
+            frame,
+            close_after: false,
+        });
         Some((index, stream.epoch))
     }
 
-    /// The next frame to write: on `conn`, closing it afterwards if the flag is set.
-    pub fn poll_transmit(&mut self) -> Option<(ConnId, Frame, bool)> {
+    /// The next frame to write.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.pop_front()
     }
 

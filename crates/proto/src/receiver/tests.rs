@@ -12,7 +12,7 @@ pub(super) fn drain(r: &mut Receiver) -> (Vec<ReceiverEvent>, Vec<(ConnId, Frame
     (
         std::iter::from_fn(|| r.poll_event()).collect(),
         std::iter::from_fn(|| r.poll_transmit())
-            .map(|(conn, frame, _)| (conn, frame))
+            .map(|transmit| (transmit.conn, transmit.frame))
             .collect(),
     )
 }

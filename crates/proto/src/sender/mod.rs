@@ -53,7 +53,7 @@ use self::session::{
 };
 use crate::frame::{Commit, Frame, Hello, MAX_TRANSFER_SEGMENTS, Role, VersionRef};
 use crate::snapshot::NotASnapshot;
-use crate::{ConnId, Identity};
+use crate::{ConnId, Identity, Transmit};
 
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -129,15 +129,6 @@ impl SenderConfig {
 /// turn (none, for a handshake, before any), whether it is late, its segments in
 /// flight, its stream, its id.
 type TransmitRank = (Option<u64>, bool, usize, u8, ConnId);
-
-/// A frame for the driver to write on `conn`; after writing it, the driver closes the
-/// connection if `close_after` is set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transmit {
-    pub conn: ConnId,
-    pub frame: Frame,
-    pub close_after: bool,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SenderEvent {

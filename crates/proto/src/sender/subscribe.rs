@@ -36,6 +36,11 @@ impl Sender {
         );
     }
 
+    /// Whether `conn` is one of this sender's inbound connections.
+    pub fn serves(&self, conn: ConnId) -> bool {
+        self.conns.contains_key(&conn)
+    }
+
     /// The driver finished writing one frame on `conn`.
     pub fn on_sent(&mut self, now: Instant, conn: ConnId) {
         if let Some(c) = self.conns.get_mut(&conn) {

@@ -16,7 +16,6 @@ impl Sim {
                     return;
                 };
                 let to = if from == c.client { c.server } else { c.client };
-                let inbound = to == c.server;
                 if let Frame::Segment { bytes, .. } = &mut frame
                     && !bytes.is_empty()
                     && self.rng.chance(self.corrupt_percent)
@@ -43,11 +42,7 @@ impl Sim {
                     node.sent(now, conn);
                 }
                 if let Some(node) = self.node(to) {
-                    if inbound {
-                        node.sender_mut().unwrap().handle_frame(now, conn, frame);
-                    } else {
-                        node.receiver_mut().unwrap().handle_frame(now, conn, frame);
-                    }
+                    node.handle_frame(now, conn, frame);
                 }
                 if close_after {
                     self.close(conn);
@@ -56,16 +51,11 @@ impl Sim {
                 self.drain(from);
             }
             Event::Closed { node, conn } => {
-                let Some(c) = self.conns.get(&conn) else {
+                if !self.conns.contains_key(&conn) {
                     return;
-                };
-                let inbound = node == c.server;
+                }
                 if let Some(n) = self.node(node) {
-                    if inbound {
-                        n.sender_mut().unwrap().closed(conn);
-                    } else {
-                        n.receiver_mut().unwrap().closed(conn);
-                    }
+                    n.handle_closed(conn);
                 }
                 self.drain(node);
             }
@@ -76,7 +66,7 @@ impl Sim {
                 let now = self.now;
                 match self.node(server) {
                     Some(node) if open && reachable => {
-                        node.sender_mut().unwrap().accepted(now, conn, None);
+                        node.handle_accepted(now, conn, None);
                         let latency = self.latency();
                         self.at(latency, Event::Connected { conn });
                         self.drain(server);
@@ -100,9 +90,7 @@ impl Sim {
                 let (client, session, stream) = (c.client, c.session, c.stream);
                 let now = self.now;
                 if let Some(node) = self.node(client) {
-                    node.receiver_mut()
-                        .unwrap()
-                        .connected(now, session, stream, conn, None);
+                    node.handle_connected(now, session, stream, conn, None);
                 }
                 self.drain(client);
             }
@@ -112,9 +100,7 @@ impl Sim {
                 stream,
             } => {
                 if let Some(n) = self.node(node) {
-                    n.receiver_mut()
-                        .unwrap()
-                        .dial_failed(session, stream, "refused");
+                    n.handle_dial_failed(session, stream, "refused");
                 }
                 self.drain(node);
             }
@@ -132,7 +118,7 @@ impl Sim {
                 self.next_session += 1;
                 let now = self.now;
                 if let Some(n) = self.node(node) {
-                    n.receiver_mut().unwrap().start_session(now, session);
+                    n.start_session(now, session);
                 }
                 self.drain(node);
             }
@@ -437,7 +423,7 @@ impl Sim {
             && self.peers[node].name.contains(&traced)
         {
             let shown = match &output {
-                Output::Transmit { conn, frame, .. } => {
+                Output::Transmit(Transmit { conn, frame, .. }) => {
                     let mut text = format!("{frame:?}");
                     text.truncate(120);
                     format!("on {conn}: {text}")
@@ -452,11 +438,11 @@ impl Sim {
             );
         }
         match output {
-            Output::Transmit {
+            Output::Transmit(Transmit {
                 conn,
                 frame,
                 close_after,
-            } => {
+            }) => {
                 let mut latency = self.latency();
                 // Now and then a stream stalls, as a TCP connection recovering a loss
                 // does, holding back what follows on it: what copies of overdue

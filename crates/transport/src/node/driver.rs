@@ -273,9 +273,7 @@ impl<E: Engine> Driver<E> {
         let upstream = self.current_upstream();
         tracing::info!(%upstream, session, "starting an upstream session");
         self.status.upstream = Some(upstream);
-        if let Some(receiver) = self.node.receiver_mut() {
-            receiver.start_session(now, session);
-        }
+        self.node.start_session(now, session);
     }
 
     pub(super) fn current_upstream(&self) -> SocketAddr {
@@ -321,21 +319,12 @@ impl<E: Engine> Driver<E> {
                 }
                 let key = peer.as_ref().map(|p| p.peer_id.clone());
                 let conn = self.add_conn(stream, Some((permit, key)));
-                if let Some(sender) = self.node.sender_mut() {
-                    sender.accepted(accepted_at, conn, peer);
-                }
+                self.node.handle_accepted(accepted_at, conn, peer);
             }
             Event::Refused => {}
             Event::Frame { conn, frame } => {
-                let Some(entry) = self.conns.get(&conn) else {
-                    return;
-                };
-                if entry.inbound {
-                    if let Some(sender) = self.node.sender_mut() {
-                        sender.handle_frame(now, conn, frame);
-                    }
-                } else if let Some(receiver) = self.node.receiver_mut() {
-                    receiver.handle_frame(now, conn, frame);
+                if self.conns.contains_key(&conn) {
+                    self.node.handle_frame(now, conn, frame);
                 }
             }
             Event::Closed {
@@ -359,13 +348,7 @@ impl<E: Engine> Driver<E> {
                         tracing::debug!(conn, reason, inbound = entry.inbound, "connection closed")
                     }
                 }
-                if entry.inbound {
-                    if let Some(sender) = self.node.sender_mut() {
-                        sender.closed(conn);
-                    }
-                } else if let Some(receiver) = self.node.receiver_mut() {
-                    receiver.closed(conn);
-                }
+                self.node.handle_closed(conn);
             }
             Event::Sent { conn } => self.node.sent(now, conn),
             Event::Dialed {
@@ -375,9 +358,8 @@ impl<E: Engine> Driver<E> {
             } => match result {
                 Ok((socket, certified)) => {
                     let conn = self.add_conn(socket, None);
-                    if let Some(receiver) = self.node.receiver_mut() {
-                        receiver.connected(now, session, stream, conn, certified);
-                    }
+                    self.node
+                        .handle_connected(now, session, stream, conn, certified);
                 }
                 Err((reason, refusal)) => {
                     match refusal {
@@ -387,9 +369,7 @@ impl<E: Engine> Driver<E> {
                         }
                         None => tracing::debug!(reason, "dial failed"),
                     }
-                    if let Some(receiver) = self.node.receiver_mut() {
-                        receiver.dial_failed(session, stream, &reason);
-                    }
+                    self.node.handle_dial_failed(session, stream, &reason);
                 }
             },
             Event::Decoded {
@@ -446,10 +426,7 @@ impl<E: Engine> Driver<E> {
             Event::SnapshotFetched(Err(reason)) => self.node.snapshot_not_fetched(&reason),
             Event::Loaded { key, result } => {
                 self.builds.finished(key);
-                let Some(sender) = self.node.sender_mut() else {
-                    return;
-                };
-                if let Err(error) = sender.loaded(key, result) {
+                if let Err(error) = self.node.loaded(key, result) {
                     match key {
                         // Declining a composed delta for replaying is the plan working.
                         ArtifactKey::Composed { .. } => {
@@ -465,7 +442,7 @@ impl<E: Engine> Driver<E> {
     /// Tells the sender what the store holds now: the newest version (at least `stored`,
     /// just put) and the newest snapshot.
     pub(super) fn read_store(&mut self, stored: Option<u64>) {
-        let (Some(sender), Some(store)) = (self.node.sender_mut(), &self.store) else {
+        let Some(store) = &self.store else {
             return;
         };
         match store
@@ -473,11 +450,11 @@ impl<E: Engine> Driver<E> {
             .and_then(|latest| Ok((latest, store.records()?.1)))
         {
             Ok((latest, snapshots)) => {
-                sender.set_loadable(latest.max(stored));
                 self.checkpoint_bytes = snapshots
                     .last_key_value()
                     .map_or(0, |(_, record)| record.size_bytes);
-                sender.set_snapshots(snapshots.into_keys());
+                self.node
+                    .store_changed(latest.max(stored), snapshots.into_keys());
             }
             Err(error) => tracing::warn!(%error, "cannot read the store's catalog"),
         }
@@ -664,9 +641,7 @@ impl<E: Engine> Driver<E> {
                 }
             }
             Command::ExpectCommitted(version) => {
-                if let Some(receiver) = self.node.receiver_mut() {
-                    receiver.expect_committed(Instant::now(), version);
-                }
+                self.node.expect_committed(Instant::now(), version);
             }
             Command::Commit(target) => {
                 let commit = Commit {
@@ -677,9 +652,7 @@ impl<E: Engine> Driver<E> {
                     signature: self.config.sign(&commit.statement()),
                     ..commit
                 };
-                if let Some(sender) = self.node.sender_mut()
-                    && let Err(error) = sender.commit(commit)
-                {
+                if let Err(error) = self.node.commit(commit) {
                     tracing::error!(%error, "cannot announce the commit");
                 }
             }
@@ -733,9 +706,7 @@ impl<E: Engine> Driver<E> {
     /// and reports it as [`Event::Loaded`].
     pub(super) fn load(&mut self, key: ArtifactKey) {
         let Some(store) = self.store.clone() else {
-            if let Some(sender) = self.node.sender_mut() {
-                let _ = sender.loaded(key, Err("no store".into()));
-            }
+            let _ = self.node.loaded(key, Err("no store".into()));
             return;
         };
         let admitted = self
@@ -747,9 +718,7 @@ impl<E: Engine> Driver<E> {
                 &format_args!("a build of {key}"),
                 &reason,
             );
-            if let Some(sender) = self.node.sender_mut() {
-                sender.load_deferred(key, reason);
-            }
+            self.node.load_deferred(key, reason);
             return;
         }
         let segment_bytes = self.config.snapshot_segment_bytes;

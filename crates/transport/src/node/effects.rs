@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aurora_delta::ChangeSet;
-use aurora_proto::{ConnId, EffectError, Notice, Output, PatchState, Receiver, Sender};
+use aurora_proto::{ConnId, EffectError, Notice, Output, PatchState, Receiver, Sender, Transmit};
 
 use crate::conn::{WriteCmd, dial};
 use crate::engine::Engine;
@@ -16,11 +16,11 @@ use super::{COMPLETED_SHOWN, MAX_REPORTS};
 impl<E: Engine> Driver<E> {
     pub(super) fn output(&mut self, output: Output) {
         match output {
-            Output::Transmit {
+            Output::Transmit(Transmit {
                 conn,
                 frame,
                 close_after,
-            } => {
+            }) => {
                 let Some(entry) = self.conns.get(&conn) else {
                     return;
                 };
@@ -215,8 +215,9 @@ impl<E: Engine> Driver<E> {
                 // keeps none or no longer offers its own): the deltas after it come
                 // cheaper from the first upstream, the relay, as for every other actor.
                 if !self.upstreams.on_first()
-                    && let Some(receiver) = self.node.receiver_mut()
-                    && receiver.abandon("joined; the deltas come from the first upstream")
+                    && self
+                        .node
+                        .abandon_session("joined; the deltas come from the first upstream")
                 {
                     self.upstreams.leave_for_first();
                 }
