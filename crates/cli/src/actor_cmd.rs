@@ -9,7 +9,7 @@ use anyhow::Result;
 use aurora_transport::{IdleEngine, spawn_actor, spawn_joining_actor};
 use clap::Args;
 
-use crate::relay_cmd::{Node, NodeArgs, report_activations};
+use crate::relay_cmd::{Node, NodeArgs, report_activations, show_snapshot_progress};
 use crate::signals::StopSignals;
 
 #[derive(Args)]
@@ -27,8 +27,12 @@ pub fn run(args: ActorArgs) -> Result<()> {
             Some(weights) => spawn_actor(config, weights, engine).await?,
             None => spawn_joining_actor(config, engine).await?,
         };
+        let reported = async {
+            show_snapshot_progress(&actor, "joining", |status| status.active.is_some()).await;
+            report_activations(&actor).await
+        };
         tokio::select! {
-            reported = report_activations(&actor) => reported,
+            reported = reported => reported,
             signal = stop.recv() => {
                 tracing::info!(signal, "asked to stop");
                 Ok(())

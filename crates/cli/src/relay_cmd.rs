@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use aurora_checkpoint::{FileImages, MappedFile};
 use aurora_node::{RelayNode, RelaySettings};
 use aurora_proto::{Role, Weights};
-use aurora_transport::{NodeConfig, NodeHandle, SocketOptions};
+use aurora_transport::{NodeConfig, NodeHandle, NodeStatus, SocketOptions};
 use clap::Args;
 use serde::Deserialize;
 
@@ -297,12 +297,22 @@ pub fn run(args: RelayArgs) -> Result<()> {
         .relay(listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7400))))?;
     crate::runtime(None)?.block_on(async {
         let mut stop = StopSignals::new()?;
+        let keeps_snapshot = settings.snapshot_dir.is_some();
         let relay = RelayNode::start(settings).await?;
         // One line on stdout announces readiness to scripts and tests; logs go to stderr.
         println!("listening on {}", relay.transport_address());
         std::io::stdout().flush()?;
+        let held = async {
+            if keeps_snapshot {
+                show_snapshot_progress(relay.transport(), "taking the snapshot to keep", |s| {
+                    s.kept_snapshot.is_some()
+                })
+                .await;
+            }
+            report_held(relay.transport()).await
+        };
         tokio::select! {
-            held = report_held(relay.transport()) => held,
+            held = held => held,
             signal = stop.recv() => stop_relay(&relay, signal).await,
         }
     })
@@ -327,6 +337,41 @@ pub(crate) async fn stop_relay(relay: &RelayNode, signal: &str) -> Result<()> {
     println!("stopped");
     std::io::stdout().flush()?;
     Ok(())
+}
+
+/// Shows, on a terminal, the bytes a node takes from its upstreams until `done` holds of
+/// its status (a joiner's snapshot until its first activation, a relay's kept
+/// snapshot), then clears the line for what the node prints next.
+pub(crate) async fn show_snapshot_progress(
+    node: &NodeHandle,
+    what: &'static str,
+    done: fn(&NodeStatus) -> bool,
+) {
+    let mut status = node.watch();
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg}: {bytes} from the upstream ({bytes_per_sec}) {elapsed}",
+        )
+        .expect("a valid template"),
+    );
+    bar.set_message(what);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    loop {
+        let (received, finished) = {
+            let status = status.borrow_and_update();
+            let received = status.receiver.as_ref().map_or(0, |r| r.segment_bytes);
+            (received, done(&status))
+        };
+        if finished {
+            break;
+        }
+        bar.set_position(received);
+        if status.changed().await.is_err() {
+            break;
+        }
+    }
+    bar.finish_and_clear();
 }
 
 /// Prints `holds VERSION` on stdout as each version is complete here (verified, and
