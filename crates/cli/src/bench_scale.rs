@@ -14,17 +14,20 @@
 //! missed; the growth from one model size to the next is what the figures show.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use aurora_checkpoint::MappedFile;
 use aurora_synth::SynthConfig;
+use aurora_trust::Role;
 use clap::Args;
+
+use crate::procs::{self, Line};
 use serde::Serialize;
 
 /// How often each process's memory is read.
@@ -129,7 +132,7 @@ pub fn run(args: ScaleArgs) -> Result<()> {
     let mut hashes = vec![synth(0, &mut phases)?];
     let checkpoint_bytes = std::fs::metadata(&checkpoints[0])?.len();
 
-    let fleet = Fleet::create(&dir)?;
+    let fleet = FleetTrust::create(&dir)?;
     let watched = dir.join("watch");
     let save = |version: u64| -> Result<()> {
         let checkpoint = watched.join(format!("checkpoint-{version}"));
@@ -161,8 +164,8 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         "--signing-key".into(),
         fleet.signing_key().display().to_string(),
     ];
-    hub_args.extend(fleet.issue("trainer", "hub", "hub")?);
-    let hub = Node::start("hub", &hub_args, &dir)?;
+    hub_args.extend(fleet.issue(Role::Trainer, "hub", "hub")?);
+    let hub = BenchNode::start("hub", &hub_args, &dir)?;
     memory.watch("hub", hub.id());
     let hub_address = hub.expect("transport listening on ")?;
     ensure!(
@@ -179,12 +182,12 @@ pub fn run(args: ScaleArgs) -> Result<()> {
         "--upstream".into(),
         hub_address.clone(),
     ];
-    relay_args.extend(fleet.downstream("relay", "relay-eu")?);
-    let relay = Node::start("relay", &relay_args, &dir)?;
+    relay_args.extend(fleet.downstream(Role::Relay, "relay-eu")?);
+    let relay = BenchNode::start("relay", &relay_args, &dir)?;
     memory.watch("relay", relay.id());
     let relay_address = relay.expect("listening on ")?;
     let mut actors = Vec::new();
-    for id in ["a1", "a2"] {
+    for (name, id) in [("a1", "1"), ("a2", "2")] {
         let mut actor_args = vec![
             "actor".into(),
             "--join".into(),
@@ -195,9 +198,9 @@ pub fn run(args: ScaleArgs) -> Result<()> {
             "--image-dir".into(),
             images.display().to_string(),
         ];
-        actor_args.extend(fleet.downstream("actor", id)?);
-        let actor = Node::start(id, &actor_args, &dir)?;
-        memory.watch(id, actor.id());
+        actor_args.extend(fleet.downstream(Role::Actor, id)?);
+        let actor = BenchNode::start(name, &actor_args, &dir)?;
+        memory.watch(name, actor.id());
         actors.push(actor);
     }
     let every_node_at = |version: u64, hashes: &[String]| -> Result<()> {
@@ -210,7 +213,7 @@ pub fn run(args: ScaleArgs) -> Result<()> {
             ensure!(
                 hash == hashes[version as usize],
                 "{} activated version {version} as {hash}, the checkpoint's weights are {}",
-                node.name,
+                node.name(),
                 hashes[version as usize]
             );
         }
@@ -281,131 +284,68 @@ fn print(report: &Report) {
     }
 }
 
-/// The fleet's certificates and signing key (`aurora certs`), in `<dir>/fleet`.
-struct Fleet {
+/// The fleet's trust material in the benchmark's directory, as `aurora run` makes it: a
+/// CA of its own, a certificate for each node, and the trainer's signing key.
+struct FleetTrust {
     dir: PathBuf,
 }
 
-impl Fleet {
-    fn create(dir: &Path) -> Result<Fleet> {
-        let fleet = Fleet {
-            dir: dir.join("fleet"),
-        };
-        let init = [
-            "certs".into(),
-            "init".into(),
-            "--dir".into(),
-            fleet.dir.display().to_string(),
-        ];
-        run_aurora(&init)?;
-        Ok(fleet)
+impl FleetTrust {
+    fn create(dir: &Path) -> Result<FleetTrust> {
+        crate::run::trust::ensure_ca(dir)?;
+        crate::run::ensure_trainer_key(dir)?;
+        Ok(FleetTrust {
+            dir: dir.to_path_buf(),
+        })
     }
 
     fn signing_key(&self) -> PathBuf {
-        self.dir.join("signing.key")
+        crate::run::signing_key_path(&self.dir)
     }
 
     /// Issues node `id`'s certificate; its trust flags.
-    fn issue(&self, role: &str, id: &str, region: &str) -> Result<Vec<String>> {
-        let issue = [
-            "certs", "issue", "--role", role, "--id", id, "--region", region, "--dir",
-        ]
-        .map(String::from)
-        .into_iter()
-        .chain([self.dir.display().to_string()])
-        .collect::<Vec<_>>();
-        run_aurora(&issue)?;
-        let file = |name: String| self.dir.join(name).display().to_string();
-        Ok(vec![
-            "--ca".into(),
-            file("ca.pem".into()),
-            "--cert".into(),
-            file(format!("nodes/{role}-{id}.pem")),
-            "--key".into(),
-            file(format!("nodes/{role}-{id}.key")),
-        ])
+    fn issue(&self, role: Role, id: &str, region: &str) -> Result<Vec<String>> {
+        crate::run::trust::node_args(&self.dir, role, id, region)
     }
 
     /// A relay's or an actor's flags: its certificate, and the trainer's key pinned.
-    fn downstream(&self, role: &str, id: &str) -> Result<Vec<String>> {
+    fn downstream(&self, role: Role, id: &str) -> Result<Vec<String>> {
         let mut flags = self.issue(role, id, "eu")?;
         flags.push("--trainer-key".into());
-        flags.push(self.dir.join("signing.pub").display().to_string());
+        flags.push(
+            crate::run::trainer_key_path(&self.dir)
+                .display()
+                .to_string(),
+        );
         Ok(flags)
     }
 }
 
-fn run_aurora(args: &[String]) -> Result<()> {
-    let output = Command::new(std::env::current_exe()?)
-        .args(args)
-        .output()
-        .context("running aurora")?;
-    ensure!(
-        output.status.success(),
-        "`aurora {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(())
+/// A node process of this binary ([`procs::Node`]), with its own stdout lines.
+struct BenchNode {
+    node: procs::Node,
+    lines: mpsc::Receiver<Line>,
 }
 
-/// A node process of this binary, its stdout lines on a channel, its log in
-/// `<dir>/logs/<name>.log`; killed when dropped.
-struct Node {
-    name: &'static str,
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Node {
-    fn start(name: &'static str, args: &[String], dir: &Path) -> Result<Node> {
-        let log = std::fs::File::create(dir.join("logs").join(format!("{name}.log")))?;
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting the {name}"))?;
-        let stdout = child.stdout.take().expect("piped");
+impl BenchNode {
+    fn start(name: &str, args: &[String], dir: &Path) -> Result<BenchNode> {
         let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if sender.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Node { name, child, lines })
+        let command = Command::new(std::env::current_exe()?);
+        let node = procs::Node::spawn(name, command, args, &[], dir, sender)?;
+        Ok(BenchNode { node, lines })
+    }
+
+    fn name(&self) -> &str {
+        &self.node.name
     }
 
     fn id(&self) -> u32 {
-        self.child.id()
+        self.node.id()
     }
 
     /// The rest of the next line starting with `prefix`.
     fn expect(&self, prefix: &str) -> Result<String> {
-        let deadline = Instant::now() + PHASE_TIMEOUT;
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(wait) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix(prefix) {
-                        return Ok(rest.to_string());
-                    }
-                }
-                Err(_) => bail!(
-                    "the {} printed no line starting with {prefix:?} (see its log)",
-                    self.name
-                ),
-            }
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        procs::expect_line(&self.lines, self.name(), prefix, PHASE_TIMEOUT, |_| {})
     }
 }
 

@@ -9,6 +9,7 @@ mod delta_cmd;
 mod fleet;
 mod hub_cmd;
 mod limits_file;
+mod procs;
 mod relay_cmd;
 mod run;
 mod signals;

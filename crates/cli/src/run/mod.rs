@@ -6,10 +6,9 @@
 
 mod actor;
 pub mod config;
-mod procs;
 pub mod report;
 mod trainer;
-mod trust;
+pub(crate) mod trust;
 mod warmup;
 
 use std::collections::BTreeMap;
@@ -30,8 +29,8 @@ use aurora_wan::{Network, Scenario};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::procs::{self, Line, Node, expect_line};
 use config::{Fault, Preset, RunConfig, SyncMode};
-use procs::{Line, Node, expect_line};
 use report::StepRecord;
 
 /// Longest wait for a node to start (the warm-up, on a first run, included).
@@ -131,7 +130,7 @@ const OLD_KEY_FILES: [(&str, &str); 2] = [
 
 /// Generates the run's trainer key unless the directory holds one (a resumed run keeps
 /// its key, so what its store holds stays verifiable).
-fn ensure_trainer_key(run_dir: &Path) -> Result<()> {
+pub(crate) fn ensure_trainer_key(run_dir: &Path) -> Result<()> {
     for (old, new) in OLD_KEY_FILES {
         let (old, new) = (run_dir.join(old), run_dir.join(new));
         if old.exists() && !new.exists() {
@@ -148,18 +147,28 @@ fn ensure_trainer_key(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Where the key the run's trainer signs with is kept ...
+pub(crate) fn signing_key_path(run_dir: &Path) -> PathBuf {
+    run_dir.join(SIGNING_KEY_FILE)
+}
+
+/// ... and its public half, which every relay and actor of the run pins.
+pub(crate) fn trainer_key_path(run_dir: &Path) -> PathBuf {
+    run_dir.join(TRAINER_KEY_FILE)
+}
+
 /// The key the run's trainer signs with.
 fn signing_key(run_dir: &Path) -> Result<Arc<aurora_delta::SigningKey>> {
     Ok(Arc::new(aurora_trust::signing::load_signing_key(
-        &run_dir.join(SIGNING_KEY_FILE),
+        &signing_key_path(run_dir),
     )?))
 }
 
 /// The key every relay and actor of the run pins.
 fn trainer_key(run_dir: &Path) -> Result<aurora_delta::VerifyingKey> {
-    Ok(aurora_trust::signing::load_public_key(
-        &run_dir.join(TRAINER_KEY_FILE),
-    )?)
+    Ok(aurora_trust::signing::load_public_key(&trainer_key_path(
+        run_dir,
+    ))?)
 }
 
 /// The control plane's settings for a run of seconds-long steps on one machine: short

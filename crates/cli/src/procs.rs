@@ -1,5 +1,6 @@
-//! The run's child processes: each node is the `aurora` binary itself with a role,
-//! its stderr (logs) in `logs/<name>.log`, its stdout read line by line as events.
+//! The node processes of `aurora run` and `aurora bench scale`: each node is the `aurora`
+//! binary itself with a role, its stderr (logs) in `logs/<name>.log`, its stdout read
+//! line by line as events.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
