@@ -9,7 +9,7 @@ use anyhow::Result;
 use aurora_transport::{IdleEngine, spawn_actor, spawn_joining_actor};
 use clap::Args;
 
-use crate::relay_cmd::{Node, NodeArgs, report_activations, show_snapshot_progress};
+use crate::relay_cmd::{ActorStart, NodeArgs, report_activations, show_snapshot_progress};
 use crate::signals::StopSignals;
 
 #[derive(Args)]
@@ -19,7 +19,7 @@ pub struct ActorArgs {
 }
 
 pub fn run(args: ActorArgs) -> Result<()> {
-    let Node { config, weights } = args.node.actor()?;
+    let ActorStart { config, weights } = args.node.actor()?;
     crate::runtime(None)?.block_on(async {
         let mut stop = StopSignals::new()?;
         let engine = Arc::new(IdleEngine::default());

@@ -107,7 +107,8 @@ pub struct NodeArgs {
     trust: TrustArgs,
 }
 
-pub(crate) struct Node {
+/// How a transport actor (`aurora actor`) starts: its settings, and the weights it starts from.
+pub(crate) struct ActorStart {
     pub config: NodeConfig,
     /// None: the node joins over the wire (--join).
     pub weights: Option<Weights>,
@@ -149,7 +150,7 @@ impl NodeArgs {
     }
 
     /// The settings of a transport actor, and the weights it starts from.
-    pub(crate) fn actor(self) -> Result<Node> {
+    pub(crate) fn actor(self) -> Result<ActorStart> {
         let mut args = self.merged()?;
         if args.upstreams.is_empty() {
             bail!("at least one --upstream is required");
@@ -205,7 +206,7 @@ impl NodeArgs {
                     .with_context(|| format!("{} is not a checkpoint", path.display()))
             })
             .transpose()?;
-        Ok(Node { config, weights })
+        Ok(ActorStart { config, weights })
     }
 
     /// The file's settings (if any) under the flags.
