@@ -33,6 +33,8 @@ use crate::signals::StopSignals;
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 /// How long a stopped trainer serves on for its actors to leave.
 const FLEET_LEAVE_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a stopped trainer serves on after its fleet has left.
+const ANSWER_GRACE: Duration = Duration::from_millis(200);
 
 pub fn run(run_dir: &Path, listen: Listen, trust: NodeTrust) -> Result<()> {
     let config = RunConfig::load(&run_dir.join("config.toml"))?;
@@ -726,6 +728,9 @@ async fn stopped(
     {
         tracing::warn!("actors still in the fleet after {FLEET_LEAVE_DEADLINE:?}: stopping");
     }
+    // The last leave is recorded before its answer is written: served a moment longer,
+    // so that the answer reaches its actor.
+    tokio::time::sleep(ANSWER_GRACE).await;
     Ok(())
 }
 

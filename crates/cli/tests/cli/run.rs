@@ -322,6 +322,15 @@ fn a_run_that_died_whole_or_was_stopped_resumes_and_ends_on_the_weights_of_an_un
             && stopped.join("report.html").exists(),
         "{stdout}"
     );
+    // A second Ctrl-C while the run stops ends it at once, as interrupted, with no
+    // stop to report.
+    let (status, stdout) = aurora(&["run", "--config"])
+        .arg(&config)
+        .arg("--dir")
+        .arg(scratch.path("cut short"))
+        .interrupted_twice_at("step   1 ", "stopping (SIGINT)");
+    assert_eq!(status.code(), Some(130), "{stdout}");
+    assert!(!stdout.contains("stopped at v"), "{stdout}");
     let resumed = aurora(&["run", "--resume", "--dir"]).arg(&stopped).ok();
     assert!(
         resumed.stdout.contains("(0 versions trained again")

@@ -139,6 +139,36 @@ impl Aurora {
         (child.wait().expect("the command is reaped"), seen)
     }
 
+    /// As [`Aurora::interrupted_at`], then a second Ctrl-C once a line containing `then`
+    /// shows the first was taken.
+    pub fn interrupted_twice_at(
+        self,
+        marker: &str,
+        then: &str,
+    ) -> (std::process::ExitStatus, String) {
+        use std::io::{BufRead, Read};
+        let (mut child, mut stdout, mut seen) = self.signalled_at(marker, "INT");
+        let mut line = String::new();
+        while !line.contains(then) {
+            line.clear();
+            if stdout.read_line(&mut line).expect("the command's stdout") == 0 {
+                panic!("the command ended without printing {then:?}:\n{seen}");
+            }
+            seen.push_str(&line);
+        }
+        let group = -libc::pid_t::try_from(child.id()).expect("a pid");
+        // SAFETY: kill(2) on the group of a child that is not reaped yet.
+        assert_eq!(
+            unsafe { libc::kill(group, libc::SIGINT) },
+            0,
+            "the second SIGINT"
+        );
+        stdout
+            .read_to_string(&mut seen)
+            .expect("the command's stdout");
+        (child.wait().expect("the command is reaped"), seen)
+    }
+
     /// Starts the command in a process group of its own, reads its stdout up to a line
     /// containing `marker` and sends `signal` to the group; returns the child, the rest of
     /// its stdout and what it printed up to the marker.
