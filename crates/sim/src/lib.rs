@@ -53,4 +53,6 @@ mod world;
 pub use bench::{PolicyOutcome, SplitComparison, compare_split_policies, preemption_timeline};
 pub use driver::run;
 pub use report::{ActorReport, ControlCalls, RunReport, StepRecord, TrainerCrashes, Violation};
-pub use scenario::{ActorSpec, Fault, Misbehavior, Scenario, ScheduledFault};
+pub use scenario::{
+    ActorSpec, BatchedDecode, Fault, Liveness, Misbehavior, Scenario, ScheduledFault,
+};

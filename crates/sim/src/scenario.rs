@@ -21,6 +21,51 @@ pub struct ActorSpec {
     pub can_relay: bool,
     /// When it first registers.
     pub joins_at_ms: u64,
+    /// How its engine spends time on a batch; without one, every token takes the same
+    /// time at [`ActorSpec::tokens_per_s`], whatever the batch.
+    pub decode: Option<BatchedDecode>,
+}
+
+/// A serving engine's batched decode, memory-bound: every iteration reads the weights
+/// once, whatever the batch, and each running sequence's cache once per token it makes.
+/// A batch therefore takes as many iterations as its longest sequence (or as its tokens
+/// need at the most sequences the engine runs at once), and an actor given few sequences
+/// makes fewer tokens per second than one given many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchedDecode {
+    /// Microseconds an iteration spends reading the weights.
+    pub iteration_us: u64,
+    /// Nanoseconds each generated token adds to its iteration (its cache, or its FLOPs
+    /// where those take longer).
+    pub token_ns: u64,
+    /// Most sequences the engine decodes at once.
+    pub max_sequences: u64,
+    /// Sequences one prompt's lease holds (a GRPO group), decoded side by side.
+    pub sequences_per_prompt: u64,
+}
+
+impl BatchedDecode {
+    /// Tokens per second with `sequences` running (no more than the engine holds).
+    pub fn tokens_per_s(&self, sequences: u64) -> u64 {
+        let running = sequences.clamp(1, self.max_sequences.max(1));
+        let iteration_ns = self.iteration_us * 1000 + running * self.token_ns;
+        running * 1_000_000_000 / iteration_ns.max(1)
+    }
+
+    /// Milliseconds to generate prompts of `tokens` each at full speed. A prompt's
+    /// sequences are taken to be equally long: the scenario draws a prompt's tokens, not
+    /// each sequence's.
+    pub fn batch_ms(&self, tokens: &[u64]) -> u64 {
+        let total: u64 = tokens.iter().sum();
+        let longest = tokens
+            .iter()
+            .map(|&prompt| prompt.div_ceil(self.sequences_per_prompt.max(1)))
+            .max()
+            .unwrap_or(0);
+        let iterations = longest.max(total.div_ceil(self.max_sequences.max(1)));
+        (iterations.saturating_mul(self.iteration_us) + total.saturating_mul(self.token_ns) / 1000)
+            / 1000
+    }
 }
 
 /// Something that happens to the system at a scheduled time. `actor` indexes
@@ -151,7 +196,24 @@ pub struct Scenario {
     pub train_ms: u64,
     /// What goes wrong, and when.
     pub faults: Vec<ScheduledFault>,
+    /// How the hub finds an actor gone without a word.
+    pub liveness: Liveness,
 }
+
+/// How the hub finds an actor that vanished without a word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// aurora's: every message is a heartbeat, and an actor silent for four heartbeats
+    /// is removed, its leases back in the pool at once.
+    Heartbeats,
+    /// The paper's system, which describes no heartbeat: it "applies time-bounded leases
+    /// to detect failures implicitly" (section 1), so a vanished actor's prompts come
+    /// back only as their leases expire.
+    LeaseExpiry,
+}
+
+/// Under [`Liveness::LeaseExpiry`], silence long enough that no run sees it.
+const NEVER_SILENT_MS: u64 = 1_000_000_000_000;
 
 /// A lease lasts this share of the median completion (the control core's rule), in percent.
 const LEASE_MEDIAN_MULTIPLIER_PERCENT: u16 = 250;
@@ -173,6 +235,7 @@ impl Scenario {
                 region: regions[rng.below(3) as usize].to_owned(),
                 can_relay: rng.chance(500),
                 joins_at_ms: 0,
+                decode: None,
             })
             .collect();
         let pool_tokens_per_s: u64 = actors.iter().map(|actor| actor.tokens_per_s).sum();
@@ -192,6 +255,7 @@ impl Scenario {
             tokens_per_prompt,
             train_ms: 1_000,
             faults: Vec::new(),
+            liveness: Liveness::Heartbeats,
         };
         for _ in 0..rng.below(3) {
             let index = scenario.actors.len();
@@ -201,6 +265,7 @@ impl Scenario {
                 region: regions[rng.below(3) as usize].to_owned(),
                 can_relay: rng.chance(500),
                 joins_at_ms: rng.range(1, horizon_ms),
+                decode: None,
             });
         }
         for _ in 0..rng.below(13) {
@@ -258,6 +323,7 @@ impl Scenario {
             region: "eu-west".to_owned(),
             can_relay: true,
             joins_at_ms: 0,
+            decode: None,
         };
         Scenario {
             seed,
@@ -275,6 +341,7 @@ impl Scenario {
             tokens_per_prompt: (200, 1_000),
             train_ms: 2_000,
             faults: Vec::new(),
+            liveness: Liveness::Heartbeats,
         }
     }
 
@@ -380,7 +447,10 @@ impl Scenario {
                 max_sample_rate: MilliTokensPerS::from_tokens_per_s(20_000),
                 expiry_decay: Permille::clamped(800),
             },
-            heartbeat_timeout_ms: 4 * HEARTBEAT_MS,
+            heartbeat_timeout_ms: match self.liveness {
+                Liveness::Heartbeats => 4 * HEARTBEAT_MS,
+                Liveness::LeaseExpiry => NEVER_SILENT_MS,
+            },
             partial_batch: self.partial_batch,
             preemption_grace_ms: PREEMPTION_GRACE_MS,
         }
@@ -392,14 +462,19 @@ impl Scenario {
     /// the margin the control core keeps over completions, or every first lease expires before its work
     /// can be done; after the first step the lifetime follows the completions.
     fn first_lease_ms(&self) -> u64 {
-        let slowest = self
+        // The first leases go to the actors there from the start.
+        let first: Vec<&ActorSpec> = self
             .actors
+            .iter()
+            .filter(|actor| actor.joins_at_ms == 0)
+            .collect();
+        let slowest = first
             .iter()
             .map(|actor| actor.tokens_per_s)
             .min()
             .unwrap_or(1)
             .max(1);
-        let actors = u64::try_from(self.actors.len()).unwrap_or(u64::MAX).max(1);
+        let actors = u64::try_from(first.len()).unwrap_or(u64::MAX).max(1);
         let share = u64::from(self.batch_size).div_ceil(actors);
         let share_ms = share
             .saturating_mul(self.tokens_per_prompt.1)

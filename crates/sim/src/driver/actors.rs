@@ -9,7 +9,7 @@ use aurora_control::{
 
 use super::{Batch, GrantRecord, Presence, Sim};
 use crate::report::Violation;
-use crate::scenario::Misbehavior;
+use crate::scenario::{Liveness, Misbehavior};
 use crate::world::{HEARTBEAT_MS, POLL_MS, actor_id, weights_hash};
 
 impl Sim<'_> {
@@ -77,7 +77,9 @@ impl Sim<'_> {
         if self.actors[index].versions_to_report {
             self.report_versions(index)?;
         }
-        if now >= self.actors[index].next_heartbeat {
+        if self.scenario.liveness == Liveness::Heartbeats
+            && now >= self.actors[index].next_heartbeat
+        {
             self.actors[index].next_heartbeat = now.saturating_add(HEARTBEAT_MS);
             let id = actor_id(index);
             self.calls.heartbeat += 1;
@@ -230,8 +232,18 @@ impl Sim<'_> {
             .iter()
             .map(|grant| self.scenario.tokens_for(grant.prompt))
             .collect();
-        let total_tokens: u64 = tokens.iter().sum();
-        let duration_ms = (total_tokens * 1000 / actor.speed_tokens_per_s(now)).max(1);
+        let speed = actor.speed_tokens_per_s(now);
+        let duration_ms = match actor.spec.decode {
+            // Drift and slowdowns scale the engine's time as they scale its speed.
+            Some(decode) => {
+                decode
+                    .batch_ms(&tokens)
+                    .saturating_mul(actor.spec.tokens_per_s.max(1))
+                    / speed
+            }
+            None => tokens.iter().sum::<u64>() * 1000 / speed,
+        }
+        .max(1);
         let done_at = now.saturating_add(duration_ms);
         actor.busy.push((now, done_at));
         actor.batch = Some(Batch {
@@ -333,7 +345,11 @@ impl Sim<'_> {
         if actor.presence != Presence::Online {
             return;
         }
-        let mut next = actor.next_heartbeat.max(now.saturating_add(1));
+        let mut next = match self.scenario.liveness {
+            Liveness::Heartbeats => actor.next_heartbeat.max(now.saturating_add(1)),
+            // Nothing to say between calls: the actor wakes for its own work alone.
+            Liveness::LeaseExpiry => Millis(u64::MAX),
+        };
         let mut consider = |at: Millis| next = next.min(at.max(now.saturating_add(1)));
         if let Some(batch) = &actor.batch {
             consider(batch.done_at);

@@ -11,7 +11,7 @@ use aurora_control::{
 use super::checker::{check_outcome, check_step_report};
 use super::{PostedStep, Sim, run};
 use crate::report::{StepRecord, TrainerCrashes};
-use crate::scenario::{Fault, Misbehavior, Scenario, ScheduledFault};
+use crate::scenario::{BatchedDecode, Fault, Liveness, Misbehavior, Scenario, ScheduledFault};
 use crate::world::weights_hash;
 
 const DEFAULT_SEEDS: std::ops::Range<u64> = 0..500;
@@ -85,6 +85,50 @@ fn a_seed_replays_exactly() {
     let first = run(&Scenario::random(7)).unwrap();
     let second = run(&Scenario::random(7)).unwrap();
     assert_eq!(first, second);
+}
+
+#[test]
+fn without_heartbeats_a_dead_actor_s_prompts_wait_for_their_leases() {
+    // The longest step: the one the second A100 died in, five seconds into the run.
+    let longest_step_ms = |liveness| {
+        let mut scenario = Scenario::a100_l40_pool(7, SplitPolicy::Proportional);
+        scenario.liveness = liveness;
+        scenario.faults = vec![ScheduledFault {
+            at_ms: 5_000,
+            fault: Fault::Die { actor: 1 },
+        }];
+        let report = run(&scenario).unwrap();
+        assert_eq!(report.steps.len(), 10);
+        report
+            .steps
+            .iter()
+            .map(|step| step.step_ms())
+            .max()
+            .unwrap()
+    };
+    let heartbeats = longest_step_ms(Liveness::Heartbeats);
+    let leases = longest_step_ms(Liveness::LeaseExpiry);
+    // The first leases last at least 30 s; heartbeats find the dead within 4 s.
+    assert!(leases > heartbeats + 20_000, "{leases} {heartbeats}");
+}
+
+#[test]
+fn a_batched_engine_takes_its_longest_sequence_and_shares_each_weight_read() {
+    let decode = BatchedDecode {
+        iteration_us: 10_000,
+        token_ns: 100_000,
+        max_sequences: 256,
+        sequences_per_prompt: 8,
+    };
+    // One prompt of 8 sequences of 1,000 tokens: 1,000 iterations of 10 ms, plus 0.1 ms
+    // for each of its 8,000 tokens.
+    assert_eq!(decode.batch_ms(&[8_000]), 10_000 + 800);
+    // A short prompt beside it adds its tokens, not iterations.
+    assert_eq!(decode.batch_ms(&[8_000, 800]), 10_000 + 880);
+    // More sequences than the engine holds at once take more iterations.
+    assert_eq!(decode.batch_ms(&vec![800; 64]), 200 * 10 + 5_120);
+    assert!(decode.tokens_per_s(64) < decode.tokens_per_s(256));
+    assert_eq!(decode.tokens_per_s(1_000), decode.tokens_per_s(256));
 }
 
 #[test]

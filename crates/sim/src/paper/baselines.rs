@@ -226,6 +226,15 @@ impl Deployment {
         }
     }
 
+    /// This deployment with every path between regions at `loss`.
+    pub fn with_wan_loss(&self, loss: f64) -> Deployment {
+        let mut changed = self.clone();
+        for region in &mut changed.remote {
+            region.path.loss = loss;
+        }
+        changed
+    }
+
     /// Shipments after which the paths' fluctuation repeats.
     pub fn shipments(&self) -> usize {
         self.remote

@@ -25,7 +25,7 @@ use super::testbed::{
     QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, Trainer, Workload, actor_decode_s,
 };
 use crate::report::{RunReport, Violation};
-use crate::scenario::{ActorSpec, Fault, Scenario, ScheduledFault};
+use crate::scenario::{ActorSpec, Fault, Liveness, Scenario, ScheduledFault};
 use crate::world::SplitMix64;
 
 /// Assumption: beyond the paper extraction runs on the host of one eight-H100 node (the
@@ -399,6 +399,7 @@ impl Costs {
                 region: format!("region-{}", index % scale.regions),
                 can_relay: true,
                 joins_at_ms: 0,
+                decode: None,
             })
             .collect();
         let batch_size = (PROMPTS_PER_ACTOR * f64::from(scale.actors)) as u32;
@@ -472,6 +473,7 @@ impl Costs {
             // Training overlaps generation (one step of lag), as in the paper's rows.
             train_ms: 0,
             faults: faults.clone(),
+            liveness: Liveness::Heartbeats,
         };
         let report = crate::run(&scenario)?;
         Ok(CoreAtScale {

@@ -592,8 +592,19 @@ impl<'a> FleetRun<'a> {
             .map(|member| member.speed * member.kind.tokens_per_s(&model, &setup.workload))
             .sum();
         let (_, longest) = setup.workload.group_tokens();
-        let longest_step_s =
-            f64::from(setup.workload.prompts_per_step) * longest as f64 / pool_rate;
+        // A batch also lasts as many of its engine's iterations as its longest answer.
+        let longest_answer_s = pool
+            .iter()
+            .map(|member| {
+                let decode = member
+                    .kind
+                    .batched_decode(&model, &setup.workload, member.speed);
+                decode.iteration_us as f64 / 1e6 * setup.workload.dataset.completion_tokens.1 as f64
+            })
+            .fold(0.0, f64::max);
+        let longest_step_s = (f64::from(setup.workload.prompts_per_step) * longest as f64
+            / pool_rate)
+            .max(longest_answer_s);
         let limit_s = STEP_TIME_LIMIT_MS as f64 / 1e3;
         if longest_step_s.is_nan() || longest_step_s >= 0.8 * limit_s {
             return Err(FleetError::Invalid {

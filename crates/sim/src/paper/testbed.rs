@@ -3,9 +3,10 @@
 //! trainer takes per step, how big each kind of update is.
 //!
 //! Model shapes are the published Hugging Face configurations; GPU figures are the
-//! vendors' data sheets. What the paper's Table 2 fixes and this file could not read
-//! (engine efficiency, batch, trainer size) is an assumption, named as one, and listed
-//! in docs/paper-eval.md.
+//! vendors' data sheets; the trainer's speed relative to the actors' is the paper's own
+//! measurement (section 2's table of training against generation for Qwen3-8B). What the
+//! paper leaves unstated (engine efficiency, answer lengths, the dataset of that
+//! measurement) is an assumption, named as one, and listed in docs/paper-eval.md.
 
 use super::calibration::{
     AURORA_DECODE_GBPS_PER_CORE, AURORA_EXTRACT_GBPS_PER_CORE, CODEC_PARALLEL_EFFICIENCY, Encoding,
@@ -14,6 +15,7 @@ use super::calibration::{
 use super::tcp::{CongestionControl, Link, TcpModel};
 use std::borrow::Cow;
 
+use crate::scenario::BatchedDecode;
 use crate::world::SplitMix64;
 
 /// A decoder-only transformer, as far as sizes and decode costs go.
@@ -160,13 +162,16 @@ pub const L40: Gpu = Gpu {
 /// Assumption: the share of the memory roofline a serving engine reaches in decode
 /// (paged attention, sampling and scheduling overheads; plausible 0.3 to 0.7).
 pub const DECODE_ROOFLINE_SHARE: f64 = 0.5;
-/// The what-if at the low end of that range.
-pub const SLOW_DECODE_ROOFLINE_SHARE: f64 = 0.35;
-/// Assumption: the share of peak FLOP/s the trainer reaches (model FLOPs utilisation;
-/// plausible 0.2 to 0.45 for FSDP2 with GRPO's extra passes).
+/// The ends of that range, each a what-if.
+pub const DECODE_ROOFLINE_RANGE: [f64; 2] = [0.3, 0.7];
+/// Assumption beyond the paper's deployments: the share of peak FLOP/s a trainer
+/// reaches (model FLOPs utilisation; plausible 0.2 to 0.45 for FSDP2 with GRPO's extra
+/// passes). The paper's own trainer follows from its measurement instead
+/// ([`paper_trainer_mfu`]); this is the what-if beside it.
 pub const TRAINER_MFU: f64 = 0.4;
-/// The what-if near the low end of that range.
-pub const LOW_TRAINER_MFU: f64 = 0.25;
+/// Section 2's measurement of the paper's own pipeline (tab:sync-cost-example, "Trainer
+/// 40 s, Actor 45 s" for Qwen3-8B): a training step takes 40/45 of a step's generation.
+pub const PAPER_TRAIN_OVER_GENERATION: f64 = 40.0 / 45.0;
 /// Assumption: most sequences an engine decodes at once.
 const MAX_CONCURRENT_SEQUENCES: f64 = 256.0;
 /// Share of GPU memory the engine may use (vLLM's default `gpu_memory_utilization`).
@@ -223,6 +228,20 @@ pub const DEEPSCALER: Dataset = Dataset {
     name: "DeepScaleR",
     prompt_tokens: 250.0,
     completion_tokens: (1_200, 4_800),
+};
+/// The what-if at the bottom of MATH's plausible range: answers of 800 tokens on
+/// average.
+pub const MATH_SHORT: Dataset = Dataset {
+    name: "MATH, 800-token answers",
+    prompt_tokens: 200.0,
+    completion_tokens: (320, 1_280),
+};
+/// The what-if at the bottom of DeepScaleR's plausible range: answers of 2,000 tokens
+/// on average.
+pub const DEEPSCALER_SHORT: Dataset = Dataset {
+    name: "DeepScaleR, 2,000-token answers",
+    prompt_tokens: 250.0,
+    completion_tokens: (800, 3_200),
 };
 /// The three datasets of section 7.1; the paper's ranges are over them.
 pub const DATASETS: [Dataset; 3] = [GSM8K, MATH, DEEPSCALER];
@@ -283,17 +302,48 @@ impl Workload {
 }
 
 impl ActorKind {
+    /// The most sequences the engine holds at once: as many caches as its memory
+    /// leaves room for beside the weights, up to [`MAX_CONCURRENT_SEQUENCES`].
+    fn max_sequences(&self, model: &ModelShape, workload: &Workload) -> f64 {
+        let memory = self.gpu.memory_bytes * f64::from(self.gpus) * ENGINE_MEMORY_SHARE;
+        let room = (memory - model.checkpoint_bytes()).max(0.0);
+        (room / (model.kv_bytes_per_token() * workload.mean_context_tokens()))
+            .floor()
+            .min(MAX_CONCURRENT_SEQUENCES)
+    }
+
+    /// The engine's batched decode at `speed` of the decode model: an iteration reads
+    /// the weights, and each token its sequence's cache (or costs its FLOPs, where those
+    /// take longer), both at [`DECODE_ROOFLINE_SHARE`] of the roofline. With it an
+    /// actor decodes only the sequences it was given: under section 7.1's B = 512 over
+    /// 4, 8 or 12 actors that is 128, 64 or about 43 each, well under what its memory
+    /// holds, so the weights' read is shared by fewer tokens than a full batch's.
+    pub fn batched_decode(
+        &self,
+        model: &ModelShape,
+        workload: &Workload,
+        speed: f64,
+    ) -> BatchedDecode {
+        let gpus = f64::from(self.gpus);
+        let bandwidth = self.gpu.bandwidth_bytes_per_s * gpus * DECODE_ROOFLINE_SHARE * speed;
+        let flops = self.gpu.bf16_flops * gpus * DECODE_ROOFLINE_SHARE * speed;
+        let cache_s = model.kv_bytes_per_token() * workload.mean_context_tokens() / bandwidth;
+        let compute_s = 2.0 * model.active_parameters / flops;
+        BatchedDecode {
+            iteration_us: (model.checkpoint_bytes() / bandwidth * 1e6).round() as u64,
+            token_ns: (cache_s.max(compute_s) * 1e9).round() as u64,
+            max_sequences: self.max_sequences(model, workload).max(1.0) as u64,
+            sequences_per_prompt: u64::from(workload.samples_per_prompt),
+        }
+    }
+
     /// Decode throughput, tokens per second: each decode iteration reads the weights
     /// and every running sequence's KV cache once (memory-bound at these batch sizes,
     /// unless the FLOPs say otherwise); the batch is as large as memory allows.
     pub fn tokens_per_s(&self, model: &ModelShape, workload: &Workload) -> f64 {
         let gpus = f64::from(self.gpus);
-        let memory = self.gpu.memory_bytes * gpus * ENGINE_MEMORY_SHARE;
         let kv_per_sequence = model.kv_bytes_per_token() * workload.mean_context_tokens();
-        let room = (memory - model.checkpoint_bytes()).max(0.0);
-        let batch = (room / kv_per_sequence)
-            .floor()
-            .min(MAX_CONCURRENT_SEQUENCES);
+        let batch = self.max_sequences(model, workload);
         if batch < 1.0 {
             return 0.0;
         }
@@ -363,7 +413,37 @@ impl Trainer {
     }
 }
 
+/// The paper's trainer's model FLOPs utilisation, from section 2's measurement: the MFU
+/// at which section 7.1's Qwen3-8B trainer (4 H100) trains a step in
+/// [`PAPER_TRAIN_OVER_GENERATION`] of the time its 8 A100 actors take to generate it. The
+/// step is MATH's (an assumption: section 2 does not name the dataset it measured), each
+/// actor decoding an even share whose longest answer is the dataset's longest. A ratio,
+/// not the 40 s themselves: the answer lengths, assumed, set both sides alike.
+pub fn paper_trainer_mfu() -> f64 {
+    const ACTORS: f64 = 8.0;
+    let workload = Workload::of(&QWEN3_8B, MATH);
+    let decode = ActorKind { gpu: A100, gpus: 1 }.batched_decode(&QWEN3_8B, &workload, 1.0);
+    let tokens = workload.tokens_per_step() / ACTORS;
+    let iterations =
+        (workload.dataset.completion_tokens.1 as f64).max(tokens / decode.max_sequences as f64);
+    let generation_s =
+        iterations * decode.iteration_us as f64 / 1e6 + tokens * decode.token_ns as f64 / 1e9;
+    let at_peak = Trainer {
+        mfu: 1.0,
+        ..Trainer::of(4)
+    };
+    at_peak.step_s(&QWEN3_8B, &workload) / (PAPER_TRAIN_OVER_GENERATION * generation_s)
+}
+
 impl Trainer {
+    /// The paper's trainer: `gpus` H100s at [`paper_trainer_mfu`].
+    pub fn paper(gpus: u32) -> Trainer {
+        Trainer {
+            mfu: paper_trainer_mfu(),
+            ..Trainer::of(gpus)
+        }
+    }
+
     /// One GRPO step: forward and backward over every generated and prompt token
     /// (6 FLOPs per parameter and token) plus the old-policy forward (2 more).
     pub fn step_s(&self, model: &ModelShape, workload: &Workload) -> f64 {
@@ -427,6 +507,8 @@ pub struct Network {
 /// plausible 1e-6 to 1e-5 (nothing in the paper gives it). It bounds a CUBIC stream at
 /// `C MSS / (RTT sqrt(loss))`, which is why a far region's single stream is slow.
 pub const WAN_LOSS: f64 = 3.16e-6;
+/// The ends of that range, each a what-if.
+pub const WAN_LOSS_RANGE: [f64; 2] = [1e-6, 1e-5];
 /// The share of a path's nominal rate it may fall to between steps: section 7.1's link
 /// "fluctuates between 500 Mbps and 1 Gbps".
 pub const LINK_LOW_SHARE: f64 = 0.5;
@@ -646,6 +728,25 @@ mod tests {
         assert_eq!(gpus, [2, 4, 6]);
         let workload = Workload::of(&QWEN3_8B, GSM8K);
         assert_eq!(workload.prompts_per_step * workload.samples_per_prompt, 512);
+    }
+
+    #[test]
+    fn section_2_s_measurement_puts_the_paper_s_trainer_in_the_plausible_range() {
+        let mfu = paper_trainer_mfu();
+        assert!((0.2..=0.45).contains(&mfu), "{mfu}");
+    }
+
+    #[test]
+    fn an_actor_given_fewer_sequences_makes_fewer_tokens_per_second() {
+        let a100 = ActorKind { gpu: A100, gpus: 1 };
+        let workload = Workload::of(&QWEN3_8B, MATH);
+        let decode = a100.batched_decode(&QWEN3_8B, &workload, 1.0);
+        // Section 7.1's B = 512 over 8 actors, against a full engine.
+        let (few, full) = (decode.tokens_per_s(64), decode.tokens_per_s(256));
+        assert!(10 * few < 7 * full, "{few} {full}");
+        // At a full engine, the same rate as the whole-batch decode model.
+        let model = a100.tokens_per_s(&QWEN3_8B, &workload);
+        assert!((full as f64 / model - 1.0).abs() < 0.05, "{full} {model}");
     }
 
     #[test]
