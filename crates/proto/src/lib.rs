@@ -48,7 +48,7 @@ pub use frame::{ArtifactKind, Commit, Frame, FrameError, Role, Side, VersionRef}
 pub use keep::{
     HeapSnapshots, KEPT_TAIL_SNAPSHOTS, KeptSegments, SnapshotSpace, snapshot_capacity,
 };
-pub use node::{Node, Notice, Output};
+pub use node::{Node, Notice, Output, RelayOptions};
 pub use receiver::{
     Artifact, BEHIND_PROGRESS_BYTES, BEHIND_TIMEOUT, JoinFloor, Receiver, ReceiverConfig,
     ReceiverEvent, ReceiverStats, SessionEnd, Violation,

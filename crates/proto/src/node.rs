@@ -2,7 +2,7 @@
 //! a relay (receiver and sender: it forwards every verified segment downstream as it
 //! arrives, and holds no weights) or an actor (receiver and actor).
 //!
-//! A relay may also keep a snapshot for its region's joins ([`Node::keep_snapshots`]):
+//! A relay may also keep a snapshot for its region's joins ([`RelayOptions::keep_snapshots`]):
 //! it starts by taking its upstream's newest snapshot, forwarding it cut-through like a
 //! delta but with each segment kept in the driver's [`SnapshotSpace`], and serves it to
 //! every peer that joins with no weights while it holds the deltas after it. The
@@ -30,11 +30,29 @@ use bytes::Bytes;
 use crate::EffectError;
 use crate::actor::{ActorAction, ActorCore, ActorStatus};
 use crate::frame::{ArtifactKind, Role, VersionRef, Welcome};
-use crate::keep::{KeptSegments, SnapshotSpace};
+use crate::keep::SnapshotSpace;
 use crate::receiver::{Artifact, Receiver, ReceiverEvent, SessionEnd};
-use crate::sender::{ArtifactKey, KeptSnapshot, Sender, SenderEvent};
+use crate::sender::{ArtifactKey, Sender, SenderEvent};
 use crate::weights::Staged;
 use crate::{ConnId, Transmit};
+
+/// What a relay does beyond forwarding (docs/wire-protocol.md §8), chosen when it is
+/// made ([`Node::relay`]).
+#[derive(Clone, Default)]
+pub struct RelayOptions {
+    /// Keep a snapshot for the region's joins in this space: start from the upstream's
+    /// newest snapshot ([`Receiver::keep_snapshots`]) and offer it to joiners while
+    /// every delta after it is held. Hellos wait for the upstream's Welcome, which names
+    /// the snapshot, so the joiners that come first are not sent to the hub.
+    pub keep_snapshots: Option<Arc<dyn SnapshotSpace>>,
+    /// With no working upstream session for this long, send the subscribers away and
+    /// refuse new ones ([`Sender::suspend`]) until there is one again: the relay has
+    /// nothing new to give them, and they can fetch it from the hub or another relay.
+    /// A session works once it delivers a version or lasts this long: a Welcome alone
+    /// proves little (a session may end at the Commit that came with it). `None`: the
+    /// actors of a relay cut off from the hub wait for it, however long that takes.
+    pub suspend_after: Option<Duration>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
@@ -154,14 +172,14 @@ pub struct Node {
     decodes_out: usize,
     activation_waiting: Option<u64>,
     /// A relay suspends its sender once it has had no working upstream session this
-    /// long ([`Node::suspend_after`]).
+    /// long ([`RelayOptions::suspend_after`]).
     suspend_after: Option<Duration>,
     /// Since when a relay has had no working upstream session: from a lost session
     /// until one delivers a version or lasts `suspend_after`.
     upstream_lost_at: Option<Instant>,
     /// When the relay's current upstream session was welcomed.
     upstream_welcomed_at: Option<Instant>,
-    /// A relay that keeps a snapshot for its region's joins ([`Node::keep_snapshots`]).
+    /// A relay that keeps a snapshot for its region's joins ([`RelayOptions::keep_snapshots`]).
     keeping: Option<Keeping>,
     /// The node serves nobody any more ([`Node::stop_serving`]).
     stopped_serving: bool,
@@ -189,16 +207,21 @@ impl Node {
     }
 
     /// A relay: receives from upstream (`receiver` is [`Receiver::relaying`]) and
-    /// republishes to its subscribers. It holds no weights: nobody waits for a relay to
-    /// stage or activate a version, and on a machine it shares, its decodes would only
-    /// slow its actors' down.
-    pub fn relay(receiver: Receiver, mut sender: Sender) -> Node {
+    /// republishes to its subscribers, as `options` say. It holds no weights: nobody
+    /// waits for a relay to stage or activate a version, and on a machine it shares, its
+    /// decodes would only slow its actors' down.
+    pub fn relay(receiver: Receiver, mut sender: Sender, options: RelayOptions) -> Node {
         // A relay pinned to its run (or one that learned it already) serves it from the
         // start; otherwise from its upstream's first Welcome.
         if let Some(run) = receiver.run() {
             sender.serve_run(run);
         }
-        Node::new(Some(sender), Some(receiver), None)
+        let mut node = Node::new(Some(sender), Some(receiver), None);
+        node.suspend_after = options.suspend_after;
+        if let Some(space) = options.keep_snapshots {
+            node.keep_snapshots(space);
+        }
+        node
     }
 
     /// An actor: it accepts composed catch-up (it stages what it receives and
@@ -239,126 +262,12 @@ impl Node {
         }
     }
 
-    /// A relay keeps a snapshot for its region's joins in `space`
-    /// (docs/wire-protocol.md §8): its receiver starts from its upstream's newest
-    /// snapshot ([`Receiver::keep_snapshots`]), and its sender offers it to joiners
-    /// while it holds every delta after it. Hellos wait for the upstream's Welcome,
-    /// which names the snapshot, so the joiners that come first are not sent to the hub.
-    pub fn keep_snapshots(&mut self, space: Arc<dyn SnapshotSpace>) {
-        if let (Some(sender), Some(receiver)) = (&mut self.sender, &mut self.receiver) {
-            receiver.keep_snapshots();
-            sender.hold_hellos();
-            self.keeping = Some(Keeping::new(space));
-        }
-    }
-
-    /// A relay's fetcher of a newer snapshot than the one of `newer_than` it keeps
-    /// ([`Output::FetchSnapshot`]): a relay that keeps snapshots in `space` and takes
-    /// none as old as that. Once it has delivered its snapshot, [`Node::take_kept`] hands
-    /// it over.
-    pub fn snapshot_fetcher(
-        mut receiver: Receiver,
-        sender: Sender,
-        space: Arc<dyn SnapshotSpace>,
-        newer_than: u64,
-    ) -> Node {
-        receiver.take_snapshots_from(newer_than.saturating_add(1));
-        let mut node = Node::relay(receiver, sender);
-        node.keep_snapshots(space);
-        node
-    }
-
-    /// A fetcher's snapshot, complete and sealed, with the complete deltas after it and
-    /// where their segments are kept.
-    pub fn take_kept(&mut self) -> Option<(KeptSnapshot, Box<dyn KeptSegments>)> {
-        self.keeping.as_mut()?.take(self.sender.as_mut()?)
-    }
-
-    /// A relay serves the snapshot its fetcher took in place of the one it kept, and
-    /// keeps the deltas after it where that one's segments are ([`Sender::adopt_snapshot`]).
-    pub fn adopt_snapshot(&mut self, snapshot: KeptSnapshot, file: Box<dyn KeptSegments>) {
-        let (Some(keeping), Some(sender)) = (&mut self.keeping, &mut self.sender) else {
-            return;
-        };
-        let version = snapshot.version();
-        match keeping.adopt(sender, snapshot, file) {
-            Ok(()) => tracing::info!(version, "serving a newer snapshot to the region's joiners"),
-            Err(reason) => tracing::warn!(version, reason, "the fetched snapshot is not served"),
-        }
-    }
-
-    /// The fetch asked for by [`Output::FetchSnapshot`] brought no newer snapshot, for
-    /// `reason`: it is asked for again some versions on
-    /// ([`keeping::FETCH_RETRY_VERSIONS`], twice as many after each failure in a row).
-    pub fn snapshot_not_fetched(&mut self, reason: &str) {
-        tracing::info!(reason, "no newer snapshot for the region's joiners");
-        if let (Some(keeping), Some(sender)) = (&mut self.keeping, &self.sender) {
-            keeping.not_fetched(sender);
-        }
-    }
-
-    /// The key a relay publishes `version`'s artifact under: the kind its Offer named.
-    fn relayed(&self, version: u64) -> ArtifactKey {
-        self.keeping
-            .as_ref()
-            .map_or(ArtifactKey::Delta(version), |keeping| keeping.key(version))
-    }
-
-    /// A relay that has had no working upstream session for `after` sends its
-    /// subscribers away and refuses new ones ([`Sender::suspend`]) until it has one again
-    /// (docs/wire-protocol.md §8): it has nothing new to give them, and they can fetch
-    /// it from the hub or another relay. Without this, the actors of a relay cut off
-    /// from the hub wait for it, however long that takes. A session works once it
-    /// delivers a version or lasts `after`: a Welcome alone proves little (a session
-    /// may end at the Commit that came with it, or carry nothing after it).
-    pub fn suspend_after(&mut self, after: Duration) {
-        self.suspend_after = Some(after);
-    }
-
-    /// Sends every subscriber away and refuses new ones for good ([`Sender::suspend`]):
-    /// a relay's graceful stop (docs/wire-protocol.md §8), after which its subscribers
-    /// are at their next upstream before it closes its sockets.
-    pub fn stop_serving(&mut self, reason: String) {
-        self.stopped_serving = true;
-        if let Some(sender) = &mut self.sender {
-            tracing::info!(reason, "sending the subscribers away for good");
-            sender.suspend(reason);
-        }
-    }
-
     /// An actor checks each staged delta's target hash over its active weights behind
     /// generation ([`Output::Verify`]) and reports it staged only then: the check an
     /// activation would make at the safe point, where the engine waits for it, is made
     /// while the engine still generates.
     pub fn verify_at_staging(&mut self) {
         self.verify_at_staging = true;
-    }
-
-    /// When a relay without a working upstream suspends its sender (a time past what an
-    /// instant holds: never).
-    fn suspend_at(&self) -> Option<Instant> {
-        let serving = self.sender.as_ref().is_some_and(|s| !s.is_suspended());
-        let lost = self.upstream_lost_at.filter(|_| serving)?;
-        lost.checked_add(self.suspend_after?)
-    }
-
-    /// When the relay's current upstream session, welcomed after a loss, has lasted long
-    /// enough to count as working.
-    fn proven_at(&self) -> Option<Instant> {
-        self.upstream_lost_at?;
-        self.upstream_welcomed_at?.checked_add(self.suspend_after?)
-    }
-
-    /// The relay's upstream works again: it serves, if it had stopped.
-    fn upstream_works(&mut self) {
-        self.upstream_lost_at = None;
-        if let Some(sender) = &mut self.sender
-            && sender.is_suspended()
-            && !self.stopped_serving
-        {
-            tracing::info!("an upstream again: serving subscribers");
-            sender.resume();
-        }
     }
 
     pub fn sender(&self) -> Option<&Sender> {
@@ -938,6 +847,7 @@ mod inputs;
 mod keeping;
 #[cfg(test)]
 mod keeping_tests;
+mod relay;
 #[cfg(test)]
 mod tests;
 

@@ -47,8 +47,8 @@ use aurora_delta::{
 };
 use aurora_proto::{
     ArtifactKey, Auth, Commit, ConnId, EffectError, Frame, HeapSnapshots, Identity, Node, Notice,
-    Output, Receiver, ReceiverConfig, Role, Sender, SenderConfig, SessionEnd, StoredArtifact,
-    Transmit, Upstreams, VersionRef, Violation, Weights,
+    Output, Receiver, ReceiverConfig, RelayOptions, Role, Sender, SenderConfig, SessionEnd,
+    SnapshotSpace, StoredArtifact, Transmit, Upstreams, VersionRef, Violation, Weights,
 };
 use bytes::Bytes;
 
@@ -385,14 +385,15 @@ impl Sim {
         peers.push(Peer::new(Node::hub(hub), "hub", vec![], None));
         for (i, _) in RELAYS.iter().enumerate() {
             let name = format!("relay{i}");
-            let mut node = Node::relay(
+            let options = RelayOptions {
+                keep_snapshots: (i == 0).then(|| Arc::new(HeapSnapshots) as Arc<dyn SnapshotSpace>),
+                suspend_after: Some(RELAY_SUSPEND_AFTER),
+            };
+            let node = Node::relay(
                 Receiver::relaying(receiver_config(Role::Relay, &name, 2)),
                 Sender::new(sender_config(Role::Relay, &name, false, hedging)),
+                options,
             );
-            node.suspend_after(RELAY_SUSPEND_AFTER);
-            if i == 0 {
-                node.keep_snapshots(Arc::new(HeapSnapshots));
-            }
             peers.push(Peer::new(node, &name, vec![HUB], None));
         }
         for i in 0..6 {

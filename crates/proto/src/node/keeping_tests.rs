@@ -19,8 +19,11 @@ fn keeping_relay(now: Instant) -> Node {
     ));
     receiver.start_session(now, 5);
     receiver.connected(now, 5, 0, 1, None);
-    let mut relay = Node::relay(receiver, relay_sender());
-    relay.keep_snapshots(Arc::new(crate::HeapSnapshots));
+    let options = RelayOptions {
+        keep_snapshots: Some(Arc::new(crate::HeapSnapshots)),
+        suspend_after: None,
+    };
+    let mut relay = Node::relay(receiver, relay_sender(), options);
     poll(&mut relay);
     relay
 }

@@ -222,7 +222,11 @@ pub(super) fn relay_sender() -> Sender {
 
 #[test]
 fn a_relay_forwards_from_its_upstream_s_newest_version_and_decodes_nothing() {
-    let mut node = Node::relay(relaying_receiver(Some(3)), relay_sender());
+    let mut node = Node::relay(
+        relaying_receiver(Some(3)),
+        relay_sender(),
+        RelayOptions::default(),
+    );
     poll(&mut node);
     assert_eq!(node.receiver().unwrap().next_version(), 3);
     let (bytes, _) = artifact(3, 2);
@@ -276,7 +280,11 @@ fn a_relay_forwards_from_its_upstream_s_newest_version_and_decodes_nothing() {
 
 #[test]
 fn a_relay_that_moves_its_start_before_holding_a_version_drops_what_it_began() {
-    let mut node = Node::relay(relaying_receiver(Some(3)), relay_sender());
+    let mut node = Node::relay(
+        relaying_receiver(Some(3)),
+        relay_sender(),
+        RelayOptions::default(),
+    );
     poll(&mut node);
     let (bytes, _) = artifact(3, 2);
     feed(&mut node, frames(&bytes)[0].clone());
@@ -410,6 +418,7 @@ fn a_relay_forwards_the_trainer_s_offer_signature_and_a_pinned_actor_takes_the_v
     let mut relay = Node::relay(
         welcomed(Receiver::relaying(receiver), None),
         Sender::new(config),
+        RelayOptions::default(),
     );
     let (bytes, _) = artifact(1, 3);
     let frames = signed_frames(&bytes, ArtifactKind::Delta, Some(&key));
@@ -484,8 +493,14 @@ fn busy(outputs: &[Output], conn: ConnId, why: &str) -> bool {
 fn a_relay_without_a_working_upstream_sends_its_subscribers_away_until_it_has_one_again() {
     let after = Duration::from_secs(5);
     let start = Instant::now();
-    let mut relay = Node::relay(relaying_receiver(Some(3)), relay_sender());
-    relay.suspend_after(after);
+    let mut relay = Node::relay(
+        relaying_receiver(Some(3)),
+        relay_sender(),
+        RelayOptions {
+            suspend_after: Some(after),
+            ..RelayOptions::default()
+        },
+    );
     let serves = |outputs: &[Output], conn: ConnId| {
         outputs.iter().any(|o| {
             matches!(o, Output::Transmit(Transmit { conn: c, frame: Frame::Welcome(_), .. }) if *c == conn)
@@ -554,8 +569,14 @@ fn a_relay_without_a_working_upstream_sends_its_subscribers_away_until_it_has_on
 #[test]
 fn a_relay_that_stops_serving_sends_its_subscribers_away_for_good() {
     let now = Instant::now();
-    let mut relay = Node::relay(relaying_receiver(Some(3)), relay_sender());
-    relay.suspend_after(Duration::from_secs(5));
+    let mut relay = Node::relay(
+        relaying_receiver(Some(3)),
+        relay_sender(),
+        RelayOptions {
+            suspend_after: Some(Duration::from_secs(5)),
+            ..RelayOptions::default()
+        },
+    );
     subscribe(&mut relay, now, 10, 100);
     assert_eq!(relay.sender().unwrap().sessions(), 1);
     relay.stop_serving("the relay is stopping (SIGTERM)".into());

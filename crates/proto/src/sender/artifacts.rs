@@ -601,7 +601,7 @@ impl Sender {
     /// Drops what no session needs: deltas beyond the retained count or bytes, older
     /// first (never the newest), and any other artifact as soon as no session is served
     /// it, but the snapshot a relay keeps. A relay keeps the deltas after that snapshot
-    /// with it (they are in its file, not in memory: [`crate::Node::keep_snapshots`])
+    /// with it (they are in its file, not in memory: [`crate::RelayOptions::keep_snapshots`])
     /// while they add up to no more than [`crate::KEPT_TAIL_SNAPSHOTS`] snapshots, since a
     /// joiner goes on with them; past that, a newer snapshot from the hub costs a joiner
     /// less, and the relay's is withdrawn.
@@ -670,7 +670,7 @@ impl Sender {
 
     /// The bytes of the deltas held after the kept snapshot, and of the snapshot
     /// (`u64::MAX` until it is sealed): a relay takes a newer snapshot before the first
-    /// outgrows what it keeps ([`crate::Node::keep_snapshots`]).
+    /// outgrows what it keeps ([`crate::RelayOptions::keep_snapshots`]).
     pub fn kept_tail(&self) -> Option<(u64, u64)> {
         let kept = self.kept_snapshot?;
         let snapshot = self

@@ -279,7 +279,7 @@ impl Sender {
         if joiner && snapshot.is_none() {
             // An actor with no weights, which wants a snapshot: a relay whose own was
             // withdrawn, or is older than the joiner takes, takes a newer one for the
-            // next ([`crate::Node::keep_snapshots`]).
+            // next ([`crate::RelayOptions::keep_snapshots`]).
             if self.kept_snapshot.is_none() {
                 self.kept_wanted = true;
             } else if self.kept_snapshot < Some(hello.snapshot_floor) {

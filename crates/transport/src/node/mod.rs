@@ -65,7 +65,7 @@ pub struct NodeConfig {
     pub return_after: Option<Duration>,
     /// A relay that has had no working upstream session this long sends its subscribers
     /// away and refuses new ones until it has one again
-    /// (`aurora_proto::Node::suspend_after`), so that the actors of a relay cut off from
+    /// (`aurora_proto::RelayOptions::suspend_after`), so that the actors of a relay cut off from
     /// the hub fetch the versions elsewhere instead of waiting for it. Longer than a hub
     /// takes to restart: while the hub is down there is nothing to fetch elsewhere, and
     /// sending every region's actors to it as it comes back is what relays are for

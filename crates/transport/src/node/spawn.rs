@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use aurora_delta::{Hash, RunId};
 use aurora_proto::{
-    KeptSegments, KeptSnapshot, Node, Receiver, Sender, Upstreams, VersionRef, Weights,
+    KeptSegments, KeptSnapshot, Node, Receiver, RelayOptions, Sender, Upstreams, VersionRef,
+    Weights,
 };
 use aurora_store::Store;
 use tokio::net::TcpListener;
@@ -56,10 +57,10 @@ pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportErro
     }
     let receiver = Receiver::relaying(config.receiver_config());
     let sender = Sender::new(config.sender(false));
-    let mut node = Node::relay(receiver, sender);
-    if let Some(after) = config.relay_suspend_after {
-        node.suspend_after(after);
-    }
+    let mut options = RelayOptions {
+        keep_snapshots: None,
+        suspend_after: config.relay_suspend_after,
+    };
     if let Some(dir) = &config.snapshot_dir {
         // Checked now, not when the snapshot's first segment arrives.
         let writable = tempfile::tempfile_in(dir).map(drop);
@@ -67,8 +68,9 @@ pub async fn spawn_relay(config: NodeConfig) -> Result<NodeHandle, TransportErro
             dir: dir.clone(),
             source,
         })?;
-        node.keep_snapshots(Arc::new(FileSnapshots::new(dir)));
+        options.keep_snapshots = Some(Arc::new(FileSnapshots::new(dir)));
     }
+    let node = Node::relay(receiver, sender, options);
     spawn(config, node, None, None::<Arc<IdleEngine>>, None).await
 }
 
