@@ -174,7 +174,7 @@ fn receiver_state(frames: &[Frame], joining: bool, pinned: bool) {
                 _ => {}
             }
         }
-        while let Some((_, frame, _)) = receiver.poll_transmit() {
+        while let Some(aurora_proto::Transmit { frame, .. }) = receiver.poll_transmit() {
             frame.validate().expect("the receiver writes valid frames");
         }
     }

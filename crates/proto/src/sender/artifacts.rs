@@ -369,7 +369,7 @@ impl Sender {
     /// got it will nack it at their own check, perhaps before this sender holds the
     /// right bytes, when a nack is ignored: so every subscriber is sent them once they
     /// are here, nack or not.
-    pub fn revoke_segment(&mut self, key: ArtifactKey, index: u32) {
+    pub(crate) fn revoke_segment(&mut self, key: ArtifactKey, index: u32) {
         let version = key.version();
         let Some(slot) = self
             .artifacts
@@ -671,7 +671,7 @@ impl Sender {
     /// The bytes of the deltas held after the kept snapshot, and of the snapshot
     /// (`u64::MAX` until it is sealed): a relay takes a newer snapshot before the first
     /// outgrows what it keeps ([`crate::RelayOptions::keep_snapshots`]).
-    pub fn kept_tail(&self) -> Option<(u64, u64)> {
+    pub(crate) fn kept_tail(&self) -> Option<(u64, u64)> {
         let kept = self.kept_snapshot?;
         let snapshot = self
             .artifacts
@@ -687,7 +687,7 @@ impl Sender {
     }
 
     /// Whether the kept snapshot is here whole: sealed, every segment held.
-    pub fn kept_snapshot_complete(&self) -> bool {
+    pub(crate) fn kept_snapshot_complete(&self) -> bool {
         self.kept_snapshot
             .and_then(|version| self.artifacts.get(&ArtifactKey::Snapshot(version)))
             .is_some_and(Artifact::is_complete)
@@ -696,7 +696,7 @@ impl Sender {
     /// Takes the kept snapshot out, once it is complete and sealed, with the complete
     /// deltas after it, in order, up to the first that is not: a relay's fetcher hands
     /// them over to the relay it fetched them for ([`Sender::adopt_snapshot`]).
-    pub fn take_kept_snapshot(&mut self) -> Option<KeptSnapshot> {
+    pub(crate) fn take_kept_snapshot(&mut self) -> Option<KeptSnapshot> {
         if !self.kept_snapshot_complete() {
             return None;
         }

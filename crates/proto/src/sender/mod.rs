@@ -346,7 +346,7 @@ impl Sender {
         self.suspended = None;
     }
 
-    pub fn is_suspended(&self) -> bool {
+    pub(crate) fn is_suspended(&self) -> bool {
         self.suspended.is_some()
     }
 
@@ -360,7 +360,7 @@ impl Sender {
 
     /// Versions below `version` will never be held here (a relay that starts from
     /// `version`): what is held of them goes, and sessions wanting one are told so.
-    pub fn set_floor(&mut self, version: u64) {
+    pub(crate) fn set_floor(&mut self, version: u64) {
         self.floor = self.floor.max(version);
         let floor = self.floor;
         self.artifacts
@@ -406,7 +406,7 @@ impl Sender {
     /// A relay is about to take the snapshot of `version` from upstream: Welcomes offer
     /// it from now on, and sessions that want it wait for it to arrive, served
     /// cut-through as its segments come ([`Sender::begin_artifact`]).
-    pub fn expect_snapshot(&mut self, version: u64) {
+    pub(crate) fn expect_snapshot(&mut self, version: u64) {
         if self.kept_snapshot.replace(version) != Some(version) {
             self.kept_wanted = false;
             self.kept_outdated = false;
@@ -418,7 +418,7 @@ impl Sender {
 
     /// Whether every delta after `version` is held here or still to come: a snapshot of
     /// `version` can be served.
-    pub fn holds_deltas_after(&self, version: u64) -> bool {
+    pub(crate) fn holds_deltas_after(&self, version: u64) -> bool {
         self.floor <= version.saturating_add(1)
     }
 
@@ -429,13 +429,13 @@ impl Sender {
 
     /// Whether a joiner has wanted the kept snapshot since it was kept, or, while none
     /// is, was welcomed without one.
-    pub fn kept_snapshot_wanted(&self) -> bool {
+    pub(crate) fn kept_snapshot_wanted(&self) -> bool {
         self.kept_wanted
     }
 
     /// Whether a joiner was told of a newer joinable snapshot than the kept one: a
     /// newer one is due now, not once the deltas after the kept one have grown.
-    pub fn kept_snapshot_outdated(&self) -> bool {
+    pub(crate) fn kept_snapshot_outdated(&self) -> bool {
         self.kept_outdated
     }
 
@@ -447,7 +447,7 @@ impl Sender {
     /// A relay learned its run from its upstream (`aurora_proto::Receiver::run`): its
     /// Welcomes name it from now on, and every statement it checks is of it. A sender
     /// keeps the first run it is given.
-    pub fn serve_run(&mut self, run: RunId) {
+    pub(crate) fn serve_run(&mut self, run: RunId) {
         if self.run.is_none() {
             self.run = Some(run);
         }
@@ -471,7 +471,7 @@ impl Sender {
     /// Stops serving the kept snapshot, for `reason` (it will not be whole, or the deltas
     /// after it are no longer all held, or outgrew what a relay keeps): sessions that
     /// want it are told it is unavailable, and fetch one elsewhere.
-    pub fn withdraw_snapshot(&mut self, reason: String) {
+    pub(crate) fn withdraw_snapshot(&mut self, reason: String) {
         if let Some(version) = self.kept_snapshot.take() {
             self.kept_wanted = false;
             self.kept_outdated = false;
@@ -485,12 +485,12 @@ impl Sender {
     /// offer the snapshot it takes, and learns which one only from its upstream's
     /// Welcome, would otherwise send the joiners that arrive first to the hub. A peer
     /// kept waiting past the handshake timeout is closed, and tries its next upstream.
-    pub fn hold_hellos(&mut self) {
+    pub(crate) fn hold_hellos(&mut self) {
         self.held_hellos.get_or_insert_with(Vec::new);
     }
 
     /// Answers the Hellos held since [`Sender::hold_hellos`], and every one after.
-    pub fn release_hellos(&mut self, now: Instant) {
+    pub(crate) fn release_hellos(&mut self, now: Instant) {
         for (conn, hello) in self.held_hellos.take().unwrap_or_default() {
             if self.conns.get(&conn).is_some_and(|c| !c.closing) {
                 self.on_hello(now, conn, hello);

@@ -37,7 +37,7 @@ impl Sender {
     }
 
     /// Whether `conn` is one of this sender's inbound connections.
-    pub fn serves(&self, conn: ConnId) -> bool {
+    pub(crate) fn serves(&self, conn: ConnId) -> bool {
         self.conns.contains_key(&conn)
     }
 
