@@ -25,8 +25,8 @@ pub enum System {
     Async4,
     /// The full checkpoint on four streams per actor, one step of lag.
     MultiStream,
-    /// The paper's construction: aurora's run with its cross-cloud transfer replaced by
-    /// a full broadcast over the single datacenter's RDMA fabric: the ceiling.
+    /// The paper's construction: AuroraRL's trace with each step's sync replaced by a
+    /// full broadcast over the single datacenter's RDMA fabric: the ceiling.
     IdealSingleDc,
     /// The paper's own system as its sections 4 and 5 describe it: LEB128 deltas,
     /// extraction of about 5 s for Qwen3-8B pipelined with four streams of the

@@ -46,11 +46,11 @@ const OVER_FULL_WHY: &str = "the gain over a dense broadcast is the broadcast's 
 const LAG_WHY: &str = "where a step's generation is long beside the broadcast, relaxing \
     the lag (or adding streams) recovers less than the paper's range; the what-ifs change \
     the decode rate, or the dataset's answer length";
-const HIDDEN_SYNC_WHY: &str = "under one step of lag the sync (about 5 s of extraction \
-    for 8B, the transfer pipelined with it) is hidden wherever training plus the sync is \
-    shorter than a generation, and where training sets the pace (the sender ships while \
-    the next version trains); with section 2's ratio of training to generation (40 to 45 \
-    s) the two are close, and the sync shows where generation runs shorter than modelled: \
+const HIDDEN_SYNC_WHY: &str = "Ideal-SingleDC is AuroraRL's trace with each step's sync \
+    (about 5 s of extraction for 8B, the transfer pipelined with it) replaced by the RDMA \
+    transfer, section 7.1's construction; where a step is short enough that AuroraRL's \
+    step already shows part of the sync (GSM8K on 8B and 14B), the substitution takes \
+    that part back a second time and the ideal runs shorter than its own generation; \
     the what-ifs decode at either end of the roofline's range, or change the answers";
 const STREAMS_WHY: &str = "one CUBIC stream moves the LEB128 delta in about 5 s (section \
     1), which, pipelined with the 5 s extraction, still hides behind training and \

@@ -51,7 +51,7 @@ use self::testbed::{
     PAPER_NETWORK, PaperDeployment, QWEN3_4B, QWEN3_8B, QWEN3_14B, Region, TRAINER_MFU, Trainer,
     US, WAN_LOSS, WAN_LOSS_RANGE, Workload, paper_trainer_mfu, rate_shares, wan_path,
 };
-use self::timeline::{GeneratedStep, mean_step_s, simulate, throughput};
+use self::timeline::{GeneratedStep, mean_step_s, simulate, substitute_sync, throughput};
 use crate::report::Violation;
 use crate::scenario::{ActorSpec, Fault, Liveness, Scenario, ScheduledFault};
 use crate::world::SplitMix64;
@@ -426,6 +426,22 @@ impl Bench {
         system: System,
         generation: &Generation,
     ) -> Vec<timeline::StepTiming> {
+        if system == System::IdealSingleDc {
+            // Section 7.1 builds Ideal-SingleDC "by replacing only the cross-cloud weight
+            // transfer cost in AuroraRL's measured execution traces with the corresponding
+            // RDMA transfer cost, keeping training and rollout execution unchanged": a
+            // substitution in AuroraRL's trace, not a rerun of the pipeline, so every step
+            // gives back the whole sync it recorded, hidden or not. An interpretation (a
+            // rerun would hide it wherever AuroraRL does), which section 7.2's account of
+            // the gap supports: "the small residual gap comes from WAN latency and
+            // CPU-side delta extraction (neither exists on RDMA)".
+            let saved_s = deployment.sync_plan(System::AuroraRl).mean_sync_s()
+                - deployment.sync_plan(System::IdealSingleDc).mean_sync_s();
+            return substitute_sync(
+                &self.timings(deployment, System::AuroraRl, generation),
+                saved_s,
+            );
+        }
         let plan = deployment.sync_plan(system);
         let train_s = deployment
             .trainer
@@ -498,8 +514,8 @@ mod tests {
     /// docs/paper-eval.md reports them (the issue asks 90% within 20%): a ratchet, so a
     /// change that moves a figure away from the paper fails here unless another comes
     /// closer.
-    const WITHIN_AT_LEAST: usize = 104;
-    const WITHIN_OR_EXPLAINED_AT_LEAST: usize = 137;
+    const WITHIN_AT_LEAST: usize = 112;
+    const WITHIN_OR_EXPLAINED_AT_LEAST: usize = 142;
 
     #[test]
     fn every_figure_stays_within_its_documented_tolerance_of_the_paper() {

@@ -27,6 +27,19 @@ pub struct SyncPlan {
     pub skips_versions: bool,
 }
 
+impl SyncPlan {
+    /// Seconds from a version's first shipment to its staging everywhere, on average
+    /// over the paths' fluctuation.
+    pub fn mean_sync_s(&self) -> f64 {
+        let shipped_s = if self.ship_s.is_empty() {
+            0.0
+        } else {
+            self.ship_s.iter().sum::<f64>() / self.ship_s.len() as f64
+        };
+        shipped_s + self.tail_s
+    }
+}
+
 /// One step's generation, as the control core scheduled it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GeneratedStep {
@@ -75,6 +88,19 @@ pub fn simulate(plan: &SyncPlan, train_s: f64, steps: &[GeneratedStep]) -> Vec<S
         sender.trained_at.push(end_s.max(trainer_free) + train_s);
     }
     timings
+}
+
+/// `timings` with every step `saved_s` shorter: a trace whose recorded sync is replaced
+/// by a faster one, the rest of each step kept as recorded.
+pub fn substitute_sync(timings: &[StepTiming], saved_s: f64) -> Vec<StepTiming> {
+    timings
+        .iter()
+        .enumerate()
+        .map(|(index, timing)| StepTiming {
+            end_s: timing.end_s - (index + 1) as f64 * saved_s,
+            tokens: timing.tokens,
+        })
+        .collect()
 }
 
 /// Accepted tokens per second over `steps`, from the end of the step before them.
@@ -209,6 +235,13 @@ mod tests {
         assert!(full(2) < 0.8 * full(1), "{} {}", full(2), full(1));
         assert!(full(4) < full(2), "{} {}", full(4), full(2));
         assert!(full(4) >= 20.0);
+    }
+
+    #[test]
+    fn a_substituted_sync_shortens_every_step_even_where_it_was_hidden() {
+        let timings = simulate(&plan(1, 5.0, false), 10.0, &steps(30, 20.0));
+        let faster = substitute_sync(&timings, 4.0);
+        assert!((mean_step_s(&faster, 5..30) - 16.0).abs() < 1e-9);
     }
 
     #[test]
