@@ -39,12 +39,7 @@ impl StopSignals {
             let _ = asked.send(Some(signals.next().await));
             let again = signals.next().await;
             tracing::warn!(signal = again, "asked again: stopping at once");
-            let number = match again {
-                "SIGTERM" => libc::SIGTERM,
-                _ => libc::SIGINT,
-            };
-            // The status a shell gives a process that the signal ended.
-            std::process::exit(128 + number);
+            std::process::exit(ended_by(again));
         });
         StopSignals(watched)
     }
@@ -61,6 +56,14 @@ impl StopSignals {
             // The watching task never ends before it has sent, short of a panic.
             Err(_) => std::future::pending().await,
         }
+    }
+}
+
+/// The status a shell gives a process that `signal` (one of the names above) ended.
+pub fn ended_by(signal: &str) -> i32 {
+    128 + match signal {
+        "SIGTERM" => libc::SIGTERM,
+        _ => libc::SIGINT,
     }
 }
 

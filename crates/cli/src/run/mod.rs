@@ -593,7 +593,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     watch_stop_signals(sender.clone())?;
     // The first signal: the trainer is asked to stop, and the run waits for its word.
     let mut stopping: Option<String> = None;
-    let mut stopped_at: Option<u64> = None;
+    let mut stopped_at: Option<(u64, String)> = None;
     loop {
         let line = match lines.recv_timeout(STEP_TIMEOUT) {
             Ok(line) => line,
@@ -707,7 +707,15 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
         } else if let Some(json) = line.text.strip_prefix("stopped ") {
             let stopped: serde_json::Value = serde_json::from_str(json)?;
-            stopped_at = stopped["version"].as_u64();
+            let version = stopped["version"]
+                .as_u64()
+                .context("a stop without a version")?;
+            // The run's own signal, or the one the trainer was sent from elsewhere.
+            let signal = stopping
+                .take()
+                .or_else(|| stopped["signal"].as_str().map(String::from))
+                .unwrap_or_else(|| "SIGTERM".into());
+            stopped_at = Some((version, signal));
             break;
         } else if line.text == "done" {
             break;
@@ -747,19 +755,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(sync) = sync_summary(&records, training_started.elapsed()) {
         println!("{sync}");
     }
-    if let (Some(version), Some(signal)) = (stopped_at, stopping) {
+    if let Some((version, signal)) = stopped_at {
         println!(
             "stopped at v{version} ({signal}); `aurora run --resume --dir {}` goes on from there",
             args.dir.display()
         );
         std::io::stdout().flush()?;
-        // The status a shell gives a process the signal ended: the run did not finish.
-        std::process::exit(
-            128 + match signal.as_str() {
-                "SIGTERM" => libc::SIGTERM,
-                _ => libc::SIGINT,
-            },
-        );
+        // As a shell reports a process the signal ended: the run did not finish.
+        std::process::exit(crate::signals::ended_by(&signal));
     }
     Ok(())
 }

@@ -145,9 +145,6 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             (trainer, exports, latest + 1)
         }
     };
-    // The version whose trainer state the store holds last: a graceful stop saves the
-    // newest one unless it is there, so a resumed run trains nothing again.
-    let mut state_saved = resumed_at.is_none().then_some(0);
     let base = store.weights_image(0)?;
     announce(&format!("control {control_address}"))?;
     announce(&format!("transport {transport_address}"))?;
@@ -180,17 +177,9 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
         _ => (first_step, None),
     };
     let activations: Arc<std::sync::Mutex<BTreeMap<u64, f64>>> = Arc::default();
-    let mut latest_trained = resumed_at.unwrap_or(0);
     for k in first_step..=config.steps {
         if let Some(signal) = stop.asked() {
-            return stopped(
-                signal,
-                &trainer,
-                (&hub, &store),
-                latest_trained,
-                state_saved,
-            )
-            .await;
+            return stopped(signal, &trainer, &node).await;
         }
         let mut times = StepTimes::default();
         let opened = Instant::now();
@@ -248,11 +237,9 @@ async fn train(mut settings: TrainerSettings, listen: Listen, config: RunConfig)
             if published.version != trained {
                 bail!("published version {}, trained {trained}", published.version);
             }
-            latest_trained = trained;
             if trained % config.checkpoint_every == 0 || trained == config.steps {
                 let state = trainer.save_state()?;
                 store.put_trainer_data(TrainerData::State, trained, &state)?;
-                state_saved = Some(trained);
                 events.push(format!(
                     "trainer state of v{trained} checkpointed ({} bytes)",
                     state.len()
@@ -696,20 +683,20 @@ fn evaluate(config: &RunConfig, weights: &[u8]) -> Result<f64> {
 }
 
 /// One line on stdout for the orchestrator; logs go to stderr.
-/// The graceful stop, between versions: the trainer state of the newest version is
-/// saved (unless it is already), so that `aurora run --resume` trains nothing again, and
-/// `stopped {"version", "signal"}` is announced. The node then serves on until every
+/// The graceful stop, between versions: the trainer state of the newest version (the
+/// trainer has trained every published one) is saved unless the store has it, so that
+/// `aurora run --resume` trains nothing again, and `stopped {"version", "signal"}` is
+/// announced. The node then serves on until every
 /// actor has left (the run stops them next), so that they hand their leases back to a
 /// live control plane.
-async fn stopped(
-    signal: &str,
-    trainer: &Trainer,
-    (hub, store): (&Hub, &Store),
-    latest: u64,
-    state_saved: Option<u64>,
-) -> Result<()> {
+async fn stopped(signal: &str, trainer: &Trainer, node: &TrainerNode) -> Result<()> {
+    let (hub, store) = (node.hub(), node.store());
+    let latest = node.latest().map_or(0, |latest| latest.version);
     tracing::info!(signal, version = latest, "asked to stop");
-    if state_saved != Some(latest) {
+    if !store
+        .trainer_data_records(TrainerData::State)?
+        .contains_key(&latest)
+    {
         store.put_trainer_data(TrainerData::State, latest, &trainer.save_state()?)?;
     }
     announce(&format!(

@@ -63,8 +63,9 @@ impl Bench {
                 ))
             })?;
             let slow_training = self.deployment(&assumed_mfu_setup, &pool);
-            rows.push(Row::what_if(
-                format!("trainer at 40% MFU: {label}"),
+            rows.push(assumed_mfu_what_if(
+                "",
+                label,
                 Value(paper),
                 throughput(
                     &self.timings(&slow_training, System::AuroraRl, &churn),
@@ -150,8 +151,9 @@ impl Bench {
                         decode_what_ifs(&pool, "", &label, Value(paper), "tokens/s", |pool| {
                             self.aurora_rl_tokens_per_s(&setup, pool)
                         })?;
-                    rows.push(Row::what_if(
-                        format!("trainer at 40% MFU: {label}"),
+                    rows.push(assumed_mfu_what_if(
+                        "",
+                        &label,
                         Value(paper),
                         self.aurora_rl_tokens_per_s(&setup.assumed_mfu_trainer(), &pool)?,
                         "tokens/s",

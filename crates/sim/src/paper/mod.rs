@@ -179,6 +179,23 @@ fn decode_what_ifs(
         .collect()
 }
 
+/// The what-if of the trainer at the MFU assumed before section 2's measurement
+/// ([`TRAINER_MFU`]): the figure `value` makes, labelled as [`decode_what_ifs`] labels.
+fn assumed_mfu_what_if(
+    what: &str,
+    figure: &str,
+    paper: PaperFigure,
+    value: f64,
+    unit: &'static str,
+) -> Row {
+    Row::what_if(
+        format!("{what}trainer at {:.0}% MFU: {figure}", 100.0 * TRAINER_MFU),
+        paper,
+        value,
+        unit,
+    )
+}
+
 /// `row`, and where it is beyond [`FLAG_THRESHOLD`] the reason (`why`, with the
 /// difference the documentation accepts) and the what-if rows that test it.
 fn checked(

@@ -166,8 +166,9 @@ impl Bench {
                     "tokens/s",
                     |pool| Ok(self.split_rates(&setup, pool)?[index]),
                 )?;
-                rows.push(Row::what_if(
-                    format!("{}, trainer at 40% MFU: {what}", dataset.name),
+                rows.push(assumed_mfu_what_if(
+                    &format!("{}, ", dataset.name),
+                    what,
                     Value(paper),
                     self.split_rates(&setup.assumed_mfu_trainer(), &pool)?[index],
                     "tokens/s",
@@ -301,8 +302,9 @@ impl Bench {
                             "tokens/s",
                             |pool| Ok(self.relay_rates(&setup, &deployment, pool)?[index]),
                         )?;
-                        rows.push(Row::what_if(
-                            format!("{}, trainer at 40% MFU: {what}", dataset.name),
+                        rows.push(assumed_mfu_what_if(
+                            &format!("{}, ", dataset.name),
+                            what,
                             Value(paper),
                             assumed_mfu_trainer()?[index],
                             "tokens/s",
