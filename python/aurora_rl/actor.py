@@ -30,6 +30,7 @@ from aurora_rl.engines import (
     checks_weights,
     fused_group_names,
     labels_versions,
+    takes_changes_first,
     weight_version,
     writes_elements,
 )
@@ -162,6 +163,7 @@ class Actor(ClosingNode):
             return_after_s=return_after,
             behind_timeout_s=behind_timeout,
             changed_elements=writes_elements(engine),
+            changes_first=takes_changes_first(engine),
         )
         # What the last safe point loaded: the transport reports a version active a moment
         # after handing it over, so its status may lag what the engine runs.
@@ -198,19 +200,20 @@ class Actor(ClosingNode):
                 views = activation.tensor_bytes(sorted(fused_group_names(changed)))
                 tensors = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}
                 del views
+                changes: Optional[dict[str, TensorChange]] = None
                 try:
-                    self._load(activation, tensors)
-                    self._check(activation)
+                    changes = self._load(activation, tensors)
+                    self._check(activation, changes)
                     if labels_versions(self.engine):
                         self.engine.set_weight_version(weight_version(version, weights_hash))  # type: ignore[attr-defined]
                 except BaseException as error:
                     self._load_failed = (version, error)
                     # The traceback keeps this frame: its views must not hold the weights
                     # the transport writes in place.
-                    del tensors
+                    del tensors, changes
                     self._leave_after_failed_load(version, error)
                     raise
-                del tensors
+                del tensors, changes
             logger.info(
                 "version %d in the engine: %d tensors changed, loaded in %.3f s",
                 version,
@@ -222,32 +225,42 @@ class Actor(ClosingNode):
         finally:
             activation.release()
 
-    def _load(self, activation: Any, tensors: dict[str, Any]) -> None:
+    def _load(self, activation: Any, tensors: dict[str, Any]) -> Optional[dict[str, TensorChange]]:
         """Hands the engine ``tensors`` (the changed ones and their fused groups): their
-        changed elements if it writes them, else the tensors whole."""
+        changed elements if it writes them, else the tensors whole. Returns the changes
+        handed over, if the engine took changes: where they came first, ``tensors`` are
+        the version before and the changes are laid over them."""
         if not writes_elements(self.engine):
             self.engine.load_weights(tensors)
-            return
+            return None
         import torch
 
         changed = dict(activation.changed_elements())
+        first = activation.changes_first
         changes = {}
         for name, tensor in tensors.items():
             if name not in changed:  # a fused group's unchanged part
                 changes[name] = TensorChange(tensor, torch.empty(0, dtype=torch.int64))
             elif changed[name] is None:
+                # The node lays changes first only as elements (the transport's rule).
+                assert not first, f"{name} came whole before the node's copy had it"
                 changes[name] = TensorChange(tensor, None)
             else:
                 indices, values = changed[name]
                 changes[name] = TensorChange(
-                    tensor, torch_view("I64", [-1], indices), torch.from_dlpack(values).view(tensor.dtype)
+                    tensor,
+                    torch_view("I64", [-1], indices),
+                    torch.from_dlpack(values).view(tensor.dtype),
+                    laid_over=first,
                 )
         self.engine.load_changes(changes)  # type: ignore[attr-defined]
+        return changes
 
-    def _check(self, activation: Any) -> None:
+    def _check(self, activation: Any, changes: Optional[dict[str, TensorChange]]) -> None:
         """Reads back from the engine what it computes with, for every tensor or a random
-        few (``verify``), and compares it with the activated image, whose weights hash
-        the node checked: a mismatch fails the load."""
+        few (``verify``), and compares it with the activated version, whose weights hash
+        the node checked: a mismatch fails the load. Where the changes came first, a
+        changed tensor is compared with its changes laid over the version before."""
         if self._verify == "off":
             return
         if not checks_weights(self.engine):
@@ -259,6 +272,8 @@ class Actor(ClosingNode):
         views = activation.tensor_bytes(sorted(names))
         expected = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}
         del views
+        if activation.changes_first:
+            expected = {name: changes[name].tensor if changes and name in changes else t for name, t in expected.items()}
         try:
             mismatched = self.engine.mismatched(expected)  # type: ignore[attr-defined]
         finally:

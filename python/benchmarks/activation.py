@@ -102,6 +102,14 @@ def report(args, states: list, densities: list[float], aurora_s: list[float], en
         args.json.write_text(json.dumps(figures, indent=2))
 
 
+def settle() -> None:
+    """Writes what earlier rounds left dirty (the trainer's store, the staged delta's
+    spill, the node's image file) out to disk before a timed activation, as the minutes
+    of generation between two steps do: otherwise the kernel's background writeback of
+    about a model's size per round lands in some rounds' timings and not others."""
+    os.sync()
+
+
 def activations(engine, trainer, states: list, serves) -> tuple[list[float], list[float], list[float]]:
     """Publishes each of ``states`` after the first through ``trainer`` to an actor feeding
     ``engine``, staged before the Commit as behind generation, and times each from the
@@ -130,6 +138,7 @@ def activations(engine, trainer, states: list, serves) -> tuple[list[float], lis
         while trainer.status().actors[0].staged != version:
             assert time.monotonic() < deadline, "the delta was never staged"
             time.sleep(0.01)
+        settle()
         started = time.perf_counter()
         trainer.commit()
         while actor.safe_point(wait=60.0) != version:
@@ -166,9 +175,11 @@ def main() -> None:
             directory = scratch / f"version-{version}"
             directory.mkdir()
             os.link(path, directory / "model.safetensors")
+            settle()
             started = time.perf_counter()
             engine.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory), "is_checkpoint_format": True})
             reload_file_s.append(time.perf_counter() - started)
+            settle()
             started = time.perf_counter()
             engine.load_weights(states[version])
             reload_memory_s.append(time.perf_counter() - started)

@@ -33,7 +33,7 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from activation import activations, arguments, report, synth_chain  # noqa: E402
+from activation import activations, arguments, report, settle, synth_chain  # noqa: E402
 
 #: SGLang's CPU settings for a benchmark that serves nothing long (README, "SGLang").
 OPTIONS = dict(device="cpu", attention_backend="torch_native", max_total_tokens=2048, max_running_requests=4,
@@ -66,6 +66,7 @@ def main() -> None:
             reload_s = []
             for round_ in range(args.rounds):
                 tensors = list(states[round_ % len(states)].items())
+                settle()
                 started = time.perf_counter()
                 if round_:
                     engine.engine.begin_weight_update()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from activation import arguments, changed_fraction, synth_chain  # noqa: E402
+from activation import arguments, changed_fraction, settle, synth_chain  # noqa: E402
 
 
 def main() -> None:
@@ -67,6 +67,7 @@ def main() -> None:
                 while [a.staged for a in trainer.status().actors] != [version] * args.tensor_parallel:
                     assert time.monotonic() < deadline, "the delta was never staged in every rank"
                     time.sleep(0.01)
+                settle()
                 started = time.perf_counter()
                 trainer.commit()
                 llm.start_weight_update()
@@ -79,6 +80,7 @@ def main() -> None:
             directory = scratch / f"version-{version}"
             directory.mkdir()
             os.link(path, directory / "model.safetensors")
+            settle()
             started = time.perf_counter()
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(directory), "is_checkpoint_format": True})
             reload_s.append(time.perf_counter() - started)

@@ -249,61 +249,140 @@ fn apply_into(
     Ok(hash.to_hex())
 }
 
-/// Swaps `values` with the elements of `target` at `indices`, strictly ascending (see
-/// `aurora_delta::swap_elements`): `target` is an engine's parameter memory and
-/// `values` the new values, each a flat `uint8` view of a host tensor, and `indices`
-/// the bytes of an int64 tensor. Afterwards `values` holds what was replaced: the same
-/// call again undoes it. Nothing is written unless every index fits. `packed`, where
-/// given, is `(rows, columns, block, group)`: the target holds a matrix in row blocks,
-/// `group` columns at a time (`ElementLayout::RowBlocks`), and `indices` are row-major.
+/// One write of `swap_elements`: its label, the int64 indices' bytes, the block of the
+/// tensor they lie in (`start`, `end`), the shift to the target's elements, the values'
+/// bytes.
+type WriteArg<'py> = (String, Bound<'py, PyAny>, u64, u64, i64, Bound<'py, PyAny>);
+
+/// One target of `swap_elements`: its label, memory, element width, packing and writes.
+type TargetArg<'py> = (
+    String,
+    Bound<'py, PyAny>,
+    usize,
+    Option<(u64, u64, u64, u64)>,
+    Vec<WriteArg<'py>>,
+);
+
+/// Swaps each write's values with its target's elements (see
+/// `aurora_delta::swap_elements`), in one pass shared over the thread pool. `targets`:
+/// `(label, memory, element_bytes, packed, writes)`, `memory` an engine's parameter memory as a
+/// flat `uint8` view of a host tensor; `packed`, where given, `(rows, columns, block,
+/// group)`: the memory holds a matrix in row blocks, `group` columns at a time
+/// (`ElementLayout::RowBlocks`), and the shifted indices are row-major; `writes`:
+/// `(label, indices, start, end, shift, values)`, the ascending int64 indices of a tensor's
+/// elements within `start..end`, each written at its index plus `shift`, and their new
+/// values. Afterwards each `values` holds what was replaced: the same call again undoes
+/// it. Nothing is written unless every write fits; no two buffers written may share
+/// memory.
 #[pyfunction]
-#[pyo3(signature = (target, element_bytes, indices, values, packed=None))]
-fn swap_elements(
-    py: Python<'_>,
-    target: Bound<'_, PyAny>,
-    element_bytes: usize,
-    indices: Bound<'_, PyAny>,
-    values: Bound<'_, PyAny>,
-    packed: Option<(u64, u64, u64, u64)>,
-) -> PyResult<()> {
-    let layout = match packed {
-        None => aurora_delta::ElementLayout::RowMajor,
-        Some((rows, columns, block, group)) => aurora_delta::ElementLayout::RowBlocks {
-            rows,
-            columns,
-            block,
-            group,
-        },
-    };
-    let mut target = HostBytes::borrow(&target, "the target")?;
-    let indices = HostBytes::borrow(&indices, "the indices")?;
-    let mut values = HostBytes::borrow(&values, "the values")?;
-    let overlaps = |a: &[u8], b: &[u8]| {
-        let (a, b) = (a.as_ptr_range(), b.as_ptr_range());
-        a.start < b.end && b.start < a.end
-    };
-    let (t, i, v) = (target.as_slice(), indices.as_slice(), values.as_slice());
-    if overlaps(t, i) || overlaps(t, v) || overlaps(i, v) {
-        return Err(usage_error(
-            "the target, indices and values must not share memory",
-        ));
+fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
+    struct Borrowed<'py> {
+        label: String,
+        memory: HostBytes<'py>,
+        element_bytes: usize,
+        layout: aurora_delta::ElementLayout,
+        writes: Vec<(
+            String,
+            HostBytes<'py>,
+            std::ops::Range<u64>,
+            i64,
+            HostBytes<'py>,
+        )>,
     }
-    let indices: &[u64] = match indices.as_slice() {
-        [] => &[],
-        bytes if bytes.len() % 8 != 0 || bytes.as_ptr().align_offset(8) != 0 => {
+    let mut borrowed = Vec::with_capacity(targets.len());
+    for (label, memory, element_bytes, packed, writes) in targets {
+        let layout = match packed {
+            None => aurora_delta::ElementLayout::RowMajor,
+            Some((rows, columns, block, group)) => aurora_delta::ElementLayout::RowBlocks {
+                rows,
+                columns,
+                block,
+                group,
+            },
+        };
+        let writes = writes
+            .into_iter()
+            .map(|(write, indices, start, end, shift, values)| {
+                let indices = HostBytes::borrow(&indices, &format!("{write}'s indices"))?;
+                let bytes = indices.as_slice();
+                if !bytes.is_empty()
+                    && (bytes.len() % 8 != 0 || bytes.as_ptr().align_offset(8) != 0)
+                {
+                    return Err(usage_error(format!(
+                        "{write}: the indices must be the bytes of an int64 tensor"
+                    )));
+                }
+                let values = HostBytes::borrow(&values, &format!("{write}'s values"))?;
+                Ok((write, indices, start..end, shift, values))
+            })
+            .collect::<PyResult<_>>()?;
+        borrowed.push(Borrowed {
+            memory: HostBytes::borrow(&memory, &label)?,
+            label,
+            element_bytes,
+            layout,
+            writes,
+        });
+    }
+    // What is written (memories, values) shares no byte with anything else handed in;
+    // what is only read (indices) may share with other indices.
+    let mut ranges: Vec<(std::ops::Range<*const u8>, bool)> = Vec::new();
+    for target in &borrowed {
+        ranges.push((target.memory.as_slice().as_ptr_range(), true));
+        for (_, indices, _, _, values) in &target.writes {
+            ranges.push((indices.as_slice().as_ptr_range(), false));
+            ranges.push((values.as_slice().as_ptr_range(), true));
+        }
+    }
+    ranges.retain(|(range, _)| range.start != range.end);
+    ranges.sort_by_key(|(range, _)| range.start);
+    let (mut reach, mut written_reach) = (std::ptr::null(), std::ptr::null());
+    for (range, written) in ranges {
+        if range.start < written_reach || (written && range.start < reach) {
             return Err(usage_error(
-                "the indices must be the bytes of an int64 tensor",
+                "the memory written (targets, values) must not share bytes with any other buffer handed in",
             ));
         }
-        // SAFETY: the bytes are 8-aligned and a whole number of 8-byte words, which any
-        // bit pattern makes a valid u64; int64 tensors hold native-endian words, and a
-        // negative index reads as one beyond any target, which is refused.
-        bytes => unsafe {
-            std::slice::from_raw_parts(bytes.as_ptr().cast::<u64>(), bytes.len() / 8)
-        },
-    };
-    let (target, values) = (target.as_mut_slice(), values.as_mut_slice());
-    py.detach(|| aurora_delta::swap_elements(target, element_bytes, indices, values, layout))
+        reach = reach.max(range.end);
+        if written {
+            written_reach = written_reach.max(range.end);
+        }
+    }
+    let targets: Vec<aurora_delta::ElementTarget<'_>> = borrowed
+        .iter_mut()
+        .map(|target| aurora_delta::ElementTarget {
+            label: &target.label,
+            memory: target.memory.as_mut_slice(),
+            element_bytes: target.element_bytes,
+            layout: target.layout,
+            writes: target
+                .writes
+                .iter_mut()
+                .map(
+                    |(label, indices, within, shift, values)| aurora_delta::ElementWrite {
+                        label,
+                        indices: match indices.as_slice() {
+                            [] => &[],
+                            // SAFETY: checked above: 8-aligned and a whole number of 8-byte
+                            // words, which any bit pattern makes a valid u64; int64 tensors
+                            // hold native-endian words, and a negative index reads as one
+                            // beyond any block, which is refused.
+                            bytes => unsafe {
+                                std::slice::from_raw_parts(
+                                    bytes.as_ptr().cast::<u64>(),
+                                    bytes.len() / 8,
+                                )
+                            },
+                        },
+                        within: within.clone(),
+                        shift: *shift,
+                        values: values.as_mut_slice(),
+                    },
+                )
+                .collect(),
+        })
+        .collect();
+    py.detach(|| aurora_delta::swap_elements(targets))
         .map_err(delta_error)
 }
 

@@ -524,7 +524,7 @@ impl ActorNodeCore {
     // The keyword arguments of the Python class (aurora_rl.Actor).
     #[allow(clippy::too_many_arguments)]
     #[new]
-    #[pyo3(signature = (*, id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned, return_after_s, behind_timeout_s, changed_elements))]
+    #[pyo3(signature = (*, id, region, control, upstreams, token, streams, join_timeout_s, weights, trainer_key, ca, cert, key, insecure_plaintext, insecure_closed_network, insecure_unsigned, return_after_s, behind_timeout_s, changed_elements, changes_first))]
     fn new(
         py: Python<'_>,
         id: u64,
@@ -545,6 +545,7 @@ impl ActorNodeCore {
         return_after_s: Option<f64>,
         behind_timeout_s: f64,
         changed_elements: bool,
+        changes_first: bool,
     ) -> PyResult<ActorNodeCore> {
         if streams == 0 {
             return Err(usage_error("streams must be at least 1"));
@@ -597,7 +598,7 @@ impl ActorNodeCore {
         };
         let runtime = Runtime::start()?;
         let handoff = if changed_elements {
-            Handoff::writing_elements()
+            Handoff::writing_elements(changes_first)
         } else {
             Handoff::new()
         };
@@ -788,12 +789,20 @@ impl ActivationCore {
 impl ActivationCore {
     #[getter]
     fn version(&self) -> PyResult<u64> {
-        self.with(|a| a.weights.active().version)
+        self.with(|a| a.active.version)
     }
 
     #[getter]
     fn weights_hash(&self) -> PyResult<String> {
-        self.with(|a| a.weights.active().hash.to_hex())
+        self.with(|a| a.active.hash.to_hex())
+    }
+
+    /// Whether the changed elements come before the node's copy has them: the image
+    /// (`tensor_bytes`) is then the version the engine runs now, and the new one is the
+    /// changed elements laid over it (`aurora_node::Activation::changes_first`).
+    #[getter]
+    fn changes_first(&self) -> PyResult<bool> {
+        self.with(|a| a.changes_first)
     }
 
     #[getter]
@@ -846,9 +855,10 @@ impl ActivationCore {
         })
     }
 
-    /// Read-only views of the named tensors' bytes in the activated image, as DLPack
-    /// capsules of flat uint8 host memory: no copy. Each keeps the weights alive; the
-    /// next activation waits until every view is gone.
+    /// Read-only views of the named tensors' bytes in the activated image (where the
+    /// changes come first, the image they are laid over), as DLPack capsules of flat
+    /// uint8 host memory: no copy. Each keeps the weights alive; the next activation, and
+    /// the node's copy taking changes that came first, wait until every view is gone.
     fn tensor_bytes<'py>(
         &self,
         py: Python<'py>,

@@ -356,24 +356,43 @@ def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(
 
 
 class RecordingEngine(TransformersEngine):
-    """Records the changes each activation hands it, then writes them."""
+    """Records the changes each activation hands it, the new tensors they make, and the
+    version its actor's node holds meanwhile, then writes them."""
 
     def __init__(self, model) -> None:
         super().__init__(model)
         self.changes: list[dict[str, torch.Tensor | None]] = []
+        self.tensors: list[dict[str, torch.Tensor]] = []
+        self.node_held: list[int] = []
+        self.node_version = lambda: -1
 
     def load_changes(self, changes) -> None:
+        self.node_held.append(self.node_version())
         self.changes.append({name: None if c.indices is None else c.indices.clone() for name, c in changes.items()})
+        self.tensors.append({name: c.tensor.clone() for name, c in changes.items()})
         super().load_changes(changes)
 
 
-def test_an_element_engine_is_handed_exactly_the_changed_elements(model_dir, tmp_path):
+class NewTensorsEngine(RecordingEngine):
+    """An element engine that reads every changed tensor whole."""
+
+    needs_new_tensors = True
+
+
+@pytest.mark.parametrize("engine_class", [RecordingEngine, NewTensorsEngine])
+def test_an_element_engine_is_handed_exactly_the_changed_elements(model_dir, tmp_path, engine_class):
+    """Changes come before the node's copy has them (the node still holds the version
+    before while the engine loads), their new tensors made from them on demand, except
+    for an engine that needs the new tensors, which gets them after; both bit-exact. The
+    node's copy follows: each next delta is checked against it, so versions 2 and 3
+    stage only if it took 1 and 2 exactly."""
     weights = load_file(str(model_dir / "model.safetensors"))
     with aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True) as trainer:
         trainer.publish(weights)
-        engine = RecordingEngine.start(str(model_dir))
+        engine = engine_class.start(str(model_dir))
         address = dict(control=trainer.control_address, upstreams=[trainer.transport_address], token=trainer.token)
         with aurora_rl.Actor(engine, id=3, region="eu", weights=weights, version=0, insecure_plaintext=True, **address) as actor:
+            engine.node_version = lambda: actor._node.active()[0]
             for version in (1, 2, 3):
                 stepped = sparse_step(weights, 0.01, version)
                 published = trainer.publish(stepped)
@@ -383,11 +402,14 @@ def test_an_element_engine_is_handed_exactly_the_changed_elements(model_dir, tmp
                 while work is None:
                     work = actor.claim()
                 assert (work.version, work.weights_hash) == (version, published.weights_hash)
+                first = engine_class is RecordingEngine
+                assert engine.node_held[-1] == (version - 1 if first else version)
                 handed = engine.changes[-1]
                 for name, after in stepped.items():
                     moved = torch.nonzero(after.view(torch.int16).reshape(-1) != weights[name].view(torch.int16).reshape(-1))
                     if moved.numel():
                         assert torch.equal(handed[name], moved.reshape(-1)), name
+                        assert torch.equal(engine.tensors[-1][name].view(torch.int16), after.view(torch.int16)), name
                     else:
                         assert name not in handed or handed[name].numel() == 0, name
                 assert aurora_rl.weights_hash(engine.held_weights()) == published.weights_hash

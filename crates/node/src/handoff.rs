@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use aurora_delta::ChangeSet;
-use aurora_proto::Weights;
+use aurora_proto::{VersionRef, Weights};
 use aurora_transport::Engine;
 
 use crate::NodeError;
@@ -22,17 +22,34 @@ use crate::NodeError;
 const ACTIVATION_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Weights the transport activated, for the engine to load. Until this and every
-/// [`Activation::guard`] made from it are dropped, the next activation waits.
+/// [`Activation::guard`] made from it are dropped, the next activation waits (and, where
+/// the changes came first, the node's copy waits for them).
 pub struct Activation {
-    /// The whole image of the active version (its hash checked by the transport).
+    /// The version the engine is to run, and its weights hash.
+    pub active: VersionRef,
+    /// The whole image of `active` (its hash checked by the transport); where
+    /// `changes_first`, the image of the version the engine runs now, which `changed`'s
+    /// elements make `active`.
     pub weights: Arc<Weights>,
     /// What changed from the weights the engine ran before (every tensor of the snapshot
     /// a node joins from, whole; nothing after a failed activation, which left the old
     /// weights): changed elements where the handoff was made for an engine that writes
     /// them ([`Handoff::writing_elements`]).
     pub changed: ChangeSet,
+    /// The changes come before the node's copy has them ([`Engine::takes_changes_first`]).
+    pub changes_first: bool,
     /// Counts the driver's holds (the transport holds the weights too).
-    held: Arc<()>,
+    held: Arc<Held>,
+}
+
+/// The driver's hold on an activation: its end wakes a transport waiting to write the
+/// weights ([`Engine::released`]).
+struct Held(Arc<tokio::sync::Notify>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
 }
 
 impl Activation {
@@ -49,14 +66,15 @@ impl Activation {
 /// See [`Activation::guard`].
 #[derive(Clone)]
 pub struct ActivationGuard {
+    // Dropped before the hold, so that the weights are free when the hold's end says so.
     _weights: Arc<Weights>,
-    _held: Arc<()>,
+    _held: Arc<Held>,
 }
 
 impl std::fmt::Debug for Activation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Activation")
-            .field("active", &self.weights.active())
+            .field("active", &self.active)
             .field("changed", &self.changed.tensors.len())
             .finish()
     }
@@ -66,6 +84,10 @@ impl std::fmt::Debug for Activation {
 pub struct Handoff {
     /// The driver's engine writes changed elements in place.
     writes_elements: bool,
+    /// ... and takes them before the node's copy ([`Engine::takes_changes_first`]).
+    changes_first: bool,
+    /// Woken when the driver's last hold on an activation ends.
+    released: Arc<tokio::sync::Notify>,
     state: Mutex<State>,
     /// Wakes the engine's driver when weights arrive.
     arrived: Condvar,
@@ -83,7 +105,7 @@ struct State {
     pending: Option<Activation>,
     /// The driver's holds on the weights it took last: the next activation writes them
     /// in place, so it waits until the driver has let go of them.
-    taken: Weak<()>,
+    taken: Weak<Held>,
 }
 
 impl Handoff {
@@ -92,12 +114,32 @@ impl Handoff {
     }
 
     /// A handoff whose activations list the changed elements of every tensor a delta
-    /// changes, for an engine that writes them in place.
-    pub fn writing_elements() -> Arc<Handoff> {
+    /// changes, for an engine that writes them in place; with `changes_first`, handed
+    /// over before the node's copy has them, for an engine that reads no tensor of the
+    /// image it does not load whole ([`Activation::changes_first`]).
+    pub fn writing_elements(changes_first: bool) -> Arc<Handoff> {
         Arc::new(Handoff {
             writes_elements: true,
+            changes_first,
             ..Handoff::default()
         })
+    }
+
+    fn hand_over(
+        &self,
+        active: VersionRef,
+        weights: Arc<Weights>,
+        changed: ChangeSet,
+        changes_first: bool,
+    ) {
+        self.lock().pending = Some(Activation {
+            active,
+            weights,
+            changed,
+            changes_first,
+            held: Arc::new(Held(self.released.clone())),
+        });
+        self.arrived.notify_all();
     }
 
     /// Called by the engine's driver between batches. Returns weights to load before the
@@ -184,16 +226,38 @@ impl Engine for Handoff {
     }
 
     fn activate(&self, weights: Arc<Weights>, changed: ChangeSet) {
-        self.lock().pending = Some(Activation {
-            weights,
-            changed,
-            held: Arc::new(()),
-        });
-        self.arrived.notify_all();
+        self.hand_over(weights.active(), weights, changed, false);
     }
 
     fn writes_elements(&self) -> bool {
         self.writes_elements
+    }
+
+    fn takes_changes_first(&self) -> bool {
+        self.changes_first
+    }
+
+    fn activate_changes_first(
+        &self,
+        before: Arc<Weights>,
+        version: VersionRef,
+        changed: ChangeSet,
+    ) {
+        self.hand_over(version, before, changed, true);
+    }
+
+    async fn released(&self) {
+        loop {
+            // Registered before the check, so a release between the two is not lost.
+            let released = self.released.notified();
+            {
+                let state = self.lock();
+                if state.pending.is_none() && state.taken.strong_count() == 0 {
+                    return;
+                }
+            }
+            released.await;
+        }
     }
 }
 
@@ -249,6 +313,41 @@ mod tests {
         .unwrap();
         assert_eq!(taken.changed.names(), ["w"]);
         transport.await.unwrap();
+    }
+
+    /// Changes that come first: the driver gets the version to run over the weights it
+    /// runs now, and the transport's wait for them ends only once the driver let go of
+    /// the activation and every view made from it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changes_first_are_released_only_when_the_driver_let_go() {
+        let handoff = Handoff::writing_elements(true);
+        assert!(handoff.takes_changes_first() && handoff.writes_elements());
+        let target = VersionRef {
+            version: 7,
+            hash: aurora_delta::Hash::of(b"seven"),
+        };
+        handoff.activate_changes_first(weights(), target, ChangeSet::whole(vec!["w".into()]));
+        let released = {
+            let handoff = handoff.clone();
+            tokio::spawn(async move { handoff.released().await })
+        };
+        let driver = handoff.clone();
+        let (taken, guard) = tokio::task::spawn_blocking(move || {
+            let taken = driver.at_safe_point(Duration::ZERO).unwrap().unwrap();
+            let guard = taken.guard();
+            (taken, guard)
+        })
+        .await
+        .unwrap();
+        assert!(taken.changes_first);
+        assert_eq!(taken.active, target);
+        drop(taken);
+        tokio::task::yield_now().await;
+        assert!(!released.is_finished(), "a view still holds the weights");
+        drop(guard);
+        released.await.unwrap();
+        // Nothing held: it resolves at once.
+        handoff.released().await;
     }
 
     #[test]

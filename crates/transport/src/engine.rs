@@ -4,7 +4,9 @@
 //! version at the engine's next safe point (the end of its current batch): it waits for
 //! [`Engine::safe_point`], writes the new weights, and hands them over with
 //! [`Engine::activate`]. Between the two the engine generates nothing, so rollouts never
-//! see a mix of versions.
+//! see a mix of versions. An engine that writes changed elements may take them first
+//! ([`Engine::takes_changes_first`]): it serves the version one pass over memory sooner,
+//! and the node's own copy takes the changes once the engine let go of it.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -31,6 +33,36 @@ pub trait Engine: Send + Sync + 'static {
     /// (O(changes) to gather); otherwise it names changed tensors only.
     fn writes_elements(&self) -> bool {
         false
+    }
+
+    /// Whether the engine takes a verified version's changed elements before the node
+    /// writes them into its own copy ([`Engine::activate_changes_first`]). Only an engine
+    /// that [`Engine::writes_elements`] can.
+    fn takes_changes_first(&self) -> bool {
+        false
+    }
+
+    /// Like [`Engine::activate`] for an engine that [`Engine::takes_changes_first`]:
+    /// `changed` holds the changed elements of `version`, the new values among them, to
+    /// lay over `before` (the weights the engine runs now). Once the engine has let go
+    /// of `before` ([`Engine::released`]) the node writes the changes into it, and if
+    /// that ever fails it hands `before` back with [`Engine::activate`], naming every
+    /// tensor the version changed, so that the engine runs what the node holds.
+    fn activate_changes_first(
+        &self,
+        before: Arc<Weights>,
+        version: VersionRef,
+        changed: ChangeSet,
+    ) {
+        // Called only where `takes_changes_first` said yes: an engine that did not has
+        // its activations after the node's copy, through `activate`.
+        let _ = (before, version, changed);
+        unreachable!("changes handed first to an engine that does not take them so");
+    }
+
+    /// Resolves once the engine holds nothing of the weights it was handed last.
+    fn released(&self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::ready(())
     }
 }
 

@@ -2,7 +2,8 @@
 
 An actor keeps a host copy of its weights (what its weights hash is computed from),
 applies each committed delta to it, and at the engine's safe point (between batches)
-hands the engine the tensors that changed. An engine adapter is one class with the
+hands the engine the tensors that changed. An ``ElementEngine`` gets the changed elements
+first, and the host copy takes them once the engine is serving the version. An engine adapter is one class with the
 methods of ``Engine``; adding an engine is one module against it.
 
 - ``aurora_rl.engines.vllm.VllmEngine``: vLLM, offline ``LLM`` (in this process or in
@@ -51,20 +52,57 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
 class TensorChange:
     """How one tensor changed at an activation, for an engine that writes changed elements
-    in place (``ElementEngine``)."""
+    in place (``ElementEngine``).
 
-    #: The whole new tensor: a read-only view of the actor's host copy, valid during the
-    #: call only.
-    tensor: torch.Tensor
-    #: Flat int64 indices of the changed elements, ascending (empty for a fused group's
-    #: unchanged part); None when the tensor changed whole (a snapshot, a new layout).
-    indices: Optional[torch.Tensor]
-    #: Their new values, in order, when the transport handed them over (read from the
-    #: delta it staged, so writing them reads nothing else); None: taken from ``tensor``.
-    new_values: Optional[torch.Tensor] = None
+    ``tensor`` is the whole new tensor. An actor whose engine takes changes before the
+    node's copy has them (the default for an ``ElementEngine``, see ``needs_new_tensors``)
+    hands over the tensor before the change with ``laid_over=True``: ``tensor`` is then
+    made from it and the new values on first use, a copy of the tensor, so an engine that
+    writes only the changed elements never pays for it."""
+
+    __slots__ = ("_tensor", "_laid_over", "indices", "new_values")
+
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        indices: Optional[torch.Tensor],
+        new_values: Optional[torch.Tensor] = None,
+        *,
+        laid_over: bool = False,
+    ) -> None:
+        if laid_over and (indices is None or new_values is None):
+            raise ValueError("changes laid over a tensor come with their indices and values")
+        self._tensor = tensor
+        self._laid_over = laid_over
+        #: Flat int64 indices of the changed elements, ascending (empty for a fused group's
+        #: unchanged part); None when the tensor changed whole (a snapshot, a new layout).
+        self.indices = indices
+        #: Their new values, in order, when the transport handed them over (read from the
+        #: delta it staged, so writing them reads nothing else); None: taken from ``tensor``.
+        self.new_values = new_values
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._tensor.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._tensor.dtype
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The whole new tensor: a read-only view of the actor's host copy, valid during
+        the call only, or one made for this call where the changes are laid over."""
+        if self._laid_over:
+            import torch
+
+            with torch.no_grad():
+                laid = self._tensor.clone()
+                laid.view(-1)[self.indices] = self.new_values
+            self._tensor, self._laid_over = laid, False
+        return self._tensor
 
     def values(self) -> torch.Tensor:
         """The changed elements' new values, in the order of ``indices``."""
@@ -94,7 +132,10 @@ class Engine(Protocol):
 
 class ElementEngine(Engine, Protocol):
     """An engine that writes changed elements into its parameters in place, so that
-    activating a version costs what the delta costs."""
+    activating a version costs what the delta costs. Its actor hands it a verified
+    version's changes before the node's own copy takes them, so that the engine serves
+    the version one pass over memory sooner; an engine whose ``load_changes`` reads
+    every changed tensor whole says ``needs_new_tensors = True`` and gets them after."""
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         """Like ``load_weights``, for ``changes`` (Hugging Face names; every part of a
@@ -154,23 +195,31 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 @dataclass(frozen=True)
 class ElementWrite:
     """Values to write at flat indices (int64, strictly ascending) of a 1-D view of an
-    engine's parameter memory."""
+    engine's parameter memory: index ``i`` lands on element ``i + shift``, and every
+    index lies in ``within`` (default: the target's elements), the block of a checkpoint
+    tensor this memory holds."""
 
     target: torch.Tensor
     indices: torch.Tensor
     values: torch.Tensor
-    #: ``(rows, columns, block)`` where the memory holds a matrix packed for a CPU's
-    #: kernels (row blocks stored column pair by column pair) and ``indices`` are its
-    #: row-major ones; None where element ``i`` is at ``i``.
-    packed: Optional[tuple[int, int, int]] = None
+    #: ``(rows, columns, block, group)`` where the memory holds a matrix packed for a CPU's
+    #: kernels (``Packing``) and the shifted indices are its row-major ones; None where
+    #: element ``i`` is at ``i``.
+    packed: Optional[tuple[int, int, int, int]] = None
+    shift: int = 0
+    within: Optional[tuple[int, int]] = None
+    #: The checkpoint tensor and the parameter, named in a refusal.
+    tensor: str = "a tensor"
+    parameter: str = "parameter memory"
 
 
 def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
-    """Writes every ``ElementWrite``. In host memory, aurora's kernel swaps the values in,
-    one pass over the changed elements, keeping what they replaced for the undo; on a
-    GPU, indices and values are moved to the device first (only the changes travel) and
-    scattered there. Each write is checked before it lands, and one that fails undoes
-    those before it. Returns the undo: it writes the replaced values back."""
+    """Writes every ``ElementWrite``. In host memory, aurora's kernel swaps the values in:
+    one pass over the changed elements of every target together, shared over the cores,
+    keeping what they replaced for the undo; on a GPU, indices and values are moved to
+    the device first (only the changes travel) and scattered there. Everything is checked
+    before the first element lands, and a failure undoes what was written. Returns the
+    undo: it writes the replaced values back."""
     import torch
 
     for write in writes:
@@ -178,9 +227,10 @@ def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
         if target.dim() != 1:
             raise ValueError(f"element writes go to a 1-D view, not {tuple(target.shape)}")
         if write.values.dtype != target.dtype:
-            raise ValueError(f"values of {write.values.dtype} for parameter memory of {target.dtype}")
+            raise ValueError(f"{write.tensor}: values of {write.values.dtype} for parameter memory of {target.dtype}")
         if write.indices.shape != write.values.shape:
-            raise ValueError(f"{write.indices.numel()} indices for {write.values.numel()} values")
+            raise ValueError(f"{write.tensor}: {write.indices.numel()} indices for {write.values.numel()} values")
+    on_host = [write for write in writes if write.target.device.type == "cpu"]
     undos: list[Callable[[], None]] = []
 
     def undo() -> None:
@@ -188,44 +238,63 @@ def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
             for undo_write in reversed(undos):
                 undo_write()
 
-    try:
-        with torch.no_grad():
+    with torch.no_grad():
+        if on_host:
+            undos.append(_swap_on_host(on_host))
+        try:
             for write in writes:
-                undos.append(_write(write))
-    except BaseException:
-        undo()
-        raise
+                if write.target.device.type != "cpu":
+                    undos.append(_scatter_on_device(write))
+        except BaseException:
+            undo()
+            raise
     return undo
 
 
-def _write(write: ElementWrite) -> Callable[[], None]:
-    """Writes one ``ElementWrite``; returns its undo."""
+def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
+    """Swaps the writes into host memory in one call, grouped by the memory they land
+    in; returns the undo (the same swap again)."""
     import torch
 
+    targets: dict[tuple[int, int], tuple] = {}
+    for write in writes:
+        target = write.target
+        key = (target.data_ptr(), target.numel())
+        if key not in targets:
+            targets[key] = (write.parameter, target.view(torch.uint8), target.element_size(), write.packed, [])
+        start, end = write.within if write.within is not None else (0, target.numel())
+        targets[key][4].append((
+            write.tensor,
+            write.indices.to(torch.int64).contiguous().view(torch.uint8),
+            start,
+            end,
+            write.shift,
+            # Swapped with the target's elements: afterwards it holds what they replaced,
+            # and swapping again restores them.
+            write.values.contiguous().clone().view(torch.uint8),
+        ))
+    batch = list(targets.values())
+
+    def swap() -> None:
+        _core.swap_elements(batch)
+
+    swap()
+    return swap
+
+
+def _scatter_on_device(write: ElementWrite) -> Callable[[], None]:
+    """Writes one ``ElementWrite`` on its device; returns its undo."""
     target = write.target
-    if target.device.type == "cpu":
-        indices = write.indices.to(torch.int64).contiguous()
-        # Swapped with the target's elements: afterwards it holds what they replaced, and
-        # swapping again restores them.
-        swapped = write.values.contiguous().clone()
-
-        def swap() -> None:
-            _core.swap_elements(
-                target.view(torch.uint8),
-                target.element_size(),
-                indices.view(torch.uint8),
-                swapped.view(torch.uint8),
-                write.packed,
-            )
-
-        swap()
-        return swap
     if write.packed is not None:
         raise ValueError(f"packed parameter memory is written on the CPU, not on {target.device}")
+    start, end = write.within if write.within is not None else (0, target.numel())
     indices = write.indices.to(target.device, non_blocking=True)
     values = write.values.to(target.device, non_blocking=True)
-    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= target.numel()):
-        raise IndexError(f"an element index beyond the {target.numel()} elements written to")
+    if indices.numel() and (int(indices.min()) < start or int(indices.max()) >= end):
+        raise IndexError(f"{write.tensor}: an element index outside the elements {start}..{end} it holds")
+    if indices.numel() and (start + write.shift < 0 or end + write.shift > target.numel()):
+        raise IndexError(f"{write.tensor}: its block falls outside the {target.numel()} elements of {write.parameter}")
+    indices = indices + write.shift
     replaced = target.index_select(0, indices)
     target.index_copy_(0, indices, values)
     return lambda: target.index_copy_(0, indices, replaced)
@@ -279,6 +348,12 @@ def _json_answer(request: Any, timeout: float) -> Any:
     except urllib.error.HTTPError as error:
         raise EngineError(f"{request.get_method()} {url}: {error.code}: {error.read().decode(errors='replace')}") from None
     return json.loads(text) if text else None
+
+
+def takes_changes_first(engine: Engine) -> bool:
+    """Whether ``engine`` takes a version's changes before the actor's copy does
+    (``ElementEngine``)."""
+    return writes_elements(engine) and not getattr(engine, "needs_new_tensors", False)
 
 
 def writes_elements(engine: Engine) -> bool:

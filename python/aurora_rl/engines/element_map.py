@@ -50,20 +50,30 @@ class Piece:
             return self.target_offset - self.source_offset
         return None
 
-    def place(self, indices: torch.Tensor, elements: int) -> tuple[Union[None, slice, torch.Tensor], torch.Tensor]:
+    @property
+    def source_elements(self) -> tuple[int, int]:
+        """The first and past-the-last source elements of a block with a ``shift``."""
+        return self.source_offset, self.source_offset + math.prod(self.sizes)
+
+    def place(
+        self, indices: torch.Tensor, elements: int
+    ) -> tuple[Union[None, slice, torch.Tensor], torch.Tensor, int]:
         """For ascending flat indices of a checkpoint tensor of ``elements``: which lie in
-        this block (None: all of them; a slice or a mask of them), and the flat indices
-        in the parameter they go to."""
+        this block (None: all of them; a slice or a mask of them), their indices, and the
+        shift to the parameter's: for a block with a ``shift``, the tensor's own indices (a
+        view, nothing computed); otherwise the parameter's, computed, and no shift. A
+        block of the whole tensor takes every index, for the write to refuse any that is
+        not one of its elements."""
         import torch
 
         shift = self.shift
         if shift is not None:
-            end = self.source_offset + math.prod(self.sizes)
-            if self.source_offset == 0 and end == elements:
-                return None, indices + shift
+            start, end = self.source_elements
+            if (start, end) == (0, elements):
+                return None, indices, shift
             # Ascending: the block's indices are one slice of them.
-            first, last = torch.searchsorted(indices, torch.tensor([self.source_offset, end])).tolist()
-            return slice(first, last), indices[first:last] + shift
+            first, last = torch.searchsorted(indices, torch.tensor([start, end])).tolist()
+            return slice(first, last), indices[first:last], shift
         rest = indices - self.source_offset
         inside = rest >= 0
         target = torch.full_like(indices, self.target_offset)
@@ -78,7 +88,7 @@ class Piece:
             inside &= coordinate < size
             target += coordinate * target_stride
         inside &= rest == 0
-        return inside, target[inside]
+        return inside, target[inside], 0
 
 
 def _contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -198,9 +208,11 @@ def probe_element_map(
 
 
 def check_changes(name: str, indices: torch.Tensor, values: Optional[torch.Tensor], elements: int) -> None:
-    """Refuses a tensor's changed elements before anything is written: strictly ascending
-    indices (a fused parameter's pieces are cut from them by position), within the
-    tensor's ``elements``, as many as ``values`` where given."""
+    """Refuses a tensor's changed elements before anything is written: as many as
+    ``values`` where given, strictly ascending (a fused parameter's pieces are cut from
+    them by position), within the tensor's ``elements``. A pass over the indices: the
+    writes check what they take themselves, so only a tensor cut into pieces needs it
+    (``element_writes``)."""
     if values is not None and indices.shape != values.shape:
         raise ValueError(f"{name}: {indices.numel()} indices for {values.numel()} values")
     if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
@@ -214,12 +226,15 @@ def element_writes(
     element_map: ElementMap,
     changes: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
     specs: Mapping[str, tuple[list[int], torch.dtype]],
-    packed: Optional[Mapping[str, tuple[int, int, int]]] = None,
+    packed: Optional[Mapping[str, tuple[int, int, int, int]]] = None,
 ) -> list[Any]:
     """The ``ElementWrite``s of ``changes`` (name: ascending flat indices and their new
     values) under ``element_map``; elements other ranks hold are left to them. A
     parameter in ``packed`` is held packed for a CPU's kernels (``ElementWrite.packed``),
-    its elements written where the packing put them."""
+    its elements written where the packing put them. A tensor held whole as one block
+    (unfused, or one part of a fused parameter) is written from its own indices, which
+    the write checks; one cut into pieces (a shard, a strided block) is checked whole
+    first, since the pieces are cut from it by position."""
     from aurora_rl.engines import ElementWrite
 
     parameters = dict(model.named_parameters())
@@ -227,13 +242,26 @@ def element_writes(
     for name, (indices, values) in changes.items():
         pieces = element_map[name]
         assert pieces is not None, f"{name} has no element map"
+        elements = math.prod(specs[name][0])
+        if indices.shape != values.shape:
+            raise ValueError(f"{name}: {indices.numel()} indices for {values.numel()} values")
+        if not (len(pieces) == 1 and pieces[0].shift is not None and pieces[0].source_elements == (0, elements)):
+            check_changes(name, indices, values, elements)
         for piece in pieces:
             parameter = parameters.get(piece.parameter)
             if parameter is None or not parameter.is_contiguous():
                 raise RuntimeError(f"{name}: the engine no longer holds {piece.parameter} as it was mapped")
-            inside, target = piece.place(indices, math.prod(specs[name][0]))
-            piece_values = values if inside is None else values[inside]
-            writes.append(ElementWrite(parameter.data.view(-1), target, piece_values, (packed or {}).get(piece.parameter)))
+            inside, piece_indices, shift = piece.place(indices, elements)
+            writes.append(ElementWrite(
+                parameter.data.view(-1),
+                piece_indices,
+                values if inside is None else values[inside],
+                (packed or {}).get(piece.parameter),
+                shift,
+                piece.source_elements if piece.shift is not None else None,
+                name,
+                piece.parameter,
+            ))
     return writes
 
 
@@ -335,9 +363,10 @@ class Packing:
                 candidate = cls(sample_rows, columns, block, group)
                 written = torch.zeros_like(weight).view(-1)
                 values = weight.reshape(-1).clone()
-                _core.swap_elements(
-                    written.view(torch.uint8), size, everything.view(torch.uint8), values.view(torch.uint8), candidate.layout
-                )
+                _core.swap_elements([(
+                    "a packing's sample", written.view(torch.uint8), size, candidate.layout,
+                    [("every element", everything.view(torch.uint8), 0, everything.numel(), 0, values.view(torch.uint8))],
+                )])
                 if same_bits(written, packed.reshape(-1)) and same_bits(
                     candidate.unpacked(packed.reshape(-1)), weight.reshape(-1)
                 ):

@@ -202,6 +202,10 @@ class Fp8Rollout:
     FP8 checkpoints of Qwen3 and DeepSeek quantize); the others pass through as they are.
     Anything else is the wrapped engine's."""
 
+    #: Each changed tensor is requantized from the whole new BF16 tensor
+    #: (``ElementEngine``).
+    needs_new_tensors = True
+
     def __init__(
         self,
         engine: Any,
@@ -250,11 +254,11 @@ class Fp8Rollout:
         kept: dict[str, _Quantized] = {}
         updates: list[tuple[str, TensorChange]] = []
         for name, change in changes.items():
-            if not self._is_quantized(name, change.tensor.shape):
+            if not self._is_quantized(name, change.shape):
                 passed[name] = change
                 continue
-            if change.tensor.dtype != torch.bfloat16:
-                raise ValueError(f"{name}: FP8 rollout weights come from BF16 versions, not {change.tensor.dtype}")
+            if change.dtype != torch.bfloat16:
+                raise ValueError(f"{name}: FP8 rollout weights come from BF16 versions, not {change.dtype}")
             held = self._held.get(name)
             if change.indices is None or held is None:
                 whole = _Quantized.of(change.tensor, self.block)

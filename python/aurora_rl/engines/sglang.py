@@ -121,7 +121,7 @@ class _ElementWrites:
         """See ``aurora_rl.engines.ElementEngine``: changed elements are written in place;
         a tensor SGLang's loader transforms goes whole, with its fused group."""
         started = time.perf_counter()
-        specs = {name: (list(c.tensor.shape), dtype_name(c.tensor.dtype)) for name, c in changes.items()}
+        specs = {name: (list(c.shape), dtype_name(c.dtype)) for name, c in changes.items()}
         self._map(specs)
         whole = fused_group_names(
             {n for n, c in changes.items() if self._unmapped[n] and (c.indices is None or c.indices.numel())}

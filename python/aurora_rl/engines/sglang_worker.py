@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Optional
 from aurora_rl.engines.element_map import (
     ElementMap,
     Packing,
-    check_changes,
     element_writes,
     mismatched_pieces,
     probe_element_map,
@@ -241,7 +240,6 @@ class ModelWriter:
             if self.element_map[name] is None:
                 raise ValueError(f"{name} has no element map: it must come whole")
             indices, values = tensors[name + INDICES], tensors[name + VALUES]
-            check_changes(name, indices, values, math.prod(shape))
             changes[name] = (indices, values)
         undos: list[Callable[[], None]] = []
         with torch.no_grad():

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Optional
 from aurora_rl.engines.element_map import (
     ElementMap,
     Packing,
-    check_changes,
     element_writes,
     mismatched_pieces,
     probe_element_map,
@@ -238,9 +237,7 @@ class ModelWriter:
         from aurora_rl.engines import fused_group_names, write_elements
 
         elements = {name: c for name, c in changes.items() if c.indices is not None}
-        specs = {name: (list(c.tensor.shape), c.tensor.dtype) for name, c in elements.items()}
-        for name, change in elements.items():
-            check_changes(name, change.indices, change.new_values, math.prod(specs[name][0]))
+        specs = {name: (list(c.shape), c.dtype) for name, c in elements.items()}
         unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
         if unseen:
             self._probe(unseen)

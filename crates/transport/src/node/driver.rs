@@ -83,9 +83,12 @@ pub(crate) enum Event {
     Activated {
         version: u64,
         weights: Arc<Weights>,
-        /// The tensors the activation changed (none when it failed).
+        /// The tensors the activation changed (none when it failed); where the engine
+        /// took the changes first, every tensor the version changed, whole.
         changed: aurora_delta::ChangeSet,
         result: Result<Hash, DeltaError>,
+        /// The engine took the changes first ([`Engine::takes_changes_first`]).
+        engine_first: bool,
     },
     /// The artifact the sender asked for, or why there is none.
     Loaded {
@@ -401,14 +404,24 @@ impl<E: Engine> Driver<E> {
                 weights,
                 changed,
                 result,
+                engine_first,
             } => {
                 let result = result.map_err(EffectError::from);
                 // The engine resumes on the new weights, or on the old ones if the patch
                 // did not reproduce the target (they were restored). A joining node's
                 // engine, whose snapshot failed, was never paused and has nothing to run.
+                // One that took the changes first runs them already, and is handed the
+                // old weights back only if the node could not write them.
                 if let Some(engine) = &self.engine
                     && !weights.is_empty()
+                    && (!engine_first || result.is_err())
                 {
+                    if engine_first {
+                        tracing::error!(
+                            version,
+                            "the engine took the version, the node's copy did not: the engine goes back to the copy's"
+                        );
+                    }
                     engine.activate(weights.clone(), changed);
                 }
                 if result.is_err() {

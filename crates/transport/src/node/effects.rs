@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aurora_delta::ChangeSet;
-use aurora_proto::{ConnId, EffectError, Notice, Output, PatchState, Receiver, Sender, Transmit};
+use aurora_proto::{
+    ConnId, EffectError, Notice, Output, PatchState, Receiver, Sender, Staged, Transmit,
+    VersionRef, Weights,
+};
 
 use crate::conn::{WriteCmd, dial};
 use crate::engine::Engine;
@@ -123,10 +126,28 @@ impl<E: Engine> Driver<E> {
                     };
                 let events = self.events_tx.clone();
                 let elements = self.engine.as_ref().is_some_and(|e| e.writes_elements());
-                let prepared = match self.prepared.take() {
+                let mut prepared = match self.prepared.take() {
                     Some((prepared, changed)) if prepared == version => Some(changed),
                     _ => None,
                 };
+                // Changes come first only as elements: a tensor changed whole would be
+                // read from the node's copy, which does not have it yet.
+                let first = match (&self.engine, &staged, &prepared) {
+                    (Some(engine), Staged::Verified(patch), Some(changed))
+                        if engine.takes_changes_first()
+                            && changed.tensors.iter().all(|t| t.elements.is_some()) =>
+                    {
+                        Some((engine.clone(), patch.header().target_hash))
+                    }
+                    _ => None,
+                };
+                if let Some((engine, hash)) = first
+                    && let Some(changed) = prepared.take()
+                {
+                    let active = VersionRef { version, hash };
+                    self.activate_changes_first(engine, weights, staged, active, changed);
+                    return;
+                }
                 // Not on the decode pool: the engine is paused at its safe point until
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
@@ -142,6 +163,7 @@ impl<E: Engine> Driver<E> {
                         weights: Arc::new(weights),
                         changed,
                         result,
+                        engine_first: false,
                     });
                 });
             }
@@ -188,6 +210,49 @@ impl<E: Engine> Driver<E> {
             }
             Output::Notice(notice) => self.notice(notice),
         }
+    }
+
+    /// Hands the engine a verified version's changed elements over the weights it runs
+    /// now, then, once it has let go of those, writes the changes into them: the engine
+    /// serves the version without waiting for the node's copy. Should that write fail
+    /// (the weights are left as they were), the engine is handed them back whole for
+    /// every tensor the version changed, so that it runs what the node holds.
+    fn activate_changes_first(
+        &mut self,
+        engine: Arc<E>,
+        weights: Weights,
+        staged: Staged,
+        active: VersionRef,
+        changed: ChangeSet,
+    ) {
+        let version = active.version;
+        let names = ChangeSet::whole(staged.changed_tensors());
+        let events = self.events_tx.clone();
+        let weights = Arc::new(weights);
+        engine.activate_changes_first(weights.clone(), active, changed);
+        self.tasks.spawn(async move {
+            engine.released().await;
+            let written = tokio::task::spawn_blocking(move || {
+                // The engine let go of every share of them.
+                let mut weights =
+                    Arc::into_inner(weights).expect("only the node holds the weights");
+                let result = weights.activate(staged);
+                (weights, result)
+            })
+            .await;
+            let Ok((weights, result)) = written else {
+                return;
+            };
+            let _ = events
+                .send(Event::Activated {
+                    version,
+                    weights: Arc::new(weights),
+                    changed: names,
+                    result,
+                    engine_first: true,
+                })
+                .await;
+        });
     }
 
     pub(super) fn notice(&mut self, notice: Notice) {
