@@ -338,3 +338,42 @@ def test_a_model_directory_whose_config_names_no_architecture_is_refused_by_name
     (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
     with pytest.raises(ValueError, match='names no "architectures"'):
         VllmEngine.start(str(tmp_path))
+
+
+def test_the_device_scatter_lands_shifted_blocks_where_the_host_kernel_does():
+    """The GPU path's scatter (torch ops, run here on host tensors) and aurora's host
+    kernel put fused parts' shifted writes in the same places, and each undo restores
+    the memory; a block that does not fit is refused by both before anything lands."""
+    from aurora_rl.engines import ElementWrite, _scatter_on_device, _swap_on_host
+
+    generator = torch.Generator().manual_seed(5)
+    memory = torch.randn(3 * 1000, generator=generator).to(torch.bfloat16)
+    writes_of = lambda target: [  # noqa: E731
+        ElementWrite(
+            target,
+            torch.randperm(1000, generator=torch.Generator().manual_seed(part))[:37].sort().values,
+            torch.full((37,), float(part + 1), dtype=torch.bfloat16),
+            shift=part * 1000,
+            within=(0, 1000),
+            tensor=f"part {part}",
+            parameter="fused",
+        )
+        for part in range(3)
+    ]
+    on_host, on_device = memory.clone(), memory.clone()
+    undo_host = _swap_on_host(writes_of(on_host))
+    undos_device = [_scatter_on_device(write) for write in writes_of(on_device)]
+    assert torch.equal(on_host.view(torch.int16), on_device.view(torch.int16))
+    assert not torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
+    undo_host()
+    for undo in reversed(undos_device):
+        undo()
+    assert torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
+    assert torch.equal(on_device.view(torch.int16), memory.view(torch.int16))
+    beyond = ElementWrite(on_device, torch.tensor([5]), torch.ones(1, dtype=torch.bfloat16), shift=2500, within=(0, 1000))
+    with pytest.raises(IndexError, match="outside the 3000 elements"):
+        _scatter_on_device(beyond)
+    with pytest.raises(aurora_rl.AuroraError, match="fall outside the target's 3000 elements"):
+        _swap_on_host([ElementWrite(on_host, beyond.indices, beyond.values, shift=2500, within=(0, 1000))])
+    assert torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
+    assert torch.equal(on_device.view(torch.int16), memory.view(torch.int16))
