@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 import aurora_rl
-from aurora_rl.engines import TensorChange, fused_group_names, Sampling, with_fused_groups
+from aurora_rl.engines import TensorChange, fused_group_names, Sampling, takes_changes_first, with_fused_groups
 from aurora_rl.engines.hf import TransformersEngine
 from aurora_rl.engines.vllm import VllmEngine
 
@@ -169,7 +169,7 @@ def test_vllm_takes_changed_elements_in_place_bit_for_bit(model_dir, vllm_engine
     """RL-sized steps written element by element into the parameters vLLM computes from
     (load format aurora): no tensor goes whole, and the weights read back are each
     version's, bit for bit, from generation to generation."""
-    assert vllm_engine.writes_in_place
+    assert vllm_engine.writes_in_place and takes_changes_first(vllm_engine)
     reference = TransformersEngine.start(str(model_dir))
     host = dict(vllm_engine.held_weights())
     for version in range(1, 4):

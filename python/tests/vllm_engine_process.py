@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from test_engines import GREEDY, PROMPTS, changed_names, generation_mismatch, next_version
 
 import aurora_rl
-from aurora_rl.engines import with_fused_groups
+from aurora_rl.engines import takes_changes_first, with_fused_groups
 from aurora_rl.engines.hf import TransformersEngine
 from aurora_rl.engines.vllm import VllmEngine
 
@@ -19,6 +19,8 @@ from aurora_rl.engines.vllm import VllmEngine
 def main(model_dir: Path) -> None:
     engine = VllmEngine.start(str(model_dir), max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256)
     assert not engine.in_process and engine.held_weights() is None
+    # It loads changed tensors whole: its actor hands them over after its own copy has them.
+    assert not takes_changes_first(engine)
     reference = TransformersEngine.start(str(model_dir))
     host = load_file(str(model_dir / "model.safetensors"))
     served = 0

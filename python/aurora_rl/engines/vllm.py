@@ -93,6 +93,12 @@ class VllmEngine:
         load_format = self.llm.llm_engine.vllm_config.load_config.load_format
         return self.in_process and load_format == "aurora"
 
+    @property
+    def needs_new_tensors(self) -> bool:
+        """An engine in vLLM's own process takes every changed tensor whole, so its actor
+        hands them from its updated copy (``ElementEngine``)."""
+        return not self.writes_in_place
+
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         """Writes changed elements in place where vLLM holds each tensor as loaded, found
         through vLLM's own loading code; tensors it cannot write so, and those changed
