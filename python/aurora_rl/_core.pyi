@@ -42,7 +42,9 @@ def diff(
 def target_layout(delta: bytes) -> tuple[int, list[tuple[str, str, list[int], int, int]]]: ...
 def apply_into(base: list[_HostTensor], delta: bytes, out: Any) -> str: ...
 def swap_elements(
-    target: Any, element_bytes: int, indices: Any, values: Any, packed: Optional[tuple[int, int, int, int]] = None
+    targets: list[
+        tuple[str, Any, int, Optional[tuple[int, int, int, int]], list[tuple[str, Any, int, int, int, Any]]]
+    ],
 ) -> None: ...
 def fp8_requantize(
     grid: tuple[int, int, int, int],

@@ -4,8 +4,8 @@ inference process, driving an engine adapter (``aurora_rl.engines``).
 
 The inference loop calls ``claim`` between batches: that is the engine's safe point, where
 a committed version is activated into the engine (only the tensors that changed, fused
-groups whole, read from the node's host copy without a copy), so no request ever runs on
-a mix of two versions. It then generates for the leases and ``submit``s the results,
+groups whole; an element engine gets their changed elements before the node's copy
+does), so no request ever runs on a mix of two versions. It then generates for the leases and ``submit``s the results,
 stamped with the version and weights hash they were generated on.
 """
 
@@ -91,7 +91,8 @@ class Actor(ClosingNode):
     unless ``insecure_closed_network=True`` says the network between the nodes is closed.
 
     After each version is loaded, the engine's weights are read back and compared with
-    the node's copy, whose weights hash was checked (an engine that can: see
+    the version: the node's copy, whose weights hash was checked, or, where the changes
+    came first, the version before with the changes laid over it (an engine that can: see
     ``aurora_rl.engines.CheckedEngine``): ``verify="sample"`` checks ``verify_tensors``
     tensors chosen at random each time (cheap), ``"full"`` every tensor (as costly as
     reading the model once), ``"off"`` none. A mismatch fails the load: the actor leaves

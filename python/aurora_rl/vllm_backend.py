@@ -7,8 +7,8 @@ whole), then stages every version the trainer publishes while vLLM serves. An up
 (``update_weights`` with ``{"version", "weights_hash"}``) activates that committed version
 inside vLLM's update lifecycle: its changed elements are written into the parameters in
 place (``aurora_rl.engines.vllm_worker``), then what the model computes with is read
-back and compared with the node's copy of the version, whose weights hash the node
-checked: a few tensors at random (``verify="sample"``, the default), every one
+back and compared with the version (the version before with the changes laid over it,
+as read from the delta whose target hash the node checked): a few tensors at random (``verify="sample"``, the default), every one
 (``"full"``), or none (``"off"``); under tensor parallelism each rank checks its shards.
 
 Trainer side (``AuroraTrainerEngine``, through ``WeightTransferTrainerFactory``): the

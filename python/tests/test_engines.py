@@ -377,3 +377,7 @@ def test_the_device_scatter_lands_shifted_blocks_where_the_host_kernel_does():
         _swap_on_host([ElementWrite(on_host, beyond.indices, beyond.values, shift=2500, within=(0, 1000))])
     assert torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
     assert torch.equal(on_device.view(torch.int16), memory.view(torch.int16))
+    unordered = ElementWrite(on_device, torch.tensor([7, 3]), torch.ones(2, dtype=torch.bfloat16), tensor="part 0")
+    with pytest.raises(ValueError, match="part 0: element indices not strictly ascending"):
+        _scatter_on_device(unordered)
+    assert torch.equal(on_device.view(torch.int16), memory.view(torch.int16))

@@ -262,6 +262,8 @@ def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
         key = (target.data_ptr(), target.numel())
         if key not in targets:
             targets[key] = (write.parameter, target.view(torch.uint8), target.element_size(), write.packed, [])
+        elif targets[key][3] != write.packed:
+            raise ValueError(f"{write.tensor}: {write.parameter} written under two layouts in one version")
         start, end = write.within if write.within is not None else (0, target.numel())
         targets[key][4].append((
             write.tensor,
@@ -290,6 +292,9 @@ def _scatter_on_device(write: ElementWrite) -> Callable[[], None]:
     start, end = write.within if write.within is not None else (0, target.numel())
     indices = write.indices.to(target.device, non_blocking=True)
     values = write.values.to(target.device, non_blocking=True)
+    # As the host kernel refuses them: a repeated index would land one of its values.
+    if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
+        raise ValueError(f"{write.tensor}: element indices not strictly ascending")
     if indices.numel() and (int(indices.min()) < start or int(indices.max()) >= end):
         raise IndexError(f"{write.tensor}: an element index outside the elements {start}..{end} it holds")
     if indices.numel() and (start + write.shift < 0 or end + write.shift > target.numel()):

@@ -233,7 +233,7 @@ class ModelWriter:
         changes: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         mapped_whole: dict[str, torch.Tensor] = {}
         loaded: dict[str, torch.Tensor] = {}
-        for name, (shape, _) in specs.items():
+        for name in specs:
             if name in whole:
                 (loaded if self.element_map[name] is None else mapped_whole)[name] = tensors[name]
                 continue

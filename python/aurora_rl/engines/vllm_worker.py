@@ -228,7 +228,7 @@ class ModelWriter:
             if self.element_map.get(name) and all(piece.parameter in self.packings for piece in self.element_map[name])
         }
 
-    def _layouts(self) -> dict[str, tuple[int, int, int]]:
+    def _layouts(self) -> dict[str, tuple[int, int, int, int]]:
         return {name: packing.layout for name, packing in self.packings.items()}
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> set[str]:
