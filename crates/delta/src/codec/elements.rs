@@ -39,13 +39,13 @@ impl ElementLayout {
         else {
             return indices
                 .iter()
-                .map(|&index| (index as i64 + shift) as usize - first)
+                .map(|&index| shifted(index, shift) as usize - first)
                 .collect();
         };
         let mut positions = Vec::with_capacity(indices.len());
         let (mut row_start, mut row_end, mut base, mut group_stride) = (0, 0, 0, 0);
         for &index in indices {
-            let index = (index as i64 + shift) as u64;
+            let index = shifted(index, shift);
             if index >= row_end {
                 let row = index / columns;
                 let start = row - row % block;
@@ -97,6 +97,12 @@ impl ElementLayout {
             }),
         }
     }
+}
+
+/// A checkpoint tensor's element index as a target's: checked to land inside the target
+/// before any write, so wrapping never shows; it only keeps absurd inputs from panicking.
+fn shifted(index: u64, shift: i64) -> u64 {
+    index.wrapping_add_signed(shift)
 }
 
 /// One parameter's memory and the writes of a version that land in it
@@ -281,7 +287,7 @@ struct Segment<'a> {
 
 impl<'a> Segment<'a> {
     fn shifted(&self, at: usize) -> u64 {
-        (self.indices[at] as i64 + self.shift) as u64
+        shifted(self.indices[at], self.shift)
     }
 
     fn split_at(self, count: usize, element_bytes: usize) -> (Segment<'a>, Segment<'a>) {
@@ -351,7 +357,7 @@ fn split_into_tasks<'a>(target: ElementTarget<'a>, tasks: &mut Vec<Task<'a>>) {
         while let Some(segment) = pending.pop_front() {
             let count = segment
                 .indices
-                .partition_point(|&index| ((index as i64 + segment.shift) as u64) < run_end);
+                .partition_point(|&index| shifted(index, segment.shift) < run_end);
             let (now, later) = segment.split_at(count, element_bytes);
             if !now.indices.is_empty() {
                 segments.push(now);
@@ -394,7 +400,7 @@ impl Task<'_> {
                     stretch,
                     element_bytes,
                     indices,
-                    |index| (index as i64 + shift) as usize - first,
+                    |index| shifted(index, shift) as usize - first,
                     values,
                 ),
                 ElementLayout::RowBlocks { .. } => {
