@@ -362,6 +362,15 @@ async fn a_restarted_actor_catches_up_in_one_composed_delta_from_the_store() {
 }
 
 /// Waits until `actor` has a session with `upstream`.
+/// Waits until `node` serves exactly `count` sessions: an actor that went back to its relay
+/// has closed its hub session, but the hub may not have read the close yet and would send
+/// it the next version too.
+async fn serving(node: &NodeHandle, count: usize, what: &str) {
+    within(LIMIT, what, node.wait_for(|s| s.subscribers == count))
+        .await
+        .unwrap();
+}
+
 async fn connected_to(actor: &NodeHandle, upstream: std::net::SocketAddr, what: &str) {
     within(
         LIMIT,
@@ -405,6 +414,7 @@ async fn actors_that_fell_back_to_the_hub_return_to_their_relay_once_it_is_back(
     for actor in &actors {
         connected_to(actor, link.address, "back on the relay").await;
     }
+    serving(&hub, 1, "the hub serves the relay alone").await;
     // The region's copy comes through the relay again: the hub sends version 3 once.
     let sent = || hub.status().sender.unwrap().segments_sent;
     let before = sent();
@@ -443,6 +453,7 @@ async fn the_actors_of_a_relay_cut_off_from_the_hub_fetch_from_the_hub_then_come
     link.heal();
     held_at(&relay, 2, "the relay back").await;
     connected_to(&actor, relay_address, "back on the relay").await;
+    serving(&hub, 1, "the hub serves the relay alone").await;
     let sent = || hub.status().sender.unwrap().segments_sent;
     let before = sent();
     chain.publish_live(&hub, 3).await;
