@@ -18,6 +18,12 @@ pub enum EffectError {
     /// Segment `index` of the artifact being staged failed to decode.
     #[error("segment {index}: {error}")]
     Segment { index: u32, error: Box<EffectError> },
+    /// An engine that took a version's changes first still held the weights it ran
+    /// before this long after: the node's copy of them could not take the version.
+    #[error(
+        "the engine still held the weights it ran before {0:?} after it took the version's changes: the node's copy cannot take them"
+    )]
+    EngineHeld(std::time::Duration),
 }
 
 /// Where a staged patch was when an effect needed it.

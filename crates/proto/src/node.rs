@@ -606,6 +606,9 @@ impl Node {
     /// decoded.
     fn begin_staging(&mut self, version: u64, kind: ArtifactKind, header: Arc<DeltaHeader>) {
         let Some(actor) = &self.actor else { return };
+        // Nothing fits while the actor activates, whose weights are being written: the
+        // receiver holds the version being activated, so what it accepts starts from
+        // that one, not from the active version.
         let fits = match (kind, actor.status().active) {
             // The receiver checked the header: a snapshot of `version`.
             (ArtifactKind::Snapshot, None) => true,

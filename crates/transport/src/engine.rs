@@ -45,9 +45,11 @@ pub trait Engine: Send + Sync + 'static {
     /// Like [`Engine::activate`] for an engine that [`Engine::takes_changes_first`]:
     /// `changed` holds the changed elements of `version`, the new values among them, to
     /// lay over `before` (the weights the engine runs now). Once the engine has let go
-    /// of `before` ([`Engine::released`]) the node writes the changes into it, and if
-    /// that ever fails it hands `before` back with [`Engine::activate`], naming every
-    /// tensor the version changed, so that the engine runs what the node holds.
+    /// of `before` ([`Engine::released`]) the node writes the changes into it. If that
+    /// fails, or the engine still holds `before` after
+    /// [`crate::NodeConfig::release_timeout`], the version fails and the node hands
+    /// `before` back with [`Engine::activate`], naming every tensor the version changed,
+    /// so that the engine runs what the node holds.
     fn activate_changes_first(
         &self,
         before: Arc<Weights>,

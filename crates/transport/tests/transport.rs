@@ -18,6 +18,8 @@ use util::{
     trainer_key, within,
 };
 
+#[path = "transport/changes_first.rs"]
+mod changes_first;
 #[path = "transport/joins.rs"]
 mod joins;
 

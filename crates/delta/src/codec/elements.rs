@@ -25,23 +25,26 @@ pub enum ElementLayout {
     },
 }
 
-impl ElementLayout {
+/// A [`ElementLayout::RowBlocks`] matrix's shape.
+#[derive(Clone, Copy)]
+struct RowBlocks {
+    rows: u64,
+    columns: u64,
+    block: u64,
+    group: u64,
+}
+
+impl RowBlocks {
     /// Where each of `indices` shifted by `shift` (ascending, within one task's runs)
     /// lies, less `first`. Incremental: one division per row reached, not three per
     /// element.
     fn positions(self, indices: &[u64], shift: i64, first: usize) -> Vec<usize> {
-        let Self::RowBlocks {
+        let RowBlocks {
             rows,
             columns,
             block,
             group,
-        } = self
-        else {
-            return indices
-                .iter()
-                .map(|&index| shifted(index, shift) as usize - first)
-                .collect();
-        };
+        } = self;
         let mut positions = Vec::with_capacity(indices.len());
         let (mut row_start, mut row_end, mut base, mut group_stride) = (0, 0, 0, 0);
         for &index in indices {
@@ -59,7 +62,9 @@ impl ElementLayout {
         }
         positions
     }
+}
 
+impl ElementLayout {
     /// The first index after the run of positions `index`'s lies in (a run is stored in
     /// one stretch, and the writes of two tasks must not share one).
     fn run_end(self, index: u64) -> u64 {
@@ -185,7 +190,7 @@ impl ElementTarget<'_> {
         }
         for (at, write) in self.writes.iter().enumerate() {
             let refuse = |reason: String| Some((Some(at), reason));
-            if write.values.len() != write.indices.len() * element_bytes {
+            if write.indices.len().checked_mul(element_bytes) != Some(write.values.len()) {
                 return refuse(format!(
                     "{} bytes of values for {} elements of {element_bytes} bytes",
                     write.values.len(),
@@ -403,8 +408,19 @@ impl Task<'_> {
                     |index| shifted(index, shift) as usize - first,
                     values,
                 ),
-                ElementLayout::RowBlocks { .. } => {
-                    let positions = layout.positions(indices, shift, first);
+                ElementLayout::RowBlocks {
+                    rows,
+                    columns,
+                    block,
+                    group,
+                } => {
+                    let blocks = RowBlocks {
+                        rows,
+                        columns,
+                        block,
+                        group,
+                    };
+                    let positions = blocks.positions(indices, shift, first);
                     swap_at(
                         stretch,
                         element_bytes,

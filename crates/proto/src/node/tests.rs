@@ -601,3 +601,41 @@ fn a_relay_that_stops_serving_sends_its_subscribers_away_for_good() {
     let refused = subscribe(&mut relay, now + Duration::from_secs(60), 11, 101);
     assert!(busy(&refused, 11, "stopping"), "{refused:?}");
 }
+
+#[test]
+fn an_artifact_offered_while_the_actor_activates_is_not_decoded_against_the_weights_it_writes() {
+    let mut node = Node::actor(
+        crate::testutil::connected_composed(1),
+        VersionRef {
+            version: 0,
+            hash: weights(0),
+        },
+    );
+    let (bytes, _) = artifact(1, 1);
+    let mut asked = Vec::new();
+    for frame in frames(&bytes) {
+        asked.extend(decodes(&feed(&mut node, frame)));
+    }
+    for (version, index, hash) in asked {
+        node.decoded(version, index, hash, Ok(SpilledChunks::default()));
+    }
+    poll(&mut node);
+    node.handle_frame(
+        Instant::now(),
+        1,
+        Frame::Commit(crate::testutil::commit(1, None)),
+    );
+    poll(&mut node);
+    node.safe_point();
+    assert!(poll(&mut node).contains(&Output::Activate { version: 1 }));
+    assert!(node.take_staged(1).is_some());
+    // The driver writes the weights now, so nothing may be decoded against them: the
+    // receiver holds the version being activated, and refuses a catch-up from the one
+    // still active.
+    let (composed, _) = crate::testutil::composed_artifact(0, 3, 2);
+    let mut outputs = Vec::new();
+    for frame in frames_of(&composed, crate::frame::ArtifactKind::Composed) {
+        outputs.extend(feed(&mut node, frame));
+    }
+    assert!(decodes(&outputs).is_empty(), "{outputs:?}");
+}

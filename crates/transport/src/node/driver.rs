@@ -86,7 +86,7 @@ pub(crate) enum Event {
         /// The tensors the activation changed (none when it failed); where the engine
         /// took the changes first, every tensor the version changed, whole.
         changed: aurora_delta::ChangeSet,
-        result: Result<Hash, DeltaError>,
+        result: Result<Hash, EffectError>,
         /// The engine took the changes first ([`Engine::takes_changes_first`]).
         engine_first: bool,
     },
@@ -406,7 +406,6 @@ impl<E: Engine> Driver<E> {
                 result,
                 engine_first,
             } => {
-                let result = result.map_err(EffectError::from);
                 // The engine resumes on the new weights, or on the old ones if the patch
                 // did not reproduce the target (they were restored). A joining node's
                 // engine, whose snapshot failed, was never paused and has nothing to run.

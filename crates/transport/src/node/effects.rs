@@ -152,7 +152,7 @@ impl<E: Engine> Driver<E> {
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
                     let changed = prepared.unwrap_or_else(|| staged.change_set(elements));
-                    let result = weights.activate(staged);
+                    let result = weights.activate(staged).map_err(EffectError::from);
                     let changed = if result.is_ok() {
                         changed
                     } else {
@@ -215,8 +215,9 @@ impl<E: Engine> Driver<E> {
     /// Hands the engine a verified version's changed elements over the weights it runs
     /// now, then, once it has let go of those, writes the changes into them: the engine
     /// serves the version without waiting for the node's copy. Should that write fail
-    /// (the weights are left as they were), the engine is handed them back whole for
-    /// every tensor the version changed, so that it runs what the node holds.
+    /// (the weights are left as they were), or the engine not let go in time, the engine
+    /// is handed them back whole for every tensor the version changed, so that it runs
+    /// what the node holds.
     fn activate_changes_first(
         &mut self,
         engine: Arc<E>,
@@ -230,23 +231,31 @@ impl<E: Engine> Driver<E> {
         let events = self.events_tx.clone();
         let weights = Arc::new(weights);
         engine.activate_changes_first(weights.clone(), active, changed);
+        let release_timeout = self.config.release_timeout;
         self.tasks.spawn(async move {
-            engine.released().await;
-            let written = tokio::task::spawn_blocking(move || {
-                // The engine let go of every share of them.
-                let mut weights =
-                    Arc::into_inner(weights).expect("only the node holds the weights");
-                let result = weights.activate(staged);
-                (weights, result)
-            })
-            .await;
-            let Ok((weights, result)) = written else {
-                return;
+            // An engine that never lets go must not hold the node in this activation for
+            // good: past the limit, the version is reported failed and the engine goes
+            // back to the copy, which is written only where the node holds it alone.
+            let _ = tokio::time::timeout(release_timeout, engine.released()).await;
+            let (weights, result) = match Arc::try_unwrap(weights) {
+                Ok(weights) => {
+                    let written = tokio::task::spawn_blocking(move || {
+                        let mut weights = weights;
+                        let result = weights.activate(staged).map_err(EffectError::from);
+                        (Arc::new(weights), result)
+                    })
+                    .await;
+                    let Ok(written) = written else {
+                        return;
+                    };
+                    written
+                }
+                Err(shared) => (shared, Err(EffectError::EngineHeld(release_timeout))),
             };
             let _ = events
                 .send(Event::Activated {
                     version,
-                    weights: Arc::new(weights),
+                    weights,
                     changed: names,
                     result,
                     engine_first: true,

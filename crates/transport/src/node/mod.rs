@@ -85,6 +85,13 @@ pub struct NodeConfig {
     pub behind_timeout: Duration,
     pub keepalive_interval: Duration,
     pub stall_timeout: Duration,
+    /// An engine that took a version's changes first ([`crate::Engine::takes_changes_first`])
+    /// lets go of the weights it ran before within this long
+    /// ([`crate::Engine::released`]), so that the node's copy can take the version;
+    /// otherwise the activation is reported failed and the engine is handed the copy's
+    /// weights back whole, as when the copy's write fails. Longer than an engine takes to
+    /// load a version.
+    pub release_timeout: Duration,
     /// A version of at most this many bytes whose receiver's Want is overdue is sent
     /// once more, each frame on another stream (docs/wire-protocol.md §5.13); 0 never.
     pub hedge_max_bytes: u64,
@@ -157,6 +164,7 @@ impl NodeConfig {
             behind_timeout: BEHIND_TIMEOUT,
             keepalive_interval: Duration::from_secs(2),
             stall_timeout: Duration::from_secs(30),
+            release_timeout: Duration::from_secs(120),
             hedge_max_bytes: 4 << 20,
             retain_versions: 4,
             retain_bytes: 256 << 20,
