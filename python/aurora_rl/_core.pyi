@@ -43,7 +43,9 @@ def target_layout(delta: bytes) -> tuple[int, list[tuple[str, str, list[int], in
 def apply_into(base: list[_HostTensor], delta: bytes, out: Any) -> str: ...
 def swap_elements(
     targets: list[
-        tuple[str, Any, int, Optional[tuple[int, int, int, int]], list[tuple[str, Any, int, int, int, Any]]]
+        tuple[
+            str, Any, int, Optional[tuple[int, int, int, int]], list[tuple[str, Any, int, int, int, Any, Optional[Any]]]
+        ]
     ],
 ) -> None: ...
 def fp8_requantize(

@@ -170,8 +170,15 @@ def _numpy_dtype(name: str, dtype: str) -> Any:
     return numpy.dtype(attribute)
 
 
+def torch_dtype(dtype: str) -> Any:
+    """The torch dtype of a safetensors dtype name."""
+    import torch
+
+    return getattr(torch, _TORCH_ATTRIBUTES[dtype])
+
+
 def torch_view(dtype: str, shape: list[int], data: Any) -> Any:
     """A torch tensor over flat uint8 host memory given as a DLPack capsule (no copy)."""
     import torch
 
-    return torch.from_dlpack(data).view(getattr(torch, _TORCH_ATTRIBUTES[dtype])).reshape(shape)
+    return torch.from_dlpack(data).view(torch_dtype(dtype)).reshape(shape)

@@ -23,13 +23,14 @@ from typing import Any, Optional, Union
 
 from aurora_rl import _core
 from aurora_rl._node import ClosingNode
-from aurora_rl._tensors import Tensor, host_tensors, torch_view
+from aurora_rl._tensors import Tensor, host_tensors, torch_dtype, torch_view
 from aurora_rl.engines import (
     Engine,
     TensorChange,
     checks_weights,
     fused_group_names,
     labels_versions,
+    maps_elements,
     takes_changes_first,
     weight_version,
     writes_elements,
@@ -172,6 +173,8 @@ class Actor(ClosingNode):
         # A version the engine failed to load: its weights are then neither that version
         # nor the one before, and the transport hands no activation over twice.
         self._load_failed: Optional[tuple[int, BaseException]] = None
+        # Whether the engine was told every tensor to map (``MappedEngine``).
+        self._mapped = not maps_elements(engine)
         if weights is None and self.safe_point() is None:
             self.close()
             raise _core.NodeError("joined, but the snapshot never reached the engine")
@@ -197,6 +200,10 @@ class Actor(ClosingNode):
             version, changed = activation.version, activation.changed
             weights_hash = activation.weights_hash
             started = time.perf_counter()
+            if not self._mapped:
+                specs = {name: (shape, torch_dtype(dtype)) for name, dtype, shape in activation.tensor_specs()}
+                self.engine.map_elements(specs)  # type: ignore[attr-defined]
+                self._mapped = True
             if changed:
                 views = activation.tensor_bytes(sorted(fused_group_names(changed)))
                 tensors = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}

@@ -120,6 +120,9 @@ class _WorkerModel:
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.writer.load_weights(tensors)
 
+    def map_elements(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
+        self.writer.map_elements(specs)
+
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         self.writer.load_changes(changes)
 

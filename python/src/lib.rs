@@ -252,7 +252,15 @@ fn apply_into(
 /// One write of `swap_elements`: its label, the int64 indices' bytes, the block of the
 /// tensor they lie in (`start`, `end`), the shift to the target's elements, the values'
 /// bytes.
-type WriteArg<'py> = (String, Bound<'py, PyAny>, u64, u64, i64, Bound<'py, PyAny>);
+type WriteArg<'py> = (
+    String,
+    Bound<'py, PyAny>,
+    u64,
+    u64,
+    i64,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+);
 
 /// One target of `swap_elements`: its label, memory, element width, packing and writes.
 type TargetArg<'py> = (
@@ -269,11 +277,14 @@ type TargetArg<'py> = (
 /// flat `uint8` view of a host tensor; `packed`, where given, `(rows, columns, block,
 /// group)`: the memory holds a matrix in row blocks, `group` columns at a time
 /// (`ElementLayout::RowBlocks`), and the shifted indices are row-major; `writes`:
-/// `(label, indices, start, end, shift, values)`, the ascending int64 indices of a tensor's
-/// elements within `start..end`, each written at its index plus `shift`, and their new
-/// values. Afterwards each `values` holds what was replaced: the same call again undoes
-/// it. Nothing is written unless every write fits; no two buffers written may share
-/// memory.
+/// `(label, indices, start, end, shift, values, keep)`, the ascending int64 indices of a
+/// tensor's elements within `start..end`, each written at its index plus `shift`, their
+/// new values, and where to keep what they replace: `keep`, a buffer as large as `values`
+/// (the values are then only read, copied into it here rather than by the caller: a
+/// torch copy leaves torch's OpenMP threads spinning on the cores this pass needs), or,
+/// if None, `values` themselves. Afterwards that buffer holds what was replaced: the same
+/// call again, with it as the values and no `keep`, undoes it. Nothing is written unless
+/// every write fits; no two buffers written may share memory.
 #[pyfunction]
 fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
     struct Borrowed<'py> {
@@ -281,13 +292,15 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
         memory: HostBytes<'py>,
         element_bytes: usize,
         layout: aurora_delta::ElementLayout,
-        writes: Vec<(
-            String,
-            HostBytes<'py>,
-            std::ops::Range<u64>,
-            i64,
-            HostBytes<'py>,
-        )>,
+        writes: Vec<BorrowedWrite<'py>>,
+    }
+    struct BorrowedWrite<'py> {
+        label: String,
+        indices: HostBytes<'py>,
+        within: std::ops::Range<u64>,
+        shift: i64,
+        values: HostBytes<'py>,
+        keep: Option<HostBytes<'py>>,
     }
     let mut borrowed = Vec::with_capacity(targets.len());
     for (label, memory, element_bytes, packed, writes) in targets {
@@ -302,7 +315,7 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
         };
         let writes = writes
             .into_iter()
-            .map(|(write, indices, start, end, shift, values)| {
+            .map(|(write, indices, start, end, shift, values, keep)| {
                 let indices = HostBytes::borrow(&indices, &format!("{write}'s indices"))?;
                 let bytes = indices.as_slice();
                 if !bytes.is_empty()
@@ -313,7 +326,26 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
                     )));
                 }
                 let values = HostBytes::borrow(&values, &format!("{write}'s values"))?;
-                Ok((write, indices, start..end, shift, values))
+                let keep = keep
+                    .map(|keep| HostBytes::borrow(&keep, &format!("{write}'s keep")))
+                    .transpose()?;
+                if let Some(keep) = &keep
+                    && keep.as_slice().len() != values.as_slice().len()
+                {
+                    return Err(usage_error(format!(
+                        "{write}: {} bytes to keep what {} bytes of values replace",
+                        keep.as_slice().len(),
+                        values.as_slice().len()
+                    )));
+                }
+                Ok(BorrowedWrite {
+                    label: write,
+                    indices,
+                    within: start..end,
+                    shift,
+                    values,
+                    keep,
+                })
             })
             .collect::<PyResult<_>>()?;
         borrowed.push(Borrowed {
@@ -329,9 +361,18 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
     let mut ranges: Vec<(std::ops::Range<*const u8>, bool)> = Vec::new();
     for target in &borrowed {
         ranges.push((target.memory.as_slice().as_ptr_range(), true));
-        for (_, indices, _, _, values) in &target.writes {
+        for BorrowedWrite {
+            indices,
+            values,
+            keep,
+            ..
+        } in &target.writes
+        {
             ranges.push((indices.as_slice().as_ptr_range(), false));
-            ranges.push((values.as_slice().as_ptr_range(), true));
+            ranges.push((values.as_slice().as_ptr_range(), keep.is_none()));
+            if let Some(keep) = keep {
+                ranges.push((keep.as_slice().as_ptr_range(), true));
+            }
         }
     }
     ranges.retain(|(range, _)| range.start != range.end);
@@ -348,6 +389,21 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
             written_reach = written_reach.max(range.end);
         }
     }
+    // Checked above: a keep buffer shares no byte with its values.
+    let copies: Vec<(&[u8], &mut [u8])> = borrowed
+        .iter_mut()
+        .flat_map(|target| target.writes.iter_mut())
+        .filter_map(|write| {
+            let keep = write.keep.as_mut()?.as_mut_slice();
+            Some((write.values.as_slice(), keep))
+        })
+        .collect();
+    py.detach(|| {
+        use rayon::prelude::*;
+        copies
+            .into_par_iter()
+            .for_each(|(values, keep)| keep.copy_from_slice(values));
+    });
     let targets: Vec<aurora_delta::ElementTarget<'_>> = borrowed
         .iter_mut()
         .map(|target| aurora_delta::ElementTarget {
@@ -359,7 +415,14 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
                 .writes
                 .iter_mut()
                 .map(
-                    |(label, indices, within, shift, values)| aurora_delta::ElementWrite {
+                    |BorrowedWrite {
+                         label,
+                         indices,
+                         within,
+                         shift,
+                         values,
+                         keep,
+                     }| aurora_delta::ElementWrite {
                         label,
                         indices: match indices.as_slice() {
                             [] => &[],
@@ -376,7 +439,10 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
                         },
                         within: within.clone(),
                         shift: *shift,
-                        values: values.as_mut_slice(),
+                        values: match keep {
+                            Some(keep) => keep.as_mut_slice(),
+                            None => values.as_mut_slice(),
+                        },
                     },
                 )
                 .collect(),

@@ -342,8 +342,8 @@ def test_a_model_directory_whose_config_names_no_architecture_is_refused_by_name
 
 def test_the_device_scatter_lands_shifted_blocks_where_the_host_kernel_does():
     """The GPU path's scatter (torch ops, run here on host tensors) and aurora's host
-    kernel put fused parts' shifted writes in the same places, and each undo restores
-    the memory; a block that does not fit is refused by both before anything lands."""
+    kernel put fused parts' shifted writes in the same places, leaving the values handed
+    in as they were, and each undo restores the memory; a block that does not fit is refused by both before anything lands."""
     from aurora_rl.engines import ElementWrite, _scatter_on_device, _swap_on_host
 
     generator = torch.Generator().manual_seed(5)
@@ -361,9 +361,12 @@ def test_the_device_scatter_lands_shifted_blocks_where_the_host_kernel_does():
         for part in range(3)
     ]
     on_host, on_device = memory.clone(), memory.clone()
-    undo_host = _swap_on_host(writes_of(on_host))
+    host_writes = writes_of(on_host)
+    undo_host = _swap_on_host(host_writes)
     undos_device = [_scatter_on_device(write) for write in writes_of(on_device)]
     assert torch.equal(on_host.view(torch.int16), on_device.view(torch.int16))
+    # The caller's values are only read (the node's change set, which the read-back uses).
+    assert all(bool((write.values == float(part + 1)).all()) for part, write in enumerate(host_writes))
     assert not torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
     undo_host()
     for undo in reversed(undos_device):

@@ -356,8 +356,9 @@ def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(
 
 
 class RecordingEngine(TransformersEngine):
-    """Records the changes each activation hands it, the new tensors they make, and the
-    version its actor's node holds meanwhile, then writes them."""
+    """Records the tensors it was told to map, the changes each activation hands it, the
+    new tensors they make, and the version its actor's node holds meanwhile, then writes
+    them."""
 
     def __init__(self, model) -> None:
         super().__init__(model)
@@ -365,6 +366,11 @@ class RecordingEngine(TransformersEngine):
         self.tensors: list[dict[str, torch.Tensor]] = []
         self.node_held: list[int] = []
         self.node_version = lambda: -1
+        #: (loads before it, specs) of each ``map_elements`` call.
+        self.mapped: list[tuple[int, dict]] = []
+
+    def map_elements(self, specs) -> None:
+        self.mapped.append((len(self.changes), dict(specs)))
 
     def load_changes(self, changes) -> None:
         self.node_held.append(self.node_version())
@@ -417,6 +423,9 @@ def test_an_element_engine_is_handed_exactly_the_changed_elements(model_dir, tmp
                 assert [o["status"] for o in outcomes] == ["accepted"], outcomes
                 assert trainer.wait_step(timeout=60).version == version
                 weights = stepped
+            # Every tensor mapped once, before the first load, whatever each version changed.
+            specs = {name: (list(t.shape), t.dtype) for name, t in weights.items()}
+            assert engine.mapped == [(0, specs)]
 
 
 class ReadBackEngine(TransformersEngine):

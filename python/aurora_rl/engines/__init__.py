@@ -146,6 +146,19 @@ class ElementEngine(Engine, Protocol):
         ...
 
 
+class MappedEngine(ElementEngine, Protocol):
+    """An ``ElementEngine`` that finds where each tensor's elements lie in its parameters
+    once, ahead of the versions that write them."""
+
+    def map_elements(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
+        """Finds where the elements of every tensor of ``specs`` (Hugging Face name: shape,
+        dtype) lie in the engine. The actor calls it once, with every tensor of the
+        weights, before its first activation: a tensor a version is the first to change
+        (one of a few hundred elements may go unchanged for several steps) or a read-back
+        samples is then not mapped while the engine waits for the version."""
+        ...
+
+
 class CheckedEngine(Engine, Protocol):
     """An engine that checks, element by element, that it computes with a version."""
 
@@ -174,6 +187,11 @@ def weight_version(version: int, weights_hash: str) -> str:
 def labels_versions(engine: Engine) -> bool:
     """Whether ``engine`` takes a weight version (``LabelledEngine``)."""
     return callable(getattr(engine, "set_weight_version", None))
+
+
+def maps_elements(engine: Engine) -> bool:
+    """Whether ``engine`` maps tensors' elements ahead of versions (``MappedEngine``)."""
+    return callable(getattr(engine, "map_elements", None))
 
 
 def checks_weights(engine: Engine) -> bool:
@@ -271,17 +289,17 @@ def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
             start,
             end,
             write.shift,
-            # Swapped with the target's elements: afterwards it holds what they replaced,
-            # and swapping again restores them.
-            write.values.contiguous().clone().view(torch.uint8),
+            write.values.contiguous().view(torch.uint8),
+            # Takes the new values, copied by the core (not by torch, whose OpenMP threads
+            # would then spin on the cores the swap needs), and swapped with the target's
+            # elements: afterwards it holds what they replaced, and swapping again
+            # restores them.
+            torch.empty(write.values.numel() * write.values.element_size(), dtype=torch.uint8),
         ))
     batch = list(targets.values())
-
-    def swap() -> None:
-        _core.swap_elements(batch)
-
-    swap()
-    return swap
+    _core.swap_elements(batch)
+    undo_batch = [(*target[:4], [(*write[:5], write[6], None) for write in target[4]]) for target in batch]
+    return lambda: _core.swap_elements(undo_batch)
 
 
 def _scatter_on_device(write: ElementWrite) -> Callable[[], None]:

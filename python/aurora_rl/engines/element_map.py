@@ -39,7 +39,7 @@ class Piece:
     target_offset: int
     target_strides: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def shift(self) -> Optional[int]:
         """For a block that is one run of elements on both sides (a whole tensor, a fused
         part, rows of a shard): what to add to a source index to get its target index."""
@@ -50,7 +50,7 @@ class Piece:
             return self.target_offset - self.source_offset
         return None
 
-    @property
+    @functools.cached_property
     def source_elements(self) -> tuple[int, int]:
         """The first and past-the-last source elements of a block with a ``shift``."""
         return self.source_offset, self.source_offset + math.prod(self.sizes)
@@ -365,7 +365,7 @@ class Packing:
                 values = weight.reshape(-1).clone()
                 _core.swap_elements([(
                     "a packing's sample", written.view(torch.uint8), size, candidate.layout,
-                    [("every element", everything.view(torch.uint8), 0, everything.numel(), 0, values.view(torch.uint8))],
+                    [("every element", everything.view(torch.uint8), 0, everything.numel(), 0, values.view(torch.uint8), None)],
                 )])
                 if same_bits(written, packed.reshape(-1)) and same_bits(
                     candidate.unpacked(packed.reshape(-1)), weight.reshape(-1)

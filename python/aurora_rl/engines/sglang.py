@@ -111,6 +111,10 @@ class _ElementWrites:
             raise EngineError(f"aurora's weight loader in SGLang: {reply.get('error')}")
         return reply
 
+    def map_elements(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
+        """See ``aurora_rl.engines.MappedEngine``: SGLang's worker probes them once."""
+        self._map({name: (list(shape), dtype_name(dtype)) for name, (shape, dtype) in specs.items()})
+
     def _map(self, specs: Mapping[str, tuple[list[int], str]]) -> None:
         unseen = {name: spec for name, spec in specs.items() if name not in self._unmapped}
         if unseen:

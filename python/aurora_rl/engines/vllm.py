@@ -99,6 +99,12 @@ class VllmEngine:
         hands them from its updated copy (``ElementEngine``)."""
         return not self.writes_in_place
 
+    def map_elements(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
+        """See ``aurora_rl.engines.MappedEngine`` (``vllm_worker.ModelWriter``): nothing
+        to map for an engine in vLLM's own process, which takes tensors whole."""
+        if self.writes_in_place:
+            self.llm.collective_rpc(vllm_worker.map_elements, args=(dict(specs),))
+
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         """Writes changed elements in place where vLLM holds each tensor as loaded, found
         through vLLM's own loading code; tensors it cannot write so, and those changed

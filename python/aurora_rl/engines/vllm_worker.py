@@ -185,9 +185,12 @@ class ModelWriter:
         self.specs: dict[str, tuple[list[int], torch.dtype]] = {}
         self.packings = expert_packings(model)
 
-    def _probe(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
-        self.element_map.update(_probe(self.model, specs))
-        self.specs.update(specs)
+    def map_elements(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
+        """Probes those of ``specs`` not mapped yet (``aurora_rl.engines.MappedEngine``)."""
+        unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
+        if unseen:
+            self.element_map.update(_probe(self.model, unseen))
+            self.specs.update(unseen)
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Loads ``tensors`` whole (fused groups complete), then points the layers the
@@ -219,9 +222,7 @@ class ModelWriter:
         """Those of ``specs`` whose elements all lie in packed expert parameters."""
         if not self.packings:
             return set()
-        unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
-        if unseen:
-            self._probe(unseen)
+        self.map_elements(specs)
         return {
             name
             for name in specs
@@ -238,9 +239,7 @@ class ModelWriter:
 
         elements = {name: c for name, c in changes.items() if c.indices is not None}
         specs = {name: (list(c.shape), c.dtype) for name, c in elements.items()}
-        unseen = {name: spec for name, spec in specs.items() if name not in self.element_map}
-        if unseen:
-            self._probe(unseen)
+        self.map_elements(specs)
         mapped = {
             name: (c.indices, c.values()) for name, c in elements.items() if self.element_map.get(name) is not None
         }
@@ -273,9 +272,7 @@ class ModelWriter:
         from aurora_rl.engines import same_bits
 
         world_size = get_tensor_model_parallel_world_size()
-        unseen = {name: (list(t.shape), t.dtype) for name, t in expected.items() if name not in self.element_map}
-        if unseen:
-            self._probe(unseen)
+        self.map_elements({name: (list(t.shape), t.dtype) for name, t in expected.items()})
         with torch.no_grad():
             differ, unmapped = mismatched_pieces(self.element_map, expected, self._read_back)
         if unmapped and world_size > 1:
@@ -453,6 +450,11 @@ def worker_writer(worker: Any) -> ModelWriter:
 
         writer = worker._aurora_writer = ModelWriter(worker.model_runner.get_model(), reload)
     return writer
+
+
+def map_elements(worker: Any, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
+    """``collective_rpc`` entry: ``ModelWriter.map_elements`` in the worker."""
+    worker_writer(worker).map_elements(specs)
 
 
 def load_changes(worker: Any, changes: Mapping[str, TensorChange]) -> set[str]:
