@@ -200,16 +200,16 @@ class Actor(ClosingNode):
             version, changed = activation.version, activation.changed
             weights_hash = activation.weights_hash
             started = time.perf_counter()
-            if not self._mapped:
-                specs = {name: (shape, torch_dtype(dtype)) for name, dtype, shape in activation.tensor_specs()}
-                self.engine.map_elements(specs)  # type: ignore[attr-defined]
-                self._mapped = True
             if changed:
                 views = activation.tensor_bytes(sorted(fused_group_names(changed)))
                 tensors = {name: torch_view(dtype, shape, data) for name, dtype, shape, data in views}
                 del views
                 changes: Optional[dict[str, TensorChange]] = None
                 try:
+                    if not self._mapped:
+                        specs = {name: (shape, torch_dtype(dtype)) for name, dtype, shape in activation.tensor_specs()}
+                        self.engine.map_elements(specs)  # type: ignore[attr-defined]
+                        self._mapped = True
                     changes = self._load(activation, tensors)
                     self._check(activation, changes)
                     if labels_versions(self.engine):

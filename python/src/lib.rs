@@ -251,7 +251,7 @@ fn apply_into(
 
 /// One write of `swap_elements`: its label, the int64 indices' bytes, the block of the
 /// tensor they lie in (`start`, `end`), the shift to the target's elements, the values'
-/// bytes.
+/// bytes, and a buffer to keep what they replace (or None).
 type WriteArg<'py> = (
     String,
     Bound<'py, PyAny>,
@@ -381,7 +381,7 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
     for (range, written) in ranges {
         if range.start < written_reach || (written && range.start < reach) {
             return Err(usage_error(
-                "the memory written (targets, values) must not share bytes with any other buffer handed in",
+                "the memory written (targets, values or their keep buffers) must not share bytes with any other buffer handed in",
             ));
         }
         reach = reach.max(range.end);

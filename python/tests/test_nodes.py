@@ -408,8 +408,11 @@ def test_an_element_engine_is_handed_exactly_the_changed_elements(model_dir, tmp
                 while work is None:
                     work = actor.claim()
                 assert (work.version, work.weights_hash) == (version, published.weights_hash)
-                first = engine_class is RecordingEngine
-                assert engine.node_held[-1] == (version - 1 if first else version)
+                if engine_class is RecordingEngine:
+                    assert engine.node_held[-1] == version - 1
+                # Otherwise the tensors handed over, the new version's bit for bit (below),
+                # are views of the node's copy, which had it; the node's status may report
+                # it only a moment after the engine was handed it.
                 handed = engine.changes[-1]
                 for name, after in stepped.items():
                     moved = torch.nonzero(after.view(torch.int16).reshape(-1) != weights[name].view(torch.int16).reshape(-1))

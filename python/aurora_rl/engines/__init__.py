@@ -271,7 +271,7 @@ def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
 
 def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
     """Swaps the writes into host memory in one call, grouped by the memory they land
-    in; returns the undo (the same swap again)."""
+    in; returns the undo (what each write replaced, swapped back in)."""
     import torch
 
     targets: dict[tuple[int, int], tuple] = {}

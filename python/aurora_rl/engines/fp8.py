@@ -227,6 +227,10 @@ class Fp8Rollout:
         self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="aurora-fp8")
 
     def __getattr__(self, name: str) -> Any:
+        if name == "map_elements":
+            # The engine is handed FP8 tensors and their scales, not the version's BF16
+            # ones the actor would name: it maps those as they come.
+            raise AttributeError(name)
         return getattr(self.engine, name)
 
     def _kept(self, quantized: _Quantized) -> _Quantized:
