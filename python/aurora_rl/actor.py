@@ -5,8 +5,9 @@ inference process, driving an engine adapter (``aurora_rl.engines``).
 The inference loop calls ``claim`` between batches: that is the engine's safe point, where
 a committed version is activated into the engine (only the tensors that changed, fused
 groups whole; an element engine gets their changed elements before the node's copy
-does), so no request ever runs on a mix of two versions. It then generates for the leases and ``submit``s the results,
-stamped with the version and weights hash they were generated on.
+does), so no request ever runs on a mix of two versions. It then generates for the
+leases and ``submit``s the results, stamped with the version and weights hash they were
+generated on.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ whole), then stages every version the trainer publishes while vLLM serves. An up
 inside vLLM's update lifecycle: its changed elements are written into the parameters in
 place (``aurora_rl.engines.vllm_worker``), then what the model computes with is read
 back and compared with the version (the version before with the changes laid over it,
-as read from the delta whose target hash the node checked): a few tensors at random (``verify="sample"``, the default), every one
-(``"full"``), or none (``"off"``); under tensor parallelism each rank checks its shards.
+as read from the delta whose target hash the node checked): a few tensors at random
+(``verify="sample"``, the default), every one (``"full"``), or none (``"off"``); under
+tensor parallelism each rank checks its shards.
 
 Trainer side (``AuroraTrainerEngine``, through ``WeightTransferTrainerFactory``): the
 trainer node (an ``aurora_rl.Trainer`` the caller made, with its certificates and signing

@@ -3,8 +3,9 @@
 An actor keeps a host copy of its weights (what its weights hash is computed from),
 applies each committed delta to it, and at the engine's safe point (between batches)
 hands the engine the tensors that changed. An ``ElementEngine`` gets the changed elements
-first, and the host copy takes them once the engine is serving the version. An engine adapter is one class with the
-methods of ``Engine``; adding an engine is one module against it.
+first, and the host copy takes them once the engine is serving the version. An engine
+adapter is one class with the methods of ``Engine``; adding an engine is one module
+against it.
 
 - ``aurora_rl.engines.vllm.VllmEngine``: vLLM, offline ``LLM`` (in this process or in
   vLLM's engine process) or the OpenAI-compatible server.
@@ -298,7 +299,11 @@ def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
         ))
     batch = list(targets.values())
     _core.swap_elements(batch)
-    undo_batch = [(*target[:4], [(*write[:5], write[6], None) for write in target[4]]) for target in batch]
+    # The kept values swapped back in, each keep buffer now the values.
+    undo_batch = [
+        (label, memory, size, packed, [(*write, kept, None) for *write, _, kept in writes])
+        for label, memory, size, packed, writes in batch
+    ]
     return lambda: _core.swap_elements(undo_batch)
 
 

@@ -415,9 +415,10 @@ impl<E: Engine> Driver<E> {
                     && !weights.is_empty()
                     && (!engine_first || result.is_err())
                 {
-                    if engine_first {
+                    if let (true, Err(error)) = (engine_first, &result) {
                         tracing::error!(
                             version,
+                            %error,
                             "the engine took the version, the node's copy did not: the engine goes back to the copy's"
                         );
                     }
