@@ -250,14 +250,16 @@ fn apply_into(
 }
 
 /// One write of `swap_elements`: its label, the int64 indices' bytes, the block of the
-/// tensor they lie in (`start`, `end`), the shift to the target's elements, the values'
-/// bytes, and a buffer to keep what they replace (or None).
+/// tensor they lie in (`start`, `end`), the shift to the target's elements, the runs the
+/// block repeats in (or None), the values' bytes, and a buffer to keep what they replace
+/// (or None).
 type WriteArg<'py> = (
     String,
     Bound<'py, PyAny>,
     u64,
     u64,
     i64,
+    Option<(u64, u64, u64, u64)>,
     Bound<'py, PyAny>,
     Option<Bound<'py, PyAny>>,
 );
@@ -277,9 +279,13 @@ type TargetArg<'py> = (
 /// flat `uint8` view of a host tensor; `packed`, where given, `(rows, columns, block,
 /// group)`: the memory holds a matrix in row blocks, `group` columns at a time
 /// (`ElementLayout::RowBlocks`), and the shifted indices are row-major; `writes`:
-/// `(label, indices, start, end, shift, values, keep)`, the ascending int64 indices of a
-/// tensor's elements within `start..end`, each written at its index plus `shift`, their
-/// new values, and where to keep what they replace: `keep`, a buffer as large as `values`
+/// `(label, indices, start, end, shift, runs, values, keep)`, the ascending int64 indices
+/// of a tensor's elements within `start..end`, each written at its index plus `shift`,
+/// or, where `runs` is `(count, source_stride, target_stride, elements)`, the indices of
+/// all `elements` of the tensor, of which those in `count` runs like `start..end`, each
+/// `source_stride` further in the tensor and `target_stride` further in the target, are
+/// written (`aurora_delta::ElementWrite::cut`: a tensor-parallel shard, cut here rather
+/// than by the caller); their new values, and where to keep what they replace: `keep`, a buffer as large as `values`
 /// (the values are then only read, copied into it here rather than by the caller: a
 /// torch copy leaves torch's OpenMP threads spinning on the cores this pass needs), or,
 /// if None, `values` themselves. Afterwards that buffer holds what was replaced: the same
@@ -299,6 +305,7 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
         indices: HostBytes<'py>,
         within: std::ops::Range<u64>,
         shift: i64,
+        runs: Option<(aurora_delta::Runs, u64)>,
         values: HostBytes<'py>,
         keep: Option<HostBytes<'py>>,
     }
@@ -315,7 +322,7 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
         };
         let writes = writes
             .into_iter()
-            .map(|(write, indices, start, end, shift, values, keep)| {
+            .map(|(write, indices, start, end, shift, runs, values, keep)| {
                 let indices = HostBytes::borrow(&indices, &format!("{write}'s indices"))?;
                 let bytes = indices.as_slice();
                 if !bytes.is_empty()
@@ -343,6 +350,14 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
                     indices,
                     within: start..end,
                     shift,
+                    runs: runs.map(|(count, source_stride, target_stride, elements)| {
+                        let runs = aurora_delta::Runs {
+                            count,
+                            source_stride,
+                            target_stride,
+                        };
+                        (runs, elements)
+                    }),
                     values,
                     keep,
                 })
@@ -404,14 +419,15 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
             .into_par_iter()
             .for_each(|(values, keep)| keep.copy_from_slice(values));
     });
-    let targets: Vec<aurora_delta::ElementTarget<'_>> = borrowed
+    // The writes as the core takes them, each with the runs it is to be cut into.
+    type Cut<'a> = (
+        aurora_delta::ElementWrite<'a>,
+        Option<(aurora_delta::Runs, u64)>,
+    );
+    let targets: Vec<(aurora_delta::ElementTarget<'_>, Vec<Cut<'_>>)> = borrowed
         .iter_mut()
-        .map(|target| aurora_delta::ElementTarget {
-            label: &target.label,
-            memory: target.memory.as_mut_slice(),
-            element_bytes: target.element_bytes,
-            layout: target.layout,
-            writes: target
+        .map(|target| {
+            let writes = target
                 .writes
                 .iter_mut()
                 .map(
@@ -420,36 +436,64 @@ fn swap_elements(py: Python<'_>, targets: Vec<TargetArg<'_>>) -> PyResult<()> {
                          indices,
                          within,
                          shift,
+                         runs,
                          values,
                          keep,
-                     }| aurora_delta::ElementWrite {
-                        label,
-                        indices: match indices.as_slice() {
-                            [] => &[],
-                            // SAFETY: checked above: 8-aligned and a whole number of 8-byte
-                            // words, which any bit pattern makes a valid u64; int64 tensors
-                            // hold native-endian words, and a negative index reads as one
-                            // beyond any block, which is refused.
-                            bytes => unsafe {
-                                std::slice::from_raw_parts(
-                                    bytes.as_ptr().cast::<u64>(),
-                                    bytes.len() / 8,
-                                )
+                     }| {
+                        let write = aurora_delta::ElementWrite {
+                            label,
+                            indices: match indices.as_slice() {
+                                [] => &[],
+                                // SAFETY: checked above: 8-aligned and a whole number of
+                                // 8-byte words, which any bit pattern makes a valid u64;
+                                // int64 tensors hold native-endian words, and a negative
+                                // index reads as one beyond any block, which is refused.
+                                bytes => unsafe {
+                                    std::slice::from_raw_parts(
+                                        bytes.as_ptr().cast::<u64>(),
+                                        bytes.len() / 8,
+                                    )
+                                },
                             },
-                        },
-                        within: within.clone(),
-                        shift: *shift,
-                        values: match keep {
-                            Some(keep) => keep.as_mut_slice(),
-                            None => values.as_mut_slice(),
-                        },
+                            within: within.clone(),
+                            shift: *shift,
+                            values: match keep {
+                                Some(keep) => keep.as_mut_slice(),
+                                None => values.as_mut_slice(),
+                            },
+                        };
+                        (write, *runs)
                     },
                 )
-                .collect(),
+                .collect();
+            let target = aurora_delta::ElementTarget {
+                label: &target.label,
+                memory: target.memory.as_mut_slice(),
+                element_bytes: target.element_bytes,
+                layout: target.layout,
+                writes: Vec::new(),
+            };
+            (target, writes)
         })
         .collect();
-    py.detach(|| aurora_delta::swap_elements(targets))
-        .map_err(delta_error)
+    py.detach(|| {
+        let mut cut_targets = Vec::with_capacity(targets.len());
+        for (mut target, writes) in targets {
+            for (write, runs) in writes {
+                match runs {
+                    None => target.writes.push(write),
+                    Some((runs, elements)) => {
+                        target
+                            .writes
+                            .extend(write.cut(runs, elements, target.element_bytes)?)
+                    }
+                }
+            }
+            cut_targets.push(target);
+        }
+        aurora_delta::swap_elements(cut_targets)
+    })
+    .map_err(delta_error)
 }
 
 /// Takes a version's changes to a BF16 matrix into its FP8 image

@@ -340,6 +340,66 @@ def test_a_model_directory_whose_config_names_no_architecture_is_refused_by_name
         VllmEngine.start(str(tmp_path))
 
 
+def test_a_block_of_runs_is_recognised_from_the_copy_the_loader_made():
+    """The probe's pieces that are runs of elements on both sides: a whole tensor or a
+    shard's rows (one run), a shard of a row-parallel layer (part of every row); a block
+    laid out otherwise (a transposed copy) is not."""
+    from aurora_rl.engines.element_map import Piece, Runs
+
+    rows_shard = Piece("qkv", (4, 6), 24, (6, 1), 48, (6, 1))
+    assert rows_shard.runs == Runs((24, 48), 24, 1, 0, 0)
+    columns_shard = Piece("o", (4, 3), 3, (6, 1), 0, (3, 1))
+    assert columns_shard.runs == Runs((3, 6), -3, 4, 6, 3)
+    assert Piece("o", (1, 4, 1, 3), 3, (99, 6, 7, 1), 0, (99, 3, 5, 1)).runs == Runs((3, 6), -3, 4, 6, 3)
+    assert Piece("t", (4, 6), 0, (1, 4), 0, (6, 1)).runs is None
+
+
+def test_a_row_parallel_shard_takes_its_runs_of_the_whole_tensor_on_host_and_device():
+    """Each rank's shard of a matrix split by columns is written from every changed
+    element of the matrix (``ElementWrite.runs``): aurora's host kernel and the device
+    path's torch ops each leave exactly the shard of the changed matrix, and their undos
+    the shard as it was; indices the runs could not be placed from are refused first."""
+    from aurora_rl.engines import ElementWrite, _scatter_on_device, _swap_on_host
+
+    generator = torch.Generator().manual_seed(7)
+    rows, columns, ranks = 30, 24, 2
+    matrix = torch.randn(rows, columns, generator=generator).to(torch.bfloat16)
+    indices = (torch.rand(rows * columns, generator=generator) < 0.2).nonzero().flatten()
+    values = torch.randn(indices.numel(), generator=generator).to(torch.bfloat16)
+    changed = matrix.clone().view(-1).index_copy_(0, indices, values).view(rows, columns)
+    width = columns // ranks
+    for rank in range(ranks):
+        columns_of = slice(rank * width, (rank + 1) * width)
+        write_into = lambda memory, indices=indices, values=values: ElementWrite(  # noqa: E731
+            memory,
+            indices,
+            values,
+            shift=-rank * width,
+            within=(rank * width, (rank + 1) * width),
+            tensor="o_proj",
+            runs=(rows, columns, width, rows * columns),
+        )
+        on_host, on_device = (matrix[:, columns_of].contiguous().view(-1) for _ in range(2))
+        undo_host, undo_device = _swap_on_host([write_into(on_host)]), _scatter_on_device(write_into(on_device))
+        for memory in (on_host, on_device):
+            assert torch.equal(memory.view(torch.int16), changed[:, columns_of].reshape(-1).view(torch.int16))
+        undo_host()
+        undo_device()
+        for memory in (on_host, on_device):
+            assert torch.equal(memory.view(torch.int16), matrix[:, columns_of].reshape(-1).view(torch.int16))
+    unordered = indices.flip(0)
+    with pytest.raises(aurora_rl.AuroraError, match="o_proj: indices not strictly ascending"):
+        _swap_on_host([write_into(on_host, unordered)])
+    with pytest.raises(ValueError, match="o_proj: element indices not strictly ascending"):
+        _scatter_on_device(write_into(on_device, unordered))
+    beyond = torch.cat([indices, torch.tensor([rows * columns])]), torch.cat([values, values[:1]])
+    with pytest.raises(aurora_rl.AuroraError, match=f"o_proj: index {rows * columns} is beyond its"):
+        _swap_on_host([write_into(on_host, *beyond)])
+    with pytest.raises(IndexError, match=f"o_proj: an element index beyond its {rows * columns} elements"):
+        _scatter_on_device(write_into(on_device, *beyond))
+    assert torch.equal(on_host.view(torch.int16), matrix[:, columns_of].reshape(-1).view(torch.int16))
+
+
 def test_the_device_scatter_lands_shifted_blocks_where_the_host_kernel_does():
     """The GPU path's scatter (torch ops, run here on host tensors) and aurora's host
     kernel put fused parts' shifted writes in the same places, leaving the values handed

@@ -43,7 +43,7 @@ pub use checkpoint::{
     ChangeSet, ChangedElements, ChangedTensor, Checkpoint, Hash, SafetensorsView, TensorLayout,
     TensorView, safetensors_layout,
 };
-pub use codec::elements::{ElementLayout, ElementTarget, ElementWrite, swap_elements};
+pub use codec::elements::{ElementLayout, ElementTarget, ElementWrite, Runs, swap_elements};
 pub use codec::scan::count_changed;
 pub use codec::{Changes, ChunkEncoding, Encoding, encode_chunk};
 pub use compose::{compose, invert, replay};

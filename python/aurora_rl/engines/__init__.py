@@ -230,6 +230,12 @@ class ElementWrite:
     #: The checkpoint tensor and the parameter, named in a refusal.
     tensor: str = "a tensor"
     parameter: str = "parameter memory"
+    #: ``(count, source_stride, target_stride, elements)`` where the block is ``count``
+    #: runs like ``within``, each ``source_stride`` further in the tensor and
+    #: ``target_stride`` further in the memory (``element_map.Runs``): the indices and
+    #: values are then those of the whole tensor of ``elements``, and the ones outside
+    #: the runs are left to the memory that holds them (another rank, another part).
+    runs: Optional[tuple[int, int, int, int]] = None
 
 
 def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
@@ -290,6 +296,7 @@ def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
             start,
             end,
             write.shift,
+            write.runs,
             write.values.contiguous().view(torch.uint8),
             # Takes the new values, copied by the core (not by torch, whose OpenMP threads
             # would then spin on the cores the swap needs), and swapped with the target's
@@ -309,6 +316,8 @@ def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
 
 def _scatter_on_device(write: ElementWrite) -> Callable[[], None]:
     """Writes one ``ElementWrite`` on its device; returns its undo."""
+    import torch
+
     target = write.target
     if write.packed is not None:
         raise ValueError(f"packed parameter memory is written on the CPU, not on {target.device}")
@@ -318,11 +327,25 @@ def _scatter_on_device(write: ElementWrite) -> Callable[[], None]:
     # As the host kernel refuses them: a repeated index would land one of its values.
     if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
         raise ValueError(f"{write.tensor}: element indices not strictly ascending")
-    if indices.numel() and (int(indices.min()) < start or int(indices.max()) >= end):
+    count, source_stride, target_stride, elements = write.runs or (1, 0, 0, end)
+    if write.runs is None and indices.numel() and (int(indices[0]) < start or int(indices[-1]) >= end):
         raise IndexError(f"{write.tensor}: an element index outside the elements {start}..{end} it holds")
-    if indices.numel() and (start + write.shift < 0 or end + write.shift > target.numel()):
+    if indices.numel() and (int(indices[0]) < 0 or int(indices[-1]) >= elements):
+        raise IndexError(f"{write.tensor}: an element index beyond its {elements} elements")
+    if count > 1 and source_stride < end - start:
+        raise ValueError(f"{write.tensor}: {count} runs of {end - start} elements, {source_stride} apart, overlap")
+    last = (count - 1) * target_stride if count else 0
+    if start + write.shift < 0 or end + write.shift + last > target.numel():
         raise IndexError(f"{write.tensor}: its block falls outside the {target.numel()} elements of {write.parameter}")
-    indices = indices + write.shift
+    if write.runs is None:
+        indices = indices + write.shift
+    else:
+        # The tensor's indices in the runs, each moved by its run's shift.
+        offset = indices - start
+        run = torch.div(offset, source_stride, rounding_mode="floor") if count > 1 else torch.zeros_like(offset)
+        inside = (offset >= 0) & (run < count) & (offset - run * source_stride < end - start)
+        indices = indices[inside] + write.shift + run[inside] * (target_stride - source_stride)
+        values = values[inside]
     replaced = target.index_select(0, indices)
     target.index_copy_(0, indices, values)
     return lambda: target.index_copy_(0, indices, replaced)

@@ -51,6 +51,24 @@ class Piece:
         return None
 
     @functools.cached_property
+    def runs(self) -> Optional[Runs]:
+        """The block as runs of elements at a regular stride on both sides, where it is
+        (a whole tensor, a fused part, a shard's rows: one run; a shard of a row-parallel
+        layer: the same columns of every row); None otherwise."""
+        shift = self.shift
+        if shift is not None:
+            start, end = self.source_elements
+            return Runs((start, end), shift, 1, 0, 0)
+        dims = [(size, s, t) for size, s, t in zip(self.sizes, self.source_strides, self.target_strides) if size != 1]
+        if len(dims) != 2 or dims[1][1:] != (1, 1):
+            return None
+        (count, source_stride, target_stride), (run, _, _) = dims
+        if source_stride < run or target_stride < run:
+            return None
+        start = self.source_offset
+        return Runs((start, start + run), self.target_offset - start, count, source_stride, target_stride)
+
+    @functools.cached_property
     def source_elements(self) -> tuple[int, int]:
         """The first and past-the-last source elements of a block with a ``shift``."""
         return self.source_offset, self.source_offset + math.prod(self.sizes)
@@ -89,6 +107,20 @@ class Piece:
             target += coordinate * target_stride
         inside &= rest == 0
         return inside, target[inside], 0
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A block of a tensor as ``count`` runs of elements: the first ``within`` (source
+    elements), each written at its index plus ``shift``; each later run
+    ``source_stride`` further in the tensor and ``target_stride`` further in the
+    parameter (``aurora_delta::Runs``)."""
+
+    within: tuple[int, int]
+    shift: int
+    count: int
+    source_stride: int
+    target_stride: int
 
 
 def _contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -233,8 +265,10 @@ def element_writes(
     parameter in ``packed`` is held packed for a CPU's kernels (``ElementWrite.packed``),
     its elements written where the packing put them. A tensor held whole as one block
     (unfused, or one part of a fused parameter) is written from its own indices, which
-    the write checks; one cut into pieces (a shard, a strided block) is checked whole
-    first, since the pieces are cut from it by position."""
+    the write checks. One of several blocks (a shard, a strided block) is handed whole
+    to the write of each block that is runs of elements (``ElementWrite.runs``), which
+    cuts and checks it; it is checked here, once, and cut in torch for any other
+    block, and for parameters off the host."""
     from aurora_rl.engines import ElementWrite
 
     parameters = dict(model.named_parameters())
@@ -245,23 +279,43 @@ def element_writes(
         elements = math.prod(specs[name][0])
         if indices.shape != values.shape:
             raise ValueError(f"{name}: {indices.numel()} indices for {values.numel()} values")
-        if not (len(pieces) == 1 and pieces[0].shift is not None and pieces[0].source_elements == (0, elements)):
-            check_changes(name, indices, values, elements)
+        checked = False
         for piece in pieces:
             parameter = parameters.get(piece.parameter)
             if parameter is None or not parameter.is_contiguous():
                 raise RuntimeError(f"{name}: the engine no longer holds {piece.parameter} as it was mapped")
-            inside, piece_indices, shift = piece.place(indices, elements)
-            writes.append(ElementWrite(
-                parameter.data.view(-1),
-                piece_indices,
-                values if inside is None else values[inside],
-                (packed or {}).get(piece.parameter),
-                shift,
-                piece.source_elements if piece.shift is not None else None,
-                name,
-                piece.parameter,
-            ))
+            target = parameter.data.view(-1)
+            layout = (packed or {}).get(piece.parameter)
+            runs = piece.runs
+            if runs is not None and runs.count == 1 and runs.within == (0, elements):
+                writes.append(ElementWrite(target, indices, values, layout, runs.shift, runs.within, name, piece.parameter))
+            elif runs is not None and target.device.type == "cpu":
+                writes.append(ElementWrite(
+                    target,
+                    indices,
+                    values,
+                    layout,
+                    runs.shift,
+                    runs.within,
+                    name,
+                    piece.parameter,
+                    (runs.count, runs.source_stride, runs.target_stride, elements),
+                ))
+            else:
+                if not checked:
+                    check_changes(name, indices, values, elements)
+                    checked = True
+                inside, piece_indices, shift = piece.place(indices, elements)
+                writes.append(ElementWrite(
+                    target,
+                    piece_indices,
+                    values if inside is None else values[inside],
+                    layout,
+                    shift,
+                    piece.source_elements if piece.shift is not None else None,
+                    name,
+                    piece.parameter,
+                ))
     return writes
 
 

@@ -170,6 +170,105 @@ impl ElementWrite<'_> {
     }
 }
 
+/// A block of a checkpoint tensor held as runs at a regular stride: a tensor-parallel
+/// shard of a row-parallel layer holds the same columns of every row
+/// ([`ElementWrite::cut`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Runs {
+    pub count: u64,
+    /// From the start of one run to the next, in the tensor's elements.
+    pub source_stride: u64,
+    /// The same in the target's elements.
+    pub target_stride: u64,
+}
+
+impl<'a> ElementWrite<'a> {
+    /// The writes of a block of `runs`, the first `within` shifted by `shift`, each run
+    /// `runs.source_stride` further in the tensor and `runs.target_stride` further in the
+    /// target, cut from this write's indices and values: those of the whole tensor of
+    /// `elements`, strictly ascending, each below `elements` (refused otherwise). Indices
+    /// outside the runs are left to the targets that hold them (another rank's shard,
+    /// another fused part). The cut is a pass over the indices; the caller hands every
+    /// changed element and the core picks, rather than cutting each run apart.
+    pub fn cut(self, runs: Runs, elements: u64, element_bytes: usize) -> Result<Vec<Self>> {
+        let ElementWrite {
+            label,
+            indices,
+            within,
+            shift,
+            values,
+        } = self;
+        let refused = |reason: String| DeltaError::ElementWrites(format!("{label}: {reason}"));
+        if indices.len().checked_mul(element_bytes) != Some(values.len()) {
+            return Err(refused(format!(
+                "{} bytes of values for {} elements of {element_bytes} bytes",
+                values.len(),
+                indices.len()
+            )));
+        }
+        let run = within.end.saturating_sub(within.start);
+        let last_start = (runs.count.saturating_sub(1))
+            .checked_mul(runs.source_stride)
+            .and_then(|offset| within.start.checked_add(offset));
+        if runs.count > 1 && runs.source_stride < run
+            || last_start.is_none_or(|start| start.saturating_add(run) > elements)
+        {
+            return Err(refused(format!(
+                "{} runs of elements {}..{}, {} apart, are not disjoint blocks of its {elements} \
+                 elements",
+                runs.count, within.start, within.end, runs.source_stride
+            )));
+        }
+        // In chunks, each with the index before it: rayon's windows are one task each.
+        let unordered = (0..indices.len().div_ceil(TASK_INDICES))
+            .into_par_iter()
+            .find_map_first(|chunk| {
+                let from = (chunk * TASK_INDICES).saturating_sub(1);
+                let to = indices.len().min((chunk + 1) * TASK_INDICES);
+                (indices[from..to].windows(2))
+                    .position(|pair| pair[0] >= pair[1])
+                    .map(|at| from + at)
+            });
+        if let Some(at) = unordered {
+            return Err(refused(format!(
+                "indices not strictly ascending at position {} ({} then {})",
+                at + 1,
+                indices[at],
+                indices[at + 1]
+            )));
+        }
+        if let Some(&beyond) = indices.last().filter(|&&last| last >= elements) {
+            return Err(refused(format!(
+                "index {beyond} is beyond its {elements} elements"
+            )));
+        }
+        let step = runs.target_stride as i128 - runs.source_stride as i128;
+        let (mut rest_indices, mut rest_values) = (indices, values);
+        let mut writes = Vec::with_capacity(runs.count as usize);
+        for r in 0..runs.count {
+            let start = within.start + r * runs.source_stride;
+            let skip = rest_indices.partition_point(|&index| index < start);
+            let take = rest_indices[skip..].partition_point(|&index| index < start + run);
+            let (_, taken) = rest_indices.split_at(skip);
+            let (taken, later) = taken.split_at(take);
+            let (_, taken_values) =
+                std::mem::take(&mut rest_values).split_at_mut(skip * element_bytes);
+            let (taken_values, later_values) = taken_values.split_at_mut(take * element_bytes);
+            let run_shift = i64::try_from(shift as i128 + r as i128 * step)
+                .map_err(|_| refused(format!("run {r} lands beyond any target's elements")))?;
+            writes.push(ElementWrite {
+                label,
+                indices: taken,
+                within: start..start + run,
+                shift: run_shift,
+                values: taken_values,
+            });
+            (rest_indices, rest_values) = (later, later_values);
+        }
+        Ok(writes)
+    }
+}
+
 impl ElementTarget<'_> {
     /// Why this target's writes cannot land, from their shapes (the indices are checked
     /// apart, in parallel): the write it concerns, if one, and the refusal.
@@ -456,330 +555,4 @@ fn swap_at<P: Copy>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{ElementLayout, ElementTarget, ElementWrite, swap_elements};
-    use crate::DeltaError;
-    use proptest::prelude::*;
-
-    /// A batch of one write over the whole target.
-    fn swap_one(
-        target: &mut [u8],
-        element_bytes: usize,
-        indices: &[u64],
-        values: &mut [u8],
-        layout: ElementLayout,
-    ) -> crate::Result<()> {
-        let elements = (target.len() / element_bytes.max(1)) as u64;
-        swap_elements(vec![ElementTarget {
-            label: "target",
-            memory: target,
-            element_bytes,
-            layout,
-            writes: vec![ElementWrite {
-                label: "tensor",
-                indices,
-                within: 0..elements,
-                shift: 0,
-                values,
-            }],
-        }])
-    }
-
-    /// Where each element of a row-major `rows` x `columns` matrix goes when packed in
-    /// row blocks of `block`, `group` columns at a time, computed the way the packing
-    /// kernel copies it (an oracle independent of `ElementLayout::positions`).
-    fn packed_positions(rows: usize, columns: usize, block: usize, group: usize) -> Vec<usize> {
-        let mut positions = vec![0; rows * columns];
-        let mut next = 0;
-        for start in (0..rows).step_by(block) {
-            let height = block.min(rows - start);
-            for first in (0..columns).step_by(group) {
-                for row in start..start + height {
-                    for d in 0..group {
-                        positions[row * columns + first + d] = next;
-                        next += 1;
-                    }
-                }
-            }
-        }
-        positions
-    }
-
-    proptest! {
-        /// Writes land exactly where asked (as index_copy_ would, through the layout's
-        /// packing), the values come back as the replaced ones, and the same call again
-        /// restores the target: for every element width, row-major and packed, and for
-        /// writes large enough to be split into tasks.
-        #[test]
-        fn a_swap_writes_exactly_the_indices_and_a_second_one_undoes_it(
-            element_bytes in prop::sample::select(vec![1usize, 2, 4, 8]),
-            rows in 1usize..600,
-            half_columns in 1usize..250,
-            packing in prop::sample::select(vec![None, Some(1usize), Some(2), Some(16), Some(32)]),
-            group in 1usize..=2,
-            density in 0.0f64..1.0,
-            seed in any::<u64>(),
-        ) {
-            let columns = half_columns * 2;
-            let elements = rows * columns;
-            let (layout, positions) = match packing {
-                None => (ElementLayout::RowMajor, (0..elements).collect()),
-                Some(block) => (
-                    ElementLayout::RowBlocks {
-                        rows: rows as u64,
-                        columns: columns as u64,
-                        block: block as u64,
-                        group: group as u64,
-                    },
-                    packed_positions(rows, columns, block, group),
-                ),
-            };
-            let mut state = seed | 1;
-            let mut next = move || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state };
-            let original: Vec<u8> = (0..elements * element_bytes).map(|_| next() as u8).collect();
-            let threshold = (density * u64::MAX as f64) as u64;
-            let indices: Vec<u64> = (0..elements as u64).filter(|_| next() <= threshold).collect();
-            let new: Vec<u8> = (0..indices.len() * element_bytes).map(|_| next() as u8).collect();
-            let mut target = original.clone();
-            let mut values = new.clone();
-            swap_one(&mut target, element_bytes, &indices, &mut values, layout).unwrap();
-            let mut expected = original.clone();
-            for (i, &index) in indices.iter().enumerate() {
-                let (at, from) = (positions[index as usize] * element_bytes, i * element_bytes);
-                expected[at..at + element_bytes].copy_from_slice(&new[from..from + element_bytes]);
-                prop_assert_eq!(&values[from..from + element_bytes], &original[at..at + element_bytes]);
-            }
-            prop_assert!(target == expected);
-            swap_one(&mut target, element_bytes, &indices, &mut values, layout).unwrap();
-            prop_assert!(target == original);
-            prop_assert!(values == new);
-        }
-    }
-
-    #[test]
-    fn writes_that_do_not_fit_are_refused_by_name_and_nothing_is_written() {
-        let original: Vec<u8> = (0..64).collect();
-        let packed = ElementLayout::RowBlocks {
-            rows: 4,
-            columns: 9,
-            block: 2,
-            group: 2,
-        };
-        let cases: [(&[u64], usize, usize, ElementLayout, &str); 6] = [
-            (
-                &[1, 5, 5],
-                2,
-                6,
-                ElementLayout::RowMajor,
-                "not strictly ascending at position 2 (5 then 5)",
-            ),
-            (
-                &[7, 3],
-                2,
-                4,
-                ElementLayout::RowMajor,
-                "not strictly ascending at position 1 (7 then 3)",
-            ),
-            (
-                &[3, 32],
-                2,
-                4,
-                ElementLayout::RowMajor,
-                "index 32 is outside elements 0..32, the part of it this target holds",
-            ),
-            (
-                &[3, 4],
-                2,
-                3,
-                ElementLayout::RowMajor,
-                "3 bytes of values for 2 elements of 2 bytes",
-            ),
-            (
-                &[3],
-                3,
-                3,
-                ElementLayout::RowMajor,
-                "a target of 64 bytes is not made of 3-byte elements",
-            ),
-            (
-                &[3],
-                2,
-                2,
-                packed,
-                "a 4 x 9 matrix in row blocks of 2, 2 columns at a time, is not a target of 32 elements",
-            ),
-        ];
-        for (indices, element_bytes, value_bytes, layout, reason) in cases {
-            let mut target = original.clone();
-            let mut values = vec![0xFF; value_bytes];
-            let error =
-                swap_one(&mut target, element_bytes, indices, &mut values, layout).unwrap_err();
-            assert!(matches!(&error, DeltaError::ElementWrites(_)), "{error}");
-            // A refusal names the write, or the target where the target itself is wrong.
-            assert!(
-                error.to_string().contains(": tensor into target: ")
-                    || error.to_string().contains(": target: "),
-                "{error}"
-            );
-            assert!(error.to_string().contains(reason), "{error}");
-            assert_eq!(target, original, "{reason}");
-        }
-    }
-
-    proptest! {
-        /// Blocks of several source tensors shifted into one target (fused parts,
-        /// shards; cut anywhere, also inside a packed row block) and a second target,
-        /// written in one batch, land as element-by-element copies would, and the same
-        /// batch again undoes it; the writes are large enough to be split into tasks.
-        #[test]
-        fn a_batch_of_shifted_blocks_lands_where_each_belongs_and_undoes(
-            rows in 1usize..300,
-            half_columns in 1usize..120,
-            block in prop::sample::select(vec![None, Some(16usize), Some(32)]),
-            cuts in prop::collection::vec(0.0f64..1.0, 0..4),
-            density in 0.0f64..1.0,
-            seed in any::<u64>(),
-        ) {
-            let mut state = seed | 1;
-            let mut next = move || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state };
-            let columns = half_columns * 2;
-            let elements = rows * columns;
-            let (layout, positions) = match block {
-                None => (ElementLayout::RowMajor, (0..elements).collect()),
-                Some(block) => (
-                    ElementLayout::RowBlocks { rows: rows as u64, columns: columns as u64, block: block as u64, group: 2 },
-                    packed_positions(rows, columns, block, 2),
-                ),
-            };
-            // The target's elements cut into blocks, each from a source tensor whose
-            // block starts at its own offset there.
-            let mut bounds: Vec<usize> = cuts.iter().map(|cut| (cut * elements as f64) as usize).collect();
-            bounds.extend([0, elements]);
-            bounds.sort();
-            bounds.dedup();
-            let threshold = (density * u64::MAX as f64) as u64;
-            let mut blocks = Vec::new();
-            for pair in bounds.windows(2) {
-                let (start, end) = (pair[0], pair[1]);
-                let offset = (next() % 1000) as usize;
-                let indices: Vec<u64> =
-                    ((offset as u64)..(offset + end - start) as u64).filter(|_| next() <= threshold).collect();
-                let values: Vec<u8> = (0..indices.len() * 2).map(|_| next() as u8).collect();
-                blocks.push((indices, values, offset, start, end));
-            }
-            let original: Vec<u8> = (0..elements * 2).map(|_| next() as u8).collect();
-            let other_original: Vec<u8> = (0..64).map(|_| next() as u8).collect();
-            let other_indices: Vec<u64> = vec![3, 9, 31];
-            let mut expected = original.clone();
-            for (indices, values, offset, start, _) in &blocks {
-                for (i, &index) in indices.iter().enumerate() {
-                    let at = positions[index as usize - offset + start] * 2;
-                    expected[at..at + 2].copy_from_slice(&values[i * 2..i * 2 + 2]);
-                }
-            }
-            let new_values: Vec<Vec<u8>> = blocks.iter().map(|block| block.1.clone()).collect();
-            let (mut target, mut other) = (original.clone(), other_original.clone());
-            let mut other_values = vec![7u8; 6];
-            for round in 0..2 {
-                let writes = blocks
-                    .iter_mut()
-                    .rev()
-                    .map(|(indices, values, offset, start, end)| ElementWrite {
-                        label: "block",
-                        indices,
-                        within: *offset as u64..(*offset + *end - *start) as u64,
-                        shift: *start as i64 - *offset as i64,
-                        values,
-                    })
-                    .collect();
-                swap_elements(vec![
-                    ElementTarget { label: "other", memory: &mut other, element_bytes: 2, layout: ElementLayout::RowMajor, writes: vec![
-                        ElementWrite { label: "other's", indices: &other_indices, within: 0..32, shift: 0, values: &mut other_values },
-                    ] },
-                    ElementTarget { label: "fused", memory: &mut target, element_bytes: 2, layout, writes },
-                ]).unwrap();
-                if round == 0 {
-                    prop_assert!(target == expected);
-                    prop_assert!(other[6..8] == [7, 7] && other[62..64] == [7, 7]);
-                }
-            }
-            prop_assert!(target == original);
-            prop_assert!(other == other_original);
-            for (block, values) in blocks.iter().zip(&new_values) {
-                prop_assert!(&block.1 == values);
-            }
-        }
-    }
-
-    #[test]
-    fn a_batch_is_refused_whole_naming_the_target_and_write_that_do_not_fit() {
-        let (mut first, mut second) = (vec![0u8; 32], vec![0u8; 32]);
-        let (mut a, mut b, mut c) = (vec![1u8; 4], vec![1u8; 2], vec![1u8; 4]);
-        let cases: [(&[u64], std::ops::Range<u64>, i64, &str); 3] = [
-            (
-                &[20],
-                10..30,
-                -4,
-                "v into qkv: elements 10..30 shifted by -4 fall outside the target's 16 elements",
-            ),
-            (
-                &[2],
-                0..8,
-                4,
-                "v into qkv: its block shares elements with k's",
-            ),
-            (
-                &[12, 12],
-                10..14,
-                0,
-                "v into qkv: indices not strictly ascending at position 1 (12 then 12)",
-            ),
-        ];
-        for (indices, within, shift, reason) in cases {
-            let error = swap_elements(vec![
-                ElementTarget {
-                    label: "o",
-                    memory: &mut first,
-                    element_bytes: 2,
-                    layout: ElementLayout::RowMajor,
-                    writes: vec![ElementWrite {
-                        label: "o",
-                        indices: &[3, 4],
-                        within: 0..16,
-                        shift: 0,
-                        values: &mut a,
-                    }],
-                },
-                ElementTarget {
-                    label: "qkv",
-                    memory: &mut second,
-                    element_bytes: 2,
-                    layout: ElementLayout::RowMajor,
-                    writes: vec![
-                        ElementWrite {
-                            label: "k",
-                            indices: &[5],
-                            within: 0..8,
-                            shift: 0,
-                            values: &mut b,
-                        },
-                        ElementWrite {
-                            label: "v",
-                            indices,
-                            within,
-                            shift,
-                            values: &mut c[..indices.len() * 2],
-                        },
-                    ],
-                },
-            ])
-            .unwrap_err();
-            assert!(error.to_string().contains(reason), "{error}");
-            assert_eq!(
-                (&first, &second),
-                (&vec![0u8; 32], &vec![0u8; 32]),
-                "nothing written: {reason}"
-            );
-        }
-    }
-}
+mod tests;
