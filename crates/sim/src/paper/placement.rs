@@ -9,9 +9,9 @@ impl Bench {
         const FAR_WHY: &str = "a full broadcast across datacenters waits for its slowest \
             path: one CUBIC stream to Japan, bounded by loss over a 135 ms round trip (the \
             middle of 100 to 170 ms); the what-if puts Japan at 170 ms";
-        const HIDDEN_WHY: &str = "AuroraRL's delta (about 45 MB for 4B) and training hide \
-            behind generation in every placement, so spreading the actors costs it \
-            nothing here; what the paper's 13.7% comes from (stragglers across regions, \
+        const HIDDEN_WHY: &str = "AuroraRL's delta (about 39 MB for 4B: 45 M changes) and \
+            training hide behind generation in every placement, so spreading the actors \
+            costs it nothing here; what the paper's 13.7% comes from (stragglers across regions, \
             control round trips) is not modelled: unexplained";
         let setup = Setup {
             model: QWEN3_4B,
