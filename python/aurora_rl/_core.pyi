@@ -44,7 +44,11 @@ def apply_into(base: list[_HostTensor], delta: bytes, out: Any) -> str: ...
 def swap_elements(
     targets: list[
         tuple[
-            str, Any, int, Optional[tuple[int, int, int, int]], list[tuple[str, Any, int, int, int, Any, Optional[Any]]]
+            str,
+            Any,
+            int,
+            Optional[tuple[int, int, int, int]],
+            list[tuple[str, Any, int, int, int, Optional[tuple[int, int, int, int]], Any, Optional[Any]]],
         ]
     ],
 ) -> None: ...

@@ -9,6 +9,7 @@ transformers' on the same weights.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 
@@ -354,6 +355,37 @@ def test_a_block_of_runs_is_recognised_from_the_copy_the_loader_made():
     assert Piece("t", (4, 6), 0, (1, 4), 0, (6, 1)).runs is None
 
 
+@pytest.mark.parametrize("group", [2, 1])
+def test_a_kernels_packing_is_found_by_packing_a_sample_and_aurora_writes_land_where_it_put_them(group):
+    """``Packing.of_kernel`` recognises a kernel's row blocks (here a VNNI packing written
+    in torch, 32 rows a block, ``group`` columns at a time, the last block shorter) by
+    writing a sample through aurora's core, and a version's elements written into the
+    packed memory read back, unpacked, as the matrix with the changes."""
+    from aurora_rl.engines import ElementWrite, write_elements
+    from aurora_rl.engines.element_map import Packing
+
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        rows, columns = weight.shape
+        blocks = [weight[start : start + 32] for start in range(0, rows, 32)]
+        return torch.cat([
+            block.reshape(block.shape[0], columns // group, group).permute(1, 0, 2).reshape(-1) for block in blocks
+        ])
+
+    rows, columns = 100, 48
+    packing = Packing.of_kernel(rows, columns, torch.bfloat16, pack)
+    assert packing == Packing(rows, columns, 32, group)
+    generator = torch.Generator().manual_seed(group)
+    matrix = torch.randn(rows, columns, generator=generator).to(torch.bfloat16)
+    memory = pack(matrix)
+    indices = (torch.rand(rows * columns, generator=generator) < 0.1).nonzero().flatten()
+    values = torch.randn(indices.numel(), generator=generator).to(torch.bfloat16)
+    undo = write_elements([ElementWrite(memory, indices, values, packing.layout)])
+    changed = matrix.clone().view(-1).index_copy_(0, indices, values)
+    assert torch.equal(packing.unpacked(memory).view(torch.int16), changed.view(torch.int16))
+    undo()
+    assert torch.equal(memory.view(torch.int16), pack(matrix).view(torch.int16))
+
+
 def test_a_row_parallel_shard_takes_its_runs_of_the_whole_tensor_on_host_and_device():
     """Each rank's shard of a matrix split by columns is written from every changed
     element of the matrix (``ElementWrite.runs``): aurora's host kernel and the device
@@ -387,6 +419,11 @@ def test_a_row_parallel_shard_takes_its_runs_of_the_whole_tensor_on_host_and_dev
         undo_device()
         for memory in (on_host, on_device):
             assert torch.equal(memory.view(torch.int16), matrix[:, columns_of].reshape(-1).view(torch.int16))
+    overlapping = dataclasses.replace(write_into(on_host), runs=(rows, columns, width - 1, rows * columns))
+    with pytest.raises(aurora_rl.AuroraError, match="o_proj: .* are not disjoint blocks"):
+        _swap_on_host([overlapping])
+    with pytest.raises(ValueError, match="o_proj: .* are not disjoint blocks"):
+        _scatter_on_device(dataclasses.replace(overlapping, target=on_device))
     unordered = indices.flip(0)
     with pytest.raises(aurora_rl.AuroraError, match="o_proj: indices not strictly ascending"):
         _swap_on_host([write_into(on_host, unordered)])

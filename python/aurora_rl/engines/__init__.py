@@ -216,7 +216,7 @@ class ElementWrite:
     """Values to write at flat indices (int64, strictly ascending) of a 1-D view of an
     engine's parameter memory: index ``i`` lands on element ``i + shift``, and every
     index lies in ``within`` (default: the target's elements), the block of a checkpoint
-    tensor this memory holds."""
+    tensor this memory holds; or, with ``runs``, in one of the runs of that block."""
 
     target: torch.Tensor
     indices: torch.Tensor
@@ -332,19 +332,24 @@ def _scatter_on_device(write: ElementWrite) -> Callable[[], None]:
         raise IndexError(f"{write.tensor}: an element index outside the elements {start}..{end} it holds")
     if indices.numel() and (int(indices[0]) < 0 or int(indices[-1]) >= elements):
         raise IndexError(f"{write.tensor}: an element index beyond its {elements} elements")
-    if count > 1 and source_stride < end - start:
-        raise ValueError(f"{write.tensor}: {count} runs of {end - start} elements, {source_stride} apart, overlap")
-    last = (count - 1) * target_stride if count else 0
-    if start + write.shift < 0 or end + write.shift + last > target.numel():
+    run, last = end - start, max(count - 1, 0)
+    # As the host kernel refuses them (aurora_delta::ElementWrite::cut).
+    disjoint = count <= 1 or (run > 0 and source_stride >= run and target_stride >= run)
+    if count < 0 or not disjoint or start + last * source_stride + run > elements:
+        raise ValueError(
+            f"{write.tensor}: {count} runs of elements {start}..{end}, {source_stride} apart in the tensor "
+            f"and {target_stride} in the target, are not disjoint blocks of its {elements} elements"
+        )
+    if start + write.shift < 0 or end + write.shift + last * target_stride > target.numel():
         raise IndexError(f"{write.tensor}: its block falls outside the {target.numel()} elements of {write.parameter}")
     if write.runs is None:
         indices = indices + write.shift
     else:
         # The tensor's indices in the runs, each moved by its run's shift.
         offset = indices - start
-        run = torch.div(offset, source_stride, rounding_mode="floor") if count > 1 else torch.zeros_like(offset)
-        inside = (offset >= 0) & (run < count) & (offset - run * source_stride < end - start)
-        indices = indices[inside] + write.shift + run[inside] * (target_stride - source_stride)
+        of_run = torch.div(offset, source_stride, rounding_mode="floor") if count > 1 else torch.zeros_like(offset)
+        inside = (offset >= 0) & (of_run < count) & (offset - of_run * source_stride < run)
+        indices = indices[inside] + write.shift + of_run[inside] * (target_stride - source_stride)
         values = values[inside]
     replaced = target.index_select(0, indices)
     target.index_copy_(0, indices, values)

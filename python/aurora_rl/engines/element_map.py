@@ -243,8 +243,8 @@ def check_changes(name: str, indices: torch.Tensor, values: Optional[torch.Tenso
     """Refuses a tensor's changed elements before anything is written: as many as
     ``values`` where given, strictly ascending (a fused parameter's pieces are cut from
     them by position), within the tensor's ``elements``. A pass over the indices: the
-    writes check what they take themselves, so only a tensor cut into pieces needs it
-    (``element_writes``)."""
+    writes check what they take themselves, so only a tensor cut into pieces here, in
+    torch, needs it (``element_writes``)."""
     if values is not None and indices.shape != values.shape:
         raise ValueError(f"{name}: {indices.numel()} indices for {values.numel()} values")
     if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
@@ -267,8 +267,8 @@ def element_writes(
     (unfused, or one part of a fused parameter) is written from its own indices, which
     the write checks. One of several blocks (a shard, a strided block) is handed whole
     to the write of each block that is runs of elements (``ElementWrite.runs``), which
-    cuts and checks it; it is checked here, once, and cut in torch for any other
-    block, and for parameters off the host."""
+    cuts and checks it; for any other block it is checked here, once, and cut in
+    torch."""
     from aurora_rl.engines import ElementWrite
 
     parameters = dict(model.named_parameters())
@@ -289,7 +289,7 @@ def element_writes(
             runs = piece.runs
             if runs is not None and runs.count == 1 and runs.within == (0, elements):
                 writes.append(ElementWrite(target, indices, values, layout, runs.shift, runs.within, name, piece.parameter))
-            elif runs is not None and target.device.type == "cpu":
+            elif runs is not None:
                 writes.append(ElementWrite(
                     target,
                     indices,
@@ -419,7 +419,7 @@ class Packing:
                 values = weight.reshape(-1).clone()
                 _core.swap_elements([(
                     "a packing's sample", written.view(torch.uint8), size, candidate.layout,
-                    [("every element", everything.view(torch.uint8), 0, everything.numel(), 0, values.view(torch.uint8), None)],
+                    [("every element", everything.view(torch.uint8), 0, everything.numel(), 0, None, values.view(torch.uint8), None)],
                 )])
                 if same_bits(written, packed.reshape(-1)) and same_bits(
                     candidate.unpacked(packed.reshape(-1)), weight.reshape(-1)

@@ -207,16 +207,17 @@ impl<'a> ElementWrite<'a> {
             )));
         }
         let run = within.end.saturating_sub(within.start);
-        let last_start = (runs.count.saturating_sub(1))
+        let last_end = (runs.count.saturating_sub(1))
             .checked_mul(runs.source_stride)
-            .and_then(|offset| within.start.checked_add(offset));
-        if runs.count > 1 && runs.source_stride < run
-            || last_start.is_none_or(|start| start.saturating_add(run) > elements)
-        {
+            .and_then(|offset| within.start.checked_add(offset))
+            .and_then(|start| start.checked_add(run));
+        let disjoint =
+            runs.count <= 1 || (run > 0 && runs.source_stride >= run && runs.target_stride >= run);
+        if !disjoint || last_end.is_none_or(|end| end > elements) {
             return Err(refused(format!(
-                "{} runs of elements {}..{}, {} apart, are not disjoint blocks of its {elements} \
-                 elements",
-                runs.count, within.start, within.end, runs.source_stride
+                "{} runs of elements {}..{}, {} apart in the tensor and {} in the target, are \
+                 not disjoint blocks of its {elements} elements",
+                runs.count, within.start, within.end, runs.source_stride, runs.target_stride
             )));
         }
         // In chunks, each with the index before it: rayon's windows are one task each.
@@ -243,27 +244,55 @@ impl<'a> ElementWrite<'a> {
             )));
         }
         let step = runs.target_stride as i128 - runs.source_stride as i128;
-        let (mut rest_indices, mut rest_values) = (indices, values);
-        let mut writes = Vec::with_capacity(runs.count as usize);
-        for r in 0..runs.count {
+        let mut rest = (indices, values);
+        // Takes the first `count` indices left and their values.
+        let take = |rest: &mut (&'a [u64], &'a mut [u8]), count: usize| {
+            let (indices, later) = rest.0.split_at(count);
+            let (values, later_values) =
+                std::mem::take(&mut rest.1).split_at_mut(count * element_bytes);
+            *rest = (later, later_values);
+            (indices, values)
+        };
+        take(
+            &mut rest,
+            indices.partition_point(|&index| index < within.start),
+        );
+        // Only the runs an index falls in: as many writes as such runs, whatever the count.
+        let mut writes = Vec::new();
+        while let Some(&next) = rest.0.first() {
+            // Checked above: `next` is past the first run's start, and the strides (where
+            // there are several runs) not zero.
+            let r = match runs.count {
+                0 => break,
+                1 => 0,
+                _ => (next - within.start) / runs.source_stride,
+            };
+            if r >= runs.count {
+                break;
+            }
+            // Within `last_end`, checked above.
             let start = within.start + r * runs.source_stride;
-            let skip = rest_indices.partition_point(|&index| index < start);
-            let take = rest_indices[skip..].partition_point(|&index| index < start + run);
-            let (_, taken) = rest_indices.split_at(skip);
-            let (taken, later) = taken.split_at(take);
-            let (_, taken_values) =
-                std::mem::take(&mut rest_values).split_at_mut(skip * element_bytes);
-            let (taken_values, later_values) = taken_values.split_at_mut(take * element_bytes);
+            let inside = rest.0.partition_point(|&index| index < start + run);
+            if inside == 0 {
+                // In the gap after run `r`: on to the next.
+                if r + 1 == runs.count {
+                    break;
+                }
+                let next_start = start + runs.source_stride;
+                let before = rest.0.partition_point(|&index| index < next_start);
+                take(&mut rest, before);
+                continue;
+            }
             let run_shift = i64::try_from(shift as i128 + r as i128 * step)
                 .map_err(|_| refused(format!("run {r} lands beyond any target's elements")))?;
+            let (indices, values) = take(&mut rest, inside);
             writes.push(ElementWrite {
                 label,
-                indices: taken,
+                indices,
                 within: start..start + run,
                 shift: run_shift,
-                values: taken_values,
+                values,
             });
-            (rest_indices, rest_values) = (later, later_values);
         }
         Ok(writes)
     }

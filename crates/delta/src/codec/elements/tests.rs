@@ -1,4 +1,4 @@
-use super::{ElementLayout, ElementTarget, ElementWrite, Runs, swap_elements};
+use super::{ElementLayout, ElementTarget, ElementWrite, Runs, TASK_INDICES, swap_elements};
 use crate::DeltaError;
 use proptest::prelude::*;
 
@@ -98,74 +98,68 @@ proptest! {
 }
 
 proptest! {
-    /// A matrix split by columns over `ranks` targets (a row-parallel layer's shards),
+    /// A matrix split by columns into `ranks` blocks (a row-parallel layer's shards),
     /// each written from every changed element of the matrix cut into its rows' runs,
-    /// ends as the shards of the matrix with the changes; the same cut swapped again
-    /// restores every shard. A split by rows (one run each) does the same.
+    /// into one target that holds the matrix `lead` elements in and its rows `pad`
+    /// elements apart: the blocks' runs interleave there, and each element lands where
+    /// the layout puts it, nothing else written; the same cuts swapped again restore it.
+    /// A split by rows (one run each) does the same.
     #[test]
-    fn the_runs_of_every_shard_take_exactly_their_elements(
+    fn the_runs_of_every_block_take_exactly_their_elements(
         rows in 1u64..300,
-        shard_columns in 1u64..40,
+        block_columns in 1u64..40,
         ranks in 1u64..4,
         by_columns in any::<bool>(),
+        lead in 0u64..50,
+        pad in 0u64..5,
         density in 0.0f64..1.0,
         seed in any::<u64>(),
     ) {
-        let (columns, elements) = (shard_columns * ranks, rows * shard_columns * ranks);
+        let (columns, elements) = (block_columns * ranks, rows * block_columns * ranks);
+        let pad = if by_columns { pad } else { 0 };
+        let position = |index: u64| (lead + index / columns * (columns + pad) + index % columns) as usize;
         let mut state = seed | 1;
         let mut next = move || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state };
         let threshold = (density * u64::MAX as f64) as u64;
         let indices: Vec<u64> = (0..elements).filter(|_| next() <= threshold).collect();
         let new: Vec<u8> = (0..indices.len() * 2).map(|_| next() as u8).collect();
-        let original: Vec<u8> = (0..elements * 2).map(|_| next() as u8).collect();
-        let mut changed = original.clone();
+        let original: Vec<u8> = (0..(lead + rows * (columns + pad) + 7) * 2).map(|_| next() as u8).collect();
+        let mut expected = original.clone();
         for (i, &index) in indices.iter().enumerate() {
-            changed[index as usize * 2..][..2].copy_from_slice(&new[i * 2..][..2]);
+            expected[position(index) * 2..][..2].copy_from_slice(&new[i * 2..][..2]);
         }
-        let shard_of = |matrix: &[u8], rank: u64| -> Vec<u8> {
-            let element = |index: u64| matrix[index as usize * 2..][..2].to_vec();
-            let in_shard = |index: u64| match by_columns {
-                true => (index % columns) / shard_columns == rank,
-                false => index / (elements / ranks) == rank,
-            };
-            (0..elements).filter(|&index| in_shard(index)).flat_map(element).collect()
-        };
-        let shard_elements = elements / ranks;
-        let (mut shards, mut keeps): (Vec<Vec<u8>>, Vec<Vec<u8>>) =
-            (0..ranks).map(|rank| (shard_of(&original, rank), new.clone())).unzip();
-        let cut_swap = |shards: &mut Vec<Vec<u8>>, keeps: &mut Vec<Vec<u8>>| {
-            for ((rank, shard), keep) in (0..ranks).zip(shards.iter_mut()).zip(keeps.iter_mut()) {
+        let block_elements = elements / ranks;
+        let mut target = original.clone();
+        let mut keeps: Vec<Vec<u8>> = (0..ranks).map(|_| new.clone()).collect();
+        let cut_swap = |target: &mut [u8], keeps: &mut [Vec<u8>]| {
+            let mut writes = Vec::new();
+            for (rank, keep) in (0..ranks).zip(keeps.iter_mut()) {
                 let (within, runs) = match by_columns {
                     true => (
-                        rank * shard_columns..(rank + 1) * shard_columns,
-                        Runs { count: rows, source_stride: columns, target_stride: shard_columns },
+                        rank * block_columns..(rank + 1) * block_columns,
+                        Runs { count: rows, source_stride: columns, target_stride: columns + pad },
                     ),
                     false => (
-                        rank * shard_elements..(rank + 1) * shard_elements,
+                        rank * block_elements..(rank + 1) * block_elements,
                         Runs { count: 1, source_stride: 0, target_stride: 0 },
                     ),
                 };
-                let shift = -(within.start as i64);
-                let write = ElementWrite { label: "matrix", indices: &indices, within, shift, values: keep };
-                let writes = write.cut(runs, elements, 2).unwrap();
-                swap_elements(vec![ElementTarget {
-                    label: "shard",
-                    memory: shard,
-                    element_bytes: 2,
-                    layout: ElementLayout::RowMajor,
-                    writes,
-                }])
-                .unwrap();
+                let write = ElementWrite { label: "matrix", indices: &indices, within, shift: lead as i64, values: keep };
+                writes.extend(write.cut(runs, elements, 2).unwrap());
             }
+            swap_elements(vec![ElementTarget {
+                label: "parameter",
+                memory: target,
+                element_bytes: 2,
+                layout: ElementLayout::RowMajor,
+                writes,
+            }])
+            .unwrap();
         };
-        cut_swap(&mut shards, &mut keeps);
-        for rank in 0..ranks {
-            prop_assert!(shards[rank as usize] == shard_of(&changed, rank));
-        }
-        cut_swap(&mut shards, &mut keeps);
-        for rank in 0..ranks {
-            prop_assert!(shards[rank as usize] == shard_of(&original, rank));
-        }
+        cut_swap(&mut target, &mut keeps);
+        prop_assert!(target == expected);
+        cut_swap(&mut target, &mut keeps);
+        prop_assert!(target == original);
     }
 }
 
@@ -176,13 +170,27 @@ fn a_cut_refuses_indices_it_could_not_place_by_name() {
         source_stride: 4,
         target_stride: 2,
     };
-    let cases: [(&[u64], Runs, u64, &str); 4] = [
+    // Out of order across the boundary of two of the check's chunks.
+    let mut long: Vec<u64> = (0..TASK_INDICES as u64 + 10).collect();
+    long.swap(TASK_INDICES - 1, TASK_INDICES);
+    let long_order = format!(
+        "indices not strictly ascending at position {TASK_INDICES} ({} then {})",
+        TASK_INDICES,
+        TASK_INDICES - 1
+    );
+    let huge = Runs {
+        count: u64::MAX,
+        source_stride: 2,
+        target_stride: 2,
+    };
+    let cases: [(&[u64], Runs, u64, &str); 8] = [
         (
             &[1, 6, 6],
             runs,
             12,
             "indices not strictly ascending at position 2 (6 then 6)",
         ),
+        (&long, Runs { count: 1, ..runs }, 1 << 20, &long_order),
         (&[1, 12], runs, 12, "index 12 is beyond its 12 elements"),
         (
             &[1],
@@ -191,17 +199,28 @@ fn a_cut_refuses_indices_it_could_not_place_by_name() {
                 ..runs
             },
             12,
-            "3 runs of elements 0..2, 1 apart, are not disjoint",
+            "3 runs of elements 0..2, 1 apart in the tensor and 2 in the target, are not disjoint",
+        ),
+        (
+            &[1],
+            Runs {
+                target_stride: 1,
+                ..runs
+            },
+            12,
+            "1 in the target, are not disjoint",
         ),
         (
             &[1],
             runs,
             9,
-            "3 runs of elements 0..2, 4 apart, are not disjoint blocks of its 9",
+            "3 runs of elements 0..2, 4 apart in the tensor and 2 in the target, are not disjoint blocks of its 9",
         ),
+        (&[1], huge, u64::MAX, "are not disjoint blocks"),
+        (&[1, 2], runs, 12, "3 bytes of values for 2 elements"),
     ];
     for (indices, runs, elements, expected) in cases {
-        let mut values = vec![0u8; indices.len() * 2];
+        let mut values = vec![0u8; indices.len() * 2 - usize::from(expected.contains("3 bytes"))];
         let write = ElementWrite {
             label: "o_proj",
             indices,
