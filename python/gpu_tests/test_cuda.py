@@ -73,3 +73,30 @@ def test_an_engine_on_the_gpu_holds_every_version_a_gpu_trainer_published(tmp_pa
     reference = TransformersEngine.start(str(model_dir))
     reference.load_weights(versions[STEPS - 1])
     assert generation_mismatch(engine.generate(PROMPTS, GREEDY), reference) is None
+
+
+def test_the_gpu_takes_each_ranks_runs_of_a_row_parallel_layer_as_the_host_kernel_does() -> None:
+    """A tensor-parallel rank's shard of a matrix split by columns, on the GPU, written
+    from every changed element of the matrix (``ElementWrite.runs``): the same bits as
+    aurora's host kernel writes into the same shard on the CPU, and the undo restores
+    it."""
+    from aurora_rl.engines import ElementWrite, _swap_on_host, write_elements
+
+    assert torch.cuda.is_available(), "this suite needs a CUDA GPU"
+    generator = torch.Generator().manual_seed(11)
+    rows, columns, ranks = 512, 768, 2
+    matrix = torch.randn(rows, columns, generator=generator).to(torch.bfloat16)
+    indices = (torch.rand(rows * columns, generator=generator) < 0.01).nonzero().flatten()
+    values = torch.randn(indices.numel(), generator=generator).to(torch.bfloat16)
+    width = columns // ranks
+    for rank in range(ranks):
+        shard = matrix[:, rank * width : (rank + 1) * width].contiguous().view(-1)
+        on_host, on_gpu = shard.clone(), shard.to("cuda")
+        write = dict(shift=-rank * width, within=(rank * width, (rank + 1) * width), runs=(rows, columns, width, rows * columns))
+        _swap_on_host([ElementWrite(on_host, indices, values, **write)])
+        undo = write_elements([ElementWrite(on_gpu, indices, values, **write)])
+        assert torch.equal(on_gpu.cpu().view(torch.int16), on_host.view(torch.int16))
+        assert not torch.equal(on_host.view(torch.int16), shard.view(torch.int16))
+        undo()
+        assert torch.equal(on_gpu.cpu().view(torch.int16), shard.view(torch.int16))
+
