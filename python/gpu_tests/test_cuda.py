@@ -99,4 +99,3 @@ def test_the_gpu_takes_each_ranks_runs_of_a_row_parallel_layer_as_the_host_kerne
         assert not torch.equal(on_host.view(torch.int16), shard.view(torch.int16))
         undo()
         assert torch.equal(on_gpu.cpu().view(torch.int16), shard.view(torch.int16))
-

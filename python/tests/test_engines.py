@@ -412,7 +412,7 @@ def test_a_row_parallel_shard_takes_its_runs_of_the_whole_tensor_on_host_and_dev
             runs=(rows, columns, width, rows * columns),
         )
         on_host, on_device = (matrix[:, columns_of].contiguous().view(-1) for _ in range(2))
-        undo_host, undo_device = _swap_on_host([write_into(on_host)]), _scatter_on_device(write_into(on_device))
+        undo_host, undo_device = _swap_on_host([write_into(on_host)]), _scatter_on_device([write_into(on_device)])
         for memory in (on_host, on_device):
             assert torch.equal(memory.view(torch.int16), changed[:, columns_of].reshape(-1).view(torch.int16))
         undo_host()
@@ -423,17 +423,17 @@ def test_a_row_parallel_shard_takes_its_runs_of_the_whole_tensor_on_host_and_dev
     with pytest.raises(aurora_rl.AuroraError, match="o_proj: .* are not disjoint blocks"):
         _swap_on_host([overlapping])
     with pytest.raises(ValueError, match="o_proj: .* are not disjoint blocks"):
-        _scatter_on_device(dataclasses.replace(overlapping, target=on_device))
+        _scatter_on_device([dataclasses.replace(overlapping, target=on_device)])
     unordered = indices.flip(0)
     with pytest.raises(aurora_rl.AuroraError, match="o_proj: indices not strictly ascending"):
         _swap_on_host([write_into(on_host, unordered)])
     with pytest.raises(ValueError, match="o_proj: element indices not strictly ascending"):
-        _scatter_on_device(write_into(on_device, unordered))
+        _scatter_on_device([write_into(on_device, unordered)])
     beyond = torch.cat([indices, torch.tensor([rows * columns])]), torch.cat([values, values[:1]])
     with pytest.raises(aurora_rl.AuroraError, match=f"o_proj: index {rows * columns} is beyond its"):
         _swap_on_host([write_into(on_host, *beyond)])
     with pytest.raises(IndexError, match=f"o_proj: an element index beyond its {rows * columns} elements"):
-        _scatter_on_device(write_into(on_device, *beyond))
+        _scatter_on_device([write_into(on_device, *beyond)])
     assert torch.equal(on_host.view(torch.int16), matrix[:, columns_of].reshape(-1).view(torch.int16))
 
 
@@ -460,24 +460,26 @@ def test_the_device_scatter_lands_shifted_blocks_where_the_host_kernel_does():
     on_host, on_device = memory.clone(), memory.clone()
     host_writes = writes_of(on_host)
     undo_host = _swap_on_host(host_writes)
-    undos_device = [_scatter_on_device(write) for write in writes_of(on_device)]
+    undo_device = _scatter_on_device(writes_of(on_device))
     assert torch.equal(on_host.view(torch.int16), on_device.view(torch.int16))
     # The caller's values are only read (the node's change set, which the read-back uses).
     assert all(bool((write.values == float(part + 1)).all()) for part, write in enumerate(host_writes))
     assert not torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
     undo_host()
-    for undo in reversed(undos_device):
-        undo()
+    undo_device()
     assert torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
     assert torch.equal(on_device.view(torch.int16), memory.view(torch.int16))
     beyond = ElementWrite(on_device, torch.tensor([5]), torch.ones(1, dtype=torch.bfloat16), shift=2500, within=(0, 1000))
     with pytest.raises(IndexError, match="outside the 3000 elements"):
-        _scatter_on_device(beyond)
+        _scatter_on_device([beyond])
     with pytest.raises(aurora_rl.AuroraError, match="fall outside the target's 3000 elements"):
         _swap_on_host([ElementWrite(on_host, beyond.indices, beyond.values, shift=2500, within=(0, 1000))])
     assert torch.equal(on_host.view(torch.int16), memory.view(torch.int16))
     assert torch.equal(on_device.view(torch.int16), memory.view(torch.int16))
     unordered = ElementWrite(on_device, torch.tensor([7, 3]), torch.ones(2, dtype=torch.bfloat16), tensor="part 0")
     with pytest.raises(ValueError, match="part 0: element indices not strictly ascending"):
-        _scatter_on_device(unordered)
+        _scatter_on_device([unordered])
+    # Every write is checked before the first lands: the good ones before it wrote nothing.
+    with pytest.raises(ValueError, match="part 0: element indices not strictly ascending"):
+        _scatter_on_device([*writes_of(on_device), unordered])
     assert torch.equal(on_device.view(torch.int16), memory.view(torch.int16))

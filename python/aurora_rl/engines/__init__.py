@@ -242,9 +242,9 @@ def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
     """Writes every ``ElementWrite``. In host memory, aurora's kernel swaps the values in:
     one pass over the changed elements of every target together, shared over the cores,
     keeping what they replaced for the undo; on a GPU, indices and values are moved to
-    the device first (only the changes travel) and scattered there. Everything is checked
-    before the first element lands, and a failure undoes what was written. Returns the
-    undo: it writes the replaced values back."""
+    the device first (only the changes travel), checked there with one wait for all,
+    and scattered. Everything is checked before the first element lands, and a failure
+    undoes what was written. Returns the undo: it writes the replaced values back."""
     import torch
 
     for write in writes:
@@ -256,6 +256,7 @@ def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
         if write.indices.shape != write.values.shape:
             raise ValueError(f"{write.tensor}: {write.indices.numel()} indices for {write.values.numel()} values")
     on_host = [write for write in writes if write.target.device.type == "cpu"]
+    on_device = [write for write in writes if write.target.device.type != "cpu"]
     undos: list[Callable[[], None]] = []
 
     def undo() -> None:
@@ -264,12 +265,12 @@ def write_elements(writes: Sequence[ElementWrite]) -> Callable[[], None]:
                 undo_write()
 
     with torch.no_grad():
+        placed = _upload_checked(on_device) if on_device else []
         if on_host:
             undos.append(_swap_on_host(on_host))
         try:
-            for write in writes:
-                if write.target.device.type != "cpu":
-                    undos.append(_scatter_on_device(write))
+            if placed:
+                undos.append(_scatter(placed))
         except BaseException:
             undo()
             raise
@@ -314,46 +315,81 @@ def _swap_on_host(writes: Sequence[ElementWrite]) -> Callable[[], None]:
     return lambda: _core.swap_elements(undo_batch)
 
 
-def _scatter_on_device(write: ElementWrite) -> Callable[[], None]:
-    """Writes one ``ElementWrite`` on its device; returns its undo."""
+def _scatter_on_device(writes: Sequence[ElementWrite]) -> Callable[[], None]:
+    """Writes ``writes`` on their devices, all checked first; returns the undo."""
+    return _scatter(_upload_checked(writes))
+
+
+def _upload_checked(writes: Sequence[ElementWrite]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Moves each write's indices and values to its device and checks them as aurora's
+    host kernel does, before anything lands: the bounds on the host, where the caller's
+    indices are (ascending, their first and last are their least and greatest), the
+    order on the device, waited on once for every write (a write of runs waits for its
+    own selection). Returns each target with its indices there and their values."""
     import torch
 
-    target = write.target
-    if write.packed is not None:
-        raise ValueError(f"packed parameter memory is written on the CPU, not on {target.device}")
-    start, end = write.within if write.within is not None else (0, target.numel())
-    indices = write.indices.to(target.device, non_blocking=True)
-    values = write.values.to(target.device, non_blocking=True)
-    # As the host kernel refuses them: a repeated index would land one of its values.
-    if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
-        raise ValueError(f"{write.tensor}: element indices not strictly ascending")
-    count, source_stride, target_stride, elements = write.runs or (1, 0, 0, end)
-    if write.runs is None and indices.numel() and (int(indices[0]) < start or int(indices[-1]) >= end):
-        raise IndexError(f"{write.tensor}: an element index outside the elements {start}..{end} it holds")
-    if indices.numel() and (int(indices[0]) < 0 or int(indices[-1]) >= elements):
-        raise IndexError(f"{write.tensor}: an element index beyond its {elements} elements")
-    run, last = end - start, max(count - 1, 0)
-    # As the host kernel refuses them (aurora_delta::ElementWrite::cut).
-    disjoint = count <= 1 or (run > 0 and source_stride >= run and target_stride >= run)
-    if count < 0 or not disjoint or start + last * source_stride + run > elements:
-        raise ValueError(
-            f"{write.tensor}: {count} runs of elements {start}..{end}, {source_stride} apart in the tensor "
-            f"and {target_stride} in the target, are not disjoint blocks of its {elements} elements"
-        )
-    if start + write.shift < 0 or end + write.shift + last * target_stride > target.numel():
-        raise IndexError(f"{write.tensor}: its block falls outside the {target.numel()} elements of {write.parameter}")
-    if write.runs is None:
-        indices = indices + write.shift
-    else:
-        # The tensor's indices in the runs, each moved by its run's shift.
-        offset = indices - start
-        of_run = torch.div(offset, source_stride, rounding_mode="floor") if count > 1 else torch.zeros_like(offset)
-        inside = (offset >= 0) & (of_run < count) & (offset - of_run * source_stride < run)
-        indices = indices[inside] + write.shift + of_run[inside] * (target_stride - source_stride)
-        values = values[inside]
-    replaced = target.index_select(0, indices)
-    target.index_copy_(0, indices, values)
-    return lambda: target.index_copy_(0, indices, replaced)
+    placed, orders = [], []
+    for write in writes:
+        target = write.target
+        if write.packed is not None:
+            raise ValueError(f"packed parameter memory is written on the CPU, not on {target.device}")
+        start, end = write.within if write.within is not None else (0, target.numel())
+        count, source_stride, target_stride, elements = write.runs or (1, 0, 0, end)
+        if write.indices.numel():
+            least, greatest = int(write.indices[0]), int(write.indices[-1])
+            if write.runs is None and (least < start or greatest >= end):
+                raise IndexError(f"{write.tensor}: an element index outside the elements {start}..{end} it holds")
+            if least < 0 or greatest >= elements:
+                raise IndexError(f"{write.tensor}: an element index beyond its {elements} elements")
+        run, last = end - start, max(count - 1, 0)
+        # As the host kernel refuses them (aurora_delta::ElementWrite::cut).
+        disjoint = count <= 1 or (run > 0 and source_stride >= run and target_stride >= run)
+        if count < 0 or not disjoint or start + last * source_stride + run > elements:
+            raise ValueError(
+                f"{write.tensor}: {count} runs of elements {start}..{end}, {source_stride} apart in the tensor "
+                f"and {target_stride} in the target, are not disjoint blocks of its {elements} elements"
+            )
+        if start + write.shift < 0 or end + write.shift + last * target_stride > target.numel():
+            raise IndexError(f"{write.tensor}: its block falls outside the {target.numel()} elements of {write.parameter}")
+        indices = write.indices.to(target.device, torch.int64, non_blocking=True)
+        values = write.values.to(target.device, non_blocking=True)
+        # A repeated index would land one of its values.
+        if indices.numel() > 1:
+            orders.append((write, (indices[1:] > indices[:-1]).all()))
+        if write.runs is None:
+            indices = indices + write.shift
+        else:
+            # The tensor's indices in the runs, each moved by its run's shift.
+            offset = indices - start
+            of_run = torch.div(offset, source_stride, rounding_mode="floor") if count > 1 else torch.zeros_like(offset)
+            inside = (offset >= 0) & (of_run < count) & (offset - of_run * source_stride < run)
+            indices = indices[inside] + write.shift + of_run[inside] * (target_stride - source_stride)
+            values = values[inside]
+        placed.append((target, indices, values))
+    if orders and not bool(torch.stack([ordered for _, ordered in orders]).all()):
+        unordered = next(write for write, ordered in orders if not bool(ordered))
+        raise ValueError(f"{unordered.tensor}: element indices not strictly ascending")
+    return placed
+
+
+def _scatter(placed: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Callable[[], None]:
+    """Scatters checked writes (``_upload_checked``); returns the undo. One that fails
+    midway puts back what it wrote."""
+    written: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def undo() -> None:
+        for target, indices, replaced in reversed(written):
+            target.index_copy_(0, indices, replaced)
+
+    try:
+        for target, indices, values in placed:
+            replaced = target.index_select(0, indices)
+            target.index_copy_(0, indices, values)
+            written.append((target, indices, replaced))
+    except BaseException:
+        undo()
+        raise
+    return undo
 
 
 #: Where tensors are written for an engine in another process: memory, not disk, when the
