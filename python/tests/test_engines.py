@@ -352,7 +352,11 @@ def test_a_block_of_runs_is_recognised_from_the_copy_the_loader_made():
     columns_shard = Piece("o", (4, 3), 3, (6, 1), 0, (3, 1))
     assert columns_shard.runs == Runs((3, 6), -3, 4, 6, 3)
     assert Piece("o", (1, 4, 1, 3), 3, (99, 6, 7, 1), 0, (99, 3, 5, 1)).runs == Runs((3, 6), -3, 4, 6, 3)
-    assert Piece("t", (4, 6), 0, (1, 4), 0, (6, 1)).runs is None
+    transposed = Piece("t", (4, 6), 0, (1, 4), 0, (6, 1))
+    assert transposed.runs is None
+    # Such a block is placed index by index: source element 4 is (0, 1), target 1.
+    inside, placed = transposed.place(torch.tensor([0, 4, 5, 23]))
+    assert inside.tolist() == [True] * 4 and placed.tolist() == [0, 1, 7, 23]
 
 
 @pytest.mark.parametrize("group", [2, 1])

@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -40,25 +40,16 @@ class Piece:
     target_strides: tuple[int, ...]
 
     @functools.cached_property
-    def shift(self) -> Optional[int]:
-        """For a block that is one run of elements on both sides (a whole tensor, a fused
-        part, rows of a shard): what to add to a source index to get its target index."""
-        contiguous = _contiguous_strides(self.sizes)
-        if _strides_agree(self.sizes, self.source_strides, contiguous) and _strides_agree(
-            self.sizes, self.target_strides, contiguous
-        ):
-            return self.target_offset - self.source_offset
-        return None
-
-    @functools.cached_property
     def runs(self) -> Optional[Runs]:
         """The block as runs of elements at a regular stride on both sides, where it is
         (a whole tensor, a fused part, a shard's rows: one run; a shard of a row-parallel
         layer: the same columns of every row); None otherwise."""
-        shift = self.shift
-        if shift is not None:
-            start, end = self.source_elements
-            return Runs((start, end), shift, 1, 0, 0)
+        contiguous = _contiguous_strides(self.sizes)
+        if _strides_agree(self.sizes, self.source_strides, contiguous) and _strides_agree(
+            self.sizes, self.target_strides, contiguous
+        ):
+            start = self.source_offset
+            return Runs((start, start + math.prod(self.sizes)), self.target_offset - start, 1, 0, 0)
         dims = [(size, s, t) for size, s, t in zip(self.sizes, self.source_strides, self.target_strides) if size != 1]
         if len(dims) != 2 or dims[1][1:] != (1, 1):
             return None
@@ -68,30 +59,12 @@ class Piece:
         start = self.source_offset
         return Runs((start, start + run), self.target_offset - start, count, source_stride, target_stride)
 
-    @functools.cached_property
-    def source_elements(self) -> tuple[int, int]:
-        """The first and past-the-last source elements of a block with a ``shift``."""
-        return self.source_offset, self.source_offset + math.prod(self.sizes)
-
-    def place(
-        self, indices: torch.Tensor, elements: int
-    ) -> tuple[Union[None, slice, torch.Tensor], torch.Tensor, int]:
-        """For ascending flat indices of a checkpoint tensor of ``elements``: which lie in
-        this block (None: all of them; a slice or a mask of them), their indices, and the
-        shift to the parameter's: for a block with a ``shift``, the tensor's own indices (a
-        view, nothing computed); otherwise the parameter's, computed, and no shift. A
-        block of the whole tensor takes every index, for the write to refuse any that is
-        not one of its elements."""
+    def place(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a block that is not ``runs`` and ascending flat indices of its checkpoint
+        tensor: which lie in the block (a mask of them), and their indices in the
+        parameter."""
         import torch
 
-        shift = self.shift
-        if shift is not None:
-            start, end = self.source_elements
-            if (start, end) == (0, elements):
-                return None, indices, shift
-            # Ascending: the block's indices are one slice of them.
-            first, last = torch.searchsorted(indices, torch.tensor([start, end])).tolist()
-            return slice(first, last), indices[first:last], shift
         rest = indices - self.source_offset
         inside = rest >= 0
         target = torch.full_like(indices, self.target_offset)
@@ -106,7 +79,7 @@ class Piece:
             inside &= coordinate < size
             target += coordinate * target_stride
         inside &= rest == 0
-        return inside, target[inside], 0
+        return inside, target[inside]
 
 
 @dataclass(frozen=True)
@@ -287,35 +260,22 @@ def element_writes(
             target = parameter.data.view(-1)
             layout = (packed or {}).get(piece.parameter)
             runs = piece.runs
-            if runs is not None and runs.count == 1 and runs.within == (0, elements):
-                writes.append(ElementWrite(target, indices, values, layout, runs.shift, runs.within, name, piece.parameter))
-            elif runs is not None:
-                writes.append(ElementWrite(
-                    target,
-                    indices,
-                    values,
-                    layout,
-                    runs.shift,
-                    runs.within,
-                    name,
-                    piece.parameter,
-                    (runs.count, runs.source_stride, runs.target_stride, elements),
-                ))
-            else:
-                if not checked:
-                    check_changes(name, indices, values, elements)
-                    checked = True
-                inside, piece_indices, shift = piece.place(indices, elements)
-                writes.append(ElementWrite(
-                    target,
-                    piece_indices,
-                    values if inside is None else values[inside],
-                    layout,
-                    shift,
-                    piece.source_elements if piece.shift is not None else None,
-                    name,
-                    piece.parameter,
-                ))
+            if runs is not None:
+                # A block of the whole tensor is written from its indices, every one
+                # checked to lie in it; one of several is cut by the write.
+                whole = runs.count == 1 and runs.within == (0, elements)
+                cut = None if whole else (runs.count, runs.source_stride, runs.target_stride, elements)
+                writes.append(
+                    ElementWrite(target, indices, values, layout, runs.shift, runs.within, name, piece.parameter, cut)
+                )
+                continue
+            if not checked:
+                check_changes(name, indices, values, elements)
+                checked = True
+            inside, piece_indices = piece.place(indices)
+            writes.append(
+                ElementWrite(target, piece_indices, values[inside], layout, tensor=name, parameter=piece.parameter)
+            )
     return writes
 
 
