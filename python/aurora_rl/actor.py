@@ -189,6 +189,14 @@ class Actor(ClosingNode):
         assert active is not None, "an actor runs a version once it has joined"
         return active
 
+    def why_behind(self) -> Optional[str]:
+        """Why the engine may not run the version asked of it, for an error that waited
+        for one: the last activation, if it failed, and why the last upstream session
+        ended, while none is up; None if neither."""
+        activation, upstream = self._node.last_failures()
+        reasons = [f"{what}: {why}" for what, why in (("last failed activation", activation), ("last upstream failure", upstream)) if why]
+        return "; ".join(reasons) or None
+
     def safe_point(self, wait: float = 0.0) -> Optional[int]:
         """Loads into the engine a version activated since the last call, or one whose
         activation starts within ``wait`` seconds; returns its number, or None. Call it

@@ -193,9 +193,10 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
         while actor.active[0] < update_info.version:
             left = deadline - time.monotonic()
             if left <= 0:
+                why = actor.why_behind()
                 raise aurora_rl.NodeTimeoutError(
                     f"version {update_info.version} was not staged and committed within {update_info.timeout} s "
-                    f"(active: {actor.active[0]})"
+                    f"(active: {actor.active[0]}{'; ' + why if why else ''})"
                 )
             actor.safe_point(wait=min(left, 1.0))
         if actor.active != (update_info.version, update_info.weights_hash):

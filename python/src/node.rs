@@ -516,6 +516,10 @@ pub struct ActorNodeCore {
     runtime: Runtime,
 }
 
+/// How long closing an actor waits for the control plane to hear it leave: a call
+/// retries an outage for minutes, which a process shutting down should not.
+const LEAVE_ON_CLOSE: Duration = Duration::from_secs(10);
+
 #[pymethods]
 impl ActorNodeCore {
     /// Starts from `weights` (their version and tensors) when given, else joins over the
@@ -628,6 +632,15 @@ impl ActorNodeCore {
             .map(|active| (active.version, active.hash.to_hex())))
     }
 
+    /// Why the node may not be at the version asked of it: the last activation, if it
+    /// failed, and why the last upstream session ended, while no session is up; each
+    /// None if not.
+    fn last_failures(&self) -> PyResult<(Option<String>, Option<String>)> {
+        let status = self.node()?.transport().status();
+        let upstream = status.last_upstream_failure.filter(|_| !status.connected);
+        Ok((status.last_failed_activation, upstream))
+    }
+
     /// Weights to load before the next batch, if an activation is ready or starts within
     /// `wait_s` (see `aurora_node::Handoff::at_safe_point`).
     fn at_safe_point(&self, py: Python<'_>, wait_s: f64) -> PyResult<Option<ActivationCore>> {
@@ -674,8 +687,8 @@ impl ActorNodeCore {
     }
 
     /// Stops the node: leaves the fleet first unless it left, best effort (a control
-    /// plane that is gone already is not waited for beyond the call's own timeout), then
-    /// stops its tasks. Idempotent.
+    /// plane that does not answer within [`LEAVE_ON_CLOSE`] is not waited for: its leases
+    /// come back as the node's heartbeats stop), then stops its tasks. Idempotent.
     fn close(&self, py: Python<'_>) {
         let Some(node) = self
             .node
@@ -686,10 +699,20 @@ impl ActorNodeCore {
             return;
         };
         let runtime = &self.runtime;
-        if !self.left.swap(true, Ordering::SeqCst)
-            && let Ok(Err(error)) = py.detach(|| runtime.block_on(node.leave()))
-        {
-            tracing::warn!(error = %message_chain(&error), "leaving the fleet on close");
+        if !self.left.swap(true, Ordering::SeqCst) {
+            let left = py.detach(|| {
+                runtime.block_on(async { tokio::time::timeout(LEAVE_ON_CLOSE, node.leave()).await })
+            });
+            match left {
+                Ok(Ok(Err(error))) => {
+                    tracing::warn!(error = %message_chain(&error), "leaving the fleet on close")
+                }
+                Ok(Err(_)) => tracing::warn!(
+                    timeout = ?LEAVE_ON_CLOSE,
+                    "leaving the fleet on close: the control plane did not answer"
+                ),
+                _ => {}
+            }
         }
         py.detach(|| {
             node.stop();

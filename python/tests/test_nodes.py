@@ -313,6 +313,36 @@ def test_an_actor_started_from_local_weights_takes_only_the_deltas(model_dir, tm
     trainer.close()
 
 
+def plaintext_trainer(tmp_path: Path, model_dir: Path) -> tuple[aurora_rl.Trainer, dict, dict]:
+    """A loopback trainer that published the model as version 0, the model's weights,
+    and the keyword arguments an actor joins it with."""
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    trainer.publish(weights)
+    address = {
+        "control": trainer.control_address,
+        "upstreams": [trainer.transport_address],
+        "token": trainer.token,
+        "insecure_plaintext": True,
+    }
+    return trainer, weights, address
+
+
+def test_an_actor_whose_upstream_went_away_says_why_it_is_behind(model_dir, tmp_path):
+    import time
+
+    trainer, weights, address = plaintext_trainer(tmp_path, model_dir)
+    actor = aurora_rl.Actor(TransformersEngine.start(str(model_dir)), id=8, region="eu", **address)
+    assert actor.why_behind() is None
+    trainer.close()
+    deadline = time.monotonic() + 60
+    while (why := actor.why_behind()) is None:
+        assert time.monotonic() < deadline, "the upstream's end was never reported"
+        actor.safe_point(wait=0.2)
+    assert why.startswith("last upstream failure: "), why
+    actor.close()
+
+
 class FailingEngine(TransformersEngine):
     """An engine whose weight loads fail, as one out of memory would."""
 
@@ -323,21 +353,9 @@ class FailingEngine(TransformersEngine):
 def test_an_engine_that_fails_to_load_a_version_stops_the_actor_with_the_reason(model_dir, tmp_path):
     import time
 
-    trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
-    weights = load_file(str(model_dir / "model.safetensors"))
-    trainer.publish(weights)
+    trainer, weights, address = plaintext_trainer(tmp_path, model_dir)
     engine = FailingEngine.start(str(model_dir))
-    actor = aurora_rl.Actor(
-        engine,
-        id=8,
-        region="eu",
-        weights=weights,
-        version=0,
-        control=trainer.control_address,
-        upstreams=[trainer.transport_address],
-        token=trainer.token,
-        insecure_plaintext=True,
-    )
+    actor = aurora_rl.Actor(engine, id=8, region="eu", weights=weights, version=0, **address)
     trainer.publish(next_version(weights, 1))
     trainer.open_step([1])
     trainer.commit()

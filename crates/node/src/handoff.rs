@@ -229,6 +229,13 @@ impl Engine for Handoff {
         self.hand_over(weights.active(), weights, changed, false);
     }
 
+    /// The driver is handed nothing to load: an Activation of the version it runs, over
+    /// no weights.
+    fn resume(&self, active: VersionRef) {
+        let nothing = Arc::new(Weights::empty(Arc::new(aurora_delta::Heap)));
+        self.hand_over(active, nothing, ChangeSet::default(), false);
+    }
+
     fn writes_elements(&self) -> bool {
         self.writes_elements
     }

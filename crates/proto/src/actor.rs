@@ -236,7 +236,17 @@ impl ActorCore {
                 version,
                 format!("activation produced weights {hash}, not the artifact's target"),
             ),
-            Err(reason) => self.refuse(version, format!("activation failed: {reason}")),
+            Err(reason) => {
+                // Weights that are no version's hold nothing to build on: only a
+                // snapshot starts the actor again.
+                // The failure is this node's, not its upstream's chain: it does not count
+                // towards giving up on the upstream, which would leave no rejoin.
+                if reason.lost_weights() {
+                    self.active = None;
+                    self.refusals = 0;
+                }
+                self.refuse(version, format!("activation failed: {reason}"));
+            }
         }
         self.advance();
     }
@@ -496,8 +506,8 @@ mod tests {
         assert_eq!(drain(&mut core), [ActorAction::Discard { version: 5 }]);
     }
 
-    #[test]
-    fn a_failed_activation_keeps_the_weights_and_refetches() {
+    /// An actor at version 1 activating the committed version 2.
+    fn activating_2() -> ActorCore {
         let mut core = ActorCore::new(at(1));
         core.commit(at(2));
         core.delta(ArtifactKind::Delta, &header(at(1), 2));
@@ -505,6 +515,12 @@ mod tests {
         core.staged(2, Ok(()));
         core.safe_point();
         drain(&mut core);
+        core
+    }
+
+    #[test]
+    fn a_failed_activation_keeps_the_weights_and_refetches() {
+        let mut core = activating_2();
         let mismatch = aurora_delta::DeltaError::TargetMismatch {
             expected: hash(2),
             actual: hash(3),
@@ -513,6 +529,32 @@ mod tests {
         let actions = drain(&mut core);
         assert!(actions.contains(&ActorAction::Rewind { version: 2 }));
         assert_eq!(core.status().active, Some(at(1)));
+    }
+
+    /// An activation that panicked and left the weights no version's: the actor has
+    /// nothing to build on, so it rejoins; one that left them intact rewinds as usual.
+    #[test]
+    fn an_activation_that_lost_the_weights_rejoins() {
+        for intact in [true, false] {
+            let mut core = activating_2();
+            if !intact {
+                // Lost weights rejoin even after refusals that nearly gave up.
+                core.refusals = MAX_REFUSALS - 1;
+            }
+            let panicked = EffectError::ActivationPanicked {
+                message: "a bug".into(),
+                intact,
+            };
+            core.activated(2, Err(panicked));
+            let actions = drain(&mut core);
+            if intact {
+                assert!(actions.contains(&ActorAction::Rewind { version: 2 }));
+                assert_eq!(core.status().active, Some(at(1)));
+            } else {
+                assert!(actions.contains(&ActorAction::Rejoin), "{actions:?}");
+                assert_eq!(core.status().active, None);
+            }
+        }
     }
 
     #[test]

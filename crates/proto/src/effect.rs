@@ -24,6 +24,30 @@ pub enum EffectError {
         "the engine still held the weights it ran before {0:?} after it took the version's changes: the node's copy cannot take them"
     )]
     EngineHeld(std::time::Duration),
+    /// Writing the version into the node's copy panicked (a bug, named rather than
+    /// left to end the task that held the weights). `intact`: the copy still hashes to
+    /// the version it held before, which stays active; otherwise the copy is no
+    /// version's, and the node rejoins from a snapshot.
+    #[error("activating panicked: {message}; {}", if *intact {
+        "the node's copy is as it was"
+    } else {
+        "the node's copy is no longer any version's: it rejoins from a snapshot"
+    })]
+    ActivationPanicked { message: String, intact: bool },
+    /// A write that failed could not be undone either, and the node's copy no longer
+    /// hashes to the version it held: the node rejoins from a snapshot.
+    #[error("{0}; the node's copy is no longer any version's: it rejoins from a snapshot")]
+    WeightsLost(Arc<DeltaError>),
+}
+
+impl EffectError {
+    /// The node's weights were lost with this failure: nothing may read them again.
+    pub fn lost_weights(&self) -> bool {
+        matches!(
+            self,
+            EffectError::ActivationPanicked { intact: false, .. } | EffectError::WeightsLost(_)
+        )
+    }
 }
 
 /// Where a staged patch was when an effect needed it.

@@ -3,6 +3,7 @@
 //! patch and checking the target hash. Pure computation: drivers run it off their event
 //! loop.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use aurora_delta::{
@@ -11,6 +12,7 @@ use aurora_delta::{
     decode_segment, safetensors_layout,
 };
 
+use crate::effect::EffectError;
 use crate::frame::{ArtifactKind, VersionRef};
 
 /// A checkpoint held as a safetensors image, with its version and verified hash.
@@ -305,6 +307,47 @@ impl Weights {
         Ok(expected)
     }
 
+    /// [`Weights::activate`] for a driver: a panic inside it is caught and named, where
+    /// it would otherwise end the task that holds the weights, and the node would never
+    /// hear how the version went. After a panic the image is hashed once: if it is still
+    /// the version active before, that version stays; if not, the weights are no
+    /// version's, and [`EffectError::lost_weights`] says nothing may read them.
+    pub fn activate_catching_panics(&mut self, staged: Staged) -> Result<Hash, EffectError> {
+        self.catching_panics(|weights| weights.activate(staged))
+    }
+
+    fn catching_panics(
+        &mut self,
+        activate: impl FnOnce(&mut Weights) -> Result<Hash, DeltaError>,
+    ) -> Result<Hash, EffectError> {
+        let before = self.active;
+        let intact = |weights: &Weights| {
+            Checkpoint::from_layout(&weights.image, &weights.layout)
+                .is_ok_and(|checkpoint| checkpoint.weights_hash() == before.hash)
+        };
+        let payload = match std::panic::catch_unwind(AssertUnwindSafe(|| activate(self))) {
+            Ok(Err(error @ DeltaError::RestoreFailed { .. })) if !intact(self) => {
+                return Err(EffectError::WeightsLost(Arc::new(error)));
+            }
+            Ok(result) => return result.map_err(EffectError::from),
+            Err(payload) => payload,
+        };
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|message| (*message).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        self.active = before;
+        let intact = intact(self);
+        tracing::error!(version = before.version, panic = %message, intact, "activation panicked");
+        Err(EffectError::ActivationPanicked { message, intact })
+    }
+
+    /// Empty weights in the same space: what a node whose weights were lost rejoins with.
+    pub fn emptied(&self) -> Weights {
+        Weights::empty(self.space.clone())
+    }
+
     /// Becomes the snapshot `header` names, built by the decodes of its segments.
     fn activate_snapshot(&mut self, header: &DeltaHeader) -> Result<Hash, DeltaError> {
         let building = self
@@ -475,6 +518,67 @@ mod tests {
             error.to_string().contains("starts from version 7"),
             "{error}"
         );
+    }
+
+    /// A panic while the version is written is an error that says whether the copy
+    /// survived it: untouched, the version before stays; written, the weights are lost.
+    #[test]
+    fn a_panicking_activation_is_named_and_says_whether_the_weights_survived() {
+        let shape = aurora_synth::preset("tiny").unwrap();
+        let mut synth = aurora_synth::Synth::new(aurora_synth::SynthConfig::new(shape, 9));
+        let image = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+        let mut weights = Weights::new(image.clone(), synth.version()).unwrap();
+        let before = weights.active();
+
+        let error = weights
+            .catching_panics(|_| panic!("a bug before any write"))
+            .unwrap_err();
+        assert!(!error.lost_weights(), "{error}");
+        assert!(
+            error.to_string().contains("a bug before any write"),
+            "{error}"
+        );
+        assert_eq!(weights.active(), before);
+
+        let (staged, _) = stage_step(&weights, &mut synth);
+        let error = weights
+            .catching_panics(|weights| {
+                let first = weights.layout[0].bytes.start;
+                weights.image[first] ^= 0xFF;
+                drop(staged);
+                panic!("{} half written", "a version")
+            })
+            .unwrap_err();
+        assert!(error.lost_weights(), "{error}");
+        assert!(
+            error.to_string().contains("a version half written"),
+            "{error}"
+        );
+        assert!(weights.emptied().is_empty());
+
+        // An undo that failed too: lost where the image is no longer the version before,
+        // an ordinary failure where it still is.
+        let restore_failed = || DeltaError::RestoreFailed {
+            error: Box::new(DeltaError::Malformed("a write".into())),
+            undo: Box::new(DeltaError::Malformed("its undo".into())),
+        };
+        let error = weights
+            .catching_panics(|_| Err(restore_failed()))
+            .unwrap_err();
+        assert!(matches!(error, EffectError::WeightsLost(_)), "{error}");
+        let mut intact = Weights::new(image.clone(), 3).unwrap();
+        let error = intact
+            .catching_panics(|_| Err(restore_failed()))
+            .unwrap_err();
+        assert!(!error.lost_weights(), "{error}");
+
+        // Without a panic, the version lands as it would without the catch.
+        let image = aurora_checkpoint::safetensors_bytes(&synth.export()).unwrap();
+        let mut weights = Weights::new(image, synth.version()).unwrap();
+        let (staged, target) = stage_step(&weights, &mut synth);
+        let hash = weights.activate_catching_panics(staged).unwrap();
+        assert_eq!(weights.active().hash, hash);
+        assert!(weights.image() == target.as_slice());
     }
 
     #[test]

@@ -29,6 +29,12 @@ pub trait Engine: Send + Sync + 'static {
     /// safe point resolves: the next activation writes them in place.
     fn activate(&self, weights: Arc<Weights>, changed: ChangeSet);
 
+    /// The activation the engine is paused for failed and took the node's weights with
+    /// it (a panic midway through writing them), so nothing may read them: the engine
+    /// carries on with what it runs, `active` (the version before), while the node
+    /// rejoins from a snapshot.
+    fn resume(&self, active: VersionRef);
+
     /// Whether the engine writes changed elements in place, so an activation lists them
     /// (O(changes) to gather); otherwise it names changed tensors only.
     fn writes_elements(&self) -> bool {
@@ -95,4 +101,6 @@ impl Engine for IdleEngine {
             .unwrap_or_else(|poison| poison.into_inner())
             .push(weights.active());
     }
+
+    fn resume(&self, _active: VersionRef) {}
 }

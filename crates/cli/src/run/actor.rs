@@ -106,6 +106,11 @@ impl Engine for RlEngine {
         }
         self.parked.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
+
+    fn resume(&self, active: VersionRef) {
+        tracing::warn!(version = active.version, "resuming on the weights it runs");
+        self.parked.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
 }
 
 async fn act(args: ActorArgs, config: RunConfig) -> Result<()> {

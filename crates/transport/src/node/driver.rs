@@ -411,8 +411,20 @@ impl<E: Engine> Driver<E> {
                 // engine, whose snapshot failed, was never paused and has nothing to run.
                 // One that took the changes first runs them already, and is handed the
                 // old weights back only if the node could not write them.
+                // Weights lost midway are read by nobody: an engine that took the
+                // changes first keeps running them, one that waits resumes on its own
+                // (the version before), and the node rejoins from a snapshot into empty
+                // weights.
+                let lost = result.as_ref().is_err_and(EffectError::lost_weights);
+                if let Some(engine) = &self.engine
+                    && lost
+                    && !engine_first
+                {
+                    engine.resume(weights.active());
+                }
                 if let Some(engine) = &self.engine
                     && !weights.is_empty()
+                    && !lost
                     && (!engine_first || result.is_err())
                 {
                     if let (true, Err(error)) = (engine_first, &result) {
@@ -424,11 +436,20 @@ impl<E: Engine> Driver<E> {
                     }
                     engine.activate(weights.clone(), changed);
                 }
-                if result.is_err() {
-                    self.status.failed_activations += 1;
+                match &result {
+                    Ok(_) => self.status.last_failed_activation = None,
+                    Err(error) => {
+                        self.status.failed_activations += 1;
+                        self.status.last_failed_activation =
+                            Some(format!("version {version}: {error}"));
+                    }
                 }
                 tracing::info!(version, ok = result.is_ok(), "activation");
-                self.weights = Some(weights);
+                self.weights = Some(if lost {
+                    Arc::new(weights.emptied())
+                } else {
+                    weights
+                });
                 self.node.activated(version, result);
             }
             // Reading the catalog is cheap next to the put that just finished.

@@ -152,7 +152,7 @@ impl<E: Engine> Driver<E> {
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
                     let changed = prepared.unwrap_or_else(|| staged.change_set(elements));
-                    let result = weights.activate(staged).map_err(EffectError::from);
+                    let result = weights.activate_catching_panics(staged);
                     let changed = if result.is_ok() {
                         changed
                     } else {
@@ -241,10 +241,12 @@ impl<E: Engine> Driver<E> {
                 Ok(weights) => {
                     let written = tokio::task::spawn_blocking(move || {
                         let mut weights = weights;
-                        let result = weights.activate(staged).map_err(EffectError::from);
+                        let result = weights.activate_catching_panics(staged);
                         (Arc::new(weights), result)
                     })
                     .await;
+                    // Panics are caught inside; the task is cancelled only when the
+                    // runtime shuts down, and then nobody waits for the event.
                     let Ok(written) = written else {
                         return;
                     };

@@ -371,8 +371,11 @@ pub struct NodeStatus {
     pub kept_snapshot: Option<u64>,
     /// The actor refused its upstreams' chain [`aurora_proto::MAX_REFUSALS`] times.
     pub diverged: bool,
-    /// Activations whose target hash did not match (the weights were restored).
+    /// Activations that failed: a target hash that did not match (the weights were
+    /// restored), an engine that held the weights, a panic.
     pub failed_activations: u64,
+    /// Why the last activation failed, if it did (cleared by one that succeeds).
+    pub last_failed_activation: Option<String>,
     /// Connections and builds refused before the protocol served them, by reason.
     pub refusals: Refusals,
     /// The run this node serves: a hub's own, a relay's or an actor's once pinned or

@@ -48,6 +48,8 @@ impl Engine for ChangesFirst {
             .push((weights.active(), names));
     }
 
+    fn resume(&self, _active: VersionRef) {}
+
     fn writes_elements(&self) -> bool {
         true
     }
@@ -140,6 +142,11 @@ async fn an_engine_that_keeps_the_weights_it_ran_fails_the_version_and_runs_the_
         status.active,
         Some(chain.at(0)),
         "the node's copy is untouched"
+    );
+    let why = status.last_failed_activation.as_deref().unwrap_or_default();
+    assert!(
+        why.starts_with("version 1: ") && why.contains("still held the weights"),
+        "{why}"
     );
     assert_eq!(engine.reproduced.lock().unwrap()[0], chain.at(1));
     // The engine runs what the node holds again: every tensor the version changed.
