@@ -38,8 +38,8 @@ pub enum ActorAction {
     /// Fetch the chain again from `version` on (after a refusal).
     Rewind { version: u64 },
     /// Fetch a snapshot again, from another upstream (a joining actor refused its
-    /// snapshot).
-    Rejoin,
+    /// snapshot, or an actor lost its weights), for `reason`.
+    Rejoin { reason: String },
     /// Tell the upstream where this actor stands.
     Report { note: String },
 }
@@ -275,7 +275,9 @@ impl ActorCore {
                 Some(active) => ActorAction::Rewind {
                     version: active.version + 1,
                 },
-                None => ActorAction::Rejoin,
+                None => ActorAction::Rejoin {
+                    reason: format!("version {version}: {reason}"),
+                },
             });
         }
     }
@@ -551,7 +553,12 @@ mod tests {
                 assert!(actions.contains(&ActorAction::Rewind { version: 2 }));
                 assert_eq!(core.status().active, Some(at(1)));
             } else {
-                assert!(actions.contains(&ActorAction::Rejoin), "{actions:?}");
+                assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, ActorAction::Rejoin { reason } if reason.starts_with("version "))),
+            "{actions:?}"
+        );
                 assert_eq!(core.status().active, None);
             }
         }
@@ -625,7 +632,12 @@ mod tests {
         drain(&mut core);
         core.activated(4, Ok(hash(99)));
         let actions = drain(&mut core);
-        assert!(actions.contains(&ActorAction::Rejoin), "{actions:?}");
+        assert!(
+            actions.iter().any(
+                |a| matches!(a, ActorAction::Rejoin { reason } if reason.starts_with("version "))
+            ),
+            "{actions:?}"
+        );
         assert!(
             actions.contains(&ActorAction::Discard { version: 3 }),
             "what was queued behind it goes too: {actions:?}"

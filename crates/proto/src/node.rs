@@ -824,10 +824,10 @@ impl Node {
                     receiver.abandon("served a delta that does not fit the active weights");
                 }
             }
-            ActorAction::Rejoin => {
+            ActorAction::Rejoin { reason } => {
                 if let Some(receiver) = &mut self.receiver {
                     receiver.rejoin();
-                    receiver.abandon("served a snapshot that does not activate");
+                    receiver.abandon(&reason);
                 }
             }
             ActorAction::Report { note } => {

@@ -236,6 +236,9 @@ struct Sim {
     next_session: u64,
     peers: Vec<Peer>,
     corrupt_percent: u64,
+    /// The actor whose first activation of a delta at or past the version loses its
+    /// weights (a panic midway through writing them), in half of the seeds.
+    lose_weights_at: Option<(usize, u64)>,
     faults: Faults,
     /// Composed deltas the hub's "store" built, by (base, target).
     composed: BTreeMap<(u64, u64), Bytes>,
@@ -271,6 +274,8 @@ struct Faults {
     joins_from_relay: u64,
     /// Activations of a composed delta: an actor skipped versions in one step.
     composed_activations: u64,
+    /// Activations that lost the actor's weights: it rejoined from a snapshot.
+    lost_weights: u64,
     /// Sessions that ended on a missing or bad signature.
     signatures_refused: u64,
     /// Sessions on a fallback left to go back to the first upstream.
@@ -290,6 +295,8 @@ const HUB: usize = 0;
 const RELAYS: [usize; 2] = [1, 2];
 /// The peer that joins mid-run with no weights.
 const JOINER: usize = 9;
+/// The first of the six actors that start with weights (after the hub and the relays).
+const FIRST_ACTOR: usize = 3;
 /// The malicious relay, where there is one; actors of `RELAYS[0]`'s region dial it
 /// first.
 const ROGUE: usize = 10;
@@ -452,6 +459,9 @@ impl Sim {
         let mut sim = Sim {
             seed,
             corrupt_percent: rng.below(4),
+            lose_weights_at: seed
+                .is_multiple_of(2)
+                .then(|| (FIRST_ACTOR + (seed / 2 % 6) as usize, 2 + seed / 12 % 4)),
             rng,
             now: start,
             start,
@@ -782,6 +792,7 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
         total.join_resumes += f.join_resumes;
         total.joins_from_relay += f.joins_from_relay;
         total.composed_activations += f.composed_activations;
+        total.lost_weights += f.lost_weights;
         total.returns += f.returns;
         total.relay_isolations += f.relay_isolations;
         total.relay_suspensions += f.relay_suspensions;
@@ -802,6 +813,7 @@ fn every_actor_ends_byte_identical_under_seeded_faults() {
                 && total.joins_from_relay > 0
                 && total.joins_from_relay < total.joins
                 && total.composed_activations > 0
+                && total.lost_weights > 0
                 && total.returns > 0
                 && total.relay_isolations > 0
                 && total.relay_suspensions > 0

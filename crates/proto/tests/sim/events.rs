@@ -630,6 +630,24 @@ impl Sim {
                     .take_staged(version)
                     .expect("staged before");
                 let joining = peer.weights.as_ref().unwrap().is_empty();
+                if !joining
+                    && self
+                        .lose_weights_at
+                        .is_some_and(|(actor, at)| actor == node && version >= at)
+                {
+                    // As the tokio driver does with weights a panic left no version's:
+                    // nobody reads them again, and the actor rejoins.
+                    self.lose_weights_at = None;
+                    self.faults.lost_weights += 1;
+                    let emptied = peer.weights.as_ref().unwrap().emptied();
+                    peer.weights = Some(emptied);
+                    let lost = EffectError::ActivationPanicked {
+                        message: "the simulation's fault".into(),
+                        intact: false,
+                    };
+                    peer.node.as_mut().unwrap().activated(version, Err(lost));
+                    return;
+                }
                 if !joining && version > peer.weights.as_ref().unwrap().active().version + 1 {
                     self.faults.composed_activations += 1;
                 }

@@ -1,6 +1,7 @@
 //! What the protocol node asks of its driver (frames to write, dials, loads, decodes,
 //! activations, notices), carried out.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -151,7 +152,12 @@ impl<E: Engine> Driver<E> {
                 // Not on the decode pool: the engine is paused at its safe point until
                 // this is done, so it runs at the process's own priority.
                 self.tasks.spawn_blocking(move || {
-                    let changed = prepared.unwrap_or_else(|| staged.change_set(elements));
+                    // Whole tensors are always right: what the engine loads should the
+                    // elements' listing panic, which would end this task unanswered.
+                    let changed = prepared.unwrap_or_else(|| {
+                        std::panic::catch_unwind(AssertUnwindSafe(|| staged.change_set(elements)))
+                            .unwrap_or_else(|_| ChangeSet::whole(staged.changed_tensors()))
+                    });
                     let result = weights.activate_catching_panics(staged);
                     let changed = if result.is_ok() {
                         changed
