@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 if TYPE_CHECKING:
     import numpy
@@ -73,6 +73,19 @@ def host_tensors(state: Mapping[str, Tensor]) -> list[HostTensor]:
     if not isinstance(state, Mapping):
         raise TypeError(f"expected a mapping of tensor names to tensors, got {type(state).__name__}")
     return [host_tensor(name, tensor) for name, tensor in state.items()]
+
+
+def write_counts(tensors: list[HostTensor]) -> Optional[tuple[int, ...]]:
+    """torch's count of the in-place writes made through torch to each tensor's memory (a
+    view's count is its base's), or None unless every tensor is torch's. Writes that
+    bypass torch's counter (through ``.data`` or a NumPy view) are not counted."""
+    counts = []
+    for _, _, _, flat in tensors:
+        count = getattr(flat, "_version", None)
+        if not isinstance(count, int):
+            return None
+        counts.append(count)
+    return tuple(counts)
 
 
 def host_tensor(name: str, tensor: Tensor) -> HostTensor:

@@ -19,7 +19,7 @@ from typing import Any, Optional, TypeVar, Union
 
 from aurora_rl import _core
 from aurora_rl._node import ClosingNode
-from aurora_rl._tensors import Tensor, host_tensors
+from aurora_rl._tensors import HostTensor, Tensor, host_tensors, write_counts
 
 #: A trainer a caller brings back with :meth:`Trainer.recover`.
 T = TypeVar("T")
@@ -164,8 +164,11 @@ class Trainer(ClosingNode):
             insecure_unsigned=insecure_unsigned,
         )
         # The latest published version's tensors: the base of the next delta. Kept as the
-        # caller gave them (no copy); their hash is checked again before they are used.
-        self._previous: Optional[list] = None
+        # caller gave them (no copy), with torch's counts of the writes to them when they
+        # were hashed: counts that moved since mean a base changed in place, which is
+        # hashed again (and refused); untouched, it is not (``publish_over_latest``).
+        self._previous: Optional[list[HostTensor]] = None
+        self._previous_writes: Optional[tuple[int, ...]] = None
         logger.info("trainer node: control %s, transport %s", self.control_address, self.transport_address)
 
     @property
@@ -187,8 +190,12 @@ class Trainer(ClosingNode):
         version: the first as a snapshot, which joining nodes take, then each as a delta
         from the one before. Keep the tensors unchanged until the next publish: they are
         its base (an export, such as ``{k: v.to(torch.bfloat16) ...}``, is a new tensor
-        each step; parameters trained in place are not, and the next publish says so)."""
+        each step; parameters trained in place are not, and the next publish says so).
+        A base whose torch write counts did not move since it was published is not
+        hashed again; one written behind torch's back (``.data``, a NumPy view) makes a
+        version every actor refuses by its target hash."""
         tensors = host_tensors(state)
+        writes = write_counts(tensors)
         if self._previous is None and self._node.latest() is None:
             result = self._node.publish_first(0, tensors)
         elif self._previous is None:
@@ -197,8 +204,9 @@ class Trainer(ClosingNode):
                 "version's weights first"
             )
         else:
-            result = self._node.publish(self._previous, tensors)
-        self._previous = tensors
+            untouched = self._previous_writes is not None and write_counts(self._previous) == self._previous_writes
+            result = self._node.publish(self._previous, tensors, untouched)
+        self._previous, self._previous_writes = tensors, writes
         published = Published(*result)
         logger.info("published version %d (%d bytes)", published.version, published.artifact_bytes)
         return published
@@ -211,7 +219,7 @@ class Trainer(ClosingNode):
         and their base is the latest version as published."""
         published = Published(*self._node.publish_shards(tensors, list(parts)))
         # The base of the next version is held by the ranks now, not here.
-        self._previous = None
+        self._previous = self._previous_writes = None
         logger.info("published version %d from %d shards (%d bytes)", published.version, len(parts), published.artifact_bytes)
         return published
 
@@ -223,7 +231,7 @@ class Trainer(ClosingNode):
         actual = _core.shards_weights_hash(tensors, list(parts), self.encoding)
         if actual != expected:
             raise _core.WrongBaseError(f"the shards hash to {actual}, not to version {version}'s {expected}")
-        self._previous = None
+        self._previous = self._previous_writes = None
         return version
 
     def _latest_or_refuse(self) -> tuple[int, str]:
@@ -238,10 +246,11 @@ class Trainer(ClosingNode):
         that version."""
         version, expected = self._latest_or_refuse()
         tensors = host_tensors(state)
+        writes = write_counts(tensors)
         actual = _core.weights_hash(tensors)
         if actual != expected:
             raise _core.WrongBaseError(f"these weights hash to {actual}, not to version {version}'s {expected}")
-        self._previous = tensors
+        self._previous, self._previous_writes = tensors, writes
         return version
 
     def recover(
@@ -260,13 +269,15 @@ class Trainer(ClosingNode):
         the base of the next :meth:`publish`. Returns the trainer; an exception a
         callable raises is the cause of the ``NodeError`` raised."""
         latest: list[Any] = []
+        writes: list[Optional[tuple[int, ...]]] = [None]
 
         def hashed(trainer: T, version: int) -> list[Any]:
             latest[:] = host_tensors(export(trainer))
+            writes[0] = write_counts(latest)
             return latest
 
         trainer, version, restored_from = self._node.recover(restore, retrain, hashed)
-        self._previous = list(latest)
+        self._previous, self._previous_writes = list(latest), writes[0]
         logger.info(
             "recovered version %d from version %d's state (%d trained again)", version, restored_from, version - restored_from
         )

@@ -321,18 +321,28 @@ impl TrainerNodeCore {
             .map_err(node_error)
     }
 
+    /// With `base_untouched`, the caller vouches that `base` is the latest version's
+    /// weights as published (`TrainerNode::publish_over_latest`).
+    #[pyo3(signature = (base, target, base_untouched = false))]
     fn publish(
         &self,
         py: Python<'_>,
         base: Vec<TensorArg<'_>>,
         target: Vec<TensorArg<'_>>,
+        base_untouched: bool,
     ) -> PyResult<(u64, String, u64)> {
         let (base, target) = (Tensors::borrow(base)?, Tensors::borrow(target)?);
         let (base, target) = (base.checkpoint()?, target.checkpoint()?);
         let node = self.node()?;
-        py.detach(|| node.publish(&base, &target))
-            .map(published)
-            .map_err(node_error)
+        py.detach(|| {
+            if base_untouched {
+                node.publish_over_latest(&base, &target)
+            } else {
+                node.publish(&base, &target)
+            }
+        })
+        .map(published)
+        .map_err(node_error)
     }
 
     /// Publishes the next version from the parts of a sharded trainer's ranks

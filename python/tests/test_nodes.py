@@ -182,6 +182,22 @@ def test_a_base_changed_in_place_after_publishing_is_refused(tmp_path):
     trainer.close()
 
 
+def test_a_base_untouched_since_published_is_not_hashed_again(tmp_path):
+    """torch's write counts decide whether the base is hashed again: a write made behind
+    torch's back (``.data``) is not seen by the trainer, only by the actors, whose target
+    hash check refuses the version; one made through torch is seen at once."""
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
+    weights = {"w": torch.ones(64, 64, dtype=torch.bfloat16)}
+    trainer.publish(weights)
+    weights["w"].data.add_(1)
+    second = {"w": torch.zeros(64, 64, dtype=torch.bfloat16)}
+    assert trainer.publish(second).version == 1
+    second["w"].add_(1)
+    with pytest.raises(aurora_rl.UsageError, match="changed in place"):
+        trainer.publish({"w": torch.ones(64, 64, dtype=torch.bfloat16)})
+    trainer.close()
+
+
 def test_a_reopened_trainer_resumes_from_the_latest_version(tmp_path):
     weights = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64).bfloat16()}
     first = aurora_rl.Trainer(tmp_path / "trainer", token="t" * 64, insecure_plaintext=True)

@@ -298,6 +298,20 @@ impl TrainerNode {
         self.publish_checked(base, target, None, None)
     }
 
+    /// [`TrainerNode::publish`] for a caller that knows `base` is the latest version's
+    /// weights as it published them, untouched since (the Python trainer, by torch's
+    /// counts of in-place writes): the base is not hashed again, which is a third of
+    /// publishing's work. Were it changed all the same, the delta would not reproduce
+    /// the target's hash, which every actor checks before it activates the version.
+    pub fn publish_over_latest(
+        &self,
+        base: &Checkpoint<'_>,
+        target: &Checkpoint<'_>,
+    ) -> Result<Published, NodeError> {
+        let latest = self.latest_or_refuse()?;
+        self.publish_checked(base, target, Some(latest.hash), None)
+    }
+
     /// [`TrainerNode::publish`] from safetensors images the node may keep a share of (a
     /// trainer's exports): `target` is kept as the newest version's image, so when the
     /// next version is published against it as `base`, its weights hash is the one
