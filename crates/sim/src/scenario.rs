@@ -190,8 +190,10 @@ pub struct Scenario {
     pub partial_batch: Option<PartialBatchPolicy>,
     /// Largest change of an actor's speed from one batch to the next.
     pub drift: Permille,
-    /// Shortest and longest rollout, in tokens.
+    /// Shortest and longest rollout, in tokens, drawn evenly.
     pub tokens_per_prompt: (u64, u64),
+    /// The engine's generation limit: a rollout drawn longer is cut here (None: none).
+    pub rollout_limit: Option<u64>,
     /// Time the trainer takes between a step's completion and the next version.
     pub train_ms: u64,
     /// What goes wrong, and when.
@@ -253,6 +255,7 @@ impl Scenario {
             }),
             drift: Permille::clamped(100),
             tokens_per_prompt,
+            rollout_limit: None,
             train_ms: 1_000,
             faults: Vec::new(),
             liveness: Liveness::Heartbeats,
@@ -339,6 +342,7 @@ impl Scenario {
             partial_batch: None,
             drift: Permille::clamped(0),
             tokens_per_prompt: (200, 1_000),
+            rollout_limit: None,
             train_ms: 2_000,
             faults: Vec::new(),
             liveness: Liveness::Heartbeats,
@@ -477,7 +481,7 @@ impl Scenario {
         let actors = u64::try_from(first.len()).unwrap_or(u64::MAX).max(1);
         let share = u64::from(self.batch_size).div_ceil(actors);
         let share_ms = share
-            .saturating_mul(self.tokens_per_prompt.1)
+            .saturating_mul(self.longest_rollout())
             .saturating_mul(1000)
             / slowest;
         (share_ms.saturating_mul(u64::from(LEASE_MEDIAN_MULTIPLIER_PERCENT)) / 100).max(30_000)
@@ -489,5 +493,14 @@ impl Scenario {
         let (shortest, longest) = self.tokens_per_prompt;
         SplitMix64(self.seed ^ prompt.0.wrapping_mul(0xA24B_AED4_963E_E407))
             .range(shortest, longest)
+            .min(self.longest_rollout())
+    }
+
+    /// The longest rollout a prompt can have: the drawn range's end, or the limit.
+    fn longest_rollout(&self) -> u64 {
+        self.rollout_limit
+            .map_or(self.tokens_per_prompt.1, |limit| {
+                limit.min(self.tokens_per_prompt.1)
+            })
     }
 }

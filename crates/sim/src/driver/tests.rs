@@ -155,6 +155,25 @@ fn an_invalid_scenario_is_an_error() {
     );
 }
 
+/// A generation limit cuts the rollouts drawn past it, and leaves the others as drawn.
+#[test]
+fn rollouts_drawn_past_the_limit_are_cut_at_it() {
+    let mut scenario = Scenario::random(3);
+    scenario.tokens_per_prompt = (50, 600);
+    let drawn: Vec<u64> = (0..1_000)
+        .map(|p| scenario.tokens_for(PromptId(p)))
+        .collect();
+    scenario.rollout_limit = Some(300);
+    let cut: Vec<u64> = (0..1_000)
+        .map(|p| scenario.tokens_for(PromptId(p)))
+        .collect();
+    assert!(drawn.iter().any(|&tokens| tokens > 300));
+    for (&drawn, &cut) in drawn.iter().zip(&cut) {
+        assert_eq!(cut, drawn.min(300));
+    }
+    assert!(run(&scenario).is_ok());
+}
+
 #[test]
 fn the_checker_catches_a_lost_step() {
     // Only actor 0 exists and it dies: the step can never complete.

@@ -22,7 +22,7 @@ use super::calibration::{Encoding, HUB_DURABLE_CALLS_PER_S};
 use super::tcp::{CongestionControl, TcpModel};
 use super::testbed::{
     A100, ActorKind, DENSE_70B, Dataset, H100, JoinFrom, KEPT_TAIL_SNAPSHOTS, ModelShape, Network,
-    QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, Trainer, Workload, actor_decode_s,
+    QWEN3_8B, QWEN3_14B, QWEN3_30B_A3B, SEQUENCE_LIMIT, Trainer, Workload, actor_decode_s,
 };
 use crate::report::{RunReport, Violation};
 use crate::scenario::{ActorSpec, Fault, Liveness, Scenario, ScheduledFault};
@@ -48,6 +48,7 @@ const WORKLOAD: Workload = Workload {
     prompts_per_step: PROMPTS_PER_ACTOR as u32,
     samples_per_prompt: 8,
     density: 0.01,
+    sequence_limit: SEQUENCE_LIMIT,
 };
 /// Assumption: the trainer is sized so that a step's training takes this share of its
 /// generation.
@@ -378,8 +379,8 @@ impl Costs {
 
     /// Seconds an actor takes for its share of a step.
     fn generation_s(&self, model: &ModelShape) -> f64 {
-        let (shortest, longest) = WORKLOAD.group_tokens();
-        let tokens = PROMPTS_PER_ACTOR * (shortest + longest) as f64 / 2.0;
+        let tokens =
+            PROMPTS_PER_ACTOR * f64::from(WORKLOAD.samples_per_prompt) * WORKLOAD.mean_answer();
         tokens / Self::actor(model).tokens_per_s(model, &WORKLOAD)
     }
 
@@ -470,6 +471,7 @@ impl Costs {
             partial_batch: None,
             drift: Permille::clamped(0),
             tokens_per_prompt: WORKLOAD.group_tokens(),
+            rollout_limit: Some(WORKLOAD.group_limit()),
             // Training overlaps generation (one step of lag), as in the paper's rows.
             train_ms: 0,
             faults: faults.clone(),

@@ -591,7 +591,11 @@ impl<'a> FleetRun<'a> {
             .iter()
             .map(|member| member.speed * member.kind.tokens_per_s(&model, &setup.workload))
             .sum();
-        let (_, longest) = setup.workload.group_tokens();
+        let longest = setup
+            .workload
+            .group_tokens()
+            .1
+            .min(setup.workload.group_limit());
         // A batch also lasts as many of its engine's iterations as its longest answer.
         let longest_answer_s = pool
             .iter()
@@ -599,7 +603,7 @@ impl<'a> FleetRun<'a> {
                 let decode = member
                     .kind
                     .batched_decode(&model, &setup.workload, member.speed);
-                decode.iteration_us as f64 / 1e6 * setup.workload.dataset.completion_tokens.1 as f64
+                decode.iteration_us as f64 / 1e6 * setup.workload.longest_answer() as f64
             })
             .fold(0.0, f64::max);
         let longest_step_s = (f64::from(setup.workload.prompts_per_step) * longest as f64

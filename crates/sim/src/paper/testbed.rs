@@ -258,6 +258,26 @@ pub struct Workload {
     pub samples_per_prompt: u32,
     /// Share of elements that change per step.
     pub density: f64,
+    /// The engine's limit on a sequence, prompt and answer, in tokens: longer answers
+    /// are cut there ([`SEQUENCE_LIMIT`]).
+    pub sequence_limit: u64,
+}
+
+/// Assumption: the limit RL runs set on a sequence, prompt and answer (`max_model_len`,
+/// `max_tokens`): 4,096 tokens, the geometric middle of 2,048 to 8,192. Of section 7.1's
+/// datasets only DeepScaleR's answers (up to 4,800 tokens) reach it.
+pub const SEQUENCE_LIMIT: u64 = 4_096;
+/// The ends of [`SEQUENCE_LIMIT`]'s plausible range.
+pub const SEQUENCE_LIMIT_RANGE: [u64; 2] = [2_048, 8_192];
+
+impl Workload {
+    /// This workload with its sequences cut at `limit` tokens.
+    pub fn limited_to(self, limit: u64) -> Workload {
+        Workload {
+            sequence_limit: limit,
+            ..self
+        }
+    }
 }
 
 /// Rollouts per step in all: section 7.1's B = 512. An interpretation: section 7.1 says
@@ -277,27 +297,59 @@ impl Workload {
             prompts_per_step: ROLLOUTS_PER_STEP / SAMPLES_PER_PROMPT,
             samples_per_prompt: SAMPLES_PER_PROMPT,
             density: model.density,
+            sequence_limit: SEQUENCE_LIMIT,
         }
     }
 
-    /// Tokens of one group, shortest and longest (the range the control core's
-    /// simulated prompts draw from).
+    /// Tokens of one group, shortest and longest, before the limit cuts them (the range
+    /// the control core's simulated prompts draw from).
     pub fn group_tokens(&self) -> (u64, u64) {
         let samples = u64::from(self.samples_per_prompt);
         let (shortest, longest) = self.dataset.completion_tokens;
         (samples * shortest, samples * longest)
     }
 
+    /// The most tokens a group's answers reach: each cut at the sequence limit.
+    pub fn group_limit(&self) -> u64 {
+        u64::from(self.samples_per_prompt) * self.answer_limit()
+    }
+
+    /// The longest answer the engine lets a sequence give after its prompt.
+    fn answer_limit(&self) -> u64 {
+        self.sequence_limit
+            .saturating_sub(self.dataset.prompt_tokens.ceil() as u64)
+            .max(1)
+    }
+
+    /// The longest answer of the dataset, as the limit leaves it.
+    pub fn longest_answer(&self) -> u64 {
+        self.dataset.completion_tokens.1.min(self.answer_limit())
+    }
+
+    /// The mean answer: drawn evenly over the dataset's range, those past the limit cut
+    /// at it.
+    pub fn mean_answer(&self) -> f64 {
+        let (shortest, longest) = self.dataset.completion_tokens;
+        let (shortest, longest) = (shortest as f64, longest as f64);
+        let limit = self.answer_limit() as f64;
+        if limit >= longest {
+            return (shortest + longest) / 2.0;
+        }
+        if limit <= shortest {
+            return limit;
+        }
+        let below = (limit - shortest) / (longest - shortest);
+        below * (shortest + limit) / 2.0 + (1.0 - below) * limit
+    }
+
     /// Mean context a sequence holds while it decodes: its prompt and half its answer.
     fn mean_context_tokens(&self) -> f64 {
-        let (shortest, longest) = self.dataset.completion_tokens;
-        self.dataset.prompt_tokens + (shortest + longest) as f64 / 4.0
+        self.dataset.prompt_tokens + self.mean_answer() / 2.0
     }
 
     /// Generated tokens per step, on average.
     pub fn tokens_per_step(&self) -> f64 {
-        let (shortest, longest) = self.group_tokens();
-        f64::from(self.prompts_per_step) * (shortest + longest) as f64 / 2.0
+        f64::from(self.prompts_per_step * self.samples_per_prompt) * self.mean_answer()
     }
 }
 
@@ -424,8 +476,7 @@ pub fn paper_trainer_mfu() -> f64 {
     let workload = Workload::of(&QWEN3_8B, MATH);
     let decode = ActorKind { gpu: A100, gpus: 1 }.batched_decode(&QWEN3_8B, &workload, 1.0);
     let tokens = workload.tokens_per_step() / ACTORS;
-    let iterations =
-        (workload.dataset.completion_tokens.1 as f64).max(tokens / decode.max_sequences as f64);
+    let iterations = (workload.longest_answer() as f64).max(tokens / decode.max_sequences as f64);
     let generation_s =
         iterations * decode.iteration_us as f64 / 1e6 + tokens * decode.token_ns as f64 / 1e9;
     let at_peak = Trainer {
@@ -747,6 +798,31 @@ mod tests {
         // At a full engine, the same rate as the whole-batch decode model.
         let model = a100.tokens_per_s(&QWEN3_8B, &workload);
         assert!((full as f64 / model - 1.0).abs() < 0.05, "{full} {model}");
+    }
+
+    /// Of section 7.1's datasets only DeepScaleR reaches the sequence limit: its answers
+    /// past it are cut, which shortens its mean and its longest; a higher limit leaves
+    /// them whole.
+    #[test]
+    fn only_deepscaler_s_answers_reach_the_sequence_limit() {
+        for dataset in [GSM8K, MATH] {
+            let workload = Workload::of(&QWEN3_8B, dataset);
+            let (shortest, longest) = dataset.completion_tokens;
+            assert_eq!(workload.mean_answer(), (shortest + longest) as f64 / 2.0);
+            assert_eq!(workload.longest_answer(), longest);
+        }
+        let cut = Workload::of(&QWEN3_8B, DEEPSCALER);
+        assert_eq!(cut.longest_answer(), SEQUENCE_LIMIT - 250);
+        assert!(
+            (2_870.0..2_880.0).contains(&cut.mean_answer()),
+            "{}",
+            cut.mean_answer()
+        );
+        assert_eq!(cut.group_limit(), 8 * (SEQUENCE_LIMIT - 250));
+        let whole = cut.limited_to(SEQUENCE_LIMIT_RANGE[1]);
+        assert_eq!(whole.longest_answer(), 4_800);
+        assert_eq!(whole.mean_answer(), 3_000.0);
+        assert!(cut.tokens_per_step() < whole.tokens_per_step());
     }
 
     #[test]
