@@ -81,11 +81,30 @@ def write_counts(tensors: list[HostTensor]) -> Optional[tuple[int, ...]]:
     bypass torch's counter (through ``.data`` or a NumPy view) are not counted."""
     counts = []
     for _, _, _, flat in tensors:
-        count = getattr(flat, "_version", None)
-        if not isinstance(count, int):
+        try:
+            count = flat._version
+        except (AttributeError, RuntimeError):
+            # NumPy's arrays have no counter; inference-mode tensors refuse to give one.
             return None
         counts.append(count)
     return tuple(counts)
+
+
+def shares_memory(tensors: list[HostTensor], others: list[HostTensor]) -> bool:
+    """Whether any of ``tensors`` lies in the storage of any of ``others`` (torch's; a
+    NumPy array counts as shared): the base and the target of a publish that alias the
+    same parameters, written between the two whatever the write counts say."""
+    def storages(of: list[HostTensor]) -> Optional[set[int]]:
+        found = set()
+        for _, _, _, flat in of:
+            storage = getattr(flat, "untyped_storage", None)
+            if storage is None:
+                return None
+            found.add(storage().data_ptr())
+        return found
+
+    mine, theirs = storages(tensors), storages(others)
+    return mine is None or theirs is None or not mine.isdisjoint(theirs)
 
 
 def host_tensor(name: str, tensor: Tensor) -> HostTensor:

@@ -94,7 +94,7 @@ class ShardedPublisher:
         """Publishes the model's current weights as the next version (the first from the
         gathered export) and returns it, on every rank."""
         trainer = self._trainer
-        first = self._on_publishing_rank(lambda: trainer._node.latest() is None and trainer._previous is None)
+        first = self._on_publishing_rank(lambda: trainer._node.latest() is None and trainer._base is None)
         if first:
             state = export_bf16(self._model, publishing_rank=self._global(self._publishing), dtype=self._dtype)
             published = self._on_publishing_rank(lambda: trainer.publish(state))

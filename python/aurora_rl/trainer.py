@@ -19,7 +19,7 @@ from typing import Any, Optional, TypeVar, Union
 
 from aurora_rl import _core
 from aurora_rl._node import ClosingNode
-from aurora_rl._tensors import HostTensor, Tensor, host_tensors, write_counts
+from aurora_rl._tensors import HostTensor, Tensor, host_tensors, shares_memory, write_counts
 
 #: A trainer a caller brings back with :meth:`Trainer.recover`.
 T = TypeVar("T")
@@ -102,6 +102,30 @@ class Status:
     rejected: dict[str, int]
 
 
+@dataclass(frozen=True)
+class _Base:
+    """The latest published version's tensors, the base of the next delta, kept as the
+    caller gave them (no copy)."""
+
+    tensors: list[HostTensor]
+    #: The version and weights hash they were published or checked as.
+    version: tuple[int, str]
+    #: torch's write counts when they were hashed (``write_counts``).
+    writes: Optional[tuple[int, ...]]
+
+    def untouched(self, latest: Optional[tuple[int, str]], target: list[HostTensor]) -> bool:
+        """Whether these tensors are still the node's latest version without hashing them
+        again (``publish_over_latest``): the node's latest is the version they were,
+        torch counted no write to them since, and the target does not alias them (the
+        same parameters, written between two publishes whatever the counts say)."""
+        return (
+            self.writes is not None
+            and latest == self.version
+            and write_counts(self.tensors) == self.writes
+            and not shares_memory(self.tensors, target)
+        )
+
+
 class Trainer(ClosingNode):
     """A trainer node in this process.
 
@@ -163,12 +187,8 @@ class Trainer(ClosingNode):
             insecure_closed_network=insecure_closed_network,
             insecure_unsigned=insecure_unsigned,
         )
-        # The latest published version's tensors: the base of the next delta. Kept as the
-        # caller gave them (no copy), with torch's counts of the writes to them when they
-        # were hashed: counts that moved since mean a base changed in place, which is
-        # hashed again (and refused); untouched, it is not (``publish_over_latest``).
-        self._previous: Optional[list[HostTensor]] = None
-        self._previous_writes: Optional[tuple[int, ...]] = None
+        # The base of the next delta, None where this process does not hold it.
+        self._base: Optional[_Base] = None
         logger.info("trainer node: control %s, transport %s", self.control_address, self.transport_address)
 
     @property
@@ -191,23 +211,25 @@ class Trainer(ClosingNode):
         from the one before. Keep the tensors unchanged until the next publish: they are
         its base (an export, such as ``{k: v.to(torch.bfloat16) ...}``, is a new tensor
         each step; parameters trained in place are not, and the next publish says so).
-        A base whose torch write counts did not move since it was published is not
-        hashed again; one written behind torch's back (``.data``, a NumPy view) makes a
-        version every actor refuses by its target hash."""
+        A base is not hashed again where it is surely still the latest version: the node
+        still has it as its latest, torch counted no write to it, and the new state does
+        not alias it. One written behind torch's back (``.data``, a NumPy view) in memory
+        the new state does not share makes a version every actor refuses by its target
+        hash."""
         tensors = host_tensors(state)
         writes = write_counts(tensors)
-        if self._previous is None and self._node.latest() is None:
+        latest = self._node.latest()
+        if self._base is None and latest is None:
             result = self._node.publish_first(0, tensors)
-        elif self._previous is None:
+        elif self._base is None:
             raise _core.UsageError(
                 "this store already holds published versions: call resume() with the latest "
                 "version's weights first"
             )
         else:
-            untouched = self._previous_writes is not None and write_counts(self._previous) == self._previous_writes
-            result = self._node.publish(self._previous, tensors, untouched)
-        self._previous, self._previous_writes = tensors, writes
+            result = self._node.publish(self._base.tensors, tensors, self._base.untouched(latest, tensors))
         published = Published(*result)
+        self._base = _Base(tensors, (published.version, published.weights_hash), writes)
         logger.info("published version %d (%d bytes)", published.version, published.artifact_bytes)
         return published
 
@@ -219,7 +241,7 @@ class Trainer(ClosingNode):
         and their base is the latest version as published."""
         published = Published(*self._node.publish_shards(tensors, list(parts)))
         # The base of the next version is held by the ranks now, not here.
-        self._previous = self._previous_writes = None
+        self._base = None
         logger.info("published version %d from %d shards (%d bytes)", published.version, len(parts), published.artifact_bytes)
         return published
 
@@ -231,7 +253,7 @@ class Trainer(ClosingNode):
         actual = _core.shards_weights_hash(tensors, list(parts), self.encoding)
         if actual != expected:
             raise _core.WrongBaseError(f"the shards hash to {actual}, not to version {version}'s {expected}")
-        self._previous = self._previous_writes = None
+        self._base = None
         return version
 
     def _latest_or_refuse(self) -> tuple[int, str]:
@@ -250,7 +272,7 @@ class Trainer(ClosingNode):
         actual = _core.weights_hash(tensors)
         if actual != expected:
             raise _core.WrongBaseError(f"these weights hash to {actual}, not to version {version}'s {expected}")
-        self._previous, self._previous_writes = tensors, writes
+        self._base = _Base(tensors, (version, expected), writes)
         return version
 
     def recover(
@@ -277,7 +299,7 @@ class Trainer(ClosingNode):
             return latest
 
         trainer, version, restored_from = self._node.recover(restore, retrain, hashed)
-        self._previous, self._previous_writes = list(latest), writes[0]
+        self._base = _Base(list(latest), self._latest_or_refuse(), writes[0])
         logger.info(
             "recovered version %d from version %d's state (%d trained again)", version, restored_from, version - restored_from
         )

@@ -15,6 +15,7 @@ from conftest import run
 from test_engines import next_version, next_work, small_qwen3, sparse_step
 
 import aurora_rl
+from aurora_rl._tensors import host_tensors
 from aurora_rl.engines import Sampling
 from aurora_rl.engines.hf import TransformersEngine
 
@@ -195,6 +196,37 @@ def test_a_base_untouched_since_published_is_not_hashed_again(tmp_path):
     second["w"].add_(1)
     with pytest.raises(aurora_rl.UsageError, match="changed in place"):
         trainer.publish({"w": torch.ones(64, 64, dtype=torch.bfloat16)})
+    trainer.close()
+
+
+def test_a_base_is_hashed_again_unless_it_is_surely_the_latest_version(tmp_path):
+    """The write counts are trusted only for a base the node still has as its latest,
+    that the new state does not alias, and that torch counts writes to."""
+    trainer = aurora_rl.Trainer(tmp_path / "trainer", insecure_plaintext=True)
+    live = {"w": torch.ones(64, 64, dtype=torch.bfloat16)}
+    trainer.publish(live)
+    # The same parameters published again, written behind torch's back in between.
+    live["w"].data.add_(1)
+    with pytest.raises(aurora_rl.UsageError, match="changed in place"):
+        trainer.publish(live)
+    trainer.close()
+
+    trainer = aurora_rl.Trainer(tmp_path / "another", insecure_plaintext=True)
+    states = [{"w": torch.full((64, 64), float(v), dtype=torch.bfloat16)} for v in range(4)]
+    trainer.publish(states[0])
+    trainer.publish(states[1])
+    # The node's latest moved past the base this process holds (as when a publish fails
+    # after its Seal): the base is hashed, and refused.
+    trainer._node.publish(host_tensors(states[1]), host_tensors(states[2]))
+    with pytest.raises(aurora_rl.UsageError, match="changed in place"):
+        trainer.publish(states[3])
+    trainer.close()
+
+    # Tensors made in inference mode have no write counts: hashed every time, and fine.
+    trainer = aurora_rl.Trainer(tmp_path / "inference", insecure_plaintext=True)
+    with torch.inference_mode():
+        for v in range(3):
+            assert trainer.publish({"w": torch.full((64, 64), float(v), dtype=torch.bfloat16)}).version == v
     trainer.close()
 
 

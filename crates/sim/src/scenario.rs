@@ -394,6 +394,9 @@ impl Scenario {
                 "rollout lengths {shortest}..={longest} are not valid"
             ));
         }
+        if self.rollout_limit == Some(0) {
+            return Err("a rollout limit of 0 tokens".into());
+        }
         let mut targets = self
             .faults
             .iter()

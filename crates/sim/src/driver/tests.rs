@@ -172,6 +172,12 @@ fn rollouts_drawn_past_the_limit_are_cut_at_it() {
         assert_eq!(cut, drawn.min(300));
     }
     assert!(run(&scenario).is_ok());
+    scenario.rollout_limit = Some(0);
+    let refused = run(&scenario).unwrap_err();
+    assert!(
+        refused.message.contains("a rollout limit of 0 tokens"),
+        "{refused}"
+    );
 }
 
 #[test]

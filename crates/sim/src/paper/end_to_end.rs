@@ -42,11 +42,12 @@ const OVER_FULL_WHY: &str = "the gain over a dense broadcast is the broadcast's 
     GSM8K's short answers make steps short and the broadcast dominant, DeepScaleR's long \
     ones the reverse; the what-ifs decode at either end of the roofline's plausible range, \
     or move the dataset's answers to an end of their plausible range (GSM8K's longest, \
-    MATH's and DeepScaleR's shortest), or, for DeepScaleR, whose answers reach the \
-    sequence limit, put the limit at either end of its plausible range";
+    MATH's and DeepScaleR's shortest), or cut the sequences at the low end of the \
+    limit's plausible range (2,048 tokens, which MATH's and DeepScaleR's longest answers \
+    pass)";
 const LAG_WHY: &str = "where a step's generation is long beside the broadcast, relaxing \
     the lag (or adding streams) recovers less than the paper's range; the what-ifs change \
-    the decode rate, the dataset's answer length, or DeepScaleR's sequence limit";
+    the decode rate, the dataset's answer length, or the sequence limit";
 const HIDDEN_SYNC_WHY: &str = "Ideal-SingleDC is AuroraRL's trace with each step's sync \
     (about 5 s of extraction for 8B, the transfer pipelined with it) replaced by the RDMA \
     transfer, section 7.1's construction; where a step is short enough that AuroraRL's \
@@ -267,22 +268,27 @@ impl Bench {
                                 ),
                                 figure.unit,
                             ));
-                            if dataset == DEEPSCALER {
-                                for limit in SEQUENCE_LIMIT_RANGE {
-                                    let limited = Setup {
-                                        workload: setup.workload.limited_to(limit),
-                                        ..setup
-                                    };
-                                    what_ifs.push(Row::what_if(
-                                        format!(
-                                            "{name}, sequences cut at {limit} tokens: {}",
-                                            figure.label
-                                        ),
-                                        figure.paper,
-                                        (figure.value)(&self.outcomes(&limited, &pool)?),
-                                        figure.unit,
-                                    ));
+                            // Each end of the limit's range that cuts these answers
+                            // otherwise than the assumed limit.
+                            for limit in SEQUENCE_LIMIT_RANGE {
+                                let limited = Setup {
+                                    workload: setup.workload.limited_to(limit),
+                                    ..setup
+                                };
+                                if limited.workload.longest_answer()
+                                    == setup.workload.longest_answer()
+                                {
+                                    continue;
                                 }
+                                what_ifs.push(Row::what_if(
+                                    format!(
+                                        "{name}, sequences cut at {limit} tokens: {}",
+                                        figure.label
+                                    ),
+                                    figure.paper,
+                                    (figure.value)(&self.outcomes(&limited, &pool)?),
+                                    figure.unit,
+                                ));
                             }
                             Ok(what_ifs)
                         },
