@@ -238,9 +238,9 @@ impl ActorCore {
             ),
             Err(reason) => {
                 // Weights that are no version's hold nothing to build on: only a
-                // snapshot starts the actor again.
-                // The failure is this node's, not its upstream's chain: it does not count
-                // towards giving up on the upstream, which would leave no rejoin.
+                // snapshot starts the actor again. The failure is this node's, not its
+                // upstream's chain, so it does not count towards giving up on the
+                // upstream, which would leave no rejoin.
                 if reason.lost_weights() {
                     self.active = None;
                     self.refusals = 0;
@@ -508,6 +508,13 @@ mod tests {
         assert_eq!(drain(&mut core), [ActorAction::Discard { version: 5 }]);
     }
 
+    /// Whether `actions` rejoin, naming the version refused.
+    fn rejoins(actions: &[ActorAction]) -> bool {
+        actions
+            .iter()
+            .any(|a| matches!(a, ActorAction::Rejoin { reason } if reason.starts_with("version ")))
+    }
+
     /// An actor at version 1 activating the committed version 2.
     fn activating_2() -> ActorCore {
         let mut core = ActorCore::new(at(1));
@@ -553,12 +560,7 @@ mod tests {
                 assert!(actions.contains(&ActorAction::Rewind { version: 2 }));
                 assert_eq!(core.status().active, Some(at(1)));
             } else {
-                assert!(
-            actions
-                .iter()
-                .any(|a| matches!(a, ActorAction::Rejoin { reason } if reason.starts_with("version "))),
-            "{actions:?}"
-        );
+                assert!(rejoins(&actions), "{actions:?}");
                 assert_eq!(core.status().active, None);
             }
         }
@@ -632,12 +634,7 @@ mod tests {
         drain(&mut core);
         core.activated(4, Ok(hash(99)));
         let actions = drain(&mut core);
-        assert!(
-            actions.iter().any(
-                |a| matches!(a, ActorAction::Rejoin { reason } if reason.starts_with("version "))
-            ),
-            "{actions:?}"
-        );
+        assert!(rejoins(&actions), "{actions:?}");
         assert!(
             actions.contains(&ActorAction::Discard { version: 3 }),
             "what was queued behind it goes too: {actions:?}"

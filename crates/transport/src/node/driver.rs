@@ -410,11 +410,10 @@ impl<E: Engine> Driver<E> {
                 // did not reproduce the target (they were restored). A joining node's
                 // engine, whose snapshot failed, was never paused and has nothing to run.
                 // One that took the changes first runs them already, and is handed the
-                // old weights back only if the node could not write them.
-                // Weights lost midway are read by nobody: an engine that took the
-                // changes first keeps running them, one that waits resumes on its own
-                // (the version before), and the node rejoins from a snapshot into empty
-                // weights.
+                // old weights back only if the node could not write them. Weights lost
+                // midway are read by nobody: an engine that took the changes first keeps
+                // running them, one that waits resumes on its own (the version before),
+                // and the node rejoins from a snapshot into empty weights.
                 let lost = result.as_ref().is_err_and(EffectError::lost_weights);
                 if let Some(engine) = &self.engine
                     && lost
