@@ -2,8 +2,9 @@
 "aurora"}``), for frameworks that drive vLLM's native weight-sync API.
 
 Inference side (``AuroraWeightTransferEngine``, in each vLLM worker): the init info makes
-the worker an aurora actor node. It joins the fleet from the newest snapshot (loaded
-whole), then stages every version the trainer publishes while vLLM serves. An update
+the engine an aurora actor, whose node runs in the worker of tensor-parallel rank 0 (the
+other ranks follow it: ``aurora_rl.engines.vllm_ranks``). It joins the fleet from the
+newest snapshot (loaded whole), then stages every version the trainer publishes while vLLM serves. An update
 (``update_weights`` with ``{"version", "weights_hash"}``) activates that committed version
 inside vLLM's update lifecycle: its changed elements are written into the parameters in
 place (``aurora_rl.engines.vllm_worker``), then what the model computes with is read
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
@@ -40,7 +40,8 @@ from vllm.distributed.weight_transfer.base import (
 
 import aurora_rl
 from aurora_rl.actor import VERIFY_MODES
-from aurora_rl.engines import Completion, Sampling, TensorChange, weight_version
+from aurora_rl.engines import weight_version
+from aurora_rl.engines.vllm_ranks import RankedModel, RankGroup, follow
 from aurora_rl.engines.vllm_worker import ModelWriter
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ class AuroraInitInfo(WeightTransferInitInfo):
     #: Where versions come from, in order of preference: the region's relay, the hub.
     upstreams: list[str]
     region: str
-    #: The actor's id; a worker of tensor-parallel rank r takes ``id + r``.
+    #: The actor's id: the engine's, whatever its tensor-parallel size (rank 0's worker
+    #: runs the actor node; the other ranks follow it, aurora_rl.engines.vllm_ranks).
     id: int
     token: Optional[str] = None
     ca: Optional[str] = None
@@ -72,6 +74,8 @@ class AuroraInitInfo(WeightTransferInitInfo):
     insecure_closed_network: bool = False
     insecure_unsigned: bool = False
     streams: int = 4
+    #: Longest wait for the snapshot to join from (s). Under tensor parallelism the other
+    #: ranks wait that long in vLLM's group: keep it within the group's timeout.
     join_timeout: float = 300.0
     #: After each update, read back what the model computes with and compare it with the
     #: version (``aurora_rl.Actor``'s ``verify``): ``"sample"`` (``verify_tensors``
@@ -111,99 +115,95 @@ class AuroraUpdateInfo(WeightTransferUpdateInfo):
             raise ValueError(f"timeout is seconds in (0, 86400], not {self.timeout!r}")
 
 
-class _WorkerModel:
-    """The ``aurora_rl.engines.ElementEngine`` over the worker's model: vLLM generates,
-    aurora only loads."""
-
-    def __init__(self, writer: ModelWriter) -> None:
-        self.writer = writer
-
-    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        self.writer.load_weights(tensors)
-
-    def map_elements(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
-        self.writer.map_elements(specs)
-
-    def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
-        self.writer.load_changes(changes)
-
-    def generate(self, prompts: Any, sampling: Sampling) -> list[Completion]:
-        raise NotImplementedError("vLLM generates: this engine only loads versions into its model")
-
-    def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
-        return self.writer.mismatched(expected)
-
-    def held_weights(self) -> Mapping[str, torch.Tensor]:
-        return self.writer.held_weights()
-
-
 class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpdateInfo]):
     init_info_cls = AuroraInitInfo
     update_info_cls = AuroraUpdateInfo
 
     def __init__(self, config: Any, vllm_config: Any, device: Any, model: Any) -> None:
         super().__init__(config, vllm_config, device, model)
+        #: Rank 0's: the actor node and the model it drives on every rank.
         self.actor: Optional[aurora_rl.Actor] = None
+        self.model_of_ranks: Optional[RankedModel] = None
+        #: Another rank's: its group and writer, which follow rank 0's steps.
+        self.following: Optional[tuple[RankGroup, ModelWriter]] = None
 
     def init_transfer_engine(self, init_info: AuroraInitInfo) -> None:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        if self.actor is not None:
-            self.actor.close()
+        from vllm.distributed.parallel_state import get_pp_group
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
+        self.shutdown()
         vllm_config, model = self.vllm_config, self.model
 
         def reload(tensors: dict[str, torch.Tensor]) -> None:
             reload_weights(vllm_config, model, list(tensors.items()), weights_path=None, is_checkpoint_format=True)
 
+        if get_pp_group().world_size > 1:
+            raise aurora_rl.UsageError(
+                "the aurora backend takes tensor parallelism, not pipeline parallelism: "
+                "every pipeline stage would join as the same actor"
+            )
+        ranks = RankGroup.of_worker()
+        writer = ModelWriter(model, reload)
+        if ranks is not None and ranks.rank != 0:
+            follow(ranks, writer)
+            self.following = (ranks, writer)
+            return
         if vllm_config.load_config.load_format != "aurora":
             logger.warning(
                 "vLLM was started with load format %r: layers it repacked take versions whole; "
                 "load_format='aurora' keeps every weight where elements can be written",
                 vllm_config.load_config.load_format,
             )
-        self.actor = aurora_rl.Actor(
-            _WorkerModel(ModelWriter(model, reload)),
-            id=init_info.id + get_tensor_model_parallel_rank(),
-            region=init_info.region,
-            control=init_info.control,
-            upstreams=init_info.upstreams,
-            token=init_info.token,
-            streams=init_info.streams,
-            join_timeout=init_info.join_timeout,
-            trainer_key=init_info.trainer_key,
-            ca=init_info.ca,
-            cert=init_info.cert,
-            key=init_info.key,
-            insecure_plaintext=init_info.insecure_plaintext,
-            insecure_closed_network=init_info.insecure_closed_network,
-            insecure_unsigned=init_info.insecure_unsigned,
-            verify=init_info.verify,
-            verify_tensors=init_info.verify_tensors,
-        )
+        ranked = RankedModel(writer, ranks)
+        with ranked.leading():
+            self.actor = aurora_rl.Actor(
+                ranked,
+                id=init_info.id,
+                region=init_info.region,
+                control=init_info.control,
+                upstreams=init_info.upstreams,
+                token=init_info.token,
+                streams=init_info.streams,
+                join_timeout=init_info.join_timeout,
+                trainer_key=init_info.trainer_key,
+                ca=init_info.ca,
+                cert=init_info.cert,
+                key=init_info.key,
+                insecure_plaintext=init_info.insecure_plaintext,
+                insecure_closed_network=init_info.insecure_closed_network,
+                insecure_unsigned=init_info.insecure_unsigned,
+                verify=init_info.verify,
+                verify_tensors=init_info.verify_tensors,
+            )
+        self.model_of_ranks = ranked
         logger.info("joined the aurora fleet at version %d", self.actor.active[0])
 
     def start_weight_update(self) -> None:
         self._joined()
 
     def receive_weights(self, update_info: AuroraUpdateInfo) -> None:
+        if self.following is not None:
+            follow(*self.following)
+            return
         actor = self._joined()
-        deadline = time.monotonic() + update_info.timeout
-        while actor.active[0] < update_info.version:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                why = actor.why_behind()
-                raise aurora_rl.NodeTimeoutError(
-                    f"version {update_info.version} was not staged and committed within {update_info.timeout} s "
-                    f"(active: {actor.active[0]}{'; ' + why if why else ''})"
+        assert actor is not None and self.model_of_ranks is not None
+        with self.model_of_ranks.leading():
+            deadline = time.monotonic() + update_info.timeout
+            while actor.active[0] < update_info.version:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    why = actor.why_behind()
+                    raise aurora_rl.NodeTimeoutError(
+                        f"version {update_info.version} was not staged and committed within {update_info.timeout} s "
+                        f"(active: {actor.active[0]}{'; ' + why if why else ''})"
+                    )
+                actor.safe_point(wait=min(left, 1.0))
+                self.model_of_ranks.keep_following()
+            if actor.active != (update_info.version, update_info.weights_hash):
+                raise aurora_rl.TargetMismatchError(
+                    f"asked for version {update_info.version} ({update_info.weights_hash}), "
+                    f"the fleet's is {actor.active[0]} ({actor.active[1]})"
                 )
-            actor.safe_point(wait=min(left, 1.0))
-        if actor.active != (update_info.version, update_info.weights_hash):
-            raise aurora_rl.TargetMismatchError(
-                f"asked for version {update_info.version} ({update_info.weights_hash}), "
-                f"the fleet's is {actor.active[0]} ({actor.active[1]})"
-            )
 
     def finish_weight_update(self) -> None:
         self._joined()
@@ -211,10 +211,10 @@ class AuroraWeightTransferEngine(WeightTransferEngine[AuroraInitInfo, AuroraUpda
     def shutdown(self) -> None:
         if self.actor is not None:
             self.actor.close()
-            self.actor = None
+        self.actor = self.model_of_ranks = self.following = None
 
-    def _joined(self) -> aurora_rl.Actor:
-        if self.actor is None:
+    def _joined(self) -> Optional[aurora_rl.Actor]:
+        if self.actor is None and self.following is None:
             raise aurora_rl.UsageError("init_weight_transfer_engine first: the worker has not joined a fleet")
         return self.actor
 

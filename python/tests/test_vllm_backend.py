@@ -58,11 +58,13 @@ def fresh(export: Path, tensor_parallel: int = 1) -> list[dict]:
 @pytest.mark.parametrize("tensor_parallel", [1, 2], ids=["tp1", "tp2"])
 def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(model_dir, tmp_path, tensor_parallel):
     # vLLM's default: the engine in a process of its own, where the actor node runs too;
-    # with tensor parallelism, each rank's worker is an actor writing its own slices.
+    # with tensor parallelism, in rank 0's worker, and every rank writes its own slices.
     out = tmp_path / "offline.json"
     script("offline", model_dir, out, tensor_parallel, env=parallel(tensor_parallel))
     report = json.loads(out.read_text())
     assert [r["version"] for r in report] == [1, 2, 3]
+    # One engine, one actor, whatever its tensor-parallel size.
+    assert all(r["actors"] == [1] for r in report)
     previous = None
     for served in report:
         version, label = served["version"], served["weight_version"]
@@ -79,6 +81,14 @@ def test_a_vllm_started_with_the_aurora_backend_serves_each_version_bit_for_bit(
                 "the comparison tells one version from the next"
             )
         previous = reference
+    if tensor_parallel > 1:
+        # A fourth version that rank 1 failed to write: refused, naming the rank, and
+        # undone on rank 0, which had written its shards: vLLM serves version 3, bit for bit.
+        refused = json.loads(out.with_suffix(".refused.json").read_text())
+        assert "rank 1: RuntimeError: rank 1's write, failed on purpose" in refused["error"]
+        for output, expected in zip(refused["outputs"], previous, strict=True):
+            assert (output["tokens"], output["logprobs"], output["prompt_logprobs"]) == (
+                expected["tokens"], expected["logprobs"], expected["prompt_logprobs"])
     # Every update was checked in full, each rank against its own shards: the check finds
     # nothing on the served weights and names the tensor of an element changed behind it.
     checks = json.loads(out.with_suffix(".read_back.json").read_text())

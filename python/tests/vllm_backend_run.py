@@ -8,18 +8,22 @@ test_vllm_backend.py as a script (vLLM's engine process is spawned).
     vllm_backend_run.py server MODEL_DIR OUT URL   # a running OpenAI server (VLLM_SERVER_DEV_MODE=1)
     vllm_backend_run.py fresh EXPORT_DIR OUT TP    # a fresh LLM on an export: the reference
 
-TP is the tensor-parallel size (each rank's worker is an actor of its own).
+TP is the tensor-parallel size (the engine is one actor: rank 0's worker runs its node,
+the other ranks follow it).
 
 Each mode writes OUT as JSON: per version, the weight version vLLM reports, the weight
 versions its outputs carry, and the greedy tokens and log-probabilities (prompt and
 generated, top 5) of PROMPTS; the first two modes also export each version as a model
 directory beside OUT, for ``fresh``. ``offline`` also writes OUT with the suffix
 ``.read_back.json``: each rank's read-back check of the last version, clean and with an
-element of its shard changed.
+element of its shard changed; with TP above 1, then one more version, which rank 1 fails
+to write, and writes vLLM's error and what it serves after it to OUT with the suffix
+``.refused.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -91,7 +95,10 @@ class OfflineClient:
         self.llm.shutdown_weight_transfer_engine()
 
 
-def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version: Any, tensor_parallel: int = 1) -> None:
+def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version: Any, after: Any = None) -> None:
+    """Publishes VERSIONS steps, each served and reported, then has the workers leave;
+    ``after(engine, source)``, if given, runs after the last step instead of the leave,
+    while the trainer node still answers."""
     import torch
     from safetensors.torch import load_file, save_file
     from test_engines import sparse_step
@@ -119,9 +126,13 @@ def train(model_dir: Path, out: Path, client: Any, generate: Any, weight_version
             export.mkdir()
             shutil.copy(model_dir / "config.json", export / "config.json")
             save_file(source.state, str(export / "model.safetensors"))
-            report.append({"version": version, "weight_version": weight_version(), "outputs": generate()})
-        # The workers leave the fleet while its control plane still answers.
-        client.shutdown_weight_transfer_engine()
+            actors = [actor.actor for actor in trainer.status().actors]
+            report.append({"version": version, "weight_version": weight_version(), "outputs": generate(), "actors": actors})
+        if after is not None:
+            after(engine, source)
+        else:
+            # The workers leave the fleet while its control plane still answers.
+            client.shutdown_weight_transfer_engine()
     out.write_text(json.dumps(report))
 
 
@@ -150,6 +161,23 @@ def read_back(worker: Any, export: str) -> dict:
     return {"clean": clean, "corrupted": corrupted}
 
 
+def fail_next_write_on_rank_one(worker: Any) -> None:
+    """In each rank's worker: rank 1's next element write fails before writing."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    from aurora_rl.engines.vllm_worker import ModelWriter
+
+    if get_tensor_model_parallel_rank() != 1:
+        return
+    write_changes = ModelWriter.write_changes
+
+    def fails_once(self: Any, changes: Any) -> Any:
+        ModelWriter.write_changes = write_changes
+        raise RuntimeError("rank 1's write, failed on purpose")
+
+    ModelWriter.write_changes = fails_once
+
+
 def offline(model_dir: Path, out: Path, tensor_parallel: int) -> None:
     import os
 
@@ -166,9 +194,31 @@ def offline(model_dir: Path, out: Path, tensor_parallel: int) -> None:
         llm.reset_prefix_cache()
         return logprobs_of(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling(), use_tqdm=False))
 
-    train(model_dir, out, OfflineClient(llm), generate, llm.get_weight_version, tensor_parallel)
-    export = out.parent / f"version-{VERSIONS}" / "model.safetensors"
-    out.with_suffix(".read_back.json").write_text(json.dumps(llm.collective_rpc(read_back, args=(str(export),))))
+    def after(engine: Any, source: Source) -> None:
+        from test_engines import sparse_step
+
+        export = out.parent / f"version-{VERSIONS}" / "model.safetensors"
+        out.with_suffix(".read_back.json").write_text(json.dumps(llm.collective_rpc(read_back, args=(str(export),))))
+        if tensor_parallel == 1:
+            llm.shutdown_weight_transfer_engine()
+            return
+        # One more version, which rank 1 fails to write: refused, and what vLLM serves
+        # after it, for the test to compare with the last version's.
+        llm.collective_rpc(fail_next_write_on_rank_one)
+        source.state = sparse_step(source.state, 0.01, VERSIONS + 1)
+        try:
+            engine.send_weights()
+            refused = None
+        except Exception as error:  # vLLM's wrapping of the workers' errors
+            refused = str(error)
+        out.with_suffix(".refused.json").write_text(json.dumps({"error": refused, "outputs": generate()}))
+        # vLLM 0.32's multiprocess executor stops reading the ranks' answers to a
+        # collective call at the first that failed, so the next call (this one, which
+        # every rank does) is answered with rank 1's answer to the failed update.
+        with contextlib.suppress(Exception):
+            llm.shutdown_weight_transfer_engine()
+
+    train(model_dir, out, OfflineClient(llm), generate, llm.get_weight_version, after)
 
 
 def server(model_dir: Path, out: Path, url: str) -> None:

@@ -28,7 +28,7 @@ import copy
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from aurora_rl.engines.element_map import (
@@ -192,6 +192,20 @@ class ModelWriter:
             self.element_map.update(_probe(self.model, unseen))
             self.specs.update(unseen)
 
+    def source_extents(self, names: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """For each of ``names`` with an element map: the flat indices ``[first, end)``
+        its pieces span in the checkpoint tensor. A tensor-parallel rank's shard of a
+        column-parallel layer spans its rows only, so the rank needs no changes outside."""
+        extents = {}
+        for name in names:
+            pieces = self.element_map.get(name)
+            if not pieces:
+                continue
+            first = min(p.source_offset + sum(min(0, (n - 1) * s) for n, s in zip(p.sizes, p.source_strides)) for p in pieces)
+            end = max(p.source_offset + sum(max(0, (n - 1) * s) for n, s in zip(p.sizes, p.source_strides)) + 1 for p in pieces)
+            extents[name] = (first, end)
+        return extents
+
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Loads ``tensors`` whole (fused groups complete), then points the layers the
         reload processed again at their parameters. A tensor held in a packed expert
@@ -234,36 +248,49 @@ class ModelWriter:
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> set[str]:
         """See ``aurora_rl.engines.ElementEngine``. Returns the tensors loaded whole
-        (changed whole, or without an element map), before their fused groups."""
-        from aurora_rl.engines import fused_group_names, write_elements
+        (``whole_loads``)."""
+        whole, _ = self.write_changes(changes)
+        return whole
 
-        elements = {name: c for name, c in changes.items() if c.indices is not None}
-        specs = {name: (list(c.shape), c.dtype) for name, c in elements.items()}
-        self.map_elements(specs)
-        mapped = {
-            name: (c.indices, c.values()) for name, c in elements.items() if self.element_map.get(name) is not None
-        }
-        undo = write_elements(element_writes(self.model, self.element_map, mapped, specs, self._layouts()))
-        # A tensor reloaded whole takes its fused group with it; only changed ones count.
-        whole = {
+    def whole_loads(self, changes: Mapping[str, TensorChange]) -> set[str]:
+        """Those of ``changes`` a write loads whole, before their fused groups: changed
+        whole, or changed and without an element map."""
+        self.map_elements({name: (list(c.shape), c.dtype) for name, c in changes.items() if c.indices is not None})
+        return {
             name
             for name, c in changes.items()
-            if name not in mapped and (c.indices is None or c.indices.numel())
+            if c.indices is None or (c.indices.numel() and self.element_map.get(name) is None)
         }
+
+    def write_changes(self, changes: Mapping[str, TensorChange]) -> tuple[set[str], Callable[[], None]]:
+        """``load_changes``, keeping the undo of the element writes: a caller that learns
+        after the write that the version must not stay (another tensor-parallel rank
+        failed its own) writes the replaced values back with it."""
+        from aurora_rl.engines import fused_group_names, write_elements
+
+        whole = self.whole_loads(changes)
+        mapped = {
+            name: (c.indices, c.values())
+            for name, c in changes.items()
+            if c.indices is not None and self.element_map.get(name) is not None
+        }
+        specs = {name: (list(changes[name].shape), changes[name].dtype) for name in mapped}
+        undo = write_elements(element_writes(self.model, self.element_map, mapped, specs, self._layouts()))
         try:
             if whole:
+                # A tensor reloaded whole takes its fused group with it.
                 self.load_weights({name: changes[name].tensor for name in fused_group_names(whole)})
         except BaseException:
             undo()
             raise
-        return whole
+        return whole, undo
 
     def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
         """See ``aurora_rl.engines.CheckedEngine``. Each parameter is read back as the
         model computes with it (``read_back``) and compared, piece by piece of the
         element map, with the elements of ``expected`` it holds: under tensor
-        parallelism each rank checks its own shards, against its own node's copy of the
-        version, with nothing gathered. A tensor without an element map (loaded whole)
+        parallelism each rank checks its own shards, against the version's tensors rank
+        0 sent it (``aurora_rl.engines.vllm_ranks``). A tensor without an element map (loaded whole)
         is compared with ``held_weights``'s (one rank only; under tensor parallelism it
         is named in a warning as not checked)."""
         import torch

@@ -119,9 +119,22 @@ impl<E: Engine> Driver<E> {
                         (Ok(weights), Some(staged)) => (weights, staged),
                         (shared, _) => {
                             // The node activates only a staged patch with no decode out.
-                            self.weights = Some(shared.map_or_else(|arc| arc, Arc::new));
-                            self.node
-                                .activated(version, Err(EffectError::Patch(PatchState::NotReady)));
+                            // Should it not be, the activation fails as any other does:
+                            // through the driver, so a paused engine resumes on what it
+                            // runs and the status says why.
+                            let events = self.events_tx.clone();
+                            let weights = shared.map_or_else(|arc| arc, Arc::new);
+                            self.tasks.spawn(async move {
+                                let _ = events
+                                    .send(Event::Activated {
+                                        version,
+                                        weights,
+                                        changed: ChangeSet::default(),
+                                        result: Err(EffectError::Patch(PatchState::NotReady)),
+                                        engine_first: false,
+                                    })
+                                    .await;
+                            });
                             return;
                         }
                     };
