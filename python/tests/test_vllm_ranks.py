@@ -247,3 +247,23 @@ def free_port() -> int:
 
 def test_every_rank_does_rank_zeros_steps_on_its_shards_and_none_keeps_a_version_another_failed():
     mp.spawn(ranks_run, args=(free_port(),), nprocs=2)
+
+
+def test_a_reload_never_gets_part_of_a_layer():
+    """vLLM's layerwise reload rebuilds a layer that received part of its weights and
+    leaves the rest uninitialised: messages keep every tensor of a numbered block (its
+    experts, and a bias beside its weight) together, whatever their size."""
+    from aurora_rl.engines import vllm_ranks
+
+    names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias",
+             "model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.experts.3.gate_proj.weight",
+             "model.layers.1.mlp.experts.4.up_proj.weight", "model.embed_tokens.weight", "lm_head.weight",
+             "model.norm.weight"]
+    groups = vllm_ranks._layer_groups(names)
+    assert sorted(map(sorted, groups)) == sorted(map(sorted, [
+        names[:3], names[3:5], ["model.embed_tokens.weight"], ["lm_head.weight"], ["model.norm.weight"]]))
+    chunks = list(vllm_ranks._chunks(groups, lambda name: vllm_ranks.CHUNK_BYTES // 2))
+    assert sorted(sum(chunks, [])) == sorted(names)
+    for group in groups:
+        assert any(set(group) <= set(chunk) for chunk in chunks), f"{group} was split"
+

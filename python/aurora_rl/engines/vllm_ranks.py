@@ -9,9 +9,10 @@ tensors to read back), rank 0 sends it to the other ranks over vLLM's tensor-par
 group (its gloo CPU group), and every rank does the same step on its own shards
 (``ModelWriter``: each rank's element map holds its shards only).
 
-A message carries at most ``CHUNK_BYTES`` of tensors (more only for one tensor larger
-than that), packed into a buffer each rank keeps, so what a rank holds beyond its shards
-is one chunk: a snapshot or a full read-back crosses in chunks, not as a model.
+A message carries at most ``CHUNK_BYTES`` of tensors (more only for one layer larger than
+that: a reload must not split a layer), packed into a buffer each rank keeps, so what a
+rank holds beyond its shards is a chunk or a layer: a snapshot or a full read-back
+crosses in pieces, not as a model.
 
 A step ends with every rank's outcome gathered to all of them. A version's element writes
 stay only where every rank wrote its shards, and are undone on every rank otherwise (also
@@ -140,7 +141,8 @@ def _named(rank: int, error: BaseException) -> str:
 
 
 def _chunks(groups: Iterable[list[str]], nbytes: Callable[[str], int]) -> Iterator[list[str]]:
-    """``groups`` of names (kept together) in runs of at most ``CHUNK_BYTES``."""
+    """``groups`` of names (kept together) in runs of at most ``CHUNK_BYTES`` (a group
+    larger than that goes alone)."""
     chunk: list[str] = []
     size = 0
     for group in groups:
@@ -154,19 +156,18 @@ def _chunks(groups: Iterable[list[str]], nbytes: Callable[[str], int]) -> Iterat
         yield chunk
 
 
-def _fused_groups(names: Iterable[str]) -> list[list[str]]:
-    """``names`` grouped so that each fused group (q/k/v, gate/up) is one group."""
-    names = sorted(names)
-    present = set(names)
-    seen: set[str] = set()
-    groups = []
-    for name in names:
-        if name in seen:
-            continue
-        group = sorted(fused_group_names([name]) & present)
-        seen.update(group)
-        groups.append(group)
-    return groups
+def _layer_groups(names: Iterable[str]) -> list[list[str]]:
+    """``names`` grouped by the layer they load into: everything under a numbered block
+    (``model.layers.3.``, experts and fused q/k/v, gate/up included), else everything of
+    one module. vLLM's layerwise reload rebuilds a layer that received part of its
+    weights and leaves the rest of it uninitialised, so one reload never splits a layer."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        parts = name.split(".")
+        numbered = next((i for i, part in enumerate(parts[:-1]) if part.isdigit()), None)
+        layer = ".".join(parts[: numbered + 1] if numbered is not None else parts[:-1])
+        groups.setdefault(layer, []).append(name)
+    return list(groups.values())
 
 
 def _shape_only(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -283,7 +284,7 @@ class RankedModel:
             loaded = {name: tensors[name] for name in chunk}
             return chunk, list(loaded.values()), lambda: self.writer.load_weights(loaded)
 
-        chunks = _chunks(_fused_groups(tensors), lambda name: tensors[name].numel() * tensors[name].element_size())
+        chunks = _chunks(_layer_groups(tensors), lambda name: tensors[name].numel() * tensors[name].element_size())
         self._checked_step("load", map(part, chunks))
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
@@ -319,7 +320,7 @@ class RankedModel:
             return meta, tensors, lambda: self.writer.write_changes(written)[1]
 
         try:
-            self._step("write", map(part, _chunks(_fused_groups(changes), nbytes)), undo=lambda undo: undo())
+            self._step("write", map(part, _chunks(_layer_groups(changes), nbytes)), undo=lambda undo: undo())
         except _StepFailed as failed:
             if failed.failure is not None:
                 raise failed.failure
