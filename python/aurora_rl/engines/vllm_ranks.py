@@ -231,17 +231,24 @@ class RankedModel:
         self,
         kind: str,
         parts: Iterable[tuple[Any, list[torch.Tensor], Callable[[], Any]]],
-        undo: Optional[Callable[[Any], None]] = None,
+        undo: Callable[[Any], None] = lambda _: None,
+        refused: str = "",
     ) -> tuple[list[Any], list[Any]]:
         """For each part: sends its message to the other ranks, then does its own work
         here (so every rank works on a chunk at once); then gathers every rank's outcome.
         Returns what each part's work here returned and what each other rank found. If
         any rank failed (rank 0 stops at its first failure, in its work or in making the
-        next part), ``undo`` takes back each part's work here, last first, and
-        ``_StepFailed`` is raised; an interrupt here is raised after the undo, ungathered
-        (the other ranks undo at the end of rank 0's call)."""
+        next part), ``undo`` takes back each part's work here, last first, and rank 0's
+        error is raised, else an ``EngineError`` of ``refused`` and the other ranks'
+        errors. An interrupt here is raised after the undo, ungathered (the other ranks
+        undo at the end of rank 0's call)."""
         assert self.ranks is not None
         done: list[Any] = []
+
+        def undo_done() -> None:
+            for result in reversed(done):
+                undo(result)
+
         failure: Optional[Exception] = None
         try:
             for meta, tensors, local in parts:
@@ -250,23 +257,23 @@ class RankedModel:
         except Exception as error:
             failure = error
         except BaseException:
-            for result in reversed(done if undo else []):
-                undo(result)  # type: ignore[misc]
+            undo_done()
             raise
         self.ranks.send("gather")
         outcomes = self.ranks.gather((None if failure is None else _named(0, failure), None))
-        refused = [error for error, _ in outcomes[1:] if error]
-        if failure is not None or refused:
-            for result in reversed(done if undo else []):
-                undo(result)  # type: ignore[misc]
-            raise _StepFailed(failure, "; ".join(refused))
+        errors = [error for error, _ in outcomes[1:] if error]
+        if failure is not None or errors:
+            undo_done()
+            if failure is not None:
+                raise failure
+            raise EngineError(refused + "; ".join(errors))
         return done, [found for _, found in outcomes[1:]]
 
     def map_elements(self, specs: Mapping[str, tuple[list[int], torch.dtype]]) -> None:
         if self.ranks is None:
             self.writer.map_elements(specs)
             return
-        _, found = self._checked_step("map", [(dict(specs), [], lambda: self.writer.map_elements(specs))])
+        _, found = self._step("map", [(dict(specs), [], lambda: self.writer.map_elements(specs))])
         self._own_extents.update(self.writer.source_extents(specs))
         for name in specs:
             spans = [extents.get(name) for extents in found]
@@ -284,8 +291,8 @@ class RankedModel:
             loaded = {name: tensors[name] for name in chunk}
             return chunk, list(loaded.values()), lambda: self.writer.load_weights(loaded)
 
-        chunks = _chunks(_layer_groups(tensors), lambda name: tensors[name].numel() * tensors[name].element_size())
-        self._checked_step("load", map(part, chunks))
+        chunks = _chunks(_layer_groups(tensors), lambda name: tensors[name].nbytes)
+        self._step("load", map(part, chunks))
 
     def load_changes(self, changes: Mapping[str, TensorChange]) -> None:
         if self.ranks is None:
@@ -319,12 +326,9 @@ class RankedModel:
                     written[name] = TensorChange(_shape_only(change.shape, change.dtype), indices, values)
             return meta, tensors, lambda: self.writer.write_changes(written)[1]
 
-        try:
-            self._step("write", map(part, _chunks(_layer_groups(changes), nbytes)), undo=lambda undo: undo())
-        except _StepFailed as failed:
-            if failed.failure is not None:
-                raise failed.failure
-            raise EngineError(f"the version was not written, and rank 0 undid its writes: {failed.refused}") from None
+        chunks = _chunks(_layer_groups(changes), nbytes)
+        self._step("write", map(part, chunks), undo=lambda undo: undo(),
+                   refused="the version was not written, and rank 0 undid its writes: ")
 
     def mismatched(self, expected: Mapping[str, torch.Tensor]) -> list[str]:
         if self.ranks is None:
@@ -334,18 +338,9 @@ class RankedModel:
             checked = {name: expected[name] for name in chunk}
             return chunk, list(checked.values()), lambda: self.writer.mismatched(checked)
 
-        chunks = _chunks(([name] for name in sorted(expected)), lambda name: expected[name].numel() * expected[name].element_size())
-        done, found = self._checked_step("check", map(part, chunks))
+        chunks = _chunks(([name] for name in sorted(expected)), lambda name: expected[name].nbytes)
+        done, found = self._step("check", map(part, chunks))
         return sorted(set().union(*done, *(names or [] for names in found)))
-
-    def _checked_step(self, kind: str, parts: Iterable[tuple[Any, list[torch.Tensor], Callable[[], Any]]]) -> tuple[list[Any], list[Any]]:
-        """``_step``, for steps that leave nothing to undo: raises the first error."""
-        try:
-            return self._step(kind, parts)
-        except _StepFailed as failed:
-            if failed.failure is not None:
-                raise failed.failure
-            raise EngineError(failed.refused) from None
 
     def held_weights(self) -> Mapping[str, torch.Tensor]:
         """Rank 0's (shards are not gathered)."""
@@ -353,15 +348,6 @@ class RankedModel:
 
     def generate(self, prompts: Any, sampling: Any) -> Any:
         raise NotImplementedError("vLLM generates: this engine only loads versions into its model")
-
-
-class _StepFailed(Exception):
-    """A step some rank failed: rank 0's own error (``failure``), the other ranks'
-    errors (``refused``)."""
-
-    def __init__(self, failure: Optional[Exception], refused: str) -> None:
-        super().__init__(failure or refused)
-        self.failure, self.refused = failure, refused
 
 
 @dataclass
